@@ -1,0 +1,37 @@
+# The README's commands. Every target installs what it needs into .venv.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: all install test lint typecheck unit demo bench reliability e2e clean
+
+all: test
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check sidecar tests bench
+	$(BIN)/ruff format --check sidecar tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -m "not slow"
+
+test: lint typecheck unit
+
+demo: $(STAMP)
+	$(BIN)/anarchon-sidecar demo
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

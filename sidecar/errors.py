@@ -1,0 +1,67 @@
+"""The sidecar's exceptions, one tree.
+
+    SidecarError
+     ├── ConfigError            a config key is wrong; exit 2, the message names the key
+     ├── ConnectError           NATS could not be reached at start; exit 3
+     ├── StreamError            JetStream refused to create, update or read the stream
+     │    └── StreamNotFound    the stream does not exist (yet)
+     ├── ClaimError             no definite claim answer before the slot's deadline
+     └── TriggerError           the app was not triggered successfully
+          ├── TriggerUndelivered  the request provably never reached the app (retryable)
+          ├── TriggerTimeout      the app did not answer within the timeout
+          └── TriggerFailed       the app answered, but not with 2xx
+
+Third-party exceptions (nats-py, aiohttp, yaml) are translated where they cross
+into our code, with ``raise ... from exc``. Losing a claim is not an error.
+"""
+
+from __future__ import annotations
+
+
+class SidecarError(Exception):
+    """Base of every error the sidecar raises on purpose."""
+
+
+class ConfigError(SidecarError):
+    """A config value is invalid. ``key`` is its path, e.g. ``jobs[1].jitter``."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}" if key else message)
+        self.key = key
+        self.message = message
+
+
+class ConnectError(SidecarError):
+    """NATS was unreachable when the command started."""
+
+
+class StreamError(SidecarError):
+    """JetStream refused an operation on the stream."""
+
+
+class StreamNotFound(StreamError):
+    """The configured stream does not exist."""
+
+
+class ClaimError(SidecarError):
+    """The claim got no definite answer before its deadline."""
+
+
+class TriggerError(SidecarError):
+    """The trigger request did not succeed."""
+
+    def __init__(self, message: str, http_status: int | None = None) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+
+
+class TriggerUndelivered(TriggerError):
+    """The request never reached the app (connection refused, socket missing)."""
+
+
+class TriggerTimeout(TriggerError):
+    """The app did not answer in time; the request may have reached it."""
+
+
+class TriggerFailed(TriggerError):
+    """The app answered with a status other than 2xx."""
