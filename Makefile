@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all install test lint typecheck unit demo bench reliability e2e clean
+.PHONY: all install test lint typecheck rules unit demo bench reliability e2e clean
 
 all: test
 
@@ -28,7 +28,11 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -m "not slow"
 
-test: lint typecheck unit
+# promtool checks of deploy/prometheus (needs Debian's `prometheus` package).
+rules:
+	@command -v promtool >/dev/null || { echo "promtool missing: apt-get install prometheus"; exit 1; }
+
+test: lint typecheck rules unit
 
 demo: $(STAMP)
 	$(BIN)/anarchon-sidecar demo
