@@ -1,0 +1,200 @@
+"""Pure schedule maths: cron expression + IANA timezone -> slots (epoch ms, UTC).
+
+An expression has 5 fields (minute hour day-of-month month day-of-week) or 6
+with seconds first: numbers, month and day names, ``*``, ``,``, ``-`` and ``/``
+(the Quartz extensions ``L``, ``W`` and ``#`` are refused, as not portable).
+Day-of-month and day-of-week combine as in Debian cron: AND when either field
+starts with ``*``, else OR. ``cronsim`` walks the naive local wall clock only; this
+module maps every naive local candidate to a UTC instant by the product's DST
+contract, which every instance (in any language) must apply identically:
+
+* A local time that does not exist (spring-forward gap) runs once, at the
+  transition instant (the first instant after the gap). All candidates inside
+  one gap, and one exactly at its end, collapse into that single slot.
+* A local time that occurs twice (fall-back overlap) runs once, at its first
+  occurrence (``fold=0``). The second pass through the overlap has no slots.
+
+The map naive -> UTC is therefore monotonic non-decreasing, and the slots are
+its distinct values. They depend only on (expression, timezone, ``after_ms``):
+never on the process ``TZ`` or the current time, and always whole seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from zoneinfo import ZoneInfo
+
+from cronsim import CronSim, CronSimError
+
+_FIELDS_5 = ("minute", "hour", "day-of-month", "month", "day-of-week")
+_FIELDS_6 = ("second", *_FIELDS_5)
+# Quartz extensions cronsim accepts but other cron implementations (the
+# JavaScript scheduler sharing the stream) may not: keep to the portable subset.
+_UNPORTABLE = {"L": "'L' (last)", "W": "'W' (weekday)", "#": "'#' (nth weekday)"}
+_EPOCH = datetime(1970, 1, 1)  # naive UTC
+_EPOCH_UTC = _EPOCH.replace(tzinfo=UTC)
+_DAY_S = 86_400
+_SECOND = timedelta(seconds=1)
+# min_interval_ms() samples from here, so its answer never depends on "now".
+_REFERENCE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+_YEAR_MS = 366 * 86_400_000
+_MAX_SAMPLES = 1000
+
+
+class ScheduleError(ValueError):
+    """The cron expression is invalid; the message says which part and why."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A validated cron expression in a timezone. Build it with ``parse_schedule``."""
+
+    expr: str
+    tz: ZoneInfo
+
+    def __post_init__(self) -> None:
+        _validate(self.expr)
+
+    def next_slot(self, after_ms: int) -> int:
+        """Return the smallest slot (epoch ms, UTC) strictly greater than ``after_ms``."""
+        return next(self._iter_slots(after_ms))
+
+    def slots(self, after_ms: int, count: int) -> list[int]:
+        """Return the next ``count`` slots strictly after ``after_ms``, ascending."""
+        it = self._iter_slots(after_ms)
+        return [next(it) for _ in range(count)]
+
+    def min_interval_ms(self) -> int:
+        """Return the shortest gap between consecutive slots, in ms.
+
+        Deterministic: it samples slots from 2026-01-01T00:00Z for a year (at most
+        1000 of them) plus the slots around each UTC-offset change of that year,
+        so shorter days are seen even for frequent schedules.
+        """
+        return _min_interval_ms(self.expr, self.tz)
+
+    def _iter_slots(self, after_ms: int) -> Iterator[int]:
+        """Yield the distinct slots after ``after_ms`` in order (endless)."""
+        local = (_EPOCH_UTC + timedelta(milliseconds=after_ms)).astimezone(self.tz)
+        start = local.replace(tzinfo=None, fold=0)
+        if local.fold:
+            # Second pass of an overlap: every naive candidate until the overlap
+            # ends maps to its first pass (<= after_ms), so start from its end.
+            first = _offset(local.replace(fold=0))
+            after_s = after_ms // 1000
+            trans = self._transition(after_s - (first - _offset(local)) // _SECOND, after_s)
+            start = _naive(trans) + first - _SECOND
+        last = after_ms
+        cron = CronSim(self.expr, start)
+        while (naive := next(cron, None)) is not None:
+            slot_s, gap_end = self._to_utc_s(naive)
+            if gap_end is not None:  # the rest of the gap maps to the same slot
+                cron = CronSim(self.expr, gap_end)
+            if slot_s * 1000 > last:
+                last = slot_s * 1000
+                yield last
+        raise ScheduleError(f"schedule '{self.expr}' has no slot within 50 years")
+
+    def _to_utc_s(self, naive: datetime) -> tuple[int, datetime | None]:
+        """Map a naive local time to epoch seconds by the DST rules above.
+
+        The second item is the gap's end (naive local) when ``naive`` is in a gap.
+        """
+        off0 = _offset(naive.replace(tzinfo=self.tz))
+        off1 = _offset(naive.replace(tzinfo=self.tz, fold=1))
+        if off1 > off0:  # gap: the transition lies in (naive - off1, naive - off0]
+            trans = self._transition(_seconds(naive - off1), _seconds(naive - off0))
+            return trans, _naive(trans) + off1
+        return _seconds(naive - off0), None  # normal time, or first pass of an overlap
+
+    def _transition(self, lo: int, hi: int) -> int:
+        """Return the first second in (lo, hi] whose UTC offset is the one at ``hi``."""
+        target = self._offset_at(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._offset_at(mid) == target:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    def _offset_at(self, epoch_s: int) -> timedelta:
+        return _offset((_EPOCH_UTC + epoch_s * _SECOND).astimezone(self.tz))
+
+
+def parse_schedule(expr: str, tz: ZoneInfo) -> Schedule:
+    """Validate ``expr`` (5 fields, or 6 with seconds first) and return its Schedule.
+
+    Raises ScheduleError with a message naming the bad field.
+    """
+    return Schedule(" ".join(expr.split()), tz)
+
+
+def _validate(expr: str) -> None:
+    parts = expr.split()
+    if len(parts) not in (5, 6):
+        raise ScheduleError(
+            f"expected 5 fields (minute first) or 6 (seconds first), got {len(parts)}: '{expr}'"
+        )
+    names = _FIELDS_5 if len(parts) == 5 else _FIELDS_6
+    for name, part in zip(names, parts, strict=True):
+        letters = re.sub("[A-Z]{3}", "", part.upper())  # month and day names may hold L, W
+        for char, what in _UNPORTABLE.items():
+            if char in letters:
+                raise ScheduleError(f"bad {name} field '{part}': {what} is not supported")
+    try:
+        next(CronSim(expr, _naive(_REFERENCE_MS // 1000)))
+    except CronSimError as exc:
+        # cronsim says e.g. "Bad minute"; name the field and quote its text.
+        bad = str(exc).removeprefix("Bad ")
+        part = parts[names.index(bad)] if bad in names else expr
+        raise ScheduleError(f"bad {bad} field '{part}'") from exc
+    except StopIteration:
+        raise ScheduleError(f"schedule '{expr}' never fires") from None
+
+
+@lru_cache(maxsize=4096)
+def _min_interval_ms(expr: str, tz: ZoneInfo) -> int:
+    sched = Schedule(expr, tz)
+    floor = 1000 if len(expr.split()) == 6 else 60_000  # no gap can be shorter
+    sample: list[int] = []
+    for slot in sched._iter_slots(_REFERENCE_MS - 1):
+        sample.append(slot)
+        if len(sample) > 1 and (
+            len(sample) >= _MAX_SAMPLES
+            or slot > _REFERENCE_MS + _YEAR_MS
+            or slot - sample[-2] <= floor
+        ):
+            break
+    runs = [sample]
+    # Around each offset change of that year, three slots from the last naive
+    # candidate before T + old offset (the gap's start, or the overlap's end).
+    t = _REFERENCE_MS // 1000
+    while t < (_REFERENCE_MS + _YEAR_MS) // 1000:
+        if sched._offset_at(t) != sched._offset_at(t + _DAY_S):
+            trans = sched._transition(t, t + _DAY_S)
+            anchor = _naive(trans) + sched._offset_at(trans - 1)
+            prev = next(CronSim(expr, anchor, reverse=True), None)
+            if prev is not None:
+                runs.append(sched.slots(sched._to_utc_s(prev)[0] * 1000 - 1, 3))
+        t += _DAY_S
+    return min(b - a for run in runs for a, b in itertools.pairwise(run))
+
+
+def _offset(aware: datetime) -> timedelta:
+    offset = aware.utcoffset()
+    assert offset is not None, "tz-aware datetime expected"
+    return offset
+
+
+def _naive(epoch_s: int) -> datetime:
+    return _EPOCH + epoch_s * _SECOND
+
+
+def _seconds(naive_utc: datetime) -> int:
+    return (naive_utc - _EPOCH) // _SECOND
