@@ -1,0 +1,562 @@
+"""The config of SPEC.md, parsed once into frozen dataclasses.
+
+``load_config`` reads the YAML file, ``parse_config`` applies the env
+overrides and checks every rule, raising :class:`ConfigError` with the key's
+path (``jobs[1].jitter``). Units are normalised here: durations are float
+seconds, timezones ``ZoneInfo``, schedules :class:`Schedule`. Secrets are not
+read here but by ``load_secrets``, which only the commands that connect call,
+so that ``check`` works where the secret files are absent.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
+
+import yaml
+from yaml.constructor import ConstructorError
+
+from sidecar.durations import (
+    CONTROL_RE,
+    boolean,
+    format_duration,
+    headers,
+    key_text,
+    listen_address,
+    nats_url,
+    parse_duration,
+    string,
+    subject_name,
+    subject_prefix,
+    target_url,
+    type_name,
+    zone,
+)
+from sidecar.errors import ConfigError
+from sidecar.schedule import Schedule, ScheduleError, parse_schedule
+
+
+def _no_headers() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """TLS files for the NATS connection; all unset means TLS with system CAs."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+@dataclass(frozen=True)
+class NatsConfig:
+    """``nats:``: where the stream lives and how to reach it. Durations in seconds."""
+
+    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    stream: str = "CRON"
+    prefix: str = "cron."
+    duplicate_window: float = 300.0
+    history_size: int = 1000
+    replicas: int | None = None
+    user: str | None = None
+    password_file: str | None = None
+    token: str | None = field(default=None, repr=False)
+    token_file: str | None = None
+    nkey_seed_file: str | None = None
+    creds_file: str | None = None
+    tls: TLSConfig | None = None
+    connect_timeout: float = 5.0
+    ack_timeout: float = 2.0
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``metrics.listen`` split into host (IPv6 without brackets) and port."""
+
+    host: str = "0.0.0.0"
+    port: int = 9464
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """``target:``: the app every job's request goes to, and request defaults."""
+
+    url: str = "http://127.0.0.1:8080"
+    timeout: float = 30.0
+    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False)
+    signing_secret_file: str | None = None
+    allow_remote: bool = False
+
+    @property
+    def unix_socket(self) -> str | None:
+        """The socket path when ``url`` is ``unix:///path``, else None."""
+        return urlsplit(self.url).path if self.url.startswith("unix:") else None
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` for TCP, ``http://localhost`` for a unix socket."""
+        if self.unix_socket is not None:
+            return "http://localhost"
+        parts = urlsplit(self.url)
+        host = parts.hostname or "localhost"
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{parts.port or 80}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestConfig:
+    """One job's trigger request, with the target's defaults already applied."""
+
+    method: str = "POST"
+    path: str
+    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False)
+    body: str = ""
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """One entry of ``jobs:``. Durations in seconds."""
+
+    name: str
+    schedule: Schedule
+    timezone: ZoneInfo
+    jitter: float = 2.0
+    max_late: float = 60.0
+    history_size: int | None = None
+    request: RequestConfig
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole config, valid by construction through ``parse_config``."""
+
+    instance_id: str
+    nats: NatsConfig
+    metrics: MetricsConfig
+    target: TargetConfig
+    jobs: tuple[JobConfig, ...]
+    shutdown_grace: float = 25.0
+
+    @property
+    def effective_history_size(self) -> int:
+        """The stream's per-subject limit: the largest of all history sizes."""
+        sizes = [job.history_size for job in self.jobs if job.history_size is not None]
+        return max([self.nats.history_size, *sizes])
+
+    def job(self, name: str) -> JobConfig:
+        """The job called ``name``; ConfigError("jobs", ...) when there is none."""
+        for job in self.jobs:
+            if job.name == name:
+                return job
+        raise ConfigError("jobs", f"no job named {name!r}")
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """Secret values read by ``load_secrets``; never shown by ``repr``."""
+
+    nats_password: str | None = field(default=None, repr=False)
+    nats_token: str | None = field(default=None, repr=False)
+    signing_secret: bytes | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{name}={'<set>' if getattr(self, name) is not None else None}"
+            for name in ("nats_password", "nats_token", "signing_secret")
+        )
+        return f"Secrets({shown})"
+
+
+# ---------------------------------------------------------------- sections
+
+_T = TypeVar("_T")
+_V = TypeVar("_V")
+_HISTORY_TTL = "history is trimmed by count only; remove history_ttl"
+_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+_AUTH_KEYS = ("user", "token", "token_file", "nkey_seed_file", "creds_file")
+
+
+class _Section:
+    """A map of the config at ``path``, with its allowed keys checked."""
+
+    def __init__(self, data: object, path: str, allowed: tuple[str, ...]) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(path or "config", f"expected a map, got {type_name(data)}")
+        for key in data:
+            if key == "history_ttl":
+                raise ConfigError(self._join(path, key), _HISTORY_TTL)
+            if key not in allowed:
+                allowed_keys = ", ".join(allowed)
+                raise ConfigError(self._join(path, key), f"unknown key; allowed: {allowed_keys}")
+        self.data: dict[Any, Any] = data
+        self.path = path
+
+    @staticmethod
+    def _join(path: str, name: object) -> str:
+        name = key_text(name)
+        return f"{path}.{name}" if path else name
+
+    def key(self, name: str) -> str:
+        """The full path of ``name`` in this section."""
+        return self._join(self.path, name)
+
+    def has(self, name: str) -> bool:
+        """Whether ``name`` is given (a YAML null counts as not given)."""
+        return self.data.get(name) is not None
+
+    def get(self, name: str, default: _T, convert: Callable[[object, str], _V]) -> _V | _T:
+        """``convert(value, key)`` of the value, or ``default`` when not given."""
+        value = self.data.get(name)
+        return default if value is None else convert(value, self.key(name))
+
+    def text(self, name: str, default: _T) -> str | _T:
+        """A string value, or ``default``."""
+        return self.get(name, default, string)
+
+    def duration(self, name: str, default: float, minimum_ms: int = 0) -> float:
+        """A duration in float seconds, at least ``minimum_ms`` milliseconds."""
+        seconds = self.get(name, default, parse_duration)
+        if round(seconds * 1000) < minimum_ms:
+            raise ConfigError(
+                self.key(name), f"must be at least {format_duration(minimum_ms / 1000)}"
+            )
+        return seconds
+
+    def integer(self, name: str, default: _T, low: int, high: int) -> int | _T:
+        """An integer in ``low..high``, or ``default``."""
+
+        def convert(value: object, key: str) -> int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(key, f"expected a whole number, got {type_name(value)}")
+            if not low <= value <= high:
+                raise ConfigError(key, f"must be between {low} and {high}, got {value}")
+            return value
+
+        return self.get(name, default, convert)
+
+
+def _merge_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> Mapping[str, str]:
+    """``base`` overridden by ``extra``, header names compared case-insensitively."""
+    lowered = {name.lower() for name in extra}
+    merged = {name: text for name, text in base.items() if name.lower() not in lowered}
+    return MappingProxyType({**merged, **extra})
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def parse_config(data: object, env: Mapping[str, str]) -> Config:
+    """Validate the loaded YAML ``data`` with the env overrides into a Config."""
+    if data is None:
+        raise ConfigError("config", "the config is empty")
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"expected a map of keys at the top, got {type_name(data)}")
+    data, sources = _apply_env(data, env)
+    try:
+        return _parse(data)
+    except ConfigError as exc:
+        for path, variable in sources.items():
+            if exc.key == path or exc.key.startswith((f"{path}.", f"{path}[")):
+                raise ConfigError(exc.key, f"{exc.message} (set by {variable})") from None
+        raise
+
+
+def _apply_env(
+    data: dict[Any, Any], env: Mapping[str, str]
+) -> tuple[dict[Any, Any], dict[str, str]]:
+    """A copy of ``data`` with ANARCHON_* overrides, and which keys they set."""
+    data = dict(data)
+    sources: dict[str, str] = {}
+
+    def override(section: str | None, name: str, variable: str, value: object) -> None:
+        if section is None:
+            data[name] = value
+        else:
+            part = data.get(section)
+            if not isinstance(part, dict | None):
+                return  # the type error is reported by the parser
+            data[section] = {**(part or {}), name: value}
+        sources[f"{section}.{name}" if section else name] = variable
+
+    if env.get("ANARCHON_INSTANCE_ID"):
+        override(None, "instance_id", "ANARCHON_INSTANCE_ID", env["ANARCHON_INSTANCE_ID"])
+    if env.get("ANARCHON_NATS_SERVERS"):
+        servers = [url.strip() for url in env["ANARCHON_NATS_SERVERS"].split(",") if url.strip()]
+        override("nats", "servers", "ANARCHON_NATS_SERVERS", servers)
+    if env.get("ANARCHON_METRICS_LISTEN"):
+        override("metrics", "listen", "ANARCHON_METRICS_LISTEN", env["ANARCHON_METRICS_LISTEN"])
+    return data, sources
+
+
+def _parse(data: dict[Any, Any]) -> Config:
+    top = _Section(data, "", ("instance_id", "nats", "metrics", "target", "jobs", "shutdown_grace"))
+    instance_id = top.text("instance_id", None)
+    instance_id = socket.gethostname() if instance_id is None else instance_id
+    if not instance_id.strip() or CONTROL_RE.search(instance_id):
+        raise ConfigError("instance_id", "must be a non-empty name without control characters")
+    nats = _parse_nats(_Section(data.get("nats"), "nats", tuple(NatsConfig.__dataclass_fields__)))
+    metrics = _Section(data.get("metrics"), "metrics", ("listen",))
+    target = _parse_target(data.get("target"))
+    raw_jobs = data.get("jobs")
+    if not isinstance(raw_jobs, list) or not raw_jobs:
+        got = "none" if raw_jobs is None else type_name(raw_jobs)
+        raise ConfigError("jobs", f"expected a list of at least one job, got {got}")
+    jobs: list[JobConfig] = []
+    for index, raw in enumerate(raw_jobs):
+        job = _parse_job(_Section(raw, f"jobs[{index}]", _JOB_KEYS), target)
+        if any(other.name == job.name for other in jobs):
+            raise ConfigError(f"jobs[{index}].name", f"duplicate job name {job.name!r}")
+        jobs.append(job)
+    config = Config(
+        instance_id=instance_id,
+        nats=nats,
+        metrics=MetricsConfig(*metrics.get("listen", ("0.0.0.0", 9464), listen_address)),
+        target=target,
+        jobs=tuple(jobs),
+        shutdown_grace=top.duration("shutdown_grace", 25.0),
+    )
+    for index, job in enumerate(config.jobs):
+        _check_windows(config, job, f"jobs[{index}]")
+    return config
+
+
+def _parse_nats(sec: _Section) -> NatsConfig:
+    raw_servers = sec.data.get("servers", NatsConfig.servers)
+    if isinstance(raw_servers, str):
+        raw_servers = [raw_servers]
+    if not isinstance(raw_servers, list | tuple) or not raw_servers:
+        raise ConfigError(sec.key("servers"), "expected a URL or a list of at least one URL")
+    servers = tuple(nats_url(url, f"nats.servers[{i}]") for i, url in enumerate(raw_servers))
+    auth = [name for name in _AUTH_KEYS if sec.has(name)]
+    if len(auth) > 1:
+        methods = "user (+ password_file), token or token_file, nkey_seed_file, creds_file"
+        raise ConfigError(sec.key(auth[1]), f"choose one way to authenticate: {methods}")
+    if sec.has("password_file") and not sec.has("user"):
+        raise ConfigError(sec.key("password_file"), "needs nats.user")
+    tls = None
+    if "tls" in sec.data:
+        tls_sec = _Section(sec.data["tls"], "nats.tls", ("ca_file", "cert_file", "key_file"))
+        tls = TLSConfig(
+            *(tls_sec.text(name, None) for name in ("ca_file", "cert_file", "key_file"))
+        )
+        if (tls.cert_file is None) != (tls.key_file is None):
+            raise ConfigError("nats.tls", "cert_file and key_file go together")
+    token = sec.text("token", None)
+    if token == "":
+        raise ConfigError(sec.key("token"), "must not be empty")
+    return NatsConfig(
+        servers=servers,
+        stream=sec.get(
+            "stream", "CRON", lambda v, k: subject_name(v, k, "the stream name", ".*>/\\")
+        ),
+        prefix=sec.get("prefix", "cron.", subject_prefix),
+        duplicate_window=sec.duration("duplicate_window", 300.0, minimum_ms=100),
+        history_size=sec.integer("history_size", 1000, 1, 2**63 - 1),
+        replicas=sec.integer("replicas", None, 1, 5),
+        user=sec.text("user", None),
+        password_file=sec.text("password_file", None),
+        token=token,
+        token_file=sec.text("token_file", None),
+        nkey_seed_file=sec.text("nkey_seed_file", None),
+        creds_file=sec.text("creds_file", None),
+        tls=tls,
+        connect_timeout=sec.duration("connect_timeout", 5.0, minimum_ms=1),
+        ack_timeout=sec.duration("ack_timeout", 2.0, minimum_ms=1),
+    )
+
+
+def _parse_target(data: object) -> TargetConfig:
+    sec = _Section(data, "target", tuple(TargetConfig.__dataclass_fields__))
+    allow_remote = sec.get("allow_remote", False, boolean)
+    return TargetConfig(
+        url=sec.get("url", TargetConfig.url, lambda v, k: target_url(v, k, allow_remote)),
+        timeout=sec.duration("timeout", 30.0, minimum_ms=1),
+        headers=MappingProxyType(sec.get("headers", {}, headers)),
+        signing_secret_file=sec.text("signing_secret_file", None),
+        allow_remote=allow_remote,
+    )
+
+
+_JOB_KEYS = ("name", "schedule", "timezone", "jitter", "max_late", "history_size", "request")
+
+
+def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
+    name = sec.get("name", None, string)
+    if name is None or not _NAME_RE.fullmatch(name):
+        raise ConfigError(sec.key("name"), "required: letters, digits, _ and - only")
+    timezone = sec.get("timezone", ZoneInfo("UTC"), zone)
+    expr = sec.get("schedule", None, string)
+    if expr is None:
+        raise ConfigError(sec.key("schedule"), "required, e.g. '*/5 * * * *'")
+    try:
+        schedule = parse_schedule(expr, timezone)
+    except ScheduleError as exc:
+        raise ConfigError(sec.key("schedule"), " ".join(str(exc).split())) from exc
+    req = _Section(sec.data.get("request"), sec.key("request"), _REQUEST_KEYS)
+    method = req.text("method", "POST").upper()
+    if method not in _METHODS:
+        raise ConfigError(req.key("method"), f"expected one of {', '.join(_METHODS)}")
+    path = req.text("path", f"/jobs/{name}")
+    if not path.startswith("/") or CONTROL_RE.search(path) or " " in path:
+        raise ConfigError(
+            req.key("path"), "must start with / and contain no spaces or control chars"
+        )
+    request = RequestConfig(
+        method=method,
+        path=path,
+        headers=_merge_headers(target.headers, req.get("headers", {}, headers)),
+        body=req.text("body", ""),
+        timeout=req.duration("timeout", target.timeout, minimum_ms=1),
+    )
+    return JobConfig(
+        name=name,
+        schedule=schedule,
+        timezone=timezone,
+        jitter=sec.duration("jitter", 2.0),
+        max_late=sec.duration("max_late", 60.0),
+        history_size=sec.integer("history_size", None, 1, 2**63 - 1),
+        request=request,
+    )
+
+
+_REQUEST_KEYS = ("method", "path", "headers", "body", "timeout")
+
+
+def _check_windows(config: Config, job: JobConfig, path: str) -> None:
+    """The two timing rules that keep a slot from running twice."""
+    late = job.jitter + job.max_late
+    late_ms = round(late * 1000)
+    window = config.nats.duplicate_window
+    if late_ms >= round(window * 1000):
+        raise ConfigError(
+            f"{path}.jitter",
+            f"jitter ({format_duration(job.jitter)}) + max_late ({format_duration(job.max_late)})"
+            f" must be shorter than nats.duplicate_window ({format_duration(window)})",
+        )
+    size = config.effective_history_size
+    interval_ms = job.schedule.min_interval_ms()
+    if size * interval_ms <= late_ms:
+        raise ConfigError(
+            f"{path}.history_size" if job.history_size is not None else "nats.history_size",
+            f"history_size {size} x the shortest interval {format_duration(interval_ms / 1000)}"
+            f" = {format_duration(size * interval_ms / 1000)} does not cover jitter + max_late "
+            f"({format_duration(late)}): after a restart JetStream rebuilds its duplicate "
+            "memory only from the claims still stored, so a late instance could claim "
+            "an already trimmed slot again; raise history_size",
+        )
+
+
+# ---------------------------------------------------------------- files
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one map."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.value != "<<":
+                if key_node.value in seen:
+                    raise ConstructorError(
+                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
+                    )
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep)
+
+
+def load_config(path: str | None, env: Mapping[str, str]) -> Config:
+    """Read and parse the config file: ``path``, else env ``ANARCHON_CONFIG``."""
+    path = path or env.get("ANARCHON_CONFIG") or None
+    if path is None:
+        raise ConfigError("config", "no config file: pass -c FILE or set ANARCHON_CONFIG")
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError("config", f"{path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config", f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError("config", f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else path
+        problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
+        raise ConfigError("config", f"{where}: {problem}") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ConfigError("config", f"{path}: invalid YAML ({type(exc).__name__})") from None
+    if data is None:
+        raise ConfigError("config", f"{path}: the file is empty")
+    return parse_config(data, env)
+
+
+def _read_secret(path: str, key: str) -> bytes:
+    """A secret file's bytes without one trailing newline; never echoes content."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(key, f"secret file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read secret file {path}: {exc.strerror or exc}") from None
+    raw = raw[:-2] if raw.endswith(b"\r\n") else raw.removesuffix(b"\n")
+    if not raw:
+        raise ConfigError(key, f"secret file {path} is empty")
+    return raw
+
+
+def _read_text_secret(path: str, key: str) -> str:
+    try:
+        return _read_secret(path, key).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(key, f"secret file {path} is not UTF-8 text") from None
+
+
+def load_secrets(config: Config, env: Mapping[str, str]) -> Secrets:
+    """Read the secrets the connecting commands need; a configured file wins over env.
+
+    The password is read only with ``nats.user``, the env token only when no
+    other way to authenticate is configured. Key files nats-py reads itself
+    (nkey seed, creds, TLS) are checked for readability here.
+    """
+    nats = config.nats
+    password = None
+    if nats.user is not None:
+        if nats.password_file is not None:
+            password = _read_text_secret(nats.password_file, "nats.password_file")
+        else:
+            password = env.get("ANARCHON_NATS_PASSWORD") or None
+        if password is None:
+            raise ConfigError(
+                "nats.password_file",
+                "nats.user needs a password: set this or ANARCHON_NATS_PASSWORD",
+            )
+    token = nats.token
+    if nats.token_file is not None:
+        token = _read_text_secret(nats.token_file, "nats.token_file")
+    elif token is None and not (nats.user or nats.nkey_seed_file or nats.creds_file):
+        token = env.get("ANARCHON_NATS_TOKEN") or None
+    signing: bytes | None = None
+    if config.target.signing_secret_file is not None:
+        signing = _read_secret(config.target.signing_secret_file, "target.signing_secret_file")
+    elif env.get("ANARCHON_SIGNING_SECRET"):
+        signing = env["ANARCHON_SIGNING_SECRET"].encode("utf-8", "surrogateescape")
+    files = {"nats.nkey_seed_file": nats.nkey_seed_file, "nats.creds_file": nats.creds_file}
+    if nats.tls is not None:
+        files.update({f"nats.tls.{k}": v for k, v in vars(nats.tls).items()})
+    for key, file in files.items():
+        if file is not None:
+            _read_secret(file, key)
+    return Secrets(nats_password=password, nats_token=token, signing_secret=signing)
