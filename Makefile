@@ -31,6 +31,9 @@ unit: $(STAMP)
 # promtool checks of deploy/prometheus (needs Debian's `prometheus` package).
 rules:
 	@command -v promtool >/dev/null || { echo "promtool missing: apt-get install prometheus"; exit 1; }
+	promtool check config deploy/prometheus/prometheus.yml
+	promtool check rules deploy/prometheus/rules/*.yml
+	promtool test rules deploy/prometheus/tests/*.yml
 
 test: lint typecheck rules unit
 
