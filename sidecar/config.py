@@ -12,26 +12,24 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
-import yaml
-from yaml.constructor import ConstructorError
-
 from sidecar.durations import (
     CONTROL_RE,
+    Section,
     boolean,
     format_duration,
     headers,
-    key_text,
     listen_address,
     nats_url,
-    parse_duration,
+    read_file,
+    read_text_file,
+    read_yaml,
     string,
     subject_name,
     subject_prefix,
@@ -176,75 +174,18 @@ class Secrets:
         return f"Secrets({shown})"
 
 
-# ---------------------------------------------------------------- sections
+# ---------------------------------------------------------------- parsing
 
-_T = TypeVar("_T")
-_V = TypeVar("_V")
 _HISTORY_TTL = "history is trimmed by count only; remove history_ttl"
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _AUTH_KEYS = ("user", "token", "token_file", "nkey_seed_file", "creds_file")
 
 
-class _Section:
-    """A map of the config at ``path``, with its allowed keys checked."""
+class _Section(Section):
+    """A config map; ``history_ttl`` gets its own message wherever it appears."""
 
-    def __init__(self, data: object, path: str, allowed: tuple[str, ...]) -> None:
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(path or "config", f"expected a map, got {type_name(data)}")
-        for key in data:
-            if key == "history_ttl":
-                raise ConfigError(self._join(path, key), _HISTORY_TTL)
-            if key not in allowed:
-                allowed_keys = ", ".join(allowed)
-                raise ConfigError(self._join(path, key), f"unknown key; allowed: {allowed_keys}")
-        self.data: dict[Any, Any] = data
-        self.path = path
-
-    @staticmethod
-    def _join(path: str, name: object) -> str:
-        name = key_text(name)
-        return f"{path}.{name}" if path else name
-
-    def key(self, name: str) -> str:
-        """The full path of ``name`` in this section."""
-        return self._join(self.path, name)
-
-    def has(self, name: str) -> bool:
-        """Whether ``name`` is given (a YAML null counts as not given)."""
-        return self.data.get(name) is not None
-
-    def get(self, name: str, default: _T, convert: Callable[[object, str], _V]) -> _V | _T:
-        """``convert(value, key)`` of the value, or ``default`` when not given."""
-        value = self.data.get(name)
-        return default if value is None else convert(value, self.key(name))
-
-    def text(self, name: str, default: _T) -> str | _T:
-        """A string value, or ``default``."""
-        return self.get(name, default, string)
-
-    def duration(self, name: str, default: float, minimum_ms: int = 0) -> float:
-        """A duration in float seconds, at least ``minimum_ms`` milliseconds."""
-        seconds = self.get(name, default, parse_duration)
-        if round(seconds * 1000) < minimum_ms:
-            raise ConfigError(
-                self.key(name), f"must be at least {format_duration(minimum_ms / 1000)}"
-            )
-        return seconds
-
-    def integer(self, name: str, default: _T, low: int, high: int) -> int | _T:
-        """An integer in ``low..high``, or ``default``."""
-
-        def convert(value: object, key: str) -> int:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(key, f"expected a whole number, got {type_name(value)}")
-            if not low <= value <= high:
-                raise ConfigError(key, f"must be between {low} and {high}, got {value}")
-            return value
-
-        return self.get(name, default, convert)
+    refused = MappingProxyType({"history_ttl": _HISTORY_TTL})
 
 
 def _merge_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> Mapping[str, str]:
@@ -252,9 +193,6 @@ def _merge_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> Mapping
     lowered = {name.lower() for name in extra}
     merged = {name: text for name, text in base.items() if name.lower() not in lowered}
     return MappingProxyType({**merged, **extra})
-
-
-# ---------------------------------------------------------------- parsing
 
 
 def parse_config(data: object, env: Mapping[str, str]) -> Config:
@@ -333,7 +271,7 @@ def _parse(data: dict[Any, Any]) -> Config:
 
 
 def _parse_nats(sec: _Section) -> NatsConfig:
-    raw_servers = sec.data.get("servers", NatsConfig.servers)
+    raw_servers = sec.get("servers", NatsConfig.servers, lambda value, key: value)
     if isinstance(raw_servers, str):
         raw_servers = [raw_servers]
     if not isinstance(raw_servers, list | tuple) or not raw_servers:
@@ -346,7 +284,7 @@ def _parse_nats(sec: _Section) -> NatsConfig:
     if sec.has("password_file") and not sec.has("user"):
         raise ConfigError(sec.key("password_file"), "needs nats.user")
     tls = None
-    if "tls" in sec.data:
+    if sec.has("tls"):
         tls_sec = _Section(sec.data["tls"], "nats.tls", ("ca_file", "cert_file", "key_file"))
         tls = TLSConfig(
             *(tls_sec.text(name, None) for name in ("ca_file", "cert_file", "key_file"))
@@ -458,70 +396,15 @@ def _check_windows(config: Config, job: JobConfig, path: str) -> None:
         )
 
 
-# ---------------------------------------------------------------- files
-
-
-class _Loader(yaml.SafeLoader):
-    """The safe loader, refusing a key given twice in one map."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: set[str] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.value != "<<":
-                if key_node.value in seen:
-                    raise ConstructorError(
-                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
-                    )
-                seen.add(key_node.value)
-        return super().construct_mapping(node, deep)
-
-
 def load_config(path: str | None, env: Mapping[str, str]) -> Config:
     """Read and parse the config file: ``path``, else env ``ANARCHON_CONFIG``."""
     path = path or env.get("ANARCHON_CONFIG") or None
     if path is None:
         raise ConfigError("config", "no config file: pass -c FILE or set ANARCHON_CONFIG")
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError("config", f"{path}: no such file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError("config", f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError("config", f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.load(text, Loader=_Loader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else path
-        problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
-        raise ConfigError("config", f"{where}: {problem}") from None
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise ConfigError("config", f"{path}: invalid YAML ({type(exc).__name__})") from None
+    data = read_yaml(path)
     if data is None:
         raise ConfigError("config", f"{path}: the file is empty")
     return parse_config(data, env)
-
-
-def _read_secret(path: str, key: str) -> bytes:
-    """A secret file's bytes without one trailing newline; never echoes content."""
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(key, f"secret file {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(key, f"cannot read secret file {path}: {exc.strerror or exc}") from None
-    raw = raw[:-2] if raw.endswith(b"\r\n") else raw.removesuffix(b"\n")
-    if not raw:
-        raise ConfigError(key, f"secret file {path} is empty")
-    return raw
-
-
-def _read_text_secret(path: str, key: str) -> str:
-    try:
-        return _read_secret(path, key).decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(key, f"secret file {path} is not UTF-8 text") from None
 
 
 def load_secrets(config: Config, env: Mapping[str, str]) -> Secrets:
@@ -535,7 +418,7 @@ def load_secrets(config: Config, env: Mapping[str, str]) -> Secrets:
     password = None
     if nats.user is not None:
         if nats.password_file is not None:
-            password = _read_text_secret(nats.password_file, "nats.password_file")
+            password = read_text_file(nats.password_file, "nats.password_file")
         else:
             password = env.get("ANARCHON_NATS_PASSWORD") or None
         if password is None:
@@ -545,12 +428,12 @@ def load_secrets(config: Config, env: Mapping[str, str]) -> Secrets:
             )
     token = nats.token
     if nats.token_file is not None:
-        token = _read_text_secret(nats.token_file, "nats.token_file")
+        token = read_text_file(nats.token_file, "nats.token_file")
     elif token is None and not (nats.user or nats.nkey_seed_file or nats.creds_file):
         token = env.get("ANARCHON_NATS_TOKEN") or None
     signing: bytes | None = None
     if config.target.signing_secret_file is not None:
-        signing = _read_secret(config.target.signing_secret_file, "target.signing_secret_file")
+        signing = read_file(config.target.signing_secret_file, "target.signing_secret_file")
     elif env.get("ANARCHON_SIGNING_SECRET"):
         signing = env["ANARCHON_SIGNING_SECRET"].encode("utf-8", "surrogateescape")
     files = {"nats.nkey_seed_file": nats.nkey_seed_file, "nats.creds_file": nats.creds_file}
@@ -558,5 +441,5 @@ def load_secrets(config: Config, env: Mapping[str, str]) -> Secrets:
         files.update({f"nats.tls.{k}": v for k, v in vars(nats.tls).items()})
     for key, file in files.items():
         if file is not None:
-            _read_secret(file, key)
+            read_file(file, key)
     return Secrets(nats_password=password, nats_token=token, signing_secret=signing)

@@ -1,8 +1,11 @@
-"""Single config values: durations above all, and the other scalar checks.
+"""Reading raw config input: durations first, and every other schema-free check.
 
-Every function here takes a raw YAML value and the key's path and returns the
-normalised value or raises :class:`ConfigError` naming that key; none looks
-at more than one value. ``sidecar.config`` puts them together.
+``sidecar.config`` knows the schema (which keys, which rules); this module
+knows single values and files. Each check takes a raw YAML value and its
+key's path and returns the normalised value or raises :class:`ConfigError`
+naming that key. Here too: :class:`Section` (a map with its allowed keys),
+``read_yaml`` (the config file, errors with file and line) and ``read_file``
+(secret files, never echoed).
 
 A duration is a string with units, largest first, each at most once
 (``250ms``, ``2s``, ``5m``, ``1h``, ``1m30s``, ``1.5s``), or a plain integer
@@ -14,10 +17,20 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable, Hashable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
+import yaml
+from yaml.constructor import ConstructorError
+
 from sidecar.errors import ConfigError
+
+_T = TypeVar("_T")
+_V = TypeVar("_V")
 
 #: Ten years: far beyond any sensible timeout or window, and well inside
 #: what JetStream's nanosecond fields and a float can hold exactly enough.
@@ -244,3 +257,128 @@ def zone(value: object, key: str) -> ZoneInfo:
         return ZoneInfo(name)
     except (KeyError, ValueError, OSError):
         raise ConfigError(key, f"unknown timezone {short(name)} (use an IANA name)") from None
+
+
+class Section:
+    """A map of the config at ``path``, with its allowed keys checked.
+
+    Keys in ``refused`` are errors with their own message, before the
+    unknown-key check; a YAML null counts as a key not given.
+    """
+
+    refused: ClassVar[Mapping[str, str]] = MappingProxyType({})
+
+    def __init__(self, data: object, path: str, allowed: tuple[str, ...]) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(path or "config", f"expected a map, got {type_name(data)}")
+        for key in data:
+            if key in self.refused:
+                raise ConfigError(self._join(path, key), self.refused[key])
+            if key not in allowed:
+                allowed_keys = ", ".join(allowed)
+                raise ConfigError(self._join(path, key), f"unknown key; allowed: {allowed_keys}")
+        self.data: dict[Any, Any] = data
+        self.path = path
+
+    @staticmethod
+    def _join(path: str, name: object) -> str:
+        name = key_text(name)
+        return f"{path}.{name}" if path else name
+
+    def key(self, name: str) -> str:
+        """The full path of ``name`` in this section."""
+        return self._join(self.path, name)
+
+    def has(self, name: str) -> bool:
+        """Whether ``name`` is given (a YAML null counts as not given)."""
+        return self.data.get(name) is not None
+
+    def get(self, name: str, default: _T, convert: Callable[[object, str], _V]) -> _V | _T:
+        """``convert(value, key)`` of the value, or ``default`` when not given."""
+        value = self.data.get(name)
+        return default if value is None else convert(value, self.key(name))
+
+    def text(self, name: str, default: _T) -> str | _T:
+        """A string value, or ``default``."""
+        return self.get(name, default, string)
+
+    def duration(self, name: str, default: float, minimum_ms: int = 0) -> float:
+        """A duration in float seconds, at least ``minimum_ms`` milliseconds."""
+        seconds = self.get(name, default, parse_duration)
+        if round(seconds * 1000) < minimum_ms:
+            raise ConfigError(
+                self.key(name), f"must be at least {format_duration(minimum_ms / 1000)}"
+            )
+        return seconds
+
+    def integer(self, name: str, default: _T, low: int, high: int) -> int | _T:
+        """An integer in ``low..high``, or ``default``."""
+
+        def convert(value: object, key: str) -> int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(key, f"expected a whole number, got {type_name(value)}")
+            if not low <= value <= high:
+                raise ConfigError(key, f"must be between {low} and {high}, got {value}")
+            return value
+
+        return self.get(name, default, convert)
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one map."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.value != "<<":
+                if key_node.value in seen:
+                    raise ConstructorError(
+                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
+                    )
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: str) -> object:
+    """The YAML document in the file ``path``; ConfigError("config", ...) with its line."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError("config", f"{path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config", f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError("config", f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else path
+        problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
+        raise ConfigError("config", f"{where}: {problem}") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ConfigError("config", f"{path}: invalid YAML ({type(exc).__name__})") from None
+
+
+def read_file(path: str, key: str) -> bytes:
+    """A (secret) file named by ``key``, without one trailing newline; never echoes content."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(key, f"file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read file {path}: {exc.strerror or exc}") from None
+    raw = raw[:-2] if raw.endswith(b"\r\n") else raw.removesuffix(b"\n")
+    if not raw:
+        raise ConfigError(key, f"file {path} is empty")
+    return raw
+
+
+def read_text_file(path: str, key: str) -> str:
+    """``read_file`` decoded as UTF-8."""
+    try:
+        return read_file(path, key).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(key, f"file {path} is not UTF-8 text") from None
