@@ -1,0 +1,530 @@
+"""The Ansible role, tested by really running it.
+
+`ansible-playbook` (from this venv) converges `ansible/roles/anarchon_sidecar`
+against localhost over the local connection, into a temporary root
+(`anarchon_sidecar_root`), with systemd left alone and no users created. The
+venv method pip-installs a wheel of this project built once per session; pip
+reuses its cache, so the first converge takes seconds, not minutes. The
+installed `anarchon-sidecar` then runs with the rendered config against a real
+nats-server and triggers a real app.
+
+One converged root is shared by the module (`site`); tests that need it in its
+base state converge it back first, so they do not depend on their order.
+"""
+
+from __future__ import annotations
+
+import grp
+import hashlib
+import hmac
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support import ROOT, NatsServer, RecordingApp, free_port, sidecar_env, wait_for
+
+ANSIBLE_DIR = ROOT / "ansible"
+ROLE_DIR = ANSIBLE_DIR / "roles" / "anarchon_sidecar"
+BIN_DIR = Path(sys.executable).parent
+CONFIG_TASK = "Write the config, checked by anarchon-sidecar check"
+
+PLAYBOOK = """\
+- name: Converge anarchon_sidecar on localhost
+  hosts: localhost
+  gather_facts: false
+  roles:
+    - role: anarchon_sidecar
+"""
+
+RECAP = re.compile(
+    r"^localhost\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
+    r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)",
+    re.MULTILINE,
+)
+HEADING = re.compile(r"^(?:TASK|RUNNING HANDLER) \[(?:anarchon_sidecar : )?(?P<name>.*?)\] \**$")
+
+
+def tool(name: str) -> str:
+    path = BIN_DIR / name
+    if not path.exists():
+        pytest.fail(f"{name} is missing from {BIN_DIR.name}: run `make install` (dev extra)")
+    return str(path)
+
+
+@dataclass
+class Play:
+    """One ansible-playbook run: exit code, output, recap counts."""
+
+    rc: int
+    output: str
+    seconds: float
+
+    @property
+    def recap(self) -> dict[str, int]:
+        found = RECAP.search(self.output)
+        assert found, f"no recap in ansible output:\n{self.output}"
+        return {k: int(v) for k, v in found.groupdict().items()}
+
+    @property
+    def changed(self) -> int:
+        return self.recap["changed"]
+
+    def assert_ok(self) -> Play:
+        assert self.rc == 0 and self.recap["failed"] == 0, self.output
+        return self
+
+    def task(self, name: str) -> str:
+        """The output of the task called `name` (its heading up to the next one)."""
+        blocks: dict[str, list[str]] = {}
+        current: list[str] | None = None
+        for line in self.output.splitlines():
+            heading = HEADING.match(line)
+            if heading:
+                current = blocks.setdefault(heading["name"], [])
+            elif line.startswith("PLAY RECAP"):
+                current = None
+            elif current is not None:
+                current.append(line)
+        assert name in blocks, f"task {name!r} did not run:\n{self.output}"
+        return "\n".join(blocks[name])
+
+
+class Site:
+    """A temporary root the role converges into, and how to run the playbook."""
+
+    def __init__(self, workdir: Path, wheel: Path) -> None:
+        self.workdir = workdir
+        self.root = workdir / "root"
+        self.wheel = wheel
+        self.last_vars: dict[str, Any] | None = None
+        self.first_play: Play | None = None
+        self.playbook = workdir / "converge.yml"
+        self.playbook.write_text(PLAYBOOK)
+        home = workdir / "ansible-home"
+        cfg = workdir / "ansible.cfg"
+        cfg.write_text("[defaults]\n")
+        # Only what we set: no user or system ansible.cfg, no user collections.
+        self.env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "ANARCHON_"))
+        }
+        self.env.update(
+            ANSIBLE_CONFIG=str(cfg),
+            ANSIBLE_HOME=str(home),
+            ANSIBLE_LOCAL_TEMP=str(home / "tmp"),
+            ANSIBLE_REMOTE_TEMP=str(home / "remote-tmp"),
+            ANSIBLE_COLLECTIONS_PATH=str(home / "collections"),
+            ANSIBLE_ROLES_PATH=str(ANSIBLE_DIR / "roles"),
+            ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+            ANSIBLE_PIPELINING="true",
+            ANSIBLE_NOCOLOR="true",
+            ANSIBLE_FORCE_COLOR="false",
+            ANSIBLE_RETRY_FILES_ENABLED="false",
+            ANSIBLE_STDOUT_CALLBACK="default",
+            ANSIBLE_LOCALHOST_WARNING="false",
+            ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
+            ANSIBLE_DEPRECATION_WARNINGS="false",
+        )
+
+    @property
+    def config(self) -> Path:
+        return self.root / "etc/anarchon/sidecar.yaml"
+
+    @property
+    def secrets(self) -> Path:
+        return self.root / "etc/anarchon/secrets"
+
+    @property
+    def unit(self) -> Path:
+        return self.root / "etc/systemd/system/anarchon-sidecar.service"
+
+    @property
+    def binary(self) -> Path:
+        return self.root / "opt/anarchon-sidecar/venv/bin/anarchon-sidecar"
+
+    def vars(self, **overrides: Any) -> dict[str, Any]:
+        """The base variables of a test converge, with `overrides`."""
+        user = pwd.getpwuid(os.getuid()).pw_name
+        group = grp.getgrgid(os.getgid()).gr_name
+        base: dict[str, Any] = {
+            "anarchon_sidecar_root": str(self.root),
+            "anarchon_sidecar_install_method": "venv",
+            "anarchon_sidecar_package_spec": str(self.wheel),
+            "anarchon_sidecar_python": sys.executable,
+            "anarchon_sidecar_manage_service": False,
+            "anarchon_sidecar_create_user": False,
+            "anarchon_sidecar_user": user,
+            "anarchon_sidecar_group": group,
+            "anarchon_sidecar_config_owner": user,
+            "anarchon_sidecar_instance_id": "ansible-test",
+            "anarchon_sidecar_nats_servers": ["nats://127.0.0.1:4222"],
+            "anarchon_sidecar_nats_user": "anarchon",
+            "anarchon_sidecar_nats_password": "nats-password-never-logged",
+            "anarchon_sidecar_target_signing_secret": "signing-secret-never-logged",
+            "anarchon_sidecar_metrics_listen": "127.0.0.1:9464",
+            "anarchon_sidecar_jobs": [
+                {"name": "sync", "schedule": "*/5 * * * *", "request": {"path": "/jobs/sync"}},
+                {
+                    "name": "nightly",
+                    "schedule": "30 2 * * *",
+                    "timezone": "Europe/Berlin",
+                    "request": {"method": "POST", "path": "/jobs/nightly", "timeout": "5m"},
+                },
+            ],
+        }
+        base.update(overrides)
+        return base
+
+    def converge(self, variables: dict[str, Any], *, check: bool = False) -> Play:
+        """ansible-playbook -i localhost, -c local --diff [--check] with `variables`."""
+        vars_file = self.workdir / "vars.json"
+        vars_file.write_text(json.dumps(variables))
+        cmd = [tool("ansible-playbook"), "-i", "localhost,", "-c", "local", "--diff"]
+        cmd += ["-e", f"@{vars_file}", str(self.playbook)]
+        if check:
+            cmd.append("--check")
+        started = time.monotonic()
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=self.env, cwd=self.workdir, timeout=150
+        )
+        play = Play(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started)
+        if not check and variables.get("anarchon_sidecar_root") == str(self.root):
+            self.last_vars = variables if play.rc == 0 else None
+        return play
+
+    def converge_base(self) -> None:
+        """Bring the root back to the base variables (a no-op when it is there)."""
+        if self.last_vars != self.vars():
+            self.converge(self.vars()).assert_ok()
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
+    """Mode and content of every file under `root`/etc (config, secrets, units)."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_mode, p.read_bytes() if p.is_file() else b"")
+        for p in sorted((root / "etc").rglob("*"))
+    }
+
+
+@pytest.fixture(scope="session")
+def sidecar_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel of this project (`pip wheel --no-deps`), built from a copy of the sources."""
+    work = tmp_path_factory.mktemp("wheel")
+    src = work / "src"
+    src.mkdir()
+    shutil.copytree(ROOT / "sidecar", src / "sidecar", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, src / name)
+    out = work / "dist"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (wheel,) = out.glob("anarchon_sidecar-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory, sidecar_wheel: Path) -> Site:
+    """The role converged once (venv method) into a temporary root."""
+    site = Site(tmp_path_factory.mktemp("ansible"), sidecar_wheel)
+    play = site.converge(site.vars()).assert_ok()
+    site.first_play = play
+    print(f"first converge (virtualenv + pip install): {play.seconds:.1f}s")
+    return site
+
+
+# --------------------------------------------------------------------------- the install
+
+
+def test_converge_installs_the_sidecar_with_its_files(site: Site) -> None:
+    play = site.first_play
+    assert play is not None
+    assert play.changed > 0
+
+    # The virtualenv has the console script of the wheel.
+    version = subprocess.run(
+        [str(site.binary), "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert version.returncode == 0, version.stderr
+    assert "anarchon-sidecar" in version.stdout
+
+    # The config is the role variables, secrets referenced by file, never inline.
+    config = yaml.safe_load(site.config.read_text())
+    assert config["instance_id"] == "ansible-test"
+    assert config["shutdown_grace"] == "25s"
+    assert config["nats"]["servers"] == ["nats://127.0.0.1:4222"]
+    assert config["nats"]["user"] == "anarchon"
+    assert config["nats"]["password_file"] == str(site.secrets / "nats-password")
+    assert config["target"]["signing_secret_file"] == str(site.secrets / "signing-secret")
+    assert [job["name"] for job in config["jobs"]] == ["sync", "nightly"]
+    assert config["jobs"][1]["timezone"] == "Europe/Berlin"
+    assert "never-logged" not in site.config.read_text()
+
+    # Secrets: files only root/owner and the service group may read.
+    assert (site.secrets / "nats-password").read_text() == "nats-password-never-logged"
+    assert (site.secrets / "signing-secret").read_text() == "signing-secret-never-logged"
+    for path in (site.secrets / "nats-password", site.secrets / "signing-secret", site.config):
+        assert oct(path.stat().st_mode & 0o777) == "0o640", path
+    assert oct(site.secrets.stat().st_mode & 0o777) == "0o750"
+    assert sorted(p.name for p in site.secrets.iterdir()) == ["nats-password", "signing-secret"]
+    # ... and no_log kept them out of the play's output, --diff included.
+    assert "never-logged" not in play.output
+
+    # The systemd unit: hardened, drains on SIGTERM, waits longer than the drain.
+    unit = site.unit.read_text()
+    for line in (
+        f"ExecStart={site.binary} run -c {site.config}",
+        "NoNewPrivileges=true",
+        "ProtectSystem=strict",
+        "ProtectHome=true",
+        "PrivateTmp=true",
+        "Restart=on-failure",
+        "KillSignal=SIGTERM",
+        "TimeoutStopSec=40",
+    ):
+        assert line in unit.splitlines(), line
+
+    # `check` accepts what was written.
+    checked = subprocess.run(
+        [str(site.binary), "check", "-c", str(site.config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=sidecar_env(),
+    )
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_installed_sidecar_becomes_ready_and_triggers_a_job(
+    site: Site, nats_server: NatsServer, http_app: RecordingApp, tmp_path: Path
+) -> None:
+    port = free_port()
+    secret = "the-signing-secret"
+    site.converge(
+        site.vars(
+            anarchon_sidecar_nats_servers=[nats_server.url],
+            anarchon_sidecar_nats_user="",
+            anarchon_sidecar_nats_password="",
+            anarchon_sidecar_target_url=http_app.url,
+            anarchon_sidecar_target_signing_secret=secret,
+            anarchon_sidecar_metrics_listen=f"127.0.0.1:{port}",
+            anarchon_sidecar_jobs=[
+                {
+                    "name": "tick",
+                    "schedule": "* * * * * *",
+                    "jitter": "0s",
+                    "request": {"method": "POST", "path": "/jobs/tick", "body": "hello"},
+                }
+            ],
+        )
+    ).assert_ok()
+    # The password is no longer configured, so its file is gone.
+    assert not (site.secrets / "nats-password").exists()
+
+    log_path = tmp_path / "sidecar.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [str(site.binary), "run", "-c", str(site.config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=sidecar_env(),
+        )
+    try:
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"sidecar exited {proc.returncode}:\n{log_path.read_text()}")
+            try:
+                url = f"http://127.0.0.1:{port}/readyz"
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    return bool(resp.status == 200)
+            except (urllib.error.URLError, OSError):
+                return False
+
+        try:
+            wait_for(ready, 30, what="installed sidecar /readyz 200")
+            (request, *_) = wait_for(
+                lambda: http_app.requests_for("/jobs/tick"), 20, what="a trigger"
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nsidecar log:\n{log_path.read_text()}") from None
+        assert request.method == "POST"
+        assert request.body == b"hello"
+        assert request.headers["X-Anarchon-Job"] == "tick"
+        # Signed with the secret the role wrote to a file.
+        fields = dict(
+            part.split("=", 1) for part in request.headers["X-Anarchon-Signature"].split(",")
+        )
+        expected = hmac.new(
+            secret.encode(), fields["t"].encode() + b"." + request.body, hashlib.sha256
+        ).hexdigest()
+        assert hmac.compare_digest(fields["v1"], expected)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            raise
+    assert rc == 0, log_path.read_text()
+
+
+# --------------------------------------------------------------------------- converging again
+
+
+def test_second_converge_changes_nothing(site: Site) -> None:
+    site.converge_base()
+    play = site.converge(site.vars()).assert_ok()
+    assert play.changed == 0, play.output
+
+
+def test_check_mode_reports_a_change_and_writes_nothing(site: Site) -> None:
+    site.converge_base()
+    before = snapshot(site.root)
+    changed = site.vars(
+        anarchon_sidecar_metrics_listen="127.0.0.1:19464",
+        anarchon_sidecar_shutdown_grace=30,
+        anarchon_sidecar_target_signing_secret="",
+    )
+    play = site.converge(changed, check=True).assert_ok()
+    config_task = play.task(CONFIG_TASK)
+    assert "changed: [localhost]" in config_task
+    assert "+  listen: 127.0.0.1:19464" in config_task
+    assert "+shutdown_grace: 30s" in config_task
+    assert "changed: [localhost] => (item=signing-secret)" in play.task(
+        "Remove secret files that are no longer configured"
+    )
+    assert snapshot(site.root) == before
+
+
+def test_check_mode_on_a_fresh_host_writes_nothing(site: Site, tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh"
+    play = site.converge(site.vars(anarchon_sidecar_root=str(fresh)), check=True).assert_ok()
+    assert play.changed > 0
+    assert "changed: [localhost]" in play.task("Install the package into the virtualenv")
+    assert not fresh.exists()
+
+
+@pytest.mark.parametrize(
+    ("job", "key"),
+    [
+        ({"name": "bad name!", "schedule": "*/5 * * * *"}, "jobs[0].name"),
+        ({"name": "hourly", "schedule": "61 * * * *"}, "jobs[0].schedule"),
+    ],
+    ids=["name", "schedule"],
+)
+def test_bad_job_fails_at_validate_and_keeps_the_config(
+    site: Site, job: dict[str, str], key: str
+) -> None:
+    if not site.config.exists():  # any valid config in place will do
+        site.converge_base()
+    before = site.config.read_bytes()
+    play = site.converge(site.vars(anarchon_sidecar_jobs=[job]))
+    assert play.rc != 0 and play.recap["failed"] == 1, play.output
+    config_task = play.task(CONFIG_TASK)
+    assert "fatal: [localhost]: FAILED!" in config_task
+    assert "failed to validate" in config_task
+    assert key in config_task  # `check` names the key
+    assert site.config.read_bytes() == before
+
+
+# --------------------------------------------------------------------------- the unit files
+
+
+def test_unit_passes_systemd_analyze_verify(site: Site) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    if not site.unit.exists():
+        site.converge_base()
+    proc = subprocess.run(
+        [analyze, "verify", "--man=no", str(site.unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # verify exits 0 on unknown keys and bad values; it names the file in those lines.
+    problems = [line for line in proc.stderr.splitlines() if site.unit.name in line]
+    assert proc.returncode == 0 and not problems, proc.stdout + proc.stderr
+
+
+def test_podman_method_renders_a_quadlet(site: Site, tmp_path: Path) -> None:
+    """podman is not needed in check mode: the quadlet shows in the diff, nothing is written."""
+    root = tmp_path / "podman"
+    quadlets = root / "etc/containers/systemd"
+    quadlets.mkdir(parents=True)
+    play = site.converge(
+        site.vars(
+            anarchon_sidecar_root=str(root),
+            anarchon_sidecar_install_method="podman",
+            anarchon_sidecar_image="anarchon-sidecar:test",
+            anarchon_sidecar_podman_pull=False,
+        ),
+        check=True,
+    ).assert_ok()
+    quadlet = play.task("Write the quadlet container file")
+    secrets = root / "etc/anarchon/secrets"
+    for line in (
+        "+Image=anarchon-sidecar:test",
+        "+Exec=run -c /etc/anarchon/sidecar.yaml",
+        f"+Volume={root}/etc/anarchon/sidecar.yaml:/etc/anarchon/sidecar.yaml:ro,z",
+        f"+Volume={secrets}:{secrets}:ro,z",
+        f"+User={os.getuid()}",
+        "+Network=host",
+        "+PodmanArgs=--stop-timeout=40",
+    ):
+        assert line in quadlet.splitlines(), line
+    assert "never-logged" not in play.output
+    assert list(root.rglob("*")) == [root / "etc", root / "etc/containers", quadlets]
+
+
+# --------------------------------------------------------------------------- the role's source
+
+
+def test_defaults_match_argument_specs() -> None:
+    defaults = yaml.safe_load((ROLE_DIR / "defaults/main.yml").read_text())
+    specs = yaml.safe_load((ROLE_DIR / "meta/argument_specs.yml").read_text())
+    options = specs["argument_specs"]["main"]["options"]
+    assert sorted(defaults) == sorted(options)
+    for name, spec in options.items():
+        assert name.startswith("anarchon_sidecar_"), name
+        assert spec.get("description"), f"{name} has no description"
+        assert spec.get("type"), f"{name} has no type"
+        assert spec.get("default") == defaults[name], name
+        if "choices" in spec:
+            assert defaults[name] in spec["choices"], name
+
+
+def test_ansible_lint_production_profile_passes() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(NO_COLOR="1", PATH=f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}")
+    proc = subprocess.run(
+        [tool("ansible-lint"), "--offline", "--profile", "production", "ansible/"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=170,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Profile 'production' was required, and it passed" in proc.stdout + proc.stderr
