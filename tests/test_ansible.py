@@ -50,6 +50,23 @@ PLAYBOOK = """\
     - role: anarchon_sidecar
 """
 
+# The role's podman install and configure steps alone, without the preflight
+# that wants podman 4.4+ on this host, to render the quadlet in check mode.
+PODMAN_FILES_PLAYBOOK = """\
+- name: Render the podman files of anarchon_sidecar on localhost
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Install (podman)
+      ansible.builtin.include_role:
+        name: anarchon_sidecar
+        tasks_from: install_podman.yml
+    - name: Configure
+      ansible.builtin.include_role:
+        name: anarchon_sidecar
+        tasks_from: configure.yml
+"""
+
 RECAP = re.compile(
     r"^localhost\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
     r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)",
@@ -114,6 +131,8 @@ class Site:
         self.first_play: Play | None = None
         self.playbook = workdir / "converge.yml"
         self.playbook.write_text(PLAYBOOK)
+        self.podman_files_playbook = workdir / "podman-files.yml"
+        self.podman_files_playbook.write_text(PODMAN_FILES_PLAYBOOK)
         home = workdir / "ansible-home"
         cfg = workdir / "ansible.cfg"
         cfg.write_text("[defaults]\n")
@@ -188,12 +207,14 @@ class Site:
         base.update(overrides)
         return base
 
-    def converge(self, variables: dict[str, Any], *, check: bool = False) -> Play:
+    def converge(
+        self, variables: dict[str, Any], *, check: bool = False, playbook: Path | None = None
+    ) -> Play:
         """ansible-playbook -i localhost, -c local --diff [--check] with `variables`."""
         vars_file = self.workdir / "vars.json"
         vars_file.write_text(json.dumps(variables))
         cmd = [tool("ansible-playbook"), "-i", "localhost,", "-c", "local", "--diff"]
-        cmd += ["-e", f"@{vars_file}", str(self.playbook)]
+        cmd += ["-e", f"@{vars_file}", str(playbook or self.playbook)]
         if check:
             cmd.append("--check")
         started = time.monotonic()
@@ -468,19 +489,50 @@ def test_unit_passes_systemd_analyze_verify(site: Site) -> None:
     assert proc.returncode == 0 and not problems, proc.stdout + proc.stderr
 
 
+def podman_version() -> tuple[int, ...] | None:
+    """This host's podman version, None without podman."""
+    podman = shutil.which("podman")
+    if podman is None:
+        return None
+    out = subprocess.run([podman, "--version"], capture_output=True, text=True, timeout=30)
+    found = re.search(r"(\d+)\.(\d+)", out.stdout)
+    return tuple(int(n) for n in found.groups()) if out.returncode == 0 and found else None
+
+
+def podman_vars(site: Site, root: Path, **overrides: Any) -> dict[str, Any]:
+    return site.vars(
+        anarchon_sidecar_root=str(root),
+        anarchon_sidecar_install_method="podman",
+        anarchon_sidecar_image="anarchon-sidecar:test",
+        **overrides,
+    )
+
+
+def test_podman_method_in_check_mode_wants_quadlet_support(site: Site, tmp_path: Path) -> None:
+    """The whole play in check mode: podman missing (a role may install it) or 4.4+ passes,
+    an older podman (no quadlet) fails the preflight with a clear message."""
+    root = tmp_path / "podman"
+    play = site.converge(podman_vars(site, root), check=True)
+    version = podman_version()
+    if version is not None and version < (4, 4):
+        assert play.rc != 0, play.output
+        preflight = play.task("Assert podman 4.4 or newer is installed")
+        assert "The podman method needs podman 4.4 or newer (quadlet)" in preflight
+    else:
+        play.assert_ok()
+        assert play.changed > 0
+    assert not root.exists()
+
+
 def test_podman_method_renders_a_quadlet(site: Site, tmp_path: Path) -> None:
-    """podman is not needed in check mode: the quadlet shows in the diff, nothing is written."""
+    """The podman install and configure steps in check mode: the quadlet shows in the diff."""
     root = tmp_path / "podman"
     quadlets = root / "etc/containers/systemd"
-    quadlets.mkdir(parents=True)
+    quadlets.mkdir(parents=True)  # as a podman package leaves it
     play = site.converge(
-        site.vars(
-            anarchon_sidecar_root=str(root),
-            anarchon_sidecar_install_method="podman",
-            anarchon_sidecar_image="anarchon-sidecar:test",
-            anarchon_sidecar_podman_pull=False,
-        ),
+        podman_vars(site, root, anarchon_sidecar_podman_pull=False),
         check=True,
+        playbook=site.podman_files_playbook,
     ).assert_ok()
     quadlet = play.task("Write the quadlet container file")
     secrets = root / "etc/anarchon/secrets"
@@ -490,12 +542,15 @@ def test_podman_method_renders_a_quadlet(site: Site, tmp_path: Path) -> None:
         f"+Volume={root}/etc/anarchon/sidecar.yaml:/etc/anarchon/sidecar.yaml:ro,z",
         f"+Volume={secrets}:{secrets}:ro,z",
         f"+User={os.getuid()}",
+        f"+Group={os.getgid()}",
         "+Network=host",
+        "+ReadOnly=true",
         "+PodmanArgs=--stop-timeout=40",
+        "+WantedBy=multi-user.target",
     ):
         assert line in quadlet.splitlines(), line
     assert "never-logged" not in play.output
-    assert list(root.rglob("*")) == [root / "etc", root / "etc/containers", quadlets]
+    assert sorted(root.rglob("*")) == [root / "etc", root / "etc/containers", quadlets]
 
 
 # --------------------------------------------------------------------------- the role's source
