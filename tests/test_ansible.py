@@ -41,6 +41,9 @@ ANSIBLE_DIR = ROOT / "ansible"
 ROLE_DIR = ANSIBLE_DIR / "roles" / "anarchon_sidecar"
 BIN_DIR = Path(sys.executable).parent
 CONFIG_TASK = "Write the config, checked by anarchon-sidecar check"
+ARGSPEC_TASK = (
+    "Validating arguments against arg spec 'main' - Install and run anarchon-sidecar on a host"
+)
 
 PLAYBOOK = """\
 - name: Converge anarchon_sidecar on localhost
@@ -467,6 +470,43 @@ def test_bad_job_fails_at_validate_and_keeps_the_config(
     assert "failed to validate" in config_task
     assert key in config_task  # `check` names the key
     assert site.config.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("overrides", "task", "message"),
+    [
+        (
+            {"anarchon_sidecar_install_method": "docker"},
+            ARGSPEC_TASK,
+            "value of anarchon_sidecar_install_method must be one of: venv, podman",
+        ),
+        (
+            {"anarchon_sidecar_stop_timeout": 20},
+            "Assert systemd waits longer than the drain",
+            "anarchon_sidecar_stop_timeout (20s) must be longer than",
+        ),
+        (
+            {"anarchon_sidecar_nats_user": "", "anarchon_sidecar_nats_token": "t"},
+            "Assert NATS has servers and one way to authenticate",
+            "a password only with anarchon_sidecar_nats_user",
+        ),
+        (
+            {"anarchon_sidecar_jobs": [{"name": "no-schedule"}]},
+            ARGSPEC_TASK,
+            "missing required arguments: schedule",
+        ),
+    ],
+    ids=["method", "stop-timeout", "auth", "job-fields"],
+)
+def test_preflight_refuses_bad_variables_before_changing_anything(
+    site: Site, tmp_path: Path, overrides: dict[str, Any], task: str, message: str
+) -> None:
+    root = tmp_path / "refused"
+    play = site.converge(site.vars(anarchon_sidecar_root=str(root), **overrides))
+    assert play.rc != 0, play.output
+    assert message in play.task(task)
+    assert "never-logged" not in play.output
+    assert not root.exists()
 
 
 # --------------------------------------------------------------------------- the unit files
