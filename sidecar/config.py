@@ -96,17 +96,27 @@ class TargetConfig:
     @property
     def unix_socket(self) -> str | None:
         """The socket path when ``url`` is ``unix:///path``, else None."""
-        return urlsplit(self.url).path if self.url.startswith("unix:") else None
+        return unix_socket_of(self.url)
 
     @property
     def base_url(self) -> str:
         """``http://host:port`` for TCP, ``http://localhost`` for a unix socket."""
-        if self.unix_socket is not None:
-            return "http://localhost"
-        parts = urlsplit(self.url)
-        host = parts.hostname or "localhost"
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{parts.port or 80}"
+        return base_url_of(self.url)
+
+
+def unix_socket_of(url: str) -> str | None:
+    """The socket path of a ``unix:///path`` URL, else None."""
+    return urlsplit(url).path if url.startswith("unix:") else None
+
+
+def base_url_of(url: str) -> str:
+    """``http://host:port`` for a TCP URL, ``http://localhost`` for a unix socket."""
+    if unix_socket_of(url) is not None:
+        return "http://localhost"
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{parts.port or 80}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +128,15 @@ class RequestConfig:
     headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False)
     body: str = ""
     timeout: float = 30.0
+    url: str = TargetConfig.url  # the job's own ``request.url``, else ``target.url``
+
+    @property
+    def unix_socket(self) -> str | None:
+        return unix_socket_of(self.url)
+
+    @property
+    def base_url(self) -> str:
+        return base_url_of(self.url)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -357,6 +376,7 @@ def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
         headers=_merge_headers(target.headers, req.get("headers", {}, headers)),
         body=req.text("body", ""),
         timeout=req.duration("timeout", target.timeout, minimum_ms=1),
+        url=req.get("url", target.url, lambda v, k: target_url(v, k, target.allow_remote)),
     )
     return JobConfig(
         name=name,
@@ -369,7 +389,7 @@ def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
     )
 
 
-_REQUEST_KEYS = ("method", "path", "headers", "body", "timeout")
+_REQUEST_KEYS = ("method", "path", "headers", "body", "timeout", "url")
 
 
 def _check_windows(config: Config, job: JobConfig, path: str) -> None:

@@ -24,7 +24,7 @@ DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 6
 SKIP_REASONS = ("late", "disconnected", "shutdown")
 
 # The ``_created`` series double every counter for no use here.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 RUN_STATUSES = ("succeeded", "failed")
 
 

@@ -358,3 +358,45 @@ def sidecars(
             with contextlib.suppress(Exception):
                 p.terminate(30)
             p.kill()
+
+
+# --------------------------------------------------------------------------- stream
+
+
+@dataclass
+class StoredMsg:
+    seq: int
+    subject: str
+    headers: dict[str, str]
+    data: dict[str, Any]
+
+
+async def _read_all(url: str, stream: str) -> list[StoredMsg]:
+    import json
+
+    import nats
+    from nats.js.errors import NotFoundError
+
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        out = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            try:
+                msg = await js.get_msg(stream, seq)
+            except NotFoundError:
+                continue
+            try:
+                data = json.loads(msg.data or b"{}")
+            except ValueError:
+                data = {"_raw": (msg.data or b"").decode(errors="replace")}
+            out.append(StoredMsg(seq, msg.subject or "", dict(msg.headers or {}), data))
+        return out
+    finally:
+        await nc.close()
+
+
+def read_stream(url: str, stream: str = "CRON") -> list[StoredMsg]:
+    """Every message of the stream, in order (a direct read for assertions)."""
+    return asyncio.run(_read_all(url, stream))

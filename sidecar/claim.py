@@ -1,0 +1,201 @@
+"""Claim a slot in JetStream; decide won or lost.
+
+Every instance publishes ``<prefix><job>.claims`` with ``Nats-Msg-Id:
+<job>:<slot>``. The stream stores the first message with that id and answers
+every later one with ``duplicate: true`` and the original's sequence. An
+instance won when its ack is not a duplicate, or when it is a duplicate and the
+stored message carries its own token (its own retry).
+
+A claim is never decided by a guess: a publish that timed out may still have
+been stored (nats-py can flush a buffered publish after its timeout fired), so
+it is retried with the same token and id until a definite answer or the
+deadline. On a clustered stream a concurrent copy may be answered with API
+error 10158 ("duplicate message id is in process"); that too is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from nats.aio.client import Client as NATS
+from nats.errors import ConnectionReconnectingError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
+
+from sidecar.clock import Clock, rfc3339
+from sidecar.errors import ClaimError
+
+log = logging.getLogger(__name__)
+
+ERR_DUPLICATE_IN_PROCESS = 10158
+MSG_ID = "Nats-Msg-Id"
+# Errors after which asking again may give a definite answer.
+TRANSIENT = (
+    NatsTimeoutError,
+    asyncio.TimeoutError,
+    NoRespondersError,
+    NoStreamResponseError,
+    ServiceUnavailableError,
+    ConnectionReconnectingError,
+)
+
+
+class ClaimDisconnected(ClaimError):
+    """NATS was disconnected for the whole time the claim could be made."""
+
+
+def new_token() -> str:
+    """A token unique per instance and claim: 128 random bits, hex."""
+    return secrets.token_hex(16)
+
+
+def claim_msg_id(job: str, slot: int, token: str, manual: bool) -> str:
+    return f"{job}:manual:{token}" if manual else f"{job}:{slot}"
+
+
+def decide(duplicate: bool | None, stored_token: str | None, token: str) -> bool:
+    """Won or lost, from the ack's duplicate flag and, for a duplicate, the stored token.
+
+    nats-py reports a first publish as ``duplicate=None``, not ``False``.
+    """
+    if not duplicate:
+        return True
+    return stored_token == token
+
+
+def token_of(data: bytes) -> str | None:
+    """The token of a stored claim, None for anything that is not one of ours."""
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    token = value.get("token") if isinstance(value, dict) else None
+    return token if isinstance(token, str) else None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What was claimed and how it was decided."""
+
+    job: str
+    slot: int
+    token: str
+    won: bool
+    seq: int
+    attempts: int
+    duplicate_acks: int
+    ack_seconds: float
+    manual: bool = False
+
+
+@dataclass
+class Claimer:
+    """Publishes claims for one instance."""
+
+    nc: NATS
+    js: JetStreamContext
+    stream: str
+    prefix: str
+    instance: str
+    clock: Clock
+    ack_timeout: float = 2.0
+    # Awaited while disconnected; returns when connected (or raises on timeout).
+    wait_connected: Callable[[float], Awaitable[bool]] | None = None
+
+    def subject(self, job: str) -> str:
+        return f"{self.prefix}{job}.claims"
+
+    async def claim(self, job: str, slot: int, deadline: float, manual: bool = False) -> Claim:
+        """Claim `slot` of `job`; `deadline` is on the monotonic clock.
+
+        Returns the decided Claim; raises ClaimDisconnected when NATS was down
+        the whole time, ClaimError when no definite answer came in time.
+        """
+        token = new_token()
+        now = self.clock.wall()
+        body = json.dumps(
+            {
+                "job": job,
+                "slot": slot,
+                "token": token,
+                "instance": self.instance,
+                "scheduled_at": rfc3339(slot / 1000),
+                "claimed_at": rfc3339(now),
+                "manual": manual,
+            },
+            separators=(",", ":"),
+        ).encode()
+        msg_id = claim_msg_id(job, slot, token, manual)
+        subject = self.subject(job)
+        attempts = 0
+        duplicate_acks = 0
+        backoff = 0.02
+        ever_connected = False
+        last_error = "no attempt"
+        while True:
+            remaining = deadline - self.clock.monotonic()
+            if remaining <= 0:
+                if not ever_connected:
+                    raise ClaimDisconnected(f"{msg_id}: NATS disconnected until the deadline")
+                raise ClaimError(f"{msg_id}: no definite answer before the deadline: {last_error}")
+            if (
+                not self.nc.is_connected
+                and self.wait_connected is not None
+                and not await self.wait_connected(remaining)
+            ):
+                continue
+            ever_connected = True
+            attempts += 1
+            started = self.clock.monotonic()
+            try:
+                ack = await self.js.publish(
+                    subject,
+                    body,
+                    timeout=max(0.001, min(self.ack_timeout, remaining)),
+                    stream=self.stream,
+                    headers={MSG_ID: msg_id},
+                )
+            except APIError as exc:
+                if exc.err_code != ERR_DUPLICATE_IN_PROCESS and not isinstance(exc, TRANSIENT):
+                    raise ClaimError(f"{msg_id}: JetStream refused the claim: {exc}") from exc
+                last_error = f"{type(exc).__name__} (err_code {exc.err_code})"
+            except TRANSIENT as exc:
+                last_error = type(exc).__name__
+            else:
+                ack_seconds = self.clock.monotonic() - started
+                stored = None
+                if ack.duplicate:
+                    duplicate_acks += 1
+                    stored = await self._stored_token(ack.seq, deadline, msg_id)
+                won = decide(ack.duplicate, stored, token)
+                return Claim(
+                    job, slot, token, won, ack.seq, attempts, duplicate_acks, ack_seconds, manual
+                )
+            log.debug("claim %s attempt %d: %s; asking again", msg_id, attempts, last_error)
+            await asyncio.sleep(min(backoff * random.uniform(0.5, 1.5), max(0.0, remaining)))
+            backoff = min(backoff * 2, 1.0)
+
+    async def _stored_token(self, seq: int, deadline: float, msg_id: str) -> str | None:
+        """The token of the stored claim at `seq`; retried until the deadline."""
+        backoff = 0.02
+        while True:
+            remaining = deadline - self.clock.monotonic()
+            try:
+                msg = await self.js.get_msg(self.stream, seq)
+            except NotFoundError as exc:
+                # Trimmed or deleted: we cannot know who won, so we did not.
+                raise ClaimError(f"{msg_id}: stored claim {seq} is gone: {exc}") from exc
+            except (*TRANSIENT, APIError) as exc:
+                if remaining <= 0:
+                    raise ClaimError(f"{msg_id}: cannot read stored claim {seq}: {exc!r}") from exc
+                await asyncio.sleep(min(backoff, remaining))
+                backoff = min(backoff * 2, 1.0)
+                continue
+            return token_of(msg.data or b"")

@@ -1,0 +1,183 @@
+"""The trigger request to the app, over TCP or a unix socket.
+
+One request per won claim. A request that provably never reached the app
+(connection refused, socket missing: the connection itself failed) is retried
+with backoff until the slot's deadline; one that reached it is never resent,
+whatever happened next (timeout, reset, 5xx). Every request goes over a fresh
+connection, so a stale keep-alive connection can never blur that line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from dataclasses import dataclass
+from types import TracebackType
+
+import aiohttp
+
+from sidecar.clock import Clock, rfc3339
+from sidecar.config import JobConfig
+from sidecar.errors import TriggerError, TriggerFailed, TriggerTimeout, TriggerUndelivered
+
+log = logging.getLogger(__name__)
+
+# Only this much of an error response is read (and logged), never more.
+MAX_ERROR_BODY = 200
+
+
+def signature(secret: bytes, timestamp: int, body: bytes) -> str:
+    """``t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">``."""
+    mac = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+@dataclass(frozen=True)
+class TriggerResult:
+    """How one run went; times are wall-clock epoch seconds."""
+
+    ok: bool
+    started_at: float
+    finished_at: float
+    duration: float
+    http_status: int | None
+    error: str | None
+    attempts: int
+
+
+class Trigger:
+    """Sends trigger requests to the app; use as ``async with Trigger(...)``."""
+
+    def __init__(self, signing_secret: bytes | None, clock: Clock, instance: str = "") -> None:
+        self.signing_secret = signing_secret
+        self.clock = clock
+        self.instance = instance
+        # One session per unix socket, one (key None) for TCP.
+        self._sessions: dict[str | None, aiohttp.ClientSession] = {}
+
+    async def __aenter__(self) -> Trigger:
+        return self
+
+    def _session(self, socket_path: str | None) -> aiohttp.ClientSession:
+        session = self._sessions.get(socket_path)
+        if session is None:
+            connector: aiohttp.BaseConnector
+            if socket_path:
+                connector = aiohttp.UnixConnector(path=socket_path, force_close=True, limit=0)
+            else:
+                connector = aiohttp.TCPConnector(force_close=True, limit=0)
+            session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, trust_env=False
+            )
+            self._sessions[socket_path] = session
+        return session
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for session in self._sessions.values():
+            await session.close()
+        self._sessions.clear()
+
+    def headers(self, job: JobConfig, slot: int, token: str, body: bytes) -> dict[str, str]:
+        headers = dict(job.request.headers)
+        headers.update(
+            {
+                "X-Anarchon-Job": job.name,
+                "X-Anarchon-Slot": str(slot),
+                "X-Anarchon-Run-Id": token,
+                "X-Anarchon-Scheduled-At": rfc3339(slot / 1000),
+            }
+        )
+        if self.instance:
+            headers["X-Anarchon-Instance"] = self.instance
+        if self.signing_secret:
+            headers["X-Anarchon-Signature"] = signature(
+                self.signing_secret, int(self.clock.wall()), body
+            )
+        return headers
+
+    async def fire(self, job: JobConfig, slot: int, token: str, deadline: float) -> TriggerResult:
+        """Run the job's request once; retry only while undelivered and before `deadline`.
+
+        `deadline` is on the monotonic clock. Never raises for the app's
+        behaviour: the outcome is in the result.
+        """
+        started_at = self.clock.wall()
+        t0 = time.perf_counter()
+        attempts = 0
+        backoff = 0.1
+        while True:
+            attempts += 1
+            try:
+                status = await self._send(job, slot, token)
+            except TriggerUndelivered as exc:
+                remaining = deadline - self.clock.monotonic()
+                if remaining <= backoff:
+                    return self._result(started_at, t0, None, f"{exc} (gave up)", attempts)
+                (log.warning if attempts == 1 else log.debug)(
+                    "job %s slot %s: app not reachable (%s); retrying in %.1fs",
+                    job.name,
+                    slot,
+                    exc,
+                    backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            except TriggerError as exc:
+                return self._result(started_at, t0, exc.http_status, str(exc), attempts)
+            return self._result(started_at, t0, status, None, attempts)
+
+    def _result(
+        self, started_at: float, t0: float, status: int | None, error: str | None, attempts: int
+    ) -> TriggerResult:
+        duration = time.perf_counter() - t0
+        return TriggerResult(
+            ok=error is None,
+            started_at=started_at,
+            finished_at=started_at + duration,
+            duration=duration,
+            http_status=status,
+            error=error,
+            attempts=attempts,
+        )
+
+    async def _send(self, job: JobConfig, slot: int, token: str) -> int:
+        """One request; returns the 2xx status or raises a TriggerError."""
+        req = job.request
+        body = req.body.encode()
+        url = req.base_url + req.path
+        try:
+            async with self._session(req.unix_socket).request(
+                req.method,
+                url,
+                data=body,
+                headers=self.headers(job, slot, token, body),
+                timeout=aiohttp.ClientTimeout(total=req.timeout),
+                allow_redirects=False,
+            ) as resp:
+                if 200 <= resp.status < 300:
+                    await resp.read()
+                    return resp.status
+                text = (await resp.content.read(MAX_ERROR_BODY)).decode(errors="replace")
+                detail = " ".join(text.split())
+                raise TriggerFailed(
+                    f"HTTP {resp.status}" + (f": {detail}" if detail else ""), resp.status
+                )
+        except aiohttp.ClientConnectorError as exc:
+            # The connection was never made: nothing reached the app.
+            where = req.unix_socket or req.base_url
+            raise TriggerUndelivered(f"cannot connect to {where}: {exc.os_error}") from exc
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise TriggerTimeout(f"no answer within {req.timeout:g}s") from exc
+        except aiohttp.ClientError as exc:
+            raise TriggerError(
+                f"request failed after connecting: {type(exc).__name__} {exc}"
+            ) from exc

@@ -1,0 +1,181 @@
+"""Whole sidecar processes against a real nats-server and real apps."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    Sidecar,
+    read_stream,
+    run_cli,
+    sidecars,
+    wait_for,
+    write_config,
+)
+
+
+def job(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "schedule": "* * * * * *", "jitter": "300ms", "max_late": "5s", **extra}
+
+
+def base_config(nats: NatsServer, app: RecordingApp, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "nats": {"servers": [nats.url], "history_size": 1000},
+        "target": {"url": app.url, "timeout": "10s"},
+        "jobs": jobs,
+    }
+
+
+def slots_of(app: RecordingApp, path: str) -> list[int]:
+    return [int(r.headers["X-Anarchon-Slot"]) for r in app.requests_for(path)]
+
+
+def test_five_sidecars_run_every_slot_exactly_once(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp, unix_app: RecordingApp
+) -> None:
+    jobs = [job("alpha"), job("beta"), job("gamma", request={"url": unix_app.url})]
+    config = base_config(nats_server, http_app, jobs)
+    zones = ["UTC", "America/New_York", "Asia/Kolkata", "Australia/Lord_Howe", "Pacific/Apia"]
+    procs = [(f"s{i}", config, {"TZ": tz}) for i, tz in enumerate(zones)]
+    with sidecars(tmp_path, procs) as running:
+        start_ms = (int(time.time()) + 1) * 1000  # all five are ready by now
+        wait_for(lambda: len(slots_of(unix_app, "/jobs/gamma")) >= 10, 30, what="10 slots")
+        end_ms = int(time.time() - 1) * 1000
+        codes = [p.terminate() for p in running]
+    assert codes == [0] * 5
+    window = range(start_ms, end_ms + 1, 1000)
+    assert len(window) >= 8
+    for app, path in [
+        (http_app, "/jobs/alpha"),
+        (http_app, "/jobs/beta"),
+        (unix_app, "/jobs/gamma"),
+    ]:
+        seen = Counter(slots_of(app, path))
+        doubles = {s: n for s, n in seen.items() if n > 1}
+        assert not doubles, f"{path} ran twice: {doubles}"
+        missing = [s for s in window if s not in seen]
+        assert not missing, f"{path} missed slots {missing}"
+        # every request carries the run's identity
+        for r in app.requests_for(path):
+            assert r.headers["X-Anarchon-Job"] == path.rsplit("/", 1)[1]
+            assert len(r.headers["X-Anarchon-Run-Id"]) == 32
+            assert r.headers["X-Anarchon-Scheduled-At"].endswith("Z")
+
+    stored = read_stream(nats_server.url)
+    claims = [m for m in stored if m.subject.endswith(".claims")]
+    results = [m for m in stored if m.subject.endswith(".results")]
+    for m in claims:
+        assert m.subject == f"cron.{m.data['job']}.claims"
+        assert m.headers["Nats-Msg-Id"] == f"{m.data['job']}:{m.data['slot']}"
+        assert m.data["manual"] is False
+        assert {"token", "instance", "scheduled_at", "claimed_at"} <= m.data.keys()
+    ids = Counter(m.headers["Nats-Msg-Id"] for m in claims)
+    assert max(ids.values()) == 1
+    by_token = {m.data["token"]: m for m in claims}
+    for m in results:
+        assert m.subject == f"cron.{m.data['job']}.results"
+        claim = by_token[m.data["token"]]
+        assert (claim.data["slot"], claim.data["instance"]) == (m.data["slot"], m.data["instance"])
+        assert m.data["status"] == "succeeded" and m.data["http_status"] == 200
+    # each app request belongs to exactly one stored claim with the same token
+    tokens = [r.headers["X-Anarchon-Run-Id"] for r in http_app.requests + unix_app.requests]
+    assert len(tokens) == len(set(tokens))
+    assert set(tokens) <= by_token.keys()
+    # several instances won (the race is real, not one process doing it all)
+    assert len({m.data["instance"] for m in claims}) >= 2
+
+
+def test_skewed_clocks_compete_for_the_same_slots(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base_config(nats_server, http_app, [job("tick", jitter="0s")])
+    procs = [
+        ("early", config, {"ANARCHON_CLOCK_OFFSET": "1.5"}),
+        ("exact", config, {}),
+        ("late", config, {"ANARCHON_CLOCK_OFFSET": "-1.5"}),
+    ]
+    with sidecars(tmp_path, procs) as running:
+        start_ms = (int(time.time()) + 3) * 1000
+        wait_for(lambda: len(slots_of(http_app, "/jobs/tick")) >= 8, 30, what="8 slots")
+        end_ms = int(time.time() - 3) * 1000
+
+        def count(p: Sidecar, what: str) -> float:
+            return p.metric(f"anarchon_claims_{what}_total", {"job": "tick"}) or 0
+
+        # The instance 1.5 s behind still claims the same slots (and loses them);
+        # the one 1.5 s ahead wins them; the exact one loses too.
+        wait_for(
+            lambda: (
+                count(running[2], "lost") >= 5
+                and count(running[0], "won") >= 5
+                and count(running[1], "lost") >= 5
+            ),
+            15,
+            what="claims by all three",
+        )
+        for p in running:
+            assert p.terminate() == 0
+    seen = Counter(slots_of(http_app, "/jobs/tick"))
+    assert max(seen.values()) == 1, "a slot ran twice"
+    assert all(s in seen for s in range(start_ms, end_ms + 1, 1000))
+
+
+def test_sigterm_lets_a_running_trigger_finish_and_records_it(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    http_app.delay["/jobs/slow"] = 3.0
+    config = base_config(nats_server, http_app, [job("slow", jitter="0s")])
+    config["shutdown_grace"] = "20s"
+    with sidecars(tmp_path, [("only", config, {})]) as (proc,):
+        first = wait_for(lambda: http_app.requests_for("/jobs/slow"), 15, what="a trigger")[0]
+        assert first.finished == 0.0  # still running at the app
+        stopped_at = time.monotonic()
+        code = proc.terminate(30)
+        took = time.monotonic() - stopped_at
+    assert code == 0
+    assert 1.0 < took < 20, took
+    token = first.headers["X-Anarchon-Run-Id"]
+    results = [m for m in read_stream(nats_server.url) if m.subject == "cron.slow.results"]
+    mine = [m.data for m in results if m.data["token"] == token]
+    assert mine and mine[0]["status"] == "succeeded" and mine[0]["http_status"] == 200
+    # nothing was claimed after SIGTERM: every stored claim has a result
+    claims = [m for m in read_stream(nats_server.url) if m.subject == "cron.slow.claims"]
+    assert {c.data["token"] for c in claims} == {r.data["token"] for r in results}
+    assert "stopped" in proc.log()
+
+
+def test_unreachable_nats_at_start_exits_3_with_one_line(tmp_path: Path) -> None:
+    cfg = {
+        "nats": {"servers": ["nats://127.0.0.1:1"], "connect_timeout": "1s"},
+        "metrics": {"listen": "127.0.0.1:0"},
+        "jobs": [job("x")],
+    }
+    path = write_config(tmp_path / "c.yaml", cfg)
+    res = run_cli("run", "-c", str(path))
+    assert res.returncode == 3, res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("anarchon-sidecar: cannot connect to NATS at nats://127.0.0.1:1")
+    assert "Traceback" not in res.stderr
+
+
+def test_readyz_follows_nats(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base_config(nats_server, http_app, [job("tick")])
+    with sidecars(tmp_path, [("one", config, {})]) as (proc,):
+        assert proc.get("/healthz")[0] == 200
+        assert proc.metric("anarchon_nats_connected") == 1
+        nats_server.stop()
+        wait_for(lambda: proc.get("/readyz")[0] == 503, 10, what="not ready")
+        assert "NATS" in proc.get("/readyz")[1]
+        assert proc.metric("anarchon_nats_connected") == 0
+        assert proc.get("/healthz")[0] == 200
+        nats_server.start()
+        proc.wait_ready(20)
+        assert (proc.metric("anarchon_nats_reconnects_total") or 0) >= 1
+        assert proc.terminate() == 0
