@@ -310,6 +310,8 @@ def test_every_alert_has_severity_annotations_and_a_runbook_section() -> None:
         path, _, anchor = notes["runbook_url"].partition("#")
         assert path == "docs/RUNBOOK.md", name
         assert anchor == github_anchor(name) and anchor in anchors, name
+        # The runbook's index gives the same severity.
+        assert f"[{name}](#{anchor}) | {rule['labels']['severity']} |" in RUNBOOK.read_text()
 
 
 def test_every_rule_file_alert_has_promtool_unit_tests() -> None:
