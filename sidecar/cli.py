@@ -14,14 +14,16 @@ import sys
 from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
+from zoneinfo import ZoneInfo
 
 import click
 
-from sidecar import __version__
-from sidecar.clock import Clock
-from sidecar.config import Config, load_config, load_secrets
+from sidecar import __version__, oneshot
+from sidecar.clock import Clock, parse_rfc3339
+from sidecar.config import Config, JobConfig, Secrets, load_config, load_secrets
 from sidecar.durations import format_duration
-from sidecar.errors import ConfigError, ConnectError, SidecarError, StreamError
+from sidecar.errors import ConfigError, ConnectError, SidecarError, StreamError, StreamNotFound
+from sidecar.runs import History, Run
 
 T = TypeVar("T")
 
@@ -78,6 +80,8 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         fail(EXIT_CONFIG, f"config error: {exc}")
     except ConnectError as exc:
         fail(EXIT_UNREACHABLE, str(exc))
+    except StreamNotFound:
+        raise
     except StreamError as exc:
         fail(EXIT_FAILED, str(exc))
     except SidecarError as exc:
@@ -171,6 +175,174 @@ def check(config_path: str | None) -> None:
         )
         for slot in job.schedule.slots(now, 3):
             click.echo(f"  next: {_when(slot, job.timezone)}")
+
+
+def connected_command(config_path: str | None) -> tuple[Config, Secrets]:
+    config = config_or_exit(config_path)
+    try:
+        return config, load_secrets(config, os.environ)
+    except ConfigError as exc:
+        fail(EXIT_CONFIG, f"config error: {exc}")
+
+
+def job_or_exit(config: Config, name: str) -> JobConfig:
+    try:
+        return config.job(name)
+    except ConfigError:
+        names = ", ".join(j.name for j in config.jobs)
+        fail(EXIT_CONFIG, f"no job named {name!r} in the config (jobs: {names})")
+
+
+def no_stream(config: Config) -> NoReturn:
+    click.echo(f"no stream {config.nats.stream} yet: `run` or `run-now` creates it", err=True)
+    sys.exit(0)
+
+
+def _history(config: Config, secrets: Secrets, job: JobConfig) -> History:
+    try:
+        hist = run_async(oneshot.history(config, secrets, job.name))
+    except StreamNotFound:
+        no_stream(config)
+    if hist.skipped:
+        click.echo(
+            f"({hist.skipped} malformed or foreign message(s) on {job.name}'s subjects skipped)",
+            err=True,
+        )
+    return hist
+
+
+def _local(text: str | None, tz: ZoneInfo) -> str:
+    if not text:
+        return "-"
+    try:
+        return datetime.fromtimestamp(parse_rfc3339(text), tz).strftime("%Y-%m-%d %H:%M:%S %Z")
+    except ValueError:
+        return text
+
+
+def _table(runs: list[Run], tz: ZoneInfo) -> None:
+    header = ("SCHEDULED", "INSTANCE", "STATUS", "HTTP", "DURATION", "ERROR")
+    rows = [
+        (
+            _local(r.scheduled_at, tz) + (" (manual)" if r.manual else ""),
+            r.instance,
+            r.status,
+            str(r.http_status) if r.http_status is not None else "-",
+            f"{r.duration_ms} ms" if r.duration_ms is not None else "-",
+            r.error or "",
+        )
+        for r in runs
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
+        click.echo("  ".join([*cells, row[-1]]).rstrip())
+
+
+@main.command()
+@click.argument("job")
+@config_option
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per run, per line.")
+def history(job: str, config_path: str | None, limit: int, as_json: bool) -> None:
+    """Runs of JOB, newest first, joined from the stream's claims and results."""
+    config, secrets = connected_command(config_path)
+    job_cfg = job_or_exit(config, job)
+    runs = _history(config, secrets, job_cfg).runs[:limit]
+    if as_json:
+        for run_ in runs:
+            click.echo(json.dumps(run_.as_dict()))
+    elif not runs:
+        click.echo(f"no runs of {job} in stream {config.nats.stream}")
+    else:
+        _table(runs, job_cfg.timezone)
+
+
+@main.command("last-run")
+@click.argument("job")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="The run as one JSON object.")
+def last_run(job: str, config_path: str | None, as_json: bool) -> None:
+    """The newest run of JOB; exit 1 when there is none."""
+    config, secrets = connected_command(config_path)
+    job_cfg = job_or_exit(config, job)
+    runs = _history(config, secrets, job_cfg).runs
+    if not runs:
+        click.echo(f"no runs of {job} in stream {config.nats.stream}", err=True)
+        sys.exit(EXIT_FAILED)
+    if as_json:
+        click.echo(json.dumps(runs[0].as_dict()))
+    else:
+        _table(runs[:1], job_cfg.timezone)
+
+
+@main.command("run-now")
+@click.argument("job")
+@config_option
+def run_now(job: str, config_path: str | None) -> None:
+    """Claim a manual run of JOB, trigger it from here and record it; exit 0 or 1."""
+    config, secrets = connected_command(config_path)
+    job_or_exit(config, job)
+    done = run_async(oneshot.run_now(config, secrets, job, Clock()))
+    r = done.result
+    status = "succeeded" if r.ok else "failed"
+    http = f"HTTP {r.http_status}" if r.http_status is not None else "no HTTP status"
+    click.echo(
+        f"{job}: manual run {done.token} {status} ({http}, {round(r.duration * 1000)} ms)"
+        + (f": {r.error}" if r.error else "")
+    )
+    if not done.recorded:
+        click.echo("warning: the result could not be recorded in the stream", err=True)
+    sys.exit(0 if r.ok else EXIT_FAILED)
+
+
+@main.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Settings and state as one JSON object.")
+def stream(config_path: str | None, as_json: bool) -> None:
+    """The stream's settings and state."""
+    config, secrets = connected_command(config_path)
+    try:
+        state = run_async(oneshot.stream_state(config, secrets))
+    except StreamNotFound:
+        no_stream(config)
+    if as_json:
+        click.echo(json.dumps(state.as_dict()))
+        return
+    rows = [
+        ("stream", state.name),
+        ("subjects", ", ".join(state.subjects)),
+        ("messages", str(state.messages)),
+        ("bytes", str(state.bytes)),
+        ("history size (per subject)", str(state.history_size)),
+        ("duplicate window", format_duration(state.duplicate_window)),
+        ("replicas", str(state.replicas)),
+        ("storage", state.storage),
+        ("sequences", f"{state.first_seq}..{state.last_seq}"),
+    ]
+    if state.leader:
+        rows.append(("leader", state.leader))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key.ljust(width)}  {value}")
+
+
+@main.command()
+@click.option(
+    "--duration", type=float, default=None, help="Stop after this many seconds (default: Ctrl-C)."
+)
+@click.option(
+    "--period",
+    type=click.IntRange(1, 59),
+    default=2,
+    show_default=True,
+    help="Seconds between slots of the demo job.",
+)
+def demo(duration: float | None, period: int) -> None:
+    """The embedded default: a nats-server, a toy app, three sidecars, live output."""
+    from sidecar.demo import run_demo
+
+    sys.exit(run_demo(duration, period))
 
 
 if __name__ == "__main__":  # pragma: no cover

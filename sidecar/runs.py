@@ -1,9 +1,12 @@
-"""Run records: the result message a winner publishes after its trigger.
+"""Run records: results written after a trigger, history read back from the stream.
 
 ``<prefix><job>.results`` carries one JSON message per finished run with at
 least ``job, slot, token, instance, status, started_at, finished_at,
-duration_ms, http_status, error``. A claim without a result reads as
-``running``.
+duration_ms, http_status, error``. History joins a job's claims and results
+by token, newest first; a claim without a result reads as ``running``. It is
+read in one batch through an ordered consumer filtered on ``<prefix><job>.*``
+(the job's two subjects, nothing of other jobs). Anything on those subjects
+that is not a well-formed claim or result is skipped and counted.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
 from nats.js.errors import APIError
 
 from sidecar.claim import MSG_ID, TRANSIENT
@@ -119,5 +124,152 @@ async def publish_result(
     return False
 
 
-def record_fields(record: ResultRecord) -> dict[str, Any]:
-    return asdict(record)
+# ---------------------------------------------------------------------------- history
+
+RUN_FIELDS = (
+    "job",
+    "slot",
+    "token",
+    "instance",
+    "manual",
+    "status",
+    "scheduled_at",
+    "claimed_at",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+    "http_status",
+    "error",
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run: a claim joined with its result, if any."""
+
+    job: str
+    slot: int
+    token: str
+    instance: str
+    manual: bool
+    status: str
+    scheduled_at: str
+    claimed_at: str
+    started_at: str | None
+    finished_at: str | None
+    duration_ms: int | None
+    http_status: int | None
+    error: str | None
+    seq: int = 0  # the claim's stream sequence, for ordering only
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in RUN_FIELDS}
+
+
+@dataclass(frozen=True)
+class History:
+    runs: list[Run]
+    skipped: int  # malformed or foreign messages on the job's subjects
+
+
+def _claim_of(data: Any, job: str) -> dict[str, Any] | None:
+    if not isinstance(data, dict) or data.get("job") != job:
+        return None
+    ok = (
+        isinstance(data.get("token"), str)
+        and isinstance(data.get("slot"), int)
+        and isinstance(data.get("instance"), str)
+    )
+    return data if ok else None
+
+
+def _result_of(data: Any, job: str) -> dict[str, Any] | None:
+    if not isinstance(data, dict) or data.get("job") != job:
+        return None
+    ok = isinstance(data.get("token"), str) and data.get("status") in (SUCCEEDED, FAILED)
+    return data if ok else None
+
+
+def _opt(value: Any, kind: type) -> Any:
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
+def join_runs(job: str, messages: list[tuple[int, str, bytes]], prefix: str) -> History:
+    """Join claims and results (seq, subject, data) of one job into runs, newest first."""
+    claims: list[tuple[int, dict[str, Any]]] = []
+    results: dict[str, dict[str, Any]] = {}
+    skipped = 0
+    claims_subject = f"{prefix}{job}.claims"
+    results_subject = result_subject(prefix, job)
+    for seq, subject, raw in messages:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            data = None
+        if subject == claims_subject and (claim := _claim_of(data, job)) is not None:
+            claims.append((seq, claim))
+        elif subject == results_subject and (result := _result_of(data, job)) is not None:
+            results[result["token"]] = result
+        else:
+            skipped += 1
+    runs = []
+    for seq, c in claims:
+        r = results.get(c["token"], {})
+        runs.append(
+            Run(
+                job=job,
+                slot=c["slot"],
+                token=c["token"],
+                instance=c["instance"],
+                manual=c.get("manual") is True,
+                status=r.get("status", RUNNING),
+                scheduled_at=str(c.get("scheduled_at", "")),
+                claimed_at=str(c.get("claimed_at", "")),
+                started_at=_opt(r.get("started_at"), str),
+                finished_at=_opt(r.get("finished_at"), str),
+                duration_ms=_opt(r.get("duration_ms"), int),
+                http_status=_opt(r.get("http_status"), int),
+                error=_opt(r.get("error"), str),
+                seq=seq,
+            )
+        )
+    runs.sort(key=lambda run: (run.slot, run.seq), reverse=True)
+    return History(runs, skipped)
+
+
+async def read_job_messages(
+    js: JetStreamContext, stream: str, prefix: str, job: str, timeout: float = 10.0
+) -> list[tuple[int, str, bytes]]:
+    """Every stored message on the job's two subjects, in one ordered-consumer pass."""
+    subjects = f"{prefix}{job}.*"
+    info = await js.stream_info(stream, subjects_filter=subjects)
+    expected = sum((info.state.subjects or {}).values())
+    if expected == 0:
+        return []
+    out: list[tuple[int, str, bytes]] = []
+    done = asyncio.get_running_loop().create_future()
+
+    async def on_msg(msg: Msg) -> None:
+        meta = msg.metadata
+        out.append((meta.sequence.stream, msg.subject, msg.data))
+        if meta.num_pending == 0 and not done.done():
+            done.set_result(None)
+
+    sub = await js.subscribe(
+        subjects,
+        stream=stream,
+        cb=on_msg,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.ALL,
+        headers_only=False,
+    )
+    try:
+        await asyncio.wait_for(done, timeout)
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+async def read_history(js: JetStreamContext, stream: str, prefix: str, job: str) -> History:
+    """The job's runs, newest first, and the count of skipped messages."""
+    return join_runs(job, await read_job_messages(js, stream, prefix, job), prefix)

