@@ -72,6 +72,11 @@ class Trigger:
             session = aiohttp.ClientSession(
                 connector=connector, auto_decompress=False, trust_env=False
             )
+            # aiohttp resends an idempotent request (GET, PUT, DELETE, ...) once
+            # when the server drops the connection, even on a fresh connection:
+            # that request reached the app and must not be resent. No public
+            # switch exists; aiohttp's own test client turns it off the same way.
+            session._retry_connection = False
             self._sessions[socket_path] = session
         return session
 
