@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 # How often the stream gauges are refreshed: one stream_info call, whose cost
 # does not depend on the number of messages.
 STREAM_REFRESH = 10.0
+# On SIGTERM, how long a claim in flight may still take before it is abandoned.
+CLAIM_DRAIN = 2.0
 # At most this many late slots are walked one by one after a stall.
 MAX_LATE_WALK = 10_000
 
@@ -111,6 +113,11 @@ class Daemon:
                     for job in self.config.jobs
                 ]
                 await self.stopping.wait()
+                # A claim still waiting for an answer (NATS down, say) gets a
+                # moment, then is abandoned: the slot is skipped, never run.
+                _, waiting = await asyncio.wait(loops, timeout=CLAIM_DRAIN)
+                for task in waiting:
+                    task.cancel()
                 await asyncio.gather(*loops, return_exceptions=True)
                 await self.drain()
                 watcher.cancel()
@@ -230,6 +237,7 @@ class Daemon:
             try:
                 claim = await claimer.claim(name, slot, deadline)
             except asyncio.CancelledError:
+                m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
                 raise
             except ClaimDisconnected as exc:
                 m.claims_skipped_total.labels(job=name, reason="disconnected").inc()
@@ -254,9 +262,15 @@ class Daemon:
             slot = job.schedule.next_slot(slot)
         if skipped >= MAX_LATE_WALK:
             slot = job.schedule.next_slot(int((now - job.max_late) * 1000))
-        self.metrics.claims_skipped_total.labels(job=job.name, reason="late").inc(skipped)
+        # Late because NATS was away: say so, it is what the operator must fix.
+        reason = "late" if self.conn.connected.is_set() else "disconnected"
+        self.metrics.claims_skipped_total.labels(job=job.name, reason=reason).inc(skipped)
         log.warning(
-            "job %s: %d slot(s) skipped, later than max_late %gs", job.name, skipped, job.max_late
+            "job %s: %d slot(s) skipped, later than max_late %gs%s",
+            job.name,
+            skipped,
+            job.max_late,
+            "" if reason == "late" else " while disconnected from NATS",
         )
         return slot
 
