@@ -74,7 +74,7 @@ def token_of(data: bytes) -> str | None:
     """The token of a stored claim, None for anything that is not one of ours."""
     try:
         value = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # nesting too deep for json
         return None
     token = value.get("token") if isinstance(value, dict) else None
     return token if isinstance(token, str) else None
