@@ -204,7 +204,7 @@ def join_runs(job: str, messages: list[tuple[int, str, bytes]], prefix: str) -> 
     for seq, subject, raw in messages:
         try:
             data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # nesting too deep for json
             data = None
         if subject == claims_subject and (claim := _claim_of(data, job)) is not None:
             claims.append((seq, claim))
