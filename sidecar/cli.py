@@ -216,7 +216,7 @@ def _local(text: str | None, tz: ZoneInfo) -> str:
         return "-"
     try:
         return datetime.fromtimestamp(parse_rfc3339(text), tz).strftime("%Y-%m-%d %H:%M:%S %Z")
-    except ValueError:
+    except (ValueError, OverflowError, OSError):  # not a time, or out of datetime's range
         return text
 
 
