@@ -178,6 +178,7 @@ def _claim_of(data: Any, job: str) -> dict[str, Any] | None:
     ok = (
         isinstance(data.get("token"), str)
         and isinstance(data.get("slot"), int)
+        and not isinstance(data.get("slot"), bool)  # JSON true is an int to Python
         and isinstance(data.get("instance"), str)
     )
     return data if ok else None
