@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Coroutine
 from datetime import UTC, datetime
@@ -220,16 +221,28 @@ def _local(text: str | None, tz: ZoneInfo) -> str:
         return text
 
 
+# C0 and C1 control characters: anyone who can publish to the stream (or an app's
+# error body) could otherwise move the cursor or recolour the operator's terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str) -> str:
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def _table(runs: list[Run], tz: ZoneInfo) -> None:
     header = ("SCHEDULED", "INSTANCE", "STATUS", "HTTP", "DURATION", "ERROR")
     rows = [
-        (
-            _local(r.scheduled_at, tz) + (" (manual)" if r.manual else ""),
-            r.instance,
-            r.status,
-            str(r.http_status) if r.http_status is not None else "-",
-            f"{r.duration_ms} ms" if r.duration_ms is not None else "-",
-            r.error or "",
+        tuple(
+            _printable(cell)
+            for cell in (
+                _local(r.scheduled_at, tz) + (" (manual)" if r.manual else ""),
+                r.instance,
+                r.status,
+                str(r.http_status) if r.http_status is not None else "-",
+                f"{r.duration_ms} ms" if r.duration_ms is not None else "-",
+                r.error or "",
+            )
         )
         for r in runs
     ]
