@@ -21,7 +21,7 @@ import click
 
 from sidecar import __version__, oneshot
 from sidecar.clock import Clock, parse_rfc3339
-from sidecar.config import Config, JobConfig, Secrets, load_config, load_secrets
+from sidecar.config import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
 from sidecar.durations import format_duration
 from sidecar.errors import ConfigError, ConnectError, SidecarError, StreamError, StreamNotFound
 from sidecar.runs import History, Run
@@ -167,7 +167,7 @@ def check(config_path: str | None) -> None:
     now = Clock().wall_ms()
     for job in config.jobs:
         req = job.request
-        where = req.unix_socket or req.base_url
+        where = f"unix:{req.unix_socket} " if req.unix_socket else req.base_url
         click.echo("")
         click.echo(f"{job.name}: {job.schedule.expr!r} in {job.timezone.key}")
         click.echo(
@@ -194,19 +194,29 @@ def job_or_exit(config: Config, name: str) -> JobConfig:
         fail(EXIT_CONFIG, f"no job named {name!r} in the config (jobs: {names})")
 
 
-def no_stream(config: Config) -> NoReturn:
+def no_stream(config: Config, code: int = 0) -> NoReturn:
     click.echo(f"no stream {config.nats.stream} yet: `run` or `run-now` creates it", err=True)
-    sys.exit(0)
+    sys.exit(code)
 
 
-def _history(config: Config, secrets: Secrets, job: JobConfig) -> History:
+def job_timezone(config: Config, name: str) -> ZoneInfo:
+    """The job's timezone; UTC for a job of another scheduler sharing the stream."""
+    if not JOB_NAME.fullmatch(name):
+        fail(EXIT_CONFIG, f"bad job name {name!r}: letters, digits, _ and - only")
+    for job in config.jobs:
+        if job.name == name:
+            return job.timezone
+    return ZoneInfo("UTC")
+
+
+def _history(config: Config, secrets: Secrets, job: str, no_stream_code: int = 0) -> History:
     try:
-        hist = run_async(oneshot.history(config, secrets, job.name))
+        hist = run_async(oneshot.history(config, secrets, job))
     except StreamNotFound:
-        no_stream(config)
+        no_stream(config, no_stream_code)
     if hist.skipped:
         click.echo(
-            f"({hist.skipped} malformed or foreign message(s) on {job.name}'s subjects skipped)",
+            f"({hist.skipped} malformed or foreign message(s) on {job}'s subjects skipped)",
             err=True,
         )
     return hist
@@ -260,15 +270,15 @@ def _table(runs: list[Run], tz: ZoneInfo) -> None:
 def history(job: str, config_path: str | None, limit: int, as_json: bool) -> None:
     """Runs of JOB, newest first, joined from the stream's claims and results."""
     config, secrets = connected_command(config_path)
-    job_cfg = job_or_exit(config, job)
-    runs = _history(config, secrets, job_cfg).runs[:limit]
+    tz = job_timezone(config, job)
+    runs = _history(config, secrets, job).runs[:limit]
     if as_json:
         for run_ in runs:
             click.echo(json.dumps(run_.as_dict()))
     elif not runs:
         click.echo(f"no runs of {job} in stream {config.nats.stream}")
     else:
-        _table(runs, job_cfg.timezone)
+        _table(runs, tz)
 
 
 @main.command("last-run")
@@ -278,15 +288,15 @@ def history(job: str, config_path: str | None, limit: int, as_json: bool) -> Non
 def last_run(job: str, config_path: str | None, as_json: bool) -> None:
     """The newest run of JOB; exit 1 when there is none."""
     config, secrets = connected_command(config_path)
-    job_cfg = job_or_exit(config, job)
-    runs = _history(config, secrets, job_cfg).runs
+    tz = job_timezone(config, job)
+    runs = _history(config, secrets, job, no_stream_code=EXIT_FAILED).runs
     if not runs:
         click.echo(f"no runs of {job} in stream {config.nats.stream}", err=True)
         sys.exit(EXIT_FAILED)
     if as_json:
         click.echo(json.dumps(runs[0].as_dict()))
     else:
-        _table(runs[:1], job_cfg.timezone)
+        _table(runs[:1], tz)
 
 
 @main.command("run-now")

@@ -196,7 +196,7 @@ class Secrets:
 # ---------------------------------------------------------------- parsing
 
 _HISTORY_TTL = "history is trimmed by count only; remove history_ttl"
-_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
+JOB_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _AUTH_KEYS = ("user", "token", "token_file", "nkey_seed_file", "creds_file")
 
@@ -351,7 +351,7 @@ _JOB_KEYS = ("name", "schedule", "timezone", "jitter", "max_late", "history_size
 
 def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
     name = sec.get("name", None, string)
-    if name is None or not _NAME_RE.fullmatch(name):
+    if name is None or not JOB_NAME.fullmatch(name):
         raise ConfigError(sec.key("name"), "required: letters, digits, _ and - only")
     timezone = sec.get("timezone", ZoneInfo("UTC"), zone)
     expr = sec.get("schedule", None, string)

@@ -76,6 +76,7 @@ class Connection:
         self.metrics = metrics
         self.nc: NATS | None = None
         self.connected = asyncio.Event()
+        self.closing = False
 
     async def connect(self) -> NATS:
         """Connect once; ConnectError with a one-line reason when no server answers."""
@@ -115,7 +116,7 @@ class Connection:
             self.metrics.nats_connected.set(1 if up else 0)
 
     async def _on_disconnected(self) -> None:
-        if self.connected.is_set():
+        if self.connected.is_set() and not self.closing:
             log.warning("disconnected from NATS; reconnecting")
         self._set_connected(False)
 
@@ -140,6 +141,7 @@ class Connection:
     async def close(self, drain: bool = True) -> None:
         if self.nc is None or self.nc.is_closed:
             return
+        self.closing = True
         try:
             if drain and self.nc.is_connected:
                 await self.nc.drain()

@@ -150,7 +150,7 @@ def test_read_commands_say_plainly_there_is_no_stream(
         assert "no stream CRON yet" in res.stderr
         assert "Traceback" not in res.stderr
     res = run_cli("last-run", "sync", "-c", str(path))
-    assert res.returncode == 0 and "no stream CRON yet" in res.stderr
+    assert res.returncode == 1 and "no stream CRON yet" in res.stderr
     # and they created nothing
     assert "no stream CRON yet" in run_cli("stream", "-c", str(path)).stderr
 
@@ -230,6 +230,11 @@ def test_history_reads_only_its_own_job(
     assert run["job"] == "sync"
     [run2] = cli_json(path, "history", "sync2")
     assert run2["job"] == "sync2"
+    # a job of another scheduler sharing the stream (not in this config) is readable too
+    cfg["jobs"].pop()
+    other = write_config(tmp_path / "other.yaml", cfg)
+    assert [r["token"] for r in cli_json(other, "history", "sync2")] == [run2["token"]]
+    assert run_cli("history", "bad name", "-c", str(other)).returncode == 2
 
 
 @pytest.mark.parametrize(
