@@ -6,9 +6,11 @@ wall clock to prove that skewed instances still compete for the same slots.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from datetime import date as date_type
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,43 @@ class Clock:
         return time.monotonic()
 
 
+# Epoch seconds of 10000-01-01T00:00:00Z: from there on datetime refuses the year.
+_YEAR_10000 = 253_402_300_800
+_EPOCH_ORDINAL = date_type(1970, 1, 1).toordinal()
+# The last minute formatted: (minutes since the epoch, "YYYY-MM-DDTHH:MM:").
+_last_minute: tuple[int, str] = (-1, "")
+
+
 def rfc3339(epoch_seconds: float) -> str:
-    """UTC RFC 3339 with milliseconds, e.g. ``2026-12-02T15:04:05.123Z``."""
+    """UTC RFC 3339 with milliseconds, e.g. ``2026-12-02T15:04:05.123Z``.
+
+    Equal to ``datetime.fromtimestamp(epoch_seconds, UTC)`` formatted with
+    ``%Y-%m-%dT%H:%M:%S.`` and the truncated milliseconds (microseconds rounded
+    half to even first, as datetime does), but plain arithmetic with the
+    minute's text cached: it runs twice on every claim's path, where datetime
+    and strftime took a tenth of the claim's publish round trip.
+    """
+    global _last_minute
+    if not 0 <= epoch_seconds < _YEAR_10000:
+        return _rfc3339_datetime(epoch_seconds)
+    frac, whole = math.modf(epoch_seconds)
+    micros = round(frac * 1e6)
+    seconds = int(whole)
+    if micros >= 1_000_000:
+        micros -= 1_000_000
+        seconds += 1
+    minute, second = divmod(seconds, 60)
+    cached, prefix = _last_minute
+    if minute != cached:
+        day, rest = divmod(minute, 1440)
+        hour, mins = divmod(rest, 60)
+        date = date_type.fromordinal(_EPOCH_ORDINAL + day).isoformat()
+        prefix = f"{date}T{hour:02d}:{mins:02d}:"
+        _last_minute = (minute, prefix)
+    return f"{prefix}{second:02d}.{micros // 1000:03d}Z"
+
+
+def _rfc3339_datetime(epoch_seconds: float) -> str:
     dt = datetime.fromtimestamp(epoch_seconds, UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
