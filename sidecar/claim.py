@@ -16,6 +16,7 @@ error 10158 ("duplicate message id is in process"); that too is retried.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
@@ -58,6 +59,12 @@ def new_token() -> str:
 
 def claim_msg_id(job: str, slot: int, token: str, manual: bool) -> str:
     return f"{job}:manual:{token}" if manual else f"{job}:{slot}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _json_str(text: str) -> str:
+    """A string as a JSON string literal, as json.dumps writes it."""
+    return json.dumps(text)
 
 
 def decide(duplicate: bool | None, stored_token: str | None, token: str) -> bool:
@@ -112,6 +119,20 @@ class Claimer:
     def subject(self, job: str) -> str:
         return f"{self.prefix}{job}.claims"
 
+    def body(self, job: str, slot: int, token: str, now: float, manual: bool) -> bytes:
+        """The claim's JSON, byte for byte what ``json.dumps(..., separators=(",", ":"))``
+        gives for these fields, written out directly: it is built on every claim's
+        path, where the generic encoder cost about as much as a tenth of the
+        publish round trip. The strings that could need escaping (job, instance)
+        go through json.dumps (cached); the token is hex (``new_token``), the
+        times are RFC 3339.
+        """
+        return (
+            f'{{"job":{_json_str(job)},"slot":{slot:d},"token":"{token}",'
+            f'"instance":{_json_str(self.instance)},"scheduled_at":"{rfc3339(slot / 1000)}",'
+            f'"claimed_at":"{rfc3339(now)}","manual":{"true" if manual else "false"}}}'
+        ).encode()
+
     async def claim(self, job: str, slot: int, deadline: float, manual: bool = False) -> Claim:
         """Claim `slot` of `job`; `deadline` is on the monotonic clock.
 
@@ -119,19 +140,7 @@ class Claimer:
         the whole time, ClaimError when no definite answer came in time.
         """
         token = new_token()
-        now = self.clock.wall()
-        body = json.dumps(
-            {
-                "job": job,
-                "slot": slot,
-                "token": token,
-                "instance": self.instance,
-                "scheduled_at": rfc3339(slot / 1000),
-                "claimed_at": rfc3339(now),
-                "manual": manual,
-            },
-            separators=(",", ":"),
-        ).encode()
+        body = self.body(job, slot, token, self.clock.wall(), manual)
         msg_id = claim_msg_id(job, slot, token, manual)
         subject = self.subject(job)
         attempts = 0
