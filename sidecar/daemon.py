@@ -41,6 +41,11 @@ CLAIM_DRAIN = 2.0
 MAX_LATE_WALK = 10_000
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def stream_spec(config: Config) -> StreamSpec:
     n = config.nats
     return StreamSpec(
@@ -62,6 +67,7 @@ class Daemon:
         self.conn = Connection(self.config, self.secrets, self.metrics)
         self.spec = stream_spec(self.config)
         self.stopping = asyncio.Event()
+        self._sleepers: set[asyncio.Future[None]] = set()  # job loops in sleep_until
         self.stream_ready = False
         self.stream_problem = "stream not checked yet"
         self.runs: set[asyncio.Task[None]] = set()
@@ -84,6 +90,8 @@ class Daemon:
         if not self.stopping.is_set():
             log.info("stopping: no new claims; draining running triggers")
             self.stopping.set()
+            for waiter in self._sleepers:
+                _wake(waiter)
 
     async def run(self) -> int:
         """Run until SIGTERM/SIGINT; ConnectError when NATS is unreachable at start."""
@@ -206,13 +214,25 @@ class Daemon:
 
     async def sleep_until(self, wall: float) -> bool:
         """Sleep until wall-clock time `wall`; True when stopping interrupted it."""
+        loop = asyncio.get_running_loop()
         while True:
             delay = wall - self.clock.wall()
             if delay <= 0:
                 return self.stopping.is_set()
+            if self.stopping.is_set():
+                return True
+            # A bare future woken by a timer or by stop(): wait_for on the event
+            # started a task per sleep, and with every job due at the same
+            # instant that cost each one about twice the CPU and made it later.
             # Short hops keep long sleeps honest when the wall clock is corrected.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), min(delay, 30.0))
+            waiter: asyncio.Future[None] = loop.create_future()
+            timer = loop.call_later(min(delay, 30.0), _wake, waiter)
+            self._sleepers.add(waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._sleepers.discard(waiter)
             if self.stopping.is_set():
                 return True
 
