@@ -40,5 +40,12 @@ test: lint typecheck rules unit
 demo: $(STAMP)
 	$(BIN)/anarchon-sidecar demo
 
+# The image and the compose stack run for real with podman (tests/e2e; root on
+# Debian): installs podman, runc, debootstrap and podman-compose if missing,
+# builds the images offline, runs deploy/compose, removes all it started.
+e2e: $(STAMP)
+	sh deploy/e2e/install-deps.sh $(BIN)
+	$(BIN)/pytest -p no:cacheprovider -s -v --timeout=900 tests/e2e
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
