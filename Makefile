@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all install test lint typecheck rules unit demo bench reliability e2e clean
+.PHONY: all install test lint typecheck prometheus rules unit demo bench reliability e2e clean
 
 all: test
 
@@ -25,12 +25,21 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) prometheus
 	$(BIN)/pytest -m "not slow"
 
 # promtool checks of deploy/prometheus (needs Debian's `prometheus` package).
-rules:
-	@command -v promtool >/dev/null || { echo "promtool missing: apt-get install prometheus"; exit 1; }
+# Debian's `prometheus` package (prometheus and promtool) for the rule and
+# dashboard tests: installed when missing where that can be done (root, apt).
+prometheus:
+	@command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's prometheus package (promtool)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else echo "promtool missing: apt-get install prometheus (as root)"; exit 1; fi; }
+
+rules: prometheus
 	promtool check config deploy/prometheus/prometheus.yml
 	promtool check rules deploy/prometheus/rules/*.yml
 	promtool test rules deploy/prometheus/tests/*.yml
