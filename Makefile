@@ -49,6 +49,11 @@ test: lint typecheck rules unit
 demo: $(STAMP)
 	$(BIN)/anarchon-sidecar demo
 
+# Every reliability scenario, the slow ones too (about 15 minutes on 2 cores);
+# each prints and records its figures (docs/RELIABILITY.md).
+reliability: $(STAMP)
+	$(BIN)/pytest tests/reliability -m "slow or not slow" -s
+
 # The image and the compose stack run for real with podman (tests/e2e; root on
 # Debian): installs podman, runc, debootstrap and podman-compose if missing,
 # builds the images offline, runs deploy/compose, removes all it started.
