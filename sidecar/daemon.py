@@ -353,17 +353,8 @@ class Daemon:
         m.run_duration_seconds.labels(job=job.name).observe(result.duration)
         if result.ok:
             m.job_last_success_timestamp_seconds.labels(job=job.name).set(result.finished_at)
-        record = ResultRecord.make(
-            job=job.name,
-            slot=claim.slot,
-            token=claim.token,
-            instance=self.config.instance_id,
-            ok=result.ok,
-            started_at=result.started_at,
-            finished_at=result.finished_at,
-            http_status=result.http_status,
-            error=result.error,
-            manual=claim.manual,
+        record = ResultRecord.of(
+            job.name, claim.slot, claim.token, self.config.instance_id, result, claim.manual
         )
         (log.info if result.ok else log.warning)(
             "run job=%s slot=%s status=%s http_status=%s duration_ms=%d%s",

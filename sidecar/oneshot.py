@@ -108,17 +108,6 @@ async def run_now(config: Config, secrets: Secrets, job_name: str, clock: Clock)
         deadline = clock.monotonic() + job.max_late
         async with Trigger(secrets.signing_secret, clock, config.instance_id) as trigger:
             result = await trigger.fire(job, slot, claim.token, deadline)
-        record = ResultRecord.make(
-            job=job.name,
-            slot=slot,
-            token=claim.token,
-            instance=config.instance_id,
-            ok=result.ok,
-            started_at=result.started_at,
-            finished_at=result.finished_at,
-            http_status=result.http_status,
-            error=result.error,
-            manual=True,
-        )
+        record = ResultRecord.of(job.name, slot, claim.token, config.instance_id, result, True)
         recorded = await publish_result(js, spec.name, spec.prefix, record, attempts=5)
         return ManualRun(claim.token, slot, result, recorded)

@@ -24,6 +24,7 @@ from nats.js.errors import APIError
 
 from sidecar.claim import MSG_ID, TRANSIENT
 from sidecar.clock import rfc3339
+from sidecar.trigger import TriggerResult
 
 log = logging.getLogger(__name__)
 
@@ -52,31 +53,27 @@ class ResultRecord:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
 
     @classmethod
-    def make(
+    def of(
         cls,
-        *,
         job: str,
         slot: int,
         token: str,
         instance: str,
-        ok: bool,
-        started_at: float,
-        finished_at: float,
-        http_status: int | None,
-        error: str | None,
+        result: TriggerResult,
         manual: bool = False,
     ) -> ResultRecord:
+        """The record of a finished trigger."""
         return cls(
             job=job,
             slot=slot,
             token=token,
             instance=instance,
-            status=SUCCEEDED if ok else FAILED,
-            started_at=rfc3339(started_at),
-            finished_at=rfc3339(finished_at),
-            duration_ms=round((finished_at - started_at) * 1000),
-            http_status=http_status,
-            error=error,
+            status=SUCCEEDED if result.ok else FAILED,
+            started_at=rfc3339(result.started_at),
+            finished_at=rfc3339(result.finished_at),
+            duration_ms=round((result.finished_at - result.started_at) * 1000),
+            http_status=result.http_status,
+            error=result.error,
             manual=manual,
         )
 
