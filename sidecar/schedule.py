@@ -78,6 +78,15 @@ class Schedule:
         """
         return _min_interval_ms(self.expr, self.tz)
 
+    def interval_floor_ms(self) -> int:
+        """A lower bound of ``min_interval_ms()``, without computing it.
+
+        Slots are whole local seconds (6 fields) or minutes (5), and every UTC
+        offset and offset change is a whole minute, so two distinct slots are
+        at least that far apart.
+        """
+        return _interval_floor_ms(self.expr)
+
     def _iter_slots(self, after_ms: int) -> Iterator[int]:
         """Yield the distinct slots after ``after_ms`` in order (endless)."""
         local = (_EPOCH_UTC + timedelta(milliseconds=after_ms)).astimezone(self.tz)
@@ -161,7 +170,7 @@ def _validate(expr: str) -> None:
 @lru_cache(maxsize=4096)
 def _min_interval_ms(expr: str, tz: ZoneInfo) -> int:
     sched = Schedule(expr, tz)
-    floor = 1000 if len(expr.split()) == 6 else 60_000  # no gap can be shorter
+    floor = _interval_floor_ms(expr)  # no gap can be shorter
     sample: list[int] = []
     for slot in sched._iter_slots(_REFERENCE_MS - 1):
         sample.append(slot)
@@ -184,6 +193,10 @@ def _min_interval_ms(expr: str, tz: ZoneInfo) -> int:
                 runs.append(sched.slots(sched._to_utc_s(prev)[0] * 1000 - 1, 3))
         t += _DAY_S
     return min(b - a for run in runs for a, b in itertools.pairwise(run))
+
+
+def _interval_floor_ms(expr: str) -> int:
+    return 1000 if len(expr.split()) == 6 else 60_000
 
 
 def _offset(aware: datetime) -> timedelta:
