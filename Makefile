@@ -49,6 +49,13 @@ test: lint typecheck rules unit
 demo: $(STAMP)
 	$(BIN)/anarchon-sidecar demo
 
+# Benchmarks against their baselines, measured side by side (about 6 minutes on
+# 2 cores): bench/results/*.json, a table, bench/results/start-delay.png.
+# matplotlib draws the picture; a bench-only dependency, not a runtime one.
+bench: $(STAMP)
+	$(BIN)/pip install --quiet 'matplotlib>=3.8'
+	$(BIN)/python -m bench
+
 # Every reliability scenario, the slow ones too (about 15 minutes on 2 cores);
 # each prints and records its figures (docs/RELIABILITY.md).
 reliability: $(STAMP)

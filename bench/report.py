@@ -1,0 +1,240 @@
+"""The table of every benchmark's figures and ratios, and the start-delay picture.
+
+``python -m bench.report`` reads ``bench/results/*.json`` and prints a
+Markdown table; with matplotlib installed it draws the start-delay
+distribution to ``bench/results/start-delay.png``. ``--write`` also puts the
+machine and the table into docs/PERFORMANCE.md (between its ``bench:begin``
+and ``bench:end`` markers) and the picture into docs/start-delay.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS, ROOT, read_result
+
+DOC = ROOT / "docs" / "PERFORMANCE.md"
+DOC_PNG = ROOT / "docs" / "start-delay.png"
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f} ms" if value < 10 else f"{value:.0f} ms"
+
+
+def fleet_keys(fleet: dict[str, Any]) -> list[str]:
+    """The fleet runs, fewest instances first."""
+    return sorted((k for k in fleet if k.startswith("fleet_")), key=lambda k: fleet[k]["instances"])
+
+
+def rows() -> list[tuple[str, str, str, str, str]]:
+    """(figure, sidecar, baseline, ratio, target) rows."""
+    out: list[tuple[str, str, str, str, str]] = []
+    claim = read_result("claim_latency")
+    if claim:
+        w, r, lo, rl = claim["won"], claim["raw"], claim["lost"], claim["raw_lost"]
+        out += [
+            (
+                "Claim decision, won, p50",
+                _ms(w["p50_ms"]),
+                f"{_ms(r['p50_ms'])} raw js.publish + msg id",
+                f"{claim['ratio_p50']:.2f}x",
+                "<= 1.15x",
+            ),
+            (
+                "Claim decision, won, p99",
+                _ms(w["p99_ms"]),
+                _ms(r["p99_ms"]),
+                f"{claim['ratio_p99']:.2f}x",
+                "",
+            ),
+            (
+                "Claim decision, lost, p50",
+                _ms(lo["p50_ms"]),
+                f"{_ms(rl['p50_ms'])} raw publish + get_msg",
+                f"{claim['lost_ratio_p50']:.2f}x",
+                "",
+            ),
+            (
+                "Claim decision, lost, p99",
+                _ms(lo["p99_ms"]),
+                _ms(rl["p99_ms"]),
+                f"{claim['lost_ratio_p99']:.2f}x",
+                "",
+            ),
+        ]
+    fleet = read_result("fleet")
+    if fleet:
+        raw = fleet["raw"]
+        for key in fleet_keys(fleet):
+            run = fleet[key]
+            n, j = run["instances"], run["jobs"]
+            out.append(
+                (
+                    f"Fleet {n} x {j} jobs/s: slots run per second",
+                    f"{run['slots_per_second']:.1f} ({run['claims_per_second']:.0f} claims/s, "
+                    f"{run['doubles']} doubles)",
+                    f"{raw['publishes_per_second']:.0f} publishes/s, one raw client, "
+                    f"{raw['concurrency']} at a time",
+                    "",
+                    f"{j}/s, 0 doubles",
+                )
+            )
+            out.append(
+                (
+                    f"Fleet {n} x {j}: CPU per slot per instance",
+                    f"{run['cpu_ms_per_slot_per_instance']:.3f} ms",
+                    f"{raw['cpu_ms_per_publish']:.3f} ms per raw publish",
+                    f"{run['cpu_ratio_vs_raw_publish']:.1f}x",
+                    "",
+                )
+            )
+        for key, label in [("idle", "idle (3 x 1 job)")] + [
+            (k, f"under fleet {fleet[k]['instances']} x {fleet[k]['jobs']}")
+            for k in fleet_keys(fleet)
+        ]:
+            if key not in fleet:
+                continue
+            d = fleet[key]["start_delay"]
+            out.append(
+                (
+                    f"Start delay {label}, p50 / p99 / max",
+                    f"{_ms(d['p50_ms'])} / {_ms(d['p99_ms'])} / {_ms(d['max_ms'])} (n={d['n']})",
+                    "",
+                    "",
+                    "p99 < 10 ms" if key == "idle" else "",
+                )
+            )
+    fp = read_result("footprint")
+    if fp:
+        base = fp["floor"]
+        for key in sorted((k for k in fp if k.startswith("jobs_")), key=lambda k: int(k[5:])):
+            m = fp[key]
+            n = int(key[5:])
+            out.append(
+                (
+                    f"RSS with {n} jobs",
+                    f"{m['rss_mib']:.1f} MiB (+{m['rss_above_floor_mib']:.1f})",
+                    f"{base['rss_mib']:.1f} MiB bare Python + dependencies",
+                    f"{m['rss_mib'] / base['rss_mib']:.2f}x",
+                    "<= floor + 10 MiB" if n == 1000 else "",
+                )
+            )
+            out.append(
+                (
+                    f"Time to ready with {n} jobs",
+                    f"{m['seconds'] * 1000:.0f} ms",
+                    f"{base['seconds'] * 1000:.0f} ms importing the dependencies",
+                    f"{m['ready_ratio_vs_import']:.1f}x",
+                    "< 1 s",
+                )
+            )
+    hist = read_result("history")
+    if hist:
+        ip, cli = hist["in_process"]["median_ms"], hist["cli"]["median_ms"]
+        out.append(
+            (
+                f"History of {hist['runs']} runs, read_history",
+                _ms(ip["sidecar"]),
+                f"{_ms(ip['raw'])} raw ordered consumer",
+                f"{ip['ratio']:.2f}x",
+                "",
+            )
+        )
+        out.append(
+            (
+                f"History of {hist['runs']} runs, `history --json` process",
+                _ms(cli["sidecar"]),
+                f"{_ms(cli['raw'])} nats-py process, same read",
+                f"{cli['ratio']:.2f}x",
+                "",
+            )
+        )
+    return out
+
+
+def table() -> str:
+    lines = [
+        "| figure | sidecar | baseline (same run) | ratio | target |",
+        "|---|---|---|---|---|",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows()]
+    return "\n".join(lines)
+
+
+def machine_line() -> str:
+    for name in ("fleet", "claim_latency", "footprint", "history"):
+        data = read_result(name)
+        if data and "machine" in data:
+            m: dict[str, Any] = data["machine"]
+            return (
+                f"{m['cores']} cores ({m['cpu_model']}), Python {m['python']}, "
+                f"nats-server {m['nats_server']}, nats-py {m['nats_py']}, aiohttp {m['aiohttp']}"
+            )
+    return "no results yet"
+
+
+def picture(path: Path) -> bool:
+    """The start-delay distribution (idle and under load) as a PNG; False without matplotlib."""
+    fleet = read_result("fleet")
+    if not fleet:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    series = [(k, fleet[k]) for k in ["idle", *fleet_keys(fleet)] if k in fleet]
+    series = [(k, v) for k, v in series if v["start_delays_ms"]]
+    fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.6), squeeze=False)
+    for ax, (key, run) in zip(axes[0], series, strict=True):
+        delays = run["start_delays_ms"]
+        d = run["start_delay"]
+        label = (
+            "idle: 3 sidecars x 1 job"
+            if key == "idle"
+            else (f"{run['instances']} sidecars x {run['jobs']} jobs")
+        )
+        ax.hist(delays, bins=40, color="#3b6ea5")
+        for q, style in (("p50_ms", "-"), ("p99_ms", "--")):
+            ax.axvline(d[q], color="#c0392b", linestyle=style, linewidth=1)
+        ax.set_title(f"{label}\np50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms", fontsize=9)
+        ax.set_xlabel("slot time to request at the app (ms)", fontsize=8)
+        ax.set_ylabel("requests", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle("Trigger start delay (jitter 0; red: p50 solid, p99 dashed)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_doc() -> None:
+    text = DOC.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    block = f"{BEGIN}\nMachine: {machine_line()}.\n\n{table()}\n{END}"
+    DOC.write_text(head + block + tail)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--write", action="store_true", help="update docs/PERFORMANCE.md")
+    args = parser.parse_args()
+    print(f"Machine: {machine_line()}\n")
+    print(table())
+    png = DOC_PNG if args.write else RESULTS / "start-delay.png"
+    if picture(png):
+        print(f"\nstart-delay picture: {png.relative_to(ROOT)}")
+    if args.write:
+        write_doc()
+        print(f"wrote {DOC.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
