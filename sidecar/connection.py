@@ -11,14 +11,16 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats
 from nats.aio.client import Client as NATS
 
 from sidecar.config import Config, Secrets
 from sidecar.errors import ConnectError
-from sidecar.metrics import Metrics
+
+if TYPE_CHECKING:  # the metrics (prometheus_client) are the daemon's, not the one-shot commands'
+    from sidecar.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

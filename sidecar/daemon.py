@@ -28,7 +28,7 @@ from sidecar.errors import ClaimError, StreamError, StreamNotFound
 from sidecar.metrics import Metrics
 from sidecar.runs import ResultRecord, publish_result
 from sidecar.server import AdminServer
-from sidecar.stream import RETRYABLE, StreamSpec, StreamState, ensure_stream, read_stream
+from sidecar.stream import RETRYABLE, StreamState, ensure_stream, read_stream, stream_spec
 from sidecar.trigger import Trigger, TriggerResult
 
 log = logging.getLogger(__name__)
@@ -45,13 +45,6 @@ MAX_LATE_WALK = 10_000
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
-
-
-def stream_spec(config: Config) -> StreamSpec:
-    n = config.nats
-    return StreamSpec(
-        n.stream, n.prefix, n.duplicate_window, config.effective_history_size, n.replicas
-    )
 
 
 @dataclass

@@ -22,10 +22,9 @@ from sidecar.claim import Claimer
 from sidecar.clock import Clock
 from sidecar.config import Config, Secrets
 from sidecar.connection import Connection
-from sidecar.daemon import stream_spec
 from sidecar.errors import StreamError
 from sidecar.runs import History, ResultRecord, publish_result, read_history
-from sidecar.stream import RETRYABLE, StreamState, ensure_stream, read_stream
+from sidecar.stream import RETRYABLE, StreamState, ensure_stream, read_stream, stream_spec
 from sidecar.trigger import Trigger, TriggerResult
 
 # How long a one-shot command waits for JetStream answers.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -21,6 +21,9 @@ from nats.js.api import StreamConfig, StreamInfo
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from sidecar.errors import StreamError, StreamNotFound
+
+if TYPE_CHECKING:
+    from sidecar.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,14 @@ class StreamSpec:
     @property
     def subject(self) -> str:
         return f"{self.prefix}>"
+
+
+def stream_spec(config: Config) -> StreamSpec:
+    """The stream a config asks for, with the effective history size."""
+    n = config.nats
+    return StreamSpec(
+        n.stream, n.prefix, n.duplicate_window, config.effective_history_size, n.replicas
+    )
 
 
 @dataclass(frozen=True)
