@@ -116,7 +116,9 @@ class Daemon:
                 ]
                 # Everything made so far lives as long as the process: keep it out
                 # of the collector's full passes, which otherwise walk all of it
-                # (about 8 ms) and now and then land on a slot's start.
+                # (about 8 ms) and now and then land on a slot's start. Collect
+                # first, so that start-up garbage is not frozen with it.
+                gc.collect()
                 gc.freeze()
                 await self.stopping.wait()
                 # A claim still waiting for an answer (NATS down, say) gets a
@@ -133,10 +135,12 @@ class Daemon:
             log.info("stopped")
             return 0
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
             await self.admin.stop()
             await self.conn.close(drain=False)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+                # Stopping already: a second signal must not kill the exit.
+                signal.signal(sig, signal.SIG_IGN)
 
     async def drain(self) -> None:
         """Wait for running triggers up to the grace period; cancel the rest."""
