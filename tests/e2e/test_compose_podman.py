@@ -63,6 +63,7 @@ from nats.js.errors import NotFoundError
 import sidecar
 from sidecar.config import Config, JobConfig, load_config
 from sidecar.durations import parse_duration
+from tests import support
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "deploy" / "compose"
@@ -143,22 +144,8 @@ def podman(
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
-    """Poll `condition` until it returns something truthy; fail after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while True:
-        try:
-            value = condition()
-            if value:
-                return value
-        except Exception as exc:  # conditions may fail while things start
-            last = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout:g}s waiting for {what}"
-                + (f" (last error: {last!r})" if last else "")
-            )
-        time.sleep(interval)
+    """tests.support.wait_for with this file's argument order and a coarser poll."""
+    return support.wait_for(condition, timeout, interval, what)
 
 
 def http_get(port: int, path: str, timeout: float = 3.0) -> tuple[int, bytes]:
