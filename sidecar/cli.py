@@ -22,9 +22,9 @@ import click
 from sidecar import __version__, oneshot
 from sidecar.clock import Clock, parse_rfc3339
 from sidecar.config import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
-from sidecar.durations import format_duration
 from sidecar.errors import ConfigError, ConnectError, SidecarError, StreamError, StreamNotFound
 from sidecar.runs import History, Run
+from sidecar.values import format_duration
 
 T = TypeVar("T")
 

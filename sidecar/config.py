@@ -19,7 +19,9 @@ from typing import Any
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
-from sidecar.durations import (
+from sidecar.errors import ConfigError
+from sidecar.schedule import Schedule, ScheduleError, parse_schedule
+from sidecar.values import (
     CONTROL_RE,
     Section,
     boolean,
@@ -37,8 +39,6 @@ from sidecar.durations import (
     type_name,
     zone,
 )
-from sidecar.errors import ConfigError
-from sidecar.schedule import Schedule, ScheduleError, parse_schedule
 
 
 def _no_headers() -> Mapping[str, str]:

@@ -21,8 +21,8 @@ from sidecar.config import (
     load_secrets,
     parse_config,
 )
-from sidecar.durations import format_duration, parse_duration
 from sidecar.errors import ConfigError
+from sidecar.values import format_duration, parse_duration
 
 SECRET = "s3cr3t-Value-42"
 

@@ -62,7 +62,7 @@ from nats.js.errors import NotFoundError
 
 import sidecar
 from sidecar.config import Config, JobConfig, load_config
-from sidecar.durations import parse_duration
+from sidecar.values import parse_duration
 from tests import support
 
 ROOT = Path(__file__).resolve().parents[2]
