@@ -159,6 +159,4 @@ class Connection:
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip()
     name = type(exc).__name__
-    if isinstance(exc, ConnectionRefusedError | OSError) and not text:
-        return name
     return f"{name}: {text}" if text and text != name else name
