@@ -22,8 +22,16 @@ import click
 from sidecar import __version__, oneshot
 from sidecar.clock import Clock, parse_rfc3339
 from sidecar.config import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
-from sidecar.errors import ConfigError, ConnectError, SidecarError, StreamError, StreamNotFound
+from sidecar.errors import (
+    ConfigError,
+    ConnectError,
+    SidecarError,
+    StreamConflict,
+    StreamError,
+    StreamNotFound,
+)
 from sidecar.runs import History, Run
+from sidecar.stream import coverage, stream_spec
 from sidecar.values import format_duration
 
 T = TypeVar("T")
@@ -83,6 +91,8 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         fail(EXIT_UNREACHABLE, str(exc))
     except StreamNotFound:
         raise
+    except StreamConflict as exc:  # final until someone changes a stream: like a config error
+        fail(EXIT_CONFIG, str(exc))
     except StreamError as exc:
         fail(EXIT_FAILED, str(exc))
     except SidecarError as exc:
@@ -151,8 +161,17 @@ def _when(epoch_ms: int, tz: Any) -> str:
 
 @main.command()
 @config_option
-def check(config_path: str | None) -> None:
-    """Validate the config and print the jobs with their next runs. Connects to nothing."""
+@click.option(
+    "--connect",
+    is_flag=True,
+    help="Also connect to NATS and check the stream: exit 2 when another stream captures "
+    "our subjects or `run` could not make the stream hold every job's claims.",
+)
+def check(config_path: str | None, connect: bool) -> None:
+    """Validate the config and print the jobs with their next runs.
+
+    Connects to nothing unless --connect is given.
+    """
     config = config_or_exit(config_path)
     n = config.nats
     click.echo(
@@ -176,6 +195,36 @@ def check(config_path: str | None) -> None:
         )
         for slot in job.schedule.slots(now, 3):
             click.echo(f"  next: {_when(slot, job.timezone)}")
+    if connect:
+        _check_stream(config)
+
+
+def _check_stream(config: Config) -> None:
+    """`check --connect`: what the stream is, and what `run` would make of it."""
+    try:
+        secrets = load_secrets(config, os.environ)
+    except ConfigError as exc:
+        fail(EXIT_CONFIG, f"config error: {exc}")
+    found = run_async(oneshot.check_stream(config, secrets))
+    click.echo("")
+    name = config.nats.stream
+    if found.state is None or found.after_run is None:
+        click.echo(f"stream {name}: missing; `run` creates it")
+        return
+    before, after = found.state, found.after_run
+    if after != before:
+        click.echo(
+            f"stream {name}: `run` raises it: duplicate window "
+            f"{format_duration(before.duplicate_window)} -> "
+            f"{format_duration(after.duplicate_window)}, history size {before.history_size} -> "
+            f"{after.history_size}, replicas {before.replicas} -> {after.replicas}"
+        )
+    else:
+        click.echo(f"stream {name}: holds what this config needs")
+    for job, why in sorted(found.uncovered.items()):
+        click.echo(f"  {job}: would not be claimed: {why}", err=True)
+    if found.uncovered:
+        fail(EXIT_CONFIG, f"the stream cannot hold the claims of {len(found.uncovered)} job(s)")
 
 
 def connected_command(config_path: str | None) -> tuple[Config, Secrets]:
@@ -319,18 +368,70 @@ def run_now(job: str, config_path: str | None) -> None:
     sys.exit(0 if r.ok else EXIT_FAILED)
 
 
+def _lower(config: Config, secrets: Secrets, yes: bool) -> None:
+    """`stream --lower`: say what lowering deletes, ask, then lower."""
+    try:
+        plan = run_async(oneshot.stream_lowering(config, secrets))
+    except StreamNotFound:
+        no_stream(config, EXIT_FAILED)
+    st = plan.state
+    if not plan.changes:
+        click.echo(f"stream {st.name} already has this config's window and history size")
+        return
+    click.echo(
+        f"stream {st.name}: duplicate window {format_duration(st.duplicate_window)} -> "
+        f"{format_duration(plan.duplicate_window)}, history size {st.history_size} -> "
+        f"{plan.history_size} per subject"
+    )
+    click.echo(
+        f"this deletes {plan.deleted} message(s) on {len(plan.deletes)} subject(s)"
+        + (":" if plan.deletes else "")
+    )
+    for subject, count in list(plan.deletes.items())[:20]:
+        click.echo(f"  {subject}: {count}")
+    if len(plan.deletes) > 20:
+        click.echo(f"  ... and {len(plan.deletes) - 20} more subject(s)")
+    click.echo(
+        "jobs of other instances whose jitter + max_late no longer fit the window stop being "
+        "claimed; an instance whose config needs more raises the stream again within 10 s"
+    )
+    if not yes:
+        if not sys.stdin.isatty():
+            fail(EXIT_FAILED, "not lowered: no terminal to ask; add --yes to lower anyway")
+        if not click.confirm("lower the stream?", default=False):
+            fail(EXIT_FAILED, "not lowered")
+    state = run_async(oneshot.lower(config, secrets))
+    click.echo(
+        f"stream {state.name} lowered: duplicate window "
+        f"{format_duration(state.duplicate_window)}, history size {state.history_size}"
+    )
+
+
 @main.command()
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Settings and state as one JSON object.")
-def stream(config_path: str | None, as_json: bool) -> None:
-    """The stream's settings and state."""
+@click.option(
+    "--lower",
+    is_flag=True,
+    help="Set the stream's duplicate window and history size to this config's even when "
+    "that lowers them: says what it deletes and asks first. `run` never lowers them.",
+)
+@click.option("--yes", is_flag=True, help="With --lower: do not ask.")
+def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> None:
+    """The stream's settings and state (and, with --lower, the one way to lower them)."""
     config, secrets = connected_command(config_path)
+    if lower:
+        _lower(config, secrets, yes)
+        return
     try:
         state = run_async(oneshot.stream_state(config, secrets))
     except StreamNotFound:
         no_stream(config)
+    # Which of this config's jobs the stream holds (claims are skipped for the rest).
+    found = coverage(state, stream_spec(config), config.jobs)
+    weak = {job: why for job, why in found.items() if why}
     if as_json:
-        click.echo(json.dumps(state.as_dict()))
+        click.echo(json.dumps({**state.as_dict(), "jobs_not_held": weak}))
         return
     rows = [
         ("stream", state.name),
@@ -343,11 +444,17 @@ def stream(config_path: str | None, as_json: bool) -> None:
         ("storage", state.storage),
         ("sequences", f"{state.first_seq}..{state.last_seq}"),
     ]
+    if state.max_age:
+        rows.append(("max age", format_duration(state.max_age)))
     if state.leader:
         rows.append(("leader", state.leader))
+    held = len(config.jobs) - len(weak)
+    rows.append(("jobs of this config held", f"{held} of {len(config.jobs)}"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         click.echo(f"{key.ljust(width)}  {value}")
+    for job, why in sorted(weak.items()):
+        click.echo(f"  {job}: not claimed while {why}")
 
 
 @main.command()

@@ -24,18 +24,24 @@ from sidecar.claim import Claim, ClaimDisconnected, Claimer
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig, Secrets
 from sidecar.connection import Connection
-from sidecar.errors import ClaimError, StreamError, StreamNotFound
+from sidecar.errors import ClaimError, StreamConflict, StreamError, StreamNotFound
 from sidecar.metrics import Metrics
 from sidecar.runs import ResultRecord, publish_result
 from sidecar.server import AdminServer
-from sidecar.stream import RETRYABLE, StreamState, ensure_stream, read_stream, stream_spec
+from sidecar.stream import RETRYABLE, StreamState, coverage, ensure_stream, stream_spec
 from sidecar.trigger import Trigger, TriggerResult
 
 log = logging.getLogger(__name__)
 
-# How often the stream gauges are refreshed: one stream_info call, whose cost
-# does not depend on the number of messages.
+# How often the stream is checked (and raised back when someone weakened it):
+# one stream_info call, whose cost does not depend on the number of messages.
+# A change of the stream announced by JetStream's advisories wakes the check
+# at once.
 STREAM_REFRESH = 10.0
+# The longest wait between two tries while the stream cannot be set up.
+STREAM_BACKOFF_MAX = 30.0
+# A problem that lasts is logged again at most this often (seconds).
+REPEAT_LOG = 60.0
 # On SIGTERM, how long a claim in flight may still take before it is abandoned.
 CLAIM_DRAIN = 2.0
 # At most this many late slots are walked one by one after a stall.
@@ -64,6 +70,13 @@ class Daemon:
         self._sleepers: set[asyncio.Future[None]] = set()  # job loops in sleep_until
         self.stream_ready = False
         self.stream_problem = "stream not checked yet"
+        self._stream_logged = 0.0  # monotonic time of the last stream problem line
+        self._stream_wake = asyncio.Event()  # set by a stream advisory
+        self.stream_state: StreamState | None = None
+        # Per job: why the stream cannot hold its claims now (None: it can).
+        # Empty until the first check: no job is claimed before it.
+        self.uncovered: dict[str, str | None] = {}
+        self._skip_logged: dict[str, float] = {}
         self.runs: set[asyncio.Task[None]] = set()
         self.admin = AdminServer(
             self.registry, self.config.metrics.host, self.config.metrics.port, self.not_ready
@@ -78,6 +91,28 @@ class Daemon:
             return "not connected to NATS"
         if not self.stream_ready:
             return self.stream_problem
+        weak = sorted(job for job, why in self.uncovered.items() if why)
+        if weak:
+            return f"the stream cannot hold the claims of {len(weak)} job(s): " + "; ".join(
+                f"{job}: {self.uncovered[job]}" for job in weak[:5]
+            )
+        return None
+
+    def stream_guard(self, job: JobConfig, slot: int) -> str | None:
+        """Why a claim of `slot` must not be made now; None when it may.
+
+        From the last stream check: the stream must hold the job's claims for
+        jitter + max_late, and must be older than the slot (a claim made in a
+        stream that was deleted and created again is forgotten).
+        """
+        if name_problem := self.uncovered.get(job.name, self.stream_problem):
+            return name_problem
+        state = self.stream_state
+        if state is not None and state.created is not None and slot / 1000 < state.created:
+            return (
+                f"stream {state.name} was created at {rfc3339(state.created)}, after the slot: "
+                "a claim made in the stream it replaced is forgotten"
+            )
         return None
 
     def stop(self) -> None:
@@ -157,45 +192,91 @@ class Daemon:
     # ------------------------------------------------------------------ stream
 
     async def watch_stream(self, js: JetStreamContext) -> None:
-        """Ensure the stream, then keep its gauges fresh; readiness follows it."""
+        """Ensure the stream, raise it back when weakened, judge what it holds.
+
+        Every STREAM_REFRESH, or at once when an advisory says the stream
+        changed. Readiness and each job's right to claim follow it.
+        """
+        await self._watch_advisories()
         backoff = 0.2
-        ensured = False
         while True:
             try:
                 if not self.conn.connected.is_set():
                     await self.conn.connected.wait()
-                state = await (
-                    read_stream(js, self.spec) if ensured else ensure_stream(js, self.spec)
-                )
-                ensured = True
+                state = await ensure_stream(js, self.spec, self._on_raise)
+            except StreamConflict as exc:
+                self._stream_down(f"{exc}", forget=True)
             except StreamNotFound:
-                ensured = False
-                self._stream_down("stream missing; creating it again")
+                self._stream_down("stream missing; creating it again", forget=True)
                 continue
             except (*RETRYABLE, StreamError) as exc:
-                ensured = False
-                self._stream_down(f"stream not available: {exc!r}")
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
-                continue
+                self._stream_down(f"stream not available: {exc!r}", forget=False)
             except Exception as exc:  # never let readiness die silently
-                ensured = False
                 log.exception("checking the stream failed")
-                self._stream_down(f"stream check failed: {exc!r}")
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+                self._stream_down(f"stream check failed: {exc!r}", forget=False)
+            else:
+                backoff = 0.2
+                self._stream_up(state)
+                await self._stream_pause(STREAM_REFRESH)
                 continue
-            backoff = 0.2
-            self._stream_up(state)
-            await asyncio.sleep(STREAM_REFRESH)
+            await self._stream_pause(backoff)
+            backoff = min(backoff * 2, STREAM_BACKOFF_MAX)
 
-    def _stream_down(self, problem: str) -> None:
-        if self.stream_ready or problem != self.stream_problem:
+    async def _stream_pause(self, seconds: float) -> None:
+        """Sleep until the next check, or until an advisory says the stream changed."""
+        self._stream_wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stream_wake.wait(), seconds)
+
+    async def _watch_advisories(self) -> None:
+        """Wake the stream check when JetStream announces a change of our stream.
+
+        Best effort: an account without the right to these subjects is checked
+        every STREAM_REFRESH as before.
+        """
+        nc = self.conn.nc
+        if nc is None:
+            return
+
+        async def on_advisory(msg: object) -> None:
+            self._stream_wake.set()
+
+        try:
+            await nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.*.{self.spec.name}", cb=on_advisory)
+        except Exception as exc:
+            log.debug("no stream advisories: %r", exc)
+
+    def _on_raise(self, before: StreamState | None) -> None:
+        """The stream had to be raised: by someone else lowering it, when we had seen it."""
+        if self.stream_state is not None and before is not None:
+            self.metrics.stream_raised_total.inc()
+
+    def _stream_down(self, problem: str, forget: bool) -> None:
+        """Not ready; with `forget`, no job may claim until the stream is seen again."""
+        now = self.clock.monotonic()
+        if (
+            self.stream_ready
+            or problem != self.stream_problem
+            or now - self._stream_logged > REPEAT_LOG
+        ):
             log.warning("%s", problem)
+            self._stream_logged = now
         self.stream_ready = False
         self.stream_problem = problem
+        if forget:
+            self.stream_state = None
+            self.uncovered = {}
+            self._set_covered()
 
     def _stream_up(self, state: StreamState) -> None:
+        before = self.stream_state
+        if before is not None and before.created != state.created:
+            log.warning(
+                "stream %s was deleted and created again (now created at %s): slots "
+                "scheduled before that are not claimed",
+                state.name,
+                rfc3339(state.created or 0),
+            )
         if not self.stream_ready:
             log.info(
                 "stream %s ready: history_size=%d duplicate_window=%gs replicas=%d",
@@ -204,13 +285,32 @@ class Daemon:
                 state.duplicate_window,
                 state.replicas,
             )
+        uncovered = coverage(state, self.spec, self.config.jobs)
+        for job, why in uncovered.items():
+            if why and why != self.uncovered.get(job):
+                log.error(
+                    "job %s: not claimed while %s; raise it, or lower the job's jitter "
+                    "and max_late",
+                    job,
+                    why,
+                )
+            elif not why and self.uncovered.get(job):
+                log.info("job %s: the stream holds its claims again; claiming", job)
+        self.stream_state = state
+        self.uncovered = uncovered
         self.stream_ready = True
+        self._set_covered()
         m = self.metrics
         m.stream_messages.set(state.messages)
         m.stream_bytes.set(state.bytes)
         m.stream_history_size.set(state.history_size)
         m.stream_duplicate_window_seconds.set(state.duplicate_window)
         m.stream_replicas.set(state.replicas)
+
+    def _set_covered(self) -> None:
+        for job in self.config.jobs:
+            ok = job.name in self.uncovered and not self.uncovered[job.name]
+            self.metrics.stream_covers_job.labels(job=job.name).set(1 if ok else 0)
 
     # ------------------------------------------------------------------ jobs
 
@@ -255,6 +355,10 @@ class Daemon:
             if now - slot / 1000 > job.max_late:
                 slot = self._skip_late(job, slot, now)
                 continue
+            if why := self.stream_guard(job, slot):
+                self._skip_for_stream(job, slot, why)
+                slot = job.schedule.next_slot(slot)
+                continue
             deadline = self.clock.monotonic() + (slot / 1000 + job.max_late - now)
             try:
                 claim = await claimer.claim(name, slot, deadline)
@@ -295,6 +399,15 @@ class Daemon:
             "" if reason == "late" else " while disconnected from NATS",
         )
         return slot
+
+    def _skip_for_stream(self, job: JobConfig, slot: int, why: str) -> None:
+        """A slot the stream cannot hold: counted, and said at most once a minute a job."""
+        self.metrics.claims_skipped_total.labels(job=job.name, reason="stream").inc()
+        now = self.clock.monotonic()
+        last = self._skip_logged.get(job.name)
+        if last is None or now - last > REPEAT_LOG:
+            self._skip_logged[job.name] = now
+            log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)
 
     def _count_claim(self, claim: Claim) -> None:
         m = self.metrics

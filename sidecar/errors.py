@@ -4,7 +4,8 @@
      ├── ConfigError            a config key is wrong; exit 2, the message names the key
      ├── ConnectError           NATS could not be reached at start; exit 3
      ├── StreamError            JetStream refused to create, update or read the stream
-     │    └── StreamNotFound    the stream does not exist (yet)
+     │    ├── StreamNotFound    the stream does not exist (yet)
+     │    └── StreamConflict    another stream captures our subjects (final; exit 2)
      ├── ClaimError             no definite claim answer before the slot's deadline
      └── TriggerError           the app was not triggered successfully
           ├── TriggerUndelivered  the request provably never reached the app (retryable)
@@ -65,3 +66,11 @@ class TriggerTimeout(TriggerError):
 
 class TriggerFailed(TriggerError):
     """The app answered with a status other than 2xx."""
+
+
+class StreamConflict(StreamError):
+    """Another stream captures some of our subjects: final until someone changes one of them."""
+
+    def __init__(self, message: str, others: dict[str, list[str]] | None = None) -> None:
+        super().__init__(message)
+        self.others = others or {}

@@ -28,7 +28,7 @@ RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 
 # Start delay: the drawn jitter (default up to 2 s) plus the claim.
 DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60)
 
-SKIP_REASONS = ("late", "disconnected", "shutdown")
+SKIP_REASONS = ("late", "disconnected", "shutdown", "stream")
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -218,6 +218,18 @@ class Metrics:
             "stream_duplicate_window_seconds", "Duplicate window of the stream."
         )
         self.stream_replicas = gauge("stream_replicas", "Replicas of the stream.")
+        self.stream_covers_job = job_gauge(
+            "stream_covers_job",
+            "1 while the stream's duplicate window and history hold the job's claims for "
+            "jitter + max_late; 0 while its slots are skipped (reason stream).",
+        )
+        self.stream_raised_total = Counter(
+            "stream_raised",
+            "Times this instance raised the stream back to what its config needs after "
+            "someone lowered it.",
+            namespace=PREFIX,
+            registry=registry,
+        )
         self.nats_connected = gauge("nats_connected", "1 while connected to NATS, else 0.")
         self.nats_reconnects_total = Counter(
             "nats_reconnects", "Reconnections to NATS.", namespace=PREFIX, registry=registry
@@ -246,3 +258,4 @@ class Metrics:
         self.runs_in_progress.labels(job=job)
         self.job_next_run_timestamp_seconds.labels(job=job)
         self.job_last_success_timestamp_seconds.labels(job=job)
+        self.stream_covers_job.labels(job=job)

@@ -2,10 +2,12 @@
 
 Each connects once (ConnectError when NATS is unreachable: exit 3), does its
 work and closes. ``history``, ``last-run`` and ``stream`` only read; they
-raise StreamNotFound when there is no stream yet. ``run-now`` creates or
-updates the stream as ``run`` does, claims a manual run (msg id
-``<job>:manual:<token>``), triggers the app from this process and records the
-result.
+raise StreamNotFound when there is no stream yet. ``run-now`` creates the
+stream when it is missing and otherwise leaves it exactly as it is (the
+stream is shared: only ``run`` raises it, and only ``stream --lower`` lowers
+it), claims a manual run (msg id ``<job>:manual:<token>``), triggers the app
+from this process and records the result. ``check_stream`` is ``check
+--connect``: it reads, and says what ``run`` would do.
 """
 
 from __future__ import annotations
@@ -22,9 +24,23 @@ from sidecar.claim import Claimer
 from sidecar.clock import Clock
 from sidecar.config import Config, Secrets
 from sidecar.connection import Connection
-from sidecar.errors import StreamError
+from sidecar.errors import StreamError, StreamNotFound
 from sidecar.runs import History, ResultRecord, publish_result, read_history
-from sidecar.stream import RETRYABLE, StreamState, ensure_stream, read_stream, stream_spec
+from sidecar.stream import (
+    RETRYABLE,
+    Lowering,
+    StreamState,
+    conflict_error,
+    coverage,
+    create_if_missing,
+    lower_stream,
+    overlapping_streams,
+    plan_lowering,
+    raised_state,
+    read_stream,
+    state_of,
+    stream_spec,
+)
 from sidecar.trigger import Trigger, TriggerResult
 
 # How long a one-shot command waits for JetStream answers.
@@ -86,9 +102,14 @@ async def run_now(config: Config, secrets: Secrets, job_name: str, clock: Clock)
         assert conn.nc is not None
         js = _js(conn)
         try:
-            await ensure_stream(js, spec)
+            state = await create_if_missing(js, spec)
         except (*RETRYABLE, TimeoutError) as exc:
             raise StreamError(f"JetStream is not ready: {exc!r}") from exc
+        if spec.subject not in state.subjects:
+            raise StreamError(
+                f"stream {spec.name} does not capture {spec.subject}: `run` adds it "
+                "(run-now leaves the shared stream as it is)"
+            )
         claimer = Claimer(
             conn.nc,
             js,
@@ -110,3 +131,56 @@ async def run_now(config: Config, secrets: Secrets, job_name: str, clock: Clock)
         record = ResultRecord.of(job.name, slot, claim.token, config.instance_id, result, True)
         recorded = await publish_result(js, spec.name, spec.prefix, record, attempts=5)
         return ManualRun(claim.token, slot, result, recorded)
+
+
+@dataclass(frozen=True)
+class StreamCheck:
+    """What ``check --connect`` found: the stream as it is and as ``run`` would leave it."""
+
+    state: StreamState | None  # None: missing, `run` creates it
+    after_run: StreamState | None
+    uncovered: dict[str, str]  # jobs the stream would still not hold after `run`
+
+
+async def check_stream(config: Config, secrets: Secrets) -> StreamCheck:
+    """Read the stream and judge it; StreamConflict when another stream is in the way."""
+    spec = stream_spec(config)
+    async with connected(config, secrets) as conn:
+        js = _js(conn)
+        assert conn.nc is not None
+        try:
+            info = await js.stream_info(spec.name)
+        except APIError as exc:
+            if exc.err_code not in (10059, None):
+                raise StreamError(f"cannot read stream {spec.name}: {exc.description}") from exc
+            info = None
+        except (*RETRYABLE, TimeoutError) as exc:
+            raise StreamError(f"JetStream did not answer: {exc!r}") from exc
+        state = state_of(info) if info is not None else None
+        if state is None or spec.subject not in state.subjects:
+            others = await overlapping_streams(conn.nc, js._prefix, spec.subject)
+            if set(others) - {spec.name}:
+                raise conflict_error(spec, others)
+        if state is None or info is None:
+            return StreamCheck(None, None, {})
+        after = raised_state(state, info.config, spec)
+        weak = {job: why for job, why in coverage(after, spec, config.jobs).items() if why}
+        return StreamCheck(state, after, weak)
+
+
+async def stream_lowering(config: Config, secrets: Secrets) -> Lowering:
+    async with connected(config, secrets) as conn:
+        try:
+            return await plan_lowering(_js(conn), stream_spec(config))
+        except (*RETRYABLE, TimeoutError) as exc:
+            raise StreamError(f"JetStream did not answer: {exc!r}") from exc
+
+
+async def lower(config: Config, secrets: Secrets) -> StreamState:
+    async with connected(config, secrets) as conn:
+        try:
+            return await lower_stream(_js(conn), stream_spec(config))
+        except StreamNotFound:
+            raise
+        except (*RETRYABLE, TimeoutError) as exc:
+            raise StreamError(f"JetStream did not answer: {exc!r}") from exc

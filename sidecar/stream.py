@@ -1,15 +1,23 @@
-"""The JetStream stream: create or update it as the reference says, and read its state.
+"""The JetStream stream: create it, raise it, read it, and judge what it can hold.
 
 Create when missing: subjects ``<prefix>>``, the duplicate window, one history
 size per subject (``max_msgs_per_subject``), replicas as configured or 1.
-Update when it exists with other settings: window and per-subject limit are
-set, ``<prefix>>`` is added to its subjects, replicas change only when
-configured; everything else the stream has is kept.
+When it exists, the stream is shared with every other instance (and maybe
+other schedulers), so it is only ever strengthened: the window, the
+per-subject limit and the replicas are raised to what this config needs and
+never lowered (lowering is ``lower_stream``, an explicit act of the CLI),
+``<prefix>>`` is added to its subjects, and everything else is kept. The
+window cannot pass the stream's ``max_age``, which is someone else's choice
+and stays as it is.
+
+``coverage`` says, per job, whether the stream as it really is holds that
+job's claims for as long as another claim of the same slot can come
+(``jitter + max_late``): the daemon claims a job only while it does.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -20,14 +28,24 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig, StreamInfo
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
-from sidecar.errors import StreamError, StreamNotFound
+from sidecar.errors import StreamConflict, StreamError, StreamNotFound
+from sidecar.values import format_duration
 
 if TYPE_CHECKING:
-    from sidecar.config import Config
+    from collections.abc import Callable, Iterable
+
+    from nats.aio.client import Client as NATS
+
+    from sidecar.config import Config, JobConfig
 
 log = logging.getLogger(__name__)
 
 ERR_STREAM_NOT_FOUND = 10059
+# Create: a stream of that name exists with another config (another instance
+# created it a moment ago).
+ERR_STREAM_NAME_IN_USE = 10058
+# Create or update: another stream already captures some of the subjects.
+ERR_SUBJECTS_OVERLAP = 10065
 # A standalone server refuses replicas > 1 with "replicas > 1 not supported in non-clustered mode".
 ERR_REPLICAS_NOT_SUPPORTED = 10074
 # Answers that mean "JetStream is not ready yet" (cluster electing, meta leader
@@ -73,6 +91,8 @@ class StreamState:
     last_seq: int
     storage: str
     leader: str | None
+    max_age: float = 0.0  # seconds; 0 is no limit
+    created: float | None = None  # epoch seconds
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +107,8 @@ class StreamState:
             "last_seq": self.last_seq,
             "storage": self.storage,
             "leader": self.leader,
+            "max_age_seconds": self.max_age,
+            "created": self.created,
         }
 
 
@@ -106,6 +128,8 @@ def state_of(info: StreamInfo) -> StreamState:
         last_seq=int(st.last_seq),
         storage=str(storage),
         leader=info.cluster.leader if info.cluster else None,
+        max_age=float(cfg.max_age or 0),
+        created=info.created.timestamp() if info.created else None,
     )
 
 
@@ -127,52 +151,102 @@ def _translate(exc: Exception, action: str, spec: StreamSpec) -> StreamError:
     return StreamError(f"cannot {action} stream {spec.name}: {type(exc).__name__} {exc}")
 
 
+def _raised_history(current: int, wanted: int) -> int:
+    """The larger per-subject limit; <= 0 means unlimited, which nothing raises."""
+    if current <= 0:
+        return current
+    return max(current, wanted)
+
+
 def desired_update(current: StreamConfig, spec: StreamSpec) -> StreamConfig | None:
-    """The updated config for an existing stream, or None when it already fits."""
+    """The strengthened config for an existing stream, or None when it already fits.
+
+    Window, per-subject limit and replicas only go up; the window stops at the
+    stream's max_age (the server refuses more, err 10052).
+    """
     subjects = list(current.subjects or [])
     if spec.subject not in subjects:
         subjects.append(spec.subject)
-    wanted = replace(
-        current,
-        subjects=subjects,
-        duplicate_window=spec.duplicate_window,
-        max_msgs_per_subject=spec.history_size,
-        num_replicas=spec.replicas if spec.replicas is not None else current.num_replicas,
-    )
+    current_window = float(current.duplicate_window or 0)
+    window = max(current_window, spec.duplicate_window)
+    max_age = float(current.max_age or 0)
+    if max_age > 0:
+        window = max(current_window, min(window, max_age))
+    history = _raised_history(int(current.max_msgs_per_subject), spec.history_size)
+    replicas = int(current.num_replicas or 1)
+    if spec.replicas is not None:
+        replicas = max(replicas, spec.replicas)
     same = (
         subjects == list(current.subjects or [])
-        and abs(float(current.duplicate_window or 0) - spec.duplicate_window) < 1e-9
-        and current.max_msgs_per_subject == spec.history_size
-        and wanted.num_replicas == current.num_replicas
+        and abs(current_window - window) < 1e-9
+        and int(current.max_msgs_per_subject) == history
+        and replicas == int(current.num_replicas or 1)
     )
-    return None if same else wanted
+    if same:
+        return None
+    return replace(
+        current,
+        subjects=subjects,
+        duplicate_window=window,
+        max_msgs_per_subject=history,
+        num_replicas=replicas,
+    )
 
 
-async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> StreamState:
-    """Create the stream or bring an existing one in line; return its state.
+async def ensure_stream(
+    js: JetStreamContext,
+    spec: StreamSpec,
+    on_raise: Callable[[StreamState | None], None] | None = None,
+) -> StreamState:
+    """Create the stream or strengthen an existing one; return its state.
 
-    Raises StreamError for what JetStream refuses, and lets RETRYABLE errors
-    (JetStream not ready yet) through for the caller's backoff.
+    Raises StreamConflict when another stream captures our subjects,
+    StreamError for what else JetStream refuses, and lets RETRYABLE errors
+    (JetStream not ready yet) through for the caller's backoff. Never recurses:
+    a create that loses a race with another instance's create reads and
+    updates once, and a second race is the caller's retry. `on_raise` is
+    called with the state before, when an existing stream had to be raised.
     """
-    try:
-        info = await js.stream_info(spec.name)
-    except NotFoundError as exc:
-        if exc.err_code not in (ERR_STREAM_NOT_FOUND, None):
+    for _ in range(2):
+        try:
+            info = await js.stream_info(spec.name)
+        except NotFoundError as exc:
+            if exc.err_code not in (ERR_STREAM_NOT_FOUND, None):
+                raise _translate(exc, "read", spec) from exc
+            created = await _create(js, spec)
+            if created is not None:
+                return created
+            continue  # created by another instance meanwhile: read it again
+        except RETRYABLE:
+            raise
+        except APIError as exc:
             raise _translate(exc, "read", spec) from exc
-        return await _create(js, spec)
-    except RETRYABLE:
-        raise
-    except APIError as exc:
-        raise _translate(exc, "read", spec) from exc
+        return await _strengthen(js, spec, info, on_raise)
+    raise StreamError(f"stream {spec.name} was created and removed while it was being set up")
+
+
+async def _strengthen(
+    js: JetStreamContext,
+    spec: StreamSpec,
+    info: StreamInfo,
+    on_raise: Callable[[StreamState | None], None] | None,
+) -> StreamState:
     update = desired_update(info.config, spec)
     if update is None:
         return state_of(info)
-    log.info(
-        "updating stream %s: subjects=%s duplicate_window=%ss history_size=%s replicas=%s",
+    if on_raise is not None:
+        on_raise(state_of(info))
+    cur = info.config
+    log.warning(
+        "raising stream %s to what this config needs: subjects=%s duplicate_window %s -> %s, "
+        "history_size %s -> %s, replicas %s -> %s",
         spec.name,
         update.subjects,
-        spec.duplicate_window,
-        spec.history_size,
+        format_duration(float(cur.duplicate_window or 0)),
+        format_duration(float(update.duplicate_window or 0)),
+        cur.max_msgs_per_subject,
+        update.max_msgs_per_subject,
+        cur.num_replicas,
         update.num_replicas,
     )
     try:
@@ -180,10 +254,13 @@ async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> StreamState:
     except RETRYABLE:
         raise
     except APIError as exc:
+        if exc.err_code == ERR_SUBJECTS_OVERLAP:
+            raise await _conflict(js, spec) from exc
         raise _translate(exc, "update", spec) from exc
 
 
-async def _create(js: JetStreamContext, spec: StreamSpec) -> StreamState:
+async def _create(js: JetStreamContext, spec: StreamSpec) -> StreamState | None:
+    """The created stream's state; None when another instance created it first."""
     config = StreamConfig(
         name=spec.name,
         subjects=[spec.subject],
@@ -191,24 +268,91 @@ async def _create(js: JetStreamContext, spec: StreamSpec) -> StreamState:
         max_msgs_per_subject=spec.history_size,
         num_replicas=spec.replicas or 1,
     )
-    log.info(
-        "creating stream %s: subjects=%s duplicate_window=%ss history_size=%s replicas=%s",
-        spec.name,
-        config.subjects,
-        spec.duplicate_window,
-        spec.history_size,
-        config.num_replicas,
-    )
     try:
-        return state_of(await js.add_stream(config))
+        created = state_of(await js.add_stream(config))
     except RETRYABLE:
         raise
     except APIError as exc:
-        # Another sidecar created it at the same moment: take the update path.
-        if exc.err_code in (10058, 10065):
-            await asyncio.sleep(0.05)
-            return await ensure_stream(js, spec)
+        if exc.err_code == ERR_STREAM_NAME_IN_USE:
+            return None
+        if exc.err_code == ERR_SUBJECTS_OVERLAP:
+            raise await _conflict(js, spec) from exc
         raise _translate(exc, "create", spec) from exc
+    log.info(
+        "created stream %s: subjects=%s duplicate_window=%s history_size=%d replicas=%d",
+        spec.name,
+        list(created.subjects),
+        format_duration(created.duplicate_window),
+        created.history_size,
+        created.replicas,
+    )
+    return created
+
+
+async def create_if_missing(js: JetStreamContext, spec: StreamSpec) -> StreamState:
+    """The stream as it is; created when missing, never changed when it exists."""
+    for _ in range(2):
+        try:
+            return await read_stream(js, spec)
+        except StreamNotFound:
+            created = await _create(js, spec)
+            if created is not None:
+                return created
+    return await read_stream(js, spec)
+
+
+def raised_state(state: StreamState, current: StreamConfig, spec: StreamSpec) -> StreamState:
+    """The state `ensure_stream` would leave: for checks that must not change anything."""
+    update = desired_update(current, spec)
+    if update is None:
+        return state
+    return replace(
+        state,
+        subjects=tuple(update.subjects or ()),
+        duplicate_window=float(update.duplicate_window or 0),
+        history_size=int(update.max_msgs_per_subject),
+        replicas=int(update.num_replicas or 1),
+    )
+
+
+async def overlapping_streams(nc: NATS, api_prefix: str, subject: str) -> dict[str, list[str]]:
+    """Streams (other than none) whose subjects overlap `subject`, with their subjects.
+
+    ``STREAM.NAMES`` with a subject filter answers with every stream whose
+    subjects collide with it; each one's subjects come from its info.
+    """
+    reply = await nc.request(
+        f"{api_prefix}.STREAM.NAMES", json.dumps({"subject": subject}).encode(), timeout=5.0
+    )
+    names = json.loads(reply.data).get("streams") or []
+    found: dict[str, list[str]] = {}
+    for name in names[:10]:
+        info = await nc.request(f"{api_prefix}.STREAM.INFO.{name}", b"", timeout=5.0)
+        config = json.loads(info.data).get("config") or {}
+        found[str(name)] = [str(s) for s in config.get("subjects") or []]
+    return found
+
+
+def conflict_error(spec: StreamSpec, others: dict[str, list[str]]) -> StreamConflict:
+    """The final error for an overlap, naming the other stream(s) when known."""
+    others = {name: subs for name, subs in others.items() if name != spec.name}
+    named = "; ".join(f"{name} ({', '.join(subs)})" for name, subs in others.items())
+    return StreamConflict(
+        f"stream {spec.name} cannot capture {spec.subject}: its subjects overlap "
+        f"{'stream ' + named if named else 'another stream'}. "
+        "Remove the overlapping subjects from that stream, or give this fleet a prefix "
+        "of its own (nats.prefix)",
+        others,
+    )
+
+
+async def _conflict(js: JetStreamContext, spec: StreamSpec) -> StreamConflict:
+    try:
+        others = await overlapping_streams(js._nc, js._prefix, spec.subject)
+    except Exception as exc:  # the names are a courtesy; the error stands without them
+        log.debug("listing the overlapping streams failed: %r", exc)
+        others = {}
+    return conflict_error(spec, others)
 
 
 async def read_stream(js: JetStreamContext, spec: StreamSpec) -> StreamState:
@@ -219,3 +363,112 @@ async def read_stream(js: JetStreamContext, spec: StreamSpec) -> StreamState:
         raise
     except APIError as exc:
         raise _translate(exc, "read", spec) from exc
+
+
+# ---------------------------------------------------------------------- coverage
+
+
+def covers(state: StreamState, spec: StreamSpec, job: JobConfig) -> str | None:
+    """Why the stream as it is cannot hold `job`'s claims; None when it can.
+
+    A claim must be remembered for as long as another claim of its slot can
+    come, ``jitter + max_late`` after the slot: the duplicate window must be
+    longer than that, and the per-subject limit must keep every claim made in
+    that time (JetStream rebuilds its duplicate memory after a restart only
+    from stored messages). The stream must also capture our subjects.
+    """
+    if spec.subject not in state.subjects:
+        return f"stream {state.name} does not capture {spec.subject}"
+    need = job.jitter + job.max_late
+    if state.duplicate_window <= need:
+        cap = (
+            f"; its max_age ({format_duration(state.max_age)}) keeps it there"
+            if state.max_age and state.max_age <= need
+            else ""
+        )
+        return (
+            f"stream {state.name}'s duplicate window ({format_duration(state.duplicate_window)}) "
+            f"is not longer than jitter + max_late ({format_duration(need)}){cap}"
+        )
+    if state.history_size > 0:
+        need_ms = round(need * 1000)
+        floor = job.schedule.interval_floor_ms()
+        if state.history_size * floor <= need_ms:
+            interval = job.schedule.min_interval_ms()
+            if state.history_size * interval <= need_ms:
+                return (
+                    f"stream {state.name}'s history size ({state.history_size} per subject) "
+                    f"does not keep the claims of jitter + max_late ({format_duration(need)}) "
+                    f"at one slot every {format_duration(interval / 1000)}"
+                )
+    return None
+
+
+def coverage(
+    state: StreamState, spec: StreamSpec, jobs: Iterable[JobConfig]
+) -> dict[str, str | None]:
+    """``covers`` for each job, by name."""
+    return {job.name: covers(state, spec, job) for job in jobs}
+
+
+# ---------------------------------------------------------------------- lowering
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """What lowering the stream to a spec changes and deletes."""
+
+    state: StreamState
+    duplicate_window: float
+    history_size: int
+    deletes: dict[str, int]  # subject -> messages over the new per-subject limit
+
+    @property
+    def changes(self) -> bool:
+        return (
+            abs(self.duplicate_window - self.state.duplicate_window) > 1e-9
+            or self.history_size != self.state.history_size
+        )
+
+    @property
+    def deleted(self) -> int:
+        return sum(self.deletes.values())
+
+
+async def plan_lowering(js: JetStreamContext, spec: StreamSpec) -> Lowering:
+    """What `lower_stream` would do: reads only."""
+    try:
+        info = await js.stream_info(spec.name, subjects_filter=">")
+    except RETRYABLE:
+        raise
+    except APIError as exc:
+        raise _translate(exc, "read", spec) from exc
+    counts = info.state.subjects or {}
+    deletes = {
+        subject: count - spec.history_size
+        for subject, count in sorted(counts.items())
+        if count > spec.history_size
+    }
+    return Lowering(state_of(info), spec.duplicate_window, spec.history_size, deletes)
+
+
+async def lower_stream(js: JetStreamContext, spec: StreamSpec) -> StreamState:
+    """Set the window and per-subject limit to the spec's, even when lower."""
+    try:
+        info = await js.stream_info(spec.name)
+        update = replace(
+            info.config,
+            duplicate_window=spec.duplicate_window,
+            max_msgs_per_subject=spec.history_size,
+        )
+        log.warning(
+            "lowering stream %s: duplicate_window=%s history_size=%d",
+            spec.name,
+            format_duration(spec.duplicate_window),
+            spec.history_size,
+        )
+        return state_of(await js.update_stream(update))
+    except RETRYABLE:
+        raise
+    except APIError as exc:
+        raise _translate(exc, "update", spec) from exc

@@ -55,12 +55,15 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_stream_history_size": ("gauge", frozenset()),
     "anarchon_stream_duplicate_window_seconds": ("gauge", frozenset()),
     "anarchon_stream_replicas": ("gauge", frozenset()),
+    # Not in SPEC.md's table: the stream guard of issue 21 (docs/METRICS.md).
+    "anarchon_stream_covers_job": ("gauge", frozenset({"job"})),
+    "anarchon_stream_raised_total": ("counter", frozenset()),
     "anarchon_nats_connected": ("gauge", frozenset()),
     "anarchon_nats_reconnects_total": ("counter", frozenset()),
     "anarchon_build_info": ("gauge", frozenset({"version"})),
 }
 SPEC_LABEL_VALUES = {
-    "reason": {"late", "disconnected", "shutdown"},
+    "reason": {"late", "disconnected", "shutdown", "stream"},
     "status": {"succeeded", "failed"},
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
@@ -72,6 +75,8 @@ ALERTS = {
     "AnarchonSidecarDown",
     "AnarchonNatsDisconnected",
     "AnarchonStreamConfigMismatch",
+    "AnarchonStreamTooWeak",
+    "AnarchonStreamLowered",
 }
 # Alert expressions that may match on a healthy fleet, and why. Every other
 # alert expression must be empty while the sidecars run normally.
