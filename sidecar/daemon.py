@@ -24,7 +24,13 @@ from sidecar.claim import Claim, ClaimDisconnected, Claimer
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig, Secrets
 from sidecar.connection import Connection
-from sidecar.errors import ClaimError, StreamConflict, StreamError, StreamNotFound
+from sidecar.errors import (
+    ClaimError,
+    StreamConflict,
+    StreamError,
+    StreamNotFound,
+    StreamNotRaised,
+)
 from sidecar.metrics import Metrics
 from sidecar.runs import ResultRecord, publish_result
 from sidecar.server import AdminServer
@@ -71,6 +77,8 @@ class Daemon:
         self.stream_ready = False
         self.stream_problem = "stream not checked yet"
         self._stream_logged = 0.0  # monotonic time of the last stream problem line
+        self._raise_problem = ""
+        self._raise_logged = 0.0
         self._stream_wake = asyncio.Event()  # set by a stream advisory
         self.stream_state: StreamState | None = None
         # Per job: why the stream cannot hold its claims now (None: it can).
@@ -204,6 +212,13 @@ class Daemon:
                 if not self.conn.connected.is_set():
                     await self.conn.connected.wait()
                 state = await ensure_stream(js, self.spec, self._on_raise)
+            except StreamNotRaised as exc:
+                # Judged as it is: jobs it holds are claimed, the others skipped.
+                self._raise_failed(str(exc))
+                assert isinstance(exc.state, StreamState)
+                self._stream_up(exc.state)
+                await self._stream_pause(STREAM_REFRESH)
+                continue
             except StreamConflict as exc:
                 self._stream_down(f"{exc}", forget=True)
             except StreamNotFound:
@@ -245,6 +260,12 @@ class Daemon:
             await nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.*.{self.spec.name}", cb=on_advisory)
         except Exception as exc:
             log.debug("no stream advisories: %r", exc)
+
+    def _raise_failed(self, why: str) -> None:
+        now = self.clock.monotonic()
+        if why != self._raise_problem or now - self._raise_logged > REPEAT_LOG:
+            log.warning("%s; using the stream as it is", why)
+            self._raise_problem, self._raise_logged = why, now
 
     def _on_raise(self, before: StreamState | None) -> None:
         """The stream had to be raised: by someone else lowering it, when we had seen it."""

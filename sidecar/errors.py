@@ -5,7 +5,8 @@
      ├── ConnectError           NATS could not be reached at start; exit 3
      ├── StreamError            JetStream refused to create, update or read the stream
      │    ├── StreamNotFound    the stream does not exist (yet)
-     │    └── StreamConflict    another stream captures our subjects (final; exit 2)
+     │    ├── StreamConflict    another stream captures our subjects (final; exit 2)
+     │    └── StreamNotRaised   the stream could not be raised; it is used as it is
      ├── ClaimError             no definite claim answer before the slot's deadline
      └── TriggerError           the app was not triggered successfully
           ├── TriggerUndelivered  the request provably never reached the app (retryable)
@@ -74,3 +75,11 @@ class StreamConflict(StreamError):
     def __init__(self, message: str, others: dict[str, list[str]] | None = None) -> None:
         super().__init__(message)
         self.others = others or {}
+
+
+class StreamNotRaised(StreamError):
+    """Raising the stream failed (no permission, no answer); ``state`` is the stream as it is."""
+
+    def __init__(self, message: str, state: object) -> None:
+        super().__init__(message)
+        self.state = state

@@ -28,7 +28,7 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig, StreamInfo
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
-from sidecar.errors import StreamConflict, StreamError, StreamNotFound
+from sidecar.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
 from sidecar.values import format_duration
 
 if TYPE_CHECKING:
@@ -251,12 +251,17 @@ async def _strengthen(
     )
     try:
         return state_of(await js.update_stream(update))
-    except RETRYABLE:
-        raise
     except APIError as exc:
         if exc.err_code == ERR_SUBJECTS_OVERLAP:
             raise await _conflict(js, spec) from exc
-        raise _translate(exc, "update", spec) from exc
+        why = str(_translate(exc, "raise", spec))
+        raise StreamNotRaised(why, state_of(info)) from exc
+    except RETRYABLE as exc:
+        # The stream answered its info a moment ago: an update with no answer
+        # is most often one this NATS user may not make (a denied request
+        # gets none). The stream is judged as it is.
+        why = f"cannot raise stream {spec.name}: no answer to the update ({type(exc).__name__})"
+        raise StreamNotRaised(why, state_of(info)) from exc
 
 
 async def _create(js: JetStreamContext, spec: StreamSpec) -> StreamState | None:

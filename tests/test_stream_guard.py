@@ -363,3 +363,40 @@ async def test_read_stream_reports_max_age_and_creation(nc: NATS) -> None:
     got = await read_stream(js, SPEC)
     assert got.max_age == 3600.0
     assert got.created is not None and abs(got.created - time.time()) < 60
+
+
+def test_a_stream_it_may_not_raise_is_used_as_it_is(tmp_path: Path, http_app: RecordingApp) -> None:
+    """A NATS user denied STREAM.UPDATE: jobs the stream holds still run."""
+    conf = """
+authorization {
+  users = [
+    {user: admin, password: admin}
+    {user: app, password: app, permissions: {publish: {deny: ["$JS.API.STREAM.UPDATE.>"]}}}
+  ]
+}
+"""
+    server = NatsServer(tmp_path / "nats", extra_conf=conf)
+    server.start()
+    try:
+        admin_url = f"nats://admin:admin@127.0.0.1:{server.port}"
+        # Holds jitter + max_late (6 s), but not the 5 m the config asks for.
+        asyncio.run(
+            _apply(admin_url, StreamConfig(name="CRON", subjects=["cron.>"], duplicate_window=60))
+        )
+        config = {
+            "nats": {"servers": [server.url], "user": "app", "ack_timeout": "1s"},
+            "target": {"url": http_app.url, "timeout": "5s"},
+            "jobs": [job()],
+        }
+        proc = Sidecar(tmp_path, "app", config, {"ANARCHON_NATS_PASSWORD": "app"}).start()
+        try:
+            wait_for(lambda: len(http_app.requests_for("/jobs/sync")) >= 2, 30, what="runs")
+            assert proc.ready()
+            assert "cannot raise stream CRON" in proc.log()
+            assert proc.metric("anarchon_stream_covers_job", {"job": "sync"}) == 1
+        finally:
+            assert proc.terminate() == 0
+        after = asyncio.run(_stream_config(admin_url))
+        assert after.duplicate_window == 60.0
+    finally:
+        server.stop()
