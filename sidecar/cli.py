@@ -24,7 +24,7 @@ from sidecar.clock import Clock, parse_rfc3339
 from sidecar.config import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
 from sidecar.errors import ConfigError, ConnectError, SidecarError, StreamError, StreamNotFound
 from sidecar.runs import History, Run
-from sidecar.values import format_duration
+from sidecar.values import format_duration, redact_url
 
 T = TypeVar("T")
 
@@ -157,7 +157,7 @@ def check(config_path: str | None) -> None:
     n = config.nats
     click.echo(
         f"config OK: instance {config.instance_id}, {len(config.jobs)} job(s), "
-        f"stream {n.stream} (prefix {n.prefix}) on {', '.join(n.servers)}"
+        f"stream {n.stream} (prefix {n.prefix}) on {', '.join(map(redact_url, n.servers))}"
     )
     click.echo(
         f"history size {config.effective_history_size}, "
@@ -167,7 +167,7 @@ def check(config_path: str | None) -> None:
     now = Clock().wall_ms()
     for job in config.jobs:
         req = job.request
-        where = f"unix:{req.unix_socket} " if req.unix_socket else req.base_url
+        where = f"unix:{req.unix_socket} " if req.unix_socket else redact_url(req.base_url)
         click.echo("")
         click.echo(f"{job.name}: {job.schedule.expr!r} in {job.timezone.key}")
         click.echo(
