@@ -214,9 +214,17 @@ def _history(config: Config, secrets: Secrets, job: str, no_stream_code: int = 0
         hist = run_async(oneshot.history(config, secrets, job))
     except StreamNotFound:
         no_stream(config, no_stream_code)
-    if hist.skipped:
+    if hist.future:
+        window = format_duration(config.nats.duplicate_window)
         click.echo(
-            f"({hist.skipped} malformed or foreign message(s) on {job}'s subjects skipped)",
+            f"({hist.future} claim(s) of {job} for a slot more than {window}"
+            " (nats.duplicate_window) ahead skipped: forged, or from a clock far off)",
+            err=True,
+        )
+    if hist.skipped > hist.future:
+        click.echo(
+            f"({hist.skipped - hist.future} malformed or foreign message(s) on {job}'s subjects"
+            " skipped)",
             err=True,
         )
     return hist
