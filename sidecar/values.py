@@ -172,8 +172,8 @@ def redact_url(url: str) -> str:
     head, sep, rest = url.partition("//")
     if not sep or "@" in head:  # no authority marker: the userinfo starts the text
         head, sep, rest = "", "", url
-    if "@" not in rest or rest.startswith("/"):  # unix:///path@x: no authority at all
-        return url
+    if "@" not in rest or (head.lower() == "unix:" and rest.startswith("/")):
+        return url  # unix:///run/a@b.sock has no authority, only a path
     userinfo, _, host = rest.rpartition("@")
     user, colon, _ = userinfo.partition(":")
     shown = f"{user}:{MASK}" if colon and _PLAIN_USER_RE.fullmatch(user) else MASK

@@ -724,6 +724,7 @@ PASSWORD = "Sup3rS3cret"
         ("admin:Sup3rS3cret@h//x", "admin:***@h//x"),
         ("nats://h:4222", "nats://h:4222"),
         ("unix:///run/app@1.sock", "unix:///run/app@1.sock"),  # a path, no userinfo
+        ("nats:///admin:Sup3rS3cret@h", "nats://***@h"),  # a third slash: masked anyway
         ("", ""),
     ],
 )
@@ -739,6 +740,7 @@ BAD_URLS = [
     "http://admin:Sup3rS3cret@127.0.0.1:4222",  # not nats://
     "admin:Sup3rS3cret@127.0.0.1:4222",  # no scheme
     "nats://admin:Sup3r/S3cret@127.0.0.1:4222",  # an unencoded '/' in the password
+    "nats:///admin:Sup3rS3cret@127.0.0.1:4222",  # no host: a third slash
 ]
 
 
