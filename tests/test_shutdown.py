@@ -39,7 +39,8 @@ def history_of(tmp_path: Path, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]
 
 
 def first_request(app: RecordingApp) -> Request:
-    return wait_for(lambda: app.requests_for("/jobs/slow"), 15, what="a trigger")[0]  # type: ignore[no-any-return]
+    requests: list[Request] = wait_for(lambda: app.requests_for("/jobs/slow"), 15, what="a trigger")
+    return requests[0]
 
 
 def stop_with(proc: Sidecar, sig: signal.Signals, timeout: float = 60) -> int:
