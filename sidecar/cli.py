@@ -32,7 +32,7 @@ from sidecar.errors import (
 )
 from sidecar.runs import History, Run
 from sidecar.stream import coverage, stream_spec
-from sidecar.values import format_duration
+from sidecar.values import format_duration, redact_url
 
 T = TypeVar("T")
 
@@ -176,7 +176,7 @@ def check(config_path: str | None, connect: bool) -> None:
     n = config.nats
     click.echo(
         f"config OK: instance {config.instance_id}, {len(config.jobs)} job(s), "
-        f"stream {n.stream} (prefix {n.prefix}) on {', '.join(n.servers)}"
+        f"stream {n.stream} (prefix {n.prefix}) on {', '.join(map(redact_url, n.servers))}"
     )
     click.echo(
         f"history size {config.effective_history_size}, "
@@ -186,7 +186,7 @@ def check(config_path: str | None, connect: bool) -> None:
     now = Clock().wall_ms()
     for job in config.jobs:
         req = job.request
-        where = f"unix:{req.unix_socket} " if req.unix_socket else req.base_url
+        where = f"unix:{req.unix_socket} " if req.unix_socket else redact_url(req.base_url)
         click.echo("")
         click.echo(f"{job.name}: {job.schedule.expr!r} in {job.timezone.key}")
         click.echo(
@@ -263,9 +263,17 @@ def _history(config: Config, secrets: Secrets, job: str, no_stream_code: int = 0
         hist = run_async(oneshot.history(config, secrets, job))
     except StreamNotFound:
         no_stream(config, no_stream_code)
-    if hist.skipped:
+    if hist.future:
+        window = format_duration(config.nats.duplicate_window)
         click.echo(
-            f"({hist.skipped} malformed or foreign message(s) on {job}'s subjects skipped)",
+            f"({hist.future} claim(s) of {job} for a slot more than {window}"
+            " (nats.duplicate_window) ahead skipped: forged, or from a clock far off)",
+            err=True,
+        )
+    if hist.skipped > hist.future:
+        click.echo(
+            f"({hist.skipped - hist.future} malformed or foreign message(s) on {job}'s subjects"
+            " skipped)",
             err=True,
         )
     return hist

@@ -18,6 +18,7 @@ from nats.aio.client import Client as NATS
 
 from sidecar.config import Config, Secrets
 from sidecar.errors import ConnectError
+from sidecar.values import redact_url
 
 if TYPE_CHECKING:  # the metrics (prometheus_client) are the daemon's, not the one-shot commands'
     from sidecar.metrics import Metrics
@@ -98,7 +99,7 @@ class Connection:
                 closed_cb=self._on_closed,
             )
         except Exception as exc:  # nats-py raises many kinds; all mean "cannot connect"
-            servers = ", ".join(self.config.nats.servers)
+            servers = ", ".join(redact_url(url) for url in self.config.nats.servers)
             detail = errors[-1] if errors else _reason(exc)
             raise ConnectError(f"cannot connect to NATS at {servers}: {detail}") from exc
         nc.options["max_reconnect_attempts"] = -1  # from now on, reconnect forever
@@ -106,7 +107,7 @@ class Connection:
         self.nc = nc
         self._set_connected(True)
         assert nc.connected_url is not None
-        log.info("connected to NATS at %s", nc.connected_url.netloc)
+        log.info("connected to NATS at %s", redact_url(nc.connected_url.netloc))
         return nc
 
     def _set_connected(self, up: bool) -> None:
@@ -127,7 +128,7 @@ class Connection:
         if self.metrics is not None:
             self.metrics.nats_reconnects_total.inc()
         url = self.nc.connected_url.netloc if self.nc and self.nc.connected_url else "?"
-        log.info("reconnected to NATS at %s", url)
+        log.info("reconnected to NATS at %s", redact_url(url))
 
     async def _on_closed(self) -> None:
         self._set_connected(False)

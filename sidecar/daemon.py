@@ -3,8 +3,11 @@
 For each job: wait for the next slot plus a random jitter in [0, jitter];
 skip the slot (counted) when the claim would start more than max_late after
 its time; claim it; if won, trigger the app in a task of its own and publish
-the result. SIGTERM/SIGINT: stop claiming, let running triggers finish within
-``shutdown_grace``, record their results, drain the connection, exit 0.
+the result. SIGTERM/SIGINT/SIGHUP: stop claiming, let running triggers finish
+within ``shutdown_grace``, record their results, drain the connection, exit 0.
+SIGHUP does not reload the config (nothing in it can change in place): it
+stops the sidecar like SIGTERM, so a closed terminal or a reload sent by habit
+never leaves a run in flight unrecorded.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ REPEAT_LOG = 60.0
 CLAIM_DRAIN = 2.0
 # At most this many late slots are walked one by one after a stall.
 MAX_LATE_WALK = 10_000
+# Each of these drains and stops the sidecar; a second one is ignored.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -123,6 +128,11 @@ class Daemon:
             )
         return None
 
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if not self.stopping.is_set():
+            log.info("%s received", sig.name)
+        self.stop()
+
     def stop(self) -> None:
         if not self.stopping.is_set():
             log.info("stopping: no new claims; draining running triggers")
@@ -131,10 +141,10 @@ class Daemon:
                 _wake(waiter)
 
     async def run(self) -> int:
-        """Run until SIGTERM/SIGINT; ConnectError when NATS is unreachable at start."""
+        """Run until SIGTERM/SIGINT/SIGHUP; ConnectError when NATS is unreachable at start."""
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop)
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal, sig)
         await self.admin.start()
         try:
             nc = await self.conn.connect()
@@ -180,7 +190,7 @@ class Daemon:
         finally:
             await self.admin.stop()
             await self.conn.close(drain=False)
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in STOP_SIGNALS:
                 loop.remove_signal_handler(sig)
                 # Stopping already: a second signal must not kill the exit.
                 signal.signal(sig, signal.SIG_IGN)
@@ -457,18 +467,20 @@ class Daemon:
         slot_time = claim.slot / 1000
         deadline = self.clock.monotonic() + max(0.0, slot_time + job.max_late - self.clock.wall())
         m.runs_in_progress.labels(job=job.name).inc()
-        m.run_start_delay_seconds.labels(job=job.name).observe(
-            max(0.0, self.clock.wall() - slot_time)
-        )
+        started_at = self.clock.wall()
+        started = self.clock.monotonic()
+        m.run_start_delay_seconds.labels(job=job.name).observe(max(0.0, started_at - slot_time))
         try:
             result = await trigger.fire(job, claim.slot, claim.token, deadline)
         except asyncio.CancelledError:
-            now = self.clock.wall()
+            # Cut off by the drain: the record keeps when the run really
+            # started and how long it had run until then.
+            ran = self.clock.monotonic() - started
             result = TriggerResult(
                 False,
-                now,
-                now,
-                0.0,
+                started_at,
+                started_at + ran,
+                ran,
                 None,
                 f"interrupted: still running after the {self.config.shutdown_grace:g}s "
                 "shutdown grace period; outcome unknown",

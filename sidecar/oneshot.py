@@ -67,13 +67,19 @@ async def stream_state(config: Config, secrets: Secrets) -> StreamState:
         return await _read(read_stream(_js(conn), stream_spec(config)))
 
 
-async def history(config: Config, secrets: Secrets, job: str) -> History:
+async def history(
+    config: Config, secrets: Secrets, job: str, clock: Clock | None = None
+) -> History:
+    """The job's runs; claims of slots beyond now + nats.duplicate_window are skipped."""
     spec = stream_spec(config)
     async with connected(config, secrets) as conn:
         js = _js(conn)
         await _read(read_stream(js, spec))  # StreamNotFound, plainly
+        # No instance claims a slot earlier than that (its clock would have to
+        # run ahead by more than the window that de-duplicates it).
+        latest = (clock or Clock()).wall_ms() + round(config.nats.duplicate_window * 1000)
         try:
-            return await read_history(js, spec.name, spec.prefix, job)
+            return await read_history(js, spec.name, spec.prefix, job, latest)
         except (*RETRYABLE, APIError, TimeoutError) as exc:
             raise StreamError(f"cannot read the history of {job}: {exc!r}") from exc
 

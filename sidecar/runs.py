@@ -6,7 +6,10 @@ duration_ms, http_status, error``. History joins a job's claims and results
 by token, newest first; a claim without a result reads as ``running``. It is
 read in one batch through an ordered consumer filtered on ``<prefix><job>.*``
 (the job's two subjects, nothing of other jobs). Anything on those subjects
-that is not a well-formed claim or result is skipped and counted.
+that is not a well-formed claim or result is skipped and counted, and so is a
+claim whose slot lies further ahead than the duplicate window: no instance
+claims a slot that early, so it is forged (or its clock is far off), and taken
+as the newest run it would hide every real one from ``last-run`` for good.
 """
 
 from __future__ import annotations
@@ -166,7 +169,8 @@ class Run:
 @dataclass(frozen=True)
 class History:
     runs: list[Run]
-    skipped: int  # malformed or foreign messages on the job's subjects
+    skipped: int  # malformed, foreign or far-future messages on the job's subjects
+    future: int = 0  # of those, claims with a slot beyond the reader's limit
 
 
 def _claim_of(data: Any, job: str) -> dict[str, Any] | None:
@@ -192,11 +196,20 @@ def _opt(value: Any, kind: type) -> Any:
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
-def join_runs(job: str, messages: list[tuple[int, str, bytes]], prefix: str) -> History:
-    """Join claims and results (seq, subject, data) of one job into runs, newest first."""
+def join_runs(
+    job: str,
+    messages: list[tuple[int, str, bytes]],
+    prefix: str,
+    latest_slot: int | None = None,
+) -> History:
+    """Join claims and results (seq, subject, data) of one job into runs, newest first.
+
+    A claim whose slot (epoch ms) is after ``latest_slot`` is skipped and
+    counted in ``skipped`` and ``future``.
+    """
     claims: list[tuple[int, dict[str, Any]]] = []
     results: dict[str, dict[str, Any]] = {}
-    skipped = 0
+    skipped = future = 0
     claims_subject = f"{prefix}{job}.claims"
     results_subject = result_subject(prefix, job)
     for seq, subject, raw in messages:
@@ -205,7 +218,11 @@ def join_runs(job: str, messages: list[tuple[int, str, bytes]], prefix: str) -> 
         except (ValueError, UnicodeDecodeError, RecursionError):  # nesting too deep for json
             data = None
         if subject == claims_subject and (claim := _claim_of(data, job)) is not None:
-            claims.append((seq, claim))
+            if latest_slot is not None and claim["slot"] > latest_slot:
+                future += 1
+                skipped += 1
+            else:
+                claims.append((seq, claim))
         elif subject == results_subject and (result := _result_of(data, job)) is not None:
             results[result["token"]] = result
         else:
@@ -232,7 +249,7 @@ def join_runs(job: str, messages: list[tuple[int, str, bytes]], prefix: str) -> 
             )
         )
     runs.sort(key=lambda run: (run.slot, run.seq), reverse=True)
-    return History(runs, skipped)
+    return History(runs, skipped, future)
 
 
 async def read_job_messages(
@@ -268,6 +285,8 @@ async def read_job_messages(
     return out
 
 
-async def read_history(js: JetStreamContext, stream: str, prefix: str, job: str) -> History:
+async def read_history(
+    js: JetStreamContext, stream: str, prefix: str, job: str, latest_slot: int | None = None
+) -> History:
     """The job's runs, newest first, and the count of skipped messages."""
-    return join_runs(job, await read_job_messages(js, stream, prefix, job), prefix)
+    return join_runs(job, await read_job_messages(js, stream, prefix, job), prefix, latest_slot)

@@ -22,6 +22,7 @@ import aiohttp
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import JobConfig
 from sidecar.errors import TriggerError, TriggerFailed, TriggerTimeout, TriggerUndelivered
+from sidecar.values import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class Trigger:
                 )
         except aiohttp.ClientConnectorError as exc:
             # The connection was never made: nothing reached the app.
-            where = req.unix_socket or req.base_url
+            where = req.unix_socket or redact_url(req.base_url)
             raise TriggerUndelivered(f"cannot connect to {where}: {exc.os_error}") from exc
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise TriggerTimeout(f"no answer within {req.timeout:g}s") from exc

@@ -154,10 +154,36 @@ def headers(value: object, key: str) -> dict[str, str]:
     return result
 
 
+#: What a URL's password (or a userinfo that is all token) reads as when echoed.
+MASK = "***"
+_PLAIN_USER_RE = re.compile(r"[A-Za-z0-9._~-]+")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its credentials masked, for every message, log line and output.
+
+    ``nats://admin:pw@host`` reads ``nats://admin:***@host``; a userinfo
+    without a password (``nats://tok@host``, a token to nats-py) reads
+    ``nats://***@host``. Made for malformed URLs too (they are what config
+    errors echo): everything up to the last ``@`` counts as userinfo, so a
+    password holding ``/``, ``:`` or ``@`` is masked whole, at the price of
+    masking too much of an odd URL rather than too little.
+    """
+    head, sep, rest = url.partition("//")
+    if not sep or "@" in head:  # no authority marker: the userinfo starts the text
+        head, sep, rest = "", "", url
+    if "@" not in rest or (head.lower() == "unix:" and rest.startswith("/")):
+        return url  # unix:///run/a@b.sock has no authority, only a path
+    userinfo, _, host = rest.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    shown = f"{user}:{MASK}" if colon and _PLAIN_USER_RE.fullmatch(user) else MASK
+    return f"{head}{sep}{shown}@{host}"
+
+
 def nats_url(value: object, key: str) -> str:
     """A ``nats://`` or ``tls://`` server URL with a host and no credentials."""
     text = string(value, key).strip()
-    expected = f"expected nats://HOST:PORT or tls://HOST:PORT, got {short(text)}"
+    expected = f"expected nats://HOST:PORT or tls://HOST:PORT, got {short(redact_url(text))}"
     try:
         parts = urlsplit(text)
         _ = parts.port  # raises on a port that is not a number in 0..65535
@@ -216,16 +242,21 @@ def target_url(value: object, key: str, allow_remote: bool) -> str:
         parts = urlsplit(text)
         port = parts.port
     except ValueError:
-        raise ConfigError(key, f"not a valid URL: {short(text)}") from None
+        raise ConfigError(key, f"not a valid URL: {short(redact_url(text))}") from None
     if parts.scheme == "unix" and text.startswith("unix:///") and len(parts.path) > 1:
         if parts.query or parts.fragment:
             raise ConfigError(key, "a unix socket URL has no query or fragment")
         return text
     if parts.scheme != "http" or not parts.hostname:
         raise ConfigError(
-            key, f"expected http://HOST:PORT or unix:///absolute/path, got {short(text)}"
+            key,
+            f"expected http://HOST:PORT or unix:///absolute/path, got {short(redact_url(text))}",
         )
-    if parts.username is not None or parts.path not in ("", "/") or parts.query or parts.fragment:
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(
+            key, "no credentials in the URL: give only http://HOST:PORT, headers in target.headers"
+        )
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ConfigError(
             key, "give only http://HOST:PORT; paths belong in each job's request.path"
         )

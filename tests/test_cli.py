@@ -342,6 +342,43 @@ def test_run_with_the_metrics_port_in_use_exits_2(tmp_path: Path) -> None:
     assert time.monotonic() - started < 10
 
 
+# ------------------------------------------------------------------ credentials
+
+
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [
+        ("file", "nats.servers[0]"),
+        ("env", "nats.servers[0]"),
+        ("target", "target.url"),
+        ("request", "jobs[0].request.url"),
+    ],
+)
+def test_a_malformed_url_is_echoed_without_its_credentials(
+    tmp_path: Path, where: str, key: str
+) -> None:
+    bad = "admin:Sup3rS3cret@127.0.0.1:99999"
+    data = config()
+    env: dict[str, str] = {}
+    if where == "file":
+        data["nats"] = {"servers": [f"nats://{bad}"]}
+    elif where == "env":
+        env["ANARCHON_NATS_SERVERS"] = f"nats://{bad}"
+    elif where == "target":
+        data["target"] = {"url": f"http://{bad}"}
+    else:
+        data["jobs"] = [job(request={"url": f"http://{bad}"})]
+    path = write_config(tmp_path / "c.yaml", data)
+    results = both("-c", str(path), env=env)
+    results["stream"] = run_cli("stream", "-c", str(path), env=env)
+    for cmd, res in results.items():
+        assert res.returncode == 2, (cmd, res.stderr)
+        line = one_error_line(res)
+        assert line.startswith(f"{key}: "), (cmd, line)
+        assert "admin:***@127.0.0.1:99999" in line, (cmd, line)
+        assert "Sup3rS3cret" not in res.stderr + res.stdout, cmd
+
+
 # ------------------------------------------------------------------ version
 
 

@@ -22,7 +22,7 @@ from sidecar.config import (
     parse_config,
 )
 from sidecar.errors import ConfigError
-from sidecar.values import format_duration, parse_duration
+from sidecar.values import format_duration, parse_duration, redact_url
 
 SECRET = "s3cr3t-Value-42"
 
@@ -703,3 +703,80 @@ def test_fuzz_only_config_errors(data: object, env: dict[str, str]) -> None:
         assert error.key and "\n" not in str(error)
     else:
         assert cfg.jobs
+
+
+# ---------------------------------------------------------------- credentials in URLs
+
+PASSWORD = "Sup3rS3cret"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("nats://admin:Sup3rS3cret@127.0.0.1:4222", "nats://admin:***@127.0.0.1:4222"),
+        ("nats://Sup3rS3cret@127.0.0.1:4222", "nats://***@127.0.0.1:4222"),
+        ("nats://:Sup3rS3cret@h", "nats://***@h"),
+        ("admin:Sup3rS3cret@h:4222", "admin:***@h:4222"),
+        ("127.0.0.1:4222", "127.0.0.1:4222"),  # a netloc without userinfo
+        ("admin:Sup3rS3cret@h:4222", "admin:***@h:4222"),  # a netloc with one
+        ("nats://admin:Sup3r/S3c@ret@h:99", "nats://admin:***@h:99"),  # '/' and '@' in it
+        ("nats://a b:Sup3rS3cret@h", "nats://***@h"),  # no plain user name: all masked
+        ("admin:Sup3rS3cret@h//x", "admin:***@h//x"),
+        ("nats://h:4222", "nats://h:4222"),
+        ("unix:///run/app@1.sock", "unix:///run/app@1.sock"),  # a path, no userinfo
+        ("nats:///admin:Sup3rS3cret@h", "nats://***@h"),  # a third slash: masked anyway
+        ("", ""),
+    ],
+)
+def test_redact_url(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+BAD_URLS = [
+    "nats://admin:Sup3rS3cret@127.0.0.1:99999",  # port out of range
+    "nats://admin:Sup3rS3cret@127.0.0.1:x",  # port not a number
+    "nats://admin:Sup3rS3cret@[::1",  # unclosed IPv6 bracket
+    "nats://Sup3rS3cret@127.0.0.1:99999",  # a token as the whole userinfo
+    "http://admin:Sup3rS3cret@127.0.0.1:4222",  # not nats://
+    "admin:Sup3rS3cret@127.0.0.1:4222",  # no scheme
+    "nats://admin:Sup3r/S3cret@127.0.0.1:4222",  # an unencoded '/' in the password
+    "nats:///admin:Sup3rS3cret@127.0.0.1:4222",  # no host: a third slash
+]
+
+
+def _assert_masked(error: ConfigError, url: str) -> None:
+    assert PASSWORD not in str(error)
+    assert "Sup3r" not in str(error)
+    if "got" in error.message or "valid URL" in error.message:
+        assert "***@" in str(error), error
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_bad_server_urls_are_echoed_without_credentials(url: str) -> None:
+    error = error_of(config(nats={"servers": [url]}))
+    assert error.key == "nats.servers[0]"
+    _assert_masked(error, url)
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_bad_server_urls_from_env_are_echoed_without_credentials(url: str) -> None:
+    error = error_of(config(), {"ANARCHON_NATS_SERVERS": f"nats://ok:4222,{url}"})
+    assert error.key == "nats.servers[1]" and "ANARCHON_NATS_SERVERS" in error.message
+    _assert_masked(error, url)
+
+
+@pytest.mark.parametrize("url", [u.replace("nats://", "http://") for u in BAD_URLS])
+def test_bad_target_urls_are_echoed_without_credentials(url: str) -> None:
+    error = error_of(config(target={"url": url}))
+    assert error.key == "target.url"
+    _assert_masked(error, url)
+    error = error_of(config(jobs=[job(request={"url": url})]))
+    assert error.key == "jobs[0].request.url"
+    _assert_masked(error, url)
+
+
+def test_a_well_formed_target_url_with_credentials_is_refused() -> None:
+    for url in ("http://admin:Sup3rS3cret@127.0.0.1:8080", "http://Sup3rS3cret@127.0.0.1:8080"):
+        error = error_of(config(target={"url": url}))
+        assert error.key == "target.url" and "no credentials" in error.message
+        assert PASSWORD not in str(error)

@@ -6,12 +6,14 @@ import asyncio
 import json
 import re
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
 
+from sidecar.clock import rfc3339
 from sidecar.runs import RUN_FIELDS, join_runs
 from tests.support import (
     NatsServer,
@@ -216,6 +218,62 @@ def test_garbage_on_the_jobs_subjects_does_not_break_history(
     runs = [json.loads(line) for line in res.stdout.splitlines()]
     assert len(runs) == 1 and runs[0]["status"] == "succeeded"
     assert "14 malformed or foreign message(s)" in res.stderr
+
+
+async def _publish_claim(url: str, slot: int, token: str, instance: str) -> None:
+    """A claim (and a succeeded result) as any client of the stream could publish it."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    at = rfc3339(slot / 1000)
+    claim = {"job": "sync", "slot": slot, "token": token, "instance": instance, "manual": False}
+    claim |= {"scheduled_at": at, "claimed_at": at}
+    await js.publish(
+        "cron.sync.claims", json.dumps(claim).encode(), headers={"Nats-Msg-Id": f"sync:{slot}"}
+    )
+    result = {"job": "sync", "slot": slot, "token": token, "instance": instance}
+    result |= {"status": "succeeded", "started_at": at, "finished_at": at, "duration_ms": 1}
+    result |= {"http_status": 200, "error": None}
+    await js.publish("cron.sync.results", json.dumps(result).encode())
+    await nc.close()
+
+
+def test_a_forged_far_future_claim_does_not_pin_last_run(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    path = write_config(tmp_path / "cli.yaml", config_for(nats_server, http_app))
+    assert run_cli("run-now", "sync", "-c", str(path)).returncode == 0
+    [real] = cli_json(path, "history", "sync")
+    year_ahead = int((time.time() + 365 * 86400) * 1000)
+    asyncio.run(_publish_claim(nats_server.url, year_ahead, "f" * 32, "forger"))
+    assert any(m.data.get("token") == "f" * 32 for m in read_stream(nats_server.url))
+
+    res = run_cli("last-run", "sync", "-c", str(path), "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["token"] == real["token"]
+    assert "1 claim(s) of sync for a slot more than 5m (nats.duplicate_window) ahead" in res.stderr
+    res = run_cli("history", "sync", "-c", str(path), "--json")
+    assert [json.loads(line)["token"] for line in res.stdout.splitlines()] == [real["token"]]
+    assert "1 claim(s) of sync" in res.stderr and "malformed" not in res.stderr
+    table = run_cli("history", "sync", "-c", str(path))
+    assert "forger" not in table.stdout and "1 claim(s) of sync" in table.stderr
+
+    # A claim ahead by less than the window (an instance whose clock is fast) still counts.
+    minute_ahead = int((time.time() + 60) * 1000)
+    asyncio.run(_publish_claim(nats_server.url, minute_ahead, "a" * 32, "fast-clock"))
+    tokens = [r["token"] for r in cli_json(path, "history", "sync")]
+    assert tokens == ["a" * 32, real["token"]]
+
+
+def test_join_runs_skips_claims_beyond_the_latest_slot() -> None:
+    def claim(seq: int, slot: int) -> tuple[int, str, bytes]:
+        body = {"job": "j", "slot": slot, "token": f"t{slot}", "instance": "i"}
+        return (seq, "cron.j.claims", json.dumps(body).encode())
+
+    messages = [claim(1, 1000), claim(2, 5000), claim(3, 5001), (4, "cron.j.claims", b"x")]
+    hist = join_runs("j", messages, "cron.", latest_slot=5000)
+    assert [r.slot for r in hist.runs] == [5000, 1000]
+    assert (hist.skipped, hist.future) == (2, 1)
+    assert len(join_runs("j", messages, "cron.").runs) == 3  # no limit given: all kept
 
 
 def test_history_reads_only_its_own_job(

@@ -1,0 +1,72 @@
+"""The NATS connection's messages: no URL credentials in errors or log lines.
+
+The config refuses credentials in server URLs, so these build a Config past
+that rule: whatever reaches the connection, its messages mask them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import Config, Secrets, parse_config
+from sidecar.connection import Connection
+from sidecar.errors import ConnectError
+from tests.support import NatsServer, free_port
+
+PASSWORD = "Sup3rS3cret"
+
+
+def config_with_servers(*servers: str) -> Config:
+    cfg = parse_config(
+        {
+            "instance_id": "t",
+            "nats": {"connect_timeout": "1s"},
+            "jobs": [{"name": "j", "schedule": "* * * * *"}],
+        },
+        {},
+    )
+    return dataclasses.replace(cfg, nats=dataclasses.replace(cfg.nats, servers=servers))
+
+
+async def test_connect_error_masks_credentials(caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()  # nothing listens there
+    conn = Connection(
+        config_with_servers(
+            f"nats://admin:{PASSWORD}@127.0.0.1:{port}", f"nats://{PASSWORD}@127.0.0.1:{port}"
+        ),
+        Secrets(),
+    )
+    with caplog.at_level(logging.DEBUG), pytest.raises(ConnectError) as info:
+        await conn.connect()
+    message = str(info.value)
+    assert message.startswith(
+        f"cannot connect to NATS at nats://admin:***@127.0.0.1:{port}, "
+        f"nats://***@127.0.0.1:{port}: "
+    ), message
+    assert PASSWORD not in message
+    assert PASSWORD not in caplog.text
+
+
+async def test_connected_log_line_masks_credentials(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = NatsServer(
+        tmp_path / "nats", extra_conf=f"authorization {{ user: admin, password: {PASSWORD} }}\n"
+    )
+    server.start()
+    try:
+        conn = Connection(
+            config_with_servers(f"nats://admin:{PASSWORD}@127.0.0.1:{server.port}"), Secrets()
+        )
+        with caplog.at_level(logging.DEBUG, logger="sidecar"):
+            nc = await conn.connect()
+            assert nc.is_connected
+            await conn.close()
+    finally:
+        server.stop()
+    assert f"connected to NATS at admin:***@127.0.0.1:{server.port}" in caplog.text
+    assert PASSWORD not in caplog.text
