@@ -1,9 +1,8 @@
-"""The daemon: per-job loops that wait, claim, trigger and record; a bounded drain.
+"""The daemon: wiring and lifecycle of one sidecar; a bounded drain.
 
-For each job: wait for the next slot plus a random jitter in [0, jitter];
-skip the slot (counted) when the claim would start more than max_late after
-its time; claim it; if won, trigger the app in a task of its own and publish
-the result. SIGTERM/SIGINT/SIGHUP: stop claiming, let running triggers finish
+It connects, starts the admin server, the stream guard (sidecar/guard.py)
+and one loop per job (sidecar/job.py: a job's whole life), and stops them in
+order. SIGTERM/SIGINT/SIGHUP: stop claiming, let running triggers finish
 within ``shutdown_grace``, record their results, drain the connection, exit 0.
 SIGHUP does not reload the config (nothing in it can change in place): it
 stops the sidecar like SIGTERM, so a closed terminal or a reload sent by habit
@@ -16,57 +15,35 @@ import asyncio
 import contextlib
 import gc
 import logging
-import random
 import signal
 from dataclasses import dataclass, field
 
-from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry
 
-from sidecar.claim import Claim, ClaimDisconnected, Claimer
-from sidecar.clock import Clock, rfc3339
-from sidecar.config import Config, JobConfig, Secrets
+from sidecar.claim import Claimer
+from sidecar.clock import Clock
+from sidecar.config import Config, Secrets
 from sidecar.connection import Connection
-from sidecar.errors import (
-    ClaimError,
-    StreamConflict,
-    StreamError,
-    StreamNotFound,
-    StreamNotRaised,
-)
+from sidecar.guard import StreamGuard
+from sidecar.job import Jobs
 from sidecar.metrics import Metrics
-from sidecar.runs import ResultRecord, publish_result
 from sidecar.server import AdminServer
-from sidecar.stream import RETRYABLE, StreamState, coverage, ensure_stream, stream_spec
-from sidecar.trigger import Trigger, TriggerResult
+from sidecar.stream import stream_spec
+from sidecar.trigger import Trigger
+
+__all__ = ["Daemon", "stream_spec"]
 
 log = logging.getLogger(__name__)
 
-# How often the stream is checked (and raised back when someone weakened it):
-# one stream_info call, whose cost does not depend on the number of messages.
-# A change of the stream announced by JetStream's advisories wakes the check
-# at once.
-STREAM_REFRESH = 10.0
-# The longest wait between two tries while the stream cannot be set up.
-STREAM_BACKOFF_MAX = 30.0
-# A problem that lasts is logged again at most this often (seconds).
-REPEAT_LOG = 60.0
 # On SIGTERM, how long a claim in flight may still take before it is abandoned.
 CLAIM_DRAIN = 2.0
-# At most this many late slots are walked one by one after a stall.
-MAX_LATE_WALK = 10_000
 # Each of these drains and stops the sidecar; a second one is ignored.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
 @dataclass
 class Daemon:
-    """One sidecar: NATS connection, stream, job loops, admin server."""
+    """One sidecar: NATS connection, stream guard, job loops, admin server."""
 
     config: Config
     secrets: Secrets
@@ -78,22 +55,15 @@ class Daemon:
         self.conn = Connection(self.config, self.secrets, self.metrics)
         self.spec = stream_spec(self.config)
         self.stopping = asyncio.Event()
-        self._sleepers: set[asyncio.Future[None]] = set()  # job loops in sleep_until
-        self.stream_ready = False
-        self.stream_problem = "stream not checked yet"
-        self._stream_logged = 0.0  # monotonic time of the last stream problem line
-        self._raise_problem = ""
-        self._raise_logged = 0.0
-        self._stream_wake = asyncio.Event()  # set by a stream advisory
-        self.stream_state: StreamState | None = None
-        # Per job: why the stream cannot hold its claims now (None: it can).
-        # Empty until the first check: no job is claimed before it.
-        self.uncovered: dict[str, str | None] = {}
-        self._skip_logged: dict[str, float] = {}
-        self.runs: set[asyncio.Task[None]] = set()
+        self.guard = StreamGuard(self.config, self.metrics, self.clock, self.conn.connected)
+        self.jobs: Jobs | None = None
         self.admin = AdminServer(
             self.registry, self.config.metrics.host, self.config.metrics.port, self.not_ready
         )
+
+    @property
+    def runs(self) -> set[asyncio.Task[None]]:
+        return self.jobs.runs if self.jobs is not None else set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -102,31 +72,7 @@ class Daemon:
             return "shutting down"
         if not self.conn.connected.is_set():
             return "not connected to NATS"
-        if not self.stream_ready:
-            return self.stream_problem
-        weak = sorted(job for job, why in self.uncovered.items() if why)
-        if weak:
-            return f"the stream cannot hold the claims of {len(weak)} job(s): " + "; ".join(
-                f"{job}: {self.uncovered[job]}" for job in weak[:5]
-            )
-        return None
-
-    def stream_guard(self, job: JobConfig, slot: int) -> str | None:
-        """Why a claim of `slot` must not be made now; None when it may.
-
-        From the last stream check: the stream must hold the job's claims for
-        jitter + max_late, and must be older than the slot (a claim made in a
-        stream that was deleted and created again is forgotten).
-        """
-        if name_problem := self.uncovered.get(job.name, self.stream_problem):
-            return name_problem
-        state = self.stream_state
-        if state is not None and state.created is not None and slot / 1000 < state.created:
-            return (
-                f"stream {state.name} was created at {rfc3339(state.created)}, after the slot: "
-                "a claim made in the stream it replaced is forgotten"
-            )
-        return None
+        return self.guard.not_ready()
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if not self.stopping.is_set():
@@ -137,8 +83,8 @@ class Daemon:
         if not self.stopping.is_set():
             log.info("stopping: no new claims; draining running triggers")
             self.stopping.set()
-            for waiter in self._sleepers:
-                _wake(waiter)
+            if self.jobs is not None:
+                self.jobs.wake()
 
     async def run(self) -> int:
         """Run until SIGTERM/SIGINT/SIGHUP; ConnectError when NATS is unreachable at start."""
@@ -162,17 +108,28 @@ class Daemon:
             async with Trigger(
                 self.secrets.signing_secret, self.clock, self.config.instance_id
             ) as trigger:
-                watcher = asyncio.create_task(self.watch_stream(js))
-                loops = [
-                    asyncio.create_task(self.job_loop(job, claimer, trigger, js))
-                    for job in self.config.jobs
-                ]
+                jobs = Jobs(
+                    self.config,
+                    self.metrics,
+                    self.clock,
+                    js,
+                    claimer,
+                    trigger,
+                    self.guard,
+                    self.conn.connected,
+                    self.stopping,
+                )
+                self.jobs = jobs
+                watcher = asyncio.create_task(self.guard.run(js))
+                loops = [asyncio.create_task(jobs.loop(job)) for job in self.config.jobs]
                 # Everything made so far lives as long as the process: keep it out
                 # of the collector's full passes, which otherwise walk all of it
                 # (about 8 ms) and now and then land on a slot's start. Collect
                 # first, so that start-up garbage is not frozen with it.
                 gc.collect()
                 gc.freeze()
+                if self.stopping.is_set():  # a signal during start-up
+                    jobs.wake()
                 await self.stopping.wait()
                 # A claim still waiting for an answer (NATS down, say) gets a
                 # moment, then is abandoned: the slot is skipped, never run.
@@ -206,312 +163,3 @@ class Daemon:
             task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=5)
-
-    # ------------------------------------------------------------------ stream
-
-    async def watch_stream(self, js: JetStreamContext) -> None:
-        """Ensure the stream, raise it back when weakened, judge what it holds.
-
-        Every STREAM_REFRESH, or at once when an advisory says the stream
-        changed. Readiness and each job's right to claim follow it.
-        """
-        await self._watch_advisories()
-        backoff = 0.2
-        while True:
-            try:
-                if not self.conn.connected.is_set():
-                    await self.conn.connected.wait()
-                state = await ensure_stream(js, self.spec, self._on_raise)
-            except StreamNotRaised as exc:
-                # Judged as it is: jobs it holds are claimed, the others skipped.
-                self._raise_failed(str(exc))
-                assert isinstance(exc.state, StreamState)
-                self._stream_up(exc.state)
-                await self._stream_pause(STREAM_REFRESH)
-                continue
-            except StreamConflict as exc:
-                self._stream_down(f"{exc}", forget=True)
-            except StreamNotFound:
-                self._stream_down("stream missing; creating it again", forget=True)
-                continue
-            except (*RETRYABLE, StreamError) as exc:
-                self._stream_down(f"stream not available: {exc!r}", forget=False)
-            except Exception as exc:  # never let readiness die silently
-                log.exception("checking the stream failed")
-                self._stream_down(f"stream check failed: {exc!r}", forget=False)
-            else:
-                backoff = 0.2
-                self._stream_up(state)
-                await self._stream_pause(STREAM_REFRESH)
-                continue
-            await self._stream_pause(backoff)
-            backoff = min(backoff * 2, STREAM_BACKOFF_MAX)
-
-    async def _stream_pause(self, seconds: float) -> None:
-        """Sleep until the next check, or until an advisory says the stream changed."""
-        self._stream_wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stream_wake.wait(), seconds)
-
-    async def _watch_advisories(self) -> None:
-        """Wake the stream check when JetStream announces a change of our stream.
-
-        Best effort: an account without the right to these subjects is checked
-        every STREAM_REFRESH as before.
-        """
-        nc = self.conn.nc
-        if nc is None:
-            return
-
-        async def on_advisory(msg: object) -> None:
-            self._stream_wake.set()
-
-        try:
-            await nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.*.{self.spec.name}", cb=on_advisory)
-        except Exception as exc:
-            log.debug("no stream advisories: %r", exc)
-
-    def _raise_failed(self, why: str) -> None:
-        now = self.clock.monotonic()
-        if why != self._raise_problem or now - self._raise_logged > REPEAT_LOG:
-            log.warning("%s; using the stream as it is", why)
-            self._raise_problem, self._raise_logged = why, now
-
-    def _on_raise(self, before: StreamState | None) -> None:
-        """The stream had to be raised: by someone else lowering it, when we had seen it."""
-        if self.stream_state is not None and before is not None:
-            self.metrics.stream_raised_total.inc()
-
-    def _stream_down(self, problem: str, forget: bool) -> None:
-        """Not ready; with `forget`, no job may claim until the stream is seen again."""
-        now = self.clock.monotonic()
-        if (
-            self.stream_ready
-            or problem != self.stream_problem
-            or now - self._stream_logged > REPEAT_LOG
-        ):
-            log.warning("%s", problem)
-            self._stream_logged = now
-        self.stream_ready = False
-        self.stream_problem = problem
-        if forget:
-            self.stream_state = None
-            self.uncovered = {}
-            self._set_covered()
-
-    def _stream_up(self, state: StreamState) -> None:
-        before = self.stream_state
-        if before is not None and before.created != state.created:
-            log.warning(
-                "stream %s was deleted and created again (now created at %s): slots "
-                "scheduled before that are not claimed",
-                state.name,
-                rfc3339(state.created or 0),
-            )
-        if not self.stream_ready:
-            log.info(
-                "stream %s ready: history_size=%d duplicate_window=%gs replicas=%d",
-                state.name,
-                state.history_size,
-                state.duplicate_window,
-                state.replicas,
-            )
-        uncovered = coverage(state, self.spec, self.config.jobs)
-        for job, why in uncovered.items():
-            if why and why != self.uncovered.get(job):
-                log.error(
-                    "job %s: not claimed while %s; raise it, or lower the job's jitter "
-                    "and max_late",
-                    job,
-                    why,
-                )
-            elif not why and self.uncovered.get(job):
-                log.info("job %s: the stream holds its claims again; claiming", job)
-        self.stream_state = state
-        self.uncovered = uncovered
-        self.stream_ready = True
-        self._set_covered()
-        m = self.metrics
-        m.stream_messages.set(state.messages)
-        m.stream_bytes.set(state.bytes)
-        m.stream_history_size.set(state.history_size)
-        m.stream_duplicate_window_seconds.set(state.duplicate_window)
-        m.stream_replicas.set(state.replicas)
-
-    def _set_covered(self) -> None:
-        for job in self.config.jobs:
-            ok = job.name in self.uncovered and not self.uncovered[job.name]
-            self.metrics.stream_covers_job.labels(job=job.name).set(1 if ok else 0)
-
-    # ------------------------------------------------------------------ jobs
-
-    async def sleep_until(self, wall: float) -> bool:
-        """Sleep until wall-clock time `wall`; True when stopping interrupted it."""
-        loop = asyncio.get_running_loop()
-        while True:
-            delay = wall - self.clock.wall()
-            if delay <= 0:
-                return self.stopping.is_set()
-            if self.stopping.is_set():
-                return True
-            # A bare future woken by a timer or by stop(): wait_for on the event
-            # started a task per sleep, and with every job due at the same
-            # instant that cost each one about twice the CPU and made it later.
-            # Short hops keep long sleeps honest when the wall clock is corrected.
-            waiter: asyncio.Future[None] = loop.create_future()
-            timer = loop.call_later(min(delay, 30.0), _wake, waiter)
-            self._sleepers.add(waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                self._sleepers.discard(waiter)
-            if self.stopping.is_set():
-                return True
-
-    async def job_loop(
-        self, job: JobConfig, claimer: Claimer, trigger: Trigger, js: JetStreamContext
-    ) -> None:
-        m = self.metrics
-        name = job.name
-        slot = job.schedule.next_slot(self.clock.wall_ms())
-        while not self.stopping.is_set():
-            m.job_next_run_timestamp_seconds.labels(job=name).set(slot / 1000)
-            fire_at = slot / 1000 + random.uniform(0.0, job.jitter)
-            if await self.sleep_until(fire_at):
-                if self.clock.wall() >= slot / 1000:
-                    m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
-                return
-            now = self.clock.wall()
-            if now - slot / 1000 > job.max_late:
-                slot = self._skip_late(job, slot, now)
-                continue
-            if why := self.stream_guard(job, slot):
-                self._skip_for_stream(job, slot, why)
-                slot = job.schedule.next_slot(slot)
-                continue
-            deadline = self.clock.monotonic() + (slot / 1000 + job.max_late - now)
-            try:
-                claim = await claimer.claim(name, slot, deadline)
-            except asyncio.CancelledError:
-                m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
-                raise
-            except ClaimDisconnected as exc:
-                m.claims_skipped_total.labels(job=name, reason="disconnected").inc()
-                log.warning("job %s slot %s skipped: %s", name, rfc3339(slot / 1000), exc)
-            except ClaimError as exc:
-                m.claim_errors_total.labels(job=name).inc()
-                log.warning("job %s slot %s not claimed: %s", name, rfc3339(slot / 1000), exc)
-            except Exception:  # a bug must not stop the job's schedule; nothing ran
-                m.claim_errors_total.labels(job=name).inc()
-                log.exception("job %s slot %s: claim failed unexpectedly", name, slot)
-            else:
-                self._count_claim(claim)
-                if claim.won:
-                    self._start_run(job, claim, trigger, js)
-            slot = job.schedule.next_slot(slot)
-
-    def _skip_late(self, job: JobConfig, slot: int, now: float) -> int:
-        """Count every slot whose claim can no longer start in time; return the next one."""
-        skipped = 0
-        while now - slot / 1000 > job.max_late and skipped < MAX_LATE_WALK:
-            skipped += 1
-            slot = job.schedule.next_slot(slot)
-        if skipped >= MAX_LATE_WALK:
-            slot = job.schedule.next_slot(int((now - job.max_late) * 1000))
-        # Late because NATS was away: say so, it is what the operator must fix.
-        reason = "late" if self.conn.connected.is_set() else "disconnected"
-        self.metrics.claims_skipped_total.labels(job=job.name, reason=reason).inc(skipped)
-        log.warning(
-            "job %s: %d slot(s) skipped, later than max_late %gs%s",
-            job.name,
-            skipped,
-            job.max_late,
-            "" if reason == "late" else " while disconnected from NATS",
-        )
-        return slot
-
-    def _skip_for_stream(self, job: JobConfig, slot: int, why: str) -> None:
-        """A slot the stream cannot hold: counted, and said at most once a minute a job."""
-        self.metrics.claims_skipped_total.labels(job=job.name, reason="stream").inc()
-        now = self.clock.monotonic()
-        last = self._skip_logged.get(job.name)
-        if last is None or now - last > REPEAT_LOG:
-            self._skip_logged[job.name] = now
-            log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)
-
-    def _count_claim(self, claim: Claim) -> None:
-        m = self.metrics
-        m.claim_ack_seconds.labels(job=claim.job).observe(claim.ack_seconds)
-        if claim.duplicate_acks:
-            m.claim_duplicate_acks_total.labels(job=claim.job).inc(claim.duplicate_acks)
-        if claim.won:
-            m.claims_won_total.labels(job=claim.job).inc()
-            log.debug("job %s slot %s won (seq %d)", claim.job, claim.slot, claim.seq)
-        else:
-            m.claims_lost_total.labels(job=claim.job).inc()
-            log.debug("job %s slot %s lost (seq %d)", claim.job, claim.slot, claim.seq)
-
-    def _start_run(
-        self, job: JobConfig, claim: Claim, trigger: Trigger, js: JetStreamContext
-    ) -> None:
-        task = asyncio.create_task(self.run_slot(job, claim, trigger, js))
-        self.runs.add(task)
-        task.add_done_callback(self.runs.discard)
-
-    async def run_slot(
-        self, job: JobConfig, claim: Claim, trigger: Trigger, js: JetStreamContext
-    ) -> None:
-        """Trigger the app for a won claim and record the result."""
-        m = self.metrics
-        slot_time = claim.slot / 1000
-        deadline = self.clock.monotonic() + max(0.0, slot_time + job.max_late - self.clock.wall())
-        m.runs_in_progress.labels(job=job.name).inc()
-        started_at = self.clock.wall()
-        started = self.clock.monotonic()
-        m.run_start_delay_seconds.labels(job=job.name).observe(max(0.0, started_at - slot_time))
-        try:
-            result = await trigger.fire(job, claim.slot, claim.token, deadline)
-        except asyncio.CancelledError:
-            # Cut off by the drain: the record keeps when the run really
-            # started and how long it had run until then.
-            ran = self.clock.monotonic() - started
-            result = TriggerResult(
-                False,
-                started_at,
-                started_at + ran,
-                ran,
-                None,
-                f"interrupted: still running after the {self.config.shutdown_grace:g}s "
-                "shutdown grace period; outcome unknown",
-                1,
-            )
-            await self._finish(job, claim, result, js)
-            raise
-        finally:
-            m.runs_in_progress.labels(job=job.name).dec()
-        await self._finish(job, claim, result, js)
-
-    async def _finish(
-        self, job: JobConfig, claim: Claim, result: TriggerResult, js: JetStreamContext
-    ) -> None:
-        m = self.metrics
-        status = "succeeded" if result.ok else "failed"
-        m.runs_total.labels(job=job.name, status=status).inc()
-        m.run_duration_seconds.labels(job=job.name).observe(result.duration)
-        if result.ok:
-            m.job_last_success_timestamp_seconds.labels(job=job.name).set(result.finished_at)
-        record = ResultRecord.of(
-            job.name, claim.slot, claim.token, self.config.instance_id, result, claim.manual
-        )
-        (log.info if result.ok else log.warning)(
-            "run job=%s slot=%s status=%s http_status=%s duration_ms=%d%s",
-            job.name,
-            rfc3339(claim.slot / 1000),
-            status,
-            result.http_status,
-            record.duration_ms,
-            f" error={result.error!r}" if result.error else "",
-        )
-        if not await publish_result(js, self.spec.name, self.spec.prefix, record):
-            log.error("job %s slot %s: result not recorded", job.name, claim.slot)

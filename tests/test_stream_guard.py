@@ -20,10 +20,13 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
+from prometheus_client import CollectorRegistry
 
+from sidecar.clock import Clock
 from sidecar.config import parse_config
-from sidecar.daemon import Daemon
 from sidecar.errors import StreamConflict
+from sidecar.guard import StreamGuard
+from sidecar.metrics import Metrics
 from sidecar.stream import (
     StreamSpec,
     StreamState,
@@ -125,12 +128,12 @@ def test_coverage_names_what_the_stream_cannot_hold() -> None:
 
 def test_no_claim_before_the_first_stream_check_nor_for_a_slot_older_than_the_stream() -> None:
     config = config_of([job()])
-    daemon = Daemon(config, secrets=None)  # type: ignore[arg-type]
+    guard = StreamGuard(config, Metrics(CollectorRegistry(), ("sync",)), Clock(), asyncio.Event())
     sync = config.jobs[0]
-    assert daemon.stream_guard(sync, 2_000_000_000) == "stream not checked yet"
-    daemon._stream_up(state(created=1_000_000.0))
-    assert daemon.stream_guard(sync, 2_000_000_000) is None
-    why = daemon.stream_guard(sync, 999_999_000)
+    assert guard.blocked(sync, 2_000_000_000) == "stream not checked yet"
+    guard._stream_up(state(created=1_000_000.0))
+    assert guard.blocked(sync, 2_000_000_000) is None
+    why = guard.blocked(sync, 999_999_000)
     assert why is not None and "created at" in why
 
 

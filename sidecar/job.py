@@ -1,0 +1,234 @@
+"""A job's life: wait for its slot, check it may be claimed, claim, run, record.
+
+``Jobs.loop`` runs one job's schedule top-down: sleep until the slot plus a
+random jitter in [0, jitter]; skip it (counted) when the claim would start
+more than max_late after its time, or when the stream guard says the stream
+cannot hold the claim; claim it; if won, trigger the app in a task of its own
+(tracked in ``runs`` for the drain) and publish the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from nats.js import JetStreamContext
+
+from sidecar.claim import Claim, ClaimDisconnected, Claimer
+from sidecar.clock import Clock, rfc3339
+from sidecar.config import Config, JobConfig
+from sidecar.errors import ClaimError
+from sidecar.guard import REPEAT_LOG, StreamGuard
+from sidecar.metrics import Metrics
+from sidecar.runs import ResultRecord, publish_result
+from sidecar.trigger import Trigger, TriggerResult
+
+log = logging.getLogger(__name__)
+
+# At most this many late slots are walked one by one after a stall.
+MAX_LATE_WALK = 10_000
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class Jobs:
+    """The job loops of one sidecar and the runs they started."""
+
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        clock: Clock,
+        js: JetStreamContext,
+        claimer: Claimer,
+        trigger: Trigger,
+        guard: StreamGuard,
+        connected: asyncio.Event,
+        stopping: asyncio.Event,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.js = js
+        self.claimer = claimer
+        self.trigger = trigger
+        self.guard = guard
+        self.spec = guard.spec
+        self.connected = connected
+        self.stopping = stopping
+        self.runs: set[asyncio.Task[None]] = set()
+        self._sleepers: set[asyncio.Future[None]] = set()  # loops in sleep_until
+        self._skip_logged: dict[str, float] = {}
+
+    def wake(self) -> None:
+        """Wake every sleeping loop (on stop)."""
+        for waiter in self._sleepers:
+            _wake(waiter)
+
+    async def sleep_until(self, wall: float) -> bool:
+        """Sleep until wall-clock time `wall`; True when stopping interrupted it."""
+        loop = asyncio.get_running_loop()
+        while True:
+            delay = wall - self.clock.wall()
+            if delay <= 0:
+                return self.stopping.is_set()
+            if self.stopping.is_set():
+                return True
+            # A bare future woken by a timer or by stop(): wait_for on the event
+            # started a task per sleep, and with every job due at the same
+            # instant that cost each one about twice the CPU and made it later.
+            # Short hops keep long sleeps honest when the wall clock is corrected.
+            waiter: asyncio.Future[None] = loop.create_future()
+            timer = loop.call_later(min(delay, 30.0), _wake, waiter)
+            self._sleepers.add(waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._sleepers.discard(waiter)
+            if self.stopping.is_set():
+                return True
+
+    async def loop(self, job: JobConfig) -> None:
+        """The job's schedule until stopping: wait, check, claim, run each slot."""
+        m = self.metrics
+        name = job.name
+        slot = job.schedule.next_slot(self.clock.wall_ms())
+        while not self.stopping.is_set():
+            m.job_next_run_timestamp_seconds.labels(job=name).set(slot / 1000)
+            fire_at = slot / 1000 + random.uniform(0.0, job.jitter)
+            if await self.sleep_until(fire_at):
+                if self.clock.wall() >= slot / 1000:
+                    m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
+                return
+            now = self.clock.wall()
+            if now - slot / 1000 > job.max_late:
+                slot = self._skip_late(job, slot, now)
+                continue
+            if why := self.guard.blocked(job, slot):
+                self._skip_for_stream(job, slot, why)
+                slot = job.schedule.next_slot(slot)
+                continue
+            deadline = self.clock.monotonic() + (slot / 1000 + job.max_late - now)
+            try:
+                claim = await self.claimer.claim(name, slot, deadline)
+            except asyncio.CancelledError:
+                m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
+                raise
+            except ClaimDisconnected as exc:
+                m.claims_skipped_total.labels(job=name, reason="disconnected").inc()
+                log.warning("job %s slot %s skipped: %s", name, rfc3339(slot / 1000), exc)
+            except ClaimError as exc:
+                m.claim_errors_total.labels(job=name).inc()
+                log.warning("job %s slot %s not claimed: %s", name, rfc3339(slot / 1000), exc)
+            except Exception:  # a bug must not stop the job's schedule; nothing ran
+                m.claim_errors_total.labels(job=name).inc()
+                log.exception("job %s slot %s: claim failed unexpectedly", name, slot)
+            else:
+                self._count_claim(claim)
+                if claim.won:
+                    self._start_run(job, claim)
+            slot = job.schedule.next_slot(slot)
+
+    def _skip_late(self, job: JobConfig, slot: int, now: float) -> int:
+        """Count every slot whose claim can no longer start in time; return the next one."""
+        skipped = 0
+        while now - slot / 1000 > job.max_late and skipped < MAX_LATE_WALK:
+            skipped += 1
+            slot = job.schedule.next_slot(slot)
+        if skipped >= MAX_LATE_WALK:
+            slot = job.schedule.next_slot(int((now - job.max_late) * 1000))
+        # Late because NATS was away: say so, it is what the operator must fix.
+        reason = "late" if self.connected.is_set() else "disconnected"
+        self.metrics.claims_skipped_total.labels(job=job.name, reason=reason).inc(skipped)
+        log.warning(
+            "job %s: %d slot(s) skipped, later than max_late %gs%s",
+            job.name,
+            skipped,
+            job.max_late,
+            "" if reason == "late" else " while disconnected from NATS",
+        )
+        return slot
+
+    def _skip_for_stream(self, job: JobConfig, slot: int, why: str) -> None:
+        """A slot the stream cannot hold: counted, and said at most once a minute a job."""
+        self.metrics.claims_skipped_total.labels(job=job.name, reason="stream").inc()
+        now = self.clock.monotonic()
+        last = self._skip_logged.get(job.name)
+        if last is None or now - last > REPEAT_LOG:
+            self._skip_logged[job.name] = now
+            log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)
+
+    def _count_claim(self, claim: Claim) -> None:
+        m = self.metrics
+        m.claim_ack_seconds.labels(job=claim.job).observe(claim.ack_seconds)
+        if claim.duplicate_acks:
+            m.claim_duplicate_acks_total.labels(job=claim.job).inc(claim.duplicate_acks)
+        if claim.won:
+            m.claims_won_total.labels(job=claim.job).inc()
+            log.debug("job %s slot %s won (seq %d)", claim.job, claim.slot, claim.seq)
+        else:
+            m.claims_lost_total.labels(job=claim.job).inc()
+            log.debug("job %s slot %s lost (seq %d)", claim.job, claim.slot, claim.seq)
+
+    def _start_run(self, job: JobConfig, claim: Claim) -> None:
+        task = asyncio.create_task(self.run_slot(job, claim))
+        self.runs.add(task)
+        task.add_done_callback(self.runs.discard)
+
+    async def run_slot(self, job: JobConfig, claim: Claim) -> None:
+        """Trigger the app for a won claim and record the result."""
+        m = self.metrics
+        slot_time = claim.slot / 1000
+        deadline = self.clock.monotonic() + max(0.0, slot_time + job.max_late - self.clock.wall())
+        m.runs_in_progress.labels(job=job.name).inc()
+        started_at = self.clock.wall()
+        started = self.clock.monotonic()
+        m.run_start_delay_seconds.labels(job=job.name).observe(max(0.0, started_at - slot_time))
+        try:
+            result = await self.trigger.fire(job, claim.slot, claim.token, deadline)
+        except asyncio.CancelledError:
+            # Cut off by the drain: the record keeps when the run really
+            # started and how long it had run until then.
+            ran = self.clock.monotonic() - started
+            result = TriggerResult(
+                False,
+                started_at,
+                started_at + ran,
+                ran,
+                None,
+                f"interrupted: still running after the {self.config.shutdown_grace:g}s "
+                "shutdown grace period; outcome unknown",
+                1,
+            )
+            await self._finish(job, claim, result)
+            raise
+        finally:
+            m.runs_in_progress.labels(job=job.name).dec()
+        await self._finish(job, claim, result)
+
+    async def _finish(self, job: JobConfig, claim: Claim, result: TriggerResult) -> None:
+        m = self.metrics
+        status = "succeeded" if result.ok else "failed"
+        m.runs_total.labels(job=job.name, status=status).inc()
+        m.run_duration_seconds.labels(job=job.name).observe(result.duration)
+        if result.ok:
+            m.job_last_success_timestamp_seconds.labels(job=job.name).set(result.finished_at)
+        record = ResultRecord.of(
+            job.name, claim.slot, claim.token, self.config.instance_id, result, claim.manual
+        )
+        (log.info if result.ok else log.warning)(
+            "run job=%s slot=%s status=%s http_status=%s duration_ms=%d%s",
+            job.name,
+            rfc3339(claim.slot / 1000),
+            status,
+            result.http_status,
+            record.duration_ms,
+            f" error={result.error!r}" if result.error else "",
+        )
+        if not await publish_result(self.js, self.spec.name, self.spec.prefix, record):
+            log.error("job %s slot %s: result not recorded", job.name, claim.slot)
