@@ -465,6 +465,113 @@ def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> No
         click.echo(f"  {job}: not claimed while {why}")
 
 
+def _by() -> str:
+    """Who pauses: user@host, as an operator would want to read it at 3 a.m."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in a container: the uid says enough
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+@main.command()
+@click.argument("job")
+@config_option
+@click.option("--reason", default="", help="Why: shown by status, the logs and resume.")
+def pause(job: str, config_path: str | None, reason: str) -> None:
+    """Pause JOB on every sidecar until `resume`; exit 1 for a job not in the config."""
+    config, secrets = connected_command(config_path)
+    if job not in {j.name for j in config.jobs}:
+        names = ", ".join(j.name for j in config.jobs)
+        fail(EXIT_FAILED, f"no job named {job!r} in the config (jobs: {names})")
+    value = run_async(oneshot.pause(config, secrets, job, reason, _by()))
+    click.echo(
+        f"{job}: paused by {value['by']} at {value['at']}"
+        + (f" ({_printable(reason)})" if reason else "")
+    )
+    click.echo(
+        "every running sidecar stops claiming it within about a second, and sidecars started "
+        "later stay paused; a slot whose claim was already published still runs. "
+        f"Missed slots are not run on resume (`anarchon-sidecar resume {job}`)."
+    )
+
+
+@main.command()
+@click.argument("job")
+@config_option
+def resume(job: str, config_path: str | None) -> None:
+    """Resume a paused JOB everywhere; exit 1 when it was not paused."""
+    config, secrets = connected_command(config_path)
+    was = run_async(oneshot.resume(config, secrets, job))
+    if was is None:
+        fail(EXIT_FAILED, f"{job} was not paused")
+    click.echo(
+        f"{job}: resumed (paused by {_printable(str(was.get('by', '?')))} at "
+        f"{_printable(str(was.get('at', '?')))}); its next slot runs, missed slots do not"
+    )
+
+
+@main.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="The fleet view as one JSON object.")
+def status(config_path: str | None, as_json: bool) -> None:
+    """The fleet at a glance: live instances, paused jobs, last runs, config mismatches."""
+    config, secrets = connected_command(config_path)
+    view = run_async(oneshot.status(config, secrets, Clock().wall_ms()))
+    if as_json:
+        click.echo(json.dumps(view))
+        return
+    _status_table(view)
+
+
+def _status_table(view: dict[str, Any]) -> None:
+    instances = view["instances"]
+    click.echo(f"instances: {len(instances)} live")
+    hashes = {i["config_hash"] for i in instances}
+    for inst in instances:
+        odd = "  << other job settings" if len(hashes) > 1 else ""
+        click.echo(
+            f"  {_printable(str(inst['id']))}  v{_printable(str(inst['version']))}  since "
+            f"{_printable(str(inst['started_at']))}  config {inst['config_hash']}{odd}"
+        )
+    if view["config_mismatch"]:
+        click.echo(
+            "WARNING: live instances run these jobs with different settings: "
+            + ", ".join(view["mismatched_jobs"])
+        )
+    click.echo("")
+    header = ("JOB", "STATE", "LAST RUN", "STATUS", "INSTANCE", "NEXT")
+    rows: list[tuple[str, ...]] = []
+    for job in view["jobs"]:
+        last = job["last_run"] or {}
+        state = "PAUSED" if job["paused"] else "active"
+        if job["settings_differ"]:
+            state += " (settings differ)"
+        rows.append(
+            (
+                job["name"],
+                state,
+                last.get("scheduled_at") or "-",
+                last.get("status") or "-",
+                last.get("instance") or "-",
+                job["next_slot"],
+            )
+        )
+    rows = [tuple(_printable(str(c)) for c in row) for row in rows]  # stream data is hostile
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for job in view["jobs"]:
+        if job["paused"]:
+            why = f": {job['paused_reason']}" if job["paused_reason"] else ""
+            click.echo(
+                _printable(f"{job['name']} paused by {job['paused_by']} at {job['paused_at']}{why}")
+            )
+
+
 @main.command()
 @click.option(
     "--duration", type=float, default=None, help="Stop after this many seconds (default: Ctrl-C)."

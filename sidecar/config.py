@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -32,6 +32,7 @@ from sidecar.values import (
     read_file,
     read_text_file,
     read_yaml,
+    short,
     string,
     subject_name,
     subject_prefix,
@@ -73,6 +74,8 @@ class NatsConfig:
     tls: TLSConfig | None = None
     connect_timeout: float = 5.0
     ack_timeout: float = 2.0
+    state_bucket: str = "CRON_STATE"  # parsed default: "<stream>_STATE"
+    lease_ttl: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ class JobConfig:
     max_late: float = 60.0
     history_size: int | None = None
     request: RequestConfig
+    catchup: str = "none"  # none, latest or all (FLEET.md)
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,8 @@ class Secrets:
 
 _HISTORY_TTL = "history is trimmed by count only; remove history_ttl"
 JOB_NAME = re.compile(r"[A-Za-z0-9_-]+")
+INSTANCE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+CATCHUP = ("none", "latest", "all")
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _AUTH_KEYS = ("user", "token", "token_file", "nkey_seed_file", "creds_file")
 
@@ -260,9 +266,15 @@ def _apply_env(
 def _parse(data: dict[Any, Any]) -> Config:
     top = _Section(data, "", ("instance_id", "nats", "metrics", "target", "jobs", "shutdown_grace"))
     instance_id = top.text("instance_id", None)
-    instance_id = socket.gethostname() if instance_id is None else instance_id
-    if not instance_id.strip() or CONTROL_RE.search(instance_id):
-        raise ConfigError("instance_id", "must be a non-empty name without control characters")
+    if instance_id is None:
+        # The host name, made a key token: "web-1.example.com" -> "web-1-example-com".
+        instance_id = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()) or "sidecar"
+    if not INSTANCE_ID.fullmatch(instance_id):
+        raise ConfigError(
+            "instance_id",
+            f"letters, digits, _ and - only (it names a key in the state bucket), "
+            f"got {short(instance_id)}",
+        )
     nats = _parse_nats(_Section(data.get("nats"), "nats", tuple(NatsConfig.__dataclass_fields__)))
     metrics = _Section(data.get("metrics"), "metrics", ("listen",))
     target = _parse_target(data.get("target"))
@@ -313,11 +325,15 @@ def _parse_nats(sec: _Section) -> NatsConfig:
     token = sec.text("token", None)
     if token == "":
         raise ConfigError(sec.key("token"), "must not be empty")
+    stream = sec.get("stream", "CRON", lambda v, k: subject_name(v, k, "the stream name", ".*>/\\"))
+    bucket = sec.text("state_bucket", f"{stream}_STATE")
+    if not BUCKET_NAME.fullmatch(bucket):
+        raise ConfigError(
+            sec.key("state_bucket"), f"letters, digits, _ and - only, got {short(bucket)}"
+        )
     return NatsConfig(
         servers=servers,
-        stream=sec.get(
-            "stream", "CRON", lambda v, k: subject_name(v, k, "the stream name", ".*>/\\")
-        ),
+        stream=stream,
         prefix=sec.get("prefix", "cron.", subject_prefix),
         duplicate_window=sec.duration("duplicate_window", 300.0, minimum_ms=100),
         history_size=sec.integer("history_size", 1000, 1, 2**63 - 1),
@@ -331,6 +347,8 @@ def _parse_nats(sec: _Section) -> NatsConfig:
         tls=tls,
         connect_timeout=sec.duration("connect_timeout", 5.0, minimum_ms=1),
         ack_timeout=sec.duration("ack_timeout", 2.0, minimum_ms=1),
+        state_bucket=bucket,
+        lease_ttl=sec.duration("lease_ttl", 30.0, minimum_ms=1000),
     )
 
 
@@ -346,7 +364,17 @@ def _parse_target(data: object) -> TargetConfig:
     )
 
 
-_JOB_KEYS = ("name", "schedule", "timezone", "jitter", "max_late", "history_size", "request")
+_JOB_KEYS = (
+    "name",
+    "schedule",
+    "timezone",
+    "jitter",
+    "max_late",
+    "history_size",
+    "request",
+    "catchup",
+)
+BUCKET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
@@ -386,7 +414,17 @@ def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
         max_late=sec.duration("max_late", 60.0),
         history_size=sec.integer("history_size", None, 1, 2**63 - 1),
         request=request,
+        catchup=sec.get("catchup", "none", _one_of(CATCHUP)),
     )
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[object, str], str]:
+    def convert(value: object, key: str) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise ConfigError(key, f"expected one of {', '.join(choices)}, got {short(value)}")
+        return value
+
+    return convert
 
 
 _REQUEST_KEYS = ("method", "path", "headers", "body", "timeout", "url")

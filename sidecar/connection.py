@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import nats
@@ -80,6 +81,8 @@ class Connection:
         self.nc: NATS | None = None
         self.connected = asyncio.Event()
         self.closing = False
+        # Called after every reconnect: what may have been missed is read again.
+        self.on_reconnect: list[Callable[[], None]] = []
 
     async def connect(self) -> NATS:
         """Connect once; ConnectError with a one-line reason when no server answers."""
@@ -129,6 +132,8 @@ class Connection:
             self.metrics.nats_reconnects_total.inc()
         url = self.nc.connected_url.netloc if self.nc and self.nc.connected_url else "?"
         log.info("reconnected to NATS at %s", redact_url(url))
+        for hook in self.on_reconnect:
+            hook()
 
     async def _on_closed(self) -> None:
         self._set_connected(False)

@@ -24,6 +24,7 @@ from sidecar.claim import Claimer
 from sidecar.clock import Clock
 from sidecar.config import Config, Secrets
 from sidecar.connection import Connection
+from sidecar.fleet import Fleet
 from sidecar.guard import StreamGuard
 from sidecar.job import Jobs
 from sidecar.metrics import Metrics
@@ -56,6 +57,8 @@ class Daemon:
         self.spec = stream_spec(self.config)
         self.stopping = asyncio.Event()
         self.guard = StreamGuard(self.config, self.metrics, self.clock, self.conn.connected)
+        self.fleet = Fleet(self.config, self.metrics, self.clock)
+        self.conn.on_reconnect.append(self.fleet.reconnected)
         self.jobs: Jobs | None = None
         self.admin = AdminServer(
             self.registry, self.config.metrics.host, self.config.metrics.port, self.not_ready
@@ -72,7 +75,7 @@ class Daemon:
             return "shutting down"
         if not self.conn.connected.is_set():
             return "not connected to NATS"
-        return self.guard.not_ready()
+        return self.guard.not_ready() or self.fleet.problem
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if not self.stopping.is_set():
@@ -116,11 +119,14 @@ class Daemon:
                     claimer,
                     trigger,
                     self.guard,
+                    self.fleet,
                     self.conn.connected,
                     self.stopping,
                 )
                 self.jobs = jobs
                 watcher = asyncio.create_task(self.guard.run(js))
+                self.fleet.start(js)
+                self.conn.on_reconnect.append(jobs.reconnected)
                 loops = [asyncio.create_task(jobs.loop(job)) for job in self.config.jobs]
                 # Everything made so far lives as long as the process: keep it out
                 # of the collector's full passes, which otherwise walk all of it
@@ -133,11 +139,13 @@ class Daemon:
                 await self.stopping.wait()
                 # A claim still waiting for an answer (NATS down, say) gets a
                 # moment, then is abandoned: the slot is skipped, never run.
-                _, waiting = await asyncio.wait(loops, timeout=CLAIM_DRAIN)
+                claiming = [*loops, *jobs.side_tasks]
+                _, waiting = await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
                 for task in waiting:
                     task.cancel()
-                await asyncio.gather(*loops, return_exceptions=True)
+                await asyncio.gather(*claiming, return_exceptions=True)
                 await self.drain()
+                await self.fleet.stop()
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher

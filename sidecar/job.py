@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Coroutine
+from typing import Any
 
 from nats.js import JetStreamContext
 
@@ -19,15 +21,18 @@ from sidecar.claim import Claim, ClaimDisconnected, Claimer
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.errors import ClaimError
+from sidecar.fleet import Fleet
 from sidecar.guard import REPEAT_LOG, StreamGuard
 from sidecar.metrics import Metrics
-from sidecar.runs import ResultRecord, publish_result
+from sidecar.runs import ResultRecord, last_messages, last_scheduled_slot, publish_result
 from sidecar.trigger import Trigger, TriggerResult
 
 log = logging.getLogger(__name__)
 
 # At most this many late slots are walked one by one after a stall.
 MAX_LATE_WALK = 10_000
+# catchup: all claims at most this many missed slots of a job at once.
+MAX_CATCHUP = 100
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -47,6 +52,7 @@ class Jobs:
         claimer: Claimer,
         trigger: Trigger,
         guard: StreamGuard,
+        fleet: Fleet,
         connected: asyncio.Event,
         stopping: asyncio.Event,
     ) -> None:
@@ -57,12 +63,16 @@ class Jobs:
         self.claimer = claimer
         self.trigger = trigger
         self.guard = guard
+        self.fleet = fleet
+        # Per job: the slot its loop handles next; catch-up claims only before it.
+        self._next: dict[str, int] = {}
         self.spec = guard.spec
         self.connected = connected
         self.stopping = stopping
         self.runs: set[asyncio.Task[None]] = set()
         self._sleepers: set[asyncio.Future[None]] = set()  # loops in sleep_until
         self._skip_logged: dict[str, float] = {}
+        self.side_tasks: set[asyncio.Task[None]] = set()  # catch-up
 
     def wake(self) -> None:
         """Wake every sleeping loop (on stop)."""
@@ -98,7 +108,11 @@ class Jobs:
         m = self.metrics
         name = job.name
         slot = job.schedule.next_slot(self.clock.wall_ms())
+        self._next[name] = slot
+        if job.catchup != "none":
+            self._spawn(self.catch_up(job))
         while not self.stopping.is_set():
+            self._next[name] = slot
             m.job_next_run_timestamp_seconds.labels(job=name).set(slot / 1000)
             fire_at = slot / 1000 + random.uniform(0.0, job.jitter)
             if await self.sleep_until(fire_at):
@@ -109,30 +123,108 @@ class Jobs:
             if now - slot / 1000 > job.max_late:
                 slot = self._skip_late(job, slot, now)
                 continue
-            if why := self.guard.blocked(job, slot):
-                self._skip_for_stream(job, slot, why)
-                slot = job.schedule.next_slot(slot)
-                continue
-            deadline = self.clock.monotonic() + (slot / 1000 + job.max_late - now)
-            try:
-                claim = await self.claimer.claim(name, slot, deadline)
-            except asyncio.CancelledError:
-                m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
-                raise
-            except ClaimDisconnected as exc:
-                m.claims_skipped_total.labels(job=name, reason="disconnected").inc()
-                log.warning("job %s slot %s skipped: %s", name, rfc3339(slot / 1000), exc)
-            except ClaimError as exc:
-                m.claim_errors_total.labels(job=name).inc()
-                log.warning("job %s slot %s not claimed: %s", name, rfc3339(slot / 1000), exc)
-            except Exception:  # a bug must not stop the job's schedule; nothing ran
-                m.claim_errors_total.labels(job=name).inc()
-                log.exception("job %s slot %s: claim failed unexpectedly", name, slot)
-            else:
-                self._count_claim(claim)
-                if claim.won:
-                    self._start_run(job, claim)
+            await self.attempt(job, slot, now)
             slot = job.schedule.next_slot(slot)
+
+    async def attempt(self, job: JobConfig, slot: int, now: float) -> None:
+        """Claim `slot` unless something forbids it now; run it when won."""
+        m = self.metrics
+        name = job.name
+        if why := self.guard.blocked(job, slot):
+            self._skip(job, slot, "stream", why)
+            return
+        if blocked := self.fleet.blocked(name):
+            self._skip(job, slot, *blocked)
+            return
+        deadline = self.clock.monotonic() + (slot / 1000 + job.max_late - now)
+        try:
+            claim = await self.claimer.claim(name, slot, deadline)
+        except asyncio.CancelledError:
+            m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
+            raise
+        except ClaimDisconnected as exc:
+            m.claims_skipped_total.labels(job=name, reason="disconnected").inc()
+            log.warning("job %s slot %s skipped: %s", name, rfc3339(slot / 1000), exc)
+        except ClaimError as exc:
+            m.claim_errors_total.labels(job=name).inc()
+            log.warning("job %s slot %s not claimed: %s", name, rfc3339(slot / 1000), exc)
+        except Exception:  # a bug must not stop the job's schedule; nothing ran
+            m.claim_errors_total.labels(job=name).inc()
+            log.exception("job %s slot %s: claim failed unexpectedly", name, slot)
+        else:
+            self._count_claim(claim)
+            if claim.won:
+                self._start_run(job, claim)
+
+    # ------------------------------------------------------------------ catch-up
+
+    def reconnected(self) -> None:
+        """After a reconnect, look again for slots nobody claimed (jobs with catch-up)."""
+        if self.stopping.is_set():
+            return
+        for job in self.config.jobs:
+            if job.catchup != "none":
+                self._spawn(self.catch_up(job))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self.side_tasks.add(task)
+        task.add_done_callback(self.side_tasks.discard)
+
+    async def catch_up(self, job: JobConfig) -> None:
+        """Claim the slots of the last max_late that nobody claimed (FLEET.md catch-up).
+
+        Only slots before the one the loop handles next, and only those whose
+        claim can still be made in time. When the job's newest claim is for the
+        newest of them, nothing was missed: one read, no claim. Otherwise the
+        newest missed slot (``latest``) or each of them (``all``, at most
+        MAX_CATCHUP) is claimed with its usual id, so a slot that did run is a
+        duplicate and does not run again.
+        """
+        now = self.clock.wall()
+        first = self._next.get(job.name, job.schedule.next_slot(self.clock.wall_ms()))
+        candidates: list[int] = []
+        slot = job.schedule.next_slot(int((now - job.max_late) * 1000))
+        while slot < first and slot <= now * 1000 and len(candidates) < 10 * MAX_CATCHUP:
+            candidates.append(slot)
+            slot = job.schedule.next_slot(slot)
+        if not candidates:
+            return
+        # The stream check and the state bucket must have been read first.
+        wait = candidates[0] / 1000 + job.max_late - now
+        ready = await self._wait_ready(wait)
+        if not ready or self.stopping.is_set():
+            return
+        try:
+            messages = await last_messages(self.js, self.spec.name, self.spec.prefix, job.name)
+        except Exception as exc:  # no answer: claim them all; duplicates do not run
+            log.debug("catch-up of %s: reading its last claim failed: %r", job.name, exc)
+            messages = []
+        last = last_scheduled_slot(messages, self.spec.prefix, job.name)
+        missed = [s for s in candidates if last is None or s > last]
+        if not missed:
+            return
+        chosen = missed[-1:] if job.catchup == "latest" else missed[-MAX_CATCHUP:]
+        log.info(
+            "job %s: catching up %d missed slot(s) of the last %gs (catchup: %s)",
+            job.name,
+            len(chosen),
+            job.max_late,
+            job.catchup,
+        )
+        for slot in chosen:
+            now = self.clock.wall()
+            if now - slot / 1000 > job.max_late or self.stopping.is_set():
+                continue
+            await self.attempt(job, slot, now)
+
+    async def _wait_ready(self, timeout: float) -> bool:
+        deadline = self.clock.monotonic() + max(0.0, timeout)
+        while not (self.guard.stream_ready and self.fleet.view.synced):
+            if self.clock.monotonic() > deadline or self.stopping.is_set():
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     def _skip_late(self, job: JobConfig, slot: int, now: float) -> int:
         """Count every slot whose claim can no longer start in time; return the next one."""
@@ -154,9 +246,9 @@ class Jobs:
         )
         return slot
 
-    def _skip_for_stream(self, job: JobConfig, slot: int, why: str) -> None:
-        """A slot the stream cannot hold: counted, and said at most once a minute a job."""
-        self.metrics.claims_skipped_total.labels(job=job.name, reason="stream").inc()
+    def _skip(self, job: JobConfig, slot: int, reason: str, why: str) -> None:
+        """A slot not claimed (stream, paused): counted, said at most once a minute a job."""
+        self.metrics.claims_skipped_total.labels(job=job.name, reason=reason).inc()
         now = self.clock.monotonic()
         last = self._skip_logged.get(job.name)
         if last is None or now - last > REPEAT_LOG:

@@ -28,7 +28,7 @@ RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 
 # Start delay: the drawn jitter (default up to 2 s) plus the claim.
 DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60)
 
-SKIP_REASONS = ("late", "disconnected", "shutdown", "stream")
+SKIP_REASONS = ("late", "disconnected", "shutdown", "stream", "paused")
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -223,6 +223,13 @@ class Metrics:
             "1 while the stream's duplicate window and history hold the job's claims for "
             "jitter + max_late; 0 while its slots are skipped (reason stream).",
         )
+        self.job_paused = job_gauge("job_paused", "1 while the job is paused (state bucket).")
+        self.fleet_instances = gauge(
+            "fleet_instances", "Live instances seen in the state bucket (this one included)."
+        )
+        self.fleet_config_mismatch = gauge(
+            "fleet_config_mismatch", "1 while live instances run a job with different settings."
+        )
         self.stream_raised_total = Counter(
             "stream_raised",
             "Times this instance raised the stream back to what its config needs after "
@@ -259,3 +266,4 @@ class Metrics:
         self.job_next_run_timestamp_seconds.labels(job=job)
         self.job_last_success_timestamp_seconds.labels(job=job)
         self.stream_covers_job.labels(job=job)
+        self.job_paused.labels(job=job)

@@ -16,16 +16,18 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
+from typing import Any
 
 from nats.js import JetStreamContext
-from nats.js.errors import APIError
+from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
 
 from sidecar.claim import Claimer
-from sidecar.clock import Clock
+from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, Secrets
 from sidecar.connection import Connection
 from sidecar.errors import StreamError, StreamNotFound
 from sidecar.runs import History, ResultRecord, publish_result, read_history
+from sidecar.state import decode, ensure_bucket, put_json, state_spec
 from sidecar.stream import (
     RETRYABLE,
     Lowering,
@@ -188,5 +190,40 @@ async def lower(config: Config, secrets: Secrets) -> StreamState:
             return await lower_stream(_js(conn), stream_spec(config))
         except StreamNotFound:
             raise
+        except (*RETRYABLE, TimeoutError) as exc:
+            raise StreamError(f"JetStream did not answer: {exc!r}") from exc
+
+
+# ---------------------------------------------------------------------- pause, resume
+
+
+async def pause(config: Config, secrets: Secrets, job: str, reason: str, by: str) -> dict[str, str]:
+    """Store ``paused.<job>`` (the bucket is created when missing); return the value."""
+    async with connected(config, secrets) as conn:
+        bucket = await ensure_bucket(_js(conn), state_spec(config))
+        value = {"by": by, "at": rfc3339(time.time()), "reason": reason}
+        await put_json(bucket.kv, f"paused.{job}", value)
+        return value
+
+
+async def resume(config: Config, secrets: Secrets, job: str) -> dict[str, Any] | None:
+    """Delete ``paused.<job>``; the pause it removed, None when the job was not paused."""
+    async with connected(config, secrets) as conn:
+        js = _js(conn)
+        try:
+            kv = await js.key_value(state_spec(config).bucket)
+            entry = await kv.get(f"paused.{job}")
+        except (BucketNotFoundError, KeyNotFoundError):
+            return None
+        await kv.delete(f"paused.{job}", last=entry.revision)
+        return decode(entry.value)
+
+
+async def status(config: Config, secrets: Secrets, now_ms: int) -> dict[str, Any]:
+    from sidecar.status import fleet_status
+
+    async with connected(config, secrets) as conn:
+        try:
+            return await fleet_status(_js(conn), config, now_ms)
         except (*RETRYABLE, TimeoutError) as exc:
             raise StreamError(f"JetStream did not answer: {exc!r}") from exc

@@ -290,3 +290,40 @@ async def read_history(
 ) -> History:
     """The job's runs, newest first, and the count of skipped messages."""
     return join_runs(job, await read_job_messages(js, stream, prefix, job), prefix, latest_slot)
+
+
+async def last_messages(
+    js: JetStreamContext, stream: str, prefix: str, job: str
+) -> list[tuple[int, str, bytes]]:
+    """The newest claim and the newest result of `job` (one direct read each).
+
+    What ``status`` and catch-up need without reading the whole history.
+    """
+    out: list[tuple[int, str, bytes]] = []
+    for subject in (f"{prefix}{job}.claims", result_subject(prefix, job)):
+        try:
+            msg = await js.get_last_msg(stream, subject)
+        except APIError as exc:
+            if exc.err_code in (10037, 10059) or exc.code == 404:  # no message / no stream
+                continue
+            raise
+        out.append((int(msg.seq or 0), subject, msg.data or b""))
+    return out
+
+
+def last_scheduled_slot(
+    messages: list[tuple[int, str, bytes]], prefix: str, job: str
+) -> int | None:
+    """The slot of the newest claim when it is a scheduled (not manual) one, else None."""
+    for _seq, subject, raw in messages:
+        if subject != f"{prefix}{job}.claims":
+            continue
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return None
+        claim = _claim_of(data, job)
+        if claim is None or claim.get("manual") is True:
+            return None
+        return int(claim["slot"])
+    return None

@@ -237,7 +237,11 @@ RULES = [
     ("jobs.1", "b", "jobs[1]", "expected a map"),
     ("jobs.1.request", "POST /x", "jobs[1].request", "expected a map"),
     ("instance_id", 7, "instance_id", "quote it"),
-    ("instance_id", " ", "instance_id", "non-empty"),
+    ("instance_id", " ", "instance_id", "letters, digits, _ and - only"),
+    ("instance_id", "web-1.example.com", "instance_id", "names a key in the state bucket"),
+    ("nats.state_bucket", "CRON.STATE", "nats.state_bucket", "letters, digits, _ and - only"),
+    ("nats.lease_ttl", "500ms", "nats.lease_ttl", "at least"),
+    ("jobs.0.catchup", "some", "jobs[0].catchup", "expected one of none, latest, all"),
     ("shutdown_grace", "-1s", "shutdown_grace", "duration"),
     # durations
     ("jobs.1.jitter", -5, "jobs[1].jitter", "negative"),

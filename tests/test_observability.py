@@ -58,12 +58,16 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     # Not in SPEC.md's table: the stream guard of issue 21 (docs/METRICS.md).
     "anarchon_stream_covers_job": ("gauge", frozenset({"job"})),
     "anarchon_stream_raised_total": ("counter", frozenset()),
+    # FLEET.md's additions.
+    "anarchon_job_paused": ("gauge", frozenset({"job"})),
+    "anarchon_fleet_instances": ("gauge", frozenset()),
+    "anarchon_fleet_config_mismatch": ("gauge", frozenset()),
     "anarchon_nats_connected": ("gauge", frozenset()),
     "anarchon_nats_reconnects_total": ("counter", frozenset()),
     "anarchon_build_info": ("gauge", frozenset({"version"})),
 }
 SPEC_LABEL_VALUES = {
-    "reason": {"late", "disconnected", "shutdown", "stream"},
+    "reason": {"late", "disconnected", "shutdown", "stream", "paused"},
     "status": {"succeeded", "failed"},
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
@@ -77,6 +81,8 @@ ALERTS = {
     "AnarchonStreamConfigMismatch",
     "AnarchonStreamTooWeak",
     "AnarchonStreamLowered",
+    "AnarchonJobPausedLong",
+    "AnarchonFleetConfigMismatch",
 }
 # Alert expressions that may match on a healthy fleet, and why. Every other
 # alert expression must be empty while the sidecars run normally.
@@ -260,7 +266,7 @@ def test_dashboard_panels_have_title_description_unit_and_the_datasource_variabl
         titles[panel["id"]] = title
     assert len(titles) == len(set(titles.values())), "panel titles repeat"
     rows = [p["title"] for p in load_dashboard()["panels"] if p["type"] == "row"]
-    assert rows == ["Claims", "Runs", "Schedule", "Stream", "NATS"]
+    assert rows == ["Claims", "Runs", "Schedule", "Stream", "NATS", "Fleet"]
 
 
 def test_dashboard_queries_are_filtered_and_use_rate_interval() -> None:

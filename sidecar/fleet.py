@@ -1,0 +1,166 @@
+"""One sidecar's part in the fleet: the state bucket's view, presence, pause.
+
+``Fleet`` opens (or creates) the state bucket once NATS answers, keeps the
+view in step (``state.Watch``), keeps ``instance.<id>`` alive while the
+sidecar runs and deletes it on a clean exit, and exports what the view says:
+``job_paused``, ``fleet_instances`` and ``fleet_config_mismatch``. The job
+loops ask ``blocked(job)`` before each claim; it answers from memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from nats.js import JetStreamContext
+
+from sidecar import __version__
+from sidecar.clock import Clock, rfc3339
+from sidecar.state import (
+    PRESENCE_RENEW,
+    PRESENCE_TTL,
+    Bucket,
+    View,
+    Watch,
+    ensure_bucket,
+    job_hash,
+    mismatched_jobs,
+    put_with_ttl,
+    state_spec,
+)
+
+if TYPE_CHECKING:
+    from sidecar.config import Config
+    from sidecar.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+BUCKET_BACKOFF_MAX = 30.0
+
+
+class Fleet:
+    """The state bucket as one running sidecar uses it."""
+
+    def __init__(self, config: Config, metrics: Metrics, clock: Clock) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.spec = state_spec(config)
+        self.view = View(on_change=self._changed)
+        self.bucket: Bucket | None = None
+        self.watch: Watch | None = None
+        self.problem: str | None = "state bucket not read yet"
+        self._tasks: list[asyncio.Task[None]] = []
+        self._mismatch: set[str] = set()
+        self._started_at = rfc3339(clock.wall())
+        self._jobs = frozenset(job.name for job in config.jobs)
+        self.presence = {
+            "version": __version__,
+            "started_at": self._started_at,
+            "jobs": {job.name: job_hash(job) for job in config.jobs},
+            "metrics": f"{config.metrics.host}:{config.metrics.port}",
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, js: JetStreamContext) -> None:
+        self._tasks.append(asyncio.create_task(self._run(js)))
+
+    async def stop(self) -> None:
+        """Stop watching and leave the fleet: the instance key is deleted."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self.bucket is not None and self.bucket.ttl:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    self.bucket.kv.delete(f"instance.{self.config.instance_id}"), 2.0
+                )
+
+    def reconnected(self) -> None:
+        """After a reconnect the watch may have missed updates: re-read the bucket."""
+        if self.watch is not None:
+            self.watch.resync()
+
+    async def _run(self, js: JetStreamContext) -> None:
+        backoff = 0.2
+        while self.bucket is None:
+            try:
+                self.bucket = await ensure_bucket(js, self.spec)
+            except Exception as exc:  # not ready yet, or refused: say so, try again
+                self.problem = f"cannot open state bucket {self.spec.bucket}: {exc!r}"
+                log.warning("%s", self.problem)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BUCKET_BACKOFF_MAX)
+        if self.bucket.ttl_problem:
+            log.warning("%s", self.bucket.ttl_problem)
+        self.watch = Watch(self.bucket, self.view)
+        self._tasks.append(asyncio.create_task(self.watch.run()))
+        if self.bucket.ttl:
+            self._tasks.append(asyncio.create_task(self._presence()))
+
+    async def _presence(self) -> None:
+        assert self.bucket is not None
+        key = f"instance.{self.config.instance_id}"
+        while True:
+            try:
+                await put_with_ttl(self.bucket, key, self.presence, PRESENCE_TTL)
+            except Exception as exc:  # renewed at the next beat
+                log.debug("presence: %r", exc)
+            await asyncio.sleep(PRESENCE_RENEW)
+
+    # ------------------------------------------------------------------ reading
+
+    def blocked(self, job: str) -> tuple[str, str] | None:
+        """(reason, why) when `job` must not be claimed now; None when it may."""
+        if not self.view.synced:
+            return "stream", self.problem or "state bucket not read yet"
+        entry = self.view.paused(job)
+        if entry is not None:
+            v = entry.value
+            why = f"paused by {v.get('by', '?')} at {v.get('at', '?')}"
+            if v.get("reason"):
+                why += f": {v['reason']}"
+            return "paused", why
+        return None
+
+    def _changed(self, key: str) -> None:
+        """After the watch delivered `key` ("" after a re-sync): gauges and log lines."""
+        if not self.view.synced:
+            return
+        self.problem = None
+        m = self.metrics
+        if key.startswith("paused."):
+            job = key[len("paused.") :]
+            if job in self._jobs:
+                entry = self.view.paused(job)
+                m.job_paused.labels(job=job).set(1 if entry else 0)
+                _log_pause(job, entry.value if entry else None)
+        instances = self.view.instances()
+        m.fleet_instances.set(len(instances))
+        mismatch = mismatched_jobs(instances)
+        m.fleet_config_mismatch.set(1 if mismatch else 0)
+        if mismatch and mismatch != self._mismatch:
+            log.warning(
+                "live instances run these jobs with different settings: %s (see `status`)",
+                ", ".join(sorted(mismatch)),
+            )
+        self._mismatch = mismatch
+
+
+def _log_pause(job: str, value: dict[str, Any] | None) -> None:
+    if value is None:
+        log.info("job %s resumed", job)
+    else:
+        log.warning(
+            "job %s paused by %s at %s%s: its slots are skipped",
+            job,
+            value.get("by", "?"),
+            value.get("at", "?"),
+            f" ({value['reason']})" if value.get("reason") else "",
+        )

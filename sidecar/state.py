@@ -1,0 +1,312 @@
+"""The fleet's state bucket (FLEET.md) and one sidecar's in-memory view of it.
+
+The bucket is a NATS KV bucket, ``nats.state_bucket`` (default
+``<stream>_STATE``): history 1, file storage, replicas as the stream's, with
+``limit_marker_ttl`` so that keys written with a TTL leave a ``MaxAge``
+marker when they expire. It is created on start like the stream; an existing
+bucket is used as it is (FLEET.md: adding a marker TTL in place once stopped
+keys expiring), and one without TTL support turns off the features that need
+it with one clear line.
+
+Keys used here: ``paused.<job>`` (pause/resume) and ``instance.<id>``
+(presence, TTL). ``View`` is fed by one watch of the whole bucket; every
+feature reads the view in memory, so a claim never waits for NATS because of
+it. The watch is restarted (a full re-sync) after a reconnect and whenever
+the watchdog sees the bucket's last sequence ahead of what the watch
+delivered for two checks in a row: nats-py's ordered consumer can stall
+without noticing (nats-io/nats.py#510).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyValueLimitMarkerTTLNotSupportedError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
+
+from sidecar.errors import StreamError
+
+if TYPE_CHECKING:
+    from sidecar.config import Config, JobConfig
+
+log = logging.getLogger(__name__)
+
+# A key token: what an instance id or a job name may be inside a key.
+KEY_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
+# Presence: the key lives this long after its last renewal.
+PRESENCE_TTL = 15.0
+PRESENCE_RENEW = 5.0
+# Watchdog: how often the bucket's last sequence is compared with the view's.
+WATCHDOG_EVERY = 3.0
+MIN_SERVER_FOR_TTL = "2.11"
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    bucket: str
+    replicas: int
+    marker_ttl: float  # seconds a MaxAge marker stays
+
+    @property
+    def stream(self) -> str:
+        return f"KV_{self.bucket}"
+
+
+def state_spec(config: Config) -> StateSpec:
+    n = config.nats
+    return StateSpec(n.state_bucket, n.replicas or 1, max(60.0, n.duplicate_window))
+
+
+@dataclass
+class Bucket:
+    """The opened bucket and whether it gives per-message TTLs."""
+
+    kv: KeyValue
+    spec: StateSpec
+    ttl: bool
+    ttl_problem: str | None = None
+
+
+async def ensure_bucket(js: JetStreamContext, spec: StateSpec) -> Bucket:
+    """Open the bucket, creating it when missing; never changes an existing one."""
+    try:
+        kv = await js.key_value(spec.bucket)
+    except (BucketNotFoundError, NotFoundError):
+        return await _create(js, spec)
+    info = await js.stream_info(spec.stream)
+    ttl = bool(getattr(info.config, "allow_msg_ttl", False)) and bool(
+        getattr(info.config, "subject_delete_marker_ttl", None)
+    )
+    problem = None
+    if not ttl:
+        problem = (
+            f"state bucket {spec.bucket} was made without per-message TTLs "
+            "(allow_msg_ttl, subject_delete_marker_ttl): instance presence is off; "
+            f"delete the bucket (nats kv del {spec.bucket}) while no sidecar runs to let "
+            "them create it with TTLs"
+        )
+    return Bucket(kv, spec, ttl, problem)
+
+
+async def _create(js: JetStreamContext, spec: StateSpec) -> Bucket:
+    config = KeyValueConfig(
+        bucket=spec.bucket,
+        history=1,
+        storage=StorageType.FILE,
+        replicas=spec.replicas,
+        limit_marker_ttl=spec.marker_ttl,
+    )
+    try:
+        kv = await js.create_key_value(config)
+    except KeyValueLimitMarkerTTLNotSupportedError:
+        kv = await js.create_key_value(
+            KeyValueConfig(
+                bucket=spec.bucket, history=1, storage=StorageType.FILE, replicas=spec.replicas
+            )
+        )
+        return Bucket(
+            kv,
+            spec,
+            False,
+            f"this NATS server has no per-message TTLs (needs nats-server "
+            f"{MIN_SERVER_FOR_TTL} or later): instance presence is off; pause works",
+        )
+    log.info("created state bucket %s (replicas %d)", spec.bucket, spec.replicas)
+    return Bucket(kv, spec, True)
+
+
+def job_hash(job: JobConfig) -> str:
+    """A short hash of the settings that decide when and how a job runs."""
+    req = job.request
+    parts = [
+        job.schedule.expr,
+        job.timezone.key,
+        repr(job.jitter),
+        repr(job.max_late),
+        req.method,
+        req.path,
+        req.url or "",
+        getattr(job, "catchup", "none"),
+    ]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------- the view
+
+
+@dataclass
+class Entry:
+    value: dict[str, Any]
+    revision: int
+
+
+@dataclass
+class View:
+    """The bucket's live keys, as one watch delivered them."""
+
+    keys: dict[str, Entry] = field(default_factory=dict)
+    last_revision: int = 0
+    synced: bool = False
+    # Called with the key after every change the watch delivers.
+    on_change: Callable[[str], None] | None = None
+
+    def paused(self, job: str) -> Entry | None:
+        return self.keys.get(f"paused.{job}")
+
+    def instances(self) -> dict[str, dict[str, Any]]:
+        return {
+            key[len("instance.") :]: entry.value
+            for key, entry in self.keys.items()
+            if key.startswith("instance.")
+        }
+
+    def apply(self, key: str, value: bytes | None, revision: int, deleted: bool) -> None:
+        self.last_revision = max(self.last_revision, revision)
+        if deleted:
+            if self.keys.pop(key, None) is None:
+                return
+        else:
+            self.keys[key] = Entry(decode(value), revision)
+        if self.on_change is not None:
+            self.on_change(key)
+
+
+def decode(value: bytes | None) -> dict[str, Any]:
+    """A key's JSON object; an empty object for anything else (hostile input is not fatal)."""
+    try:
+        data = json.loads(value or b"{}")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def mismatched_jobs(instances: dict[str, dict[str, Any]]) -> set[str]:
+    """Jobs that two live instances run with different settings."""
+    seen: dict[str, set[str]] = {}
+    for value in instances.values():
+        jobs = value.get("jobs")
+        if not isinstance(jobs, dict):
+            continue
+        for name, digest in jobs.items():
+            seen.setdefault(str(name), set()).add(str(digest))
+    return {name for name, digests in seen.items() if len(digests) > 1}
+
+
+class Watch:
+    """Keeps a View in step with the bucket: one watch, re-synced when it may be stale."""
+
+    def __init__(self, bucket: Bucket, view: View) -> None:
+        self.bucket = bucket
+        self.view = view
+        self._watcher: Any = None
+        self._pump: asyncio.Task[None] | None = None
+        self._resync = asyncio.Event()
+
+    def resync(self) -> None:
+        """Start a fresh watch (after a reconnect, or when the watchdog says so)."""
+        self._resync.set()
+
+    async def run(self) -> None:
+        """Watch until cancelled; the watchdog restarts a silent or stale watch."""
+        behind = 0
+        while True:
+            try:
+                await self._start()
+                behind = 0
+                while not self._resync.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._resync.wait(), WATCHDOG_EVERY)
+                    if self._resync.is_set():
+                        break
+                    info = await self.bucket.kv._js.stream_info(self.bucket.spec.stream)
+                    if int(info.state.last_seq) > self.view.last_revision:
+                        behind += 1
+                        if behind >= 2:
+                            log.warning("state bucket watch fell behind; re-reading the bucket")
+                            break
+                    else:
+                        behind = 0
+            except asyncio.CancelledError:
+                await self._stop()
+                raise
+            except Exception as exc:  # NATS away or slow: try again shortly
+                log.debug("state bucket watch: %r", exc)
+                await asyncio.sleep(1.0)
+            await self._stop()
+
+    async def _start(self) -> None:
+        self._resync.clear()
+        fresh = View(on_change=None)
+        watcher = await self.bucket.kv.watchall()
+        self._watcher = watcher
+        # The initial values up to the end marker (None) make the fresh view.
+        while True:
+            entry = await watcher.updates(timeout=10.0)  # type: ignore[no-untyped-call]
+            if entry is None:
+                break
+            fresh.apply(entry.key, entry.value, entry.revision, entry.operation is not None)
+        info = await self.bucket.kv._js.stream_info(self.bucket.spec.stream)
+        fresh.last_revision = max(fresh.last_revision, int(info.state.last_seq))
+        changed = set(self.view.keys) ^ set(fresh.keys) | {
+            k for k in fresh.keys if k in self.view.keys and self.view.keys[k] != fresh.keys[k]
+        }
+        self.view.keys = fresh.keys
+        self.view.last_revision = fresh.last_revision
+        self.view.synced = True
+        if self.view.on_change is not None:
+            for key in sorted(changed):
+                self.view.on_change(key)
+            self.view.on_change("")
+        self._pump = asyncio.create_task(self._follow(watcher))
+
+    async def _follow(self, watcher: Any) -> None:
+        async for entry in watcher:
+            if entry is None:
+                continue
+            self.view.apply(entry.key, entry.value, entry.revision, entry.operation is not None)
+
+    async def _stop(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._pump
+            self._pump = None
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()
+            self._watcher = None
+
+
+# ---------------------------------------------------------------------- writes
+
+
+async def put_json(kv: KeyValue, key: str, value: dict[str, Any]) -> int:
+    try:
+        return int(await kv.put(key, json.dumps(value, separators=(",", ":")).encode()))
+    except Exception as exc:
+        raise StreamError(f"cannot write {key} in state bucket: {exc!r}") from exc
+
+
+async def put_with_ttl(bucket: Bucket, key: str, value: dict[str, Any], ttl: float) -> None:
+    """A plain put that expires ``ttl`` seconds after it was written (a MaxAge marker)."""
+    js = bucket.kv._js
+    await js.publish(
+        f"$KV.{bucket.spec.bucket}.{key}",
+        json.dumps(value, separators=(",", ":")).encode(),
+        stream=bucket.spec.stream,
+        msg_ttl=ttl,
+    )

@@ -1,0 +1,95 @@
+"""The fleet view behind ``status``: read from the state bucket and the stream.
+
+No running sidecar's admin port is needed: live instances are the
+``instance.<id>`` keys (each kept alive with a TTL), pauses the
+``paused.<job>`` keys, and each job's last run is joined from its newest claim
+and result (two direct reads a job, not its whole history).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError, NotFoundError
+
+from sidecar.clock import rfc3339
+from sidecar.config import Config
+from sidecar.runs import join_runs, last_messages
+from sidecar.state import View, mismatched_jobs, state_spec
+from sidecar.stream import stream_spec
+
+READ_TIMEOUT = 10.0
+
+
+def config_hash(jobs: object) -> str:
+    """A short hash of an instance's job settings (names and per-job hashes)."""
+    text = json.dumps(jobs if isinstance(jobs, dict) else {}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+async def read_view(js: JetStreamContext, config: Config) -> View | None:
+    """Every live key of the state bucket; None when the bucket does not exist yet."""
+    try:
+        kv = await js.key_value(state_spec(config).bucket)
+    except (BucketNotFoundError, NotFoundError):
+        return None
+    view = View()
+    watcher = await kv.watchall()
+    try:
+        while True:
+            entry = await watcher.updates(timeout=READ_TIMEOUT)  # type: ignore[no-untyped-call]
+            if entry is None:
+                break
+            view.apply(entry.key, entry.value, entry.revision, entry.operation is not None)
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
+    view.synced = True
+    return view
+
+
+async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dict[str, Any]:
+    """The object of FLEET.md's ``status --json``."""
+    view = await read_view(js, config) or View()
+    instances = view.instances()
+    mismatch = mismatched_jobs(instances)
+    spec = stream_spec(config)
+    jobs: list[dict[str, Any]] = []
+    for job in config.jobs:
+        paused = view.paused(job.name)
+        pause = paused.value if paused is not None else {}
+        try:
+            messages = await last_messages(js, spec.name, spec.prefix, job.name)
+        except Exception:  # no stream yet, or it does not answer: no last run shown
+            messages = []
+        runs = join_runs(job.name, messages, spec.prefix).runs
+        jobs.append(
+            {
+                "name": job.name,
+                "paused": paused is not None,
+                "paused_by": pause.get("by"),
+                "paused_at": pause.get("at"),
+                "paused_reason": pause.get("reason"),
+                "running": [],
+                "last_run": runs[0].as_dict() if runs else None,
+                "next_slot": rfc3339(job.schedule.next_slot(now_ms) / 1000),
+                "settings_differ": job.name in mismatch,
+            }
+        )
+    return {
+        "instances": [
+            {
+                "id": instance,
+                "version": value.get("version"),
+                "started_at": value.get("started_at"),
+                "config_hash": config_hash(value.get("jobs")),
+                "metrics": value.get("metrics"),
+            }
+            for instance, value in sorted(instances.items())
+        ],
+        "config_mismatch": bool(mismatch),
+        "mismatched_jobs": sorted(mismatch),
+        "jobs": jobs,
+    }
