@@ -30,7 +30,7 @@ from cryptography.x509.oid import NameOID
 from sidecar.config import Secrets, parse_config
 from sidecar.connection import Connection
 from sidecar.errors import ConnectError
-from tests.support import NatsServer, free_port, run_cli, wait_for, write_config
+from tests.support import NatsServer, run_cli, wait_for, write_config
 
 PASSWORD = "pw-Zq81-never-in-clear"
 TOKEN = "tok-Hh27-never-in-clear"
@@ -261,7 +261,8 @@ async def test_without_tls_configured_the_same_server_gets_connect(
     """The fake can tell: a client not asked for TLS sends CONNECT with the password."""
     port = plaintext_server.port
     conn = connection(
-        nats_section([f"nats://127.0.0.1:{port}"], user=USER), Secrets(nats_password=PASSWORD)
+        nats_section([f"nats://127.0.0.1:{port}"], user=USER, connect_timeout="1s"),
+        Secrets(nats_password=PASSWORD),
     )
     with pytest.raises(ConnectError):  # the fake never answers PONG
         await conn.connect()
@@ -344,28 +345,37 @@ async def test_connects_to_a_real_tls_server(
 
 
 async def test_every_reconnect_refuses_plaintext(
-    tmp_path: Path, certs: dict[str, str], caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    certs: dict[str, str],
+    plaintext_server: FakeServer,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The real server goes away, a plaintext impostor takes its port: no CONNECT, ever."""
+    """A second server speaks no TLS; then the real one goes away and an impostor takes
+    its port. Every attempt to either is refused, the client keeps trying, and it is
+    back on the real server as soon as that returns."""
     caplog.set_level(logging.WARNING, logger="sidecar.connection")
     server = tls_server(tmp_path, certs)
-    server.port = free_port()
     await asyncio.to_thread(server.start)
+    servers = [f"tls://127.0.0.1:{p}" for p in (server.port, plaintext_server.port)]
     conn = connection(
-        nats_section([f"tls://127.0.0.1:{server.port}"], user=USER, tls={"ca_file": certs["ca"]}),
+        nats_section(servers, user=USER, tls={"ca_file": certs["ca"]}),
         Secrets(nats_password=PASSWORD),
     )
     try:
         await conn.connect()
         await asyncio.to_thread(server.stop)
         await until(lambda: not conn.connected.is_set(), what="disconnected")
+        before = plaintext_server.connections()
         impostor = FakeServer(server.port, {"auth_required": True})
         try:
-            await until(lambda: impostor.connections() >= 2, what="two reconnect attempts")
+            await until(lambda: impostor.connections() >= 2, what="two attempts at the impostor")
         finally:
             impostor.stop()
+        await until(lambda: plaintext_server.connections() >= before + 2, what="and at the other")
         assert_nothing_in_clear(impostor)
-        assert f"nats: {refusal(server.port)}" in caplog.messages
+        assert_nothing_in_clear(plaintext_server)
+        for port in (server.port, plaintext_server.port):
+            assert f"nats: {refusal(port)}" in caplog.messages
         assert PASSWORD not in caplog.text
         await asyncio.to_thread(server.start)
         await until(conn.connected.is_set, what="reconnected to the real server")
