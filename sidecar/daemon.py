@@ -28,6 +28,7 @@ from sidecar.errors import ClaimError, StreamError, StreamNotFound
 from sidecar.metrics import Metrics
 from sidecar.runs import ResultRecord, publish_result
 from sidecar.server import AdminServer
+from sidecar.signing import Signer
 from sidecar.stream import RETRYABLE, StreamState, ensure_stream, read_stream, stream_spec
 from sidecar.trigger import Trigger, TriggerResult
 
@@ -106,9 +107,12 @@ class Daemon:
                 self.config.nats.ack_timeout,
                 self.conn.wait_connected,
             )
-            async with Trigger(
-                self.secrets.signing_secret, self.clock, self.config.instance_id
-            ) as trigger:
+            signer = Signer.of(
+                self.secrets.signing_secret,
+                self.secrets.signing_secret_next,
+                self.config.target.signing_v1,
+            )
+            async with Trigger(signer, self.clock, self.config.instance_id) as trigger:
                 watcher = asyncio.create_task(self.watch_stream(js))
                 loops = [
                     asyncio.create_task(self.job_loop(job, claimer, trigger, js))
