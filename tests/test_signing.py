@@ -17,7 +17,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -28,7 +32,7 @@ from sidecar.clock import Clock
 from sidecar.config import ConfigError, load_secrets, parse_config
 from sidecar.signing import SignedFields, Signer, canonical_v2, signature
 from sidecar.trigger import Trigger
-from tests.support import ROOT
+from tests.support import ROOT, free_port, wait_for
 
 SIGNING_DOCS = ROOT / "docs" / "signing"
 VECTORS = json.loads((SIGNING_DOCS / "vectors.json").read_text(encoding="utf-8"))
@@ -318,3 +322,92 @@ async def test_v1_can_be_switched_off_on_the_wire(tmp_path: Path) -> None:
     (req,) = raw.requests
     (header,) = [v for n, v in req["headers"] if n.lower() == "x-anarchon-signature"]
     assert [p.split("=")[0] for p in header.split(",")] == ["t", "v2"]
+
+
+def test_readme_example_is_the_first_vector() -> None:
+    readme = (ROOT / "README.md").read_text()
+    case = SIGNING_CASES[0]
+    assert f"X-Anarchon-Signature: {case['header']}\n" in readme
+    assert "```text\n" + case["canonical"] + "\n```" in readme
+    assert f"`{case['secrets'][0]}`" in readme
+
+
+# ------------------------------------------- the example app of deploy/compose
+
+
+def test_example_app_carries_the_python_verifier_unchanged() -> None:
+    copy = ROOT / "deploy" / "example-app" / "anarchon_verify.py"
+    assert copy.read_bytes() == (SIGNING_DOCS / "verify.py").read_bytes()
+
+
+@pytest.fixture
+def example_app(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """deploy/example-app/app.py with the current secret and a next-secret path."""
+    port = free_port()
+    (tmp_path / "current").write_bytes(b"app-current\n")
+    env = dict(
+        os.environ,
+        HOST="127.0.0.1",
+        PORT=str(port),
+        SIGNING_SECRET_FILE=str(tmp_path / "current"),
+        SIGNING_SECRET_NEXT_FILE=str(tmp_path / "next"),
+    )
+    app = ROOT / "deploy" / "example-app" / "app.py"
+    proc = subprocess.Popen([sys.executable, str(app)], env=env, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(url + "/healthz", timeout=2) as resp:
+                return resp.status == 200
+
+        wait_for(healthy, timeout=20, what="the example app")
+        yield url, tmp_path
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def post(url: str, path: str, headers: dict[str, str], body: bytes) -> int:
+    req = urllib.request.Request(url + path, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return int(exc.code)
+
+
+async def test_example_app_checks_v2_refuses_replays_and_follows_rotation(
+    example_app: tuple[str, Path],
+) -> None:
+    url, _ = example_app
+    config = parse_config(
+        {"target": {"url": url}, "jobs": [{"name": "sync", "schedule": "* * * * *"}]}, {}
+    )
+    job = config.jobs[0]
+    # A real trigger, signed with the app's secret and a next one it does not know yet.
+    async with Trigger(Signer.of(b"app-current", b"app-next"), Clock()) as trigger:
+        assert (await trigger.fire(job, 1, "run-a", time.monotonic() + 30)).ok
+        headers = trigger.headers(job, 2, "run-b", b"")
+    assert await asyncio.to_thread(post, url, "/jobs/sync", headers, b"") == 200
+    # The same request again: a replay.
+    assert await asyncio.to_thread(post, url, "/jobs/sync", headers, b"") == 401
+    tampered = {**headers, "X-Anarchon-Run-Id": "x"}
+    assert await asyncio.to_thread(post, url, "/jobs/other", tampered, b"") == 401
+    # Rotation done on the sidecar's side first: signed with the next secret only.
+    async with Trigger(Signer.of(b"app-next"), Clock()) as trigger:
+        assert not (await trigger.fire(job, 3, "run-c", time.monotonic() + 30)).ok
+    runs = await asyncio.to_thread(get_json, url + "/runs")
+    assert [r["signature"] for r in runs] == [
+        "valid",
+        "valid",
+        "invalid: replay",
+        "invalid: mismatch",
+        "invalid: mismatch",
+    ]
