@@ -89,7 +89,8 @@ class TargetConfig:
 
     url: str = "http://127.0.0.1:8080"
     timeout: float = 30.0
-    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False)
+    # Not in repr: a header may carry the app's credentials (Authorization).
+    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False, repr=False)
     signing_secret_file: str | None = None
     signing_secret_next_file: str | None = None
     signing_v1: bool = True
@@ -127,7 +128,8 @@ class RequestConfig:
 
     method: str = "POST"
     path: str
-    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False)
+    # Not in repr: a header may carry the app's credentials (Authorization).
+    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False, repr=False)
     body: str = ""
     timeout: float = 30.0
     url: str = TargetConfig.url  # the job's own ``request.url``, else ``target.url``
