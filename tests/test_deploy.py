@@ -808,3 +808,35 @@ def test_compose_signing_secret_mounted_and_rotation_shown(
     for name, spec in rotated_compose["services"].items():
         if name.startswith(("sidecar", "app")):
             assert secret_name in spec["secrets"], name
+
+
+# -------------------------------------------------------- SECURITY.md's claims
+
+SECRET_ENV = re.compile(r"ANARCHON_\w*(PASSWORD|TOKEN|SECRET)\w*")
+
+
+def test_containers_run_non_root_on_a_read_only_root(
+    compose: dict[str, Any], base_pod: dict[str, Any]
+) -> None:
+    # The image: a numeric user (test_dockerfile_runtime_stage) that does not own the code.
+    _, stages = dockerfile_stages(DOCKERFILE)
+    for args in args_of(stages[-1], "COPY"):
+        assert "--chown" not in args and "--chmod" not in args, args
+    for name, spec in compose["services"].items():
+        if name.startswith(("app", "sidecar")):
+            assert spec["read_only"] is True, name
+            assert spec["cap_drop"] == ["ALL"], name
+            assert "no-new-privileges:true" in spec["security_opt"], name
+    for container in [*base_pod["initContainers"], *base_pod["containers"]]:
+        ctx = container["securityContext"]
+        assert ctx["readOnlyRootFilesystem"] is True, container["name"]
+        assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] != 0, container["name"]
+
+
+def test_no_secret_travels_in_an_environment_variable(compose: dict[str, Any]) -> None:
+    # Secrets are files in every example: the environment shows in `inspect` and /proc.
+    for name, spec in compose["services"].items():
+        assert not SECRET_ENV.findall(" ".join(spec.get("environment", {}))), name
+    for path in manifest_files():
+        for doc in load_yaml_all(path):
+            assert not SECRET_ENV.search(json.dumps(doc.get("spec", {}))), path
