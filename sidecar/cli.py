@@ -24,6 +24,7 @@ from sidecar.clock import Clock, parse_rfc3339
 from sidecar.config import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
 from sidecar.errors import ConfigError, ConnectError, SidecarError, StreamError, StreamNotFound
 from sidecar.runs import History, Run
+from sidecar.signing import Signer
 from sidecar.values import format_duration
 
 T = TypeVar("T")
@@ -133,12 +134,16 @@ def run(config_path: str | None) -> None:
     if offset:
         log.warning("wall clock shifted by %gs (ANARCHON_CLOCK_OFFSET)", offset)
     daemon = Daemon(config, secrets, Clock(offset))
+    signer = Signer.of(
+        secrets.signing_secret, secrets.signing_secret_next, config.target.signing_v1
+    )
     log.info(
-        "anarchon-sidecar %s starting: instance=%s jobs=%d stream=%s",
+        "anarchon-sidecar %s starting: instance=%s jobs=%d stream=%s signing=%s",
         __version__,
         config.instance_id,
         len(config.jobs),
         config.nats.stream,
+        signer.describe() if signer else "off",
     )
     sys.exit(run_async(daemon.run()))
 

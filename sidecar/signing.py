@@ -128,5 +128,9 @@ class Signer:
         parts.extend(f"v2={mac_v2(secret, timestamp, fields)}" for secret in self.secrets)
         return ",".join(parts)
 
+    def describe(self) -> str:
+        """What is sent, for the start log: ``v1+v2 keys=2`` (never a secret)."""
+        return f"{'v1+v2' if self.v1 else 'v2'} keys={len(self.secrets)}"
+
     def __repr__(self) -> str:
         return f"Signer(secrets=<{len(self.secrets)} set>, v1={self.v1})"

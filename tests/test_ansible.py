@@ -315,6 +315,7 @@ def test_converge_installs_the_sidecar_with_its_files(site: Site) -> None:
 
     # The systemd unit: hardened, drains on SIGTERM, waits longer than the drain.
     unit = site.unit.read_text()
+    assert "never-logged" not in unit  # world-readable: no secret in it
     for line in (
         f"ExecStart={site.binary} run -c {site.config}",
         "NoNewPrivileges=true",

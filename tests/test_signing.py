@@ -32,7 +32,7 @@ from sidecar.clock import Clock
 from sidecar.config import ConfigError, load_secrets, parse_config
 from sidecar.signing import SignedFields, Signer, canonical_v2, signature
 from sidecar.trigger import Trigger
-from tests.support import ROOT, free_port, wait_for
+from tests.support import ROOT, free_port, run_cli, wait_for
 
 SIGNING_DOCS = ROOT / "docs" / "signing"
 VECTORS = json.loads((SIGNING_DOCS / "vectors.json").read_text(encoding="utf-8"))
@@ -177,6 +177,41 @@ def test_config_path_must_go_on_the_wire_as_written(path: str) -> None:
         target_config({}, path=path)
     assert err.value.key == "jobs[0].request.path"
     assert "percent-encode" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("target", "env", "shown"),
+    [
+        ({"signing_secret_file": "CUR", "signing_secret_next_file": "NEXT"}, {}, "v1+v2 keys=2"),
+        ({"signing_v1": False}, {"ANARCHON_SIGNING_SECRET": "env-secret-value"}, "v2 keys=1"),
+        ({}, {}, "off"),
+    ],
+    ids=["rotation", "env", "off"],
+)
+def test_start_line_says_how_triggers_are_signed(
+    tmp_path: Path, target: dict[str, Any], env: dict[str, str], shown: str
+) -> None:
+    # After step 1 of a rotation, the log shows both keys are in use; never a key.
+    (tmp_path / "cur").write_text("cur-secret-value")
+    (tmp_path / "next").write_text("next-secret-value")
+    files = {"CUR": str(tmp_path / "cur"), "NEXT": str(tmp_path / "next")}
+    target = {k: files.get(v, v) if isinstance(v, str) else v for k, v in target.items()}
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "nats": {"servers": f"nats://127.0.0.1:{free_port()}", "connect_timeout": "200ms"},
+                "metrics": {"listen": "127.0.0.1:0"},
+                "target": target,
+                "jobs": [{"name": "sync", "schedule": "* * * * *"}],
+            }
+        )
+    )
+    res = run_cli("run", "-c", str(config), env=env, timeout=60)
+    assert res.returncode == 3, res.stderr  # NATS is not there
+    (line,) = [line for line in res.stderr.splitlines() if "starting:" in line]
+    assert line.endswith(f"signing={shown}"), line
+    assert "secret-value" not in res.stderr
 
 
 # --------------------------------------------------------------- verifiers
