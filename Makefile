@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all install test lint typecheck prometheus rules unit demo bench reliability e2e clean
+.PHONY: all install test lint typecheck prometheus verifiers rules unit demo bench reliability e2e clean
 
 all: test
 
@@ -25,7 +25,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) prometheus
+unit: $(STAMP) prometheus verifiers
 	$(BIN)/pytest -m "not slow"
 
 # promtool checks of deploy/prometheus (needs Debian's `prometheus` package).
@@ -38,6 +38,22 @@ prometheus:
 	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	  else echo "promtool missing: apt-get install prometheus (as root)"; exit 1; fi; }
+
+# Go and Node.js for the sample signature verifiers of docs/signing, which
+# tests/test_signing.py runs against the test vectors: Debian's golang-go and
+# nodejs, installed when missing where that can be done (root, apt). Without
+# them those tests skip, saying so.
+verifiers:
+	@missing=""; \
+	command -v go >/dev/null || missing="$$missing golang-go"; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's$$missing (signature verifiers)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else echo "missing:$$missing (apt-get install$$missing as root); their verifier tests skip"; fi; \
+	fi
 
 rules: prometheus
 	promtool check config deploy/prometheus/prometheus.yml

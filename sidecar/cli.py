@@ -31,6 +31,7 @@ from sidecar.errors import (
     StreamNotFound,
 )
 from sidecar.runs import History, Run
+from sidecar.signing import Signer
 from sidecar.stream import coverage, stream_spec
 from sidecar.values import format_duration, redact_url
 
@@ -143,12 +144,16 @@ def run(config_path: str | None) -> None:
     if offset:
         log.warning("wall clock shifted by %gs (ANARCHON_CLOCK_OFFSET)", offset)
     daemon = Daemon(config, secrets, Clock(offset))
+    signer = Signer.of(
+        secrets.signing_secret, secrets.signing_secret_next, config.target.signing_v1
+    )
     log.info(
-        "anarchon-sidecar %s starting: instance=%s jobs=%d stream=%s",
+        "anarchon-sidecar %s starting: instance=%s jobs=%d stream=%s signing=%s",
         __version__,
         config.instance_id,
         len(config.jobs),
         config.nats.stream,
+        signer.describe() if signer else "off",
     )
     sys.exit(run_async(daemon.run()))
 

@@ -92,8 +92,11 @@ class TargetConfig:
 
     url: str = "http://127.0.0.1:8080"
     timeout: float = 30.0
-    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False)
+    # Not in repr: a header may carry the app's credentials (Authorization).
+    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False, repr=False)
     signing_secret_file: str | None = None
+    signing_secret_next_file: str | None = None
+    signing_v1: bool = True
     allow_remote: bool = False
 
     @property
@@ -128,7 +131,8 @@ class RequestConfig:
 
     method: str = "POST"
     path: str
-    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False)
+    # Not in repr: a header may carry the app's credentials (Authorization).
+    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False, repr=False)
     body: str = ""
     timeout: float = 30.0
     url: str = TargetConfig.url  # the job's own ``request.url``, else ``target.url``
@@ -188,11 +192,12 @@ class Secrets:
     nats_password: str | None = field(default=None, repr=False)
     nats_token: str | None = field(default=None, repr=False)
     signing_secret: bytes | None = field(default=None, repr=False)
+    signing_secret_next: bytes | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         shown = ", ".join(
             f"{name}={'<set>' if getattr(self, name) is not None else None}"
-            for name in ("nats_password", "nats_token", "signing_secret")
+            for name in ("nats_password", "nats_token", "signing_secret", "signing_secret_next")
         )
         return f"Secrets({shown})"
 
@@ -360,6 +365,8 @@ def _parse_target(data: object) -> TargetConfig:
         timeout=sec.duration("timeout", 30.0, minimum_ms=1),
         headers=MappingProxyType(sec.get("headers", {}, headers)),
         signing_secret_file=sec.text("signing_secret_file", None),
+        signing_secret_next_file=sec.text("signing_secret_next_file", None),
+        signing_v1=sec.get("signing_v1", True, boolean),
         allow_remote=allow_remote,
     )
 
@@ -397,6 +404,13 @@ def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
     if not path.startswith("/") or CONTROL_RE.search(path) or " " in path:
         raise ConfigError(
             req.key("path"), "must start with / and contain no spaces or control chars"
+        )
+    # Sent and signed (v2) exactly as written: only what HTTP allows in a
+    # request target as is, so nothing on the way re-encodes it.
+    if not path.isascii() or "#" in path:
+        raise ConfigError(
+            req.key("path"),
+            "ASCII only and no '#': percent-encode other characters (e.g. %C3%A4 for ä)",
         )
     request = RequestConfig(
         method=method,
@@ -498,10 +512,28 @@ def load_secrets(config: Config, env: Mapping[str, str]) -> Secrets:
         signing = read_file(config.target.signing_secret_file, "target.signing_secret_file")
     elif env.get("ANARCHON_SIGNING_SECRET"):
         signing = env["ANARCHON_SIGNING_SECRET"].encode("utf-8", "surrogateescape")
+    signing_next: bytes | None = None
+    if config.target.signing_secret_next_file is not None:
+        signing_next = read_file(
+            config.target.signing_secret_next_file, "target.signing_secret_next_file"
+        )
+    elif env.get("ANARCHON_SIGNING_SECRET_NEXT"):
+        signing_next = env["ANARCHON_SIGNING_SECRET_NEXT"].encode("utf-8", "surrogateescape")
+    if signing_next is not None and signing is None:
+        raise ConfigError(
+            "target.signing_secret_next_file",
+            "a next signing secret needs a current one: set target.signing_secret_file"
+            " or ANARCHON_SIGNING_SECRET",
+        )
     files = {"nats.nkey_seed_file": nats.nkey_seed_file, "nats.creds_file": nats.creds_file}
     if nats.tls is not None:
         files.update({f"nats.tls.{k}": v for k, v in vars(nats.tls).items()})
     for key, file in files.items():
         if file is not None:
             read_file(file, key)
-    return Secrets(nats_password=password, nats_token=token, signing_secret=signing)
+    return Secrets(
+        nats_password=password,
+        nats_token=token,
+        signing_secret=signing,
+        signing_secret_next=signing_next,
+    )

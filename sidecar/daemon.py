@@ -29,6 +29,7 @@ from sidecar.guard import StreamGuard
 from sidecar.job import Jobs
 from sidecar.metrics import Metrics
 from sidecar.server import AdminServer
+from sidecar.signing import Signer
 from sidecar.stream import stream_spec
 from sidecar.trigger import Trigger
 
@@ -108,9 +109,12 @@ class Daemon:
                 self.config.nats.ack_timeout,
                 self.conn.wait_connected,
             )
-            async with Trigger(
-                self.secrets.signing_secret, self.clock, self.config.instance_id
-            ) as trigger:
+            signer = Signer.of(
+                self.secrets.signing_secret,
+                self.secrets.signing_secret_next,
+                self.config.target.signing_v1,
+            )
+            async with Trigger(signer, self.clock, self.config.instance_id) as trigger:
                 jobs = Jobs(
                     self.config,
                     self.metrics,

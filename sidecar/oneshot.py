@@ -27,6 +27,7 @@ from sidecar.config import Config, Secrets
 from sidecar.connection import Connection
 from sidecar.errors import StreamError, StreamNotFound
 from sidecar.runs import History, ResultRecord, publish_result, read_history
+from sidecar.signing import Signer
 from sidecar.state import decode, ensure_bucket, put_json, state_spec
 from sidecar.stream import (
     RETRYABLE,
@@ -134,7 +135,10 @@ async def run_now(config: Config, secrets: Secrets, job_name: str, clock: Clock)
             raise StreamError(f"manual claim {claim.token} was not stored as ours")
         # A manual run retries an unreachable app for as long as a slot would.
         deadline = clock.monotonic() + job.max_late
-        async with Trigger(secrets.signing_secret, clock, config.instance_id) as trigger:
+        signer = Signer.of(
+            secrets.signing_secret, secrets.signing_secret_next, config.target.signing_v1
+        )
+        async with Trigger(signer, clock, config.instance_id) as trigger:
             result = await trigger.fire(job, slot, claim.token, deadline)
         record = ResultRecord.of(job.name, slot, claim.token, config.instance_id, result, True)
         recorded = await publish_result(js, spec.name, spec.prefix, record, attempts=5)

@@ -10,30 +10,26 @@ connection, so a stale keep-alive connection can never blur that line.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
 import time
 from dataclasses import dataclass
 from types import TracebackType
 
 import aiohttp
+import yarl
 
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import JobConfig
 from sidecar.errors import TriggerError, TriggerFailed, TriggerTimeout, TriggerUndelivered
+from sidecar.signing import SIGNATURE_HEADER, SignedFields, Signer, signature
 from sidecar.values import redact_url
+
+__all__ = ["Trigger", "TriggerResult", "signature"]
 
 log = logging.getLogger(__name__)
 
 # Only this much of an error response is read (and logged), never more.
 MAX_ERROR_BODY = 200
-
-
-def signature(secret: bytes, timestamp: int, body: bytes) -> str:
-    """``t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">``."""
-    mac = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={mac}"
 
 
 @dataclass(frozen=True)
@@ -52,8 +48,8 @@ class TriggerResult:
 class Trigger:
     """Sends trigger requests to the app; use as ``async with Trigger(...)``."""
 
-    def __init__(self, signing_secret: bytes | None, clock: Clock, instance: str = "") -> None:
-        self.signing_secret = signing_secret
+    def __init__(self, signer: Signer | None, clock: Clock, instance: str = "") -> None:
+        self.signer = signer
         self.clock = clock
         self.instance = instance
         # One session per unix socket, one (key None) for TCP.
@@ -103,10 +99,11 @@ class Trigger:
         )
         if self.instance:
             headers["X-Anarchon-Instance"] = self.instance
-        if self.signing_secret:
-            headers["X-Anarchon-Signature"] = signature(
-                self.signing_secret, int(self.clock.wall()), body
-            )
+        if self.signer is not None:
+            # Attempt and fence (FLEET.md) go into SignedFields with the headers that carry them.
+            req = job.request
+            signed = SignedFields(req.method, req.path, job.name, slot, token, body)
+            headers[SIGNATURE_HEADER] = self.signer.header(int(self.clock.wall()), signed)
         return headers
 
     async def fire(self, job: JobConfig, slot: int, token: str, deadline: float) -> TriggerResult:
@@ -159,7 +156,8 @@ class Trigger:
         """One request; returns the 2xx status or raises a TriggerError."""
         req = job.request
         body = req.body.encode()
-        url = req.base_url + req.path
+        # encoded=True: the path goes out exactly as configured, and as signed.
+        url = yarl.URL(req.base_url + req.path, encoded=True)
         try:
             async with self._session(req.unix_socket).request(
                 req.method,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import grp
 import hashlib
 import hmac
+import importlib.util
 import json
 import os
 import pwd
@@ -314,6 +315,7 @@ def test_converge_installs_the_sidecar_with_its_files(site: Site) -> None:
 
     # The systemd unit: hardened, drains on SIGTERM, waits longer than the drain.
     unit = site.unit.read_text()
+    assert "never-logged" not in unit  # world-readable: no secret in it
     for line in (
         f"ExecStart={site.binary} run -c {site.config}",
         "NoNewPrivileges=true",
@@ -341,14 +343,16 @@ def test_installed_sidecar_becomes_ready_and_triggers_a_job(
     site: Site, nats_server: NatsServer, http_app: RecordingApp, tmp_path: Path
 ) -> None:
     port = free_port()
-    secret = "the-signing-secret"
-    site.converge(
+    secret, next_secret = "the-signing-secret", "the-next-signing-secret"
+    play = site.converge(
         site.vars(
             anarchon_sidecar_nats_servers=[nats_server.url],
             anarchon_sidecar_nats_user="",
             anarchon_sidecar_nats_password="",
             anarchon_sidecar_target_url=http_app.url,
             anarchon_sidecar_target_signing_secret=secret,
+            # A rotation under way: the next key beside the current one.
+            anarchon_sidecar_target_signing_secret_next=next_secret,
             anarchon_sidecar_metrics_listen=f"127.0.0.1:{port}",
             anarchon_sidecar_jobs=[
                 {
@@ -360,8 +364,15 @@ def test_installed_sidecar_becomes_ready_and_triggers_a_job(
             ],
         )
     ).assert_ok()
+    assert next_secret not in play.output
     # The password is no longer configured, so its file is gone.
     assert not (site.secrets / "nats-password").exists()
+    next_file = site.secrets / "signing-secret-next"
+    assert next_file.read_text() == next_secret
+    assert oct(next_file.stat().st_mode & 0o777) == "0o640"
+    config = yaml.safe_load(site.config.read_text())
+    assert config["target"]["signing_secret_next_file"] == str(next_file)
+    assert config["target"]["signing_v1"] is True
 
     log_path = tmp_path / "sidecar.log"
     with log_path.open("wb") as log:
@@ -401,6 +412,15 @@ def test_installed_sidecar_becomes_ready_and_triggers_a_job(
             secret.encode(), fields["t"].encode() + b"." + request.body, hashlib.sha256
         ).hexdigest()
         assert hmac.compare_digest(fields["v1"], expected)
+        # v2, one entry per key: an app holding either key accepts it.
+        for key in (secret, next_secret):
+            verifier = signing_verifier().Verifier([key.encode()])
+            verifier.verify(
+                request.method,
+                request.path,
+                list(request.headers.items()),
+                request.body,
+            )
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -411,6 +431,28 @@ def test_installed_sidecar_becomes_ready_and_triggers_a_job(
             proc.wait(10)
             raise
     assert rc == 0, log_path.read_text()
+
+
+def signing_verifier() -> Any:
+    """docs/signing/verify.py, the sample verifier an app would copy."""
+    spec = importlib.util.spec_from_file_location("verify", ROOT / "docs/signing/verify.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rotation_done_removes_the_next_key(site: Site) -> None:
+    """Step 2 of a rotation: the next key becomes the current one, the next file goes."""
+    site.converge(site.vars(anarchon_sidecar_target_signing_secret_next="next-never-logged"))
+    assert (site.secrets / "signing-secret-next").exists()
+    play = site.converge(
+        site.vars(anarchon_sidecar_target_signing_secret="next-never-logged")
+    ).assert_ok()
+    assert not (site.secrets / "signing-secret-next").exists()
+    assert (site.secrets / "signing-secret").read_text() == "next-never-logged"
+    assert "signing_secret_next_file" not in site.config.read_text()
+    assert "never-logged" not in play.output
 
 
 # --------------------------------------------------------------------------- converging again
@@ -495,8 +537,21 @@ def test_bad_job_fails_at_validate_and_keeps_the_config(
             ARGSPEC_TASK,
             "missing required arguments: schedule",
         ),
+        (
+            {
+                "anarchon_sidecar_target_signing_secret": "",
+                "anarchon_sidecar_target_signing_secret_next": "next-never-logged",
+            },
+            "Assert the signing keys make sense",
+            "anarchon_sidecar_target_signing_secret_next (a rotation's next key) needs",
+        ),
+        (
+            {"anarchon_sidecar_environment": {"ANARCHON_SIGNING_SECRET": "env-never-logged"}},
+            "Assert no secret is passed through the service environment",
+            "must not hold ANARCHON_SIGNING_SECRET: the unit file is",
+        ),
     ],
-    ids=["method", "stop-timeout", "auth", "job-fields"],
+    ids=["method", "stop-timeout", "auth", "job-fields", "next-without-current", "secret-env"],
 )
 def test_preflight_refuses_bad_variables_before_changing_anything(
     site: Site, tmp_path: Path, overrides: dict[str, Any], task: str, message: str

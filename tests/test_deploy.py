@@ -736,3 +736,107 @@ def test_deploy_doc_links_and_commands() -> None:
     assert "podman build -f deploy/Dockerfile" in text
     assert "sync_interval: always" in text
     assert "2.11" in text
+
+
+# ------------------------------------------------ signing and its rotation
+
+NEXT_LINE = re.compile(r"^  # (signing_secret_next_file: (\S+))$", re.MULTILINE)
+
+
+def rotated(config_file: Path, tmp_path: Path) -> tuple[Config, str]:
+    """The config with its commented `signing_secret_next_file` line switched on."""
+    text = config_file.read_text()
+    found = NEXT_LINE.search(text)
+    assert found, f"{config_file}: no commented signing_secret_next_file line"
+    on = tmp_path / config_file.name
+    on.write_text(NEXT_LINE.sub(r"  \1", text))
+    return config_of(on), found[2]
+
+
+def test_k8s_signing_secret_mounted_and_rotation_shown(
+    base_pod: dict[str, Any], tmp_path: Path
+) -> None:
+    (secret,) = docs_of_kind(K8S / "base" / "signing-secret.yaml", "Secret")
+    (volume,) = [
+        v["name"]
+        for v in base_pod["volumes"]
+        if v.get("secret", {}).get("secretName") == secret["metadata"]["name"]
+    ]
+    app = next(c for c in base_pod["containers"] if c["name"] == "app")
+    for container in (sidecar_container(base_pod), app):
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts[volume] == "/run/secrets/anarchon-signing", container["name"]
+    app_env = {e["name"]: e["value"] for e in app["env"]}
+    for kdir in kustomization_dirs():
+        for file in generator_files(kdir, SIDECAR_CONFIGMAP):
+            current = config_of(file).target.signing_secret_file
+            assert current == app_env["SIGNING_SECRET_FILE"], file
+            assert Path(current).name in secret["stringData"], file
+            config, nxt = rotated(file, tmp_path)
+            assert config.target.signing_secret_next_file == nxt
+            assert nxt == app_env["SIGNING_SECRET_NEXT_FILE"], file
+    # The rotation step the Secret's comment shows: a `next` key beside `current`.
+    assert "# next: " in (K8S / "base" / "signing-secret.yaml").read_text()
+
+
+def test_compose_signing_secret_mounted_and_rotation_shown(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    text = COMPOSE.read_text()
+    services = compose["services"]
+    (config_file,) = [p for p in sidecar_configs() if p.is_relative_to(COMPOSE_DIR)]
+    config = config_of(config_file)
+    current = str(config.target.signing_secret_file)
+    for name, spec in services.items():
+        if name.startswith(("sidecar", "app")):
+            assert f"/run/secrets/{spec['secrets'][0]}" == current, name
+        if name.startswith("app"):
+            assert spec["environment"]["SIGNING_SECRET_FILE"] == current
+    _, nxt = rotated(config_file, tmp_path)
+    secret_name = Path(nxt).name
+    assert services["app1"]["environment"]["SIGNING_SECRET_NEXT_FILE"] == nxt
+    # Uncommenting the rotation lines gives a compose file whose secrets exist.
+    uncommented = re.sub(
+        rf"^(\s*)# (- {secret_name}|{secret_name}:|  file: \./secrets/signing-secret-next)",
+        r"\1\2",
+        text,
+        flags=re.MULTILINE,
+    )
+    assert uncommented.count(secret_name) == text.count(secret_name) and uncommented != text
+    rotated_compose = yaml.safe_load(uncommented)
+    assert rotated_compose["secrets"][secret_name] == {"file": "./secrets/signing-secret-next"}
+    for name, spec in rotated_compose["services"].items():
+        if name.startswith(("sidecar", "app")):
+            assert secret_name in spec["secrets"], name
+
+
+# -------------------------------------------------------- SECURITY.md's claims
+
+SECRET_ENV = re.compile(r"ANARCHON_\w*(PASSWORD|TOKEN|SECRET)\w*")
+
+
+def test_containers_run_non_root_on_a_read_only_root(
+    compose: dict[str, Any], base_pod: dict[str, Any]
+) -> None:
+    # The image: a numeric user (test_dockerfile_runtime_stage) that does not own the code.
+    _, stages = dockerfile_stages(DOCKERFILE)
+    for args in args_of(stages[-1], "COPY"):
+        assert "--chown" not in args and "--chmod" not in args, args
+    for name, spec in compose["services"].items():
+        if name.startswith(("app", "sidecar")):
+            assert spec["read_only"] is True, name
+            assert spec["cap_drop"] == ["ALL"], name
+            assert "no-new-privileges:true" in spec["security_opt"], name
+    for container in [*base_pod["initContainers"], *base_pod["containers"]]:
+        ctx = container["securityContext"]
+        assert ctx["readOnlyRootFilesystem"] is True, container["name"]
+        assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] != 0, container["name"]
+
+
+def test_no_secret_travels_in_an_environment_variable(compose: dict[str, Any]) -> None:
+    # Secrets are files in every example: the environment shows in `inspect` and /proc.
+    for name, spec in compose["services"].items():
+        assert not SECRET_ENV.findall(" ".join(spec.get("environment", {}))), name
+    for path in manifest_files():
+        for doc in load_yaml_all(path):
+            assert not SECRET_ENV.search(json.dumps(doc.get("spec", {}))), path

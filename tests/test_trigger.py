@@ -20,6 +20,7 @@ from aiohttp import web
 
 from sidecar.clock import Clock
 from sidecar.config import JobConfig, parse_config
+from sidecar.signing import Signer
 from sidecar.trigger import Trigger, TriggerResult
 from tests.support import RecordingApp, free_port
 
@@ -42,7 +43,7 @@ def job_for(url: str, request: dict[str, Any] | None = None, **target: Any) -> J
 async def fire(
     job: JobConfig, within: float = 10.0, secret: bytes | None = None, instance: str = "web-1"
 ) -> TriggerResult:
-    async with Trigger(secret, Clock(), instance) as trigger:
+    async with Trigger(Signer.of(secret), Clock(), instance) as trigger:
         return await trigger.fire(job, SLOT, TOKEN, time.monotonic() + within)
 
 
@@ -113,14 +114,18 @@ async def test_signature_verifies_independently(http_app: RecordingApp, body: st
     assert result.ok
     (req,) = http_app.requests
     header = lowered(req.headers)["x-anarchon-signature"]
-    match = re.fullmatch(r"t=(\d+),v1=([0-9a-f]{64})", header)
+    match = re.fullmatch(r"t=(\d+),v1=([0-9a-f]{64}),v2=([0-9a-f]{64})", header)
     assert match, header
-    t, v1 = int(match[1]), match[2]
+    t, v1, v2 = int(match[1]), match[2], match[3]
     assert before <= t <= after
     expected = hmac.new(secret, str(t).encode() + b"." + req.body, hashlib.sha256).hexdigest()
     assert hmac.compare_digest(v1, expected)
     wrong = hmac.new(b"other", str(t).encode() + b"." + req.body, hashlib.sha256).hexdigest()
     assert v1 != wrong
+    # v2 binds the whole request (README, "Verifying the signature").
+    digest = hashlib.sha256(req.body).hexdigest()
+    message = f"anarchon-v2\n{t}\nPOST\n/jobs/sync\nsync\n{SLOT}\n{TOKEN}\n1\n\n{digest}"
+    assert hmac.compare_digest(v2, hmac.new(secret, message.encode(), hashlib.sha256).hexdigest())
 
 
 @pytest.mark.parametrize(

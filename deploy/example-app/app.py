@@ -10,24 +10,26 @@ line on stdout with its `X-Anarchon-*` headers and kept in memory.
 Settings (environment): `PORT` (default 8080), `HOST` (default 0.0.0.0),
 `APP_NAME` (default: the host name; recorded with each trigger so a test can
 tell which replica ran a job), `SIGNING_SECRET_FILE` (optional: the sidecar's
-`target.signing_secret_file`; each trigger's signature is then checked and
-recorded as `valid` or `invalid`, and an invalid one is answered with 401).
+`target.signing_secret_file`; each trigger's v2 signature is then checked with
+anarchon_verify.py, a copy of docs/signing/verify.py, and recorded as `valid`
+or `invalid: <reason>`; an invalid one, a replay included, is answered with
+401), `SIGNING_SECRET_NEXT_FILE` (optional, during a rotation: the next
+secret, accepted as well; ignored while the file does not exist).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import signal
 import socket
 import sys
 import threading
-import time
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from anarchon_verify import SignatureError, Verifier
 
 HEADERS = {
     "job": "X-Anarchon-Job",
@@ -35,35 +37,36 @@ HEADERS = {
     "run_id": "X-Anarchon-Run-Id",
     "scheduled_at": "X-Anarchon-Scheduled-At",
 }
-SIGNATURE_HEADER = "X-Anarchon-Signature"
-MAX_SIGNATURE_AGE = 300  # seconds between the signature's t= and now
+SIGNATURE_WINDOW = 300  # seconds between the signature's t= and now
 
 RUNS: list[dict[str, Any]] = []
 RUNS_LOCK = threading.Lock()
 
 
-def signature_state(secret: bytes | None, header: str | None, body: bytes) -> str | None:
-    """`valid`, `invalid`, or None when no secret is configured."""
-    if secret is None:
+def signature_state(
+    verifier: Verifier | None, method: str, target: str, headers: Any, body: bytes
+) -> str | None:
+    """`valid`, `invalid: <reason>`, or None when no secret is configured."""
+    if verifier is None:
         return None
-    if not header:
-        return "invalid"
-    parts = dict(item.split("=", 1) for item in header.split(",") if "=" in item)
     try:
-        stamp = int(parts["t"])
-        given = parts["v1"]
-    except (KeyError, ValueError):
-        return "invalid"
-    if abs(time.time() - stamp) > MAX_SIGNATURE_AGE:
-        return "invalid"
-    expected = hmac.new(secret, f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return "valid" if hmac.compare_digest(expected, given) else "invalid"
+        verifier.verify(method, target, headers.items(), body)
+    except SignatureError as exc:
+        return f"invalid: {exc.reason}"
+    return "valid"
+
+
+def read_secret(path: str) -> bytes:
+    """A secret file as the sidecar reads it: without one trailing newline."""
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    return raw[:-2] if raw.endswith(b"\r\n") else raw.removesuffix(b"\n")
 
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "anarchon-example-app/1"
     app_name = socket.gethostname()
-    secret: bytes | None = None
+    verifier: Verifier | None = None
 
     def do_GET(self) -> None:
         if self.path == "/healthz":
@@ -92,13 +95,13 @@ class Handler(BaseHTTPRequestHandler):
             path=self.path,
             received_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
         )
-        state = signature_state(self.secret, self.headers.get(SIGNATURE_HEADER), body)
+        state = signature_state(self.verifier, self.command, self.path, self.headers, body)
         if state is not None:
             run["signature"] = state
         with RUNS_LOCK:
             RUNS.append(run)
         print(json.dumps({"event": "trigger", **run}), flush=True)
-        if state == "invalid":
+        if state is not None and state != "valid":
             self._reply(401, b"bad signature\n", "text/plain")
         else:
             self._reply(200, json.dumps({"ok": True}).encode(), "application/json")
@@ -120,8 +123,11 @@ def main() -> None:
     Handler.app_name = os.environ.get("APP_NAME") or socket.gethostname()
     secret_file = os.environ.get("SIGNING_SECRET_FILE")
     if secret_file:
-        with open(secret_file, "rb") as fh:
-            Handler.secret = fh.read().strip()
+        secrets = [read_secret(secret_file)]
+        next_file = os.environ.get("SIGNING_SECRET_NEXT_FILE")
+        if next_file and os.path.exists(next_file):
+            secrets.append(read_secret(next_file))
+        Handler.verifier = Verifier(secrets, SIGNATURE_WINDOW)
     server = ThreadingHTTPServer((host, port), Handler)
 
     # As PID 1 in a container, a process without a SIGTERM handler is not

@@ -35,6 +35,7 @@ ORDER = [
     "config-fuzz",
     "thousand-jobs",
     "secrets",
+    "forged-acks",
     "soak",
 ]
 

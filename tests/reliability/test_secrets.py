@@ -1,16 +1,19 @@
-"""Secrets never show: NATS password and token, signing secret.
+"""Secrets never show: NATS password and token, signing secret and next signing secret.
 
 Sidecars run at debug level against nats-servers that require a password or
 a token, with the secrets from files and from env; the secrets must appear
 nowhere they could leak: logs (text and JSON), `check` output (also when the
-config is wrong), the read commands, `/metrics`, and the stream itself. The
-signing secret is in use all the while: every trigger's signature verifies.
+config is wrong), `--help` of every command, the read commands, `/metrics`,
+the stream itself, the processes' command lines, and the environment of the
+sidecars given files. The signing secrets are in use all the while: every
+trigger's v1 and v2 signatures verify, v2 with either secret.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import importlib.util
 import secrets
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from typing import Any
 from tests.reliability.conftest import Figures
 from tests.reliability.helpers import config, every_second, slot_of
 from tests.support import (
+    ROOT,
     NatsServer,
     RecordingApp,
     read_stream,
@@ -34,11 +38,18 @@ def _secret(kind: str) -> str:
 
 def test_secrets_never_appear(tmp_path: Path, http_app: RecordingApp, figures: Figures) -> None:
     password, token, signing = _secret("pw"), _secret("tok"), _secret("sig")
-    wrong = _secret("wrongpw")
-    secret_values = {"password": password, "token": token, "signing": signing, "wrong": wrong}
+    wrong, signing_next = _secret("wrongpw"), _secret("signext")
+    secret_values = {
+        "password": password,
+        "token": token,
+        "signing": signing,
+        "signing next": signing_next,
+        "wrong": wrong,
+    }
     (tmp_path / "password").write_text(password + "\n")
     (tmp_path / "token").write_text(token + "\n")
     (tmp_path / "signing").write_text(signing)
+    (tmp_path / "signing-next").write_text(signing_next + "\n")
     pw_nats = NatsServer(
         tmp_path / "pw-nats",
         extra_conf=f'authorization {{ user: anarchon, password: "{password}" }}\n',
@@ -54,6 +65,7 @@ def test_secrets_never_appear(tmp_path: Path, http_app: RecordingApp, figures: F
         from_files = config([pw_nats.url], http_app, [job], user="anarchon")
         from_files["nats"]["password_file"] = str(tmp_path / "password")
         from_files["target"]["signing_secret_file"] = str(tmp_path / "signing")
+        from_files["target"]["signing_secret_next_file"] = str(tmp_path / "signing-next")
         from_env = config([pw_nats.url], http_app, [job], user="anarchon")
         with_token = config([token_nats.url], http_app, [every_second("tock", jitter="0s")])
         with_token["nats"]["token_file"] = str(tmp_path / "token")
@@ -65,6 +77,7 @@ def test_secrets_never_appear(tmp_path: Path, http_app: RecordingApp, figures: F
             **debug,
             "ANARCHON_NATS_PASSWORD": password,
             "ANARCHON_SIGNING_SECRET": signing,
+            "ANARCHON_SIGNING_SECRET_NEXT": signing_next,
             "ANARCHON_LOG_FORMAT": "json",
         }
         procs = [
@@ -85,6 +98,11 @@ def test_secrets_never_appear(tmp_path: Path, http_app: RecordingApp, figures: F
             for p in running:
                 outputs[f"/metrics {p.name}"] = p.get("/metrics")[1]
                 outputs[f"/readyz {p.name}"] = p.get("/readyz")[1]
+                assert p.proc is not None
+                proc_dir = Path(f"/proc/{p.proc.pid}")
+                outputs[f"cmdline {p.name}"] = proc_dir.joinpath("cmdline").read_text()
+                if p.name != "env":  # given through the environment, it is there by design
+                    outputs[f"environ {p.name}"] = proc_dir.joinpath("environ").read_text()
             for name, path in [(p.name, p.config_path) for p in running]:
                 for args in (["history", "tick"], ["stream"], ["last-run", "tock", "--json"]):
                     res = run_cli("--log-level", "debug", *args, "-c", str(path), env=env_secrets)
@@ -92,6 +110,12 @@ def test_secrets_never_appear(tmp_path: Path, http_app: RecordingApp, figures: F
             codes = [p.terminate() for p in running]
             for p in running:
                 outputs[f"log {p.name}"] = p.log()
+
+        # --help of every command, with every secret in the environment.
+        for command in ("", "run", "check", "history", "last-run", "run-now", "stream", "demo"):
+            res = run_cli(*command.split(), "--help", env=env_secrets)
+            assert res.returncode == 0, res.stderr
+            outputs[f"--help {command}"] = res.stdout + res.stderr
 
         # Wrong password: exit 3 with a reason, and the wrong password is not in it.
         bad = config([pw_nats.url], http_app, [job], user="anarchon", connect_timeout="2s")
@@ -142,12 +166,25 @@ def test_secrets_never_appear(tmp_path: Path, http_app: RecordingApp, figures: F
         pw_nats.stop()
         token_nats.stop()
 
-    # The signing secret was in use: every signature verifies.
+    # The signing secrets were in use: every signature verifies (v2 with either secret).
+    spec = importlib.util.spec_from_file_location("verify", ROOT / "docs/signing/verify.py")
+    assert spec is not None and spec.loader is not None
+    verify = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(verify)
+    with_next = {"files", "env"}
     verified = 0
     for r in http_app.requests:
-        t, v1 = (part.split("=", 1)[1] for part in r.headers["X-Anarchon-Signature"].split(","))
+        entries = [p.split("=", 1) for p in r.headers["X-Anarchon-Signature"].split(",")]
+        t, v1 = dict(entries)["t"], dict(entries)["v1"]
         want = hmac.new(signing.encode(), f"{t}.".encode() + r.body, hashlib.sha256).hexdigest()
         assert hmac.compare_digest(v1, want), r.headers
+        instance = r.headers["X-Anarchon-Instance"]
+        keys = [signing, signing_next] if instance in with_next else [signing]
+        assert [k for k, _ in entries].count("v2") == len(keys), r.headers
+        for key in keys:
+            verify.Verifier([key.encode()]).verify(
+                r.method, r.path, list(r.headers.items()), r.body
+            )
         verified += 1
     leaks = sorted(
         f"{what} in {where}"

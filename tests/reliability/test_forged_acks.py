@@ -1,0 +1,116 @@
+"""Forged JetStream acks: can another client of the account make a sidecar win a lost slot?
+
+A claim is published as a request; its reply subject travels with the message
+to every subscriber of the claim subject. An "attacker" client answers every
+claim it sees with a made-up ack (`{"stream":"CRON","seq":1}`, not a
+duplicate) as fast as it can; a "winner" instance claims each slot first, then
+the "victim" claims it too and should lose. Run once on an account without
+permissions and once with the permissions block of SECURITY.md (read from the
+file). Reports how many lost slots the victim took for won; asserts none with
+the permissions. Without them it happens now and then (a race with the
+server's own ack), which SECURITY.md states with these figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.msg import Msg
+
+from sidecar.claim import Claimer
+from sidecar.clock import Clock
+from sidecar.stream import StreamSpec, ensure_stream
+from tests.reliability.conftest import Figures
+from tests.support import ROOT, NatsServer
+
+SLOTS = 1000
+FAKE_ACK = b'{"stream":"CRON","seq":1}'
+
+
+def permissions_block() -> str:
+    text = (ROOT / "SECURITY.md").read_text()
+    (block,) = re.findall(r"```text\n(authorization \{.*?)```", text, flags=re.DOTALL)
+    return str(block)
+
+
+async def victim_wins(
+    url: str, sidecar: dict[str, Any], attacker: dict[str, Any]
+) -> tuple[int, int]:
+    """(slots the victim took for won, fake acks the attacker sent)."""
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    nc = await nats.connect(url, **sidecar)
+    bad = await nats.connect(url, error_cb=on_error, **attacker)
+    sent = 0
+    try:
+        js = nc.jetstream()
+        await ensure_stream(js, StreamSpec("CRON", "cron.", 300.0, 1000, None))
+
+        async def answer(msg: Msg) -> None:
+            nonlocal sent
+            if msg.reply:
+                await bad.publish(msg.reply, FAKE_ACK)
+                sent += 1
+
+        await bad.subscribe("cron.>", cb=answer)
+        await bad.flush()
+        winner = Claimer(nc, js, "CRON", "cron.", "winner", Clock())
+        victim = Claimer(nc, js, "CRON", "cron.", "victim", Clock())
+        wins = 0
+        base = int(time.time()) * 1000
+        for i in range(SLOTS):
+            slot = base + i * 1000
+            assert (await winner.claim("job", slot, time.monotonic() + 10)).won
+            wins += (await victim.claim("job", slot, time.monotonic() + 10)).won
+        await asyncio.sleep(0.2)
+        return wins, sent
+    finally:
+        await bad.close()
+        await nc.close()
+
+
+async def test_forged_acks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, figures: Figures
+) -> None:
+    open_server = NatsServer(tmp_path / "open")
+    open_server.start()
+    try:
+        open_wins, open_sent = await victim_wins(open_server.url, {}, {})
+    finally:
+        open_server.stop()
+
+    monkeypatch.setenv("ANARCHON_NATS_PASSWORD", "sidecar-pw")
+    monkeypatch.setenv("APP_NATS_PASSWORD", "app-pw")
+    guarded = NatsServer(tmp_path / "guarded", extra_conf=permissions_block())
+    guarded.start()
+    try:
+        guarded_wins, guarded_sent = await victim_wins(
+            guarded.url,
+            {"user": "anarchon", "password": "sidecar-pw"},
+            {"user": "app", "password": "app-pw"},
+        )
+    finally:
+        guarded.stop()
+
+    figures.report(
+        "forged-acks",
+        slots=SLOTS,
+        open_fake_acks=open_sent,
+        open_lost_slots_won=open_wins,
+        guarded_fake_acks=guarded_sent,
+        guarded_lost_slots_won=guarded_wins,
+    )
+    # The attacker did answer every claim it saw on the open account ...
+    assert open_sent >= 2 * SLOTS
+    # ... and saw none with the permissions (so it had nothing to answer).
+    assert guarded_sent == 0
+    assert guarded_wins == 0
