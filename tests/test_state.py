@@ -1,0 +1,141 @@
+"""The state bucket and its view, against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js.api import KeyValueConfig
+
+from sidecar import state
+from sidecar.state import (
+    StateSpec,
+    View,
+    Watch,
+    ensure_bucket,
+    mismatched_jobs,
+    put_json,
+    put_with_ttl,
+)
+from tests.support import NatsServer
+
+SPEC = StateSpec("CRON_STATE", 1, 60.0)
+
+
+@pytest.fixture
+async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
+    conn = await nats.connect(nats_server.url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def until(condition: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_the_bucket_is_created_with_ttls_and_history_1(nc: NATS) -> None:
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    assert bucket.ttl and bucket.ttl_problem is None
+    info = await nc.jetstream().stream_info("KV_CRON_STATE")
+    assert info.config.max_msgs_per_subject == 1
+    assert info.config.allow_msg_ttl
+    # Opening it again changes nothing.
+    again = await ensure_bucket(nc.jetstream(), SPEC)
+    assert again.ttl
+
+
+async def test_a_bucket_without_ttls_is_used_and_says_so(nc: NATS) -> None:
+    await nc.jetstream().create_key_value(KeyValueConfig(bucket="CRON_STATE", history=1))
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    assert not bucket.ttl
+    assert bucket.ttl_problem is not None
+    assert "without per-message TTLs" in bucket.ttl_problem
+    await put_json(bucket.kv, "paused.sync", {"by": "me"})  # pause still works
+
+
+async def test_a_key_written_with_a_ttl_expires_and_the_view_drops_it(nc: NATS) -> None:
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    view = View()
+    watch = Watch(bucket, view)
+    task = asyncio.create_task(watch.run())
+    try:
+        await until(lambda: view.synced, 10)
+        await put_with_ttl(bucket, "instance.a", {"version": "1"}, 1.0)
+        await until(lambda: "a" in view.instances(), 5)
+        await until(lambda: "a" not in view.instances(), 8)  # the MaxAge marker
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_watch_that_misses_updates_is_caught_by_the_watchdog(
+    nc: NATS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(state, "WATCHDOG_EVERY", 0.3)
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    view = View()
+    watch = Watch(bucket, view)
+    task = asyncio.create_task(watch.run())
+    try:
+        await until(lambda: view.synced and watch._pump is not None, 10)
+        # The watch goes silent (as nats-py's ordered consumer can): updates
+        # stop reaching the view.
+        assert watch._pump is not None
+        watch._pump.cancel()
+        await put_json(bucket.kv, "paused.sync", {"by": "ops"})
+        await until(lambda: view.paused("sync") is not None, 5)
+        assert view.paused("sync").value == {"by": "ops"}  # type: ignore[union-attr]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_resync_drops_keys_deleted_while_the_watch_was_away(nc: NATS) -> None:
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    await put_json(bucket.kv, "paused.sync", {"by": "ops"})
+    changes: list[str] = []
+    view = View(on_change=changes.append)
+    watch = Watch(bucket, view)
+    task = asyncio.create_task(watch.run())
+    try:
+        await until(lambda: view.paused("sync") is not None, 10)
+        assert watch._pump is not None
+        watch._pump.cancel()  # away
+        await bucket.kv.delete("paused.sync")
+        watch.resync()  # what a reconnect does
+        await until(lambda: view.paused("sync") is None, 10)
+        assert "paused.sync" in changes
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def test_mismatched_jobs() -> None:
+    same = {"a": {"jobs": {"x": "1", "y": "2"}}, "b": {"jobs": {"x": "1"}}}
+    assert mismatched_jobs(same) == set()
+    odd = {**same, "c": {"jobs": {"x": "9", "y": "2"}}, "d": {"jobs": "junk"}}
+    assert mismatched_jobs(odd) == {"x"}
+
+
+def test_hostile_values_read_as_empty() -> None:
+    view = View()
+    view.apply("paused.x", b"[1,2]", 3, False)
+    view.apply("instance.y", b"\xff", 4, False)
+    view.apply("instance.z", json.dumps({"jobs": {}}).encode(), 5, False)
+    assert view.paused("x") is not None and view.paused("x").value == {}  # type: ignore[union-attr]
+    assert view.instances() == {"y": {}, "z": {"jobs": {}}}
+    assert view.last_revision == 5
