@@ -282,7 +282,9 @@ class Jobs:
         started = self.clock.monotonic()
         m.run_start_delay_seconds.labels(job=job.name).observe(max(0.0, started_at - slot_time))
         try:
-            result = await self.trigger.fire(job, claim.slot, claim.token, deadline)
+            result = await self.trigger.fire(
+                job, claim.slot, claim.token, deadline, fence=claim.seq
+            )
         except asyncio.CancelledError:
             # Cut off by the drain: the record keeps when the run really
             # started and how long it had run until then.

@@ -139,7 +139,7 @@ async def run_now(config: Config, secrets: Secrets, job_name: str, clock: Clock)
             secrets.signing_secret, secrets.signing_secret_next, config.target.signing_v1
         )
         async with Trigger(signer, clock, config.instance_id) as trigger:
-            result = await trigger.fire(job, slot, claim.token, deadline)
+            result = await trigger.fire(job, slot, claim.token, deadline, fence=claim.seq)
         record = ResultRecord.of(job.name, slot, claim.token, config.instance_id, result, True)
         recorded = await publish_result(js, spec.name, spec.prefix, record, attempts=5)
         return ManualRun(claim.token, slot, result, recorded)

@@ -87,7 +87,15 @@ class Trigger:
             await session.close()
         self._sessions.clear()
 
-    def headers(self, job: JobConfig, slot: int, token: str, body: bytes) -> dict[str, str]:
+    def headers(
+        self,
+        job: JobConfig,
+        slot: int,
+        token: str,
+        body: bytes,
+        attempt: int = 1,
+        fence: int | None = None,
+    ) -> dict[str, str]:
         headers = dict(job.request.headers)
         headers.update(
             {
@@ -99,14 +107,28 @@ class Trigger:
         )
         if self.instance:
             headers["X-Anarchon-Instance"] = self.instance
+        headers["X-Anarchon-Attempt"] = str(attempt)
+        if fence is not None:
+            # The won claim's stream sequence: it grows with every claim on
+            # the stream, so an app can refuse a request older than one it ran.
+            headers["X-Anarchon-Fence"] = str(fence)
         if self.signer is not None:
-            # Attempt and fence (FLEET.md) go into SignedFields with the headers that carry them.
             req = job.request
-            signed = SignedFields(req.method, req.path, job.name, slot, token, body)
+            signed = SignedFields(
+                req.method, req.path, job.name, slot, token, body, attempt=attempt, fence=fence
+            )
             headers[SIGNATURE_HEADER] = self.signer.header(int(self.clock.wall()), signed)
         return headers
 
-    async def fire(self, job: JobConfig, slot: int, token: str, deadline: float) -> TriggerResult:
+    async def fire(
+        self,
+        job: JobConfig,
+        slot: int,
+        token: str,
+        deadline: float,
+        attempt: int = 1,
+        fence: int | None = None,
+    ) -> TriggerResult:
         """Run the job's request once; retry only while undelivered and before `deadline`.
 
         `deadline` is on the monotonic clock. Never raises for the app's
@@ -119,7 +141,7 @@ class Trigger:
         while True:
             attempts += 1
             try:
-                status = await self._send(job, slot, token)
+                status = await self._send(job, slot, token, attempt, fence)
             except TriggerUndelivered as exc:
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= backoff:
@@ -152,7 +174,9 @@ class Trigger:
             attempts=attempts,
         )
 
-    async def _send(self, job: JobConfig, slot: int, token: str) -> int:
+    async def _send(
+        self, job: JobConfig, slot: int, token: str, attempt: int, fence: int | None
+    ) -> int:
         """One request; returns the 2xx status or raises a TriggerError."""
         req = job.request
         body = req.body.encode()
@@ -163,7 +187,7 @@ class Trigger:
                 req.method,
                 url,
                 data=body,
-                headers=self.headers(job, slot, token, body),
+                headers=self.headers(job, slot, token, body, attempt, fence),
                 timeout=aiohttp.ClientTimeout(total=req.timeout),
                 allow_redirects=False,
             ) as resp:

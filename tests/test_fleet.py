@@ -23,6 +23,7 @@ from tests.support import (
     NatsServer,
     RecordingApp,
     Sidecar,
+    read_stream,
     run_cli,
     sidecars,
     wait_for,
@@ -269,3 +270,22 @@ def test_a_restart_that_missed_nothing_makes_no_catch_up_claim(
     finally:
         spy.stop()
     assert max(Counter(slots(http_app, "/jobs/sync")).values()) == 1
+
+
+def test_fences_grow_with_the_slots_across_instances(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base(nats_server, http_app, [job("a")])
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]):
+        wait_for(lambda: len(http_app.requests_for("/jobs/a")) >= 8, 30, what="eight runs")
+    runs = sorted(
+        (int(r.headers["X-Anarchon-Slot"]), int(r.headers["X-Anarchon-Fence"]), r.headers)
+        for r in http_app.requests_for("/jobs/a")
+    )
+    fences = [fence for _slot, fence, _h in runs]
+    assert fences == sorted(fences) and len(set(fences)) == len(fences), runs
+    assert len({h["X-Anarchon-Instance"] for _s, _f, h in runs}) >= 2  # several winners
+    assert all(h["X-Anarchon-Attempt"] == "1" for _s, _f, h in runs)
+    # The fence is the won claim's stream sequence.
+    stored = {m.data["slot"]: m.seq for m in read_stream(nats_server.url) if "claims" in m.subject}
+    assert all(stored[slot] == fence for slot, fence, _h in runs)
