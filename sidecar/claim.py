@@ -53,6 +53,10 @@ class ClaimDisconnected(ClaimError):
     """NATS was disconnected for the whole time the claim could be made."""
 
 
+class ClaimForeign(ClaimError):
+    """The ack names another stream or JetStream domain than the fleet's."""
+
+
 def new_token() -> str:
     """A token unique per instance and claim: 128 random bits, hex."""
     return secrets.token_hex(16)
@@ -116,6 +120,9 @@ class Claimer:
     ack_timeout: float = 2.0
     # Awaited while disconnected; returns when connected (or raises on timeout).
     wait_connected: Callable[[float], Awaitable[bool]] | None = None
+    # The JetStream domain every ack must name, once known (``check_domain``).
+    domain: str | None = None
+    check_domain: bool = False
 
     def subject(self, job: str) -> str:
         return f"{self.prefix}{job}.claims"
@@ -180,6 +187,8 @@ class Claimer:
                 last_error = type(exc).__name__
             else:
                 ack_seconds = self.clock.monotonic() - started
+                if foreign := self.foreign(ack.stream, ack.domain):
+                    raise ClaimForeign(f"{msg_id}: {foreign}; not run")
                 stored = None
                 if ack.duplicate:
                     duplicate_acks += 1
@@ -191,6 +200,21 @@ class Claimer:
             log.debug("claim %s attempt %d: %s; asking again", msg_id, attempts, last_error)
             await asyncio.sleep(min(backoff * random.uniform(0.5, 1.5), max(0.0, remaining)))
             backoff = min(backoff * 2, 1.0)
+
+    def foreign(self, stream: str | None, domain: str | None) -> str | None:
+        """Why an ack shows another JetStream stored the claim; None when it is ours.
+
+        At a leaf node with a JetStream of its own, a stream of the same name
+        there can answer first: a win in it is no win in the fleet's stream.
+        """
+        if stream != self.stream:
+            return f"the claim was stored by stream {stream}, not {self.stream}"
+        if self.check_domain and (domain or None) != self.domain:
+            return (
+                f"the claim was stored in JetStream domain {domain or '(none)'}, "
+                f"not {self.domain or '(none)'}"
+            )
+        return None
 
     async def _stored_token(self, seq: int, deadline: float, msg_id: str) -> str | None:
         """The token of the stored claim at `seq`; retried until the deadline."""

@@ -32,7 +32,7 @@ from sidecar.errors import (
 )
 from sidecar.runs import History, Run
 from sidecar.signing import Signer
-from sidecar.stream import coverage, stream_spec
+from sidecar.stream import coverage, placement_problem, stream_spec
 from sidecar.values import format_duration, redact_url
 
 T = TypeVar("T")
@@ -456,11 +456,15 @@ def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> No
         ("replicas", str(state.replicas)),
         ("storage", state.storage),
         ("sequences", f"{state.first_seq}..{state.last_seq}"),
+        ("JetStream domain", state.domain or "(none)"),
+        ("cluster", state.cluster or "(none)"),
     ]
     if state.max_age:
         rows.append(("max age", format_duration(state.max_age)))
     if state.leader:
         rows.append(("leader", state.leader))
+    if placement := placement_problem(state, stream_spec(config)):
+        rows.append(("placement", placement))
     held = len(config.jobs) - len(weak)
     rows.append(("jobs of this config held", f"{held} of {len(config.jobs)}"))
     width = max(len(k) for k, _ in rows)
@@ -533,6 +537,13 @@ def status(config_path: str | None, as_json: bool) -> None:
 
 
 def _status_table(view: dict[str, Any]) -> None:
+    stream = view.get("stream")
+    if stream:
+        click.echo(
+            f"stream {stream['name']}: JetStream domain {stream['domain'] or '(none)'}, "
+            f"cluster {stream['cluster'] or '(none)'}, leader {stream['leader'] or '-'}, "
+            f"replicas {stream['replicas']}"
+        )
     instances = view["instances"]
     click.echo(f"instances: {len(instances)} live")
     hashes = {i["config_hash"] for i in instances}

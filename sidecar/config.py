@@ -56,6 +56,14 @@ class TLSConfig:
 
 
 @dataclass(frozen=True)
+class PlacementConfig:
+    """``nats.placement``: where a new stream's replicas go in a supercluster."""
+
+    cluster: str | None = None
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class NatsConfig:
     """``nats:``: where the stream lives and how to reach it. Durations in seconds."""
 
@@ -76,6 +84,8 @@ class NatsConfig:
     ack_timeout: float = 2.0
     state_bucket: str = "CRON_STATE"  # parsed default: "<stream>_STATE"
     lease_ttl: float = 30.0
+    domain: str | None = None  # the JetStream domain of the stream and the state bucket
+    placement: PlacementConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -330,6 +340,18 @@ def _parse_nats(sec: _Section) -> NatsConfig:
     token = sec.text("token", None)
     if token == "":
         raise ConfigError(sec.key("token"), "must not be empty")
+    placement = None
+    if sec.has("placement"):
+        place = _Section(sec.data["placement"], "nats.placement", ("cluster", "tags"))
+        raw_tags = place.get("tags", [], lambda v, k: v)
+        if not isinstance(raw_tags, list) or not all(isinstance(t, str) and t for t in raw_tags):
+            raise ConfigError(place.key("tags"), "expected a list of non-empty strings")
+        placement = PlacementConfig(place.text("cluster", None), tuple(raw_tags))
+        if placement.cluster is None and not placement.tags:
+            raise ConfigError("nats.placement", "set cluster, tags or both")
+    domain = sec.text("domain", None)
+    if domain is not None and not BUCKET_NAME.fullmatch(domain):
+        raise ConfigError(sec.key("domain"), f"letters, digits, _ and - only, got {short(domain)}")
     stream = sec.get("stream", "CRON", lambda v, k: subject_name(v, k, "the stream name", ".*>/\\"))
     bucket = sec.text("state_bucket", f"{stream}_STATE")
     if not BUCKET_NAME.fullmatch(bucket):
@@ -354,6 +376,8 @@ def _parse_nats(sec: _Section) -> NatsConfig:
         ack_timeout=sec.duration("ack_timeout", 2.0, minimum_ms=1),
         state_bucket=bucket,
         lease_ttl=sec.duration("lease_ttl", 30.0, minimum_ms=1000),
+        domain=domain,
+        placement=placement,
     )
 
 

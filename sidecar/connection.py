@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
 
 from sidecar.config import Config, Secrets
 from sidecar.errors import ConnectError
@@ -141,6 +142,13 @@ def connect_options(config: Config, secrets: Secrets) -> dict[str, Any]:
     if ctx is not None:
         opts["tls"] = ctx
     return opts
+
+
+def jetstream(nc: NATS, config: Config, timeout: float | None = None) -> JetStreamContext:
+    """The JetStream context of the configured domain (``nats.domain``), for every call."""
+    if timeout is None:
+        return nc.jetstream(domain=config.nats.domain)
+    return nc.jetstream(domain=config.nats.domain, timeout=timeout)
 
 
 class Connection:

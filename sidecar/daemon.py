@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.claim import Claimer
 from sidecar.clock import Clock
 from sidecar.config import Config, Secrets
-from sidecar.connection import Connection
+from sidecar.connection import Connection, jetstream
 from sidecar.fleet import Fleet
 from sidecar.guard import StreamGuard
 from sidecar.job import Jobs
@@ -98,7 +98,7 @@ class Daemon:
         await self.admin.start()
         try:
             nc = await self.conn.connect()
-            js = nc.jetstream()
+            js = jetstream(nc, self.config)
             claimer = Claimer(
                 nc,
                 js,
@@ -109,6 +109,7 @@ class Daemon:
                 self.config.nats.ack_timeout,
                 self.conn.wait_connected,
             )
+            self.guard.on_domain.append(lambda domain: _expect_domain(claimer, domain))
             signer = Signer.of(
                 self.secrets.signing_secret,
                 self.secrets.signing_secret_next,
@@ -175,3 +176,9 @@ class Daemon:
             task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=5)
+
+
+def _expect_domain(claimer: Claimer, domain: str | None) -> None:
+    """From now on every claim's ack must name this JetStream domain."""
+    claimer.domain = domain
+    claimer.check_domain = True

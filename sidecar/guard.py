@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from dataclasses import replace
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
@@ -20,7 +22,14 @@ from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
 from sidecar.metrics import Metrics
-from sidecar.stream import RETRYABLE, StreamState, coverage, ensure_stream, stream_spec
+from sidecar.stream import (
+    RETRYABLE,
+    StreamState,
+    coverage,
+    ensure_stream,
+    placement_problem,
+    stream_spec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +40,9 @@ STREAM_REFRESH = 10.0
 STREAM_BACKOFF_MAX = 30.0
 # A problem that lasts is logged again at most this often (seconds).
 REPEAT_LOG = 60.0
+
+
+_UNKNOWN = object()
 
 
 class StreamGuard:
@@ -55,6 +67,10 @@ class StreamGuard:
         self._raise_logged = 0.0
         self._stream_wake = asyncio.Event()  # set by a stream advisory
         self.stream_state: StreamState | None = None
+        # The JetStream domain that answered: _UNKNOWN until asked once.
+        self.domain: object = _UNKNOWN
+        self.on_domain: list[Callable[[str | None], None]] = []
+        self._placement_said: str | None = None
         # Per job: why the stream cannot hold its claims now (None: it can).
         # Empty until the first check: no job is claimed before it.
         self.uncovered: dict[str, str | None] = {}
@@ -119,11 +135,46 @@ class StreamGuard:
                 self._stream_down(f"stream check failed: {exc!r}", forget=False)
             else:
                 backoff = 0.2
-                self._stream_up(state)
+                if self.domain is _UNKNOWN:
+                    await self._which_jetstream(js, state)
+                self._stream_up(replace(state, domain=self.answered_domain))
                 await self._stream_pause(STREAM_REFRESH)
                 continue
             await self._stream_pause(backoff)
             backoff = min(backoff * 2, STREAM_BACKOFF_MAX)
+
+    @property
+    def answered_domain(self) -> str | None:
+        return self.domain if isinstance(self.domain, str) else None
+
+    async def _which_jetstream(self, js: JetStreamContext, state: StreamState) -> None:
+        """Say once which JetStream answered; warn when a leaf's own one may have."""
+        try:
+            info = await js.account_info()
+        except Exception as exc:  # asked again at the next check
+            log.debug("JetStream account info: %r", exc)
+            return
+        domain = info.domain or None
+        self.domain = domain
+        for hook in self.on_domain:
+            hook(domain)
+        log.info(
+            "JetStream answered: domain %s, stream %s in cluster %s (leader %s, replicas %d)",
+            domain or "(none)",
+            state.name,
+            state.cluster or "(none)",
+            state.leader or "-",
+            state.replicas,
+        )
+        if domain and self.config.nats.domain is None:
+            log.warning(
+                "the JetStream that answered has domain %r and nats.domain is not set: at a "
+                "leaf node that may be the leaf's own JetStream rather than the hub's, and a "
+                "fleet split over two streams runs slots twice. Set nats.domain to the hub's "
+                "domain, or to %r if this one is meant",
+                domain,
+                domain,
+            )
 
     async def _stream_pause(self, seconds: float) -> None:
         """Sleep until the next check, or until an advisory says the stream changed."""
@@ -193,6 +244,11 @@ class StreamGuard:
                 state.duplicate_window,
                 state.replicas,
             )
+        placement = placement_problem(state, self.spec)
+        if placement != self._placement_said:
+            if placement:
+                log.warning("%s; the sidecar does not move streams (nats stream edit)", placement)
+            self._placement_said = placement
         uncovered = coverage(state, self.spec, self.config.jobs)
         for job, why in uncovered.items():
             if why and why != self.uncovered.get(job):

@@ -17,7 +17,7 @@ from typing import Any
 
 from nats.js import JetStreamContext
 
-from sidecar.claim import Claim, ClaimDisconnected, Claimer
+from sidecar.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.errors import ClaimError
@@ -142,6 +142,8 @@ class Jobs:
         except asyncio.CancelledError:
             m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
             raise
+        except ClaimForeign as exc:
+            self._skip(job, slot, "stream", str(exc))
         except ClaimDisconnected as exc:
             m.claims_skipped_total.labels(job=name, reason="disconnected").inc()
             log.warning("job %s slot %s skipped: %s", name, rfc3339(slot / 1000), exc)

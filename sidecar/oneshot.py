@@ -13,6 +13,7 @@ from this process and records the result. ``check_stream`` is ``check
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
 from sidecar.claim import Claimer
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, Secrets
-from sidecar.connection import Connection
+from sidecar.connection import Connection, jetstream
 from sidecar.errors import StreamError, StreamNotFound
 from sidecar.runs import History, ResultRecord, publish_result, read_history
 from sidecar.signing import Signer
@@ -62,12 +63,23 @@ async def connected(config: Config, secrets: Secrets) -> AsyncIterator[Connectio
 
 def _js(conn: Connection) -> JetStreamContext:
     assert conn.nc is not None
-    return conn.nc.jetstream(timeout=READ_TIMEOUT)
+    return jetstream(conn.nc, conn.config, READ_TIMEOUT)
 
 
 async def stream_state(config: Config, secrets: Secrets) -> StreamState:
+    """The stream's state with the domain of the JetStream that answered."""
     async with connected(config, secrets) as conn:
-        return await _read(read_stream(_js(conn), stream_spec(config)))
+        js = _js(conn)
+        state = await _read(read_stream(js, stream_spec(config)))
+        return dataclasses.replace(state, domain=await answering_domain(js))
+
+
+async def answering_domain(js: JetStreamContext) -> str | None:
+    """The JetStream domain behind `js` (None: no domain, or no answer)."""
+    try:
+        return (await js.account_info()).domain or None
+    except Exception:  # shown as none; the stream read already succeeded
+        return None
 
 
 async def history(

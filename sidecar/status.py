@@ -19,7 +19,7 @@ from sidecar.clock import rfc3339
 from sidecar.config import Config
 from sidecar.runs import join_runs, last_messages
 from sidecar.state import View, mismatched_jobs, state_spec
-from sidecar.stream import stream_spec
+from sidecar.stream import state_of, stream_spec
 
 READ_TIMEOUT = 10.0
 
@@ -78,7 +78,22 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
                 "settings_differ": job.name in mismatch,
             }
         )
+    stream: dict[str, Any] | None = None
+    try:
+        info = await js.stream_info(spec.name)
+        state = state_of(info)
+        domain = (await js.account_info()).domain or None
+        stream = {
+            "name": state.name,
+            "domain": domain,
+            "cluster": state.cluster,
+            "leader": state.leader,
+            "replicas": state.replicas,
+        }
+    except Exception:  # no stream yet, or no answer: status still shows the rest
+        stream = None
     return {
+        "stream": stream,
         "instances": [
             {
                 "id": instance,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.api import StreamConfig, StreamInfo
+from nats.js.api import Placement, StreamConfig, StreamInfo
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from sidecar.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
@@ -62,6 +62,8 @@ class StreamSpec:
     duplicate_window: float  # seconds
     history_size: int
     replicas: int | None
+    placement_cluster: str | None = None
+    placement_tags: tuple[str, ...] = ()
 
     @property
     def subject(self) -> str:
@@ -71,8 +73,15 @@ class StreamSpec:
 def stream_spec(config: Config) -> StreamSpec:
     """The stream a config asks for, with the effective history size."""
     n = config.nats
+    place = n.placement
     return StreamSpec(
-        n.stream, n.prefix, n.duplicate_window, config.effective_history_size, n.replicas
+        n.stream,
+        n.prefix,
+        n.duplicate_window,
+        config.effective_history_size,
+        n.replicas,
+        place.cluster if place else None,
+        place.tags if place else (),
     )
 
 
@@ -93,6 +102,9 @@ class StreamState:
     leader: str | None
     max_age: float = 0.0  # seconds; 0 is no limit
     created: float | None = None  # epoch seconds
+    cluster: str | None = None  # the cluster the stream lives in
+    placement: dict[str, Any] | None = None  # as configured on the stream
+    domain: str | None = None  # the JetStream domain that answered (set by the caller)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +121,9 @@ class StreamState:
             "leader": self.leader,
             "max_age_seconds": self.max_age,
             "created": self.created,
+            "domain": self.domain,
+            "cluster": self.cluster,
+            "placement": self.placement,
         }
 
 
@@ -130,6 +145,12 @@ def state_of(info: StreamInfo) -> StreamState:
         leader=info.cluster.leader if info.cluster else None,
         max_age=float(cfg.max_age or 0),
         created=info.created.timestamp() if info.created else None,
+        cluster=info.cluster.name if info.cluster else None,
+        placement=(
+            {"cluster": cfg.placement.cluster, "tags": list(cfg.placement.tags or [])}
+            if cfg.placement
+            else None
+        ),
     )
 
 
@@ -254,13 +275,13 @@ async def _strengthen(
     except APIError as exc:
         if exc.err_code == ERR_SUBJECTS_OVERLAP:
             raise await _conflict(js, spec) from exc
-        why = str(_translate(exc, "raise", spec))
+        why = str(_translate(exc, "update", spec))
         raise StreamNotRaised(why, state_of(info)) from exc
     except RETRYABLE as exc:
         # The stream answered its info a moment ago: an update with no answer
         # is most often one this NATS user may not make (a denied request
         # gets none). The stream is judged as it is.
-        why = f"cannot raise stream {spec.name}: no answer to the update ({type(exc).__name__})"
+        why = f"cannot update stream {spec.name}: no answer ({type(exc).__name__})"
         raise StreamNotRaised(why, state_of(info)) from exc
 
 
@@ -272,6 +293,11 @@ async def _create(js: JetStreamContext, spec: StreamSpec) -> StreamState | None:
         duplicate_window=spec.duplicate_window,
         max_msgs_per_subject=spec.history_size,
         num_replicas=spec.replicas or 1,
+        placement=(
+            Placement(cluster=spec.placement_cluster, tags=list(spec.placement_tags) or None)
+            if spec.placement_cluster or spec.placement_tags
+            else None
+        ),
     )
     try:
         created = state_of(await js.add_stream(config))
@@ -407,6 +433,32 @@ def covers(state: StreamState, spec: StreamSpec, job: JobConfig) -> str | None:
                     f"at one slot every {format_duration(interval / 1000)}"
                 )
     return None
+
+
+def placement_problem(state: StreamState, spec: StreamSpec) -> str | None:
+    """How the stream's placement differs from ``nats.placement``; None when it fits.
+
+    The sidecar never moves an existing stream (a move copies all its data):
+    it reports the difference, and an operator moves it (``nats stream edit``).
+    """
+    if not spec.placement_cluster and not spec.placement_tags:
+        return None
+    have = state.placement or {}
+    problems = []
+    if spec.placement_cluster and spec.placement_cluster not in (
+        have.get("cluster"),
+        state.cluster,
+    ):
+        problems.append(
+            f"cluster {state.cluster or have.get('cluster') or '?'} "
+            f"(nats.placement.cluster: {spec.placement_cluster})"
+        )
+    missing = [t for t in spec.placement_tags if t not in (have.get("tags") or [])]
+    if missing:
+        problems.append(f"placement tags {have.get('tags') or []} lack {missing}")
+    if not problems:
+        return None
+    return f"stream {state.name} is placed in " + "; ".join(problems)
 
 
 def coverage(

@@ -395,7 +395,7 @@ authorization {
         try:
             wait_for(lambda: len(http_app.requests_for("/jobs/sync")) >= 2, 30, what="runs")
             assert proc.ready()
-            assert "cannot raise stream CRON" in proc.log()
+            assert "cannot update stream CRON" in proc.log()
             assert proc.metric("anarchon_stream_covers_job", {"job": "sync"}) == 1
         finally:
             assert proc.terminate() == 0
