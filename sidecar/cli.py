@@ -25,7 +25,7 @@ from sidecar.config import JOB_NAME, Config, JobConfig, Secrets, load_config, lo
 from sidecar.errors import ConfigError, ConnectError, SidecarError, StreamError, StreamNotFound
 from sidecar.runs import History, Run
 from sidecar.signing import Signer
-from sidecar.values import format_duration
+from sidecar.values import format_duration, is_remote
 
 T = TypeVar("T")
 
@@ -145,6 +145,13 @@ def run(config_path: str | None) -> None:
         config.nats.stream,
         signer.describe() if signer else "off",
     )
+    remote = [job.name for job in config.jobs if is_remote(job.request.url)]
+    if remote and signer is None:
+        log.warning(
+            "job(s) %s trigger a remote app without a signature: anyone who can reach it "
+            "can trigger them too; set target.signing_secret_file (SECURITY.md)",
+            ", ".join(remote),
+        )
     sys.exit(run_async(daemon.run()))
 
 
