@@ -33,7 +33,7 @@ from sidecar.errors import (
 from sidecar.runs import History, Run
 from sidecar.signing import Signer
 from sidecar.stream import coverage, placement_problem, stream_spec
-from sidecar.values import format_duration, redact_url
+from sidecar.values import format_duration, is_remote, redact_url
 
 T = TypeVar("T")
 
@@ -155,6 +155,13 @@ def run(config_path: str | None) -> None:
         config.nats.stream,
         signer.describe() if signer else "off",
     )
+    remote = [job.name for job in config.jobs if is_remote(job.request.url)]
+    if remote and signer is None:
+        log.warning(
+            "job(s) %s trigger a remote app without a signature: anyone who can reach it "
+            "can trigger them too; set target.signing_secret_file (SECURITY.md)",
+            ", ".join(remote),
+        )
     sys.exit(run_async(daemon.run()))
 
 

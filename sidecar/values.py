@@ -271,6 +271,11 @@ def target_url(value: object, key: str, allow_remote: bool) -> str:
     return text
 
 
+def is_remote(url: str) -> bool:
+    """Whether a (valid) ``target.url`` names a host that is not loopback."""
+    return not url.startswith("unix:") and not is_loopback(urlsplit(url).hostname or "")
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is localhost, 127.0.0.0/8 or ::1."""
     if host.lower() == "localhost":

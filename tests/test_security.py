@@ -29,7 +29,7 @@ from sidecar.claim import MSG_ID, Claimer
 from sidecar.clock import Clock
 from sidecar.config import Config, Secrets, load_secrets, parse_config
 from sidecar.stream import ensure_stream, stream_spec
-from tests.support import ROOT, NatsServer, RecordingApp
+from tests.support import ROOT, NatsServer, RecordingApp, free_port, run_cli
 
 SLOT = 1_796_227_920_000
 
@@ -221,3 +221,35 @@ def test_config_repr_hides_header_values(http_app: RecordingApp) -> None:
     text = repr(config)
     assert "tgt-secret" not in text and "job-secret" not in text
     assert config.jobs[0].request.headers["X-Api-Key"] == "job-secret"
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_unsigned_triggers_to_a_remote_app_are_warned_about(tmp_path: Path, signed: bool) -> None:
+    config = tmp_path / "c.yaml"
+    target: dict[str, Any] = {"url": "http://192.0.2.1:8080", "allow_remote": True}
+    config.write_text(
+        json.dumps(
+            {
+                "nats": {"servers": f"nats://127.0.0.1:{free_port()}", "connect_timeout": "200ms"},
+                "metrics": {"listen": "127.0.0.1:0"},
+                "target": target,
+                "jobs": [
+                    {"name": "far", "schedule": "* * * * *"},
+                    {
+                        "name": "near",
+                        "schedule": "* * * * *",
+                        "request": {"url": "http://127.0.0.1:8080"},
+                    },
+                ],
+            }
+        )
+    )
+    env = {"ANARCHON_SIGNING_SECRET": "k"} if signed else {}
+    res = run_cli("run", "-c", str(config), env=env)
+    assert res.returncode == 3, res.stderr  # NATS is not there
+    warned = [line for line in res.stderr.splitlines() if "without a signature" in line]
+    if signed:
+        assert not warned, res.stderr
+    else:
+        (line,) = warned
+        assert "WARNING" in line and "job(s) far trigger a remote app" in line, line

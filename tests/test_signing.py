@@ -74,6 +74,17 @@ def test_sidecar_reproduces_the_vectors(case: dict[str, Any]) -> None:
     assert signer.header(case["t"], fields) == case["header"]
 
 
+def test_vectors_file_is_what_its_generator_writes() -> None:
+    # make_vectors.py computes them without the sidecar's code; the file must be its output.
+    proc = subprocess.run(
+        [sys.executable, str(SIGNING_DOCS / "make_vectors.py")],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    assert proc.stdout == (SIGNING_DOCS / "vectors.json").read_bytes()
+
+
 def test_vectors_cover_rotation_v1_switch_attempt_and_fence() -> None:
     assert any(len(c["secrets"]) == 2 and c["v1"] for c in SIGNING_CASES)
     assert any(not c["v1"] for c in SIGNING_CASES)

@@ -91,7 +91,7 @@ class Verifier:
         field.update({name: values.get(name, [default])[0] for name, default in OPTIONAL.items()})
         lines = [
             "anarchon-v2",
-            str(t),
+            stamps[0],  # exactly as in the header
             method,
             target,
             field["x-anarchon-job"],

@@ -6,8 +6,10 @@ claim it sees with a made-up ack (`{"stream":"CRON","seq":1}`, not a
 duplicate) as fast as it can; a "winner" instance claims each slot first, then
 the "victim" claims it too and should lose. Run once on an account without
 permissions and once with the permissions block of SECURITY.md (read from the
-file). Reports how many lost slots the victim took for won; asserts none with
-the permissions. Without them it happens now and then (a race with the
+file), and once where the other client may publish and read the stream's
+subjects but answer nothing (it also re-publishes each claim it sees, the
+victim's token included). Reports how many lost slots the victim took for
+won; asserts none in the last two. Without them it happens now and then (a race with the
 server's own ack), which SECURITY.md states with these figures.
 """
 
@@ -30,6 +32,13 @@ from tests.reliability.conftest import Figures
 from tests.support import ROOT, NatsServer
 
 SLOTS = 1000
+STREAM_ONLY = """authorization { users = [
+  {user: anarchon, password: sidecar-pw, permissions: {
+    publish: {allow: ["cron.>", "$JS.API.>"]}, subscribe: {allow: ["_INBOX.>"]}}}
+  {user: app, password: app-pw, permissions: {
+    publish: {allow: ["cron.>"]}, subscribe: {allow: ["cron.>"]}}}
+] }
+"""
 FAKE_ACK = b'{"stream":"CRON","seq":1}'
 
 
@@ -60,6 +69,9 @@ async def victim_wins(
             if msg.reply:
                 await bad.publish(msg.reply, FAKE_ACK)
                 sent += 1
+                # And the claim again, token and msg id as seen: the stored claim
+                # with the victim's token is what a duplicate ack is checked against.
+                await bad.publish(msg.subject, msg.data, headers=msg.headers)
 
         await bad.subscribe("cron.>", cb=answer)
         await bad.flush()
@@ -101,11 +113,26 @@ async def test_forged_acks(
     finally:
         guarded.stop()
 
+    # Publish and read the stream's subjects, but not answer requests: the
+    # "write access to the stream" of SECURITY.md's claim.
+    stream_only = NatsServer(tmp_path / "stream-only", extra_conf=STREAM_ONLY)
+    stream_only.start()
+    try:
+        stream_only_wins, stream_only_sent = await victim_wins(
+            stream_only.url,
+            {"user": "anarchon", "password": "sidecar-pw"},
+            {"user": "app", "password": "app-pw"},
+        )
+    finally:
+        stream_only.stop()
+
     figures.report(
         "forged-acks",
         slots=SLOTS,
         open_fake_acks=open_sent,
         open_lost_slots_won=open_wins,
+        stream_only_fake_acks=stream_only_sent,
+        stream_only_lost_slots_won=stream_only_wins,
         guarded_fake_acks=guarded_sent,
         guarded_lost_slots_won=guarded_wins,
     )
@@ -114,3 +141,6 @@ async def test_forged_acks(
     # ... and saw none with the permissions (so it had nothing to answer).
     assert guarded_sent == 0
     assert guarded_wins == 0
+    # Seeing every claim and re-publishing it is not enough without answering.
+    assert stream_only_sent >= 2 * SLOTS
+    assert stream_only_wins == 0
