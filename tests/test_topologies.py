@@ -228,6 +228,23 @@ def test_a_leaf_site_shares_the_hubs_stream_with_nats_domain(
         assert (instances & {"site-1", "site-2"} and "hub-1" in instances) or len(instances) >= 2
         window = range((int(start) + 1) * 1000, (int(time.time()) - 2) * 1000, 1000)
         assert [s for s in window if s not in seen] == []
+        # The hub goes away and comes back: the site's sidecars resume claiming.
+        procs = [p.start() for p in procs[1:]]  # the two site sidecars again
+        try:
+            for proc in procs:
+                proc.wait_ready(60)
+            hub.stop()
+            time.sleep(2)
+            hub.start(30)
+            back = time.time()
+            wait_for(
+                lambda: [s for s in slots(http_app) if s / 1000 > back], 40, what="runs again"
+            )
+            resumed = min(s / 1000 for s in slots(http_app) if s / 1000 > back)
+            print(f"\nleaf: first slot run {resumed - back:.2f}s after the hub was back")
+        finally:
+            assert [p.terminate() for p in procs] == [0, 0]
+        assert max(Counter(slots(http_app)).values()) == 1
         # A site sidecar without nats.domain reaches the leaf's own JetStream: it says so.
         lone = Sidecar(
             tmp_path,
