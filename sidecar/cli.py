@@ -7,12 +7,13 @@ line naming the key, no traceback), 3 NATS unreachable.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
 import logging
 import os
 import re
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
 from zoneinfo import ZoneInfo
@@ -22,7 +23,14 @@ import click
 from sidecar import __version__, oneshot
 from sidecar.clock import Clock, parse_rfc3339
 from sidecar.config import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
-from sidecar.errors import ConfigError, ConnectError, SidecarError, StreamError, StreamNotFound
+from sidecar.errors import (
+    ConfigError,
+    ConnectError,
+    SidecarError,
+    StreamError,
+    StreamNotFound,
+    UnknownJob,
+)
 from sidecar.runs import History, Run
 from sidecar.values import format_duration
 
@@ -31,6 +39,9 @@ T = TypeVar("T")
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
+
+# Job names listed in full in an unknown-job error; more are counted.
+MAX_LISTED = 20
 
 log = logging.getLogger("sidecar")
 
@@ -81,7 +92,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         fail(EXIT_CONFIG, f"config error: {exc}")
     except ConnectError as exc:
         fail(EXIT_UNREACHABLE, str(exc))
-    except StreamNotFound:
+    except (StreamNotFound, UnknownJob):
         raise
     except StreamError as exc:
         fail(EXIT_FAILED, str(exc))
@@ -186,12 +197,30 @@ def connected_command(config_path: str | None) -> tuple[Config, Secrets]:
         fail(EXIT_CONFIG, f"config error: {exc}")
 
 
+def closest_name(name: str, known: Sequence[str]) -> str | None:
+    """The known name `name` most likely misspells: same but for case, else the nearest."""
+    for candidate in known:
+        if candidate.casefold() == name.casefold():
+            return candidate
+    matches = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def unknown_job(name: str, known: Sequence[str], where: str) -> NoReturn:
+    """Exit 2: `name` is no job `where`; list the known names and the closest."""
+    closest = closest_name(name, known)
+    hint = f"; did you mean {closest!r}?" if closest else ""
+    listed = ", ".join(known[:MAX_LISTED]) or "none"
+    if len(known) > MAX_LISTED:
+        listed += f", and {len(known) - MAX_LISTED} more"
+    fail(EXIT_CONFIG, f"no job named {name!r} {where}{hint} (jobs: {listed})")
+
+
 def job_or_exit(config: Config, name: str) -> JobConfig:
     try:
         return config.job(name)
     except ConfigError:
-        names = ", ".join(j.name for j in config.jobs)
-        fail(EXIT_CONFIG, f"no job named {name!r} in the config (jobs: {names})")
+        unknown_job(name, config.job_names, "in the config")
 
 
 def no_stream(config: Config, code: int = 0) -> NoReturn:
@@ -210,10 +239,15 @@ def job_timezone(config: Config, name: str) -> ZoneInfo:
 
 
 def _history(config: Config, secrets: Secrets, job: str, no_stream_code: int = 0) -> History:
+    stream_name = config.nats.stream
     try:
         hist = run_async(oneshot.history(config, secrets, job))
     except StreamNotFound:
+        if job not in config.job_names:
+            unknown_job(job, config.job_names, f"in the config, and no stream {stream_name} yet")
         no_stream(config, no_stream_code)
+    except UnknownJob as exc:
+        unknown_job(job, exc.known, f"in the config or in stream {stream_name}")
     if hist.skipped:
         click.echo(
             f"({hist.skipped} malformed or foreign message(s) on {job}'s subjects skipped)",

@@ -169,6 +169,10 @@ class Config:
         sizes = [job.history_size for job in self.jobs if job.history_size is not None]
         return max([self.nats.history_size, *sizes])
 
+    @property
+    def job_names(self) -> tuple[str, ...]:
+        return tuple(job.name for job in self.jobs)
+
     def job(self, name: str) -> JobConfig:
         """The job called ``name``; ConfigError("jobs", ...) when there is none."""
         for job in self.jobs:

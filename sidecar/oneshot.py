@@ -22,8 +22,14 @@ from sidecar.claim import Claimer
 from sidecar.clock import Clock
 from sidecar.config import Config, Secrets
 from sidecar.connection import Connection
-from sidecar.errors import StreamError
-from sidecar.runs import History, ResultRecord, publish_result, read_history
+from sidecar.errors import StreamError, UnknownJob
+from sidecar.runs import (
+    History,
+    ResultRecord,
+    publish_result,
+    read_history,
+    stream_job_names,
+)
 from sidecar.stream import RETRYABLE, StreamState, ensure_stream, read_stream, stream_spec
 from sidecar.trigger import Trigger, TriggerResult
 
@@ -52,14 +58,25 @@ async def stream_state(config: Config, secrets: Secrets) -> StreamState:
 
 
 async def history(config: Config, secrets: Secrets, job: str) -> History:
+    """The runs of `job`, a job of the config or of another scheduler sharing the stream.
+
+    UnknownJob when the name is in neither: a typo must not read as "never ran".
+    """
     spec = stream_spec(config)
     async with connected(config, secrets) as conn:
         js = _js(conn)
         await _read(read_stream(js, spec))  # StreamNotFound, plainly
         try:
-            return await read_history(js, spec.name, spec.prefix, job)
+            hist = await read_history(js, spec.name, spec.prefix, job)
+            if hist.runs or hist.skipped or job in config.job_names:
+                return hist
+            in_stream = await stream_job_names(js, spec.name, spec.prefix)
         except (*RETRYABLE, APIError, TimeoutError) as exc:
             raise StreamError(f"cannot read the history of {job}: {exc!r}") from exc
+        if job in in_stream:
+            return hist
+        known = config.job_names + tuple(n for n in in_stream if n not in config.job_names)
+        raise UnknownJob(job, known)
 
 
 async def _read(aw: Awaitable[StreamState]) -> StreamState:

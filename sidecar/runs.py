@@ -268,6 +268,15 @@ async def read_job_messages(
     return out
 
 
+async def stream_job_names(js: JetStreamContext, stream: str, prefix: str) -> list[str]:
+    """Names of every job with messages in the stream (``<prefix><job>.<kind>``), sorted.
+
+    Jobs of other schedulers sharing the stream are among them.
+    """
+    info = await js.stream_info(stream, subjects_filter=f"{prefix}*.*")
+    return sorted({subject[len(prefix) :].split(".")[0] for subject in info.state.subjects or {}})
+
+
 async def read_history(js: JetStreamContext, stream: str, prefix: str, job: str) -> History:
     """The job's runs, newest first, and the count of skipped messages."""
     return join_runs(job, await read_job_messages(js, stream, prefix, job), prefix)

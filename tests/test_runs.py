@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +236,55 @@ def test_history_reads_only_its_own_job(
     other = write_config(tmp_path / "other.yaml", cfg)
     assert [r["token"] for r in cli_json(other, "history", "sync2")] == [run2["token"]]
     assert run_cli("history", "bad name", "-c", str(other)).returncode == 2
+
+
+def test_a_job_name_in_neither_config_nor_stream_exits_2_with_the_closest(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    cfg = config_for(nats_server, http_app)
+    cfg["jobs"] += [{"name": "report", "schedule": "0 0 1 1 *"}]
+    path = write_config(tmp_path / "cli.yaml", cfg)
+
+    def error_line(res: subprocess.CompletedProcess[str]) -> str:
+        """The error, after the `connected to NATS` log line."""
+        return res.stderr.splitlines()[-1]
+
+    # No stream yet: only the config knows names.
+    res = run_cli("history", "nosuch", "-c", str(path))
+    assert res.returncode == 2, res
+    assert error_line(res) == (
+        "anarchon-sidecar: no job named 'nosuch' in the config, and no stream CRON yet "
+        "(jobs: sync, report)"
+    )
+    assert run_cli("run-now", "sync", "-c", str(path)).returncode == 0
+    # `foreign` is a job of another scheduler sharing the stream: known, not an error.
+    other = {**cfg, "jobs": [{"name": "foreign", "schedule": "0 0 1 1 *"}]}
+    other_path = write_config(tmp_path / "other.yaml", other)
+    assert run_cli("run-now", "foreign", "-c", str(other_path)).returncode == 0
+
+    for command in ("history", "last-run"):
+        for args in ((), ("--json",)):
+            res = run_cli(command, "Sync", "-c", str(path), *args)
+            assert (res.returncode, res.stdout) == (2, ""), res
+            assert error_line(res) == (
+                "anarchon-sidecar: no job named 'Sync' in the config or in stream CRON; "
+                "did you mean 'sync'? (jobs: sync, report, foreign)"
+            )
+    res = run_cli("last-run", "reprot", "-c", str(path))
+    assert res.returncode == 2 and "did you mean 'report'?" in res.stderr, res
+    res = run_cli("history", "zzz", "-c", str(path))
+    assert res.returncode == 2 and "did you mean" not in res.stderr, res
+    res = run_cli("run-now", "snyc", "-c", str(path))
+    assert res.returncode == 2, res
+    assert error_line(res) == (
+        "anarchon-sidecar: no job named 'snyc' in the config; did you mean 'sync'? "
+        "(jobs: sync, report)"
+    )
+    # In the config with no runs, or only in the stream: no error.
+    res = run_cli("history", "report", "-c", str(path))
+    assert (res.returncode, res.stdout) == (0, "no runs of report in stream CRON\n"), res
+    assert run_cli("last-run", "report", "-c", str(path)).returncode == 1
+    assert cli_json(path, "last-run", "foreign")[0]["job"] == "foreign"
 
 
 @pytest.mark.parametrize(
