@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
@@ -32,7 +33,7 @@ from sidecar.errors import (
     UnknownJob,
 )
 from sidecar.runs import History, Run
-from sidecar.values import format_duration
+from sidecar.values import format_duration, parse_duration
 
 T = TypeVar("T")
 
@@ -333,14 +334,71 @@ def last_run(job: str, config_path: str | None, as_json: bool) -> None:
         _table(runs[:1], tz)
 
 
+def duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """A duration with a unit, as in the config (``30s``, ``2m``, ``1m30s``)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        if int(text) == 0:
+            return 0.0
+        raise click.BadParameter(f"{text!r} has no unit: write e.g. {text}s", ctx, param)
+    try:
+        return parse_duration(text, "")
+    except ConfigError:
+        raise click.BadParameter(
+            f"not a duration: {text!r} (e.g. 500ms, 30s, 2m, 1m30s)", ctx, param
+        ) from None
+
+
+# How often run-now says it is still retrying an app that is not reachable.
+PROGRESS_EVERY = 5.0
+
+
+class RetryProgress:
+    """run-now's lines on stderr while the app is not reachable: what, how long, how far."""
+
+    def __init__(self, job: str, retry_for: float) -> None:
+        self.job = job
+        self.retry_for = retry_for
+        self.started = 0.0
+        self.last = 0.0
+
+    def __call__(self, attempts: int, why: Exception, remaining: float) -> None:
+        now = time.monotonic()
+        if attempts == 1:
+            self.started = self.last = now
+            click.echo(
+                f"{self.job}: app not reachable ({why}); retrying for up to "
+                f"{format_duration(self.retry_for)} (--timeout to change)",
+                err=True,
+            )
+        elif now - self.last >= PROGRESS_EVERY:
+            self.last = now
+            click.echo(
+                f"{self.job}: still not reachable after {now - self.started:.0f}s "
+                f"({attempts} attempts); giving up in {remaining:.0f}s",
+                err=True,
+            )
+
+
 @main.command("run-now")
 @click.argument("job")
 @config_option
-def run_now(job: str, config_path: str | None) -> None:
+@click.option(
+    "--timeout",
+    callback=duration_option,
+    metavar="DURATION",
+    help="How long to keep retrying an app that is not reachable, e.g. 30s "
+    "(default: the job's max_late). 0 tries once.",
+)
+def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
     """Claim a manual run of JOB, trigger it from here and record it; exit 0 or 1."""
     config, secrets = connected_command(config_path)
-    job_or_exit(config, job)
-    done = run_async(oneshot.run_now(config, secrets, job, Clock()))
+    spec = job_or_exit(config, job)
+    retry_for = spec.max_late if timeout is None else timeout
+    progress = RetryProgress(job, retry_for)
+    done = run_async(oneshot.run_now(config, secrets, job, Clock(), retry_for, progress))
     r = done.result
     status = "succeeded" if r.ok else "failed"
     http = f"HTTP {r.http_status}" if r.http_status is not None else "no HTTP status"

@@ -31,7 +31,7 @@ from sidecar.runs import (
     stream_job_names,
 )
 from sidecar.stream import RETRYABLE, StreamState, ensure_stream, read_stream, stream_spec
-from sidecar.trigger import Trigger, TriggerResult
+from sidecar.trigger import RetryReport, Trigger, TriggerResult
 
 # How long a one-shot command waits for JetStream answers.
 READ_TIMEOUT = 10.0
@@ -95,8 +95,19 @@ class ManualRun:
     recorded: bool
 
 
-async def run_now(config: Config, secrets: Secrets, job_name: str, clock: Clock) -> ManualRun:
-    """Claim a manual run of `job_name`, trigger it here and record the result."""
+async def run_now(
+    config: Config,
+    secrets: Secrets,
+    job_name: str,
+    clock: Clock,
+    retry_for: float | None = None,
+    on_retry: RetryReport | None = None,
+) -> ManualRun:
+    """Claim a manual run of `job_name`, trigger it here and record the result.
+
+    An app that is not reachable is retried for `retry_for` seconds (default:
+    the job's max_late, as a slot would be); `on_retry` hears of each retry.
+    """
     job = config.job(job_name)
     spec = stream_spec(config)
     async with connected(config, secrets) as conn:
@@ -120,10 +131,9 @@ async def run_now(config: Config, secrets: Secrets, job_name: str, clock: Clock)
         claim = await claimer.claim(job.name, slot, time.monotonic() + READ_TIMEOUT, manual=True)
         if not claim.won:  # a manual msg id is unique: only a broken stream gets here
             raise StreamError(f"manual claim {claim.token} was not stored as ours")
-        # A manual run retries an unreachable app for as long as a slot would.
-        deadline = clock.monotonic() + job.max_late
+        deadline = clock.monotonic() + (job.max_late if retry_for is None else retry_for)
         async with Trigger(secrets.signing_secret, clock, config.instance_id) as trigger:
-            result = await trigger.fire(job, slot, claim.token, deadline)
+            result = await trigger.fire(job, slot, claim.token, deadline, on_retry)
         record = ResultRecord.of(job.name, slot, claim.token, config.instance_id, result, True)
         recorded = await publish_result(js, spec.name, spec.prefix, record, attempts=5)
         return ManualRun(claim.token, slot, result, recorded)

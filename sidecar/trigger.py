@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -33,6 +34,10 @@ def signature(secret: bytes, timestamp: int, body: bytes) -> str:
     """``t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">``."""
     mac = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
     return f"t={timestamp},v1={mac}"
+
+
+#: ``on_retry(attempts so far, why, seconds left before giving up)``
+RetryReport = Callable[[int, TriggerUndelivered, float], None]
 
 
 @dataclass(frozen=True)
@@ -108,11 +113,19 @@ class Trigger:
             )
         return headers
 
-    async def fire(self, job: JobConfig, slot: int, token: str, deadline: float) -> TriggerResult:
+    async def fire(
+        self,
+        job: JobConfig,
+        slot: int,
+        token: str,
+        deadline: float,
+        on_retry: RetryReport | None = None,
+    ) -> TriggerResult:
         """Run the job's request once; retry only while undelivered and before `deadline`.
 
         `deadline` is on the monotonic clock. Never raises for the app's
-        behaviour: the outcome is in the result.
+        behaviour: the outcome is in the result. Each retry is logged (the
+        first as a warning), or given to `on_retry` instead when there is one.
         """
         started_at = self.clock.wall()
         t0 = time.perf_counter()
@@ -126,13 +139,16 @@ class Trigger:
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= backoff:
                     return self._result(started_at, t0, None, f"{exc} (gave up)", attempts)
-                (log.warning if attempts == 1 else log.debug)(
-                    "job %s slot %s: app not reachable (%s); retrying in %.1fs",
-                    job.name,
-                    slot,
-                    exc,
-                    backoff,
-                )
+                if on_retry is not None:
+                    on_retry(attempts, exc, remaining)
+                else:
+                    (log.warning if attempts == 1 else log.debug)(
+                        "job %s slot %s: app not reachable (%s); retrying in %.1fs",
+                        job.name,
+                        slot,
+                        exc,
+                        backoff,
+                    )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue

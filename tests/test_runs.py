@@ -7,6 +7,7 @@ import json
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from sidecar.runs import RUN_FIELDS, join_runs
 from tests.support import (
     NatsServer,
     RecordingApp,
+    free_port,
     read_stream,
     run_cli,
     sidecars,
@@ -139,6 +141,43 @@ def test_run_now_triggers_once_records_manual_and_exits_by_outcome(
     assert cli_json(path, "last-run", "sync")[0]["http_status"] == 503
 
     assert run_cli("run-now", "nope", "-c", str(path)).returncode == 2
+
+
+def test_run_now_with_the_app_down_shows_progress_and_gives_up_at_its_timeout(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    cfg = config_for(nats_server, http_app, max_late="50s")
+    cfg["target"]["url"] = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    path = write_config(tmp_path / "cli.yaml", cfg)
+
+    started = time.monotonic()
+    res = run_cli("run-now", "sync", "-c", str(path), "--timeout", "12s")
+    took = time.monotonic() - started
+
+    assert res.returncode == 1, res
+    assert 5 <= took < 40, took  # within the --timeout, not the job's max_late of 50s
+    lines = [line for line in res.stderr.splitlines() if line.startswith("sync: ")]
+    assert re.fullmatch(
+        r"sync: app not reachable \(cannot connect to http://127\.0\.0\.1:\d+: .*\); "
+        r"retrying for up to 12s \(--timeout to change\)",
+        lines[0],
+    ), res.stderr
+    assert re.fullmatch(
+        r"sync: still not reachable after \d+s \(\d+ attempts\); giving up in \d+s", lines[1]
+    ), res.stderr
+    assert re.fullmatch(
+        r"sync: manual run \w+ failed \(no HTTP status, \d+ ms\): .* \(gave up\)",
+        res.stdout.strip(),
+    ), res.stdout
+    [run] = cli_json(path, "last-run", "sync")
+    assert run["status"] == "failed" and run["error"].endswith("(gave up)")
+
+    # 0 tries once; a number without a unit is refused (it would be milliseconds in the config).
+    res = run_cli("run-now", "sync", "-c", str(path), "--timeout", "0")
+    assert res.returncode == 1 and "still not reachable" not in res.stderr, res
+    for bad in ("30", "soon", "-1s"):
+        res = run_cli("run-now", "sync", "-c", str(path), "--timeout", bad)
+        assert res.returncode == 2 and "Invalid value for '--timeout'" in res.stderr, res
 
 
 def test_read_commands_say_plainly_there_is_no_stream(
