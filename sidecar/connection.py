@@ -18,6 +18,7 @@ from nats.aio.client import Client as NATS
 
 from sidecar.config import Config, Secrets
 from sidecar.errors import ConnectError
+from sidecar.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:  # the metrics (prometheus_client) are the daemon's, not the one-shot commands'
     from sidecar.metrics import Metrics
@@ -79,6 +80,8 @@ class Connection:
         self.nc: NATS | None = None
         self.connected = asyncio.Event()
         self.closing = False
+        # NATS down means one error per reconnect attempt, every second: say it once a minute.
+        self.warnings = RateLimitedLog(log)
 
     async def connect(self) -> NATS:
         """Connect once; ConnectError with a one-line reason when no server answers."""
@@ -87,7 +90,10 @@ class Connection:
         async def on_error(exc: Exception) -> None:
             if self.nc is None or not self.nc.is_connected:
                 errors.append(_reason(exc))
-            log.warning("nats: %s", _reason(exc))
+            if self.nc is None:  # the first connect: its ConnectError says it, in one line
+                log.debug("nats: %s", _reason(exc))
+            else:
+                self.warnings.warning("nats", "nats: %s", _reason(exc))
 
         try:
             nc = await nats.connect(
@@ -123,6 +129,7 @@ class Connection:
         self._set_connected(False)
 
     async def _on_reconnected(self) -> None:
+        self.warnings.clear("nats")
         self._set_connected(True)
         if self.metrics is not None:
             self.metrics.nats_reconnects_total.inc()
