@@ -32,6 +32,7 @@ from sidecar.values import (
     read_file,
     read_text_file,
     read_yaml,
+    short,
     string,
     subject_name,
     subject_prefix,
@@ -355,8 +356,14 @@ _JOB_KEYS = ("name", "schedule", "timezone", "jitter", "max_late", "history_size
 
 def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
     name = sec.get("name", None, string)
-    if name is None or not JOB_NAME.fullmatch(name):
+    if name is None:
         raise ConfigError(sec.key("name"), "required: letters, digits, _ and - only")
+    if not JOB_NAME.fullmatch(name):
+        raise ConfigError(
+            sec.key("name"),
+            f"{short(name)} is not a job name: letters, digits, _ and - only "
+            "(it is a token of the NATS subjects)",
+        )
     timezone = sec.get("timezone", ZoneInfo("UTC"), zone)
     expr = sec.get("schedule", None, string)
     if expr is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,20 @@ def test_prometheus_missing_without_apt_says_what_to_do(
 
     assert proc.returncode != 0
     assert "put them on PATH" in proc.stderr
+
+
+def test_the_editable_install_prints_no_setuptools_warning(tmp_path: Path) -> None:
+    """`make install` is quiet: no BuildBackendWarning block from setuptools on each install."""
+    # Into a venv of its own: installing into this one would replace the project here.
+    target = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
+    pip = [sys.executable, "-m", "pip", "--python", str(target / "bin" / "python")]
+    proc = subprocess.run(
+        [*pip, "install", "--quiet", "--no-deps", "-e", str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "BuildBackendWarning" not in proc.stderr, proc.stderr
+    assert "Editable install" not in proc.stderr, proc.stderr
