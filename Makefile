@@ -8,10 +8,15 @@ STAMP  := $(VENV)/.installed
 
 all: test
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+# A venv without pip is a failed creation (e.g. Debian without python3-venv):
+# start again from nothing instead of failing on .venv/bin/pip forever.
+$(BIN)/pip:
+	@rm -rf $(VENV)
+	@$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+	  echo "could not create $(VENV) with $(PYTHON) -m venv (on Debian/Ubuntu: apt-get install python3-venv)"; \
+	  exit 1; }
 
-$(STAMP): $(BIN)/python pyproject.toml
+$(STAMP): $(BIN)/pip pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
@@ -28,16 +33,14 @@ typecheck: $(STAMP)
 unit: $(STAMP) prometheus verifiers
 	$(BIN)/pytest -m "not slow"
 
-# promtool checks of deploy/prometheus (needs Debian's `prometheus` package).
-# Debian's `prometheus` package (prometheus and promtool) for the rule and
-# dashboard tests: installed when missing where that can be done (root, apt).
-prometheus:
-	@command -v promtool >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian's prometheus package (promtool)"; \
-	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
-	  else echo "promtool missing: apt-get install prometheus (as root)"; exit 1; fi; }
+# prometheus and promtool for the rule tests and the end-to-end metrics test,
+# into .venv/bin: linked from PATH when there, else unpacked from Debian's
+# `prometheus` package fetched with `apt-get download`. Nothing is installed
+# system-wide and nothing is started (tests/install-prometheus.sh).
+prometheus: $(BIN)/promtool
+
+$(BIN)/promtool: | $(BIN)/pip
+	sh tests/install-prometheus.sh $(BIN)
 
 # Go and Node.js for the sample signature verifiers of docs/signing, which
 # tests/test_signing.py runs against the test vectors: Debian's golang-go and
@@ -56,9 +59,9 @@ verifiers:
 	fi
 
 rules: prometheus
-	promtool check config deploy/prometheus/prometheus.yml
-	promtool check rules deploy/prometheus/rules/*.yml
-	promtool test rules deploy/prometheus/tests/*.yml
+	$(BIN)/promtool check config deploy/prometheus/prometheus.yml
+	$(BIN)/promtool check rules deploy/prometheus/rules/*.yml
+	$(BIN)/promtool test rules deploy/prometheus/tests/*.yml
 
 test: lint typecheck rules unit
 

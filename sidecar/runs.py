@@ -285,6 +285,15 @@ async def read_job_messages(
     return out
 
 
+async def stream_job_names(js: JetStreamContext, stream: str, prefix: str) -> list[str]:
+    """Names of every job with messages in the stream (``<prefix><job>.<kind>``), sorted.
+
+    Jobs of other schedulers sharing the stream are among them.
+    """
+    info = await js.stream_info(stream, subjects_filter=f"{prefix}*.*")
+    return sorted({subject[len(prefix) :].split(".")[0] for subject in info.state.subjects or {}})
+
+
 async def read_history(
     js: JetStreamContext, stream: str, prefix: str, job: str, latest_slot: int | None = None
 ) -> History:

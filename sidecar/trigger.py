@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 
 # Only this much of an error response is read (and logged), never more.
 MAX_ERROR_BODY = 200
+
+
+#: ``on_retry(attempts so far, why, seconds left before giving up)``
+RetryReport = Callable[[int, TriggerUndelivered, float], None]
 
 
 @dataclass(frozen=True)
@@ -128,11 +133,13 @@ class Trigger:
         deadline: float,
         attempt: int = 1,
         fence: int | None = None,
+        on_retry: RetryReport | None = None,
     ) -> TriggerResult:
         """Run the job's request once; retry only while undelivered and before `deadline`.
 
         `deadline` is on the monotonic clock. Never raises for the app's
-        behaviour: the outcome is in the result.
+        behaviour: the outcome is in the result. Each retry is logged (the
+        first as a warning), or given to `on_retry` instead when there is one.
         """
         started_at = self.clock.wall()
         t0 = time.perf_counter()
@@ -146,13 +153,16 @@ class Trigger:
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= backoff:
                     return self._result(started_at, t0, None, f"{exc} (gave up)", attempts)
-                (log.warning if attempts == 1 else log.debug)(
-                    "job %s slot %s: app not reachable (%s); retrying in %.1fs",
-                    job.name,
-                    slot,
-                    exc,
-                    backoff,
-                )
+                if on_retry is not None:
+                    on_retry(attempts, exc, remaining)
+                else:
+                    (log.warning if attempts == 1 else log.debug)(
+                        "job %s slot %s: app not reachable (%s); retrying in %.1fs",
+                        job.name,
+                        slot,
+                        exc,
+                        backoff,
+                    )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue

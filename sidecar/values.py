@@ -218,6 +218,14 @@ def subject_prefix(value: object, key: str) -> str:
 
 def listen_address(value: object, key: str) -> tuple[str, int]:
     """``HOST:PORT`` or ``[IPv6]:PORT`` as (host without brackets, port)."""
+    port_alone = str(value).strip().lstrip(":")
+    if not isinstance(value, bool) and port_alone.isascii() and port_alone.isdigit():
+        # Which interfaces to serve on is a choice to make, not to guess.
+        raise ConfigError(
+            key,
+            f"a port alone is not enough: write HOST:PORT, e.g. 0.0.0.0:{port_alone} "
+            f"(every interface) or 127.0.0.1:{port_alone} (this host only)",
+        )
     text = string(value, key).strip()
     if text.startswith("["):
         host, sep, port = text[1:].partition("]:")

