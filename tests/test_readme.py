@@ -267,14 +267,24 @@ def run_command(world: World, block: Block, command: str) -> tuple[int, list[str
     """Exit code and the lines a user would see (stderr's log lines left out)."""
     args = shlex.split(command)
     assert args[0] == "anarchon-sidecar", f"README.md:{block.line}: unknown command {command!r}"
-    proc = subprocess.run(
-        [sys.executable, "-m", "sidecar", *args[1:]],
-        cwd=world.where(block.context),
-        capture_output=True,
-        text=True,
-        env=sidecar_env(),
-        timeout=120,
-    )
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sidecar", *args[1:]],
+            cwd=world.where(block.context),
+            capture_output=True,
+            text=True,
+            env=sidecar_env(),
+            timeout=120,
+        )
+
+    # The sidecars keep running: a read can land between a claim and its
+    # result (milliseconds here), which the samples do not show. Read again.
+    def settled() -> subprocess.CompletedProcess[str] | None:
+        proc = run()
+        return None if " running " in proc.stdout else proc
+
+    proc = wait_for(settled, 30, interval=0.5, what=command)
     log_line = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ")
     errors = [line for line in proc.stderr.splitlines() if not log_line.match(line)]
     return proc.returncode, proc.stdout.splitlines() + errors
