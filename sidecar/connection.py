@@ -177,7 +177,10 @@ class Connection:
             if self.nc is None:  # the first connect: its ConnectError says it, in one line
                 log.debug("nats: %s", _reason(exc))
             else:
-                self.warnings.warning("nats", "nats: %s", _reason(exc))
+                # One kind a distinct reason (per server): a TLS refusal is not
+                # hidden behind an EOF, nor one server's refusal behind another's.
+                reason = _reason(exc)
+                self.warnings.warning(f"nats:{reason}", "nats: %s", reason)
 
         options = connect_options(self.config, self.secrets)
         nc = Client(require_tls="tls" in options)
@@ -215,7 +218,7 @@ class Connection:
         self._set_connected(False)
 
     async def _on_reconnected(self) -> None:
-        self.warnings.clear("nats")
+        self.warnings.clear_prefix("nats:")
         self._set_connected(True)
         if self.metrics is not None:
             self.metrics.nats_reconnects_total.inc()

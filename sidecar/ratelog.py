@@ -75,6 +75,11 @@ class RateLimitedLog:
             suffix = self._repeated(episode.held - 1, self.clock() - episode.since)
             self.logger.log(episode.level, episode.msg + suffix, *episode.args)
 
+    def clear_prefix(self, prefix: str) -> None:
+        """``clear`` every kind whose key starts with `prefix`."""
+        for key in [k for k in self._episodes if k.startswith(prefix)]:
+            self.clear(key)
+
     @staticmethod
     def _repeated(count: int, seconds: float) -> str:
         if count <= 0:
