@@ -42,7 +42,8 @@ RUN_STATUSES = ("succeeded", "failed")
 # (three of them histograms) that came to about 19 KiB per job, 19 MiB for a
 # thousand jobs. The per-job metrics below keep each series as one small
 # object instead and write the same samples at scrape time. Every update
-# happens on the event loop, as does the scrape, so they need no lock.
+# happens on the event loop; the admin server renders in a thread, reading
+# each value whole (the GIL), so they need no lock.
 
 
 class CounterSeries:
@@ -149,7 +150,8 @@ class Labelled(Generic[S]):
 
     def collect(self) -> list[Metric]:
         metric = Metric(self.name, self.documentation, self.kind)
-        for key, series in self._series.items():
+        # A snapshot: the admin server renders in a thread while the loop may add a series.
+        for key, series in tuple(self._series.items()):
             base = dict(zip(self.labelnames, key, strict=True))
             for suffix, extra, value in series.samples():
                 metric.add_sample(self.name + suffix, {**base, **extra}, value)

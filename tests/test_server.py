@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+import sidecar.server as server_module
 from sidecar.errors import ConfigError
 from sidecar.metrics import Metrics
-from sidecar.server import AdminServer
+from sidecar.server import MAX_CONNECTIONS, AdminServer
 from tests.support import free_port
 
 
@@ -26,7 +35,7 @@ async def exchange(port: int, raw: bytes) -> bytes:
 
 
 @pytest.fixture
-async def server() -> AdminServer:
+async def server() -> AsyncIterator[AdminServer]:
     registry = CollectorRegistry()
     Metrics(registry, ("j",)).claims_won_total.labels(job="j").inc()
     state: dict[str, str | None] = {"reason": "not connected to NATS"}
@@ -46,18 +55,22 @@ async def test_endpoints(server: AdminServer) -> None:
     assert f"Content-Length: {len(body)}".encode() in head
     assert b'anarchon_claims_won_total{job="j"} 1.0' in body
     assert (await exchange(port, b"GET /healthz HTTP/1.0\r\n\r\n")).endswith(b"\r\n\r\nok\n")
-    not_ready = await exchange(port, b"GET /readyz?x=1 HTTP/1.1\r\n\r\n")
+    not_ready = await exchange(port, b"GET /readyz?x=1 HTTP/1.1\r\nHost: x\r\n\r\n")
     assert not_ready.startswith(b"HTTP/1.1 503 Service Unavailable")
     assert not_ready.endswith(b"not ready: not connected to NATS\n")
     server.state["reason"] = None  # type: ignore[attr-defined]
-    assert (await exchange(port, b"GET /readyz HTTP/1.1\r\n\r\n")).endswith(b"\r\n\r\nready\n")
+    assert (await exchange(port, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")).endswith(
+        b"\r\n\r\nready\n"
+    )
 
 
 @pytest.mark.parametrize(
     ("raw", "status"),
     [
-        (b"GET /nope HTTP/1.1\r\n\r\n", b"404"),
-        (b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"405"),
+        (b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", b"404"),
+        (b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", b"405"),
+        (b"GET /healthz HTTP/1.1\r\n\r\n", b"400"),  # HTTP/1.1 without Host (RFC 9112)
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: " + b"y" * 20_000 + b"\r\n\r\n", b"431"),
         (b"garbage\r\n\r\n", b"400"),
         (b"GET /metrics\r\n\r\n", b"400"),
     ],
@@ -67,16 +80,16 @@ async def test_refusals(server: AdminServer, raw: bytes, status: bytes) -> None:
 
 
 async def test_head_has_no_body(server: AdminServer) -> None:
-    reply = await exchange(server.port, b"HEAD /healthz HTTP/1.1\r\n\r\n")
+    reply = await exchange(server.port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"\r\n\r\n")
 
 
-async def test_oversized_request_line_is_dropped_and_server_keeps_serving(
+async def test_oversized_request_line_is_refused_and_server_keeps_serving(
     server: AdminServer,
 ) -> None:
     reply = await exchange(server.port, b"GET /" + b"a" * 200_000 + b" HTTP/1.1\r\n\r\n")
-    assert reply == b""
-    assert (await exchange(server.port, b"GET /healthz HTTP/1.1\r\n\r\n")).endswith(b"ok\n")
+    assert reply.startswith(b"HTTP/1.1 431 "), reply[:100]
+    assert (await exchange(server.port, b"GET /healthz HTTP/1.0\r\n\r\n")).endswith(b"ok\n")
 
 
 async def test_port_in_use_names_the_key(server: AdminServer) -> None:
@@ -84,3 +97,156 @@ async def test_port_in_use_names_the_key(server: AdminServer) -> None:
     with pytest.raises(ConfigError) as err:
         await other.start()
     assert err.value.key == "metrics.listen"
+
+
+# --------------------------------------------------------------------------- limits
+
+
+async def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+class BigCollector(Collector):
+    """32 samples with 1 MB labels: a 32 MB body, more than any socket buffers hold."""
+
+    def collect(self) -> Iterator[Metric]:
+        big = GaugeMetricFamily("big", "Large.", labels=["pad"])
+        for i in range(32):
+            big.add_metric([f"{i}" + "p" * 1_000_000], i)
+        yield big
+
+
+@pytest.fixture
+async def big_server() -> AsyncIterator[AdminServer]:
+    """A server whose /metrics is larger than what the kernel buffers."""
+    registry = CollectorRegistry()
+    registry.register(BigCollector())
+    srv = AdminServer(registry, "127.0.0.1", free_port(), lambda: None)
+    await srv.start()
+    yield srv
+    await srv.stop()
+
+
+async def slow_reader(port: int, path: bytes = b"/metrics") -> socket.socket:
+    """A client that asks for `path` and never reads the answer (a tiny receive buffer)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    sock.send(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    return sock
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """True once the server has closed `sock` (EOF or reset after whatever was sent)."""
+    try:
+        while True:
+            data = sock.recv(1 << 20)
+            if not data:
+                return True
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+
+
+async def test_slow_readers_are_cut_off_at_the_exchange_bound(
+    big_server: AdminServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "EXCHANGE_TIMEOUT", 1.0)
+    socks = [await slow_reader(big_server.port) for _ in range(5)]
+    try:
+        await wait_until(lambda: big_server.connections == 5, 10, "5 slow readers connected")
+        started = time.monotonic()
+        await wait_until(lambda: big_server.connections == 0, 10, "slow readers cut off")
+        assert time.monotonic() - started < 3
+        await wait_until(lambda: all(closed_by_peer(s) for s in socks), 5, "the sockets closed")
+    finally:
+        for s in socks:
+            s.close()
+
+
+async def test_idle_connections_are_closed_after_the_request_bound(
+    server: AdminServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "REQUEST_TIMEOUT", 0.3)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /healthz HTTP/1.1\r\n")  # and never the end of the head
+    started = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert time.monotonic() - started < 2
+    writer.close()
+
+
+async def test_connections_beyond_the_cap_are_closed_at_once_and_logged_once(
+    server: AdminServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sidecar.server")
+    held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(MAX_CONNECTIONS)]
+    try:
+        await wait_until(lambda: server.connections == MAX_CONNECTIONS, 10, "the held connections")
+        for _ in range(10):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
+            started = time.monotonic()
+            with contextlib.suppress(ConnectionError):
+                assert await asyncio.wait_for(reader.read(), 5) == b""
+            assert time.monotonic() - started < 1
+            writer.close()
+        assert server.connections == MAX_CONNECTIONS
+    finally:
+        for _, writer in held:
+            writer.close()
+    refusals = [r for r in caplog.records if "the limit" in r.getMessage()]
+    assert len(refusals) == 1, [r.getMessage() for r in refusals]
+    await wait_until(lambda: server.connections == 0, 10, "the held connections to end")
+    assert (await exchange(server.port, b"GET /healthz HTTP/1.0\r\n\r\n")).endswith(b"ok\n")
+
+
+class CountingCollector(Collector):
+    """A collector that takes `pause` seconds (blocking) and records where it ran."""
+
+    def __init__(self, pause: float) -> None:
+        self.pause = pause
+        self.threads: list[str] = []
+
+    def collect(self) -> Iterator[Metric]:
+        self.threads.append(threading.current_thread().name)
+        time.sleep(self.pause)
+        yield GaugeMetricFamily("slow_collector", "Takes a while.", value=1)
+
+
+async def test_metrics_render_in_a_thread_at_most_once_a_second() -> None:
+    registry = CollectorRegistry()
+    collector = CountingCollector(0.3)
+    registry.register(collector)
+    srv = AdminServer(registry, "127.0.0.1", free_port(), lambda: None)
+    await srv.start()
+    lags: list[float] = []
+
+    async def ticker() -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(0.01)
+            lags.append(time.monotonic() - before - 0.01)
+
+    tick = asyncio.create_task(ticker())
+    try:
+        raw = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+        replies = await asyncio.gather(*(exchange(srv.port, raw) for _ in range(20)))
+        assert all(b"slow_collector 1.0" in r for r in replies)
+        assert len(collector.threads) == 1  # twenty scrapes, one rendering
+        assert collector.threads[0] != threading.main_thread().name
+        assert max(lags) < 0.2, max(lags)  # the loop kept running while it rendered
+        await exchange(srv.port, raw)
+        assert len(collector.threads) == 1  # still fresh
+        await asyncio.sleep(1.1)
+        await exchange(srv.port, raw)
+        assert len(collector.threads) == 2
+    finally:
+        tick.cancel()
+        await srv.stop()
