@@ -16,9 +16,13 @@ its event loop, so every cost a client can cause is bounded:
   so a slow reader holds one piece in memory, not a copy of the whole body;
 - connections: at most ``MAX_CONNECTIONS`` at once; one more is closed as soon
   as it is accepted, and that is logged at most once a minute;
-- ``/metrics``: the body is rendered in a thread, at most once per
-  ``METRICS_MAX_AGE`` whatever the number of scrapes (rendering 1,000 jobs
-  takes a few hundred ms, which on the event loop would delay claims).
+- ``/metrics``: the body is rendered on the event loop in slices of at most
+  ``RENDER_SLICE`` (rendering 1,000 jobs takes about 100 ms; in one piece that
+  would delay claims, and in a thread the GIL would hand the loop back only
+  every 5 ms at each of its system calls), and reused for ``METRICS_REUSE``
+  times as long as its rendering took, at most ``METRICS_MAX_AGE``: however
+  many scrape it, rendering takes about a tenth of the loop's time (less than
+  a third with 1,000 jobs), and a small sidecar's samples are a few ms old.
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ from collections.abc import Callable
 
 import h11
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from sidecar.errors import ConfigError
+from sidecar.metrics import Family
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +48,8 @@ MAX_REQUEST_HEAD = 8192
 MAX_CONNECTIONS = 32
 WRITE_CHUNK = 64 * 1024
 METRICS_MAX_AGE = 1.0
+METRICS_REUSE = 10.0
+RENDER_SLICE = 0.002
 # After refusing a request, its unread rest is discarded for at most this long.
 LINGER = 2.0
 # Refused connections are logged at most this often.
@@ -57,23 +66,29 @@ REASONS = {
 
 
 class MetricsCache:
-    """The registry's exposition, rendered in a thread at most once per `max_age` seconds.
+    """The registry's exposition, rendered in slices, reused while it is fresh enough.
 
-    Concurrent scrapes share one rendering. The per-job series are updated on
-    the event loop while the thread reads them: each value is read whole (the
-    GIL), and a scrape may see one observation in a histogram's count but not
-    yet in its sum, as with prometheus_client's own histograms.
+    Fresh: younger than `reuse` times its rendering's duration, and than `max_age`.
+    Concurrent scrapes share one rendering. The per-job series are written a
+    piece at a time (``Family.text``), the rest with prometheus_client's
+    ``generate_latest`` one metric at a time; the output is the same.
     """
 
-    def __init__(self, registry: CollectorRegistry, max_age: float = METRICS_MAX_AGE) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        max_age: float = METRICS_MAX_AGE,
+        reuse: float = METRICS_REUSE,
+    ) -> None:
         self.registry = registry
         self.max_age = max_age
+        self.reuse = reuse
         self._body: bytes | None = None
-        self._rendered_at = 0.0
+        self._fresh_until = 0.0
         self._pending: asyncio.Future[bytes] | None = None
 
     async def body(self) -> bytes:
-        if self._body is not None and time.monotonic() - self._rendered_at < self.max_age:
+        if self._body is not None and time.monotonic() < self._fresh_until:
             return self._body
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._render())
@@ -83,11 +98,37 @@ class MetricsCache:
     async def _render(self) -> bytes:
         try:
             started = time.monotonic()
-            body = await asyncio.to_thread(generate_latest, self.registry)
-            self._body, self._rendered_at = body, started
+            body = await render(self.registry)
+            took = time.monotonic() - started
+            self._body = body
+            self._fresh_until = started + min(self.max_age, self.reuse * took)
             return body
         finally:
             self._pending = None
+
+
+class _One(Collector):
+    """One collected metric, for generate_latest."""
+
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+
+    def collect(self) -> list[Metric]:
+        return [self.metric]
+
+
+async def render(registry: CollectorRegistry) -> bytes:
+    """generate_latest(registry), yielding to the loop every RENDER_SLICE seconds."""
+    parts: list[str] = []
+    since = time.perf_counter()
+    for metric in registry.collect():
+        pieces = metric.text() if isinstance(metric, Family) else [generate_latest(_One(metric))]
+        for piece in pieces:
+            parts.append(piece if isinstance(piece, str) else piece.decode())
+            if time.perf_counter() - since > RENDER_SLICE:
+                await asyncio.sleep(0)
+                since = time.perf_counter()
+    return "".join(parts).encode()
 
 
 class AdminServer:
