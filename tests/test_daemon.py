@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import random
+import statistics
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from sidecar.config import Secrets, parse_config
+from sidecar.daemon import Daemon
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -180,3 +184,16 @@ def test_readyz_follows_nats(
         proc.wait_ready(20)
         assert (proc.metric("anarchon_nats_reconnects_total") or 0) >= 1
         assert proc.terminate() == 0
+
+
+async def test_slot_wake_up_is_never_early_and_precise() -> None:
+    """asyncio's timer alone wakes 0.5-1.5 ms late (whole-ms epoll timeouts, an idle CPU)."""
+    config = parse_config({"jobs": [{"name": "tick", "schedule": "* * * * *"}]}, {})
+    daemon = Daemon(config, Secrets())
+    late = []
+    for _ in range(30):
+        target = time.time() + 0.02 + random.uniform(0, 0.01)
+        assert not await daemon.sleep_until(target)
+        late.append(time.time() - target)
+    assert min(late) >= 0
+    assert statistics.median(late) < 0.0004, sorted(late)
