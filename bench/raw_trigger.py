@@ -18,8 +18,7 @@ from urllib.parse import urlsplit
 
 import nats
 
-from bench.claim_latency import PREFIX, STREAM, claim_body
-from sidecar.claim import MSG_ID
+from bench.wire import MSG_ID, PREFIX, STREAM, claim_body
 
 
 async def run(url: str, app_url: str, seconds: float) -> dict[int, dict[str, float]]:
