@@ -97,7 +97,7 @@ def rows() -> list[tuple[str, str, str, str, str]]:
                 n = run["instances"]
                 out.append(
                     (
-                        f"JetStream requests per slot, {n} replicas",
+                        f"JetStream requests per slot, {n} replicas x {run['jobs']} jobs",
                         f"{run['js_requests_per_slot']:.2f}",
                         "claims + stored-claim reads + results, counted on the server",
                         "",
