@@ -20,6 +20,7 @@ was made (reset, a malformed answer, an early close) a TriggerError.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
@@ -33,7 +34,7 @@ import h11
 
 from sidecar import __version__
 from sidecar.clock import Clock, rfc3339
-from sidecar.config import JobConfig, RequestConfig
+from sidecar.config import JobConfig, RequestConfig, base_url_of, unix_socket_of
 from sidecar.errors import TriggerError, TriggerFailed, TriggerTimeout, TriggerUndelivered
 
 log = logging.getLogger(__name__)
@@ -66,14 +67,33 @@ class TriggerResult:
     attempts: int
 
 
+@dataclass(frozen=True)
+class Address:
+    """Where a request goes: a unix socket, or a host and port; parsed once per URL."""
+
+    socket: str | None
+    host: str
+    port: int
+    where: str  # for messages: the socket path or http://host:port
+    host_header: str  # ``host:port`` (no port for 80), ``localhost`` on a socket
+
+
+@functools.lru_cache(maxsize=256)
+def address_of(url: str) -> Address:
+    socket = unix_socket_of(url)
+    base = base_url_of(url)
+    if socket is not None:
+        return Address(socket, "localhost", 0, socket, "localhost")
+    parts = urlsplit(base)
+    host = parts.hostname or "localhost"
+    port = parts.port or 80
+    bracketed = f"[{host}]" if ":" in host else host
+    return Address(None, host, port, base, bracketed if port == 80 else f"{bracketed}:{port}")
+
+
 def host_header(req: RequestConfig) -> str:
     """``Host`` as a browser sends it: ``host:port`` (no port for 80), ``localhost`` on a socket."""
-    if req.unix_socket is not None:
-        return "localhost"
-    parts = urlsplit(req.base_url)
-    host = parts.hostname or "localhost"
-    host = f"[{host}]" if ":" in host else host
-    return host if parts.port in (None, 80) else f"{host}:{parts.port}"
+    return address_of(req.url).host_header
 
 
 def encode_request(req: RequestConfig, headers: Mapping[str, str], body: bytes) -> bytes:
@@ -210,16 +230,16 @@ class Trigger:
             request = encode_request(req, self.headers(job, slot, token, body), body)
         except h11.LocalProtocolError as exc:  # config validation should make this unreachable
             raise TriggerError(f"cannot build the request: {exc}") from exc
-        where = req.unix_socket or req.base_url
+        addr = address_of(req.url)
+        where = addr.where
         writer: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(req.timeout):
                 try:
-                    if req.unix_socket is not None:
-                        reader, writer = await asyncio.open_unix_connection(req.unix_socket)
+                    if addr.socket is not None:
+                        reader, writer = await asyncio.open_unix_connection(addr.socket)
                     else:
-                        parts = urlsplit(req.base_url)
-                        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+                        reader, writer = await asyncio.open_connection(addr.host, addr.port)
                 except OSError as exc:
                     # The connection was never made: nothing reached the app.
                     raise TriggerUndelivered(f"cannot connect to {where}: {exc}") from exc
