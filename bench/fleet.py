@@ -78,9 +78,15 @@ class App:
         self.proc.wait(10)
 
 
-def fleet_config(server: NatsServer, app: App, label: str, jobs: int) -> dict[str, Any]:
+def fleet_config(
+    urls: list[str], app: App, label: str, jobs: int, replicas: int | None = None
+) -> dict[str, Any]:
     return {
-        "nats": {"servers": [server.url], "history_size": 1000},
+        "nats": {
+            "servers": urls,
+            "history_size": 1000,
+            **({"replicas": replicas} if replicas else {}),
+        },
         "target": {"url": app.url, "timeout": "10s"},
         "jobs": [
             {
@@ -175,8 +181,11 @@ def run_fleet(
     seconds: int,
     warmup: float = 3.0,
     raw_baseline_too: bool = False,
+    urls: list[str] | None = None,
+    replicas: int | None = None,
 ) -> dict[str, Any]:
-    config = fleet_config(server, app, label, jobs)
+    """One fleet; `urls` and `replicas` for a cluster (`server` is then the node to watch)."""
+    config = fleet_config(urls or [server.url], app, label, jobs, replicas)
     procs: list[Sidecar] = [
         runtime.RuntimeSidecar(work, f"{label}-s{i}", config, {}) for i in range(instances)
     ]

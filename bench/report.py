@@ -190,6 +190,30 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def capacity_table() -> str:
+    """The capacity runs (bench.capacity), when there are any."""
+    cap = read_result("capacity")
+    if not cap:
+        return ""
+    lines = [
+        f"Capacity (`python -m bench.capacity`, every job every second at jitter 0, "
+        f"{cap['window_seconds']} s windows; holds: start delay p99 <= {cap['limit_ms']:.0f} ms, "
+        "no slot missed or doubled):",
+        "",
+        "| NATS | replicas | jobs/s | start delay p50 / p99 | slots | CPU/slot/instance | holds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, name in (("single", "1 server, R1"), ("r3", "3-node cluster, R3")):
+        for r in cap.get(key, []):
+            lines.append(
+                f"| {name} | {r['replicas']} | {r['jobs_per_second']} | "
+                f"{_ms(r['p50_ms'] or 0)} / {_ms(r['p99_ms'] or 0)} | "
+                f"{r['slots']}/{r['slots_expected']} ({r['doubles']} doubles) | "
+                f"{r['cpu_ms_per_slot_per_instance']:.3f} ms | {'yes' if r['held'] else 'no'} |"
+            )
+    return "\n".join(lines)
+
+
 def machine_line() -> str:
     for name in ("fleet", "claim_latency", "footprint", "history"):
         data = read_result(name)
@@ -245,7 +269,9 @@ def write_doc() -> None:
     text = DOC.read_text()
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
-    block = f"{BEGIN}\nMachine: {machine_line()}.\n\n{table()}\n{END}"
+    capacity = capacity_table()
+    block = f"{BEGIN}\nMachine: {machine_line()}.\n\n{table()}\n"
+    block += f"\n{capacity}\n{END}" if capacity else END
     DOC.write_text(head + block + tail)
 
 
@@ -255,6 +281,9 @@ def main() -> None:
     args = parser.parse_args()
     print(f"Machine: {machine_line()}\n")
     print(table())
+    if capacity_table():
+        print()
+        print(capacity_table())
     png = DOC_PNG if args.write else RESULTS / "start-delay.png"
     if picture(png):
         print(f"\nstart-delay picture: {png.relative_to(ROOT)}")
