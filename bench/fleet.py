@@ -10,25 +10,38 @@ Each run measures over a window of whole slots after a warm-up: slots run per
 second (distinct job/slot pairs that reached the app), claims per second
 (every instance's won + lost counters), doubles and misses, CPU seconds per
 slot per instance (utime + stime from /proc), and the start delay of every
-request. The baseline is the raw client (``bench.raw_publish``: nats-py
-publishing claim-sized messages with msg ids, J at a time, flat out) on the
-same server: its publishes per second and CPU seconds per publish.
+request, and the JetStream requests per slot (claim publishes, stored-claim
+reads and result publishes, counted by a core NATS subscription). The
+sidecars run from the runtime-only venv (``bench.runtime``). Baselines, in the
+same venv: the raw client (``bench.raw_publish``: nats-py publishing
+claim-sized messages with msg ids, J at a time, flat out) on the same server,
+its publishes per second and CPU seconds per publish; and during the idle run
+``bench.raw_trigger`` (a timer, one raw publish, one raw POST, half a second
+after each slot): the time from its wake-up to the POST's first bytes at the
+app.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import concurrent.futures
 import contextlib
 import json
 import math
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import nats
+from nats.aio.msg import Msg
+
+from bench import runtime
 from bench.app import fetch_records
 from bench.common import (
     cpu_seconds,
@@ -39,6 +52,7 @@ from bench.common import (
     workdir,
     write_result,
 )
+from bench.wire import PREFIX, STREAM
 from tests.support import ROOT, NatsServer, Sidecar, free_port, port_open, sidecar_env, wait_for
 
 
@@ -64,9 +78,15 @@ class App:
         self.proc.wait(10)
 
 
-def fleet_config(server: NatsServer, app: App, label: str, jobs: int) -> dict[str, Any]:
+def fleet_config(
+    urls: list[str], app: App, label: str, jobs: int, replicas: int | None = None
+) -> dict[str, Any]:
     return {
-        "nats": {"servers": [server.url], "history_size": 1000},
+        "nats": {
+            "servers": urls,
+            "history_size": 1000,
+            **({"replicas": replicas} if replicas else {}),
+        },
         "target": {"url": app.url, "timeout": "10s"},
         "jobs": [
             {
@@ -79,6 +99,60 @@ def fleet_config(server: NatsServer, app: App, label: str, jobs: int) -> dict[st
             for k in range(jobs)
         ],
     }
+
+
+class RequestCounter:
+    """Counts, on the server's side, the JetStream requests the sidecars make for slots.
+
+    A core subscription in a thread of its own sees every claim publish (a
+    duplicate too: it is published, only not stored), every read of a stored
+    claim and every result publish, while ``counting`` is set.
+    """
+
+    SUBJECTS = (
+        f"{PREFIX}*.claims",
+        f"{PREFIX}*.results",
+        f"$JS.API.STREAM.MSG.GET.{STREAM}",
+        f"$JS.API.DIRECT.GET.{STREAM}.>",
+    )
+
+    def __init__(self, url: str, label: str) -> None:
+        self.url = url
+        self.label = label
+        self.counts: Counter[str] = Counter()
+        self.counting = False
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("request counter did not connect")
+
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        nc = await nats.connect(self.url)
+
+        async def count(msg: Msg) -> None:
+            if not self.counting:
+                return
+            if msg.subject.startswith("$JS.API"):
+                self.counts["reads"] += 1
+            elif msg.subject.startswith(f"{PREFIX}{self.label}-"):
+                self.counts[msg.subject.rsplit(".", 1)[1]] += 1
+
+        for subject in self.SUBJECTS:
+            await nc.subscribe(subject, cb=count)
+        await nc.flush()
+        self._ready.set()
+        await self._stop.wait()
+        await nc.close()
+
+    def close(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
 
 
 def sleep_until(wall: float) -> None:
@@ -106,10 +180,18 @@ def run_fleet(
     jobs: int,
     seconds: int,
     warmup: float = 3.0,
+    raw_baseline_too: bool = False,
+    urls: list[str] | None = None,
+    replicas: int | None = None,
 ) -> dict[str, Any]:
-    config = fleet_config(server, app, label, jobs)
-    procs = [Sidecar(work, f"{label}-s{i}", config, {}) for i in range(instances)]
+    """One fleet; `urls` and `replicas` for a cluster (`server` is then the node to watch)."""
+    config = fleet_config(urls or [server.url], app, label, jobs, replicas)
+    procs: list[Sidecar] = [
+        runtime.RuntimeSidecar(work, f"{label}-s{i}", config, {}) for i in range(instances)
+    ]
     pool = concurrent.futures.ThreadPoolExecutor(max(instances, 1))
+    counter = RequestCounter(server.url, label)
+    raw: subprocess.Popen[str] | None = None
     try:
         for p in procs:
             p.start()
@@ -119,17 +201,40 @@ def run_fleet(
         # The window: whole slots k+1 .. k+seconds; counters read 0.3 s after a
         # slot, CPU 0.6 s after it, when the slot's work is done.
         k = math.floor(time.time() + warmup)
+        if raw_baseline_too:
+            raw = subprocess.Popen(
+                [
+                    runtime.python(),
+                    "-m",
+                    "bench.raw_trigger",
+                    server.url,
+                    app.url,
+                    str(k + seconds + 1 - time.time()),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+                env=sidecar_env(),
+            )
         sleep_until(k + 0.3)
         claims0 = sum(pool.map(claim_counts, procs))
         sleep_until(k + 0.6)
         cpu0 = [cpu_seconds(pid) for pid in pids]
         srv0 = cpu_seconds(server.proc.pid) if server.proc else 0.0
+        counter.counting = True  # slots k+1 .. k+seconds: their claims, reads and results
         sleep_until(k + seconds + 0.6)
         cpu1 = [cpu_seconds(pid) for pid in pids]
         srv1 = cpu_seconds(server.proc.pid) if server.proc else 0.0
+        counter.counting = False
         claims1 = sum(pool.map(claim_counts, procs))
         sleep_until(k + seconds + 2)  # let the last slot's requests arrive
+        raw_marks: dict[str, dict[str, float]] = (
+            json.loads(raw.communicate(timeout=60)[0]) if raw else {}
+        )
     finally:
+        counter.close()
+        if raw is not None and raw.poll() is None:
+            raw.kill()
         for p in procs:
             with contextlib.suppress(Exception):
                 p.terminate(30)
@@ -138,10 +243,15 @@ def run_fleet(
     first, last = (k + 1) * 1000, (k + seconds) * 1000
     delays: list[float] = []
     seen: dict[tuple[str, int], int] = {}
+    raw_work: list[float] = []
+    raw_from_scheduled: list[float] = []
     for path, slot, at in app.records():
         if path.startswith(f"/{label}/") and first <= slot <= last:
             seen[(path, slot)] = seen.get((path, slot), 0) + 1
             delays.append(at - slot / 1000)
+        elif path == "/raw" and str(slot) in raw_marks and first <= slot <= last:
+            raw_work.append(at - raw_marks[str(slot)]["wake"])
+            raw_from_scheduled.append(at - raw_marks[str(slot)]["scheduled"])
     slots = len(seen)
     cpu = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
     expected = jobs * seconds
@@ -160,12 +270,22 @@ def run_fleet(
         "nats_server_cpu_ms_per_slot": 1000 * (srv1 - srv0) / expected,
         "start_delay": summary_ms(delays),
         "start_delays_ms": sorted(round(d * 1000, 3) for d in delays),
+        "js_requests": dict(counter.counts),
+        "js_requests_per_slot": sum(counter.counts.values()) / expected,
+        **(
+            {
+                "raw_publish_and_post": summary_ms(raw_work),
+                "raw_from_scheduled": summary_ms(raw_from_scheduled),
+            }
+            if raw_baseline_too
+            else {}
+        ),
     }
 
 
 def raw_baseline(server: NatsServer, concurrency: int, seconds: float) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.raw_publish", server.url, str(concurrency), str(seconds)],
+        [runtime.python(), "-m", "bench.raw_publish", server.url, str(concurrency), str(seconds)],
         capture_output=True,
         text=True,
         check=True,
@@ -188,13 +308,21 @@ def main() -> None:
     parser.add_argument("--raw-seconds", type=float, default=5.0)
     args = parser.parse_args()
     result: dict[str, Any] = {}
+    runtime.ensure()
     app = App()
     try:
         with workdir("fleet") as work, nats_server(work) as server:
             if args.idle_seconds:
-                idle = run_fleet(work, server, app, "idle", 3, 1, args.idle_seconds)
+                idle = run_fleet(
+                    work, server, app, "idle", 3, 1, args.idle_seconds, raw_baseline_too=True
+                )
                 result["idle"] = idle
-                print(f"idle 3x1: start delay {fmt(idle['start_delay'])}", flush=True)
+                print(
+                    f"idle 3x1: start delay {fmt(idle['start_delay'])}; raw publish + POST "
+                    f"{fmt(idle['raw_publish_and_post'])}; "
+                    f"{idle['js_requests_per_slot']:.2f} JetStream requests per slot",
+                    flush=True,
+                )
             for n in [int(n) for n in args.fleets.split(",") if n]:
                 run = run_fleet(work, server, app, f"f{n}", n, 100, args.fleet_seconds)
                 result[f"fleet_{n}x100"] = run
@@ -202,7 +330,8 @@ def main() -> None:
                     f"fleet {n}x100: {run['slots_per_second']:.1f} slots/s, "
                     f"{run['claims_per_second']:.0f} claims/s, "
                     f"{run['cpu_ms_per_slot_per_instance']:.3f} CPU ms/slot/instance, "
-                    f"doubles {run['doubles']}, start delay {fmt(run['start_delay'])}",
+                    f"doubles {run['doubles']}, start delay {fmt(run['start_delay'])}, "
+                    f"{run['js_requests_per_slot']:.2f} JetStream requests per slot",
                     flush=True,
                 )
             raw = raw_baseline(server, 100, args.raw_seconds)

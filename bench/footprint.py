@@ -1,7 +1,8 @@
 """Footprint: RSS and time to ready of a sidecar with 10, 100 and 1,000 jobs.
 
-The floor is a bare Python process that only imports the sidecar's runtime
-dependencies (nats, aiohttp, prometheus_client, click, yaml, cronsim): its RSS
+Everything runs in the runtime-only environment (``bench.runtime``: a venv
+with ``pip install .`` and nothing else). The floor is a bare Python process
+there that only imports nats-py, PyYAML, click and prometheus-client: its RSS
 once imported, and its time from exec to "imported". A sidecar's time to ready
 runs from exec to the first 200 of ``/readyz`` (connected, stream in place);
 its RSS is read 2 s later, with VmHWM (peak) beside it. The jobs have
@@ -18,10 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import runtime
 from bench.common import machine, nats_server, rss_mib, workdir, write_result
-from tests.support import ROOT, NatsServer, Sidecar, sidecar_env
+from tests.support import NatsServer, sidecar_env
 
-DEPENDENCIES = ("nats", "aiohttp", "prometheus_client", "click", "yaml", "cronsim")
+# The floor of issue 14: what any Python client of NATS with this CLI and config needs.
+DEPENDENCIES = ("nats", "prometheus_client", "click", "yaml")
 ZONES = ("UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata", "Australia/Sydney")
 SIZES = (10, 100, 1000)
 REPEATS = 3
@@ -61,12 +64,12 @@ def floor() -> dict[str, float]:
     )
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-c", code],
+        [runtime.python(), "-c", code],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=sidecar_env(),
-        cwd=ROOT,
+        cwd=runtime.VENV,
     )
     assert proc.stdout is not None and proc.stdin is not None
     assert proc.stdout.readline().strip() == "imported"
@@ -79,7 +82,7 @@ def floor() -> dict[str, float]:
 
 
 def sidecar(work: Path, server: NatsServer, jobs: int, rep: int) -> dict[str, float]:
-    proc = Sidecar(work, f"fp{jobs}-{rep}", config(server, jobs), {})
+    proc = runtime.RuntimeSidecar(work, f"fp{jobs}-{rep}", config(server, jobs), {})
     t0 = time.perf_counter()
     proc.start()
     try:
@@ -105,6 +108,7 @@ def main() -> None:
     result: dict[str, Any] = {"repeats": REPEATS}
     floors: list[dict[str, float]] = []
     runs: dict[int, list[dict[str, float]]] = {n: [] for n in sizes}
+    runtime.ensure()
     with workdir("footprint") as work, nats_server(work) as server:
         for rep in range(REPEATS):  # interleaved: floor, then each size
             floors.append(floor())
@@ -124,6 +128,7 @@ def main() -> None:
             flush=True,
         )
     result["machine"] = machine()
+    result["runtime_packages"] = runtime.packages()
     write_result("footprint", result)
 
 

@@ -18,7 +18,6 @@ import asyncio
 import json
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
+from bench import runtime
 from bench.common import machine, nats_server, ratio, workdir, write_result
 from sidecar.claim import MSG_ID
 from sidecar.clock import rfc3339
@@ -149,16 +149,19 @@ def processes(url: str, work: Path) -> dict[str, Any]:
         },
     )
     history = ["history", JOB, "-c", str(cfg), "--json", "--limit", str(RUNS)]
+    # Both in the runtime-only venv; the sidecar's script outside the source tree.
+    venv = runtime.ensure()
     commands = {
-        "sidecar": [sys.executable, "-m", "sidecar", *history],
-        "raw": [sys.executable, "-m", "bench.raw_history", url, STREAM, f"{PREFIX}{JOB}.*"],
+        "sidecar": [str(venv / "bin" / "anarchon-sidecar"), *history],
+        "raw": [runtime.python(), "-m", "bench.raw_history", url, STREAM, f"{PREFIX}{JOB}.*"],
     }
+    cwd = {"sidecar": work, "raw": ROOT}
     times: dict[str, list[float]] = {k: [] for k in commands}
     for rep in range(CLI_REPEATS + 1):
         for kind in commands if rep % 2 else reversed(list(commands)):
             t0 = time.perf_counter()
             out = subprocess.run(
-                commands[kind], capture_output=True, text=True, env=sidecar_env(), cwd=ROOT
+                commands[kind], capture_output=True, text=True, env=sidecar_env(), cwd=cwd[kind]
             )
             t = time.perf_counter() - t0
             assert out.returncode == 0, out.stderr

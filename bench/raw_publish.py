@@ -14,8 +14,7 @@ import time
 
 import nats
 
-from bench.claim_latency import PREFIX, STREAM, claim_body
-from sidecar.claim import MSG_ID
+from bench.wire import MSG_ID, PREFIX, STREAM, claim_body
 
 
 async def publish_flat_out(url: str, concurrency: int, seconds: float) -> dict[str, float]:

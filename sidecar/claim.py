@@ -11,6 +11,11 @@ been stored (nats-py can flush a buffered publish after its timeout fired), so
 it is retried with the same token and id until a definite answer or the
 deadline. On a clustered stream a concurrent copy may be answered with API
 error 10158 ("duplicate message id is in process"); that too is retried.
+
+Only a retried claim reads the stored message: tokens are new per claim, so
+a duplicate answer to the first publish means the stored claim is somebody
+else's, and the claim is lost without a second request. N replicas cost N
+JetStream requests per slot (plus the winner's result), not 2N-1.
 """
 
 from __future__ import annotations
@@ -80,6 +85,22 @@ def decide(duplicate: bool | None, stored_token: str | None, token: str) -> bool
     if not duplicate:
         return True
     return stored_token == token
+
+
+def must_read_stored(duplicate: bool | None, retried: bool) -> bool:
+    """Whether an ack leaves the claim open until the stored claim's token is read.
+
+    ============== ========================================= =========================
+    ack            an earlier attempt of this claim was sent  decision
+    ============== ========================================= =========================
+    not duplicate  either                                     won
+    duplicate      no                                         lost (the stored claim
+                                                              has another token)
+    duplicate      yes (a timeout, 10158, a reconnect)        read the stored claim:
+                                                              won if its token is ours
+    ============== ========================================= =========================
+    """
+    return bool(duplicate) and retried
 
 
 def token_of(data: bytes) -> str | None:
@@ -192,6 +213,9 @@ class Claimer:
                 stored = None
                 if ack.duplicate:
                     duplicate_acks += 1
+                # Any earlier attempt may have been stored (even one that failed:
+                # nats-py can send a buffered publish after giving up on it).
+                if must_read_stored(ack.duplicate, retried=attempts > 1):
                     stored = await self._stored_token(ack.seq, deadline, msg_id)
                 won = decide(ack.duplicate, stored, token)
                 return Claim(

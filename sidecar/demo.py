@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import h11
 import nats
 import yaml
-from aiohttp import ClientError, ClientSession, web
 from nats.aio.msg import Msg
 
 INSTANCES = ("demo-1", "demo-2", "demo-3")
@@ -59,11 +59,35 @@ class ToyApp:
 
     requests: dict[str, int] = field(default_factory=dict)
 
-    async def handle(self, request: web.Request) -> web.Response:
-        slot = request.headers.get("X-Anarchon-Slot", "?")
-        self.requests[slot] = self.requests.get(slot, 0) + 1
-        await asyncio.sleep(random.uniform(0.02, 0.15))
-        return web.Response(text="done\n")
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One request per connection (the sidecar opens one per trigger), through h11."""
+        conn = h11.Connection(h11.SERVER)
+        slot = "?"
+        try:
+            async with asyncio.timeout(10):
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        conn.receive_data(await reader.read(65536))
+                    elif isinstance(event, h11.Request):
+                        slot = dict(event.headers).get(b"x-anarchon-slot", b"?").decode()
+                    elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                        break
+            if isinstance(event, h11.ConnectionClosed):
+                return
+            self.requests[slot] = self.requests.get(slot, 0) + 1
+            await asyncio.sleep(random.uniform(0.02, 0.15))
+            headers = [("Content-Type", "text/plain"), ("Content-Length", "5")]
+            writer.write(
+                conn.send(h11.Response(status_code=200, headers=headers))
+                + (conn.send(h11.Data(data=b"done\n")) or b"")
+                + (conn.send(h11.EndOfMessage()) or b"")
+            )
+            await writer.drain()
+        except (h11.RemoteProtocolError, TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
 
 
 def say(text: str) -> None:
@@ -83,22 +107,31 @@ async def _wait_port(port: int, proc: asyncio.subprocess.Process, timeout: float
     raise RuntimeError("nats-server did not start")
 
 
+async def _status_of(port: int, path: str) -> int:
+    """The status of ``GET path`` on a loopback port (the sidecar's admin server)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        async with asyncio.timeout(2):
+            return int((await reader.readline()).split()[1])
+    finally:
+        writer.close()
+
+
 async def _wait_ready(
-    urls: list[str], procs: list[asyncio.subprocess.Process], timeout: float
+    ports: list[int], procs: list[asyncio.subprocess.Process], timeout: float
 ) -> None:
     deadline = time.monotonic() + timeout
-    async with ClientSession() as session:
-        for url in urls:
-            while True:
-                if any(p.returncode is not None for p in procs):
-                    raise RuntimeError("a demo process exited early")
-                with contextlib.suppress(ClientError, OSError):
-                    async with session.get(url) as resp:
-                        if resp.status == 200:
-                            break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"not ready in {timeout:g}s: {url}")
-                await asyncio.sleep(0.1)
+    for port in ports:
+        while True:
+            if any(p.returncode is not None for p in procs):
+                raise RuntimeError("a demo process exited early")
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if await _status_of(port, "/readyz") == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not ready in {timeout:g}s: 127.0.0.1:{port}/readyz")
+            await asyncio.sleep(0.1)
 
 
 async def _demo(duration: float | None, period: int, workdir: Path) -> int:
@@ -118,7 +151,7 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     procs: list[asyncio.subprocess.Process] = []
-    runner: web.AppRunner | None = None
+    app_server: asyncio.Server | None = None
     nc = None
     try:
         port = free_port()
@@ -139,16 +172,12 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
         await _wait_port(port, server, 15)
 
         app = ToyApp()
-        web_app = web.Application()
-        web_app.router.add_route("*", "/{tail:.*}", app.handle)
-        runner = web.AppRunner(web_app, handle_signals=False, access_log=None)
-        await runner.setup()
         app_port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", app_port).start()
+        app_server = await asyncio.start_server(app.handle, "127.0.0.1", app_port)
 
         say(f"nats-server  nats://127.0.0.1:{port}  (JetStream store in {workdir})")
         say(f"toy app      http://127.0.0.1:{app_port}")
-        ready_urls: list[str] = []
+        ready_ports: list[int] = []
         for name in INSTANCES:
             metrics_port = free_port()
             config = {
@@ -181,8 +210,8 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
                 )
             )
             say(f"sidecar      {name}  metrics http://127.0.0.1:{metrics_port}/metrics")
-            ready_urls.append(f"http://127.0.0.1:{metrics_port}/readyz")
-        await _wait_ready(ready_urls, procs, 30)
+            ready_ports.append(metrics_port)
+        await _wait_ready(ready_ports, procs, 30)
         # Only slots after all three are ready: each is claimed by all of them.
         first_slot_ms = (int(time.time()) + 1) * 1000
         say(f"job {JOB!r} runs every {period} s; each line is one slot. Ctrl-C stops.\n")
@@ -240,8 +269,8 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
     finally:
         if nc is not None:
             await nc.close()
-        if runner is not None:
-            await runner.cleanup()
+        if app_server is not None:
+            app_server.close()
         for proc in procs:
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):

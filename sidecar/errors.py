@@ -14,7 +14,7 @@
           ├── TriggerTimeout      the app did not answer within the timeout
           └── TriggerFailed       the app answered, but not with 2xx
 
-Third-party exceptions (nats-py, aiohttp, yaml) are translated where they cross
+Third-party exceptions (nats-py, h11, OSError, yaml) are translated where they cross
 into our code, with ``raise ... from exc``. Losing a claim is not an error.
 """
 

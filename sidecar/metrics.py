@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import functools
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
 from prometheus_client.utils import INF, floatToGoString
 
 from sidecar import __version__
@@ -42,7 +43,12 @@ RUN_STATUSES = ("succeeded", "failed")
 # (three of them histograms) that came to about 19 KiB per job, 19 MiB for a
 # thousand jobs. The per-job metrics below keep each series as one small
 # object instead and write the same samples at scrape time. Every update
-# happens on the event loop, as does the scrape, so they need no lock.
+# happens on the event loop, as does the scrape (in pieces), so they need no lock.
+
+
+def number(value: float) -> str:
+    """A sample value as prometheus_client writes it; most values are 0."""
+    return "0.0" if value == 0 else floatToGoString(value)  # type: ignore[no-untyped-call]
 
 
 class CounterSeries:
@@ -58,6 +64,9 @@ class CounterSeries:
 
     def samples(self) -> Iterable[tuple[str, dict[str, str], float]]:
         yield "_total", {}, self.value
+
+    def text(self, name: str, labels: str) -> str:
+        return f"{name}_total{{{labels}}} {number(self.value)}\n"
 
 
 class GaugeSeries:
@@ -77,6 +86,9 @@ class GaugeSeries:
 
     def samples(self) -> Iterable[tuple[str, dict[str, str], float]]:
         yield "", {}, self.value
+
+    def text(self, name: str, labels: str) -> str:
+        return f"{name}{{{labels}}} {number(self.value)}\n"
 
 
 class HistogramSeries:
@@ -103,6 +115,17 @@ class HistogramSeries:
             yield "_bucket", {"le": le}, acc
         yield "_count", {}, acc
         yield "_sum", {}, self.sum
+
+    def text(self, name: str, labels: str) -> str:
+        # Labels in prometheus_client's order (sorted by name): ``job`` before ``le``.
+        lines = []
+        acc = 0.0
+        for le, count in zip(self.les, self.counts, strict=True):
+            acc += count
+            lines.append(f'{name}_bucket{{{labels},le="{le}"}} {number(acc)}\n')
+        lines.append(f"{name}_count{{{labels}}} {number(acc)}\n")
+        lines.append(f"{name}_sum{{{labels}}} {number(self.sum)}\n")
+        return "".join(lines)
 
 
 S = TypeVar("S", CounterSeries, GaugeSeries, HistogramSeries)
@@ -132,6 +155,11 @@ class Labelled(Generic[S]):
         self._series: dict[tuple[str, ...], S] = {}
         registry.register(self)
 
+    def label_text(self, key: tuple[str, ...]) -> str:
+        """``job="a",status="b"``: the series' labels in the text format, sorted by name."""
+        pairs = sorted(zip(self.labelnames, key, strict=True))
+        return ",".join(f'{name}="{escape(value)}"' for name, value in pairs)
+
     def labels(self, **labels: object) -> S:
         if len(labels) != len(self.labelnames):
             raise ValueError("Incorrect label names")
@@ -148,12 +176,49 @@ class Labelled(Generic[S]):
         return [Metric(self.name, self.documentation, self.kind)]
 
     def collect(self) -> list[Metric]:
-        metric = Metric(self.name, self.documentation, self.kind)
-        for key, series in self._series.items():
-            base = dict(zip(self.labelnames, key, strict=True))
-            for suffix, extra, value in series.samples():
-                metric.add_sample(self.name + suffix, {**base, **extra}, value)
-        return [metric]
+        return [Family(self)]
+
+
+class Family(Metric):
+    """A Labelled metric at one scrape: its series as they are now.
+
+    ``samples`` are built when first read (``get_sample_value``, prometheus_client's
+    own exposition); the admin server writes ``text()`` instead, piece by piece,
+    yielding to the event loop between pieces.
+    """
+
+    def __init__(self, owner: Labelled[Any]) -> None:
+        self._samples: list[Sample] = []
+        super().__init__(owner.name, owner.documentation, owner.kind)
+        self._owner = owner
+        self._items = tuple(owner._series.items())  # the loop may add a series meanwhile
+
+    @property
+    def samples(self) -> list[Sample]:
+        if not self._samples and self._items:
+            for key, series in self._items:
+                base = dict(zip(self._owner.labelnames, key, strict=True))
+                for suffix, extra, value in series.samples():
+                    self._samples.append(Sample(self.name + suffix, {**base, **extra}, value))
+        return self._samples
+
+    @samples.setter
+    def samples(self, value: list[Sample]) -> None:
+        self._samples = value
+
+    def text(self) -> Iterator[str]:
+        """The text format: the HELP and TYPE lines, then one piece per series."""
+        name = self.name + ("_total" if self.type == "counter" else "")
+        doc = self.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        yield f"# HELP {name} {doc}\n# TYPE {name} {self.type}\n"
+        label_text = self._owner.label_text
+        for key, series in self._items:
+            yield series.text(self.name, label_text(key))
+
+
+def escape(value: str) -> str:
+    """A label value in the text format."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 class Metrics:

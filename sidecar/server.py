@@ -3,35 +3,132 @@
 ``/healthz`` is 200 while the process works; ``/readyz`` is 200 only while
 connected to NATS with the stream in place, else 503 with the reason.
 
-Three fixed GET endpoints need no web framework: this is a minimal HTTP/1.1
-responder on asyncio streams (one request per connection, bounded in size and
-time). aiohttp's server alone would add about 2 MiB to every sidecar.
+HTTP/1.1 through h11 on asyncio streams, one request per connection. The port
+is often reachable by more than Prometheus, and the sidecar's job loops share
+its event loop, so every cost a client can cause is bounded:
+
+- time: the request must arrive within ``REQUEST_TIMEOUT`` and the whole
+  exchange (reading, writing the answer, closing) end within
+  ``EXCHANGE_TIMEOUT``; a slow reader is cut off, not waited for;
+- size: request line and headers at most ``MAX_REQUEST_HEAD`` bytes (read in
+  pieces of that size, so at most twice it is ever held); the
+  answer is written in ``WRITE_CHUNK`` pieces, each drained before the next,
+  so a slow reader holds one piece in memory, not a copy of the whole body;
+- connections: at most ``MAX_CONNECTIONS`` at once; one more is closed as soon
+  as it is accepted, and that is logged at most once a minute;
+- ``/metrics``: the body is rendered on the event loop in slices of at most
+  ``RENDER_SLICE`` (rendering 1,000 jobs takes about 100 ms; in one piece that
+  would delay claims, and in a thread the GIL would hand the loop back only
+  every 5 ms at each of its system calls), and reused for ``METRICS_REUSE``
+  times as long as its rendering took, at most ``METRICS_MAX_AGE``: however
+  many scrape it, rendering takes about a tenth of the loop's time (less than
+  a third with 1,000 jobs), and a small sidecar's samples are a few ms old.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import time
 from collections.abc import Callable
 
+import h11
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from sidecar.errors import ConfigError
+from sidecar.metrics import Family
 
 log = logging.getLogger(__name__)
 
-# A request must arrive whole within this time, in at most this many header lines.
-REQUEST_TIMEOUT = 10.0
-MAX_HEADER_LINES = 100
+REQUEST_TIMEOUT = 5.0
+EXCHANGE_TIMEOUT = 10.0
+MAX_REQUEST_HEAD = 8192
+MAX_CONNECTIONS = 32
+WRITE_CHUNK = 64 * 1024
+METRICS_MAX_AGE = 1.0
+METRICS_REUSE = 10.0
+RENDER_SLICE = 0.002
+# After refusing a request, its unread rest is discarded for at most this long.
+LINGER = 2.0
+# Refused connections are logged at most this often.
+REFUSAL_LOG_INTERVAL = 60.0
 TEXT = "text/plain; charset=utf-8"
 REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    503: "Service Unavailable",
+    200: b"OK",
+    400: b"Bad Request",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
 }
+
+
+class MetricsCache:
+    """The registry's exposition, rendered in slices, reused while it is fresh enough.
+
+    Fresh: younger than `reuse` times its rendering's duration, and than `max_age`.
+    Concurrent scrapes share one rendering. The per-job series are written a
+    piece at a time (``Family.text``), the rest with prometheus_client's
+    ``generate_latest`` one metric at a time; the output is the same.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        max_age: float = METRICS_MAX_AGE,
+        reuse: float = METRICS_REUSE,
+    ) -> None:
+        self.registry = registry
+        self.max_age = max_age
+        self.reuse = reuse
+        self._body: bytes | None = None
+        self._fresh_until = 0.0
+        self._pending: asyncio.Future[bytes] | None = None
+
+    async def body(self) -> bytes:
+        if self._body is not None and time.monotonic() < self._fresh_until:
+            return self._body
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._render())
+        # Shielded: a scrape that gives up does not cancel the others' rendering.
+        return await asyncio.shield(self._pending)
+
+    async def _render(self) -> bytes:
+        try:
+            started = time.monotonic()
+            body = await render(self.registry)
+            took = time.monotonic() - started
+            self._body = body
+            self._fresh_until = started + min(self.max_age, self.reuse * took)
+            return body
+        finally:
+            self._pending = None
+
+
+class _One(Collector):
+    """One collected metric, for generate_latest."""
+
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+
+    def collect(self) -> list[Metric]:
+        return [self.metric]
+
+
+async def render(registry: CollectorRegistry) -> bytes:
+    """generate_latest(registry), yielding to the loop every RENDER_SLICE seconds."""
+    parts: list[str] = []
+    since = time.perf_counter()
+    for metric in registry.collect():
+        pieces = metric.text() if isinstance(metric, Family) else [generate_latest(_One(metric))]
+        for piece in pieces:
+            parts.append(piece if isinstance(piece, str) else piece.decode())
+            if time.perf_counter() - since > RENDER_SLICE:
+                await asyncio.sleep(0)
+                since = time.perf_counter()
+    return "".join(parts).encode()
 
 
 class AdminServer:
@@ -48,6 +145,10 @@ class AdminServer:
         self.host = host
         self.port = port
         self.not_ready_reason = not_ready_reason
+        self.metrics = MetricsCache(registry)
+        self.connections = 0
+        self._refused = 0
+        self._next_refusal_log = 0.0
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -67,14 +168,14 @@ class AdminServer:
             await self._server.wait_closed()
             self._server = None
 
-    def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
+    async def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
         """Status, content type and body for one request."""
         if path not in ("/metrics", "/healthz", "/readyz"):
             return 404, TEXT, b"not found\n"
         if method not in ("GET", "HEAD"):
             return 405, TEXT, b"method not allowed\n"
         if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+            return 200, CONTENT_TYPE_LATEST, await self.metrics.body()
         if path == "/healthz":
             return 200, TEXT, b"ok\n"
         reason = self.not_ready_reason()
@@ -83,28 +184,95 @@ class AdminServer:
         return 503, TEXT, f"not ready: {reason}\n".encode()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.connections >= MAX_CONNECTIONS:
+            writer.transport.abort()
+            self._log_refusal()
+            return
+        self.connections += 1
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT):
-                request_line = await reader.readline()
-                for _ in range(MAX_HEADER_LINES):
-                    if await reader.readline() in (b"\r\n", b"\n", b""):
-                        break
-            parts = request_line.decode("latin-1").split()
-            if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-                status, ctype, body = 400, TEXT, b"bad request\n"
-                method = "GET"
-            else:
-                method = parts[0]
-                status, ctype, body = self.respond(method, parts[1].split("?", 1)[0])
-            head = (
-                f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            ).encode()
-            writer.write(head if method == "HEAD" else head + body)
-            await writer.drain()
-        except (TimeoutError, ConnectionError, ValueError):
+            async with asyncio.timeout(EXCHANGE_TIMEOUT):
+                await self._exchange(reader, writer)
+                writer.close()
+                await writer.wait_closed()
+        except (TimeoutError, OSError, h11.ProtocolError):
             pass  # a client that is too slow, too big or gone gets nothing more
         finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError, TimeoutError):
-                await writer.wait_closed()
+            self.connections -= 1
+            writer.transport.abort()  # at once, whatever is still buffered
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD)
+        method, path = "GET", ""
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT):
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        conn.receive_data(await reader.read(MAX_REQUEST_HEAD))
+                    elif isinstance(event, h11.Request):
+                        method = event.method.decode("ascii", "replace")
+                        path = event.target.decode("ascii", "replace").split("?", 1)[0]
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                    elif isinstance(event, h11.ConnectionClosed):
+                        return
+            status, ctype, body = await self.respond(method, path)
+        except h11.RemoteProtocolError as exc:
+            status, ctype, body = exc.error_status_hint, TEXT, b"bad request\n"
+            if status not in REASONS:
+                status = 400
+            await self._answer(writer, conn, "GET", status, ctype, body)
+            await self._linger(reader, writer)
+            return
+        await self._answer(writer, conn, method, status, ctype, body)
+
+    async def _answer(
+        self,
+        writer: asyncio.StreamWriter,
+        conn: h11.Connection,
+        method: str,
+        status: int,
+        ctype: str,
+        body: bytes,
+    ) -> None:
+        head = h11.Response(
+            status_code=status,
+            reason=REASONS[status],
+            headers=[
+                ("Content-Type", ctype),
+                ("Content-Length", str(len(body))),
+                ("Connection", "close"),
+            ],
+        )
+        writer.write(conn.send(head) or b"")
+        if method != "HEAD":
+            for start in range(0, len(body), WRITE_CHUNK):
+                await writer.drain()
+                writer.write(conn.send(h11.Data(data=body[start : start + WRITE_CHUNK])) or b"")
+        writer.write(conn.send(h11.EndOfMessage()) or b"")
+        await writer.drain()
+
+    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """After refusing a request read only in part: end our side, discard the rest.
+
+        Closing with unread input would reset the connection, and a client can
+        lose the answer to that; the rest is read (and dropped) for a moment.
+        """
+        writer.write_eof()
+        async with asyncio.timeout(LINGER):
+            while await reader.read(WRITE_CHUNK):
+                pass
+
+    def _log_refusal(self) -> None:
+        self._refused += 1
+        now = time.monotonic()
+        if now >= self._next_refusal_log:
+            log.warning(
+                "admin server: %d connections open, the limit; closed %d more at once "
+                "(logged at most every %gs)",
+                MAX_CONNECTIONS,
+                self._refused,
+                REFUSAL_LOG_INTERVAL,
+            )
+            self._refused = 0
+            self._next_refusal_log = now + REFUSAL_LOG_INTERVAL

@@ -1,36 +1,52 @@
-"""The trigger request to the app, over TCP or a unix socket.
+"""The trigger request to the app, over TCP or a unix socket, through h11.
 
-One request per won claim. A request that provably never reached the app
-(connection refused, socket missing: the connection itself failed) is retried
-with backoff until the slot's deadline; one that reached it is never resent,
-whatever happened next (timeout, reset, 5xx). Every request goes over a fresh
-connection, so a stale keep-alive connection can never blur that line.
+One request per won claim. A request that provably never reached the app (the
+connection itself failed: refused, socket missing, no connection within the
+timeout) is retried with backoff until the slot's deadline; one that reached
+it is never resent, whatever happened next (timeout, reset, 5xx). Every
+request goes over a fresh connection, so a stale keep-alive connection can
+never blur that line.
+
+HTTP/1.1 framing and parsing are h11's; this module only moves bytes between
+h11 and an asyncio stream, bounded in time (the request's timeout covers
+connecting, sending, the answer and its whole body) and in memory: of the
+answer's body at most ``MAX_ERROR_BODY`` bytes are kept (for the message of a
+non-2xx answer), the rest is discarded as it arrives. Errors are translated
+where they cross into our code: ``OSError`` while connecting becomes
+TriggerUndelivered, the timeout TriggerTimeout, anything after the connection
+was made (reset, a malformed answer, an early close) a TriggerError.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
+from urllib.parse import urlsplit
 
-import aiohttp
-import yarl
+import h11
 
+from sidecar import __version__
 from sidecar.clock import Clock, rfc3339
-from sidecar.config import JobConfig
+from sidecar.config import JobConfig, RequestConfig, base_url_of, unix_socket_of
 from sidecar.errors import TriggerError, TriggerFailed, TriggerTimeout, TriggerUndelivered
 from sidecar.signing import SIGNATURE_HEADER, SignedFields, Signer, signature
-from sidecar.values import redact_url
 
 __all__ = ["Trigger", "TriggerResult", "signature"]
 
 log = logging.getLogger(__name__)
 
-# Only this much of an error response is read (and logged), never more.
+# Only this much of an answer's body is kept (the message of a non-2xx answer).
 MAX_ERROR_BODY = 200
+# The answer is read in chunks of at most this many bytes.
+READ_CHUNK = 64 * 1024
+USER_AGENT = f"anarchon-sidecar/{__version__}"
+# Framing headers are the sidecar's own; a configured one is dropped.
+FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
 
 
 #: ``on_retry(attempts so far, why, seconds left before giving up)``
@@ -50,6 +66,78 @@ class TriggerResult:
     attempts: int
 
 
+@dataclass(frozen=True)
+class Address:
+    """Where a request goes: a unix socket, or a host and port; parsed once per URL."""
+
+    socket: str | None
+    host: str
+    port: int
+    where: str  # for messages: the socket path or http://host:port
+    host_header: str  # ``host:port`` (no port for 80), ``localhost`` on a socket
+
+
+@functools.lru_cache(maxsize=256)
+def address_of(url: str) -> Address:
+    socket = unix_socket_of(url)
+    base = base_url_of(url)
+    if socket is not None:
+        return Address(socket, "localhost", 0, socket, "localhost")
+    parts = urlsplit(base)
+    host = parts.hostname or "localhost"
+    port = parts.port or 80
+    bracketed = f"[{host}]" if ":" in host else host
+    return Address(None, host, port, base, bracketed if port == 80 else f"{bracketed}:{port}")
+
+
+def host_header(req: RequestConfig) -> str:
+    """``Host`` as a browser sends it: ``host:port`` (no port for 80), ``localhost`` on a socket."""
+    return address_of(req.url).host_header
+
+
+def encode_request(req: RequestConfig, headers: Mapping[str, str], body: bytes) -> bytes:
+    """The whole request as bytes: h11's framing of `headers` plus the transport's own."""
+    lowered = {name.lower() for name in headers}
+    fields = [(name, value) for name, value in headers.items() if name.lower() not in FRAMING]
+    if "host" not in lowered:
+        fields.insert(0, ("Host", host_header(req)))
+    if "user-agent" not in lowered:
+        fields.append(("User-Agent", USER_AGENT))
+    fields += [("Content-Length", str(len(body))), ("Connection", "close")]
+    conn = h11.Connection(h11.CLIENT)
+    data = conn.send(h11.Request(method=req.method, target=req.path, headers=fields))
+    if body:
+        data += conn.send(h11.Data(data=body)) or b""
+    return data + (conn.send(h11.EndOfMessage()) or b"")
+
+
+async def read_answer(reader: asyncio.StreamReader, conn: h11.Connection) -> tuple[int, bytes]:
+    """The status and at most MAX_ERROR_BODY bytes of the body of the answer.
+
+    A 2xx answer's body is read to its end and discarded as it arrives; for any
+    other status reading stops once MAX_ERROR_BODY bytes are kept. Raises
+    h11.RemoteProtocolError for a malformed answer or one cut short.
+    """
+    status = 0
+    kept = b""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await reader.read(READ_CHUNK))
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            if len(kept) < MAX_ERROR_BODY:
+                kept += bytes(event.data[: MAX_ERROR_BODY - len(kept)])
+            if not 200 <= status < 300 and len(kept) >= MAX_ERROR_BODY:
+                return status, kept
+        elif isinstance(event, h11.EndOfMessage):
+            return status, kept
+        elif isinstance(event, h11.ConnectionClosed):  # cannot come before EndOfMessage
+            raise h11.RemoteProtocolError("connection closed before the answer")
+        # h11.InformationalResponse (1xx): the real answer follows.
+
+
 class Trigger:
     """Sends trigger requests to the app; use as ``async with Trigger(...)``."""
 
@@ -57,30 +145,9 @@ class Trigger:
         self.signer = signer
         self.clock = clock
         self.instance = instance
-        # One session per unix socket, one (key None) for TCP.
-        self._sessions: dict[str | None, aiohttp.ClientSession] = {}
 
     async def __aenter__(self) -> Trigger:
         return self
-
-    def _session(self, socket_path: str | None) -> aiohttp.ClientSession:
-        session = self._sessions.get(socket_path)
-        if session is None:
-            connector: aiohttp.BaseConnector
-            if socket_path:
-                connector = aiohttp.UnixConnector(path=socket_path, force_close=True, limit=0)
-            else:
-                connector = aiohttp.TCPConnector(force_close=True, limit=0)
-            session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=False, trust_env=False
-            )
-            # aiohttp resends an idempotent request (GET, PUT, DELETE, ...) once
-            # when the server drops the connection, even on a fresh connection:
-            # that request reached the app and must not be resent. No public
-            # switch exists; aiohttp's own test client turns it off the same way.
-            session._retry_connection = False
-            self._sessions[socket_path] = session
-        return session
 
     async def __aexit__(
         self,
@@ -88,9 +155,7 @@ class Trigger:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for session in self._sessions.values():
-            await session.close()
-        self._sessions.clear()
+        return None  # nothing is kept between requests
 
     def headers(
         self,
@@ -187,35 +252,45 @@ class Trigger:
     async def _send(
         self, job: JobConfig, slot: int, token: str, attempt: int, fence: int | None
     ) -> int:
-        """One request; returns the 2xx status or raises a TriggerError."""
+        """One request over a fresh connection; returns the 2xx status or raises a TriggerError."""
         req = job.request
         body = req.body.encode()
-        # encoded=True: the path goes out exactly as configured, and as signed.
-        url = yarl.URL(req.base_url + req.path, encoded=True)
         try:
-            async with self._session(req.unix_socket).request(
-                req.method,
-                url,
-                data=body,
-                headers=self.headers(job, slot, token, body, attempt, fence),
-                timeout=aiohttp.ClientTimeout(total=req.timeout),
-                allow_redirects=False,
-            ) as resp:
-                if 200 <= resp.status < 300:
-                    await resp.read()
-                    return resp.status
-                text = (await resp.content.read(MAX_ERROR_BODY)).decode(errors="replace")
-                detail = " ".join(text.split())
-                raise TriggerFailed(
-                    f"HTTP {resp.status}" + (f": {detail}" if detail else ""), resp.status
-                )
-        except aiohttp.ClientConnectorError as exc:
-            # The connection was never made: nothing reached the app.
-            where = req.unix_socket or redact_url(req.base_url)
-            raise TriggerUndelivered(f"cannot connect to {where}: {exc.os_error}") from exc
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            request = encode_request(
+                req, self.headers(job, slot, token, body, attempt, fence), body
+            )
+        except h11.LocalProtocolError as exc:  # config validation should make this unreachable
+            raise TriggerError(f"cannot build the request: {exc}") from exc
+        addr = address_of(req.url)
+        where = addr.where
+        writer: asyncio.StreamWriter | None = None
+        try:
+            async with asyncio.timeout(req.timeout):
+                try:
+                    if addr.socket is not None:
+                        reader, writer = await asyncio.open_unix_connection(addr.socket)
+                    else:
+                        reader, writer = await asyncio.open_connection(addr.host, addr.port)
+                except OSError as exc:
+                    # The connection was never made: nothing reached the app.
+                    raise TriggerUndelivered(f"cannot connect to {where}: {exc}") from exc
+                writer.write(request)
+                await writer.drain()
+                status, kept = await read_answer(reader, h11.Connection(h11.CLIENT))
+        except TimeoutError as exc:
+            if writer is None:
+                raise TriggerUndelivered(
+                    f"cannot connect to {where}: no connection within {req.timeout:g}s"
+                ) from exc
             raise TriggerTimeout(f"no answer within {req.timeout:g}s") from exc
-        except aiohttp.ClientError as exc:
+        except (OSError, h11.RemoteProtocolError) as exc:
             raise TriggerError(
                 f"request failed after connecting: {type(exc).__name__} {exc}"
             ) from exc
+        finally:
+            if writer is not None:
+                writer.transport.abort()
+        if 200 <= status < 300:
+            return status
+        detail = " ".join(kept.decode(errors="replace").split())
+        raise TriggerFailed(f"HTTP {status}" + (f": {detail}" if detail else ""), status)

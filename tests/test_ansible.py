@@ -325,6 +325,7 @@ def test_converge_installs_the_sidecar_with_its_files(site: Site) -> None:
         "Restart=on-failure",
         "KillSignal=SIGTERM",
         "TimeoutStopSec=40",
+        "LimitNOFILE=65536",  # systemd's default soft 1024 is short of 1,000 jobs at once
     ):
         assert line in unit.splitlines(), line
 
@@ -640,6 +641,7 @@ def test_podman_method_renders_a_quadlet(site: Site, tmp_path: Path) -> None:
         f"+Group={os.getgid()}",
         "+Network=host",
         "+ReadOnly=true",
+        "+Ulimit=nofile=65536:65536",
         "+PodmanArgs=--stop-timeout=40",
         "+WantedBy=multi-user.target",
     ):

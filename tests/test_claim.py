@@ -17,6 +17,8 @@ from typing import Any
 import nats
 import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from sidecar import claim as claim_module
 from sidecar.claim import (
@@ -25,6 +27,7 @@ from sidecar.claim import (
     Claimer,
     claim_msg_id,
     decide,
+    must_read_stored,
     new_token,
     token_of,
 )
@@ -71,6 +74,30 @@ async def until(condition: Callable[[], Any], timeout: float = 10.0, what: str =
 )
 def test_decide(duplicate: bool | None, stored: str | None, won: bool) -> None:
     assert decide(duplicate, stored, OURS) is won
+
+
+@pytest.mark.parametrize(
+    ("duplicate", "retried", "stored", "outcome"),
+    [
+        # not a duplicate: won, nothing to read, whatever came before
+        (None, False, OTHER, "won"),
+        (None, True, OTHER, "won"),
+        (False, True, None, "won"),
+        # a duplicate of the first publish: somebody else's claim, no second request
+        (True, False, OURS, "lost"),
+        (True, False, OTHER, "lost"),
+        # a duplicate after an earlier attempt (timeout, 10158, reconnect): read it
+        (True, True, OURS, "won after a read"),
+        (True, True, OTHER, "lost after a read"),
+        (True, True, None, "lost after a read"),
+    ],
+)
+def test_claim_decision_table(
+    duplicate: bool | None, retried: bool, stored: str | None, outcome: str
+) -> None:
+    read = must_read_stored(duplicate, retried)
+    won = decide(duplicate, stored if read else None, OURS)
+    assert f"{'won' if won else 'lost'}{' after a read' if read else ''}" == outcome
 
 
 @pytest.mark.parametrize(
@@ -163,17 +190,50 @@ async def test_second_instance_loses_the_same_slot(nats_server: NatsServer, nc: 
     assert info.state.messages == 3
 
 
-async def test_own_retry_is_recognised_by_token(nc: NATS, monkeypatch: pytest.MonkeyPatch) -> None:
+def lose_first_ack(claimer: Claimer, publish_it: bool = True) -> list[int]:
+    """The claimer's first publish reaches JetStream (or not), but its ack is lost.
+
+    Returns a list that gets the stored sequence of that publish (0 if not sent).
+    """
+    real = claimer.js.publish
+    lost: list[int] = []
+
+    async def publish(*args: Any, **kwargs: Any) -> Any:
+        if not lost:
+            ack = await real(*args, **kwargs) if publish_it else None
+            lost.append(ack.seq if ack else 0)
+            raise NatsTimeoutError
+        return await real(*args, **kwargs)
+
+    claimer.js.publish = publish  # type: ignore[method-assign]
+    return lost
+
+
+async def test_own_retry_is_recognised_by_token(nc: NATS) -> None:
     """An earlier attempt of ours was stored but its ack got lost: the retry wins."""
+    claimer = claimer_for(nc, "web-1")
+    lost = lose_first_ack(claimer)
+    retried = await claimer.claim("sync", SLOT, deadline_in(5))
+    assert retried.won and [retried.seq] == lost
+    assert retried.attempts == 2 and retried.duplicate_acks == 1
+
+
+async def test_first_duplicate_is_lost_even_with_our_token_stored(
+    nc: NATS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decided without reading: on a first publish the stored claim cannot be ours.
+
+    (Here it carries our token, which no real claim can arrange: the proof
+    that the claimer did not read it.)
+    """
     body = {"job": "sync", "slot": SLOT, "token": OURS, "instance": "web-1", "manual": False}
     first = await nc.jetstream().publish(
         "cron.sync.claims", json.dumps(body).encode(), headers={"Nats-Msg-Id": f"sync:{SLOT}"}
     )
-    assert not first.duplicate
     monkeypatch.setattr(claim_module, "new_token", lambda: OURS)
-    retried = await claimer_for(nc, "web-1").claim("sync", SLOT, deadline_in(5))
-    assert retried.won and retried.seq == first.seq
-    assert retried.duplicate_acks == 1 and retried.token == OURS
+    claimed = await claimer_for(nc, "web-1").claim("sync", SLOT, deadline_in(5))
+    assert not claimed.won and claimed.seq == first.seq
+    assert claimed.attempts == 1 and claimed.duplicate_acks == 1
 
 
 async def test_duplicate_of_a_foreign_message_is_lost(nc: NATS) -> None:
@@ -265,11 +325,65 @@ async def test_claim_refused_by_jetstream_fails_at_once(nc: NATS) -> None:
 
 
 async def test_duplicate_whose_stored_claim_is_gone_is_not_won(nc: NATS) -> None:
-    """JetStream still remembers the id, but the message to compare tokens with is gone."""
+    """JetStream still remembers the id, but the message to compare tokens with is gone.
+
+    A first publish is lost at once (nothing to read); a retry cannot tell.
+    """
     first = await claimer_for(nc, "web-1").claim("sync", SLOT, deadline_in(5))
     assert await nc.jetstream().delete_msg(SPEC.name, first.seq)
+    assert not (await claimer_for(nc, "web-2").claim("sync", SLOT, deadline_in(5))).won
+    retrying = claimer_for(nc, "web-3")
+    lose_first_ack(retrying, publish_it=False)
     with pytest.raises(ClaimError, match=f"stored claim {first.seq} is gone"):
-        await claimer_for(nc, "web-2").claim("sync", SLOT, deadline_in(5))
+        await retrying.claim("sync", SLOT, deadline_in(5))
+
+
+async def test_jetstream_requests_per_slot(nats_server: NatsServer) -> None:
+    """N claimers, one slot each wave: N claim publishes, no reads; a retry reads once.
+
+    Counted on the server's side: a core subscription sees every claim publish
+    (duplicates too) and every stored-message read the claimers make.
+    """
+    instances, slots = 3, 10
+    watcher = await nats.connect(nats_server.url)
+    conns = [await nats.connect(nats_server.url) for _ in range(instances)]
+    seen: Counter[str] = Counter()
+
+    async def count(msg: Msg) -> None:
+        seen["read" if msg.subject.startswith("$JS.API") else "claim"] += 1
+
+    try:
+        await ensure_stream(watcher.jetstream(), SPEC)
+        for subject in ("cron.*.claims", "$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>"):
+            await watcher.subscribe(subject, cb=count)
+        await watcher.flush()
+        claimers = [claimer_for(c, f"web-{i}") for i, c in enumerate(conns)]
+        claims = []
+        for s in range(slots):
+            claims += await asyncio.gather(
+                *(c.claim("sync", SLOT + 1000 * s, deadline_in(10)) for c in claimers)
+            )
+        await watcher.flush()
+        await until(lambda: seen["claim"] >= instances * slots, what="every claim seen")
+        plain = dict(seen)
+        # One instance's first ack of the next slot is lost: its retry reads once.
+        lose_first_ack(claimers[0])
+        retried = await claimers[0].claim("sync", SLOT + 1000 * slots, deadline_in(10))
+        others = await asyncio.gather(
+            *(c.claim("sync", SLOT + 1000 * slots, deadline_in(10)) for c in claimers[1:])
+        )
+        await watcher.flush()
+        await until(lambda: seen["claim"] >= instances * (slots + 1) + 1, what="the retry")
+        await until(lambda: seen["read"] >= 1, what="the retry's read")
+    finally:
+        for c in conns:
+            await c.close()
+        await watcher.close()
+    assert sum(c.won for c in claims) == slots
+    assert all(c.attempts == 1 for c in claims)
+    assert plain == {"claim": instances * slots}  # N requests per slot, no reads
+    assert retried.won and retried.attempts == 2 and not any(o.won for o in others)
+    assert seen == {"claim": instances * (slots + 1) + 1, "read": 1}
 
 
 def connection_for(server: NatsServer) -> Connection:

@@ -241,6 +241,17 @@ def assert_installed_sidecar_works(venv: Path, tmp_path: Path) -> None:
     )
     assert Path(where.stdout.strip()).is_relative_to(venv), output(where)
 
+    # The runtime set only: h11 for HTTP, no aiohttp (nats-py would import it).
+    found = run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import importlib.util as u; print([bool(u.find_spec(m)) for m in ('h11', 'aiohttp')])",
+        ],
+        cwd=tmp_path,
+    )
+    assert found.stdout.strip() == "[True, False]", output(found)
+
     version = run([str(exe), "--version"], cwd=tmp_path)
     assert version.returncode == 0, output(version)
     assert sidecar.__version__ in version.stdout, output(version)

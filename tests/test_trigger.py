@@ -293,3 +293,150 @@ async def test_app_hanging_up_is_a_failure_never_resent(
     assert result.attempts == 1
     assert hang.connections == 1
     assert hang.requests == (0 if how == "accept" else 1)
+
+
+class RawApp:
+    """A raw server that reads the request, then writes `answer` and `chunk` forever (or not)."""
+
+    def __init__(self, answer: bytes, chunk: bytes = b"") -> None:
+        self.answer = answer
+        self.chunk = chunk
+        self.requests = 0
+        self.sent = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            self.requests += 1
+            writer.write(self.answer)
+            await writer.drain()
+            while self.chunk:
+                writer.write(self.chunk)
+                await writer.drain()
+                self.sent += len(self.chunk)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def raw_app(app: RawApp) -> AsyncIterator[str]:
+    port = free_port()
+    server = await asyncio.start_server(app.handle, "127.0.0.1", port)
+    async with server:
+        yield f"http://127.0.0.1:{port}"
+
+
+async def test_endless_2xx_body_is_discarded_until_the_timeout() -> None:
+    """A 2xx answer is read to its end within the timeout, never kept whole."""
+    app = RawApp(b"HTTP/1.1 200 OK\r\n\r\n", b"x" * 65536)  # no length: until close
+    async with raw_app(app) as url:
+        started = time.monotonic()
+        result = await fire(job_for(url, {"timeout": "500ms"}), within=30)
+        took = time.monotonic() - started
+    assert not result.ok and result.http_status is None
+    assert result.error == "no answer within 0.5s"
+    assert (result.attempts, app.requests) == (1, 1)
+    assert 0.4 <= took < 1.5, took
+    assert app.sent > 1_000_000  # it did stream, and the sidecar kept reading
+
+
+async def test_2xx_body_is_read_to_its_end() -> None:
+    body = b"y" * 3_000_000
+    app = RawApp(b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    async with raw_app(app) as url:
+        result = await fire(job_for(url))
+    assert (result.ok, result.http_status, result.error, result.attempts) == (True, 201, None, 1)
+
+
+async def test_endless_error_body_is_cut_after_what_is_kept() -> None:
+    """A non-2xx answer: MAX_ERROR_BODY bytes are kept, then the connection is closed."""
+    app = RawApp(
+        b"HTTP/1.1 500 Oops\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"10000\r\n" + b"e" * 65536 + b"\r\n",
+    )
+    async with raw_app(app) as url:
+        started = time.monotonic()
+        result = await fire(job_for(url, {"timeout": "20s"}), within=30)
+        took = time.monotonic() - started
+    assert not result.ok and result.http_status == 500
+    assert result.error == "HTTP 500: " + "e" * 200
+    assert took < 5, took
+    assert app.requests == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [b"garbage\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", b"HTTP/1.1 200"],
+)
+async def test_malformed_or_cut_answer_is_a_failure_never_resent(answer: bytes) -> None:
+    app = RawApp(answer)
+    async with raw_app(app) as url:
+        result = await fire(job_for(url), within=20)
+    assert not result.ok and result.http_status is None
+    assert result.error is not None
+    assert result.error.startswith("request failed after connecting"), result.error
+    assert (result.attempts, app.requests) == (1, 1)
+
+
+async def test_request_on_the_wire(tmp_path: Path) -> None:
+    """Host, framing and the sidecar's name; configured framing headers give way."""
+    seen: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen.append(head + await reader.readexactly(4))
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        writer.close()
+
+    port = free_port()
+    async with await asyncio.start_server(handle, "127.0.0.1", port):
+        result = await fire(
+            job_for(
+                f"http://127.0.0.1:{port}",
+                {"body": "data", "headers": {"Connection": "keep-alive", "Content-Length": "99"}},
+            )
+        )
+    assert result.ok and result.http_status == 204
+    (raw,) = seen
+    lines = raw.split(b"\r\n")
+    assert lines[0] == b"POST /jobs/sync HTTP/1.1"
+    fields = [line.split(b": ", 1) for line in lines[1:] if b": " in line]
+    names = [name.lower() for name, _ in fields]
+    assert names.count(b"content-length") == names.count(b"connection") == 1
+    values = {name.lower(): value for name, value in fields}
+    assert values[b"host"] == f"127.0.0.1:{port}".encode()
+    assert values[b"content-length"] == b"4" and values[b"connection"] == b"close"
+    assert values[b"user-agent"].startswith(b"anarchon-sidecar/")
+    assert raw.endswith(b"\r\n\r\ndata")
+
+
+async def test_no_connection_within_the_timeout_is_undelivered() -> None:
+    """A listener whose queue is full never completes the handshake: nothing was sent."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        # Fill the accept queue (backlog 0 holds one or two) so later SYNs are dropped.
+        for _ in range(4):
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            fillers.append(filler)
+        started = time.monotonic()
+        result = await fire(job_for(f"http://127.0.0.1:{port}", {"timeout": "200ms"}), within=1.0)
+        took = time.monotonic() - started
+    finally:
+        for s in fillers:
+            s.close()
+        listener.close()
+    assert not result.ok and result.http_status is None
+    assert result.error == (
+        f"cannot connect to http://127.0.0.1:{port}: no connection within 0.2s (gave up)"
+    )
+    assert result.attempts >= 2
+    assert took < 1.5, took

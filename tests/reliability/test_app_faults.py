@@ -4,15 +4,22 @@ A request that reached the app is never resent (one request per slot
 whatever the answer); one that never reached it is retried until max_late
 runs out, so the app coming back mid-way still gets each slot once; runs in
 flight at SIGTERM are drained and recorded, and those still running after the
-grace period are recorded as interrupted.
+grace period are recorded as interrupted. An answer of hundreds of MiB is
+read and discarded as it streams: the sidecar's memory does not grow with it.
 """
 
 from __future__ import annotations
 
 import signal
+import socket
+import socketserver
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.reliability.conftest import Figures
 from tests.reliability.helpers import (
@@ -153,3 +160,102 @@ def test_app_faults(
         assert result_of[token]["status"] == "failed", result_of[token]
         assert "interrupted" in str(result_of[token]["error"]), result_of[token]
     assert GRACE - 1 < drained_in < GRACE + 5
+
+
+# --------------------------------------------------------------------------- huge answers
+
+HUGE = 300 * 1024 * 1024
+CHUNK = b"z" * (1024 * 1024)
+
+
+class HugeAnswer(socketserver.BaseRequestHandler):
+    """Answers every request with ``200`` and a 300 MiB body, streamed in 1 MiB writes."""
+
+    sent: list[int]
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = sock.recv(65536)
+            if not data:
+                return
+            head += data
+        sent = 0
+        try:
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % HUGE)
+            while sent < HUGE:
+                sock.sendall(CHUNK)
+                sent += len(CHUNK)
+        except OSError:
+            pass
+        self.sent.append(sent)
+
+
+@pytest.fixture
+def huge_app() -> Iterator[tuple[str, list[int]]]:
+    sent: list[int] = []
+    handler = type("Handler", (HugeAnswer,), {"sent": sent})
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", sent
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def test_huge_answer_streams_through_in_bounded_memory(
+    tmp_path: Path,
+    nats_server: NatsServer,
+    http_app: RecordingApp,
+    huge_app: tuple[str, list[int]],
+    figures: Figures,
+) -> None:
+    url, sent = huge_app
+    job = {
+        "name": "huge",
+        "schedule": "*/20 * * * * *",
+        "jitter": "0s",
+        "max_late": "5s",
+        "request": {"url": url, "timeout": "60s"},
+    }
+    cfg = config([nats_server.url], http_app, [job])
+    with sidecars(tmp_path, [("s1", cfg, {})]) as (proc,):
+        assert proc.proc is not None
+        pid = proc.proc.pid
+        ready_rss = _status_kib(pid, "VmRSS")
+        wait_for(
+            lambda: metric_sum([proc], "anarchon_runs_total", {"job": "huge"}) >= 1,
+            60,
+            what="the huge run to finish",
+        )
+        peak = _status_kib(pid, "VmHWM")
+        after = _status_kib(pid, "VmRSS")
+        code = proc.terminate()
+    _, results = claims_and_results(read_stream(nats_server.url))
+    figures.report(
+        "huge-answer",
+        body_mib=HUGE // 2**20,
+        ready_rss_mib=round(ready_rss / 1024, 1),
+        peak_rss_mib=round(peak / 1024, 1),
+        rss_after_mib=round(after / 1024, 1),
+        peak_growth_mib=round((peak - ready_rss) / 1024, 1),
+    )
+    assert code == 0
+    assert sent and sent[0] == HUGE  # the whole body went out
+    assert results
+    for m in results:
+        assert (m.data["status"], m.data["http_status"]) == ("succeeded", 200), m.data
+    # Before: the body was read whole into memory (peak 644 MiB for 300 MiB).
+    assert peak - ready_rss < 24 * 1024, (ready_rss, peak)

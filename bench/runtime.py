@@ -1,0 +1,92 @@
+"""The runtime-only environment the benchmarks measure: a venv with ``pip install .``.
+
+What a user gets from a plain install: the sidecar and its runtime
+dependencies, nothing of the dev extra (no aiohttp, which nats-py would
+import). Made once in ``bench/.runtime-venv`` and made again when the
+project's source changes. Sidecars run from its ``anarchon-sidecar`` script
+outside the source tree (so the installed package is the one imported); the
+raw baselines (``bench.raw_*``, standard library and nats-py only) run with its
+Python from the source tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support import ROOT, Sidecar, sidecar_env
+
+VENV = ROOT / "bench" / ".runtime-venv"
+STAMP = VENV / ".source-hash"
+
+
+def source_hash() -> str:
+    digest = hashlib.sha256()
+    for path in sorted([ROOT / "pyproject.toml", *(ROOT / "sidecar").glob("*.py")]):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def ensure() -> Path:
+    """The runtime venv, made (or made again) from this checkout."""
+    wanted = source_hash()
+    if STAMP.exists() and STAMP.read_text() == wanted:
+        return VENV
+    shutil.rmtree(VENV, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    subprocess.run(
+        [str(VENV / "bin" / "pip"), "install", "--quiet", str(ROOT)],
+        check=True,
+        env=sidecar_env(),
+        cwd=VENV,
+    )
+    installed = subprocess.run(
+        [str(VENV / "bin" / "pip"), "list", "--format=freeze"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.lower()
+    if "aiohttp" in installed:
+        raise RuntimeError("the runtime venv holds aiohttp: a runtime dependency pulls it in")
+    STAMP.write_text(wanted)
+    return VENV
+
+
+def python() -> str:
+    return str(ensure() / "bin" / "python")
+
+
+def packages() -> dict[str, str]:
+    """Name -> version of everything in the runtime venv."""
+    out = subprocess.run(
+        [str(ensure() / "bin" / "pip"), "list", "--format=freeze"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return dict(line.split("==", 1) for line in out.splitlines() if "==" in line)
+
+
+class RuntimeSidecar(Sidecar):
+    """A sidecar run from the runtime venv's ``anarchon-sidecar``, outside the source tree."""
+
+    def start(self, *extra_args: str) -> RuntimeSidecar:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                str(ensure() / "bin" / "anarchon-sidecar"),
+                "run",
+                "-c",
+                str(self.config_path),
+                *extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=sidecar_env(self.env),
+            cwd=self.workdir,
+        )
+        log.close()
+        return self
