@@ -657,6 +657,8 @@ def _status_table(view: dict[str, Any]) -> None:
     for job in view["jobs"]:
         last = job["last_run"] or {}
         state = "PAUSED" if job["paused"] else "active"
+        if job.get("stream_problem"):
+            state = "NOT HELD" if not job["paused"] else "PAUSED, NOT HELD"
         if job["settings_differ"]:
             state += " (settings differ)"
         rows.append(
@@ -674,6 +676,8 @@ def _status_table(view: dict[str, Any]) -> None:
     for row in [header, *rows]:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     for job in view["jobs"]:
+        if job.get("stream_problem"):
+            click.echo(_printable(f"{job['name']} not claimed: {job['stream_problem']}"))
         if job["paused"]:
             why = f": {job['paused_reason']}" if job["paused_reason"] else ""
             click.echo(

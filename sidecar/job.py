@@ -25,6 +25,7 @@ from sidecar.errors import ClaimError
 from sidecar.fleet import Fleet
 from sidecar.guard import REPEAT_LOG, StreamGuard
 from sidecar.metrics import Metrics
+from sidecar.ratelog import RateLimitedLog
 from sidecar.runs import ResultRecord, last_messages, last_scheduled_slot, publish_result
 from sidecar.trigger import Trigger, TriggerResult
 
@@ -78,6 +79,7 @@ class Jobs:
         self.runs: set[asyncio.Task[None]] = set()
         self._sleepers: set[asyncio.Future[None]] = set()  # loops in sleep_until
         self._skip_logged: dict[str, float] = {}
+        self.warnings = RateLimitedLog(log)
         self.side_tasks: set[asyncio.Task[None]] = set()  # catch-up
 
     def wake(self) -> None:
@@ -157,7 +159,14 @@ class Jobs:
             self._skip(job, slot, "stream", str(exc))
         except ClaimDisconnected as exc:
             m.claims_skipped_total.labels(job=name, reason="disconnected").inc()
-            log.warning("job %s slot %s skipped: %s", name, rfc3339(slot / 1000), exc)
+            # Once a minute a job while NATS is away, with the count; all said on reconnect.
+            self.warnings.warning(
+                f"disconnected:{name}",
+                "job %s slot %s skipped: %s",
+                name,
+                rfc3339(slot / 1000),
+                exc,
+            )
         except ClaimError as exc:
             m.claim_errors_total.labels(job=name).inc()
             log.warning("job %s slot %s not claimed: %s", name, rfc3339(slot / 1000), exc)
@@ -177,6 +186,7 @@ class Jobs:
 
     def reconnected(self) -> None:
         """After a reconnect, look again for slots nobody claimed (jobs with catch-up)."""
+        self.warnings.clear_prefix("disconnected:")
         if self.stopping.is_set():
             return
         for job in self.config.jobs:

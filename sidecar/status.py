@@ -19,7 +19,7 @@ from sidecar.clock import rfc3339
 from sidecar.config import Config
 from sidecar.runs import join_runs, last_messages
 from sidecar.state import View, mismatched_jobs, state_spec
-from sidecar.stream import state_of, stream_spec
+from sidecar.stream import coverage, state_of, stream_spec
 
 READ_TIMEOUT = 10.0
 
@@ -56,6 +56,22 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
     instances = view.instances()
     mismatch = mismatched_jobs(instances)
     spec = stream_spec(config)
+    stream: dict[str, Any] | None = None
+    held: dict[str, str | None] = {}
+    try:
+        info = await js.stream_info(spec.name)
+        state = state_of(info)
+        held = coverage(state, spec, config.jobs)
+        domain = (await js.account_info()).domain or None
+        stream = {
+            "name": state.name,
+            "domain": domain,
+            "cluster": state.cluster,
+            "leader": state.leader,
+            "replicas": state.replicas,
+        }
+    except Exception:  # no stream yet, or no answer: status still shows the rest
+        stream = None
     jobs: list[dict[str, Any]] = []
     for job in config.jobs:
         paused = view.paused(job.name)
@@ -76,22 +92,10 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
                 "last_run": runs[0].as_dict() if runs else None,
                 "next_slot": rfc3339(job.schedule.next_slot(now_ms) / 1000),
                 "settings_differ": job.name in mismatch,
+                # Why the stream cannot hold this job's claims (its slots are skipped).
+                "stream_problem": held.get(job.name),
             }
         )
-    stream: dict[str, Any] | None = None
-    try:
-        info = await js.stream_info(spec.name)
-        state = state_of(info)
-        domain = (await js.account_info()).domain or None
-        stream = {
-            "name": state.name,
-            "domain": domain,
-            "cluster": state.cluster,
-            "leader": state.leader,
-            "replicas": state.replicas,
-        }
-    except Exception:  # no stream yet, or no answer: status still shows the rest
-        stream = None
     return {
         "stream": stream,
         "instances": [

@@ -265,6 +265,11 @@ def test_a_stream_too_weak_for_the_jobs_is_never_claimed_on(
         # Raised as far as max_age lets it, which is not far enough.
         assert "duplicate window (20s) is not longer than jitter + max_late (1m1s)" in body
         assert procs[0].metric("anarchon_stream_covers_job", {"job": "sync"}) == 0
+        shown = run_cli("status", "--json", "-c", str(procs[0].config_path))
+        sync = json.loads(shown.stdout)["jobs"][0]
+        assert "is not longer than jitter + max_late" in sync["stream_problem"]
+        table = run_cli("status", "-c", str(procs[0].config_path)).stdout
+        assert "NOT HELD" in table and "sync not claimed: stream CRON's duplicate window" in table
         # The stream stays as its owner made it (the window cannot pass max_age).
         after = asyncio.run(_stream_config(nats_server.url))
         assert (after.duplicate_window, after.max_age) == (20.0, 20.0)
