@@ -54,6 +54,7 @@ class Fleet:
         self.problem: str | None = "state bucket not read yet"
         self._tasks: list[asyncio.Task[None]] = []
         self._mismatch: set[str] = set()
+        self._paused: set[str] = set()  # jobs of this config seen paused (for the log)
         self._started_at = rfc3339(clock.wall())
         self._jobs = frozenset(job.name for job in config.jobs)
         self.presence = {
@@ -130,21 +131,26 @@ class Fleet:
         return None
 
     def _changed(self, key: str) -> None:
-        """After the watch delivered `key` ("" after a re-sync): gauges and log lines."""
+        """After the watch delivered `key`, or "" after a re-sync: gauges and log lines."""
         if not self.view.synced:
             return
         self.problem = None
-        m = self.metrics
-        if key.startswith("paused."):
-            job = key[len("paused.") :]
-            if job in self._jobs:
+        if key == "" or key.startswith("paused."):
+            names = self._jobs if key == "" else {key[len("paused.") :]} & self._jobs
+            for job in names:
                 entry = self.view.paused(job)
-                m.job_paused.labels(job=job).set(1 if entry else 0)
-                _log_pause(job, entry.value if entry else None)
+                if (entry is not None) != (job in self._paused):
+                    _log_pause(job, entry.value if entry else None)
+                    self._paused ^= {job}
+                self.metrics.job_paused.labels(job=job).set(1 if entry else 0)
+        if key == "" or key.startswith("instance."):
+            self._instances_changed()
+
+    def _instances_changed(self) -> None:
         instances = self.view.instances()
-        m.fleet_instances.set(len(instances))
+        self.metrics.fleet_instances.set(len(instances))
         mismatch = mismatched_jobs(instances)
-        m.fleet_config_mismatch.set(1 if mismatch else 0)
+        self.metrics.fleet_config_mismatch.set(1 if mismatch else 0)
         if mismatch and mismatch != self._mismatch:
             log.warning(
                 "live instances run these jobs with different settings: %s (see `status`)",

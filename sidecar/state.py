@@ -161,8 +161,9 @@ class View:
     keys: dict[str, Entry] = field(default_factory=dict)
     last_revision: int = 0
     synced: bool = False
-    # Called with the key after every change the watch delivers.
+    # Called with the key after every change the watch delivers ("" after a re-sync).
     on_change: Callable[[str], None] | None = None
+    _jobs_seen: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def paused(self, job: str) -> Entry | None:
         return self.keys.get(f"paused.{job}")
@@ -180,9 +181,29 @@ class View:
             if self.keys.pop(key, None) is None:
                 return
         else:
-            self.keys[key] = Entry(decode(value), revision)
+            data = decode(value)
+            if key.startswith("instance."):
+                data = self._shared_jobs(data)
+            self.keys[key] = Entry(data, revision)
         if self.on_change is not None:
             self.on_change(key)
+
+    def _shared_jobs(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Instances with the same job settings share one ``jobs`` mapping.
+
+        A hundred replicas of a thousand jobs would otherwise keep a hundred
+        copies of the same thousand hashes (about 15 MiB), and comparing them
+        would walk every copy.
+        """
+        jobs = data.get("jobs")
+        if isinstance(jobs, dict):
+            canon = json.dumps(jobs, sort_keys=True)
+            data["jobs"] = self._jobs_seen.setdefault(canon, jobs)
+            if len(self._jobs_seen) > 64:  # bounded: forget all but the ones in use
+                used = {id(e.value.get("jobs")) for e in self.keys.values()}
+                self._jobs_seen = {k: v for k, v in self._jobs_seen.items() if id(v) in used}
+                self._jobs_seen[canon] = data["jobs"]
+        return data
 
 
 def decode(value: bytes | None) -> dict[str, Any]:
@@ -197,8 +218,8 @@ def decode(value: bytes | None) -> dict[str, Any]:
 def mismatched_jobs(instances: dict[str, dict[str, Any]]) -> set[str]:
     """Jobs that two live instances run with different settings."""
     seen: dict[str, set[str]] = {}
-    for value in instances.values():
-        jobs = value.get("jobs")
+    distinct = {id(v.get("jobs")): v.get("jobs") for v in instances.values()}  # shared (View)
+    for jobs in distinct.values():
         if not isinstance(jobs, dict):
             continue
         for name, digest in jobs.items():
@@ -261,16 +282,12 @@ class Watch:
             fresh.apply(entry.key, entry.value, entry.revision, entry.operation is not None)
         info = await self.bucket.kv._js.stream_info(self.bucket.spec.stream)
         fresh.last_revision = max(fresh.last_revision, int(info.state.last_seq))
-        changed = set(self.view.keys) ^ set(fresh.keys) | {
-            k for k in fresh.keys if k in self.view.keys and self.view.keys[k] != fresh.keys[k]
-        }
         self.view.keys = fresh.keys
+        self.view._jobs_seen = fresh._jobs_seen
         self.view.last_revision = fresh.last_revision
         self.view.synced = True
         if self.view.on_change is not None:
-            for key in sorted(changed):
-                self.view.on_change(key)
-            self.view.on_change("")
+            self.view.on_change("")  # everything may have changed: one recount
         self._pump = asyncio.create_task(self._follow(watcher))
 
     async def _follow(self, watcher: Any) -> None:
