@@ -81,8 +81,11 @@ def floor() -> dict[str, float]:
     return {"seconds": elapsed, "rss_mib": rss["VmRSS"], "hwm_mib": rss["VmHWM"]}
 
 
-def sidecar(work: Path, server: NatsServer, jobs: int, rep: int) -> dict[str, float]:
-    proc = runtime.RuntimeSidecar(work, f"fp{jobs}-{rep}", config(server, jobs), {})
+def sidecar(
+    work: Path, server: NatsServer, jobs: int, rep: int | str, name: str = "fp"
+) -> dict[str, float]:
+    """Time to ready and RSS (2 s after ready) of a sidecar with `jobs` jobs."""
+    proc = runtime.RuntimeSidecar(work, f"{name}{jobs}-{rep}", config(server, jobs), {})
     t0 = time.perf_counter()
     proc.start()
     try:

@@ -20,17 +20,14 @@ import asyncio
 import contextlib
 import json
 import statistics
-import time
-from pathlib import Path
 from typing import Any
 
 import nats
 from nats.js.api import KeyValueConfig, StorageType
 
 from bench import runtime
-from bench.common import nats_server, rss_mib, workdir, write_result
-from bench.footprint import config
-from tests.support import NatsServer
+from bench.common import nats_server, workdir, write_result
+from bench.footprint import sidecar
 
 JOBS = 1000
 PAUSED = 1000
@@ -70,33 +67,15 @@ async def empty(url: str, bucket: str) -> None:
         await nc.close()
 
 
-def sidecar(work: Path, server: NatsServer, name: str) -> dict[str, float]:
-    proc = runtime.RuntimeSidecar(work, name, config(server, JOBS), {})
-    t0 = time.perf_counter()
-    proc.start()
-    try:
-        while not proc.ready():
-            assert proc.proc and proc.proc.poll() is None, proc.log()
-            assert time.perf_counter() - t0 < 60, "not ready within 60 s"
-            time.sleep(0.005)
-        elapsed = time.perf_counter() - t0
-        time.sleep(2)
-        assert proc.proc is not None
-        rss = rss_mib(proc.proc.pid)
-    finally:
-        proc.terminate(30)
-    return {"seconds": elapsed, "rss_mib": rss["VmRSS"]}
-
-
 def main() -> None:
     runtime.ensure()
     runs: dict[str, list[dict[str, float]]] = {"empty": [], "full": []}
     with workdir("state_view") as work, nats_server(work) as server:
         for rep in range(REPEATS):  # interleaved
             asyncio.run(empty(server.url, "CRON_STATE"))
-            runs["empty"].append(sidecar(work, server, f"e{rep}"))
+            runs["empty"].append(sidecar(work, server, JOBS, rep, "empty"))
             asyncio.run(fill(server.url, "CRON_STATE"))
-            runs["full"].append(sidecar(work, server, f"f{rep}"))
+            runs["full"].append(sidecar(work, server, JOBS, rep, "full"))
     result: dict[str, Any] = {"jobs": JOBS, "paused_keys": PAUSED, "instances": INSTANCES}
     for kind, rows in runs.items():
         result[kind] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}

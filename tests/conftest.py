@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import nats
 import pytest
+from nats.aio.client import Client as NATS
 
 from tests.support import NatsServer, RecordingApp
 
@@ -19,6 +21,16 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
+    """A core NATS connection to `nats_server`."""
+    conn = await nats.connect(nats_server.url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
 
 
 @pytest.fixture

@@ -6,9 +6,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
 
-import nats
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
@@ -23,18 +21,8 @@ from sidecar.state import (
     put_json,
     put_with_ttl,
 )
-from tests.support import NatsServer
 
 SPEC = StateSpec("CRON_STATE", 1, 60.0)
-
-
-@pytest.fixture
-async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
-    conn = await nats.connect(nats_server.url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def until(condition: object, timeout: float) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import nats
@@ -19,15 +18,6 @@ from sidecar.stream import StreamSpec, StreamState, ensure_stream, read_stream
 from tests.support import NatsServer
 
 SPEC = StreamSpec("CRON", "cron.", 300.0, 1000, None)
-
-
-@pytest.fixture
-async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
-    conn = await nats.connect(nats_server.url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 class ApiSpy:

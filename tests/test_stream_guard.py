@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -54,15 +53,6 @@ def state(**changes: Any) -> StreamState:
         "CRON", ("cron.>",), 300.0, 1000, 1, 0, 0, 0, 0, "file", None, 0.0, 1_000_000.0
     )
     return replace(base, **changes)
-
-
-@pytest.fixture
-async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
-    conn = await nats.connect(nats_server.url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 # ------------------------------------------------------------------ pure rules
