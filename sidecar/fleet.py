@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nats.js import JetStreamContext
@@ -22,6 +23,7 @@ from sidecar.state import (
     PRESENCE_RENEW,
     PRESENCE_TTL,
     Bucket,
+    Removal,
     View,
     Watch,
     ensure_bucket,
@@ -48,7 +50,10 @@ class Fleet:
         self.metrics = metrics
         self.clock = clock
         self.spec = state_spec(config)
-        self.view = View(on_change=self._changed)
+        self.view = View(on_change=self._changed, on_removed=self._removed)
+        # Told of every key the watch delivers, and of every key that left the view.
+        self.key_listeners: list[Callable[[str], None]] = []
+        self.removal_listeners: list[Callable[[Removal], None]] = []
         self.bucket: Bucket | None = None
         self.watch: Watch | None = None
         self.problem: str | None = "state bucket not read yet"
@@ -129,11 +134,25 @@ class Fleet:
             return "paused", why
         return None
 
+    def _removed(self, removal: Removal) -> None:
+        if not self.view.synced:
+            return
+        for listener in self.removal_listeners:
+            try:
+                listener(removal)
+            except Exception:  # one listener's bug must not stop the watch
+                log.exception("state bucket: handling the removal of %s failed", removal.key)
+
     def _changed(self, key: str) -> None:
         """After the watch delivered `key` ("" after a re-sync): gauges and log lines."""
         if not self.view.synced:
             return
         self.problem = None
+        for listener in self.key_listeners:
+            try:
+                listener(key)
+            except Exception:  # one listener's bug must not stop the watch
+                log.exception("state bucket: handling %s failed", key)
         m = self.metrics
         if key.startswith("paused."):
             job = key[len("paused.") :]

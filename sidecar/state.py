@@ -27,6 +27,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from nats.js import JetStreamContext
@@ -142,6 +143,11 @@ def job_hash(job: JobConfig) -> str:
         req.url or "",
         getattr(job, "catchup", "none"),
     ]
+    # Leases and attempts (FLEET.md), only when not the defaults: a job left
+    # at the defaults hashes as it did before they existed.
+    extra = (job.overlap, job.on_lost, repr(job.retry.max), repr(job.retry.backoff))
+    if extra != ("allow", "record", "0", "30.0"):
+        parts.extend(extra)
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
 
 
@@ -154,6 +160,23 @@ class Entry:
     revision: int
 
 
+# How a key went away: an explicit delete, or its TTL ran out (a MaxAge
+# marker, which nats-py reports as a purge). None: not known (it vanished
+# between two re-syncs and its marker is gone).
+DELETED = "DEL"
+EXPIRED = "PURGE"
+
+
+@dataclass(frozen=True)
+class Removal:
+    """A key that left the view: its last value, how it went and when (epoch s)."""
+
+    key: str
+    entry: Entry
+    how: str | None
+    at: float | None
+
+
 @dataclass
 class View:
     """The bucket's live keys, as one watch delivered them."""
@@ -163,6 +186,13 @@ class View:
     synced: bool = False
     # Called with the key after every change the watch delivers.
     on_change: Callable[[str], None] | None = None
+    # Called with every key that left the view, with its last value.
+    on_removed: Callable[[Removal], None] | None = None
+    # The markers (how, when) the watch delivered, by key: a re-sync tells
+    # from them whether a key that vanished expired or was deleted.
+    # Kept only by the fresh view of a re-sync (the live one would grow).
+    markers: dict[str, tuple[str | None, float | None]] = field(default_factory=dict)
+    keep_markers: bool = False
 
     def paused(self, job: str) -> Entry | None:
         return self.keys.get(f"paused.{job}")
@@ -174,15 +204,48 @@ class View:
             if key.startswith("instance.")
         }
 
-    def apply(self, key: str, value: bytes | None, revision: int, deleted: bool) -> None:
+    def leases(self) -> dict[str, Entry]:
+        """The live ``run.*`` and ``lock.*`` keys: runs holding a lease now."""
+        return {k: e for k, e in self.keys.items() if k.startswith(("run.", "lock."))}
+
+    def apply(
+        self,
+        key: str,
+        value: bytes | None,
+        revision: int,
+        deleted: bool,
+        how: str | None = None,
+        at: float | None = None,
+    ) -> None:
         self.last_revision = max(self.last_revision, revision)
         if deleted:
-            if self.keys.pop(key, None) is None:
+            if self.keep_markers:
+                self.markers[key] = (how, at)
+            else:
+                self.markers.pop(key, None)
+            old = self.keys.pop(key, None)
+            if old is None:
                 return
+            if self.on_removed is not None:
+                self.on_removed(Removal(key, old, how, at))
         else:
+            self.markers.pop(key, None)
             self.keys[key] = Entry(decode(value), revision)
         if self.on_change is not None:
             self.on_change(key)
+
+    def apply_entry(self, entry: Any) -> None:
+        """Apply a nats-py ``KeyValue.Entry`` as a watch delivered it."""
+        created = getattr(entry, "created", None)
+        at = created.timestamp() if isinstance(created, datetime) else None
+        self.apply(
+            entry.key,
+            entry.value,
+            int(entry.revision or 0),
+            entry.operation is not None,
+            entry.operation,
+            at,
+        )
 
 
 def decode(value: bytes | None) -> dict[str, Any]:
@@ -250,7 +313,7 @@ class Watch:
 
     async def _start(self) -> None:
         self._resync.clear()
-        fresh = View(on_change=None)
+        fresh = View(on_change=None, keep_markers=True)
         watcher = await self.bucket.kv.watchall()
         self._watcher = watcher
         # The initial values up to the end marker (None) make the fresh view.
@@ -258,15 +321,23 @@ class Watch:
             entry = await watcher.updates(timeout=10.0)  # type: ignore[no-untyped-call]
             if entry is None:
                 break
-            fresh.apply(entry.key, entry.value, entry.revision, entry.operation is not None)
+            fresh.apply_entry(entry)
         info = await self.bucket.kv._js.stream_info(self.bucket.spec.stream)
         fresh.last_revision = max(fresh.last_revision, int(info.state.last_seq))
         changed = set(self.view.keys) ^ set(fresh.keys) | {
             k for k in fresh.keys if k in self.view.keys and self.view.keys[k] != fresh.keys[k]
         }
+        gone = [
+            Removal(key, entry, *fresh.markers.get(key, (None, None)))
+            for key, entry in self.view.keys.items()
+            if key not in fresh.keys
+        ]
         self.view.keys = fresh.keys
         self.view.last_revision = fresh.last_revision
         self.view.synced = True
+        if self.view.on_removed is not None:
+            for removal in gone:
+                self.view.on_removed(removal)
         if self.view.on_change is not None:
             for key in sorted(changed):
                 self.view.on_change(key)
@@ -277,7 +348,7 @@ class Watch:
         async for entry in watcher:
             if entry is None:
                 continue
-            self.view.apply(entry.key, entry.value, entry.revision, entry.operation is not None)
+            self.view.apply_entry(entry)
 
     async def _stop(self) -> None:
         if self._pump is not None:
