@@ -276,7 +276,9 @@ class Lease:
             await asyncio.sleep(wait)
             wait = every
             try:
+                sent = self.clock.monotonic()
                 self.revision = await self.keys.renew(self.key, self.value, self.revision, self.ttl)
+                self.renewed_at = sent
                 self.renewals += 1
             except CasConflict:
                 ours = await self._still_ours()
