@@ -12,7 +12,7 @@ import time
 
 from tests.support import ROOT
 
-BENCHMARKS = ("claim_latency", "fleet", "footprint", "history")
+BENCHMARKS = ("claim_latency", "leases", "fleet", "footprint", "history")
 
 
 def main() -> None:

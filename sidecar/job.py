@@ -403,7 +403,14 @@ class Jobs:
                     "started_at": rfc3339(self.clock.wall()),
                 }
                 lease = Lease(
-                    keys, key, value, self.config.nats.lease_ttl, self.metrics, self.clock, deadline
+                    keys,
+                    key,
+                    value,
+                    self.config.nats.lease_ttl,
+                    self.metrics,
+                    self.clock,
+                    deadline,
+                    self.fleet.view.lock_markers.get(key, 0),
                 )
                 try:
                     await stack.enter_async_context(lease)

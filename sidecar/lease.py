@@ -143,10 +143,14 @@ class Keys:
             value = {}
         return int(msg.seq or 0), value if isinstance(value, dict) else {}
 
-    async def create(self, key: str, value: dict[str, Any], ttl: float | None) -> int:
-        """Create the key; KeyHeld when it is live. A marker (deleted, expired) is no owner."""
+    async def create(
+        self, key: str, value: dict[str, Any], ttl: float | None, expected: int = 0
+    ) -> int:
+        """Create the key; KeyHeld when it is live. A marker (deleted, expired) is no owner.
+
+        `expected`: the revision of the key's last marker when known (else 0).
+        """
         data = _json(value)
-        expected = 0
         for _ in range(3):
             try:
                 return await self._publish(key, data, {EXPECTED_LAST: str(expected)}, ttl)
@@ -161,12 +165,13 @@ class Keys:
         """Compare-and-set with a fresh TTL; CasConflict when the key moved on."""
         return await self._publish(key, _json(value), {EXPECTED_LAST: str(revision)}, ttl)
 
-    async def delete(self, key: str, revision: int | None) -> None:
-        """Delete (by revision when given); the marker expires after the markers' TTL."""
+    async def delete(self, key: str, revision: int | None) -> int:
+        """Delete (by revision when given); the marker's revision. It expires after the
+        markers' TTL."""
         headers = {KV_OPERATION: "DEL"}
         if revision:
             headers[EXPECTED_LAST] = str(revision)
-        await self._publish(key, b"", headers, self.marker_ttl)
+        return await self._publish(key, b"", headers, self.marker_ttl)
 
 
 async def _until_answered(
@@ -201,8 +206,11 @@ class Lease:
         metrics: Metrics,
         clock: Clock,
         deadline: float,
+        marker: int = 0,
     ) -> None:
         self.keys = keys
+        self.marker = marker  # the revision of the key's last marker, when known
+        self.released = 0  # the revision of the delete marker that released it
         self.key = key
         self.value = value
         self.ttl = ttl
@@ -220,7 +228,7 @@ class Lease:
         """Create the key; KeyHeld when it is live, NATS errors when no answer came."""
         self.revision = await _until_answered(
             f"lease {self.key}",
-            lambda: self.keys.create(self.key, self.value, self.ttl),
+            lambda: self.keys.create(self.key, self.value, self.ttl, self.marker),
             self.clock,
             self.deadline,
         )
@@ -266,8 +274,8 @@ class Lease:
             log.warning("lease %s not released: %r; it expires in %gs", self.key, exc, self.ttl)
 
     async def _delete(self, revision: int) -> int:
-        await self.keys.delete(self.key, revision)
-        return 0
+        self.released = await self.keys.delete(self.key, revision)
+        return self.released
 
     async def _renew(self) -> None:
         every = renew_every(self.ttl)

@@ -193,6 +193,9 @@ class View:
     # Kept only by the fresh view of a re-sync (the live one would grow).
     markers: dict[str, tuple[str | None, float | None]] = field(default_factory=dict)
     keep_markers: bool = False
+    # The revision of the last marker of each ``lock.*`` key (one per job):
+    # taking the lock again expects it, one request instead of three.
+    lock_markers: dict[str, int] = field(default_factory=dict)
 
     def paused(self, job: str) -> Entry | None:
         return self.keys.get(f"paused.{job}")
@@ -218,18 +221,20 @@ class View:
         at: float | None = None,
     ) -> None:
         self.last_revision = max(self.last_revision, revision)
+        if key.startswith("lock."):
+            if deleted:
+                self.lock_markers[key] = revision
+            else:
+                self.lock_markers.pop(key, None)
         if deleted:
             if self.keep_markers:
                 self.markers[key] = (how, at)
-            else:
-                self.markers.pop(key, None)
             old = self.keys.pop(key, None)
             if old is None:
                 return
             if self.on_removed is not None:
                 self.on_removed(Removal(key, old, how, at))
         else:
-            self.markers.pop(key, None)
             self.keys[key] = Entry(decode(value), revision)
         if self.on_change is not None:
             self.on_change(key)
@@ -333,6 +338,7 @@ class Watch:
             if key not in fresh.keys
         ]
         self.view.keys = fresh.keys
+        self.view.lock_markers = fresh.lock_markers
         self.view.last_revision = fresh.last_revision
         self.view.synced = True
         if self.view.on_removed is not None:
