@@ -17,6 +17,7 @@ from typing import Any
 
 from sidecar.clock import parse_rfc3339
 from tests.support import (
+    NatsCluster,
     NatsServer,
     RecordingApp,
     Request,
@@ -322,3 +323,54 @@ def test_a_runner_stopped_past_its_lease_is_recorded_lost_rerun_once_and_its_lat
     tokens = [m.data["token"] for m in lost]
     assert token in tokens and len(tokens) == len(set(tokens))
     assert all(m.data["instance"] == victim.name for m in lost)
+
+
+def test_a_drain_keeps_renewing_until_its_runs_are_recorded(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    path = "/jobs/slow"
+    config = base([nats_server.url], http_app, [job("slow", schedule="*/2 * * * * *")])
+    with sidecars(tmp_path, [("s0", config, {}), ("s1", config, {})]) as procs:
+        http_app.delay[path] = 5.0  # 2.5 lease TTLs
+        run = wait_for(lambda: next(iter(http_app.requests_for(path)), None), 20, what="a run")
+        runner = next(p for p in procs if p.name == run.headers["X-Anarchon-Instance"])
+        time.sleep(0.5)
+        assert runner.terminate() == 0
+        token = run.headers["X-Anarchon-Run-Id"]
+        time.sleep(3)  # the watcher would have seen an expiry by now
+    stored = {m.data["token"]: m.data for m in results(nats_server.url, "slow")}
+    assert stored[token]["status"] == "succeeded"
+    assert [m for m in stored.values() if m["status"] == "lost"] == []
+    assert "renewal failed" not in runner.log()
+
+
+def test_the_leader_killed_while_leases_are_held_loses_no_run_and_runs_none_twice(
+    tmp_path: Path, http_app: RecordingApp
+) -> None:
+    cluster = NatsCluster(tmp_path / "cluster")
+    cluster.start()
+    try:
+        path = "/jobs/tick"
+        http_app.delay[path] = 3.0
+        config = base(cluster.urls, http_app, [job("tick")], lease_ttl="30s")
+        config["nats"]["replicas"] = 3
+        with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+            wait_for(lambda: len(http_app.requests_for(path)) >= 3, 30, what="runs")
+            leader = wait_for(lambda: cluster.stream_leader("KV_CRON_STATE"), 10, what="leader")
+            cluster.node(leader).kill()
+            killed_at = time.time()
+            wait_for(
+                lambda: len([r for r in http_app.requests_for(path) if r.at > killed_at + 8]) >= 3,
+                40,
+                what="runs after the new leader took over",
+            )
+            time.sleep(4)  # every lease held at the kill has been renewed or released
+            failures = total(procs, "anarchon_lease_renewal_failures_total", {"job": "tick"})
+            lost = total(procs, "anarchon_runs_lost_total", {"job": "tick"})
+            alive = cluster.urls[0] if leader != "n1" else cluster.urls[1]
+            stored = results(alive, "tick")
+    finally:
+        cluster.stop()
+    assert lost == 0 and [m for m in stored if m.data["status"] == "lost"] == []
+    assert max(runs_of(http_app, path).values()) == 1
+    print(f"lease renewal failures across the leader change: {failures:g}")
