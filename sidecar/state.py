@@ -96,7 +96,8 @@ async def ensure_bucket(js: JetStreamContext, spec: StateSpec) -> Bucket:
     if not ttl:
         problem = (
             f"state bucket {spec.bucket} was made without per-message TTLs "
-            "(allow_msg_ttl, subject_delete_marker_ttl): instance presence is off; "
+            "(allow_msg_ttl, subject_delete_marker_ttl): instance presence, run leases "
+            "(overlap: skip runs as allow, no lost runs) and retries are off; "
             f"delete the bucket (nats kv del {spec.bucket}) while no sidecar runs to let "
             "them create it with TTLs"
         )
@@ -124,7 +125,8 @@ async def _create(js: JetStreamContext, spec: StateSpec) -> Bucket:
             spec,
             False,
             f"this NATS server has no per-message TTLs (needs nats-server "
-            f"{MIN_SERVER_FOR_TTL} or later): instance presence is off; pause works",
+            f"{MIN_SERVER_FOR_TTL} or later): instance presence, run leases (overlap: skip "
+            "runs as allow, no lost runs) and retries are off; pause works",
         )
     log.info("created state bucket %s (replicas %d)", spec.bucket, spec.replicas)
     return Bucket(kv, spec, True)
