@@ -160,6 +160,8 @@ class Fleet:
                 entry = self.view.paused(job)
                 m.job_paused.labels(job=job).set(1 if entry else 0)
                 _log_pause(job, entry.value if entry else None)
+        if key and not key.startswith("instance."):
+            return  # leases and due attempts change often; instances did not
         instances = self.view.instances()
         m.fleet_instances.set(len(instances))
         mismatch = mismatched_jobs(instances)

@@ -245,14 +245,12 @@ class View:
         """Apply a nats-py ``KeyValue.Entry`` as a watch delivered it."""
         created = getattr(entry, "created", None)
         at = created.timestamp() if isinstance(created, datetime) else None
-        self.apply(
-            entry.key,
-            entry.value,
-            int(entry.revision or 0),
-            entry.operation is not None,
-            entry.operation,
-            at,
-        )
+        how = entry.operation
+        if how is None and not entry.value and str(entry.key).startswith(("run.", "lock.")):
+            # A lease is never written empty: a client that reports the
+            # server's MaxAge marker as a put (nats-io/nats.py#966) gives this.
+            how = EXPIRED
+        self.apply(entry.key, entry.value, int(entry.revision or 0), how is not None, how, at)
 
 
 def decode(value: bytes | None) -> dict[str, Any]:

@@ -237,3 +237,21 @@ def test_history_shows_one_row_per_attempt_and_a_real_result_wins_over_lost() ->
     ]
     only_lost = join_runs("j", messages[:2], "cron.").runs
     assert only_lost[0].status == "lost"
+
+
+def test_an_expiry_reported_as_an_empty_put_still_reads_as_an_expiry() -> None:
+    """nats-io/nats.py#966: one release gave TTL markers as plain puts."""
+    from nats.js.kv import KeyValue
+
+    removed: list[Removal] = []
+    view = View(on_removed=removed.append)
+    value = json.dumps(lease_value()).encode()
+
+    def entry(key: str, data: bytes, revision: int, op: str | None) -> KeyValue.Entry:
+        return KeyValue.Entry("T", key, data, revision, None, None, op)
+
+    view.apply_entry(entry("run.j.1000", value, 1, None))
+    view.apply_entry(entry("paused.j", b"", 2, None))  # not a lease: a value like any
+    view.apply_entry(entry("run.j.1000", b"", 3, None))
+    assert [(r.key, r.how) for r in removed] == [("run.j.1000", EXPIRED)]
+    assert "paused.j" in view.keys and "run.j.1000" not in view.keys
