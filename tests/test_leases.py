@@ -177,6 +177,7 @@ def test_killed_runner_is_recorded_lost_once_and_rerun_once_elsewhere(
         counted = total(alive, "anarchon_runs_lost_total", {"job": "work"})
         due = total(alive, "anarchon_attempts_due_total", {"job": "work", "reason": "lost"})
         hist = history(tmp_path, config, "work")
+        table = run_cli("history", "work", "-c", str(tmp_path / "cli.yaml"), "--limit", "1000")
     lost = lost_results()
     # Exactly one lost result per run, each stored within lease_ttl + 2 s of the kill.
     assert sorted(m.data["token"] for m in lost) == sorted(tokens)
@@ -198,6 +199,7 @@ def test_killed_runner_is_recorded_lost_once_and_rerun_once_elsewhere(
     for slot in lost_slots:
         assert rows[(slot, 1)]["status"] == "lost"
         assert rows[(slot, 2)]["status"] == "succeeded"
+    assert " lost " in table.stdout and "(attempt 2)" in table.stdout, table.stdout
     # Attempt 1 claims are the reference's: no attempt field, id <job>:<slot>.
     first_claims = [m for m in claims(nats_server.url, "work") if "attempt" not in m.data]
     assert all(m.headers["Nats-Msg-Id"] == f"work:{m.data['slot']}" for m in first_claims)
@@ -374,3 +376,40 @@ def test_the_leader_killed_while_leases_are_held_loses_no_run_and_runs_none_twic
     assert lost == 0 and [m for m in stored if m.data["status"] == "lost"] == []
     assert max(runs_of(http_app, path).values()) == 1
     print(f"lease renewal failures across the leader change: {failures:g}")
+
+
+async def test_lease_traffic_per_run_is_a_create_its_renewals_and_a_delete(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Every write of a lease is a publish on its key's subject: count them per run."""
+    import asyncio
+
+    import nats
+
+    path = "/jobs/t"
+    http_app.delay[path] = 2.3  # renewed at 1 s and 2 s with lease_ttl 3s
+    config = base([nats_server.url], http_app, [job("t", jitter="0s")], lease_ttl="3s")
+    writes: dict[str, list[str]] = {}
+    nc = await nats.connect(nats_server.url)
+
+    async def seen(msg: Any) -> None:
+        op = (msg.headers or {}).get("KV-Operation", "PUT")
+        writes.setdefault(msg.subject.rsplit(".", 1)[1], []).append(op)
+
+    await nc.subscribe("$KV.CRON_STATE.run.t.>", cb=seen)
+    try:
+        with sidecars(tmp_path, [("s0", config, {}), ("s1", config, {})]):
+            deadline = time.monotonic() + 40
+            while sum(1 for ops in writes.values() if ops[-1] == "DEL") < 6:
+                assert time.monotonic() < deadline, writes
+                await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+    done = {slot: ops for slot, ops in writes.items() if ops[-1] == "DEL"}
+    per_run = [len(ops) for ops in done.values()]
+    renewals = [len(ops) - 2 for ops in done.values()]
+    print(f"lease writes per run of 2.3 s with lease_ttl 3s: {sorted(per_run)}")
+    for ops in done.values():
+        assert ops[0] == "PUT" and ops.count("DEL") == 1
+    # One renewal per lease_ttl / 3 of the run: 2 for a 2.3 s run (3 on a slow machine).
+    assert all(2 <= n <= 3 for n in renewals), renewals
