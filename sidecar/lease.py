@@ -39,7 +39,7 @@ from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
-from sidecar.claim import MSG_ID, TRANSIENT
+from sidecar.claim import MSG_ID, TRANSIENT, new_token
 from sidecar.clock import Clock, parse_rfc3339, rfc3339
 from sidecar.due import (
     LOST,
@@ -76,6 +76,11 @@ def _json(value: dict[str, Any]) -> bytes:
 def _ttl(seconds: float) -> int:
     """Nats-TTL in whole seconds, at least 1 (nats-py sends int(msg_ttl))."""
     return max(1, math.ceil(seconds))
+
+
+def _same_owner(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two lease values are of one holder: the same instance and token."""
+    return a.get("instance") == b.get("instance") and a.get("token") == b.get("token")
 
 
 class KeyHeld(Exception):
@@ -157,6 +162,8 @@ class Keys:
             except CasConflict:
                 last = await self.last(key)
                 if last is not None and last[1] is not None:
+                    if _same_owner(last[1], value):
+                        return last[0]  # our own create, answered late: asked again
                     raise KeyHeld(key, last[1]) from None
                 expected = last[0] if last is not None else 0
         raise KeyHeld(key, {})
@@ -267,7 +274,7 @@ class Lease:
                     )
                     return
                 except CasConflict:
-                    if not await self._still_ours():
+                    if await self._still_ours() is False:
                         self._failed("it changed before it was released")
                         return
         except Exception as exc:  # it expires on its own: lost runs check the result first
@@ -317,9 +324,7 @@ class Lease:
         revision, value = last
         if value is None:
             return False
-        mine = value.get("instance") == self.value.get("instance") and value.get(
-            "token"
-        ) == self.value.get("token")
+        mine = _same_owner(value, self.value)
         if mine:
             log.info("lease %s: a spurious CAS conflict; still ours at %d", self.key, revision)
             self.revision = revision
@@ -491,7 +496,7 @@ async def make_due(
         )
         return False
     key = due_key(job.name, slot, attempt)
-    value = {"due_at": due_at, "reason": reason, "instance": failed_on}
+    value = {"due_at": due_at, "reason": reason, "instance": failed_on, "token": new_token()}
     ttl = due_key_ttl(due_at, clock.wall(), job.jitter, job.max_late)
     try:
         await _until_answered(
