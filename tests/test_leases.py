@@ -103,6 +103,11 @@ def test_overlap_skip_never_runs_two_at_once_and_records_skipped_slots(
 
         # While a run is going, status lists it: one lock, with its instance.
         running = wait_for(running_now, 20, what="status lists the running run")
+        wait_for(
+            lambda: "long running: slot " in run_cli("status", "-c", cfg).stdout,
+            20,
+            what="the status table shows the running run",
+        )
         procs_total = total(procs, "anarchon_runs_total", {"job": "long", "status": "skipped"})
     assert http_app.max_in_flight["/jobs/long"] == 1
     # One request per slot at most, and never a request for a skipped slot.
@@ -244,7 +249,8 @@ def test_failed_attempts_are_retried_once_mostly_on_the_healthy_replica(
     retries_good = sum(1 for (_, a) in ok if a > 1)
     retries_bad = sum(1 for (_, a) in failed if a > 1)
     assert retries_good > retries_bad, (retries_good, retries_bad)
-    assert due == sum(1 for (_, a) in both if a > 1) or due >= retries_good
+    # Each retry that ran was made due once, by the replica whose attempt failed.
+    assert sum(1 for (_, a) in both if a > 1) <= due <= sum(1 for (_, a) in failed if a <= 2)
     # The app sees the attempt, and the claims of attempt N > 1 have their own id.
     stored = claims(nats_server.url, "flaky")
     for m in stored:
