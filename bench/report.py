@@ -65,6 +65,19 @@ def rows() -> list[tuple[str, str, str, str, str]]:
                 "",
             ),
         ]
+    leases = read_result("leases")
+    if leases:
+        plain, reqs = leases["plain"], leases["requests_per_run"]
+        for kind, what in (("run", "run.<job>.<slot>"), ("lock", "lock.<job>, overlap: skip")):
+            out.append(
+                (
+                    f"Claim to trigger with a lease ({what}), p50",
+                    f"{_ms(leases[kind]['p50_ms'])} ({reqs[kind][0]} requests a run)",
+                    f"{_ms(plain['p50_ms'])} claim only ({reqs['plain'][0]} request)",
+                    f"{leases[f'{kind}_ratio_p50']:.2f}x",
+                    "",
+                )
+            )
     fleet = read_result("fleet")
     if fleet:
         raw = fleet["raw"]

@@ -37,6 +37,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from sidecar.clock import Clock, rfc3339
+from sidecar.due import claim_msg_id as claim_msg_id  # re-exported
 from sidecar.errors import ClaimError
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,6 @@ class ClaimForeign(ClaimError):
 def new_token() -> str:
     """A token unique per instance and claim: 128 random bits, hex."""
     return secrets.token_hex(16)
-
-
-def claim_msg_id(job: str, slot: int, token: str, manual: bool) -> str:
-    return f"{job}:manual:{token}" if manual else f"{job}:{slot}"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -126,6 +123,7 @@ class Claim:
     duplicate_acks: int
     ack_seconds: float
     manual: bool = False
+    attempt: int = 1
 
 
 @dataclass
@@ -148,29 +146,35 @@ class Claimer:
     def subject(self, job: str) -> str:
         return f"{self.prefix}{job}.claims"
 
-    def body(self, job: str, slot: int, token: str, now: float, manual: bool) -> bytes:
+    def body(
+        self, job: str, slot: int, token: str, now: float, manual: bool, attempt: int = 1
+    ) -> bytes:
         """The claim's JSON, byte for byte what ``json.dumps(..., separators=(",", ":"))``
         gives for these fields, written out directly: it is built on every claim's
         path, where the generic encoder cost about as much as a tenth of the
         publish round trip. The strings that could need escaping (job, instance)
         go through json.dumps (cached); the token is hex (``new_token``), the
-        times are RFC 3339.
+        times are RFC 3339. Attempt 1 is the reference's body; a later attempt
+        adds ``"attempt":N`` at the end.
         """
+        more = f',"attempt":{attempt:d}' if attempt > 1 else ""
         return (
             f'{{"job":{_json_str(job)},"slot":{slot:d},"token":"{token}",'
             f'"instance":{_json_str(self.instance)},"scheduled_at":"{rfc3339(slot / 1000)}",'
-            f'"claimed_at":"{rfc3339(now)}","manual":{"true" if manual else "false"}}}'
+            f'"claimed_at":"{rfc3339(now)}","manual":{"true" if manual else "false"}{more}}}'
         ).encode()
 
-    async def claim(self, job: str, slot: int, deadline: float, manual: bool = False) -> Claim:
-        """Claim `slot` of `job`; `deadline` is on the monotonic clock.
+    async def claim(
+        self, job: str, slot: int, deadline: float, manual: bool = False, attempt: int = 1
+    ) -> Claim:
+        """Claim attempt `attempt` of `slot` of `job`; `deadline` is on the monotonic clock.
 
         Returns the decided Claim; raises ClaimDisconnected when NATS was down
         the whole time, ClaimError when no definite answer came in time.
         """
         token = new_token()
-        body = self.body(job, slot, token, self.clock.wall(), manual)
-        msg_id = claim_msg_id(job, slot, token, manual)
+        body = self.body(job, slot, token, self.clock.wall(), manual, attempt)
+        msg_id = claim_msg_id(job, slot, token, manual, attempt)
         subject = self.subject(job)
         attempts = 0
         duplicate_acks = 0
@@ -219,7 +223,16 @@ class Claimer:
                     stored = await self._stored_token(ack.seq, deadline, msg_id)
                 won = decide(ack.duplicate, stored, token)
                 return Claim(
-                    job, slot, token, won, ack.seq, attempts, duplicate_acks, ack_seconds, manual
+                    job,
+                    slot,
+                    token,
+                    won,
+                    ack.seq,
+                    attempts,
+                    duplicate_acks,
+                    ack_seconds,
+                    manual,
+                    attempt,
                 )
             log.debug("claim %s attempt %d: %s; asking again", msg_id, attempts, last_error)
             await asyncio.sleep(min(backoff * random.uniform(0.5, 1.5), max(0.0, remaining)))

@@ -344,7 +344,9 @@ def _table(runs: list[Run], tz: ZoneInfo) -> None:
         tuple(
             _printable(cell)
             for cell in (
-                _local(r.scheduled_at, tz) + (" (manual)" if r.manual else ""),
+                _local(r.scheduled_at, tz)
+                + (" (manual)" if r.manual else "")
+                + (f" (attempt {r.attempt})" if r.attempt > 1 else ""),
                 r.instance,
                 r.status,
                 str(r.http_status) if r.http_status is not None else "-",
@@ -678,6 +680,14 @@ def _status_table(view: dict[str, Any]) -> None:
     for job in view["jobs"]:
         if job.get("stream_problem"):
             click.echo(_printable(f"{job['name']} not claimed: {job['stream_problem']}"))
+        for run in job.get("running") or []:
+            attempt = f" attempt {run['attempt']}" if run.get("attempt", 1) != 1 else ""
+            click.echo(
+                _printable(
+                    f"{job['name']} running: slot {run['slot']}{attempt} on {run['instance']} "
+                    f"since {run['since']}"
+                )
+            )
         if job["paused"]:
             why = f": {job['paused_reason']}" if job["paused_reason"] else ""
             click.echo(

@@ -156,6 +156,14 @@ class RequestConfig:
         return base_url_of(self.url)
 
 
+@dataclass(frozen=True)
+class RetryConfig:
+    """``jobs[].retry``: extra attempts after a failed (or lost) one. Seconds."""
+
+    max: int = 0
+    backoff: float = 30.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """One entry of ``jobs:``. Durations in seconds."""
@@ -168,6 +176,9 @@ class JobConfig:
     history_size: int | None = None
     request: RequestConfig
     catchup: str = "none"  # none, latest or all (FLEET.md)
+    overlap: str = "allow"  # or skip: no run while one of this job is alive
+    on_lost: str = "record"  # or rerun: a lost run's next attempt is due at once
+    retry: RetryConfig = field(default_factory=RetryConfig)
 
 
 @dataclass(frozen=True)
@@ -222,6 +233,9 @@ _HISTORY_TTL = "history is trimmed by count only; remove history_ttl"
 JOB_NAME = re.compile(r"[A-Za-z0-9_-]+")
 INSTANCE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 CATCHUP = ("none", "latest", "all")
+OVERLAP = ("allow", "skip")
+ON_LOST = ("record", "rerun")
+MAX_RETRIES = 10
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _AUTH_KEYS = ("user", "token", "token_file", "nkey_seed_file", "creds_file")
 
@@ -411,6 +425,9 @@ _JOB_KEYS = (
     "history_size",
     "request",
     "catchup",
+    "overlap",
+    "on_lost",
+    "retry",
 )
 BUCKET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -457,6 +474,13 @@ def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
         timeout=req.duration("timeout", target.timeout, minimum_ms=1),
         url=req.get("url", target.url, lambda v, k: target_url(v, k, target.allow_remote)),
     )
+    retry = _parse_retry(_Section(sec.data.get("retry"), sec.key("retry"), ("max", "backoff")))
+    on_lost = sec.get("on_lost", "record", _one_of(ON_LOST))
+    if on_lost == "rerun" and retry.max < 1:
+        raise ConfigError(
+            sec.key("on_lost"),
+            "rerun needs retry.max of at least 1 (the rerun is the next attempt)",
+        )
     return JobConfig(
         name=name,
         schedule=schedule,
@@ -466,6 +490,16 @@ def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
         history_size=sec.integer("history_size", None, 1, 2**63 - 1),
         request=request,
         catchup=sec.get("catchup", "none", _one_of(CATCHUP)),
+        overlap=sec.get("overlap", "allow", _one_of(OVERLAP)),
+        on_lost=on_lost,
+        retry=retry,
+    )
+
+
+def _parse_retry(sec: _Section) -> RetryConfig:
+    return RetryConfig(
+        max=sec.integer("max", 0, 0, MAX_RETRIES),
+        backoff=sec.duration("backoff", 30.0, minimum_ms=1000),
     )
 
 
@@ -492,19 +526,22 @@ def _check_windows(config: Config, job: JobConfig, path: str, size: int) -> None
             f"jitter ({format_duration(job.jitter)}) + max_late ({format_duration(job.max_late)})"
             f" must be shorter than nats.duplicate_window ({format_duration(window)})",
         )
-    if size * job.schedule.interval_floor_ms() > late_ms:
+    # Every attempt of a slot is a claim on the job's subject (retry).
+    per_slot = 1 + job.retry.max
+    if size * job.schedule.interval_floor_ms() > late_ms * per_slot:
         # Even the shortest interval any schedule can have is enough: skip
         # min_interval_ms(), which walks a year of slots (10-15 ms a job).
         return
     interval_ms = job.schedule.min_interval_ms()
-    if size * interval_ms <= late_ms:
+    if size * interval_ms <= late_ms * per_slot:
+        attempts = f" / {per_slot} claims a slot (1 + retry.max)" if per_slot > 1 else ""
         raise ConfigError(
             f"{path}.history_size" if job.history_size is not None else "nats.history_size",
             f"history_size {size} x the shortest interval {format_duration(interval_ms / 1000)}"
-            f" = {format_duration(size * interval_ms / 1000)} does not cover jitter + max_late "
-            f"({format_duration(late)}): after a restart JetStream rebuilds its duplicate "
-            "memory only from the claims still stored, so a late instance could claim "
-            "an already trimmed slot again; raise history_size",
+            f"{attempts} = {format_duration(size * interval_ms / 1000 / per_slot)} does not "
+            f"cover jitter + max_late ({format_duration(late)}): after a restart JetStream "
+            "rebuilds its duplicate memory only from the claims still stored, so a late "
+            "instance could claim an already trimmed slot again; raise history_size",
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nats.js import JetStreamContext
@@ -22,6 +23,7 @@ from sidecar.state import (
     PRESENCE_RENEW,
     PRESENCE_TTL,
     Bucket,
+    Removal,
     View,
     Watch,
     ensure_bucket,
@@ -48,13 +50,15 @@ class Fleet:
         self.metrics = metrics
         self.clock = clock
         self.spec = state_spec(config)
-        self.view = View(on_change=self._changed)
+        self.view = View(on_change=self._changed, on_removed=self._removed)
+        # Told of every key the watch delivers, and of every key that left the view.
+        self.key_listeners: list[Callable[[str], None]] = []
+        self.removal_listeners: list[Callable[[Removal], None]] = []
         self.bucket: Bucket | None = None
         self.watch: Watch | None = None
         self.problem: str | None = "state bucket not read yet"
         self._tasks: list[asyncio.Task[None]] = []
         self._mismatch: set[str] = set()
-        self._paused: set[str] = set()  # jobs of this config seen paused (for the log)
         self._started_at = rfc3339(clock.wall())
         self._jobs = frozenset(job.name for job in config.jobs)
         self.presence = {
@@ -130,27 +134,38 @@ class Fleet:
             return "paused", why
         return None
 
+    def _removed(self, removal: Removal) -> None:
+        if not self.view.synced:
+            return
+        for listener in self.removal_listeners:
+            try:
+                listener(removal)
+            except Exception:  # one listener's bug must not stop the watch
+                log.exception("state bucket: handling the removal of %s failed", removal.key)
+
     def _changed(self, key: str) -> None:
-        """After the watch delivered `key`, or "" after a re-sync: gauges and log lines."""
+        """After the watch delivered `key` ("" after a re-sync): gauges and log lines."""
         if not self.view.synced:
             return
         self.problem = None
-        if key == "" or key.startswith("paused."):
-            names = self._jobs if key == "" else {key[len("paused.") :]} & self._jobs
-            for job in names:
+        for listener in self.key_listeners:
+            try:
+                listener(key)
+            except Exception:  # one listener's bug must not stop the watch
+                log.exception("state bucket: handling %s failed", key)
+        m = self.metrics
+        if key.startswith("paused."):
+            job = key[len("paused.") :]
+            if job in self._jobs:
                 entry = self.view.paused(job)
-                if (entry is not None) != (job in self._paused):
-                    _log_pause(job, entry.value if entry else None)
-                    self._paused ^= {job}
-                self.metrics.job_paused.labels(job=job).set(1 if entry else 0)
-        if key == "" or key.startswith("instance."):
-            self._instances_changed()
-
-    def _instances_changed(self) -> None:
+                m.job_paused.labels(job=job).set(1 if entry else 0)
+                _log_pause(job, entry.value if entry else None)
+        if key and not key.startswith("instance."):
+            return  # leases and due attempts change often; instances did not
         instances = self.view.instances()
-        self.metrics.fleet_instances.set(len(instances))
+        m.fleet_instances.set(len(instances))
         mismatch = mismatched_jobs(instances)
-        self.metrics.fleet_config_mismatch.set(1 if mismatch else 0)
+        m.fleet_config_mismatch.set(1 if mismatch else 0)
         if mismatch and mismatch != self._mismatch:
             log.warning(
                 "live instances run these jobs with different settings: %s (see `status`)",

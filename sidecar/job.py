@@ -3,13 +3,21 @@
 ``Jobs.loop`` runs one job's schedule top-down: sleep until the slot plus a
 random jitter in [0, jitter]; skip it (counted) when the claim would start
 more than max_late after its time, or when the stream guard says the stream
-cannot hold the claim; claim it; if won, trigger the app in a task of its own
-(tracked in ``runs`` for the drain) and publish the result.
+cannot hold the claim; claim it; if won, take its lease (sidecar/lease.py),
+trigger the app in a task of its own (tracked in ``runs`` for the drain),
+publish the result, release the lease, and make the next attempt due when
+the run failed and ``retry`` allows one.
+
+Attempts after the first come from ``due.<job>.<slot>.<attempt>`` keys, which
+every sidecar watches: each competes for the attempt at its due time plus
+jitter (the replica whose app failed the previous one a little later), with
+the attempt's own claim id, inside its own window (due time + max_late).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -21,12 +29,30 @@ from nats.js import JetStreamContext
 from sidecar.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
+from sidecar.due import (
+    RETRY,
+    DueKey,
+    due_key,
+    failed_replica_wait,
+    lock_key,
+    may_follow,
+    parse_due_key,
+    retry_due_at,
+    run_key,
+)
 from sidecar.errors import ClaimError
 from sidecar.fleet import Fleet
 from sidecar.guard import REPEAT_LOG, StreamGuard
+from sidecar.lease import KeyHeld, Keys, Lease, LostRuns, make_due, parse_due
 from sidecar.metrics import Metrics
 from sidecar.ratelog import RateLimitedLog
-from sidecar.runs import ResultRecord, last_messages, last_scheduled_slot, publish_result
+from sidecar.runs import (
+    SKIPPED,
+    ResultRecord,
+    last_messages,
+    last_scheduled_slot,
+    publish_result,
+)
 from sidecar.trigger import Trigger, TriggerResult
 
 log = logging.getLogger(__name__)
@@ -80,7 +106,22 @@ class Jobs:
         self._sleepers: set[asyncio.Future[None]] = set()  # loops in sleep_until
         self._skip_logged: dict[str, float] = {}
         self.warnings = RateLimitedLog(log)
-        self.side_tasks: set[asyncio.Task[None]] = set()  # catch-up
+        self.side_tasks: set[asyncio.Task[None]] = set()  # catch-up, due attempts
+        self._by_name = {job.name: job for job in config.jobs}
+        self._keys: Keys | None = None
+        self._due: set[str] = set()  # due keys this sidecar waits for
+        self.lost = LostRuns(config, metrics, clock, js, self.spec, self.keys)
+        fleet.removal_listeners.append(self.lost.removed)
+        fleet.key_listeners.append(self.due_changed)
+
+    def keys(self) -> Keys | None:
+        """The state bucket's key writer; None while unknown or without TTLs."""
+        bucket = self.fleet.bucket
+        if self._keys is None and bucket is not None:
+            if not bucket.ttl:
+                return None
+            self._keys = Keys(bucket)
+        return self._keys
 
     def wake(self) -> None:
         """Wake every sleeping loop (on stop)."""
@@ -139,8 +180,14 @@ class Jobs:
             await self.attempt(job, slot, now)
             slot = job.schedule.next_slot(slot)
 
-    async def attempt(self, job: JobConfig, slot: int, now: float) -> None:
-        """Claim `slot` unless something forbids it now; run it when won."""
+    async def attempt(
+        self, job: JobConfig, slot: int, now: float, number: int = 1, due_at: float | None = None
+    ) -> None:
+        """Claim attempt `number` of `slot` unless something forbids it now; run it when won.
+
+        Attempt 1 is due at the slot's time, a later one at `due_at`; either
+        is claimed only within max_late of that.
+        """
         m = self.metrics
         name = job.name
         if why := self.guard.blocked(job, slot):
@@ -149,9 +196,10 @@ class Jobs:
         if blocked := self.fleet.blocked(name):
             self._skip(job, slot, *blocked)
             return
-        deadline = self.clock.monotonic() + (slot / 1000 + job.max_late - now)
+        start = slot / 1000 if due_at is None else due_at
+        deadline = self.clock.monotonic() + (start + job.max_late - now)
         try:
-            claim = await self.claimer.claim(name, slot, deadline)
+            claim = await self.claimer.claim(name, slot, deadline, attempt=number)
         except asyncio.CancelledError:
             m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
             raise
@@ -175,12 +223,70 @@ class Jobs:
             log.exception("job %s slot %s: claim failed unexpectedly", name, slot)
         else:
             if claim.won:
-                self._start_run(job, claim)
+                if number > 1:
+                    self._spawn(self._drop_due(due_key(name, slot, number)))
+                self._start_run(job, claim, start)
             self._count_claim(claim)
             if claim.won:
                 # Let the trigger reach the app before this loop computes the
                 # next slot and sets its timer: about 0.2 ms of its start delay.
                 await asyncio.sleep(0)
+
+    # ------------------------------------------------------------------ due attempts
+
+    def due_changed(self, key: str) -> None:
+        """A key the watch delivered: a new ``due.*`` key of ours is waited for."""
+        parsed = parse_due_key(key)
+        if parsed is None or key in self._due or self.stopping.is_set():
+            return
+        job = self._by_name.get(parsed.job)
+        entry = self.fleet.view.keys.get(key)
+        if job is None or entry is None:
+            return
+        due = parse_due(entry.value)
+        if due is None:
+            log.warning("state bucket: %s is not a due attempt; ignored", key)
+            return
+        self._due.add(key)
+        self._spawn(self._due_attempt(job, parsed, key, *due))
+
+    async def _due_attempt(
+        self, job: JobConfig, due: DueKey, key: str, due_at: float, reason: str, failed_on: str
+    ) -> None:
+        """Compete for a due attempt at its time (plus jitter; later where it failed)."""
+        try:
+            wake = due_at + random.uniform(0.0, job.jitter)
+            if reason == RETRY and failed_on == self.config.instance_id:
+                wake += failed_replica_wait(job.jitter)
+            if await self.sleep_until(wake):
+                return
+            if key not in self.fleet.view.keys:
+                return  # claimed (its winner deleted the key) or expired
+            now = self.clock.wall()
+            if now - due_at > job.max_late:
+                self.metrics.claims_skipped_total.labels(job=job.name, reason="late").inc()
+                log.warning(
+                    "job %s slot %s: attempt %d skipped, later than max_late %gs",
+                    job.name,
+                    rfc3339(due.slot / 1000),
+                    due.attempt,
+                    job.max_late,
+                )
+                return
+            await self.attempt(job, due.slot, now, due.attempt, due_at)
+        finally:
+            self._due.discard(key)
+
+    async def _drop_due(self, key: str) -> None:
+        """The attempt is claimed: its due key is no longer needed by anyone."""
+        keys = self.keys()
+        entry = self.fleet.view.keys.get(key)
+        if keys is None:
+            return
+        try:
+            await keys.delete(key, entry.revision if entry is not None else None)
+        except Exception as exc:  # it expires on its own
+            log.debug("due key %s not deleted: %r", key, exc)
 
     # ------------------------------------------------------------------ catch-up
 
@@ -294,23 +400,70 @@ class Jobs:
             m.claims_lost_total.labels(job=claim.job).inc()
             log.debug("job %s slot %s lost (seq %d)", claim.job, claim.slot, claim.seq)
 
-    def _start_run(self, job: JobConfig, claim: Claim) -> None:
-        task = asyncio.create_task(self.run_slot(job, claim))
+    def _start_run(self, job: JobConfig, claim: Claim, start: float) -> None:
+        task = asyncio.create_task(self.run_slot(job, claim, start))
         self.runs.add(task)
         task.add_done_callback(self.runs.discard)
 
-    async def run_slot(self, job: JobConfig, claim: Claim) -> None:
+    async def run_slot(self, job: JobConfig, claim: Claim, start: float) -> None:
+        """Hold the run's lease, trigger the app, record the result, release the lease.
+
+        With ``overlap: skip`` the lease is ``lock.<job>``: when it is held, a
+        run of the job is alive somewhere and this one is recorded skipped.
+        `start` is when the attempt was due (the slot's time for attempt 1).
+        """
+        deadline = self.clock.monotonic() + max(0.0, start + job.max_late - self.clock.wall())
+        keys = self.keys()
+        async with contextlib.AsyncExitStack() as stack:
+            if keys is not None:
+                key = (
+                    lock_key(job.name)
+                    if job.overlap == "skip"
+                    else run_key(job.name, claim.slot, claim.attempt)
+                )
+                value = {
+                    "job": job.name,
+                    "slot": claim.slot,
+                    "attempt": claim.attempt,
+                    "token": claim.token,
+                    "instance": self.config.instance_id,
+                    "started_at": rfc3339(self.clock.wall()),
+                }
+                lease = Lease(
+                    keys,
+                    key,
+                    value,
+                    self.config.nats.lease_ttl,
+                    self.metrics,
+                    self.clock,
+                    deadline,
+                    self.fleet.view.lock_markers.get(key, 0),
+                )
+                try:
+                    await stack.enter_async_context(lease)
+                except KeyHeld as held:
+                    if job.overlap == "skip":
+                        await self._skipped(job, claim, held.value)
+                        return
+                    log.warning("lease %s exists already; running without it", key)
+                except Exception as exc:
+                    if job.overlap == "skip":
+                        await self._not_run(job, claim, f"{key} not taken: {exc!r}")
+                        return
+                    log.warning("lease %s not created (%r); running without it", key, exc)
+            await self._run(job, claim, deadline)
+
+    async def _run(self, job: JobConfig, claim: Claim, deadline: float) -> None:
         """Trigger the app for a won claim and record the result."""
         m = self.metrics
         slot_time = claim.slot / 1000
-        deadline = self.clock.monotonic() + max(0.0, slot_time + job.max_late - self.clock.wall())
         m.runs_in_progress.labels(job=job.name).inc()
         started_at = self.clock.wall()
         started = self.clock.monotonic()
         m.run_start_delay_seconds.labels(job=job.name).observe(max(0.0, started_at - slot_time))
         try:
             result = await self.trigger.fire(
-                job, claim.slot, claim.token, deadline, fence=claim.seq
+                job, claim.slot, claim.token, deadline, attempt=claim.attempt, fence=claim.seq
             )
         except asyncio.CancelledError:
             # Cut off by the drain: the record keeps when the run really
@@ -340,16 +493,101 @@ class Jobs:
         if result.ok:
             m.job_last_success_timestamp_seconds.labels(job=job.name).set(result.finished_at)
         record = ResultRecord.of(
-            job.name, claim.slot, claim.token, self.config.instance_id, result, claim.manual
+            job.name,
+            claim.slot,
+            claim.token,
+            self.config.instance_id,
+            result,
+            claim.manual,
+            claim.attempt,
         )
         (log.info if result.ok else log.warning)(
-            "run job=%s slot=%s status=%s http_status=%s duration_ms=%d%s",
+            "run job=%s slot=%s%s status=%s http_status=%s duration_ms=%d%s",
             job.name,
             rfc3339(claim.slot / 1000),
+            f" attempt={claim.attempt}" if claim.attempt > 1 else "",
             status,
             result.http_status,
             record.duration_ms,
             f" error={result.error!r}" if result.error else "",
+        )
+        if not await publish_result(self.js, self.spec.name, self.spec.prefix, record):
+            log.error("job %s slot %s: result not recorded", job.name, claim.slot)
+        if not result.ok:
+            await self._retry(job, claim, result.finished_at)
+
+    async def _retry(self, job: JobConfig, claim: Claim, finished_at: float) -> None:
+        """After a failed attempt: make the next one due, while retry.max allows."""
+        if job.retry.max < 1 or claim.manual:
+            return
+        if not may_follow(claim.attempt, job.retry.max):
+            self.metrics.retries_exhausted_total.labels(job=job.name).inc()
+            log.error(
+                "job %s slot %s: attempt %d failed; no attempt left (retry.max %d)",
+                job.name,
+                rfc3339(claim.slot / 1000),
+                claim.attempt,
+                job.retry.max,
+            )
+            return
+        due_at = retry_due_at(finished_at, job.retry.backoff, claim.attempt)
+        await make_due(
+            self.keys(),
+            self.metrics,
+            self.clock,
+            job,
+            claim.slot,
+            claim.attempt + 1,
+            due_at,
+            RETRY,
+            self.config.instance_id,
+        )
+
+    async def _skipped(self, job: JobConfig, claim: Claim, holder: dict[str, Any]) -> None:
+        """Won, but a run of the job is alive: recorded ``skipped`` (overlap), nothing sent."""
+        m = self.metrics
+        m.runs_skipped_total.labels(job=job.name, reason="overlap").inc()
+        m.runs_total.labels(job=job.name, status=SKIPPED).inc()
+        running = holder.get("slot")
+        since = holder.get("started_at", "?")
+        error = (
+            f"overlap: slot {rfc3339(running / 1000)} is still running on "
+            f"{holder.get('instance', '?')} since {since}"
+            if isinstance(running, int)
+            else "overlap: a run of this job is still alive"
+        )
+        log.warning(
+            "run job=%s slot=%s status=skipped error=%r",
+            job.name,
+            rfc3339(claim.slot / 1000),
+            error,
+        )
+        await self._record(job, claim, SKIPPED, error)
+
+    async def _not_run(self, job: JobConfig, claim: Claim, error: str) -> None:
+        """Won, but the lock could not be taken: failed, nothing sent (a retry may follow)."""
+        self.metrics.runs_total.labels(job=job.name, status="failed").inc()
+        log.warning(
+            "run job=%s slot=%s status=failed error=%r", job.name, rfc3339(claim.slot / 1000), error
+        )
+        await self._record(job, claim, "failed", error)
+        await self._retry(job, claim, self.clock.wall())
+
+    async def _record(self, job: JobConfig, claim: Claim, status: str, error: str) -> None:
+        now = rfc3339(self.clock.wall())
+        record = ResultRecord(
+            job=job.name,
+            slot=claim.slot,
+            token=claim.token,
+            instance=self.config.instance_id,
+            status=status,
+            started_at=now,
+            finished_at=now,
+            duration_ms=0,
+            http_status=None,
+            error=error,
+            manual=claim.manual,
+            attempt=claim.attempt,
         )
         if not await publish_result(self.js, self.spec.name, self.spec.prefix, record):
             log.error("job %s slot %s: result not recorded", job.name, claim.slot)

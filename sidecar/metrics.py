@@ -33,7 +33,9 @@ SKIP_REASONS = ("late", "disconnected", "shutdown", "stream", "paused")
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
-RUN_STATUSES = ("succeeded", "failed")
+RUN_STATUSES = ("succeeded", "failed", "skipped", "lost")
+RUN_SKIP_REASONS = ("overlap",)
+DUE_REASONS = ("retry", "lost")
 
 
 # ---------------------------------------------------------------- per-job series
@@ -289,6 +291,24 @@ class Metrics:
             "jitter + max_late; 0 while its slots are skipped (reason stream).",
         )
         self.job_paused = job_gauge("job_paused", "1 while the job is paused (state bucket).")
+        self.runs_skipped_total = counter(
+            "runs_skipped",
+            "Slots won but not run, by reason (overlap: a run of the job was still alive).",
+            ("job", "reason"),
+        )
+        self.runs_lost_total = counter(
+            "runs_lost", "Runs this instance recorded as lost (their lease expired)."
+        )
+        self.attempts_due_total = counter(
+            "attempts_due", "Further attempts this instance made due, by reason.", ("job", "reason")
+        )
+        self.retries_exhausted_total = counter(
+            "retries_exhausted",
+            "Failed or lost attempts after which no attempt was left (retry.max reached).",
+        )
+        self.lease_renewal_failures_total = counter(
+            "lease_renewal_failures", "Run lease renewals that failed (the run went on)."
+        )
         self.fleet_instances = gauge(
             "fleet_instances", "Live instances seen in the state bucket (this one included)."
         )
@@ -318,8 +338,15 @@ class Metrics:
             self.claims_lost_total,
             self.claim_duplicate_acks_total,
             self.claim_errors_total,
+            self.runs_lost_total,
+            self.retries_exhausted_total,
+            self.lease_renewal_failures_total,
         ):
             c.labels(job=job)
+        for reason in RUN_SKIP_REASONS:
+            self.runs_skipped_total.labels(job=job, reason=reason)
+        for reason in DUE_REASONS:
+            self.attempts_due_total.labels(job=job, reason=reason)
         for reason in SKIP_REASONS:
             self.claims_skipped_total.labels(job=job, reason=reason)
         for status in RUN_STATUSES:

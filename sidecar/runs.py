@@ -27,6 +27,7 @@ from nats.js.errors import APIError
 
 from sidecar.claim import MSG_ID, TRANSIENT
 from sidecar.clock import rfc3339
+from sidecar.due import lost_msg_id
 from sidecar.trigger import TriggerResult
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 RUNNING = "running"
+SKIPPED = "skipped"  # won, not run: error says why (``overlap``)
+LOST = "lost"  # its lease expired: the runner stopped renewing (FLEET.md)
+RESULT_STATUSES = (SUCCEEDED, FAILED, SKIPPED, LOST)
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,21 @@ class ResultRecord:
     http_status: int | None
     error: str | None
     manual: bool = False
+    attempt: int = 1
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        """The body; ``attempt`` only after the first (absent means 1)."""
+        data = asdict(self)
+        if self.attempt <= 1:
+            del data["attempt"]
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    @property
+    def msg_id(self) -> str:
+        """One stored result per run, and one ``lost`` result per attempt fleet-wide."""
+        if self.status == LOST:
+            return lost_msg_id(self.job, self.slot, self.attempt)
+        return f"{self.job}:result:{self.token}"
 
     @classmethod
     def of(
@@ -64,6 +80,7 @@ class ResultRecord:
         instance: str,
         result: TriggerResult,
         manual: bool = False,
+        attempt: int = 1,
     ) -> ResultRecord:
         """The record of a finished trigger."""
         return cls(
@@ -78,6 +95,7 @@ class ResultRecord:
             http_status=result.http_status,
             error=result.error,
             manual=manual,
+            attempt=attempt,
         )
 
 
@@ -98,7 +116,7 @@ async def publish_result(
     Returns False when it could not be recorded; the run then reads as
     ``running`` in history, which is what a lost result means.
     """
-    headers_id = f"{record.job}:result:{record.token}"
+    headers_id = record.msg_id
     payload = record.to_json()
     backoff = 0.05
     for attempt in range(1, attempts + 1):
@@ -132,6 +150,7 @@ RUN_FIELDS = (
     "token",
     "instance",
     "manual",
+    "attempt",
     "status",
     "scheduled_at",
     "claimed_at",
@@ -161,6 +180,7 @@ class Run:
     http_status: int | None
     error: str | None
     seq: int = 0  # the claim's stream sequence, for ordering only
+    attempt: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in RUN_FIELDS}
@@ -188,8 +208,16 @@ def _claim_of(data: Any, job: str) -> dict[str, Any] | None:
 def _result_of(data: Any, job: str) -> dict[str, Any] | None:
     if not isinstance(data, dict) or data.get("job") != job:
         return None
-    ok = isinstance(data.get("token"), str) and data.get("status") in (SUCCEEDED, FAILED)
+    ok = isinstance(data.get("token"), str) and data.get("status") in RESULT_STATUSES
     return data if ok else None
+
+
+def attempt_of(data: dict[str, Any]) -> int:
+    """A claim's or result's attempt: absent (the reference's messages) means 1."""
+    value = data.get("attempt", 1)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return 1
 
 
 def _opt(value: Any, kind: type) -> Any:
@@ -224,7 +252,10 @@ def join_runs(
             else:
                 claims.append((seq, claim))
         elif subject == results_subject and (result := _result_of(data, job)) is not None:
-            results[result["token"]] = result
+            # A real result wins over ``lost``: its runner came back and finished.
+            known = results.get(result["token"])
+            if known is None or result["status"] != LOST:
+                results[result["token"]] = result
         else:
             skipped += 1
     runs = []
@@ -237,6 +268,7 @@ def join_runs(
                 token=c["token"],
                 instance=c["instance"],
                 manual=c.get("manual") is True,
+                attempt=attempt_of(c),
                 status=r.get("status", RUNNING),
                 scheduled_at=str(c.get("scheduled_at", "")),
                 claimed_at=str(c.get("claimed_at", "")),

@@ -27,6 +27,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from nats.js import JetStreamContext
@@ -95,7 +96,8 @@ async def ensure_bucket(js: JetStreamContext, spec: StateSpec) -> Bucket:
     if not ttl:
         problem = (
             f"state bucket {spec.bucket} was made without per-message TTLs "
-            "(allow_msg_ttl, subject_delete_marker_ttl): instance presence is off; "
+            "(allow_msg_ttl, subject_delete_marker_ttl): instance presence, run leases "
+            "(overlap: skip runs as allow, no lost runs) and retries are off; "
             f"delete the bucket (nats kv del {spec.bucket}) while no sidecar runs to let "
             "them create it with TTLs"
         )
@@ -123,7 +125,8 @@ async def _create(js: JetStreamContext, spec: StateSpec) -> Bucket:
             spec,
             False,
             f"this NATS server has no per-message TTLs (needs nats-server "
-            f"{MIN_SERVER_FOR_TTL} or later): instance presence is off; pause works",
+            f"{MIN_SERVER_FOR_TTL} or later): instance presence, run leases (overlap: skip "
+            "runs as allow, no lost runs) and retries are off; pause works",
         )
     log.info("created state bucket %s (replicas %d)", spec.bucket, spec.replicas)
     return Bucket(kv, spec, True)
@@ -142,6 +145,11 @@ def job_hash(job: JobConfig) -> str:
         req.url or "",
         getattr(job, "catchup", "none"),
     ]
+    # Leases and attempts (FLEET.md), only when not the defaults: a job left
+    # at the defaults hashes as it did before they existed.
+    extra = (job.overlap, job.on_lost, repr(job.retry.max), repr(job.retry.backoff))
+    if extra != ("allow", "record", "0", "30.0"):
+        parts.extend(extra)
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
 
 
@@ -154,6 +162,23 @@ class Entry:
     revision: int
 
 
+# How a key went away: an explicit delete, or its TTL ran out (a MaxAge
+# marker, which nats-py reports as a purge). None: not known (it vanished
+# between two re-syncs and its marker is gone).
+DELETED = "DEL"
+EXPIRED = "PURGE"
+
+
+@dataclass(frozen=True)
+class Removal:
+    """A key that left the view: its last value, how it went and when (epoch s)."""
+
+    key: str
+    entry: Entry
+    how: str | None
+    at: float | None
+
+
 @dataclass
 class View:
     """The bucket's live keys, as one watch delivered them."""
@@ -161,8 +186,19 @@ class View:
     keys: dict[str, Entry] = field(default_factory=dict)
     last_revision: int = 0
     synced: bool = False
-    # Called with the key after every change the watch delivers ("" after a re-sync).
+    # Called with the key after every change the watch delivers.
     on_change: Callable[[str], None] | None = None
+    # Called with every key that left the view, with its last value.
+    on_removed: Callable[[Removal], None] | None = None
+    # The markers (how, when) the watch delivered, by key: a re-sync tells
+    # from them whether a key that vanished expired or was deleted.
+    # Kept only by the fresh view of a re-sync (the live one would grow).
+    markers: dict[str, tuple[str | None, float | None]] = field(default_factory=dict)
+    keep_markers: bool = False
+    # The revision of the last marker of each ``lock.*`` key (one per job):
+    # taking the lock again expects it, one request instead of three.
+    lock_markers: dict[str, int] = field(default_factory=dict)
+    # One ``jobs`` mapping per distinct setting, shared by the instances (_shared_jobs).
     _jobs_seen: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def paused(self, job: str) -> Entry | None:
@@ -175,11 +211,33 @@ class View:
             if key.startswith("instance.")
         }
 
-    def apply(self, key: str, value: bytes | None, revision: int, deleted: bool) -> None:
+    def leases(self) -> dict[str, Entry]:
+        """The live ``run.*`` and ``lock.*`` keys: runs holding a lease now."""
+        return {k: e for k, e in self.keys.items() if k.startswith(("run.", "lock."))}
+
+    def apply(
+        self,
+        key: str,
+        value: bytes | None,
+        revision: int,
+        deleted: bool,
+        how: str | None = None,
+        at: float | None = None,
+    ) -> None:
         self.last_revision = max(self.last_revision, revision)
+        if key.startswith("lock."):
+            if deleted:
+                self.lock_markers[key] = revision
+            else:
+                self.lock_markers.pop(key, None)
         if deleted:
-            if self.keys.pop(key, None) is None:
+            if self.keep_markers:
+                self.markers[key] = (how, at)
+            old = self.keys.pop(key, None)
+            if old is None:
                 return
+            if self.on_removed is not None:
+                self.on_removed(Removal(key, old, how, at))
         else:
             data = decode(value)
             if key.startswith("instance."):
@@ -204,6 +262,17 @@ class View:
                 self._jobs_seen = {k: v for k, v in self._jobs_seen.items() if id(v) in used}
                 self._jobs_seen[canon] = data["jobs"]
         return data
+
+    def apply_entry(self, entry: Any) -> None:
+        """Apply a nats-py ``KeyValue.Entry`` as a watch delivered it."""
+        created = getattr(entry, "created", None)
+        at = created.timestamp() if isinstance(created, datetime) else None
+        how = entry.operation
+        if how is None and not entry.value and str(entry.key).startswith(("run.", "lock.")):
+            # A lease is never written empty: a client that reports the
+            # server's MaxAge marker as a put (nats-io/nats.py#966) gives this.
+            how = EXPIRED
+        self.apply(entry.key, entry.value, int(entry.revision or 0), how is not None, how, at)
 
 
 def decode(value: bytes | None) -> dict[str, Any]:
@@ -271,7 +340,7 @@ class Watch:
 
     async def _start(self) -> None:
         self._resync.clear()
-        fresh = View(on_change=None)
+        fresh = View(on_change=None, keep_markers=True)
         watcher = await self.bucket.kv.watchall()
         self._watcher = watcher
         # The initial values up to the end marker (None) make the fresh view.
@@ -279,22 +348,38 @@ class Watch:
             entry = await watcher.updates(timeout=10.0)  # type: ignore[no-untyped-call]
             if entry is None:
                 break
-            fresh.apply(entry.key, entry.value, entry.revision, entry.operation is not None)
+            fresh.apply_entry(entry)
         info = await self.bucket.kv._js.stream_info(self.bucket.spec.stream)
         fresh.last_revision = max(fresh.last_revision, int(info.state.last_seq))
+        changed = set(self.view.keys) ^ set(fresh.keys) | {
+            k for k in fresh.keys if k in self.view.keys and self.view.keys[k] != fresh.keys[k]
+        }
+        gone = [
+            Removal(key, entry, *fresh.markers.get(key, (None, None)))
+            for key, entry in self.view.keys.items()
+            if key not in fresh.keys
+        ]
         self.view.keys = fresh.keys
         self.view._jobs_seen = fresh._jobs_seen
+        self.view.lock_markers = fresh.lock_markers
         self.view.last_revision = fresh.last_revision
         self.view.synced = True
+        if self.view.on_removed is not None:
+            for removal in gone:
+                self.view.on_removed(removal)
         if self.view.on_change is not None:
-            self.view.on_change("")  # everything may have changed: one recount
+            # Instance keys are recounted once, by "": one at a time would
+            # compare every instance's jobs once per instance.
+            for key in sorted(k for k in changed if not k.startswith("instance.")):
+                self.view.on_change(key)
+            self.view.on_change("")
         self._pump = asyncio.create_task(self._follow(watcher))
 
     async def _follow(self, watcher: Any) -> None:
         async for entry in watcher:
             if entry is None:
                 continue
-            self.view.apply(entry.key, entry.value, entry.revision, entry.operation is not None)
+            self.view.apply_entry(entry)
 
     async def _stop(self) -> None:
         if self._pump is not None:

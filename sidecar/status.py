@@ -15,8 +15,9 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from sidecar.clock import rfc3339
+from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config
+from sidecar.due import lease_job
 from sidecar.runs import join_runs, last_messages
 from sidecar.state import View, mismatched_jobs, state_spec
 from sidecar.stream import coverage, state_of, stream_spec
@@ -43,11 +44,38 @@ async def read_view(js: JetStreamContext, config: Config) -> View | None:
             entry = await watcher.updates(timeout=READ_TIMEOUT)  # type: ignore[no-untyped-call]
             if entry is None:
                 break
-            view.apply(entry.key, entry.value, entry.revision, entry.operation is not None)
+            view.apply_entry(entry)
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]
     view.synced = True
     return view
+
+
+def running(view: View, job: str, now_ms: int) -> list[dict[str, Any]]:
+    """The runs of `job` holding a lease now (``run.*`` and ``lock.*`` keys), oldest first."""
+    out = []
+    for key, entry in view.leases().items():
+        if lease_job(key) != job:
+            continue
+        v = entry.value
+        since = v.get("started_at")
+        try:
+            seconds = (
+                max(0.0, now_ms / 1000 - parse_rfc3339(since)) if isinstance(since, str) else None
+            )
+        except ValueError:
+            seconds = None
+        out.append(
+            {
+                "slot": rfc3339(v["slot"] / 1000) if isinstance(v.get("slot"), int) else None,
+                "attempt": v.get("attempt", 1),
+                "instance": v.get("instance"),
+                "since": since,
+                "seconds": round(seconds, 1) if seconds is not None else None,
+                "key": key,
+            }
+        )
+    return sorted(out, key=lambda run: str(run["since"]))
 
 
 async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dict[str, Any]:
@@ -88,7 +116,7 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
                 "paused_by": pause.get("by"),
                 "paused_at": pause.get("at"),
                 "paused_reason": pause.get("reason"),
-                "running": [],
+                "running": running(view, job.name, now_ms),
                 "last_run": runs[0].as_dict() if runs else None,
                 "next_slot": rfc3339(job.schedule.next_slot(now_ms) / 1000),
                 "settings_differ": job.name in mismatch,

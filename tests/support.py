@@ -154,13 +154,17 @@ class RecordingApp:
     """An aiohttp app in its own thread that records every request.
 
     `status[path]` sets the status to answer with, `delay[path]` a sleep
-    before answering. Serves TCP (`url`) or a unix socket (`socket_path`).
+    before answering. `max_in_flight[path]` is the most requests of a path
+    that were ever in flight at once. Serves TCP (`url`) or a unix socket
+    (`socket_path`).
     """
 
     socket_path: str | None = None
     requests: list[Request] = field(default_factory=list)
     status: dict[str, int] = field(default_factory=dict)
     delay: dict[str, float] = field(default_factory=dict)
+    in_flight: dict[str, int] = field(default_factory=dict)
+    max_in_flight: dict[str, int] = field(default_factory=dict)
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -176,11 +180,18 @@ class RecordingApp:
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.read()
         rec = Request(request.path, request.method, dict(request.headers), body, time.time())
+        path = request.path
         with self._lock:
             self.requests.append(rec)
-        await asyncio.sleep(self.delay.get(request.path, 0.0))
+            self.in_flight[path] = self.in_flight.get(path, 0) + 1
+            self.max_in_flight[path] = max(self.max_in_flight.get(path, 0), self.in_flight[path])
+        try:
+            await asyncio.sleep(self.delay.get(path, 0.0))
+        finally:
+            with self._lock:
+                self.in_flight[path] -= 1
         rec.finished = time.time()
-        return web.Response(status=self.status.get(request.path, 200), text="ok")
+        return web.Response(status=self.status.get(path, 200), text="ok")
 
     def start(self) -> None:
         ready = threading.Event()
@@ -371,6 +382,7 @@ class StoredMsg:
     subject: str
     headers: dict[str, str]
     data: dict[str, Any]
+    time: float = 0.0  # when the server stored it (epoch seconds)
 
 
 async def _read_all(url: str, stream: str) -> list[StoredMsg]:
@@ -393,7 +405,8 @@ async def _read_all(url: str, stream: str) -> list[StoredMsg]:
                 data = json.loads(msg.data or b"{}")
             except ValueError:
                 data = {"_raw": (msg.data or b"").decode(errors="replace")}
-            out.append(StoredMsg(seq, msg.subject or "", dict(msg.headers or {}), data))
+            stored = msg.time.timestamp() if msg.time is not None else 0.0
+            out.append(StoredMsg(seq, msg.subject or "", dict(msg.headers or {}), data, stored))
         return out
     finally:
         await nc.close()

@@ -242,6 +242,18 @@ RULES = [
     ("nats.state_bucket", "CRON.STATE", "nats.state_bucket", "letters, digits, _ and - only"),
     ("nats.lease_ttl", "500ms", "nats.lease_ttl", "at least"),
     ("jobs.0.catchup", "some", "jobs[0].catchup", "expected one of none, latest, all"),
+    # leases and attempts (FLEET.md)
+    ("jobs.1.overlap", "forbid", "jobs[1].overlap", "expected one of allow, skip"),
+    ("jobs.1.overlap", True, "jobs[1].overlap", "expected one of allow, skip"),
+    ("jobs.1.on_lost", "retry", "jobs[1].on_lost", "expected one of record, rerun"),
+    ("jobs.1.on_lost", "rerun", "jobs[1].on_lost", "needs retry.max of at least 1"),
+    ("jobs.1.retry", 3, "jobs[1].retry", "expected a map"),
+    ("jobs.1.retry.max", 11, "jobs[1].retry.max", "between 0 and 10"),
+    ("jobs.1.retry.max", -1, "jobs[1].retry.max", "between 0 and 10"),
+    ("jobs.1.retry.max", "2", "jobs[1].retry.max", "whole number"),
+    ("jobs.1.retry.backoff", "500ms", "jobs[1].retry.backoff", "at least 1s"),
+    ("jobs.1.retry.backoff", "soon", "jobs[1].retry.backoff", "not a duration"),
+    ("jobs.1.retry.tries", 2, "jobs[1].retry.tries", "allowed: max, backoff"),
     ("shutdown_grace", "-1s", "shutdown_grace", "duration"),
     # durations
     ("jobs.1.jitter", -5, "jobs[1].jitter", "negative"),
@@ -352,6 +364,12 @@ def test_rule_names_the_key(where: str, value: Any, key: str, fragment: str) -> 
             "jobs[0].history_size",
         ),
         ([job(schedule="* * * * * *")], {"history_size": 62}, "nats.history_size"),
+        # every attempt of a slot is a claim: 200 x 1s / 4 claims a slot = 50s < 62s
+        (
+            [job(schedule="* * * * * *", retry={"max": 3})],
+            {"history_size": 200},
+            "nats.history_size",
+        ),
         # the largest history size counts for every job
         (
             [job(name="a", schedule="* * * * * *"), job(name="b", history_size=10)],
@@ -785,3 +803,27 @@ def test_a_well_formed_target_url_with_credentials_is_refused() -> None:
         error = error_of(config(target={"url": url}))
         assert error.key == "target.url" and "no credentials" in error.message
         assert PASSWORD not in str(error)
+
+
+def test_lease_and_attempt_keys_default_to_the_references_behaviour_and_parse() -> None:
+    plain = parse_config(config(), {}).jobs[0]
+    assert (plain.overlap, plain.on_lost, plain.retry.max, plain.retry.backoff) == (
+        "allow",
+        "record",
+        0,
+        30.0,
+    )
+    assert parse_config(config(), {}).nats.lease_ttl == 30.0
+    spec = job(overlap="skip", on_lost="rerun", retry={"max": 2, "backoff": "1m"})
+    parsed = parse_config(config(jobs=[spec], nats={"lease_ttl": "5s"}), {})
+    got = parsed.jobs[0]
+    assert (got.overlap, got.on_lost, got.retry.max, got.retry.backoff) == (
+        "skip",
+        "rerun",
+        2,
+        60.0,
+    )
+    assert parsed.nats.lease_ttl == 5.0
+    # Enough history for every attempt: 300 x 1s / 4 claims a slot = 75s > 62s.
+    every_second = job(schedule="* * * * * *", retry={"max": 3})
+    parse_config(config(jobs=[every_second], nats={"history_size": 300}), {})

@@ -63,13 +63,25 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_job_paused": ("gauge", frozenset({"job"})),
     "anarchon_fleet_instances": ("gauge", frozenset()),
     "anarchon_fleet_config_mismatch": ("gauge", frozenset()),
+    "anarchon_runs_skipped_total": ("counter", frozenset({"job", "reason"})),
+    "anarchon_runs_lost_total": ("counter", frozenset({"job"})),
+    "anarchon_attempts_due_total": ("counter", frozenset({"job", "reason"})),
+    "anarchon_lease_renewal_failures_total": ("counter", frozenset({"job"})),
+    # Not in FLEET.md's table: the alert on retries exhausted needs it (docs/METRICS.md).
+    "anarchon_retries_exhausted_total": ("counter", frozenset({"job"})),
     "anarchon_nats_connected": ("gauge", frozenset()),
     "anarchon_nats_reconnects_total": ("counter", frozenset()),
     "anarchon_build_info": ("gauge", frozenset({"version"})),
 }
 SPEC_LABEL_VALUES = {
-    "reason": {"late", "disconnected", "shutdown", "stream", "paused"},
-    "status": {"succeeded", "failed"},
+    "reason": {"late", "disconnected", "shutdown", "stream", "paused", "overlap", "retry", "lost"},
+    "status": {"succeeded", "failed", "skipped", "lost"},
+}
+# The reasons of each metric with a reason label.
+REASONS = {
+    "anarchon_claims_skipped_total": {"late", "disconnected", "shutdown", "stream", "paused"},
+    "anarchon_runs_skipped_total": {"overlap"},
+    "anarchon_attempts_due_total": {"retry", "lost"},
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 ALERTS = {
@@ -84,6 +96,9 @@ ALERTS = {
     "AnarchonStreamLowered",
     "AnarchonJobPausedLong",
     "AnarchonFleetConfigMismatch",
+    "AnarchonRunLost",
+    "AnarchonRetriesExhausted",
+    "AnarchonOverlapSkipsPersist",
 }
 # Alert expressions that may match on a healthy fleet, and why. Every other
 # alert expression must be empty while the sidecars run normally.
@@ -221,7 +236,7 @@ def test_metrics_of_a_job_exist_at_zero_before_anything_happens() -> None:
         sample = name + "_count" if kind == "histogram" else name
         extra = [{}]
         if "reason" in labels:
-            extra = [{"reason": r} for r in SPEC_LABEL_VALUES["reason"]]
+            extra = [{"reason": r} for r in REASONS[name]]
         if "status" in labels:
             extra = [{"status": s} for s in SPEC_LABEL_VALUES["status"]]
         for more in extra:

@@ -1,0 +1,536 @@
+"""Run leases on the state bucket (FLEET.md): held while a run runs, lost when they expire.
+
+``async with Lease(...)``: the key (``run.<job>.<slot>[.<attempt>]``, or
+``lock.<job>`` for ``overlap: skip``) is created before the trigger with a
+TTL of ``nats.lease_ttl``, renewed every ``lease_ttl / 3`` by compare-and-set
+with a fresh TTL, and deleted by its revision when the block ends (after the
+result was published). A renewal that fails is logged and counted; it never
+interrupts the trigger. A CAS conflict is not taken at its word: replicated
+buckets answer 10164 as well as 10071, and spurious conflicts were reported
+under load (nats-io/nats-server#7281), so the key is read again and the lease
+is lost only when the owner or token stored there is not ours.
+
+The writes are plain publishes on ``$KV.<bucket>.<key>`` with the headers
+set here: nats-py's ``kv.update`` has no TTL, and its ``kv.create`` does not
+see a server's ``MaxAge`` marker as a deleted key (it refuses to create over
+an expired lease). A delete leaves a ``DEL`` marker that itself expires, so
+the bucket does not keep one marker per run for ever.
+
+``LostRuns``: every sidecar sees a lease expire (a ``MaxAge`` marker, not a
+delete) and publishes a ``lost`` result for that run with ``Nats-Msg-Id:
+<job>:<slot>:<attempt>:lost``; exactly one is stored and the sidecar whose
+copy was stored counts it and, with ``on_lost: rerun``, makes the next
+attempt due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from nats.errors import NoRespondersError
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, NotFoundError
+
+from sidecar.claim import MSG_ID, TRANSIENT, new_token
+from sidecar.clock import Clock, parse_rfc3339, rfc3339
+from sidecar.due import (
+    LOST,
+    due_key,
+    due_key_ttl,
+    is_lease_key,
+    lease_job,
+    may_follow,
+    renew_every,
+)
+from sidecar.runs import ResultRecord, result_subject
+from sidecar.state import EXPIRED, Bucket, Removal
+
+if TYPE_CHECKING:
+    from sidecar.config import Config, JobConfig
+    from sidecar.metrics import Metrics
+    from sidecar.stream import StreamSpec
+
+log = logging.getLogger(__name__)
+
+EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+KV_OPERATION = "KV-Operation"
+MARKER_REASON = "Nats-Marker-Reason"
+# 10071 JSStreamWrongLastSequenceErrF, 10164 JSStreamWrongLastSequenceConstantErr.
+CAS_CONFLICT = (10071, 10164)
+# How long a write may wait for its ack.
+WRITE_TIMEOUT = 2.0
+
+
+def _json(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _ttl(seconds: float) -> int:
+    """Nats-TTL in whole seconds, at least 1 (nats-py sends int(msg_ttl))."""
+    return max(1, math.ceil(seconds))
+
+
+def _same_owner(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two lease values are of one holder: the same instance and token."""
+    return a.get("instance") == b.get("instance") and a.get("token") == b.get("token")
+
+
+class KeyHeld(Exception):
+    """The key exists and is live: someone else holds it."""
+
+    def __init__(self, key: str, value: dict[str, Any]) -> None:
+        super().__init__(key)
+        self.value = value
+
+
+class CasConflict(Exception):
+    """The key's last revision was not the expected one."""
+
+
+class Keys:
+    """Writes and reads of single keys of the state bucket, markers understood."""
+
+    def __init__(self, bucket: Bucket) -> None:
+        self.bucket = bucket
+        self.js: JetStreamContext = bucket.kv._js
+        self.stream = bucket.spec.stream
+        # A delete marker lives as long as the server's own expiry markers.
+        self.marker_ttl = bucket.spec.marker_ttl
+
+    def subject(self, key: str) -> str:
+        return f"$KV.{self.bucket.spec.bucket}.{key}"
+
+    async def _publish(
+        self, key: str, data: bytes, headers: dict[str, str], ttl: float | None
+    ) -> int:
+        try:
+            ack = await self.js.publish(
+                self.subject(key),
+                data,
+                timeout=WRITE_TIMEOUT,
+                stream=self.stream,
+                headers=headers,
+                msg_ttl=_ttl(ttl) if ttl is not None else None,
+            )
+        except APIError as exc:
+            if exc.err_code in CAS_CONFLICT:
+                raise CasConflict(key) from exc
+            raise
+        return int(ack.seq)
+
+    async def last(self, key: str) -> tuple[int, dict[str, Any] | None] | None:
+        """(revision, value) of the key's last message; value None for a marker.
+
+        None when the subject has no message at all.
+        """
+        try:
+            msg = await self.js.get_last_msg(self.stream, self.subject(key))
+        except NotFoundError:
+            return None
+        except APIError as exc:
+            if exc.err_code == 10037:
+                return None
+            raise
+        headers = msg.headers or {}
+        if headers.get(KV_OPERATION) or headers.get(MARKER_REASON):
+            return int(msg.seq or 0), None
+        try:
+            value = json.loads(msg.data or b"{}")
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            value = {}
+        return int(msg.seq or 0), value if isinstance(value, dict) else {}
+
+    async def create(
+        self, key: str, value: dict[str, Any], ttl: float | None, expected: int = 0
+    ) -> int:
+        """Create the key; KeyHeld when it is live. A marker (deleted, expired) is no owner.
+
+        `expected`: the revision of the key's last marker when known (else 0).
+        """
+        data = _json(value)
+        for _ in range(3):
+            try:
+                return await self._publish(key, data, {EXPECTED_LAST: str(expected)}, ttl)
+            except CasConflict:
+                last = await self.last(key)
+                if last is not None and last[1] is not None:
+                    if _same_owner(last[1], value):
+                        return last[0]  # our own create, answered late: asked again
+                    raise KeyHeld(key, last[1]) from None
+                expected = last[0] if last is not None else 0
+        raise KeyHeld(key, {})
+
+    async def renew(self, key: str, value: dict[str, Any], revision: int, ttl: float) -> int:
+        """Compare-and-set with a fresh TTL; CasConflict when the key moved on."""
+        return await self._publish(key, _json(value), {EXPECTED_LAST: str(revision)}, ttl)
+
+    async def delete(self, key: str, revision: int | None) -> int:
+        """Delete (by revision when given); the marker's revision. It expires after the
+        markers' TTL."""
+        headers = {KV_OPERATION: "DEL"}
+        if revision:
+            headers[EXPECTED_LAST] = str(revision)
+        return await self._publish(key, b"", headers, self.marker_ttl)
+
+
+async def _until_answered(
+    what: str, call: Callable[[], Awaitable[int]], clock: Clock, deadline: float
+) -> int:
+    """Ask again while NATS gives no definite answer, until `deadline` (monotonic)."""
+    backoff = 0.05
+    while True:
+        try:
+            return await call()
+        except (*TRANSIENT, NoRespondersError) as exc:
+            if clock.monotonic() + backoff > deadline:
+                raise
+            log.debug("%s: %r; asking again", what, exc)
+        except APIError as exc:
+            if exc.err_code in CAS_CONFLICT or clock.monotonic() + backoff > deadline:
+                raise
+            log.debug("%s: %r; asking again", what, exc)
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, 1.0)
+
+
+class Lease:
+    """``async with Lease(...)``: hold `key` while the block runs (see the module doc)."""
+
+    def __init__(
+        self,
+        keys: Keys,
+        key: str,
+        value: dict[str, Any],
+        ttl: float,
+        metrics: Metrics,
+        clock: Clock,
+        deadline: float,
+        marker: int = 0,
+    ) -> None:
+        self.keys = keys
+        self.marker = marker  # the revision of the key's last marker, when known
+        self.released = 0  # the revision of the delete marker that released it
+        self.key = key
+        self.value = value
+        self.ttl = ttl
+        self.metrics = metrics
+        self.clock = clock
+        self.deadline = deadline  # monotonic: how long the create may be retried
+        self.job = str(value.get("job", ""))
+        self.revision = 0
+        self.lost = False
+        self.renewals = 0
+        self.renewed_at = 0.0  # monotonic time of the last write that set the TTL
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Lease:
+        """Create the key; KeyHeld when it is live, NATS errors when no answer came."""
+        self.revision = await _until_answered(
+            f"lease {self.key}",
+            lambda: self.keys.create(self.key, self.value, self.ttl, self.marker),
+            self.clock,
+            self.deadline,
+        )
+        self.renewed_at = self.clock.monotonic()
+        self._renewer = asyncio.create_task(self._renew())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        if self.lost:
+            return  # not ours any more: leave whatever is there
+        silent = self.clock.monotonic() - self.renewed_at
+        if silent > self.ttl:
+            # The process was stopped or its loop stalled: the key expired
+            # meanwhile and may be someone else's now.
+            self._failed(f"not renewed for {silent:.1f}s, longer than lease_ttl: it expired")
+            self.lost = True
+            return
+        try:
+            deadline = self.clock.monotonic() + max(self.ttl, 5.0)
+            for _ in range(3):
+                try:
+                    await _until_answered(
+                        f"lease {self.key} delete",
+                        functools.partial(self._delete, self.revision),
+                        self.clock,
+                        deadline,
+                    )
+                    return
+                except CasConflict:
+                    if await self._still_ours() is False:
+                        self._failed("it changed before it was released")
+                        return
+        except Exception as exc:  # it expires on its own: lost runs check the result first
+            log.warning("lease %s not released: %r; it expires in %gs", self.key, exc, self.ttl)
+
+    async def _delete(self, revision: int) -> int:
+        self.released = await self.keys.delete(self.key, revision)
+        return self.released
+
+    async def _renew(self) -> None:
+        every = renew_every(self.ttl)
+        wait = every
+        while True:
+            await asyncio.sleep(wait)
+            wait = every
+            try:
+                sent = self.clock.monotonic()
+                self.revision = await self.keys.renew(self.key, self.value, self.revision, self.ttl)
+                self.renewed_at = sent
+                self.renewals += 1
+            except CasConflict:
+                ours = await self._still_ours()
+                if ours is None:
+                    wait = min(every, 1.0)
+                elif ours:
+                    wait = 0.0  # a spurious conflict: renew at once with the read revision
+                else:
+                    self._failed("the key was taken over or expired")
+                    self.lost = True
+                    return
+            except Exception as exc:  # NATS away: try again sooner, the TTL still runs
+                self._failed(repr(exc))
+                wait = min(every, 1.0)
+
+    async def _still_ours(self) -> bool | None:
+        """After a CAS conflict: is the stored value still our owner and token?
+
+        None when the key could not be read (not known lost: asked again soon).
+        """
+        try:
+            last = await self.keys.last(self.key)
+        except Exception as exc:
+            self._failed(f"conflict, then the key could not be read: {exc!r}")
+            return None
+        if last is None:
+            return False
+        revision, value = last
+        if value is None:
+            return False
+        mine = _same_owner(value, self.value)
+        if mine:
+            log.info("lease %s: a spurious CAS conflict; still ours at %d", self.key, revision)
+            self.revision = revision
+        return mine
+
+    def _failed(self, why: str) -> None:
+        self.metrics.lease_renewal_failures_total.labels(job=self.job).inc()
+        log.warning(
+            "lease %s: renewal failed (%s); the run goes on, it may be recorded lost",
+            self.key,
+            why,
+        )
+
+
+# ---------------------------------------------------------------------- lost runs
+
+
+class LostRuns:
+    """Records a ``lost`` result for every lease that expired (see the module doc)."""
+
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        clock: Clock,
+        js: JetStreamContext,
+        spec: StreamSpec,
+        keys: Callable[[], Keys | None],
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.js = js
+        self.spec = spec
+        self.keys = keys
+        self.jobs = {job.name: job for job in config.jobs}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def removed(self, removal: Removal) -> None:
+        """The view lost `removal.key`; an expired lease of one of our jobs was lost."""
+        if not is_lease_key(removal.key):
+            return
+        job = self.jobs.get(lease_job(removal.key) or "")
+        if job is None:
+            return
+        if removal.how != EXPIRED:
+            if removal.how is None:
+                log.debug("lease %s vanished between two reads; not judged", removal.key)
+            return
+        task = asyncio.create_task(self.record(job, removal))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def record(self, job: JobConfig, removal: Removal) -> None:
+        value = removal.entry.value
+        slot, attempt, token = value.get("slot"), value.get("attempt", 1), value.get("token")
+        if not (isinstance(slot, int) and isinstance(attempt, int) and isinstance(token, str)):
+            log.warning("lease %s expired with a value that is not ours: ignored", removal.key)
+            return
+        at = removal.at if removal.at is not None else self.clock.wall()
+        try:
+            if await self._finished(job.name, token):
+                log.info("lease %s expired after its run was recorded", removal.key)
+                return
+            stored = await self._publish(job, removal.key, value, slot, attempt, token, at)
+        except Exception as exc:  # another sidecar records it; say so here
+            log.warning("lease %s expired; recording the run lost failed: %r", removal.key, exc)
+            return
+        if not stored:
+            return
+        m = self.metrics
+        m.runs_lost_total.labels(job=job.name).inc()
+        m.runs_total.labels(job=job.name, status=LOST).inc()
+        log.error(
+            "run job=%s slot=%s attempt=%d status=lost instance=%s: its lease %s expired "
+            "(no renewal for lease_ttl %gs): the runner died, hung or lost NATS",
+            job.name,
+            rfc3339(slot / 1000),
+            attempt,
+            value.get("instance"),
+            removal.key,
+            self.config.nats.lease_ttl,
+        )
+        if job.on_lost == "rerun":
+            if may_follow(attempt, job.retry.max):
+                await make_due(
+                    self.keys(), self.metrics, self.clock, job, slot, attempt + 1, at, LOST, ""
+                )
+            else:
+                self.metrics.retries_exhausted_total.labels(job=job.name).inc()
+
+    async def _finished(self, job: str, token: str) -> bool:
+        """Whether the job's newest result is this run's (the delete got lost)."""
+        try:
+            msg = await self.js.get_last_msg(self.spec.name, result_subject(self.spec.prefix, job))
+        except APIError:
+            return False
+        try:
+            data = json.loads(msg.data or b"{}")
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return False
+        return isinstance(data, dict) and data.get("token") == token
+
+    async def _publish(
+        self,
+        job: JobConfig,
+        key: str,
+        value: dict[str, Any],
+        slot: int,
+        attempt: int,
+        token: str,
+        at: float,
+    ) -> bool:
+        """Publish the lost result; True when this copy was the one stored."""
+        started = value.get("started_at")
+        started_at = started if isinstance(started, str) else rfc3339(at)
+        try:
+            duration_ms = max(0, round((at - parse_rfc3339(started_at)) * 1000))
+        except ValueError:
+            duration_ms = 0
+        record = ResultRecord(
+            job=job.name,
+            slot=slot,
+            token=token,
+            instance=str(value.get("instance", "")),
+            status=LOST,
+            started_at=started_at,
+            finished_at=rfc3339(at),
+            duration_ms=duration_ms,
+            http_status=None,
+            error=f"lease {key} expired: instance {value.get('instance')} stopped renewing it "
+            f"(lease_ttl {self.config.nats.lease_ttl:g}s); recorded by {self.config.instance_id}",
+            attempt=attempt,
+        )
+        deadline = self.clock.monotonic() + 10.0
+        backoff = 0.1
+        while True:
+            try:
+                ack = await self.js.publish(
+                    result_subject(self.spec.prefix, job.name),
+                    record.to_json(),
+                    timeout=WRITE_TIMEOUT,
+                    stream=self.spec.name,
+                    headers={MSG_ID: record.msg_id},
+                )
+                return not ack.duplicate
+            except TRANSIENT:
+                if self.clock.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+
+async def make_due(
+    keys: Keys | None,
+    metrics: Metrics,
+    clock: Clock,
+    job: JobConfig,
+    slot: int,
+    attempt: int,
+    due_at: float,
+    reason: str,
+    failed_on: str,
+) -> bool:
+    """Store ``due.<job>.<slot>.<attempt>``; True when this call made it due."""
+    if keys is None:
+        log.warning(
+            "job %s: attempt %d of slot %d not made due: no bucket", job.name, attempt, slot
+        )
+        return False
+    key = due_key(job.name, slot, attempt)
+    value = {"due_at": due_at, "reason": reason, "instance": failed_on, "token": new_token()}
+    ttl = due_key_ttl(due_at, clock.wall(), job.jitter, job.max_late)
+    try:
+        await _until_answered(
+            f"due key {key}",
+            lambda: keys.create(key, value, ttl),
+            clock,
+            clock.monotonic() + 10.0,
+        )
+    except KeyHeld:
+        return False
+    except Exception as exc:
+        log.error("job %s: attempt %d of slot %d not made due: %r", job.name, attempt, slot, exc)
+        return False
+    metrics.attempts_due_total.labels(job=job.name, reason=reason).inc()
+    log.info(
+        "job %s slot %s: attempt %d due at %s (%s)",
+        job.name,
+        rfc3339(slot / 1000),
+        attempt,
+        rfc3339(due_at),
+        reason,
+    )
+    return True
+
+
+def parse_due(entry_value: dict[str, Any]) -> tuple[float, str, str] | None:
+    """(due_at, reason, failed_on) of a due key's value; None when malformed."""
+    due_at = entry_value.get("due_at")
+    if not isinstance(due_at, int | float) or isinstance(due_at, bool):
+        return None
+    reason = entry_value.get("reason")
+    failed_on = entry_value.get("instance")
+    return (
+        float(due_at),
+        reason if isinstance(reason, str) else "",
+        failed_on if isinstance(failed_on, str) else "",
+    )
