@@ -43,7 +43,12 @@ def test_clock_skew_and_time_zones(
     ]
     cfg = config([nats_server.url], http_app, jobs)
     procs = [
-        (f"skew{offset:+g}", cfg, {"ANARCHON_CLOCK_OFFSET": str(offset), "TZ": tz})
+        # An instance id names a state bucket key: "skewm0_5" for -0.5 s.
+        (
+            "skew" + f"{offset:+g}".replace("+", "p").replace("-", "m").replace(".", "_"),
+            cfg,
+            {"ANARCHON_CLOCK_OFFSET": str(offset), "TZ": tz},
+        )
         for offset, tz in INSTANCES
     ]
     with sidecars(tmp_path, procs) as running:
