@@ -430,3 +430,36 @@ async def test_lease_traffic_per_run_is_a_create_its_renewals_and_a_delete(
         assert ops[0] == "PUT" and ops.count("DEL") == 1
     # One renewal per lease_ttl / 3 of the run: 2 for a 2.3 s run (3 on a slow machine).
     assert all(2 <= n <= 3 for n in renewals), renewals
+
+
+def test_a_killed_runner_holding_the_overlap_lock_is_lost_and_the_job_runs_again(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    path = "/jobs/solo"
+    http_app.delay[path] = 6.0
+    config = base([nats_server.url], http_app, [job("solo", overlap="skip")])
+    with sidecars(tmp_path, [("s0", config, {}), ("s1", config, {})]) as procs:
+        first = wait_for(lambda: next(iter(http_app.requests_for(path)), None), 20, what="a run")
+        victim = next(p for p in procs if p.name == first.headers["X-Anarchon-Instance"])
+        other = next(p for p in procs if p is not victim)
+        time.sleep(0.3)
+        victim.kill()
+        killed_at = time.time()
+        http_app.delay[path] = 0.0
+        token = first.headers["X-Anarchon-Run-Id"]
+        # The lock expires (no delete): the run is lost, and the lock is taken
+        # again over the server's expiry marker for a later slot.
+        wait_for(
+            lambda: [r for r in http_app.requests_for(path) if r.at > killed_at],
+            15,
+            what="a run after the lock expired",
+        )
+        skipped = other.metric("anarchon_runs_skipped_total", {"job": "solo", "reason": "overlap"})
+    lost = [m.data for m in results(nats_server.url, "solo") if m.data["status"] == "lost"]
+    assert [m["token"] for m in lost] == [token]
+    assert "lease lock.solo expired" in lost[0]["error"]
+    # While the dead runner's lock lived, the other sidecar skipped its slots.
+    assert skipped and skipped >= 1
+    after = [r for r in http_app.requests_for(path) if r.at > killed_at]
+    assert all(r.headers["X-Anarchon-Instance"] == other.name for r in after)
+    assert min(r.at for r in after) - killed_at < 2.0 + 3.0  # lease_ttl, the next slot, slack
