@@ -11,9 +11,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
 
-import nats
 import pytest
 from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
@@ -36,19 +34,9 @@ from sidecar.lease import KeyHeld, Keys, Lease, parse_due
 from sidecar.metrics import Metrics
 from sidecar.runs import join_runs
 from sidecar.state import DELETED, EXPIRED, Removal, StateSpec, View, Watch, ensure_bucket
-from tests.support import NatsServer
 
 # Markers live 1 s here, so that delete markers can be seen to go away.
 SPEC = StateSpec("T_STATE", 1, 1.0)
-
-
-@pytest.fixture
-async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
-    conn = await nats.connect(nats_server.url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def until(condition: object, timeout: float) -> None:
