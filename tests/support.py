@@ -70,6 +70,15 @@ def wait_for(
         time.sleep(interval)
 
 
+async def until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:
+    """Await until `condition()` is truthy; fail after `timeout` seconds (the async wait_for)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        await asyncio.sleep(0.01)
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)

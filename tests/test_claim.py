@@ -11,7 +11,7 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -36,21 +36,12 @@ from sidecar.config import Secrets, parse_config
 from sidecar.connection import Connection
 from sidecar.errors import ClaimError
 from sidecar.stream import StreamSpec, ensure_stream
-from tests.support import NatsServer
+from tests.support import NatsServer, until
 
 OURS = "a" * 32
 OTHER = "b" * 32
 SPEC = StreamSpec("CRON", "cron.", 300.0, 1000, None)
 SLOT = 1_791_633_610_000
-
-
-async def until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:
-    """Await until `condition()` is truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        await asyncio.sleep(0.01)
 
 
 # ----------------------------------------------------------------- pure logic

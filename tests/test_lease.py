@@ -34,16 +34,10 @@ from sidecar.lease import KeyHeld, Keys, Lease, parse_due
 from sidecar.metrics import Metrics
 from sidecar.runs import join_runs
 from sidecar.state import DELETED, EXPIRED, Removal, StateSpec, View, Watch, ensure_bucket
+from tests.support import until
 
 # Markers live 1 s here, so that delete markers can be seen to go away.
 SPEC = StateSpec("T_STATE", 1, 1.0)
-
-
-async def until(condition: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 def lease_value(token: str = "t1", instance: str = "me") -> dict[str, object]:

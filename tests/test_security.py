@@ -10,11 +10,10 @@ claims (and their reply subjects), nor answer anybody's request.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from sidecar.claim import MSG_ID, Claimer
 from sidecar.clock import Clock
 from sidecar.config import Config, Secrets, load_secrets, parse_config
 from sidecar.stream import ensure_stream, stream_spec
-from tests.support import ROOT, NatsServer, RecordingApp, free_port, run_cli
+from tests.support import ROOT, NatsServer, RecordingApp, free_port, run_cli, until
 
 SLOT = 1_796_227_920_000
 
@@ -44,14 +43,6 @@ def sidecar_config(url: str, app: RecordingApp, **nats_keys: Any) -> Config:
         },
         {},
     )
-
-
-async def until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @asynccontextmanager

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 
 import pytest
 from nats.aio.client import Client as NATS
@@ -21,15 +20,9 @@ from sidecar.state import (
     put_json,
     put_with_ttl,
 )
+from tests.support import until
 
 SPEC = StateSpec("CRON_STATE", 1, 60.0)
-
-
-async def until(condition: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def test_the_bucket_is_created_with_ttls_and_history_1(nc: NATS) -> None:

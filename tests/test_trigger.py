@@ -11,7 +11,7 @@ import re
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from sidecar.clock import Clock
 from sidecar.config import JobConfig, parse_config
 from sidecar.signing import Signer
 from sidecar.trigger import Trigger, TriggerResult
-from tests.support import RecordingApp, free_port
+from tests.support import RecordingApp, free_port, until
 
 SLOT = 1_791_633_610_000
 TOKEN = "0123456789abcdef0123456789abcdef"
@@ -45,15 +45,6 @@ async def fire(
 ) -> TriggerResult:
     async with Trigger(Signer.of(secret), Clock(), instance) as trigger:
         return await trigger.fire(job, SLOT, TOKEN, time.monotonic() + within)
-
-
-async def until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:
-    """Await until `condition()` is truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture(params=["tcp", "unix"])
