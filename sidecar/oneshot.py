@@ -40,6 +40,7 @@ from sidecar.stream import (
     RETRYABLE,
     Lowering,
     StreamState,
+    answering_domain,
     conflict_error,
     coverage,
     create_if_missing,
@@ -78,14 +79,6 @@ async def stream_state(config: Config, secrets: Secrets) -> StreamState:
         js = _js(conn)
         state = await _read(read_stream(js, stream_spec(config)))
         return dataclasses.replace(state, domain=await answering_domain(js))
-
-
-async def answering_domain(js: JetStreamContext) -> str | None:
-    """The JetStream domain behind `js` (None: no domain, or no answer)."""
-    try:
-        return (await js.account_info()).domain or None
-    except Exception:  # shown as none; the stream read already succeeded
-        return None
 
 
 async def history(

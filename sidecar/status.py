@@ -20,7 +20,7 @@ from sidecar.config import Config
 from sidecar.due import lease_job
 from sidecar.runs import join_runs, last_messages
 from sidecar.state import View, mismatched_jobs, state_spec
-from sidecar.stream import coverage, state_of, stream_spec
+from sidecar.stream import answering_domain, coverage, state_of, stream_spec
 
 READ_TIMEOUT = 10.0
 
@@ -90,7 +90,7 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
         info = await js.stream_info(spec.name)
         state = state_of(info)
         held = coverage(state, spec, config.jobs)
-        domain = (await js.account_info()).domain or None
+        domain = await answering_domain(js)
         stream = {
             "name": state.name,
             "domain": domain,

@@ -386,6 +386,14 @@ async def _conflict(js: JetStreamContext, spec: StreamSpec) -> StreamConflict:
     return conflict_error(spec, others)
 
 
+async def answering_domain(js: JetStreamContext) -> str | None:
+    """The JetStream domain behind `js` (None: no domain, or no answer)."""
+    try:
+        return (await js.account_info()).domain or None
+    except Exception:  # shown as none: it only labels what was read
+        return None
+
+
 async def read_stream(js: JetStreamContext, spec: StreamSpec) -> StreamState:
     """The stream's settings and state; StreamNotFound when it does not exist."""
     try:
