@@ -14,8 +14,14 @@ its event loop, so every cost a client can cause is bounded:
   pieces of that size, so at most twice it is ever held); the
   answer is written in ``WRITE_CHUNK`` pieces, each drained before the next,
   so a slow reader holds one piece in memory, not a copy of the whole body;
-- connections: at most ``MAX_CONNECTIONS`` at once; one more is closed as soon
-  as it is accepted, and that is logged at most once a minute;
+- bandwidth: answers share ``SEND_RATE`` bytes a second after a burst of
+  ``SEND_BURST`` (a scrape of a few MB goes out at once; clients scraping
+  in a tight loop get that rate between them, not the loop's time);
+- connections: at most ``MAX_CONNECTIONS`` at once. One more takes the place
+  of the oldest connection still waiting for its request (an idle flood
+  cannot lock Prometheus out: a real client sends at once and is answered);
+  when every held connection is being answered, the new one is closed as
+  soon as it is accepted. Either is logged at most once a minute;
 - ``/metrics``: the body is rendered on the event loop in slices of at most
   ``RENDER_SLICE`` (rendering 1,000 jobs takes about 100 ms; in one piece that
   would delay claims, and in a thread the GIL would hand the loop back only
@@ -47,6 +53,8 @@ EXCHANGE_TIMEOUT = 10.0
 MAX_REQUEST_HEAD = 8192
 MAX_CONNECTIONS = 32
 WRITE_CHUNK = 64 * 1024
+SEND_RATE = 32 * 1024 * 1024
+SEND_BURST = 8 * 1024 * 1024
 METRICS_MAX_AGE = 1.0
 METRICS_REUSE = 10.0
 RENDER_SLICE = 0.002
@@ -131,6 +139,22 @@ async def render(registry: CollectorRegistry) -> bytes:
     return "".join(parts).encode()
 
 
+class Pacer:
+    """A shared byte budget: `rate` a second, after a burst of `burst`."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._free_at = 0.0  # when the budget spent so far is paid back
+
+    async def take(self, n: int) -> None:
+        now = time.monotonic()
+        start = max(self._free_at, now - self.burst / self.rate)
+        self._free_at = start + n / self.rate
+        if start > now:
+            await asyncio.sleep(start - now)
+
+
 class AdminServer:
     """Serves the registry and the health of one sidecar."""
 
@@ -146,7 +170,11 @@ class AdminServer:
         self.port = port
         self.not_ready_reason = not_ready_reason
         self.metrics = MetricsCache(registry)
-        self.connections = 0
+        self.pacer = Pacer(SEND_RATE, SEND_BURST)
+        # Open connections: still waiting for their request (oldest first),
+        # and being answered.
+        self._waiting: dict[asyncio.WriteTransport, None] = {}
+        self._answering: set[asyncio.WriteTransport] = set()
         self._refused = 0
         self._next_refusal_log = 0.0
         self._server: asyncio.Server | None = None
@@ -184,11 +212,14 @@ class AdminServer:
         return 503, TEXT, f"not ready: {reason}\n".encode()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        transport = writer.transport
         if self.connections >= MAX_CONNECTIONS:
-            writer.transport.abort()
             self._log_refusal()
-            return
-        self.connections += 1
+            if not self._waiting:
+                transport.abort()
+                return
+            self._displace(next(iter(self._waiting)))
+        self._waiting[transport] = None
         try:
             async with asyncio.timeout(EXCHANGE_TIMEOUT):
                 await self._exchange(reader, writer)
@@ -197,8 +228,18 @@ class AdminServer:
         except (TimeoutError, OSError, h11.ProtocolError):
             pass  # a client that is too slow, too big or gone gets nothing more
         finally:
-            self.connections -= 1
-            writer.transport.abort()  # at once, whatever is still buffered
+            self._waiting.pop(transport, None)
+            self._answering.discard(transport)
+            transport.abort()  # at once, whatever is still buffered
+
+    @property
+    def connections(self) -> int:
+        return len(self._waiting) + len(self._answering)
+
+    def _displace(self, transport: asyncio.WriteTransport) -> None:
+        """Close a connection that has not sent its request, for a newer one."""
+        del self._waiting[transport]
+        transport.abort()
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD)
@@ -213,6 +254,8 @@ class AdminServer:
                         method = event.method.decode("ascii", "replace")
                         path = event.target.decode("ascii", "replace").split("?", 1)[0]
                     elif isinstance(event, h11.EndOfMessage):
+                        self._waiting.pop(writer.transport, None)
+                        self._answering.add(writer.transport)
                         break
                     elif isinstance(event, h11.ConnectionClosed):
                         return
@@ -248,6 +291,7 @@ class AdminServer:
         if method != "HEAD":
             for start in range(0, len(body), WRITE_CHUNK):
                 await writer.drain()
+                await self.pacer.take(min(WRITE_CHUNK, len(body) - start))
                 writer.write(conn.send(h11.Data(data=body[start : start + WRITE_CHUNK])) or b"")
         writer.write(conn.send(h11.EndOfMessage()) or b"")
         await writer.drain()
@@ -268,8 +312,9 @@ class AdminServer:
         now = time.monotonic()
         if now >= self._next_refusal_log:
             log.warning(
-                "admin server: %d connections open, the limit; closed %d more at once "
-                "(logged at most every %gs)",
+                "admin server: %d connections open, the limit; %d more came, each closing "
+                "the oldest one still waiting for its request, or closed at once when "
+                "none was (logged at most every %gs)",
                 MAX_CONNECTIONS,
                 self._refused,
                 REFUSAL_LOG_INTERVAL,

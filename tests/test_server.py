@@ -184,21 +184,26 @@ async def test_idle_connections_are_closed_after_the_request_bound(
     writer.close()
 
 
-async def test_connections_beyond_the_cap_are_closed_at_once_and_logged_once(
+async def test_a_request_beyond_the_cap_displaces_the_oldest_idle_connection(
     server: AdminServer, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """An idle flood cannot lock a scraper out: each newcomer displaces the oldest idle one."""
     caplog.set_level(logging.WARNING, logger="sidecar.server")
-    held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(MAX_CONNECTIONS)]
+    held = []
+    for _ in range(MAX_CONNECTIONS):
+        held.append(await asyncio.open_connection("127.0.0.1", server.port))
+        await wait_until(lambda: server.connections == len(held), 10, "the held connection")
     try:
-        await wait_until(lambda: server.connections == MAX_CONNECTIONS, 10, "the held connections")
         for _ in range(10):
-            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
-            started = time.monotonic()
+            answer = await exchange(server.port, b"GET /healthz HTTP/1.0\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"ok\n")
+            held.append(await asyncio.open_connection("127.0.0.1", server.port))  # at the cap again
+            await wait_until(lambda: server.connections == MAX_CONNECTIONS, 10, "the cap")
+        # The ten oldest were closed on, at once; the others are still held.
+        for reader, _ in held[:10]:
             with contextlib.suppress(ConnectionError):
-                assert await asyncio.wait_for(reader.read(), 5) == b""
-            assert time.monotonic() - started < 1
-            writer.close()
+                assert await asyncio.wait_for(reader.read(), 1) == b""
+        assert not any(reader.at_eof() for reader, _ in held[10:])
         assert server.connections == MAX_CONNECTIONS
     finally:
         for _, writer in held:
@@ -206,7 +211,30 @@ async def test_connections_beyond_the_cap_are_closed_at_once_and_logged_once(
     refusals = [r for r in caplog.records if "the limit" in r.getMessage()]
     assert len(refusals) == 1, [r.getMessage() for r in refusals]
     await wait_until(lambda: server.connections == 0, 10, "the held connections to end")
-    assert (await exchange(server.port, b"GET /healthz HTTP/1.0\r\n\r\n")).endswith(b"ok\n")
+
+
+async def test_connections_beyond_the_cap_of_busy_ones_are_closed_at_once(
+    big_server: AdminServer,
+) -> None:
+    """Every held connection is being answered (slow readers): one more is closed at once."""
+    socks = [await slow_reader(big_server.port) for _ in range(MAX_CONNECTIONS)]
+    try:
+        await wait_until(
+            lambda: len(big_server._answering) == MAX_CONNECTIONS, 10, "the slow readers"
+        )
+        for _ in range(5):
+            reader, writer = await asyncio.open_connection("127.0.0.1", big_server.port)
+            writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
+            started = time.monotonic()
+            with contextlib.suppress(ConnectionError):
+                assert await asyncio.wait_for(reader.read(), 5) == b""
+            assert time.monotonic() - started < 1
+            writer.close()
+        assert len(big_server._answering) == MAX_CONNECTIONS
+    finally:
+        for sock in socks:
+            sock.close()
+    await wait_until(lambda: big_server.connections == 0, 15, "the slow readers to end")
 
 
 class CountingCollector(Collector):
@@ -278,3 +306,13 @@ async def test_cheap_metrics_are_fresh_at_once(server: AdminServer) -> None:
     server.counter.inc()  # type: ignore[attr-defined]
     await asyncio.sleep(0.1)
     assert b'anarchon_claims_won_total{job="j"} 2.0' in await exchange(server.port, raw)
+
+
+async def test_answers_share_a_byte_rate_after_a_burst() -> None:
+    pacer = server_module.Pacer(rate=1_000_000, burst=500_000)
+    started = time.monotonic()
+    await pacer.take(500_000)  # the burst: at once
+    assert time.monotonic() - started < 0.2
+    await pacer.take(300_000)  # beyond it: paid at the rate
+    await pacer.take(100_000)
+    assert time.monotonic() - started >= 0.38

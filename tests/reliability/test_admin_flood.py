@@ -107,8 +107,9 @@ def test_flooded_admin_port_does_not_delay_the_jobs(
     assert len(flooded) >= slots - 1, (len(flooded), slots)
     assert statistics.median(flooded) < 0.05, flooded
     assert max(flooded) < 0.25, flooded
-    # The flood did happen, and beyond the limit.
-    assert counts["scrapes"] >= 5 and counts["closed_by_server"] >= IDLE, counts
+    # The flood did happen, and beyond the limit; the scrapers were not locked out
+    # by the idle connections (each scrape displaces the oldest of them).
+    assert counts["scrapes"] >= FLOOD_S and counts["closed_by_server"] >= IDLE, counts
     assert log.count("connections open, the limit") <= 1 + int(FLOOD_S // 60)
     # Slow readers hold a piece of the body each, not a copy of it.
     assert peak_kib - rss_before < 64 * 1024, (rss_before, peak_kib)
