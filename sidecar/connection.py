@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 # Seconds between reconnect attempts to one server once running.
 RECONNECT_WAIT = 1.0
+# On exit, how long subscriptions may take to drain (nats-py waits 30 s by
+# default): results are already acknowledged by then, and a stop must fit in
+# the orchestrator's grace period, also when a watch stopped reading.
+DRAIN_TIMEOUT = 3.0
 
 
 def tls_context(config: Config) -> ssl.SSLContext | None:
@@ -128,6 +132,7 @@ def connect_options(config: Config, secrets: Secrets) -> dict[str, Any]:
         "reconnect_time_wait": 0.25,
         "max_reconnect_attempts": 1,
         "allow_reconnect": True,
+        "drain_timeout": DRAIN_TIMEOUT,
     }
     if n.user:
         opts["user"] = n.user
@@ -244,7 +249,8 @@ class Connection:
         self.closing = True
         try:
             if drain and self.nc.is_connected:
-                await self.nc.drain()
+                # drain() also flushes and closes; bounded as a whole.
+                await asyncio.wait_for(self.nc.drain(), DRAIN_TIMEOUT + 2)
             else:
                 await self.nc.close()
         except Exception as exc:  # closing is best effort

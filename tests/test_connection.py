@@ -6,14 +6,17 @@ that rule: whatever reaches the connection, its messages mask them.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import time
 from pathlib import Path
 
 import pytest
+from nats.aio.msg import Msg
 
 from sidecar.config import Config, Secrets, parse_config
-from sidecar.connection import Connection
+from sidecar.connection import DRAIN_TIMEOUT, Connection
 from sidecar.errors import ConnectError
 from tests.support import NatsServer, free_port
 
@@ -70,3 +73,28 @@ async def test_connected_log_line_masks_credentials(
         server.stop()
     assert f"connected to NATS at admin:***@127.0.0.1:{server.port}" in caplog.text
     assert PASSWORD not in caplog.text
+
+
+async def test_closing_is_bounded_when_a_subscription_stops_reading(
+    nats_server: NatsServer,
+) -> None:
+    """A stop must fit in the orchestrator's grace period: nats-py's drain waits
+    30 s by default for a subscription whose handler never returns."""
+    conn = Connection(config_with_servers(nats_server.url), Secrets())
+    nc = await conn.connect()
+    stuck = asyncio.Event()
+
+    async def handler(msg: Msg) -> None:
+        stuck.set()
+        await asyncio.Event().wait()  # never returns, like a watch that stopped reading
+
+    await nc.subscribe("stuck", cb=handler)
+    for _ in range(3):
+        await nc.publish("stuck", b"x")
+    await nc.flush()
+    await asyncio.wait_for(stuck.wait(), 5)
+    started = time.monotonic()
+    await conn.close(drain=True)
+    took = time.monotonic() - started
+    assert nc.is_closed
+    assert took < DRAIN_TIMEOUT + 3, took
