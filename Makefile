@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all install test lint typecheck prometheus verifiers rules unit demo bench reliability e2e clean
+.PHONY: all install test lint typecheck prometheus verifiers rules unit demo bench reliability nemesis e2e clean
 
 all: test
 
@@ -81,6 +81,15 @@ bench: $(STAMP)
 # each prints and records its figures (docs/RELIABILITY.md).
 reliability: $(STAMP)
 	$(BIN)/pytest tests/reliability -m "slow or not slow" -s
+
+# The nemesis for 5 minutes (about 6 with set-up): 3 NATS nodes and 5 sidecars
+# in network namespaces under random partitions, pauses, kills and clock
+# offsets, then the checker (root; docs/RELIABILITY.md). `make test` runs the
+# same for 60 s. NEMESIS_SEED=<seed> replays a schedule; NEMESIS_SECONDS sets
+# the length.
+NEMESIS_SECONDS ?= 300
+nemesis: $(STAMP)
+	NEMESIS_SECONDS=$(NEMESIS_SECONDS) $(BIN)/pytest tests/nemesis -s -p no:cacheprovider
 
 # The image and the compose stack run for real with podman (tests/e2e; root on
 # Debian): installs podman, runc, debootstrap and podman-compose if missing,

@@ -1,0 +1,344 @@
+"""The checker: reads a run's whole history and says what went wrong.
+
+Input (files in the run's directory, all JSON lines but ``run.json``):
+
+- ``apps.jsonl``: every request any app received, with its arrival time
+  (host clock) and the ``X-Anarchon-*`` headers (job, slot, attempt, fence,
+  run id, instance).
+- ``stream.jsonl``: every message of the stream, read after everything healed.
+- ``faults.jsonl``: every fault the nemesis applied, with wall-clock start and end.
+- ``run.json``: seed, window, jobs (period, max_late), settle time.
+
+Safety figures (each must be 0; a failure names the slots):
+
+- **doubles**: a (job, slot, attempt) the apps received more than once, with
+  different run ids or from different sidecars (exactly-once broken).
+- **late**: a first attempt that arrived later than slot + max_late +
+  margin (1 s, plus how far behind the sending sidecar's clock was set).
+- **early**: a request that arrived before its slot by more than the sending
+  sidecar's clock was set ahead, plus 0.2 s.
+- **unclaimed**: a request whose run id is not the token of its slot's stored
+  claim: a run without a winning claim, or an acknowledged claim lost by NATS.
+- **dup_ids**: a msg id stored twice (JetStream's de-duplication broken).
+- **lost_wrong**: a ``lost`` record that cannot be right: no stored claim for
+  that attempt, or the run's own result was stored before it (the run had
+  finished and said so), or nothing touched the runner nor NATS between its
+  claim and the lost record (a healthy runner taken for dead).
+- **reruns_bad**: a rerun (attempt 2 after a lost attempt 1) whose fence is not
+  above the lost attempt's (an app could not refuse the stale runner).
+- **missed_quiet**: a slot that did not run although no fault touched NATS, and
+  some sidecar was untouched, from `settle` seconds before the slot to
+  max_late after it.
+
+Liveness figures (reported; a miss is allowed while faults last):
+
+- **slots**, **runs** (slots run at least once), **missed** (slots never run),
+- **missed_available**: missed slots where, for the whole window above, some
+  sidecar and two of the three nodes were running, not paused and not cut from
+  each other (the issue's "a claim could have been made"): a sidecar that
+  stays connected to a cut-off server cannot claim although another server
+  would answer.
+- **lost** (lost records), **reruns** (attempts after a lost one that ran).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROCESS_KINDS = ("pause-node", "pause-sidecar", "kill-node", "kill-sidecar", "clock")
+LATE_MARGIN = 1.0
+EARLY_MARGIN = 0.2
+
+
+@dataclass
+class History:
+    requests: list[dict[str, Any]]
+    stream: list[dict[str, Any]]
+    faults: list[dict[str, Any]]
+    run: dict[str, Any]
+
+    @classmethod
+    def load(cls, directory: Path) -> History:
+        def lines(name: str) -> list[dict[str, Any]]:
+            path = directory / name
+            if not path.exists():
+                return []
+            return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+        run = json.loads((directory / "run.json").read_text())
+        return cls(lines("apps.jsonl"), lines("stream.jsonl"), lines("faults.jsonl"), run)
+
+
+@dataclass
+class Report:
+    figures: dict[str, Any] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+@dataclass(frozen=True)
+class Touch:
+    """A fault as the checker sees it: when, which processes, which links."""
+
+    start: float
+    end: float
+    nodes: frozenset[str]  # servers down or paused
+    sidecars: frozenset[str]  # sidecars down, paused, restarting or skewed
+    blocked: frozenset[frozenset[str]]  # pairs that could not reach each other
+    cluster: bool  # touched the cluster as a whole (a server fault or a partition among servers)
+
+
+def touches(faults: Iterable[dict[str, Any]], nodes: set[str]) -> list[Touch]:
+    out = []
+    for f in faults:
+        start, end = f["start"], f.get("end", f.get("heal", f["start"]))
+        kind, target = f["kind"], f.get("target", "")
+        blocked = frozenset(frozenset(p) for p in f.get("blocked", []))
+        fnodes = frozenset({target}) if kind in ("pause-node", "kill-node") else frozenset()
+        fsidecars = (
+            frozenset({target})
+            if kind in ("pause-sidecar", "kill-sidecar", "clock")
+            else frozenset()
+        )
+        if kind == "sidecar-cut":
+            fsidecars = frozenset({target})
+        cluster = bool(fnodes) or any(len(p & nodes) == 2 for p in blocked)
+        sidecars_cut = frozenset(h for p in blocked for h in p if h not in nodes)
+        out.append(Touch(start, end, fnodes, fsidecars | sidecars_cut, blocked, cluster))
+    return out
+
+
+def _overlapping(ts: list[Touch], lo: float, hi: float) -> list[Touch]:
+    return [t for t in ts if t.start <= hi and t.end >= lo]
+
+
+def offsets_at(faults: Iterable[dict[str, Any]], sidecar: str, at: float) -> float:
+    """The clock offset sidecar `sidecar` may have run with around time `at` (0 if none)."""
+    for f in faults:
+        skewed = f["kind"] == "clock" and f.get("target") == sidecar
+        if skewed and f["start"] - 1.0 <= at <= f.get("end", at) + 1.0:
+            return float(f.get("offset", 0.0))
+    return 0.0
+
+
+def slots_of(period_s: int, start: float, end: float) -> list[int]:
+    """Epoch-ms slots of an every-`period_s`-seconds schedule in [start, end]."""
+    first = int(start) + (-int(start)) % period_s
+    return [s * 1000 for s in range(first, int(end) + 1, period_s) if start <= s <= end]
+
+
+def check(history: History) -> Report:
+    run = history.run
+    report = Report()
+    fig = report.figures
+    fails = report.failures
+    nodes = set(run["nodes"])
+    sidecars = list(run["sidecars"])
+    settle = float(run["settle"])
+    start, end = float(run["window"][0]), float(run["window"][1])
+    jobs: dict[str, dict[str, Any]] = run["jobs"]
+    ts = touches(history.faults, nodes)
+
+    requests = [r for r in history.requests if r.get("slot") is not None]
+    by_run: dict[tuple[str, int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in requests:
+        by_run[(r["job"], int(r["slot"]), int(r.get("attempt") or 1))].append(r)
+
+    # ---------------------------------------------------------------- the stream
+    claims: dict[tuple[str, int, int], dict[str, Any]] = {}
+    results: dict[str, list[dict[str, Any]]] = defaultdict(list)  # by token
+    lost: list[dict[str, Any]] = []
+    ids: dict[str, int] = defaultdict(int)
+    for m in history.stream:
+        msg_id = (m.get("headers") or {}).get("Nats-Msg-Id")
+        if msg_id:
+            ids[msg_id] += 1
+        data = m.get("data") or {}
+        if not isinstance(data, dict) or data.get("manual"):
+            continue
+        if m["subject"].endswith(".claims"):
+            key = (data.get("job"), data.get("slot"), int(data.get("attempt") or 1))
+            claims.setdefault(key, {**data, "_seq": m["seq"], "_time": m["time"]})  # type: ignore[arg-type]
+        elif m["subject"].endswith(".results"):
+            rec = {**data, "_seq": m["seq"], "_time": m["time"]}
+            if data.get("status") == "lost":
+                lost.append(rec)
+            else:
+                results[str(data.get("token"))].append(rec)
+    dup_ids = sorted(k for k, n in ids.items() if n > 1)
+    fig["stream_msgs"] = len(history.stream)
+    fig["dup_ids"] = len(dup_ids)
+    if dup_ids:
+        fails.append(f"msg ids stored twice: {dup_ids[:10]}")
+
+    # ---------------------------------------------------------------- doubles, unclaimed
+    doubles = []
+    for key, reqs in sorted(by_run.items()):
+        if len({r["run_id"] for r in reqs}) > 1 or len(reqs) > 1:
+            doubles.append((key, [(r["app"], round(r["at"], 3), r["run_id"][:8]) for r in reqs]))
+    fig["doubles"] = len(doubles)
+    for key, seen in doubles[:10]:
+        fails.append(
+            f"double: {key[0]} slot {key[1]} attempt {key[2]} ran {len(seen)} times: {seen}"
+        )
+    unclaimed = []
+    for key, reqs in sorted(by_run.items()):
+        claim = claims.get(key)
+        for r in reqs:
+            if claim is None or claim.get("token") != r["run_id"]:
+                unclaimed.append(
+                    (key, r["app"], r["run_id"][:8], claim and claim.get("token", "")[:8])
+                )
+    fig["unclaimed"] = len(unclaimed)
+    for u in unclaimed[:10]:
+        fails.append(f"run without its stored claim (or an acknowledged claim lost): {u}")
+
+    # ---------------------------------------------------------------- late, early
+    late, early = [], []
+    for (job, slot, attempt), reqs in by_run.items():
+        max_late = float(jobs[job]["max_late"])
+        for r in reqs:
+            offset = offsets_at(history.faults, r["app"], r["at"])
+            delay = r["at"] - slot / 1000
+            if attempt == 1 and delay > max_late + LATE_MARGIN + max(0.0, -offset):
+                late.append((job, slot, r["app"], round(delay, 3), offset))
+            if delay < -(EARLY_MARGIN + max(0.0, offset)):
+                early.append((job, slot, r["app"], round(delay, 3), offset))
+    fig["late"] = len(late)
+    fig["early"] = len(early)
+    for item in sorted(late)[:10]:
+        fails.append(
+            f"late: {item[0]} slot {item[1]} by {item[2]} arrived {item[3]}s after its slot "
+            f"(offset {item[4]:+.2f})"
+        )
+    for item in sorted(early)[:10]:
+        fails.append(
+            f"early: {item[0]} slot {item[1]} by {item[2]} arrived {item[3]}s "
+            f"(offset {item[4]:+.2f})"
+        )
+    fig["max_delay_s"] = round(
+        max(
+            (r["at"] - int(r["slot"]) / 1000 for r in requests if int(r.get("attempt") or 1) == 1),
+            default=0.0,
+        ),
+        3,
+    )
+
+    # ---------------------------------------------------------------- slots, misses
+    slots = runs = 0
+    missed: list[tuple[str, int]] = []
+    missed_quiet: list[tuple[str, int]] = []
+    missed_available: list[tuple[str, int]] = []
+    ran = {(job, slot) for (job, slot, attempt) in by_run if attempt == 1}
+    for job, spec in jobs.items():
+        max_late = float(spec["max_late"])
+        for slot in slots_of(int(spec["period_s"]), start, end):
+            slots += 1
+            if (job, slot) in ran:
+                runs += 1
+                continue
+            missed.append((job, slot))
+            lo, hi = slot / 1000 - settle, slot / 1000 + max_late
+            near = _overlapping(ts, lo, hi)
+            if not any(t.cluster for t in near) and any(
+                not any(s in t.sidecars for t in near) for s in sidecars
+            ):
+                missed_quiet.append((job, slot))
+            if _claim_possible(near, nodes, sidecars):
+                missed_available.append((job, slot))
+    fig.update(slots=slots, runs=runs, missed=len(missed), missed_available=len(missed_available))
+    fig["missed_quiet"] = len(missed_quiet)
+    for job, slot in missed_quiet[:10]:
+        fails.append(f"missed with no fault near: {job} slot {slot}")
+
+    # ---------------------------------------------------------------- lost records, reruns
+    lost_wrong = []
+    for rec in lost:
+        key = (rec.get("job"), rec.get("slot"), int(rec.get("attempt") or 1))
+        claim = claims.get(key)  # type: ignore[arg-type]
+        own = [x for x in results.get(str(rec.get("token")), []) if x["_seq"] < rec["_seq"]]
+        why = ""
+        if claim is None or claim.get("token") != rec.get("token"):
+            why = "no stored claim with its token"
+        elif own:
+            why = (
+                f"its own {own[0].get('status')} result was stored first "
+                f"(seq {own[0]['_seq']} < {rec['_seq']})"
+            )
+        else:
+            runner = str(rec.get("instance"))
+            near = _overlapping(ts, float(claim["_time"]) - 1.0, float(rec["_time"]))
+            if not any(t.cluster or runner in t.sidecars for t in near):
+                why = "no fault touched the runner or NATS between its claim and the lost record"
+        if why:
+            lost_wrong.append((key, rec.get("instance"), why))
+    fig["lost"] = len(lost)
+    fig["lost_wrong"] = len(lost_wrong)
+    for wrong in lost_wrong[:10]:
+        fails.append(f"wrong lost record: {wrong}")
+    reruns = reruns_bad = 0
+    for rec in lost:
+        lost_job, lost_slot = str(rec.get("job")), int(rec.get("slot") or 0)
+        attempt = int(rec.get("attempt") or 1)
+        before = by_run.get((lost_job, lost_slot, attempt), [])
+        after = by_run.get((lost_job, lost_slot, attempt + 1), [])
+        if after:
+            reruns += 1
+            if before and max(int(r["fence"]) for r in before) >= min(
+                int(r["fence"]) for r in after
+            ):
+                reruns_bad += 1
+                fails.append(
+                    f"rerun of {lost_job} slot {lost_slot} has a fence not above the lost run's"
+                )
+    fig["reruns"] = reruns
+    fig["reruns_bad"] = reruns_bad
+    fig["faults"] = len(history.faults)
+    return report
+
+
+def _claim_possible(near: list[Touch], nodes: set[str], sidecars: list[str]) -> bool:
+    """Some sidecar and two servers up, unpaused and connected for the whole window."""
+    down_nodes = {n for t in near for n in t.nodes}
+    process_sidecars = {s for t in near for s in t.sidecars if not t.blocked}
+    blocked = {p for t in near for p in t.blocked}
+    for s in sidecars:
+        if s in process_sidecars:
+            continue
+        for m in itertools.combinations(sorted(nodes - down_nodes), 2):
+            group = (s, *m)
+            if not any(frozenset(pair) in blocked for pair in itertools.combinations(group, 2)):
+                return True
+    return False
+
+
+def summary(report: Report) -> str:
+    order = [
+        "slots",
+        "runs",
+        "missed",
+        "missed_available",
+        "missed_quiet",
+        "doubles",
+        "late",
+        "early",
+        "unclaimed",
+        "dup_ids",
+        "lost",
+        "lost_wrong",
+        "reruns",
+        "reruns_bad",
+        "faults",
+        "stream_msgs",
+        "max_delay_s",
+    ]
+    return " ".join(f"{k}={report.figures[k]}" for k in order if k in report.figures)

@@ -1,0 +1,227 @@
+"""The nemesis: a seeded random schedule of faults, and the code that applies them.
+
+`plan(seed, seconds, ...)` is pure: the same seed gives the same schedule
+(replay a failure with ``NEMESIS_SEED``). Two lanes run side by side, so
+faults combine: a network lane (majority/minority split, the stream leader
+isolated, a bridge, one sidecar cut from NATS) and a process lane (SIGSTOP /
+SIGCONT of a server or a sidecar, kill -9 and restart, a sidecar restarted
+with its clock shifted). Each fault heals after a few seconds; a gap follows.
+
+`Nemesis` applies a plan to a running `System` and writes what it really did,
+with wall-clock times, to the fault log: which hosts could not reach which
+(partitions), which processes were down, paused or skewed. Who leads the
+stream is only known when the fault starts, so ``leader`` faults resolve
+their victim then (and log it).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.nemesis.harness import System
+
+NETWORK = ("partition", "leader", "bridge", "sidecar-cut")
+PROCESS = ("pause-node", "pause-sidecar", "kill-node", "kill-sidecar", "clock")
+# The documented skew limit is "far below the duplicate window"; the clock-skew
+# scenario proves ±2 s. Offsets stay within that.
+MAX_OFFSET = 2.0
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float  # seconds after the nemesis started
+    duration: float
+    target: str = ""  # a node or sidecar (process faults, sidecar-cut)
+    sides: list[list[str]] = field(default_factory=list)  # partition: hosts per side
+    bridge: str = ""  # the node that sees both sides
+    offset: float = 0.0  # clock: seconds
+
+    def describe(self) -> str:
+        what = self.target or "|".join(",".join(side) for side in self.sides)
+        extra = f" bridge={self.bridge}" if self.bridge else ""
+        extra += f" offset={self.offset:+.2f}s" if self.kind == "clock" else ""
+        return f"t+{self.at:5.1f}s {self.kind:<13} {self.duration:4.1f}s {what}{extra}"
+
+
+def plan(seed: int, seconds: float, nodes: list[str], sidecars: list[str]) -> list[Fault]:
+    """The faults of a run of `seconds`, from `seed`; all healed by `seconds`."""
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+
+    def sidecar_sides(k: int) -> list[list[str]]:
+        sides: list[list[str]] = [[] for _ in range(k)]
+        for s in sidecars:
+            sides[rng.randrange(k)].append(s)
+        return sides
+
+    t = rng.uniform(1.0, 3.0)
+    while True:
+        kind = rng.choice(NETWORK)
+        duration = rng.uniform(2.0, 6.0)
+        if t + duration > seconds:
+            break
+        order = nodes[:]
+        rng.shuffle(order)
+        if kind == "partition":
+            extra = sidecar_sides(2)
+            faults.append(
+                Fault(kind, t, duration, sides=[order[:1] + extra[0], order[1:] + extra[1]])
+            )
+        elif kind == "leader":  # the first side's node is replaced by the leader when it starts
+            extra = sidecar_sides(2)
+            faults.append(Fault(kind, t, duration, sides=[["?leader"] + extra[0], extra[1]]))
+        elif kind == "bridge":
+            extra = sidecar_sides(2)
+            faults.append(
+                Fault(
+                    kind,
+                    t,
+                    duration,
+                    sides=[[order[0]] + extra[0], [order[2]] + extra[1]],
+                    bridge=order[1],
+                )
+            )
+        else:
+            faults.append(Fault(kind, t, duration, target=rng.choice(sidecars)))
+        t += duration + rng.uniform(2.0, 8.0)
+
+    t = rng.uniform(2.0, 5.0)
+    while True:
+        kind = rng.choice(PROCESS)
+        duration = rng.uniform(1.0, 5.0)
+        if t + duration > seconds:
+            break
+        if kind in ("pause-node", "kill-node"):
+            faults.append(Fault(kind, t, duration, target=rng.choice(nodes)))
+        else:
+            if kind == "pause-sidecar":
+                # Aim at the moment claims are in flight: just after a whole second.
+                t = float(int(t)) + rng.uniform(0.0, 0.35)
+            offset = rng.choice((-1, 1)) * rng.uniform(0.5, MAX_OFFSET) if kind == "clock" else 0.0
+            faults.append(Fault(kind, t, duration, target=rng.choice(sidecars), offset=offset))
+        t += duration + rng.uniform(2.0, 8.0)
+    return sorted(faults, key=lambda f: f.at)
+
+
+class Nemesis:
+    """Applies a plan to a System in a thread of its own; `log` is what happened."""
+
+    def __init__(self, system: System, faults: list[Fault], log_path: Path) -> None:
+        self.system = system
+        self.faults = faults
+        self.log_path = log_path
+        self.log: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.started = 0.0
+
+    # ------------------------------------------------------------------ running
+
+    def start(self) -> None:
+        self.started = time.time()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="nemesis")
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(60)
+
+    def _run(self) -> None:
+        events: list[tuple[float, int, Fault]] = []
+        for f in self.faults:
+            events.append((f.at, 1, f))
+            events.append((f.at + f.duration, 0, f))  # heal before a start at the same time
+        events.sort(key=lambda e: (e[0], e[1]))
+        records: dict[int, dict[str, Any]] = {}
+        for at, starting, fault in events:
+            delay = self.started + at - time.time()
+            if delay > 0 and self._stop.wait(delay):
+                break
+            try:
+                if starting:
+                    records[id(fault)] = self._begin(fault)
+                elif id(fault) in records:
+                    self._end(fault, records.pop(id(fault)))
+            except Exception as exc:  # a fault that could not be applied is reported, not hidden
+                self.errors.append(f"{fault.describe()}: {exc!r}")
+        for fault_id, record in list(records.items()):
+            fault = next(f for f in self.faults if id(f) == fault_id)
+            try:
+                self._end(fault, record)
+            except Exception as exc:
+                self.errors.append(f"heal {fault.describe()}: {exc!r}")
+
+    # ------------------------------------------------------------------ faults
+
+    def _begin(self, fault: Fault) -> dict[str, Any]:
+        s = self.system
+        rec: dict[str, Any] = {**asdict(fault), "start": time.time()}
+        if fault.kind in NETWORK:
+            blocked = self._blocked(fault)
+            rec["sides"] = fault.sides
+            rec["blocked"] = sorted(
+                [a, b] for a, others in blocked.items() for b in others if a < b
+            )
+            s.net.cut(blocked)
+        elif fault.kind == "pause-node":
+            s.nodes[fault.target].signal(signal.SIGSTOP)
+        elif fault.kind == "pause-sidecar":
+            s.sidecars[fault.target].signal(signal.SIGSTOP)
+        elif fault.kind == "kill-node":
+            s.nodes[fault.target].kill()
+        elif fault.kind == "kill-sidecar":
+            s.sidecars[fault.target].kill()
+        elif fault.kind == "clock":
+            sc = s.sidecars[fault.target]
+            sc.terminate(8)
+            sc.start(s.net, fault.offset)
+        rec["applied"] = time.time()
+        return rec
+
+    def _blocked(self, fault: Fault) -> dict[str, set[str]]:
+        s = self.system
+        if fault.kind == "sidecar-cut":
+            return {fault.target: set(s.node_names)}
+        if fault.kind == "leader":
+            leader = s.stream_leader() or s.node_names[0]
+            others = [n for n in s.node_names if n != leader]
+            fault.sides = [[leader, *fault.sides[0][1:]], others + fault.sides[1]]
+        a, b = fault.sides
+        return {x: set(b) for x in a}
+
+    def _end(self, fault: Fault, rec: dict[str, Any]) -> None:
+        s = self.system
+        rec["heal"] = time.time()
+        if fault.kind in NETWORK:
+            s.net.cut({})
+        elif fault.kind == "pause-node":
+            s.nodes[fault.target].signal(signal.SIGCONT)
+        elif fault.kind == "pause-sidecar":
+            s.sidecars[fault.target].signal(signal.SIGCONT)
+        elif fault.kind == "kill-node":
+            s.nodes[fault.target].start(s.net)
+        elif fault.kind == "kill-sidecar":
+            s.sidecars[fault.target].start(s.net)
+        elif fault.kind == "clock":
+            sc = s.sidecars[fault.target]
+            sc.terminate(8)
+            sc.start(s.net, 0.0)
+        rec["end"] = time.time()
+        with self._lock:
+            self.log.append(rec)
+            with self.log_path.open("a") as out:
+                out.write(json.dumps(rec) + "\n")

@@ -1,0 +1,200 @@
+"""The checker and the schedule on made-up histories: each failure it must see, it sees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.nemesis.checker import History, check, slots_of
+from tests.nemesis.faults import NETWORK, PROCESS, plan
+
+T0 = 1_800_000_000.0  # a whole, even second
+NODES = ["n1", "n2", "n3"]
+SIDECARS = ["s1", "s2"]
+
+
+def run_info(**extra: Any) -> dict[str, Any]:
+    return {
+        "seed": 1,
+        "window": [T0, T0 + 9.5],
+        "settle": 2.0,
+        "nodes": NODES,
+        "sidecars": SIDECARS,
+        "jobs": {"tick": {"period_s": 1, "max_late": 3.0}},
+        **extra,
+    }
+
+
+def request(
+    slot_s: float, at: float, app: str = "s1", attempt: int = 1, token: str = ""
+) -> dict[str, Any]:
+    slot = int(slot_s * 1000)
+    return {
+        "app": app,
+        "at": at,
+        "path": "/jobs/tick",
+        "job": "tick",
+        "slot": str(slot),
+        "attempt": str(attempt),
+        "fence": "1",
+        "run_id": token or f"tok-{slot}-{attempt}",
+        "instance": app,
+    }
+
+
+def claim(
+    seq: int, slot_s: float, token: str = "", attempt: int = 1, at: float = 0.0
+) -> dict[str, Any]:
+    slot = int(slot_s * 1000)
+    data = {
+        "job": "tick",
+        "slot": slot,
+        "token": token or f"tok-{slot}-{attempt}",
+        "instance": "s1",
+    }
+    if attempt > 1:
+        data["attempt"] = attempt
+    return {
+        "seq": seq,
+        "subject": "cron.tick.claims",
+        "headers": {"Nats-Msg-Id": f"tick:{slot}" + (f":{attempt}" if attempt > 1 else "")},
+        "data": data,
+        "time": at or slot_s,
+    }
+
+
+def result(
+    seq: int, slot_s: float, status: str, token: str = "", at: float = 0.0, attempt: int = 1
+) -> dict[str, Any]:
+    slot = int(slot_s * 1000)
+    data = {
+        "job": "tick",
+        "slot": slot,
+        "token": token or f"tok-{slot}-{attempt}",
+        "instance": "s1",
+        "status": status,
+    }
+    if attempt > 1:
+        data["attempt"] = attempt
+    return {
+        "seq": seq,
+        "subject": "cron.tick.results",
+        "headers": {},
+        "data": data,
+        "time": at or slot_s + 0.1,
+    }
+
+
+def clean(n: int = 10) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    reqs = [request(T0 + i, T0 + i + 0.05) for i in range(n)]
+    stream = [claim(i + 1, T0 + i) for i in range(n)]
+    return reqs, stream
+
+
+def test_a_clean_history_passes() -> None:
+    reqs, stream = clean()
+    report = check(History(reqs, stream, [], run_info()))
+    assert report.ok, report.failures
+    assert report.figures["slots"] == 10
+    assert report.figures["runs"] == 10
+    assert report.figures["missed"] == 0
+
+
+def test_a_double_run_is_a_failure() -> None:
+    reqs, stream = clean()
+    reqs.append(request(T0 + 3, T0 + 3.2, app="s2", token="other"))
+    report = check(History(reqs, stream, [], run_info()))
+    assert report.figures["doubles"] == 1
+    assert report.figures["unclaimed"] == 1  # the second run has no stored claim of its own
+    assert any(f.startswith("double: tick slot") for f in report.failures)
+
+
+def test_a_late_run_is_a_failure_unless_its_clock_was_set_behind() -> None:
+    reqs, stream = clean()
+    reqs[4] = request(T0 + 4, T0 + 4 + 3.0 + 1.5)  # max_late 3 s + margin 1 s exceeded
+    report = check(History(reqs, stream, [], run_info()))
+    assert report.figures["late"] == 1
+    skew = {"kind": "clock", "target": "s1", "offset": -1.0, "start": T0, "end": T0 + 9}
+    assert check(History(reqs, stream, [skew], run_info())).figures["late"] == 0
+
+
+def test_a_missed_slot_is_a_failure_only_when_nothing_was_near() -> None:
+    reqs, stream = clean()
+    del reqs[5]
+    report = check(History(reqs, stream, [], run_info()))
+    assert report.figures["missed_quiet"] == 1
+    assert report.figures["missed_available"] == 1
+    pause = {"kind": "pause-node", "target": "n1", "start": T0 + 4, "end": T0 + 6}
+    report = check(History(reqs, stream, [pause], run_info()))
+    assert report.ok, report.failures
+    assert report.figures["missed"] == 1
+    assert report.figures["missed_available"] == 1  # n2, n3 and a sidecar were fine
+    split = {
+        "kind": "partition",
+        "start": T0 + 4,
+        "end": T0 + 6,
+        "blocked": [["n1", "n2"], ["n1", "n3"], ["n2", "n3"], ["n1", "s1"], ["n2", "s2"]],
+    }
+    assert check(History(reqs, stream, [split], run_info())).figures["missed_available"] == 0
+
+
+def test_lost_records_are_judged() -> None:
+    reqs, stream = clean()
+    # Slot 2: its own result came first, then a lost record: wrong.
+    stream += [result(20, T0 + 2, "succeeded"), result(21, T0 + 2, "lost", at=T0 + 6)]
+    # Slot 3: lost while its runner was paused: right.
+    stream += [result(22, T0 + 3, "lost", at=T0 + 7)]
+    pause = {"kind": "pause-sidecar", "target": "s1", "start": T0 + 3.1, "end": T0 + 8}
+    report = check(History(reqs, stream, [pause], run_info()))
+    assert report.figures["lost"] == 2
+    assert report.figures["lost_wrong"] == 1
+    assert any("its own succeeded result was stored first" in f for f in report.failures)
+    # Without any fault, a lost record is wrong (a healthy runner taken for dead).
+    assert check(History(reqs, stream, [], run_info())).figures["lost_wrong"] == 2
+
+
+def test_a_rerun_must_carry_a_higher_fence() -> None:
+    reqs, stream = clean()
+    rerun = request(T0 + 3, T0 + 6, attempt=2)
+    stream += [claim(30, T0 + 3, attempt=2, at=T0 + 6), result(29, T0 + 3, "lost", at=T0 + 5.9)]
+    reqs.append(rerun)
+    pause = {"kind": "pause-sidecar", "target": "s1", "start": T0 + 3.05, "end": T0 + 8}
+    report = check(History(reqs, stream, [pause], run_info()))
+    assert report.figures["reruns"] == 1
+    assert report.figures["reruns_bad"] == 1  # both fences are 1
+    rerun["fence"] = "31"
+    report = check(History(reqs, stream, [pause], run_info()))
+    assert report.figures["reruns_bad"] == 0, report.failures
+
+
+def test_a_msg_id_stored_twice_is_a_failure() -> None:
+    reqs, stream = clean()
+    stream.append(claim(40, T0 + 1))
+    assert check(History(reqs, stream, [], run_info())).figures["dup_ids"] == 1
+
+
+@pytest.mark.parametrize("period", [1, 2])
+def test_slots_of_an_every_n_seconds_schedule(period: int) -> None:
+    slots = slots_of(period, T0 + 0.5, T0 + 10)
+    assert all(s % (period * 1000) == 0 for s in slots)
+    assert slots[0] > (T0 + 0.5) * 1000 and slots[-1] <= (T0 + 10) * 1000
+    assert len(slots) == 10 // period
+
+
+def test_the_plan_is_a_function_of_its_seed_and_heals_in_time() -> None:
+    a = plan(7, 120, NODES, ["s1", "s2", "s3"])
+    assert [f.describe() for f in a] == [
+        f.describe() for f in plan(7, 120, NODES, ["s1", "s2", "s3"])
+    ]
+    assert [f.describe() for f in a] != [
+        f.describe() for f in plan(8, 120, NODES, ["s1", "s2", "s3"])
+    ]
+    assert all(f.at + f.duration <= 120 for f in a)
+    kinds = {f.kind for seed in range(20) for f in plan(seed, 300, NODES, ["s1", "s2"])}
+    assert kinds == set(NETWORK) | set(PROCESS)
+    for f in a:
+        if f.kind in ("partition", "bridge"):
+            assert sum(n in side for side in f.sides for n in NODES) == (
+                3 if f.kind == "partition" else 2
+            )

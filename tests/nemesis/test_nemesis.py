@@ -1,0 +1,43 @@
+"""The nemesis run: 3 NATS nodes and 5 sidecars in network namespaces, faults at random.
+
+`make test` runs it for 60 s (``NEMESIS_SECONDS``), `make nemesis` for 300 s.
+A failure prints the seed and the fault schedule; ``NEMESIS_SEED=<seed>``
+replays the same schedule (the timing of the real processes differs, so a
+race may need a few replays). See docs/RELIABILITY.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.nemesis.net import available
+from tests.nemesis.run import run, seconds_from_env, seed_from_env
+
+SECONDS = seconds_from_env(60.0)
+
+# Failures the nemesis found in the sidecar that are reported, not yet fixed
+# (docs/RELIABILITY.md, "Failures found"); each is printed on every run. Remove
+# a prefix once its fix has landed so that it fails again.
+KNOWN = {
+    "wrong lost record": "lost recorded after the run's own result (check-then-publish "
+    "race; newest-result check; a lease renewer that outlives its run)",
+}
+
+pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+
+
+@pytest.mark.timeout(SECONDS + 300)
+def test_nemesis(tmp_path: Path) -> None:
+    outcome = run(tmp_path, seed_from_env(), SECONDS)
+    print(outcome.line())
+    known = [f for f in outcome.report.failures if any(f.startswith(k) for k in KNOWN)]
+    new = [f for f in outcome.report.failures if f not in known] + outcome.errors
+    for failure in known:
+        print("KNOWN", failure)
+    assert not new, outcome.explain()
+    figures = outcome.report.figures
+    # The run must have exercised something: slots in the window, faults applied.
+    assert figures["slots"] >= SECONDS * 1.5 * 0.5, outcome.explain()
+    assert figures["faults"] >= 3, outcome.explain()
