@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -321,6 +322,34 @@ def _claim_possible(near: list[Touch], nodes: set[str], sidecars: list[str]) -> 
     return False
 
 
+SPIN = re.compile(r"^(\S+ \d\d:\d\d:\d\d),\d+ INFO sidecar\.lease: .*a spurious CAS conflict")
+DRAIN = re.compile(r"waiting up to \S+ for (\d+) running trigger")
+
+
+def log_figures(directory: Path) -> dict[str, int]:
+    """What the sidecars' own logs show (figures, never failures by themselves).
+
+    - **tracebacks**: Python tracebacks in any sidecar log.
+    - **cas_spin_per_s**: the most "spurious CAS conflict" lines one sidecar
+      wrote within one second (a lease renewal retried without a pause).
+    - **running_at_stop**: the most runs one sidecar still waited for when it
+      was stopped at the end (a lease run takes 2 s; more than one or two means
+      runs whose task never ended).
+    """
+    tracebacks = spin = running = 0
+    for path in sorted(directory.glob("s*.log")):
+        per_second: dict[str, int] = defaultdict(int)
+        text = path.read_text(errors="replace")
+        tracebacks += text.count("Traceback (most recent call last)")
+        for line in text.splitlines():
+            if m := SPIN.match(line):
+                per_second[m.group(1)] += 1
+            elif m := DRAIN.search(line):
+                running = max(running, int(m.group(1)))
+        spin = max([spin, *per_second.values()])
+    return {"tracebacks": tracebacks, "cas_spin_per_s": spin, "running_at_stop": running}
+
+
 def summary(report: Report) -> str:
     order = [
         "slots",
@@ -340,5 +369,8 @@ def summary(report: Report) -> str:
         "faults",
         "stream_msgs",
         "max_delay_s",
+        "tracebacks",
+        "cas_spin_per_s",
+        "running_at_stop",
     ]
     return " ".join(f"{k}={report.figures[k]}" for k in order if k in report.figures)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tests.nemesis.checker import History, Report, check, summary
+from tests.nemesis.checker import History, Report, check, log_figures, summary
 from tests.nemesis.faults import Fault, Nemesis, plan
 from tests.nemesis.harness import STREAM, System
 from tests.nemesis.net import sweep_leftovers
@@ -125,6 +125,7 @@ def run(workdir: Path, seed: int, seconds: float) -> Outcome:
         nemesis.stop()
         system.stop()
     report = check(History.load(workdir))
+    report.figures.update(log_figures(workdir))
     outcome = Outcome(seed, seconds, report, faults, workdir, time.monotonic() - began, errors)
     keep(outcome)
     return outcome
