@@ -38,6 +38,9 @@ Liveness figures (reported; a miss is allowed while faults last):
   each other (the issue's "a claim could have been made"): a sidecar that
   stays connected to a cut-off server cannot claim although another server
   would answer.
+- **missed_no_election**: of those, the ones where no fault near the slot
+  stopped, killed or cut off the stream's leader (recorded when each fault
+  began): the election the Raft timeout forces explains the others.
 - **lost** (lost records), **reruns** (attempts after a lost one that ran).
 """
 
@@ -96,6 +99,7 @@ class Touch:
     sidecars: frozenset[str]  # sidecars down, paused, restarting or skewed
     blocked: frozenset[frozenset[str]]  # pairs that could not reach each other
     cluster: bool  # touched the cluster as a whole (a server fault or a partition among servers)
+    leader_hit: bool = False  # the stream's leader was stopped, killed or cut from the majority
 
 
 def touches(faults: Iterable[dict[str, Any]], nodes: set[str]) -> list[Touch]:
@@ -114,7 +118,10 @@ def touches(faults: Iterable[dict[str, Any]], nodes: set[str]) -> list[Touch]:
             fsidecars = frozenset({target})
         cluster = bool(fnodes) or any(len(p & nodes) == 2 for p in blocked)
         sidecars_cut = frozenset(h for p in blocked for h in p if h not in nodes)
-        out.append(Touch(start, end, fnodes, fsidecars | sidecars_cut, blocked, cluster))
+        leader = f.get("leader")
+        reach = [n for n in nodes if n != leader and frozenset({leader, n}) not in blocked]
+        hit = leader in fnodes or (bool(leader) and cluster and len(reach) + 1 <= len(nodes) // 2)
+        out.append(Touch(start, end, fnodes, fsidecars | sidecars_cut, blocked, cluster, hit))
     return out
 
 
@@ -239,6 +246,7 @@ def check(history: History) -> Report:
     missed: list[tuple[str, int]] = []
     missed_quiet: list[tuple[str, int]] = []
     missed_available: list[tuple[str, int]] = []
+    missed_no_election: list[tuple[str, int]] = []
     ran = {(job, slot) for (job, slot, attempt) in by_run if attempt == 1}
     for job, spec in jobs.items():
         max_late = float(spec["max_late"])
@@ -256,7 +264,10 @@ def check(history: History) -> Report:
                 missed_quiet.append((job, slot))
             if _claim_possible(near, nodes, sidecars):
                 missed_available.append((job, slot))
+                if not any(t.leader_hit for t in near):
+                    missed_no_election.append((job, slot))
     fig.update(slots=slots, runs=runs, missed=len(missed), missed_available=len(missed_available))
+    fig["missed_no_election"] = len(missed_no_election)
     fig["missed_quiet"] = len(missed_quiet)
     for job, slot in missed_quiet[:10]:
         fails.append(f"missed with no fault near: {job} slot {slot}")
@@ -356,6 +367,7 @@ def summary(report: Report) -> str:
         "runs",
         "missed",
         "missed_available",
+        "missed_no_election",
         "missed_quiet",
         "doubles",
         "late",

@@ -170,6 +170,9 @@ class Nemesis:
     def _begin(self, fault: Fault) -> dict[str, Any]:
         s = self.system
         rec: dict[str, Any] = {**asdict(fault), "start": time.time()}
+        # Who led the stream when the fault began: the checker tells elections from the rest.
+        rec["leader"] = s.stream_leader()
+        rec["start"] = time.time()
         if fault.kind in NETWORK:
             blocked = self._blocked(fault)
             rec["sides"] = fault.sides

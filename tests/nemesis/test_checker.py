@@ -198,3 +198,27 @@ def test_the_plan_is_a_function_of_its_seed_and_heals_in_time() -> None:
             assert sum(n in side for side in f.sides for n in NODES) == (
                 3 if f.kind == "partition" else 2
             )
+
+
+def test_a_miss_is_put_down_to_an_election_only_when_the_leader_was_hit() -> None:
+    reqs, stream = clean()
+    del reqs[5]
+    cut_leader = {
+        "kind": "leader",
+        "leader": "n1",
+        "start": T0 + 4,
+        "end": T0 + 6,
+        "blocked": [["n1", "n2"], ["n1", "n3"]],
+    }
+    report = check(History(reqs, stream, [cut_leader], run_info()))
+    assert report.figures["missed_available"] == 1
+    assert report.figures["missed_no_election"] == 0
+    pause_follower = {
+        "kind": "pause-node",
+        "target": "n2",
+        "leader": "n1",
+        "start": T0 + 4,
+        "end": T0 + 6,
+    }
+    report = check(History(reqs, stream, [pause_follower], run_info()))
+    assert report.figures["missed_no_election"] == 1
