@@ -108,6 +108,11 @@ def touches(faults: Iterable[dict[str, Any]], nodes: set[str]) -> list[Touch]:
         start, end = f["start"], f.get("end", f.get("heal", f["start"]))
         kind, target = f["kind"], f.get("target", "")
         blocked = frozenset(frozenset(p) for p in f.get("blocked", []))
+        sides = f.get("sides") or []
+        if kind in ("partition", "leader", "bridge") and len(sides) == 2:
+            # Every host of one side is cut from every host of the other (the bridge
+            # node is on neither list): derived from the sides, whatever was logged.
+            blocked = frozenset(frozenset({a, b}) for a in sides[0] for b in sides[1])
         fnodes = frozenset({target}) if kind in ("pause-node", "kill-node") else frozenset()
         fsidecars = (
             frozenset({target})
@@ -284,7 +289,8 @@ def check(history: History) -> Report:
         elif own:
             why = (
                 f"its own {own[0].get('status')} result was stored first "
-                f"(seq {own[0]['_seq']} < {rec['_seq']})"
+                f"(seq {own[0]['_seq']} < {rec['_seq']}, "
+                f"{float(rec['_time']) - float(own[0]['_time']):.3f}s earlier)"
             )
         else:
             runner = str(rec.get("instance"))

@@ -177,7 +177,7 @@ class Nemesis:
             blocked = self._blocked(fault)
             rec["sides"] = fault.sides
             rec["blocked"] = sorted(
-                [a, b] for a, others in blocked.items() for b in others if a < b
+                {tuple(sorted((a, b))) for a, bs in blocked.items() for b in bs}
             )
             s.net.cut(blocked)
         elif fault.kind == "pause-node":

@@ -222,3 +222,17 @@ def test_a_miss_is_put_down_to_an_election_only_when_the_leader_was_hit() -> Non
     }
     report = check(History(reqs, stream, [pause_follower], run_info()))
     assert report.figures["missed_no_election"] == 1
+
+
+def test_a_partition_is_read_from_its_sides() -> None:
+    reqs, stream = clean()
+    del reqs[5]
+    split = {
+        "kind": "partition",
+        "start": T0 + 4,
+        "end": T0 + 6,
+        "sides": [["n3", "s1"], ["n2", "n1", "s2"]],
+    }
+    report = check(History(reqs, stream, [split], run_info()))
+    assert report.figures["missed_quiet"] == 0  # the servers were split: not quiet
+    assert report.figures["missed_available"] == 1  # s2 with n1 and n2 could claim
