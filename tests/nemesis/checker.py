@@ -41,7 +41,9 @@ Liveness figures (reported; a miss is allowed while faults last):
 - **missed_no_election**: of those, the ones where no fault near the slot
   stopped, killed or cut off the stream's leader (recorded when each fault
   began): the election the Raft timeout forces explains the others.
-- **lost** (lost records), **reruns** (attempts after a lost one that ran).
+- **lost** (lost records), **reruns** (attempts after a lost one that ran),
+  **reruns_needless** (reruns of a run whose own ``succeeded`` result was
+  stored before the lost record: the slot ran twice for nothing).
 """
 
 from __future__ import annotations
@@ -303,7 +305,7 @@ def check(history: History) -> Report:
     fig["lost_wrong"] = len(lost_wrong)
     for wrong in lost_wrong[:10]:
         fails.append(f"wrong lost record: {wrong}")
-    reruns = reruns_bad = 0
+    reruns = reruns_bad = needless = 0
     for rec in lost:
         lost_job, lost_slot = str(rec.get("job")), int(rec.get("slot") or 0)
         attempt = int(rec.get("attempt") or 1)
@@ -311,6 +313,9 @@ def check(history: History) -> Report:
         after = by_run.get((lost_job, lost_slot, attempt + 1), [])
         if after:
             reruns += 1
+            own = results.get(str(rec.get("token")), [])
+            if any(x.get("status") == "succeeded" and x["_seq"] < rec["_seq"] for x in own):
+                needless += 1  # the lost run had succeeded, and said so, before it was judged
             if before and max(int(r["fence"]) for r in before) >= min(
                 int(r["fence"]) for r in after
             ):
@@ -319,6 +324,7 @@ def check(history: History) -> Report:
                     f"rerun of {lost_job} slot {lost_slot} has a fence not above the lost run's"
                 )
     fig["reruns"] = reruns
+    fig["reruns_needless"] = needless
     fig["reruns_bad"] = reruns_bad
     fig["faults"] = len(history.faults)
     return report
@@ -383,6 +389,7 @@ def summary(report: Report) -> str:
         "lost",
         "lost_wrong",
         "reruns",
+        "reruns_needless",
         "reruns_bad",
         "faults",
         "stream_msgs",

@@ -79,7 +79,8 @@ def run(workdir: Path, seed: int, seconds: float) -> Outcome:
     nemesis = Nemesis(system, faults, workdir / "faults.jsonl")
     errors: list[str] = []
     try:
-        system.start()
+        # NEMESIS_SYNC=always: every server fsyncs each write (what DEPLOY.md recommends).
+        system.start(sync_always=os.environ.get("NEMESIS_SYNC", "") == "always")
         nemesis.start()
         nemesis.join(fault_seconds + 120)
         heal_all(system)

@@ -162,6 +162,7 @@ def test_a_rerun_must_carry_a_higher_fence() -> None:
     pause = {"kind": "pause-sidecar", "target": "s1", "start": T0 + 3.05, "end": T0 + 8}
     report = check(History(reqs, stream, [pause], run_info()))
     assert report.figures["reruns"] == 1
+    assert report.figures["reruns_needless"] == 0
     assert report.figures["reruns_bad"] == 1  # both fences are 1
     rerun["fence"] = "31"
     report = check(History(reqs, stream, [pause], run_info()))
@@ -236,3 +237,14 @@ def test_a_partition_is_read_from_its_sides() -> None:
     report = check(History(reqs, stream, [split], run_info()))
     assert report.figures["missed_quiet"] == 0  # the servers were split: not quiet
     assert report.figures["missed_available"] == 1  # s2 with n1 and n2 could claim
+
+
+def test_a_rerun_after_a_stored_success_is_needless() -> None:
+    reqs, stream = clean()
+    stream += [result(28, T0 + 3, "succeeded", at=T0 + 3.1)]
+    stream += [result(29, T0 + 3, "lost", at=T0 + 5.9), claim(30, T0 + 3, attempt=2, at=T0 + 6)]
+    reqs.append({**request(T0 + 3, T0 + 6, attempt=2), "fence": "30"})
+    pause = {"kind": "pause-sidecar", "target": "s1", "start": T0 + 3.05, "end": T0 + 8}
+    report = check(History(reqs, stream, [pause], run_info()))
+    assert report.figures["reruns_needless"] == 1
+    assert report.figures["lost_wrong"] == 1
