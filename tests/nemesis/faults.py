@@ -121,28 +121,34 @@ class Nemesis:
         self.log: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.started = 0.0
 
     # ------------------------------------------------------------------ running
 
     def start(self) -> None:
+        """One thread per lane: a sidecar restart (it waits for the drain) does not
+        hold back the heal of a partition."""
         self.started = time.time()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="nemesis")
-        self._thread.start()
+        for lane in (NETWORK, PROCESS):
+            faults = [f for f in self.faults if f.kind in lane]
+            thread = threading.Thread(target=self._run, args=(faults,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def join(self, timeout: float) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def stop(self) -> None:
         self._stop.set()
         self.join(60)
 
-    def _run(self) -> None:
+    def _run(self, faults: list[Fault]) -> None:
         events: list[tuple[float, int, Fault]] = []
-        for f in self.faults:
+        for f in faults:
             events.append((f.at, 1, f))
             events.append((f.at + f.duration, 0, f))  # heal before a start at the same time
         events.sort(key=lambda e: (e[0], e[1]))
@@ -157,9 +163,10 @@ class Nemesis:
                 elif id(fault) in records:
                     self._end(fault, records.pop(id(fault)))
             except Exception as exc:  # a fault that could not be applied is reported, not hidden
-                self.errors.append(f"{fault.describe()}: {exc!r}")
+                with self._lock:
+                    self.errors.append(f"{fault.describe()}: {exc!r}")
         for fault_id, record in list(records.items()):
-            fault = next(f for f in self.faults if id(f) == fault_id)
+            fault = next(f for f in faults if id(f) == fault_id)
             try:
                 self._end(fault, record)
             except Exception as exc:
