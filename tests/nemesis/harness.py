@@ -114,6 +114,7 @@ class NatsNode(Proc):
         super().__init__(name, name, workdir / f"{name}.log")
         self.store = workdir / name
         self.routes = routes
+        self.sync_always = False
 
     def config_text(self, sync_always: bool) -> str:
         routes = ", ".join(self.routes)
@@ -126,10 +127,13 @@ class NatsNode(Proc):
             f"cluster {{ name: NEMESIS, listen: 0.0.0.0:{ROUTE_PORT}, routes: [{routes}] }}\n"
         )
 
-    def start(self, net: Network, sync_always: bool = False) -> None:
+    def start(self, net: Network, sync_always: bool | None = None) -> None:
+        """Start (or restart: the same store, and the same fsync setting as before)."""
+        if sync_always is not None:
+            self.sync_always = sync_always
         self.store.mkdir(parents=True, exist_ok=True)
         conf = self.store.parent / f"{self.name}.conf"
-        conf.write_text(self.config_text(sync_always))
+        conf.write_text(self.config_text(self.sync_always))
         self.spawn(net, [nats_server_binary(), "-c", str(conf)])
 
 
