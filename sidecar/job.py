@@ -431,6 +431,9 @@ class Jobs:
                     "token": claim.token,
                     "instance": self.config.instance_id,
                     "started_at": rfc3339(self.clock.wall()),
+                    # The claim's sequence: a lost-run check reads the results
+                    # stored since, not only the newest (runs may overlap).
+                    "fence": claim.seq,
                 }
                 lease = Lease(
                     keys,
