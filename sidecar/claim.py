@@ -36,6 +36,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
+from sidecar import failpoints
 from sidecar.clock import Clock, rfc3339
 from sidecar.due import claim_msg_id as claim_msg_id  # re-exported
 from sidecar.errors import ClaimError
@@ -167,7 +168,8 @@ class Claimer:
     async def claim(
         self, job: str, slot: int, deadline: float, manual: bool = False, attempt: int = 1
     ) -> Claim:
-        """Claim attempt `attempt` of `slot` of `job`; `deadline` is on the monotonic clock.
+        """Claim attempt `attempt` of `slot` of `job`; `deadline` is on the clock's monotonic
+        scale, which counts suspended time: no publish goes out after it.
 
         Returns the decided Claim; raises ClaimDisconnected when NATS was down
         the whole time, ClaimError when no definite answer came in time.
@@ -204,6 +206,8 @@ class Claimer:
                     stream=self.stream,
                     headers={MSG_ID: msg_id},
                 )
+                if failpoints.ENABLED:
+                    await failpoints.hit("claim.after_publish")
             except APIError as exc:
                 if exc.err_code != ERR_DUPLICATE_IN_PROCESS and not isinstance(exc, TRANSIENT):
                     raise ClaimError(f"{msg_id}: JetStream refused the claim: {exc}") from exc
@@ -235,6 +239,8 @@ class Claimer:
                     attempt,
                 )
             log.debug("claim %s attempt %d: %s; asking again", msg_id, attempts, last_error)
+            if failpoints.ENABLED:
+                await failpoints.hit("claim.before_retry")
             await asyncio.sleep(min(backoff * random.uniform(0.5, 1.5), max(0.0, remaining)))
             backoff = min(backoff * 2, 1.0)
 

@@ -1,7 +1,14 @@
-"""Time, injected: wall clock for slots, monotonic clock for waiting.
+"""Time, injected: wall clock for slots, a suspend-aware clock for deadlines.
 
 Tests (and `ANARCHON_CLOCK_OFFSET`, a diagnostics hook) shift one instance's
 wall clock to prove that skewed instances still compete for the same slots.
+
+Deadlines that guard the duplicate window (a claim's retries, the last
+instant a request may go out) are on CLOCK_BOOTTIME where there is one
+(Linux): a monotonic clock that also counts the time the machine was
+suspended (live migration, a laptop lid). CLOCK_MONOTONIC stops then, and a
+claim retried after the resume would still think it is inside its window,
+minutes after the stream forgot the slot's msg id: a slot run twice.
 """
 
 from __future__ import annotations
@@ -12,6 +19,24 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from datetime import date as date_type
 
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+# Seconds of simulated suspend (failpoint ``suspend``): added to both clocks
+# that count suspended time, never to time.monotonic. Always 0 in production.
+_suspended = 0.0
+
+
+def simulate_suspend(seconds: float) -> None:
+    """Jump as a machine suspended for `seconds` does: wall and boot time ahead."""
+    global _suspended
+    _suspended += seconds
+
+
+def _since_boot() -> float:
+    """Seconds on a clock that never goes back and counts suspended time."""
+    if _BOOTTIME is None:  # not Linux: the best there is
+        return time.monotonic() + _suspended
+    return time.clock_gettime(_BOOTTIME) + _suspended
+
 
 @dataclass(frozen=True)
 class Clock:
@@ -20,14 +45,15 @@ class Clock:
     offset: float = 0.0
 
     def wall(self) -> float:
-        return time.time() + self.offset
+        return time.time() + self.offset + _suspended
 
     def wall_ms(self) -> int:
         return int(self.wall() * 1000)
 
     @staticmethod
     def monotonic() -> float:
-        return time.monotonic()
+        """For deadlines: never goes back, and counts time spent suspended."""
+        return _since_boot()
 
 
 # Epoch seconds of 10000-01-01T00:00:00Z: from there on datetime refuses the year.

@@ -40,6 +40,13 @@ RECONNECT_WAIT = 1.0
 # default): results are already acknowledged by then, and a stop must fit in
 # the orchestrator's grace period, also when a watch stopped reading.
 DRAIN_TIMEOUT = 3.0
+# A server that stops answering without closing the connection (a black-holed
+# route, a frozen node) is left after about this many seconds times 3: a PING
+# every 2 s, the connection stale when 2 are still unanswered at the third.
+# nats-py's default (120 s, 2) kept a sidecar on a dead server for minutes
+# while the other servers could have taken its claims.
+PING_INTERVAL = 2
+MAX_OUTSTANDING_PINGS = 2
 
 
 def tls_context(config: Config) -> ssl.SSLContext | None:
@@ -133,6 +140,8 @@ def connect_options(config: Config, secrets: Secrets) -> dict[str, Any]:
         "max_reconnect_attempts": 1,
         "allow_reconnect": True,
         "drain_timeout": DRAIN_TIMEOUT,
+        "ping_interval": PING_INTERVAL,
+        "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
     }
     if n.user:
         opts["user"] = n.user

@@ -11,6 +11,7 @@
      ├── ClaimError             no definite claim answer before the slot's deadline
      └── TriggerError           the app was not triggered successfully
           ├── TriggerUndelivered  the request provably never reached the app (retryable)
+          ├── TriggerLate         past the last instant it could go out: nothing sent
           ├── TriggerTimeout      the app did not answer within the timeout
           └── TriggerFailed       the app answered, but not with 2xx
 
@@ -69,6 +70,10 @@ class TriggerError(SidecarError):
 
 class TriggerUndelivered(TriggerError):
     """The request never reached the app (connection refused, socket missing)."""
+
+
+class TriggerLate(TriggerError):
+    """The last instant the request could go out had passed: nothing was sent."""
 
 
 class TriggerTimeout(TriggerError):

@@ -26,6 +26,7 @@ from typing import Any
 
 from nats.js import JetStreamContext
 
+from sidecar import failpoints
 from sidecar.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
@@ -223,6 +224,8 @@ class Jobs:
             log.exception("job %s slot %s: claim failed unexpectedly", name, slot)
         else:
             if claim.won:
+                if failpoints.ENABLED:
+                    await failpoints.hit("claim.won")
                 if number > 1:
                     self._spawn(self._drop_due(due_key(name, slot, number)))
                 self._start_run(job, claim, start)
@@ -428,6 +431,9 @@ class Jobs:
                     "token": claim.token,
                     "instance": self.config.instance_id,
                     "started_at": rfc3339(self.clock.wall()),
+                    # The claim's sequence: a lost-run check reads the results
+                    # stored since, not only the newest (runs may overlap).
+                    "fence": claim.seq,
                 }
                 lease = Lease(
                     keys,
@@ -463,7 +469,13 @@ class Jobs:
         m.run_start_delay_seconds.labels(job=job.name).observe(max(0.0, started_at - slot_time))
         try:
             result = await self.trigger.fire(
-                job, claim.slot, claim.token, deadline, attempt=claim.attempt, fence=claim.seq
+                job,
+                claim.slot,
+                claim.token,
+                deadline,
+                attempt=claim.attempt,
+                fence=claim.seq,
+                send_by=deadline,
             )
         except asyncio.CancelledError:
             # Cut off by the drain: the record keeps when the run really
@@ -483,6 +495,9 @@ class Jobs:
             raise
         finally:
             m.runs_in_progress.labels(job=job.name).dec()
+        if result.late:
+            await self._skipped_late(job, claim, result.error or "late")
+            return
         await self._finish(job, claim, result)
 
     async def _finish(self, job: JobConfig, claim: Claim, result: TriggerResult) -> None:
@@ -556,6 +571,22 @@ class Jobs:
             if isinstance(running, int)
             else "overlap: a run of this job is still alive"
         )
+        log.warning(
+            "run job=%s slot=%s status=skipped error=%r",
+            job.name,
+            rfc3339(claim.slot / 1000),
+            error,
+        )
+        await self._record(job, claim, SKIPPED, error)
+
+    async def _skipped_late(self, job: JobConfig, claim: Claim, error: str) -> None:
+        """Won, but frozen past slot + max_late before the request went out: nothing sent.
+
+        Not retried: the app did not fail, the run's time is over.
+        """
+        m = self.metrics
+        m.runs_skipped_total.labels(job=job.name, reason="late").inc()
+        m.runs_total.labels(job=job.name, status=SKIPPED).inc()
         log.warning(
             "run job=%s slot=%s status=skipped error=%r",
             job.name,

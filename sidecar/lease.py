@@ -39,7 +39,7 @@ from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
-from sidecar.claim import MSG_ID, TRANSIENT, new_token
+from sidecar.claim import MSG_ID, TRANSIENT, new_token, token_of
 from sidecar.clock import Clock, parse_rfc3339, rfc3339
 from sidecar.due import (
     LOST,
@@ -67,6 +67,14 @@ MARKER_REASON = "Nats-Marker-Reason"
 CAS_CONFLICT = (10071, 10164)
 # How long a write may wait for its ack.
 WRITE_TIMEOUT = 2.0
+# After a spurious CAS conflict, the renewal is asked again after this, doubled
+# for each further one in a row (up to lease_ttl / 3).
+SPURIOUS_WAIT = 0.02
+# A lost record is checked against the results this often at most when results
+# keep coming in between the check and the record.
+RECHECKS = 5
+# At most this many results of a job stored since a run's claim are read.
+MAX_RESULTS_READ = 10_000
 
 
 def _json(value: dict[str, Any]) -> bytes:
@@ -230,6 +238,7 @@ class Lease:
         self.renewals = 0
         self.renewed_at = 0.0  # monotonic time of the last write that set the TTL
         self._renewer: asyncio.Task[None] | None = None
+        self._stopping = False
 
     async def __aenter__(self) -> Lease:
         """Create the key; KeyHeld when it is live, NATS errors when no answer came."""
@@ -250,6 +259,13 @@ class Lease:
         tb: TracebackType | None,
     ) -> None:
         if self._renewer is not None:
+            # The flag, not the cancel alone: on Python 3.11 a cancel that lands
+            # as a renewal's answer arrives is lost inside asyncio.wait_for
+            # (CPython gh-86296, in nats-py's request); the renewer then renewed
+            # for ever, the run never ended, and once a renewal failed the lease
+            # expired into a lost record for a run that had succeeded. The
+            # renewer looks at the flag after every await.
+            self._stopping = True
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
@@ -287,20 +303,28 @@ class Lease:
     async def _renew(self) -> None:
         every = renew_every(self.ttl)
         wait = every
-        while True:
+        spurious = 0  # spurious conflicts in a row
+        while not self._stopping:
             await asyncio.sleep(wait)
+            if self._stopping:
+                return
             wait = every
             try:
                 sent = self.clock.monotonic()
                 self.revision = await self.keys.renew(self.key, self.value, self.revision, self.ttl)
                 self.renewed_at = sent
                 self.renewals += 1
+                spurious = 0
             except CasConflict:
                 ours = await self._still_ours()
                 if ours is None:
                     wait = min(every, 1.0)
                 elif ours:
-                    wait = 0.0  # a spurious conflict: renew at once with the read revision
+                    # A spurious conflict: renew soon with the revision read. Right
+                    # after a leader change that read can be stale and conflict
+                    # again: back off while they repeat (it spun at 1,000 a second).
+                    wait = min(every, SPURIOUS_WAIT * 2**spurious)
+                    spurious += 1
                 else:
                     self._failed("the key was taken over or expired")
                     self.lost = True
@@ -385,11 +409,23 @@ class LostRuns:
             log.warning("lease %s expired with a value that is not ours: ignored", removal.key)
             return
         at = removal.at if removal.at is not None else self.clock.wall()
+        fence = value.get("fence")
+        after = fence if isinstance(fence, int) and not isinstance(fence, bool) else None
         try:
-            if await self._finished(job.name, token):
-                log.info("lease %s expired after its run was recorded", removal.key)
+            for _ in range(RECHECKS):
+                recorded, last = await self._recorded(job.name, token, after)
+                if recorded:
+                    log.info("lease %s expired after its run was recorded", removal.key)
+                    return
+                stored = await self._publish(
+                    job, removal.key, value, slot, attempt, token, at, last
+                )
+                if stored is not None:
+                    break
+                # A result came in between the check and the lost record: look again.
+            else:
+                log.warning("lease %s expired; results kept coming in, not recorded", removal.key)
                 return
-            stored = await self._publish(job, removal.key, value, slot, attempt, token, at)
         except Exception as exc:  # another sidecar records it; say so here
             log.warning("lease %s expired; recording the run lost failed: %r", removal.key, exc)
             return
@@ -416,17 +452,41 @@ class LostRuns:
             else:
                 self.metrics.retries_exhausted_total.labels(job=job.name).inc()
 
-    async def _finished(self, job: str, token: str) -> bool:
-        """Whether the job's newest result is this run's (the delete got lost)."""
+    async def _recorded(self, job: str, token: str, after: int | None) -> tuple[bool, int]:
+        """Whether this run has a result (its own, or a lost record), and the sequence
+        of the job's last result (0: none), which the lost record then expects.
+
+        The newest result alone is not enough: runs of a job overlap, and a later
+        slot's result hides this run's. With the run's claim sequence (`after`,
+        the lease's ``fence``) every result stored since is read; without it
+        (a lease written by another implementation) only the newest.
+        """
+        subject = result_subject(self.spec.prefix, job)
         try:
-            msg = await self.js.get_last_msg(self.spec.name, result_subject(self.spec.prefix, job))
-        except APIError:
-            return False
-        try:
-            data = json.loads(msg.data or b"{}")
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            return False
-        return isinstance(data, dict) and data.get("token") == token
+            newest = await self.js.get_last_msg(self.spec.name, subject)
+        except NotFoundError:
+            return False, 0
+        except APIError as exc:
+            if exc.err_code == 10037:  # no message on the subject
+                return False, 0
+            raise
+        last = int(newest.seq or 0)
+        if token_of(newest.data or b"") == token:
+            return True, last
+        seq = (after or last) + 1
+        for _ in range(MAX_RESULTS_READ):
+            if seq >= last:
+                break
+            try:
+                msg = await self.js.get_msg(self.spec.name, seq, subject=subject, next=True)
+            except NotFoundError:
+                break
+            if int(msg.seq or 0) >= last:
+                break
+            if token_of(msg.data or b"") == token:
+                return True, last
+            seq = int(msg.seq or 0) + 1
+        return False, last
 
     async def _publish(
         self,
@@ -437,8 +497,14 @@ class LostRuns:
         attempt: int,
         token: str,
         at: float,
-    ) -> bool:
-        """Publish the lost result; True when this copy was the one stored."""
+        last: int,
+    ) -> bool | None:
+        """Publish the lost result, expecting `last` as the job's last result.
+
+        True when this copy was the one stored, False when another sidecar's
+        was; None when a result was stored since `last` was read (perhaps this
+        run's own): it is looked at again.
+        """
         started = value.get("started_at")
         started_at = started if isinstance(started, str) else rfc3339(at)
         try:
@@ -468,9 +534,14 @@ class LostRuns:
                     record.to_json(),
                     timeout=WRITE_TIMEOUT,
                     stream=self.spec.name,
-                    headers={MSG_ID: record.msg_id},
+                    headers={MSG_ID: record.msg_id, EXPECTED_LAST: str(last)},
                 )
                 return not ack.duplicate
+            except APIError as exc:
+                if exc.err_code in CAS_CONFLICT:
+                    return None
+                if not isinstance(exc, TRANSIENT) or self.clock.monotonic() > deadline:
+                    raise
             except TRANSIENT:
                 if self.clock.monotonic() > deadline:
                     raise

@@ -34,7 +34,7 @@ SKIP_REASONS = ("late", "disconnected", "shutdown", "stream", "paused")
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 RUN_STATUSES = ("succeeded", "failed", "skipped", "lost")
-RUN_SKIP_REASONS = ("overlap",)
+RUN_SKIP_REASONS = ("overlap", "late")
 DUE_REASONS = ("retry", "lost")
 
 
@@ -293,7 +293,8 @@ class Metrics:
         self.job_paused = job_gauge("job_paused", "1 while the job is paused (state bucket).")
         self.runs_skipped_total = counter(
             "runs_skipped",
-            "Slots won but not run, by reason (overlap: a run of the job was still alive).",
+            "Slots won but not run, by reason (overlap: a run of the job was still alive; "
+            "late: frozen past slot + max_late before the request went out).",
             ("job", "reason"),
         )
         self.runs_lost_total = counter(

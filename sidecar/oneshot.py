@@ -163,7 +163,7 @@ async def run_now(
             conn.wait_connected,
         )
         slot = clock.wall_ms()
-        claim = await claimer.claim(job.name, slot, time.monotonic() + READ_TIMEOUT, manual=True)
+        claim = await claimer.claim(job.name, slot, clock.monotonic() + READ_TIMEOUT, manual=True)
         if not claim.won:  # a manual msg id is unique: only a broken stream gets here
             raise StreamError(f"manual claim {claim.token} was not stored as ours")
         # A manual run retries an unreachable app for as long as a slot would,

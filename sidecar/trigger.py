@@ -30,10 +30,16 @@ from urllib.parse import urlsplit
 
 import h11
 
-from sidecar import __version__
+from sidecar import __version__, failpoints
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import JobConfig, RequestConfig, base_url_of, unix_socket_of
-from sidecar.errors import TriggerError, TriggerFailed, TriggerTimeout, TriggerUndelivered
+from sidecar.errors import (
+    TriggerError,
+    TriggerFailed,
+    TriggerLate,
+    TriggerTimeout,
+    TriggerUndelivered,
+)
 from sidecar.signing import SIGNATURE_HEADER, SignedFields, Signer, signature
 
 __all__ = ["Trigger", "TriggerResult", "signature"]
@@ -64,6 +70,7 @@ class TriggerResult:
     http_status: int | None
     error: str | None
     attempts: int
+    late: bool = False  # nothing was sent: the last instant it could go out had passed
 
 
 @dataclass(frozen=True)
@@ -199,12 +206,18 @@ class Trigger:
         attempt: int = 1,
         fence: int | None = None,
         on_retry: RetryReport | None = None,
+        send_by: float | None = None,
     ) -> TriggerResult:
         """Run the job's request once; retry only while undelivered and before `deadline`.
 
-        `deadline` is on the monotonic clock. Never raises for the app's
-        behaviour: the outcome is in the result. Each retry is logged (the
-        first as a warning), or given to `on_retry` instead when there is one.
+        `deadline` and `send_by` are on the clock's monotonic (suspend-aware)
+        scale. With `send_by` (a scheduled run: its slot + max_late) no
+        request goes out after it, the first one included: a winner frozen
+        between its claim and here (SIGSTOP, a long pause, a suspend) sends
+        nothing and gets a result with ``late`` set. Never raises for the
+        app's behaviour: the outcome is in the result. Each retry is logged
+        (the first as a warning), or given to `on_retry` instead when there is
+        one.
         """
         started_at = self.clock.wall()
         t0 = time.perf_counter()
@@ -213,7 +226,9 @@ class Trigger:
         while True:
             attempts += 1
             try:
-                status = await self._send(job, slot, token, attempt, fence)
+                status = await self._send(job, slot, token, attempt, fence, send_by)
+            except TriggerLate as exc:
+                return self._result(started_at, t0, None, str(exc), attempts, late=True)
             except TriggerUndelivered as exc:
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= backoff:
@@ -236,7 +251,13 @@ class Trigger:
             return self._result(started_at, t0, status, None, attempts)
 
     def _result(
-        self, started_at: float, t0: float, status: int | None, error: str | None, attempts: int
+        self,
+        started_at: float,
+        t0: float,
+        status: int | None,
+        error: str | None,
+        attempts: int,
+        late: bool = False,
     ) -> TriggerResult:
         duration = time.perf_counter() - t0
         return TriggerResult(
@@ -247,12 +268,25 @@ class Trigger:
             http_status=status,
             error=error,
             attempts=attempts,
+            late=late,
         )
 
+    def _too_late(self, send_by: float | None) -> None:
+        """TriggerLate when the last instant the request could go out has passed."""
+        if send_by is not None and (late := self.clock.monotonic() - send_by) >= 0:
+            raise TriggerLate(f"late: not sent, {late:.3f}s past slot + max_late")
+
     async def _send(
-        self, job: JobConfig, slot: int, token: str, attempt: int, fence: int | None
+        self,
+        job: JobConfig,
+        slot: int,
+        token: str,
+        attempt: int,
+        fence: int | None,
+        send_by: float | None = None,
     ) -> int:
         """One request over a fresh connection; returns the 2xx status or raises a TriggerError."""
+        self._too_late(send_by)
         req = job.request
         body = req.body.encode()
         try:
@@ -274,6 +308,10 @@ class Trigger:
                 except OSError as exc:
                     # The connection was never made: nothing reached the app.
                     raise TriggerUndelivered(f"cannot connect to {where}: {exc}") from exc
+                if failpoints.ENABLED:
+                    await failpoints.hit("trigger.before_send")
+                # The last look at the time before the first byte goes out.
+                self._too_late(send_by)
                 writer.write(request)
                 await writer.drain()
                 status, kept = await read_answer(reader, h11.Connection(h11.CLIENT))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import signal
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from sidecar.config import Config, Secrets, parse_config
-from sidecar.connection import DRAIN_TIMEOUT, Connection
+from sidecar.connection import DRAIN_TIMEOUT, MAX_OUTSTANDING_PINGS, PING_INTERVAL, Connection
 from sidecar.errors import ConnectError
 from tests.support import NatsServer, free_port
 
@@ -98,3 +99,36 @@ async def test_closing_is_bounded_when_a_subscription_stops_reading(
     took = time.monotonic() - started
     assert nc.is_closed
     assert took < DRAIN_TIMEOUT + 3, took
+
+
+async def test_a_server_that_stops_answering_is_left_for_another(tmp_path: Path) -> None:
+    """A frozen server keeps the TCP connection open and answers nothing (as a
+    black-holed route does): pings find it stale, and the client moves on."""
+    servers = [NatsServer(tmp_path / "a"), NatsServer(tmp_path / "b")]
+    for server in servers:
+        server.start()
+    frozen: NatsServer | None = None
+    try:
+        conn = Connection(config_with_servers(*(s.url for s in servers)), Secrets())
+        nc = await conn.connect()
+        assert nc.connected_url is not None
+        frozen = next(s for s in servers if s.port == nc.connected_url.port)
+        assert frozen.proc is not None
+        frozen.proc.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        deadline = started + 20
+        while not (
+            conn.connected.is_set()
+            and nc.connected_url is not None
+            and nc.connected_url.port != frozen.port
+        ):
+            assert time.monotonic() < deadline, "still on the frozen server after 20 s"
+            await asyncio.sleep(0.1)
+        took = time.monotonic() - started
+        assert took < 3 * PING_INTERVAL * (MAX_OUTSTANDING_PINGS + 1), took
+        await conn.close(drain=False)
+    finally:
+        if frozen is not None and frozen.proc is not None:
+            frozen.proc.send_signal(signal.SIGCONT)
+        for server in servers:
+            server.stop()

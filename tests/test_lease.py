@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import time
+from typing import Any
 
 import pytest
 from nats.aio.client import Client as NATS
@@ -18,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar import state
 from sidecar.clock import Clock
+from sidecar.config import Config, parse_config
 from sidecar.due import (
     claim_msg_id,
     due_key,
@@ -30,10 +32,11 @@ from sidecar.due import (
     retry_due_at,
     run_key,
 )
-from sidecar.lease import KeyHeld, Keys, Lease, parse_due
+from sidecar.lease import CasConflict, KeyHeld, Keys, Lease, LostRuns, parse_due
 from sidecar.metrics import Metrics
-from sidecar.runs import join_runs
+from sidecar.runs import ResultRecord, join_runs, publish_result
 from sidecar.state import DELETED, EXPIRED, Removal, StateSpec, View, Watch, ensure_bucket
+from sidecar.stream import StreamSpec, ensure_stream, stream_spec
 from tests.support import until
 
 # Markers live 1 s here, so that delete markers can be seen to go away.
@@ -111,6 +114,58 @@ async def test_a_spurious_conflict_is_checked_and_the_lease_kept(nc: NATS) -> No
     assert failures(metrics) == 0
     last = await keys.last("run.j.1000")
     assert last is not None and last[1] is None
+
+
+class GatedKeys(Keys):
+    """A renewal's answer waits for a gate through asyncio.wait_for, as nats-py's request
+    waits for its reply: a test can let it arrive at an exact moment."""
+
+    def __init__(self, bucket: state.Bucket) -> None:
+        super().__init__(bucket)
+        self.gate: asyncio.Future[None] | None = None
+        self.waiting = asyncio.Event()
+
+    async def renew(self, key: str, value: dict[str, Any], revision: int, ttl: float) -> int:
+        revision = await super().renew(key, value, revision, ttl)  # the write is stored
+        self.gate = asyncio.get_running_loop().create_future()
+        self.waiting.set()
+        await asyncio.wait_for(self.gate, 10)  # its answer being read
+        return revision
+
+
+async def test_a_run_ending_as_a_renewal_is_answered_releases_its_lease(nc: NATS) -> None:
+    """The cancel of the renewer and a renewal's answer in one loop iteration: on
+    Python 3.11 asyncio.wait_for returns the answer and drops the cancel (CPython
+    gh-86296). The renewer must still stop, and the lease be released."""
+    keys = GatedKeys(await ensure_bucket(nc.jetstream(), SPEC))
+    metrics = Metrics(CollectorRegistry(), ("j",))
+    lease = Lease(keys, "run.j.1000", lease_value(), 0.6, metrics, Clock(), 1e12)
+    await lease.__aenter__()
+    await asyncio.wait_for(keys.waiting.wait(), 5)
+    assert keys.gate is not None
+    keys.gate.set_result(None)  # the answer arrives ...
+    await asyncio.wait_for(lease.__aexit__(None, None, None), 5)  # ... as the run ends
+    last = await keys.last("run.j.1000")
+    assert last is not None and last[1] is None  # released
+    assert failures(metrics) == 0
+
+
+async def test_spurious_conflicts_in_a_row_back_off(nc: NATS) -> None:
+    """A stale read after a conflict conflicts again: renewals back off, no spin."""
+
+    class StaleKeys(Keys):
+        calls = 0
+
+        async def renew(self, key: str, value: dict[str, Any], revision: int, ttl: float) -> int:
+            self.calls += 1
+            raise CasConflict(key)  # every renewal conflicts; the read says it is ours
+
+    keys = StaleKeys(await ensure_bucket(nc.jetstream(), SPEC))
+    metrics = Metrics(CollectorRegistry(), ("j",))
+    async with Lease(keys, "run.j.1000", lease_value(), 3.0, metrics, Clock(), 1e12) as lease:
+        await asyncio.sleep(2.5)  # the first renewal at 1 s, then 20, 40, 80, 160, 320 ms ...
+        assert not lease.lost
+    assert 3 <= keys.calls <= 10, keys.calls
 
 
 async def test_a_lease_taken_over_is_lost_counted_and_not_deleted(nc: NATS) -> None:
@@ -239,3 +294,92 @@ def test_an_expiry_reported_as_an_empty_put_still_reads_as_an_expiry() -> None:
     view.apply_entry(entry("run.j.1000", b"", 3, None))
     assert [(r.key, r.how) for r in removed] == [("run.j.1000", EXPIRED)]
     assert "paused.j" in view.keys and "run.j.1000" not in view.keys
+
+
+# ---------------------------------------------------------------- lost records
+
+
+def lost_config() -> Config:
+    return parse_config(
+        {
+            "instance_id": "judge",
+            "jobs": [{"name": "j", "schedule": "* * * * * *", "max_late": "5s"}],
+        },
+        {},
+    )
+
+
+def result(slot: int, token: str) -> ResultRecord:
+    return ResultRecord(
+        job="j",
+        slot=slot,
+        token=token,
+        instance="runner",
+        status="succeeded",
+        started_at="2026-12-03T00:00:00.000Z",
+        finished_at="2026-12-03T00:00:01.000Z",
+        duration_ms=1000,
+        http_status=200,
+        error=None,
+    )
+
+
+async def lost_runs(nc: NATS) -> tuple[LostRuns, StreamSpec, Metrics]:
+    config = lost_config()
+    spec = stream_spec(config)
+    js = nc.jetstream()
+    await ensure_stream(js, spec)
+    metrics = Metrics(CollectorRegistry(), ("j",))
+    return LostRuns(config, metrics, Clock(), js, spec, lambda: None), spec, metrics
+
+
+def expired(slot: int, token: str, fence: int | None) -> Removal:
+    value: dict[str, Any] = {**lease_value(token, "runner"), "slot": slot}
+    if fence is not None:
+        value["fence"] = fence
+    return Removal(f"run.j.{slot}", state.Entry(value, 7), EXPIRED, time.time())
+
+
+async def lost_records(nc: NATS, spec: StreamSpec) -> list[dict[str, Any]]:
+    js = nc.jetstream()
+    info = await js.stream_info(spec.name)
+    out = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        data = json.loads((await js.get_msg(spec.name, seq)).data or b"{}")
+        if data.get("status") == "lost":
+            out.append(data)
+    return out
+
+
+async def test_a_lease_expiring_after_its_result_is_not_lost_though_later_results_hide_it(
+    nc: NATS,
+) -> None:
+    """Runs overlap: the expired run's result is not the job's newest one."""
+    runs, spec, metrics = await lost_runs(nc)
+    js = nc.jetstream()
+    claim = await js.publish("cron.j.claims", b'{"token":"t1"}', stream=spec.name)
+    await publish_result(js, spec.name, spec.prefix, result(1000, "t1"))
+    await publish_result(js, spec.name, spec.prefix, result(2000, "t2"))  # a later run's
+    await runs.record(runs.jobs["j"], expired(1000, "t1", claim.seq))
+    assert await lost_records(nc, spec) == []
+    # A run that has no result is recorded lost, once.
+    await runs.record(runs.jobs["j"], expired(3000, "t3", claim.seq))
+    lost = await lost_records(nc, spec)
+    assert [(r["slot"], r["token"]) for r in lost] == [(3000, "t3")]
+    assert metrics.registry.get_sample_value("anarchon_runs_lost_total", {"job": "j"}) == 1
+
+
+async def test_a_result_stored_between_the_check_and_the_lost_record_wins(nc: NATS) -> None:
+    """The lost record expects the job's last result as read: the run's own result
+    stored in between makes it look again, and refrain."""
+    runs, spec, _ = await lost_runs(nc)
+    js = nc.jetstream()
+    recorded, last = await runs._recorded("j", "t1", None)
+    assert (recorded, last) == (False, 0)
+    await publish_result(js, spec.name, spec.prefix, result(1000, "t1"))  # the runner, late
+    removal = expired(1000, "t1", None)
+    value = removal.entry.value
+    stored = await runs._publish(runs.jobs["j"], removal.key, value, 1000, 1, "t1", 0.0, last)
+    assert stored is None  # refused: a result came in
+    await runs.record(runs.jobs["j"], removal)
+    assert await lost_records(nc, spec) == []
