@@ -1,9 +1,9 @@
-"""Reproductions of failures the nemesis found (docs/RELIABILITY.md, "Failures found").
+"""Failures the nemesis found, reproduced at the exact instant (docs/RELIABILITY.md).
 
-Each is a strict xfail: it fails today, proving the failure; once the fix
-lands it passes, the xfail turns into an error, and whoever fixed it removes
-the marker. The writes go to a real nats-server; what the test controls is
-only *when* an answer arrives, the one thing the nemesis could not aim.
+Both failed before their fix (a lease that never ended; 3,300 renewals in
+2 s) and pass after it. The writes go to a real nats-server; what the test
+controls is only *when* an answer arrives, the one thing the nemesis could
+not aim.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 from typing import Any
 
-import pytest
 from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
 
@@ -50,12 +49,9 @@ class AckInFlight(Keys):
         return written
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="failure 1: Lease.__aexit__ stops its renewer by cancel(), which Python 3.11's "
-    "asyncio.wait_for swallows when the awaited reply is already there (CPython gh-86296)",
-)
 async def test_a_lease_ends_when_its_run_ends_as_a_renewal_is_answered(nc: NATS) -> None:
+    """Failure 1: the renewer was stopped by cancel() alone, which Python 3.11's
+    asyncio.wait_for drops when the awaited answer is already there (CPython gh-86296)."""
     keys = AckInFlight(await ensure_bucket(nc.jetstream(), SPEC))
     metrics = Metrics(CollectorRegistry(), ("j",))
     lease = Lease(keys, KEY, lease_value(), 1.0, metrics, Clock(), 1e12)
@@ -92,12 +88,8 @@ class StaleReads(Keys):
         return self.stale if self.stale is not None else await super().last(key)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="failure 4: after a CAS conflict a still-ours stale read renews at once "
-    "(wait = 0.0), again and again, without backing off",
-)
 async def test_renewals_back_off_while_reads_are_stale(nc: NATS) -> None:
+    """Failure 4: after a CAS conflict, a still-ours stale read renewed at once, for ever."""
     keys = StaleReads(await ensure_bucket(nc.jetstream(), SPEC))
     metrics = Metrics(CollectorRegistry(), ("j",))
     async with Lease(keys, KEY, lease_value(), 3.0, metrics, Clock(), 1e12) as lease:
