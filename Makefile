@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all install test lint typecheck prometheus verifiers rules unit demo bench reliability nemesis e2e clean
+.PHONY: all install test lint typecheck prometheus verifiers netns-tools rules unit demo bench reliability nemesis e2e clean
 
 all: test
 
@@ -30,7 +30,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) prometheus verifiers
+unit: $(STAMP) prometheus verifiers netns-tools
 	$(BIN)/pytest -m "not slow"
 
 # prometheus and promtool for the rule tests and the end-to-end metrics test,
@@ -56,6 +56,21 @@ verifiers:
 	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	  else echo "missing:$$missing (apt-get install$$missing as root); their verifier tests skip"; fi; \
+	fi
+
+# ip (iproute2) and iptables-restore for the nemesis's network namespaces
+# (tests/nemesis), installed when missing where that can be done (root, apt).
+# Without them, or without root, the nemesis skips, saying so; under CI it fails.
+netns-tools:
+	@missing=""; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	command -v iptables-restore >/dev/null || missing="$$missing iptables"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's$$missing (the nemesis's network namespaces)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else echo "missing:$$missing (apt-get install$$missing as root); the nemesis skips"; fi; \
 	fi
 
 rules: prometheus
@@ -88,7 +103,7 @@ reliability: $(STAMP)
 # same for 60 s. NEMESIS_SEED=<seed> replays a schedule; NEMESIS_SECONDS sets
 # the length.
 NEMESIS_SECONDS ?= 300
-nemesis: $(STAMP)
+nemesis: $(STAMP) netns-tools
 	NEMESIS_SECONDS=$(NEMESIS_SECONDS) $(BIN)/pytest tests/nemesis -s -p no:cacheprovider
 
 # The image and the compose stack run for real with podman (tests/e2e; root on
