@@ -30,8 +30,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The suite in two passes: the tests that start their own servers, sidecars and
+# apps on free ports two at a time (pytest-xdist, a module per worker), then
+# the reliability scenarios and the nemesis alone, since their figures and
+# margins are about timing.
 unit: $(STAMP) prometheus verifiers netns-tools
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow" -n 2 --dist loadfile -p no:cacheprovider \
+	  --ignore=tests/reliability --ignore=tests/nemesis
+	$(BIN)/pytest -m "not slow" -p no:cacheprovider tests/reliability tests/nemesis
 
 # prometheus and promtool for the rule tests and the end-to-end metrics test,
 # into .venv/bin: linked from PATH when there, else unpacked from Debian's
