@@ -189,6 +189,8 @@ class Site:
             "anarchon_sidecar_python": sys.executable,
             "anarchon_sidecar_manage_service": False,
             "anarchon_sidecar_create_user": False,
+            # This machine's packages are not the test's to change.
+            "anarchon_sidecar_install_os_packages": False,
             "anarchon_sidecar_user": user,
             "anarchon_sidecar_group": group,
             "anarchon_sidecar_config_owner": user,
