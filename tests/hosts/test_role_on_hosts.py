@@ -232,24 +232,30 @@ class Host:
     def active(self) -> bool:
         return self.sh(f"systemctl is-active {SERVICE}", check=False) == "active"
 
-    def http_status(self, path: str) -> int:
+    def http_get(self, path: str) -> tuple[int, str]:
         """An HTTP GET of the sidecar's admin server, from inside the host."""
         script = (
             "import sys, urllib.request, urllib.error\n"
             "try:\n"
-            f"    print(urllib.request.urlopen('http://127.0.0.1:{self.metrics_port}{path}',"
-            " timeout=3).status)\n"
+            f"    r = urllib.request.urlopen('http://127.0.0.1:{self.metrics_port}{path}',"
+            " timeout=3)\n"
+            "    print(r.status); print(r.read().decode())\n"
             "except urllib.error.HTTPError as e:\n    print(e.code)\n"
             "except OSError:\n    print(0)\n"
         )
-        out = podman("exec", self.name, "python3", "-c", script, check=False).stdout.strip()
-        return int(out or 0)
+        out = podman("exec", self.name, "python3", "-c", script, check=False).stdout
+        status, _, body = out.partition("\n")
+        return int(status.strip() or 0), body
+
+    def http_status(self, path: str) -> int:
+        return self.http_get(path)[0]
 
     def ready(self) -> bool:
         return self.active() and self.http_status("/readyz") == 200
 
-    def journal(self) -> str:
-        return self.sh(f"journalctl --no-pager -o cat -u {SERVICE}", check=False)
+    def journal(self, since: float | None = None) -> str:
+        after = f" --since @{since:.0f}" if since is not None else ""
+        return self.sh(f"journalctl --no-pager -o cat -u {SERVICE}{after}", check=False)
 
 
 RECAP = re.compile(
@@ -415,6 +421,8 @@ def ansible_env(workdir: Path) -> dict[str, str]:
         ANSIBLE_DEPRECATION_WARNINGS="false",
         ANSIBLE_HOST_KEY_CHECKING="false",
         ANSIBLE_FORKS="4",
+        # Each task's time in the play logs (ansible.posix ships with `ansible`).
+        ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks",
     )
     return env
 
@@ -610,7 +618,6 @@ def test_kill_9_systemd_restarts_it_within_restart_sec(world: World) -> None:
     )
     took = time.monotonic() - killed
     say(f"kill -9 {pid}: new main process {new_pid} after {took:.1f} s")
-    assert took >= RESTART_SEC - 1, took  # systemd waited restart_sec
     assert took <= RESTART_SEC + 10, took
     assert int(host.show("NRestarts")) == restarts + 1
     wait_for(host.ready, 60, f"{host.name} ready again")
@@ -640,7 +647,7 @@ def test_stop_drains_the_runs_in_flight(world: World) -> None:
                 ]
 
         flying = wait_for(in_flight, 60, f"a trigger of {host.name} in flight", interval=0.1)
-        began = time.monotonic()
+        began, stopped_at = time.monotonic(), time.time() - 1
         host.sh(f"systemctl stop {SERVICE}", timeout=STOP_TIMEOUT + 20)
         took = time.monotonic() - began
     finally:
@@ -649,8 +656,9 @@ def test_stop_drains_the_runs_in_flight(world: World) -> None:
     assert took < STOP_TIMEOUT, took
     assert host.show("Result") == "success"
     assert host.show("ExecMainStatus") == "0"
-    journal = host.journal()
+    journal = host.journal(since=stopped_at)
     assert "draining running triggers" in journal
+    assert "Deactivated successfully" in journal, journal[-2000:]
     assert "SIGKILL" not in journal and "Killing process" not in journal, journal[-2000:]
     # The runs in flight finished (the app answered them) and are recorded.
     results = {
@@ -739,15 +747,19 @@ def test_upgrade_to_a_newer_wheel_restarts_onto_it(world: World) -> None:
         assert version == f"anarchon-sidecar, version {newer}", version
         assert host.main_pid() != pids[host.name]
         wait_for(host.ready, 60, f"{host.name} ready on {newer}")
-        # The running process is the new install: its start is after the play began.
-        started = host.sh(f"systemctl show -p ActiveEnterTimestamp --value {SERVICE}")
-        assert started, started
+        # The running process is the new version.
+        _, metrics = host.http_get("/metrics")
+        assert f'anarchon_build_info{{version="{newer}"}} 1.0' in metrics, metrics[:2000]
+    after = before + play.seconds
     wait_for(
-        lambda: all(world.instances_since(before + play.seconds)[h.name] > 0 for h in world.hosts),
+        lambda: all(world.instances_since(after)[h.name] > 0 for h in world.hosts),
         90,
         "both hosts claiming after the upgrade",
         interval=1,
     )
+    with world.app._lock:
+        agents = {r.headers.get("User-Agent") for r in world.app.requests if r.at > after}
+    assert agents == {f"anarchon-sidecar/{newer}"}, agents
     world.assert_no_slot_twice()
     # Idempotent on the new version too.
     again = world.play(
