@@ -89,7 +89,8 @@ e2e: $(STAMP)
 	sh deploy/e2e/install-deps.sh $(BIN)
 	$(BIN)/pytest -p no:cacheprovider -s -v --timeout=900 tests/e2e
 
-# The Ansible role on two Debian 12 hosts booted with systemd in podman
+# The Ansible role on two Debian 12 hosts (venv method) and a Debian 13 host
+# (podman method, quadlet) booted with systemd in podman
 # containers (tests/hosts; root on Debian): the same podman as e2e, and the
 # `ansible` package for its containers.podman connection (ansible-core alone
 # does not ship it).

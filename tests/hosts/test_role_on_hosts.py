@@ -124,15 +124,15 @@ def mirror() -> str:
     raise AssertionError("no Debian mirror in the apt sources")
 
 
-def host_rootfs() -> Path:
+def host_rootfs(suite: str = SUITE, packages: str = PACKAGES) -> Path:
     """The hosts' root filesystem as a tarball, made with debootstrap once per machine."""
     cache = Path(
         os.environ.get("E2E_CACHE_DIR")
         or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "anarchon-e2e"
     )
     cache.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(f"{SUITE}|{PACKAGES}|systemd-1".encode()).hexdigest()[:12]
-    tarball = cache / f"debian-systemd-{SUITE}-{key}.tar"
+    key = hashlib.sha256(f"{suite}|{packages}|systemd-1".encode()).hexdigest()[:12]
+    tarball = cache / f"debian-systemd-{suite}-{key}.tar"
     with (cache / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one debootstrap at a time per machine
         if tarball.exists() and tarball.stat().st_size > 0:
@@ -141,13 +141,13 @@ def host_rootfs() -> Path:
         work = Path(tempfile.mkdtemp(prefix="anarchon-hosts-rootfs-"))
         try:
             rootfs, url = work / "rootfs", mirror()
-            say(f"debootstrap {SUITE} with {PACKAGES} (not cached yet)")
+            say(f"debootstrap {suite} with {packages} (not cached yet)")
             proc = subprocess.run(
                 [
                     "debootstrap",
                     "--variant=minbase",
-                    f"--include={PACKAGES}",
-                    SUITE,
+                    f"--include={packages}",
+                    suite,
                     str(rootfs),
                     url,
                 ],
@@ -391,13 +391,13 @@ class World:
         return Counter(r.headers.get("X-Anarchon-Instance", "") for r in requests if r.at > since)
 
 
-def write_inventory(workdir: Path, hosts: list[Host]) -> None:
+def write_inventory(workdir: Path, hosts: list[Host], extra: str = "") -> None:
     lines = ["[anarchon_sidecar]"]
     for host in hosts:
         lines.append(
             f"{host.name} ansible_connection=containers.podman.podman"
             " ansible_python_interpreter=/usr/bin/python3"
-            f" anarchon_sidecar_metrics_listen=127.0.0.1:{host.metrics_port}"
+            f" anarchon_sidecar_metrics_listen=127.0.0.1:{host.metrics_port}{extra}"
         )
     (workdir / "inventory.ini").write_text("\n".join(lines) + "\n")
     (workdir / "playbook.yml").write_text(PLAYBOOK)
@@ -454,13 +454,13 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def boot(name: str, image: str) -> None:
+def boot(name: str, image: str, *extra: str) -> None:
     # Host network: the hosts reach this machine's loopback (NATS, the app, the
     # Debian mirror) like app hosts reach theirs.
     podman(
         "run", "-d", "--name", name, "--hostname", name, "--network", "host",
         "--systemd=always", "--label", f"anarchon-hosts={name.rsplit('-', 1)[0]}",
-        image, "/sbin/init",
+        *extra, image, "/sbin/init",
     )  # fmt: skip
     wait_for(
         lambda: (
