@@ -315,6 +315,8 @@ class World:
     plays: list[Play] = field(default_factory=list)
     preflight_play: Play | None = None
     untouched: bool = False  # no virtualenv on the hosts after the refused play
+    fresh_check_play: Play | None = None
+    untouched_by_check: bool = False
     first_play: Play | None = None
 
     @property
@@ -508,6 +510,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         world.untouched = all(
             h.sh(f"test -e {VENV} || echo absent") == "absent" for h in world.hosts
         )
+        # Check mode on the fresh hosts: it reports what it would do, changes nothing.
+        world.fresh_check_play = world.play(world.vars(), check=True)
+        world.untouched_by_check = all(
+            h.sh(f"test -e {VENV} || test -e {CONFIG} || echo absent") == "absent"
+            and h.sh("dpkg-query -W -f='${db:Status-Status}' python3-packaging", check=False)
+            != "installed"
+            for h in world.hosts
+        )
         world.first_play = world.play(world.vars())
         yield world
     finally:
@@ -565,6 +575,15 @@ def test_converge_on_minimal_hosts(world: World) -> None:
         )
         # The unprivileged user cannot read the secrets of others: only its group's.
         assert host.sh(f"runuser -u nobody -- cat {SECRETS_DIR}/nats-token", check=False) == ""
+
+
+def test_check_mode_on_fresh_hosts_reports_changes_and_makes_none(world: World) -> None:
+    play = world.fresh_check_play
+    assert play is not None
+    play.assert_ok()
+    assert play.changed() > 0
+    assert "python3-packaging" in play.task("Report the OS packages a run would install")
+    assert world.untouched_by_check
 
 
 # ---------------------------------------------------------------- 2. idempotence
