@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all install test lint typecheck prometheus verifiers netns-tools rules unit demo bench reliability nemesis e2e clean
+.PHONY: all install test lint typecheck prometheus verifiers netns-tools rules unit demo bench reliability nemesis e2e hosts clean
 
 all: test
 
@@ -118,6 +118,18 @@ nemesis: $(STAMP) netns-tools
 e2e: $(STAMP)
 	sh deploy/e2e/install-deps.sh $(BIN)
 	$(BIN)/pytest -p no:cacheprovider -s -v --timeout=900 tests/e2e
+
+# The Ansible role on two Debian 12 hosts (venv method) and a Debian 13 host
+# (podman method, quadlet) booted with systemd in podman
+# containers (tests/hosts; root on Debian): the same podman as e2e, and the
+# `ansible` package for its containers.podman connection (ansible-core alone
+# does not ship it).
+hosts: $(STAMP)
+	sh deploy/e2e/install-deps.sh $(BIN)
+	@$(BIN)/ansible-doc -t connection containers.podman.podman >/dev/null 2>&1 || \
+	  { echo "pip install ansible (the containers.podman collection)"; \
+	    $(BIN)/pip install --quiet 'ansible>=12,<13'; }
+	$(BIN)/pytest -p no:cacheprovider -s -v --timeout=1200 tests/hosts
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -189,6 +189,8 @@ class Site:
             "anarchon_sidecar_python": sys.executable,
             "anarchon_sidecar_manage_service": False,
             "anarchon_sidecar_create_user": False,
+            # This machine's packages are not the test's to change.
+            "anarchon_sidecar_install_os_packages": False,
             "anarchon_sidecar_user": user,
             "anarchon_sidecar_group": group,
             "anarchon_sidecar_config_owner": user,
@@ -490,6 +492,32 @@ def test_check_mode_on_a_fresh_host_writes_nothing(site: Site, tmp_path: Path) -
     assert play.changed > 0
     assert "changed: [localhost]" in play.task("Install the package into the virtualenv")
     assert not fresh.exists()
+
+
+def test_state_absent_removes_what_the_role_wrote(site: Site, tmp_path: Path) -> None:
+    """`anarchon_sidecar_state: absent` on a root of its own (tests/hosts does it with systemd)."""
+    root = tmp_path / "gone"
+    site.converge(site.vars(anarchon_sidecar_root=str(root))).assert_ok()
+    (root / "etc/anarchon/notes.txt").write_text("not the role's")
+    play = site.converge(
+        site.vars(anarchon_sidecar_root=str(root), anarchon_sidecar_state="absent")
+    ).assert_ok()
+    assert play.changed > 0
+    assert "never-logged" not in play.output
+    left = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    # Only what is not the role's stays, and the directories that hold it.
+    assert left == [
+        "etc",
+        "etc/anarchon",
+        "etc/anarchon/notes.txt",
+        "etc/systemd",
+        "etc/systemd/system",
+        "opt",
+    ]
+    again = site.converge(
+        site.vars(anarchon_sidecar_root=str(root), anarchon_sidecar_state="absent")
+    ).assert_ok()
+    assert again.changed == 0, again.output
 
 
 @pytest.mark.parametrize(
