@@ -496,7 +496,7 @@ class Jobs:
         finally:
             m.runs_in_progress.labels(job=job.name).dec()
         if result.late:
-            await self._skipped_late(job, claim, result.error or "late")
+            await self._skip_won(job, claim, "late", result.error or "late")
             return
         await self._finish(job, claim, result)
 
@@ -560,9 +560,6 @@ class Jobs:
 
     async def _skipped(self, job: JobConfig, claim: Claim, holder: dict[str, Any]) -> None:
         """Won, but a run of the job is alive: recorded ``skipped`` (overlap), nothing sent."""
-        m = self.metrics
-        m.runs_skipped_total.labels(job=job.name, reason="overlap").inc()
-        m.runs_total.labels(job=job.name, status=SKIPPED).inc()
         running = holder.get("slot")
         since = holder.get("started_at", "?")
         error = (
@@ -571,21 +568,14 @@ class Jobs:
             if isinstance(running, int)
             else "overlap: a run of this job is still alive"
         )
-        log.warning(
-            "run job=%s slot=%s status=skipped error=%r",
-            job.name,
-            rfc3339(claim.slot / 1000),
-            error,
-        )
-        await self._record(job, claim, SKIPPED, error)
+        await self._skip_won(job, claim, "overlap", error)
 
-    async def _skipped_late(self, job: JobConfig, claim: Claim, error: str) -> None:
-        """Won, but frozen past slot + max_late before the request went out: nothing sent.
-
-        Not retried: the app did not fail, the run's time is over.
-        """
+    async def _skip_won(self, job: JobConfig, claim: Claim, reason: str, error: str) -> None:
+        """A won slot recorded ``skipped``, nothing sent: ``overlap``, or ``late`` (frozen
+        past slot + max_late before the request went out; not retried: the app did
+        not fail, the run's time is over)."""
         m = self.metrics
-        m.runs_skipped_total.labels(job=job.name, reason="late").inc()
+        m.runs_skipped_total.labels(job=job.name, reason=reason).inc()
         m.runs_total.labels(job=job.name, status=SKIPPED).inc()
         log.warning(
             "run job=%s slot=%s status=skipped error=%r",

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, nats_server_binary
+from tests.support import ROOT, NatsCluster, nats_server_binary
 
 RESULTS = ROOT / "bench" / "results" / "reliability.json"
 # The file keeps this many records, newest last.
@@ -127,3 +127,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("reliability figures")
         for line in _lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    """A 3-node JetStream cluster on loopback, stopped at the end."""
+    nodes = NatsCluster(tmp_path / "cluster")
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.stop()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import nats
@@ -38,16 +37,6 @@ JOBS = ["a", "b", "c", "d", "e"]
 MAX_LATE = 5.0
 MARGIN = 0.5
 STEPDOWN = "$JS.API.STREAM.LEADER.STEPDOWN.{}"
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
-    nodes = NatsCluster(tmp_path / "cluster")
-    try:
-        nodes.start()
-        yield nodes
-    finally:
-        nodes.stop()
 
 
 async def _step_down(urls: list[str], stream: str = "CRON") -> bytes:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import signal
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,16 +42,6 @@ OURS_MAX = 3.5
 
 def _runs_after(app: RecordingApp, at: float) -> Callable[[], bool]:
     return lambda: any(r.at > at for r in app.requests)
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
-    nodes = NatsCluster(tmp_path / "cluster")
-    try:
-        nodes.start()
-        yield nodes
-    finally:
-        nodes.stop()
 
 
 @pytest.mark.slow
