@@ -12,7 +12,6 @@ never leaves a run in flight unrecorded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import signal
@@ -31,6 +30,7 @@ from sidecar.metrics import Metrics
 from sidecar.server import AdminServer
 from sidecar.signing import Signer
 from sidecar.stream import stream_spec
+from sidecar.tasks import cancel_all
 from sidecar.trigger import Trigger
 
 __all__ = ["Daemon", "stream_spec"]
@@ -146,14 +146,13 @@ class Daemon:
                 # moment, then is abandoned: the slot is skipped, never run.
                 claiming = [*loops, *jobs.side_tasks]
                 _, waiting = await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
-                for task in waiting:
-                    task.cancel()
-                await asyncio.gather(*claiming, return_exceptions=True)
+                await cancel_all([*waiting, *jobs.side_tasks])
+                for task in claiming:
+                    if task.done() and not task.cancelled():
+                        task.exception()  # retrieved: a bug was logged where it happened
                 await self.drain()
                 await self.fleet.stop()
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+                await cancel_all([watcher])
             await self.conn.close(drain=True)
             log.info("stopped")
             return 0
@@ -172,10 +171,7 @@ class Daemon:
         grace = self.config.shutdown_grace
         log.info("waiting up to %gs for %d running trigger(s)", grace, len(self.runs))
         _, pending = await asyncio.wait(set(self.runs), timeout=grace)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending, timeout=5)
+        await cancel_all(pending)
 
 
 def _expect_domain(claimer: Claimer, domain: str | None) -> None:

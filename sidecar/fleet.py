@@ -32,6 +32,7 @@ from sidecar.state import (
     put_with_ttl,
     state_spec,
 )
+from sidecar.tasks import cancel_all
 
 if TYPE_CHECKING:
     from sidecar.config import Config
@@ -75,11 +76,7 @@ class Fleet:
 
     async def stop(self) -> None:
         """Stop watching and leave the fleet: the instance key is deleted."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_all(self._tasks)
         self._tasks.clear()
         if self.bucket is not None and self.bucket.ttl:
             with contextlib.suppress(Exception):

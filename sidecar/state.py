@@ -40,6 +40,7 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 
 from sidecar.errors import StreamError
+from sidecar.tasks import cancel_all
 
 if TYPE_CHECKING:
     from sidecar.config import Config, JobConfig
@@ -383,9 +384,7 @@ class Watch:
 
     async def _stop(self) -> None:
         if self._pump is not None:
-            self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._pump
+            await cancel_all([self._pump])
             self._pump = None
         if self._watcher is not None:
             with contextlib.suppress(Exception):
