@@ -126,7 +126,7 @@ e2e: $(STAMP)
 # does not ship it).
 hosts: $(STAMP)
 	sh deploy/e2e/install-deps.sh $(BIN)
-	@$(BIN)/ansible-doc -t connection containers.podman.podman >/dev/null 2>&1 || \
+	@$(BIN)/python -c 'import ansible_collections.containers.podman' 2>/dev/null || \
 	  { echo "pip install ansible (the containers.podman collection)"; \
 	    $(BIN)/pip install --quiet 'ansible>=12,<13'; }
 	$(BIN)/pytest -p no:cacheprovider -s -v --timeout=1200 tests/hosts
