@@ -145,11 +145,8 @@ class Daemon:
                 # A claim still waiting for an answer (NATS down, say) gets a
                 # moment, then is abandoned: the slot is skipped, never run.
                 claiming = [*loops, *jobs.side_tasks]
-                _, waiting = await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
-                await cancel_all([*waiting, *jobs.side_tasks])
-                for task in claiming:
-                    if task.done() and not task.cancelled():
-                        task.exception()  # retrieved: a bug was logged where it happened
+                await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
+                await cancel_all([*claiming, *jobs.side_tasks])
                 await self.drain()
                 await self.fleet.stop()
                 await cancel_all([watcher])

@@ -26,7 +26,6 @@ attempt due.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
+from nats.js.api import RawStreamMsg
 from nats.js.errors import APIError, NotFoundError
 
 from sidecar.claim import MSG_ID, TRANSIENT, new_token, token_of
@@ -52,6 +52,7 @@ from sidecar.due import (
 )
 from sidecar.runs import ResultRecord, result_subject
 from sidecar.state import EXPIRED, Bucket, Removal
+from sidecar.tasks import cancel_all
 
 if TYPE_CHECKING:
     from sidecar.config import Config, JobConfig
@@ -84,6 +85,18 @@ def _json(value: dict[str, Any]) -> bytes:
 def _ttl(seconds: float) -> int:
     """Nats-TTL in whole seconds, at least 1 (nats-py sends int(msg_ttl))."""
     return max(1, math.ceil(seconds))
+
+
+async def _last_msg(js: JetStreamContext, stream: str, subject: str) -> RawStreamMsg | None:
+    """The last message of `subject`; None when it has none."""
+    try:
+        return await js.get_last_msg(stream, subject)
+    except NotFoundError:
+        return None
+    except APIError as exc:
+        if exc.err_code == 10037:  # no message on the subject
+            return None
+        raise
 
 
 def _same_owner(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -139,14 +152,9 @@ class Keys:
 
         None when the subject has no message at all.
         """
-        try:
-            msg = await self.js.get_last_msg(self.stream, self.subject(key))
-        except NotFoundError:
+        msg = await _last_msg(self.js, self.stream, self.subject(key))
+        if msg is None:
             return None
-        except APIError as exc:
-            if exc.err_code == 10037:
-                return None
-            raise
         headers = msg.headers or {}
         if headers.get(KV_OPERATION) or headers.get(MARKER_REASON):
             return int(msg.seq or 0), None
@@ -238,7 +246,6 @@ class Lease:
         self.renewals = 0
         self.renewed_at = 0.0  # monotonic time of the last write that set the TTL
         self._renewer: asyncio.Task[None] | None = None
-        self._stopping = False
 
     async def __aenter__(self) -> Lease:
         """Create the key; KeyHeld when it is live, NATS errors when no answer came."""
@@ -259,16 +266,11 @@ class Lease:
         tb: TracebackType | None,
     ) -> None:
         if self._renewer is not None:
-            # The flag, not the cancel alone: on Python 3.11 a cancel that lands
-            # as a renewal's answer arrives is lost inside asyncio.wait_for
-            # (CPython gh-86296, in nats-py's request); the renewer then renewed
-            # for ever, the run never ended, and once a renewal failed the lease
-            # expired into a lost record for a run that had succeeded. The
-            # renewer looks at the flag after every await.
-            self._stopping = True
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            # Not a single cancel: on Python 3.11 one that lands as a renewal's
+            # answer arrives is lost (see sidecar/tasks.py); the renewer then
+            # renewed for ever, the run never ended, and once a renewal failed
+            # the lease expired into a lost record for a run that had succeeded.
+            await cancel_all([self._renewer])
         if self.lost:
             return  # not ours any more: leave whatever is there
         silent = self.clock.monotonic() - self.renewed_at
@@ -304,10 +306,8 @@ class Lease:
         every = renew_every(self.ttl)
         wait = every
         spurious = 0  # spurious conflicts in a row
-        while not self._stopping:
+        while True:
             await asyncio.sleep(wait)
-            if self._stopping:
-                return
             wait = every
             try:
                 sent = self.clock.monotonic()
@@ -462,14 +462,9 @@ class LostRuns:
         (a lease written by another implementation) only the newest.
         """
         subject = result_subject(self.spec.prefix, job)
-        try:
-            newest = await self.js.get_last_msg(self.spec.name, subject)
-        except NotFoundError:
+        newest = await _last_msg(self.js, self.spec.name, subject)
+        if newest is None:
             return False, 0
-        except APIError as exc:
-            if exc.err_code == 10037:  # no message on the subject
-                return False, 0
-            raise
         last = int(newest.seq or 0)
         if token_of(newest.data or b"") == token:
             return True, last

@@ -24,11 +24,12 @@ RECANCEL_EVERY = 0.05
 async def cancel_all(tasks: Iterable[asyncio.Task[Any]], timeout: float = 5.0) -> set[Any]:
     """Cancel `tasks` and wait until they have ended, at most `timeout` seconds.
 
-    Returns the tasks still running then (logged). Their exceptions are
-    retrieved, so none is reported as never retrieved.
+    Returns the tasks still running then (logged). The exceptions of all that
+    ended, before or now, are retrieved, so none is reported as never retrieved.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    tasks = list(tasks)
     pending: set[asyncio.Task[Any]] = {task for task in tasks if not task.done()}
     while pending:
         for task in pending:
@@ -36,10 +37,10 @@ async def cancel_all(tasks: Iterable[asyncio.Task[Any]], timeout: float = 5.0) -
         remaining = deadline - loop.time()
         if remaining <= 0:
             break
-        done, pending = await asyncio.wait(pending, timeout=min(RECANCEL_EVERY, remaining))
-        for task in done:
-            if not task.cancelled():
-                task.exception()
+        _, pending = await asyncio.wait(pending, timeout=min(RECANCEL_EVERY, remaining))
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: a bug was logged where it happened
     for task in pending:
         log.warning("task %s still running %gs after it was cancelled", task.get_name(), timeout)
     return pending

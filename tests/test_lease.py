@@ -116,40 +116,6 @@ async def test_a_spurious_conflict_is_checked_and_the_lease_kept(nc: NATS) -> No
     assert last is not None and last[1] is None
 
 
-class GatedKeys(Keys):
-    """A renewal's answer waits for a gate through asyncio.wait_for, as nats-py's request
-    waits for its reply: a test can let it arrive at an exact moment."""
-
-    def __init__(self, bucket: state.Bucket) -> None:
-        super().__init__(bucket)
-        self.gate: asyncio.Future[None] | None = None
-        self.waiting = asyncio.Event()
-
-    async def renew(self, key: str, value: dict[str, Any], revision: int, ttl: float) -> int:
-        revision = await super().renew(key, value, revision, ttl)  # the write is stored
-        self.gate = asyncio.get_running_loop().create_future()
-        self.waiting.set()
-        await asyncio.wait_for(self.gate, 10)  # its answer being read
-        return revision
-
-
-async def test_a_run_ending_as_a_renewal_is_answered_releases_its_lease(nc: NATS) -> None:
-    """The cancel of the renewer and a renewal's answer in one loop iteration: on
-    Python 3.11 asyncio.wait_for returns the answer and drops the cancel (CPython
-    gh-86296). The renewer must still stop, and the lease be released."""
-    keys = GatedKeys(await ensure_bucket(nc.jetstream(), SPEC))
-    metrics = Metrics(CollectorRegistry(), ("j",))
-    lease = Lease(keys, "run.j.1000", lease_value(), 0.6, metrics, Clock(), 1e12)
-    await lease.__aenter__()
-    await asyncio.wait_for(keys.waiting.wait(), 5)
-    assert keys.gate is not None
-    keys.gate.set_result(None)  # the answer arrives ...
-    await asyncio.wait_for(lease.__aexit__(None, None, None), 5)  # ... as the run ends
-    last = await keys.last("run.j.1000")
-    assert last is not None and last[1] is None  # released
-    assert failures(metrics) == 0
-
-
 async def test_spurious_conflicts_in_a_row_back_off(nc: NATS) -> None:
     """A stale read after a conflict conflicts again: renewals back off, no spin."""
 

@@ -64,6 +64,12 @@ async def test_a_lease_ends_when_its_run_ends_as_a_renewal_is_answered(nc: NATS)
         ending = asyncio.create_task(lease.__aexit__(None, None, None))  # ... as the run ends
         done, _ = await asyncio.wait({ending}, timeout=3)
         assert ending in done, "the run's lease never ended: its renewer outlived the cancel"
+        last = await keys.last(KEY)
+        assert last is not None and last[1] is None  # released
+        value = metrics.registry.get_sample_value(
+            "anarchon_lease_renewal_failures_total", {"job": "j"}
+        )
+        assert not value  # no renewal failed
     finally:
         for task in (ending, lease._renewer):
             if task is not None and not task.done():
