@@ -64,18 +64,17 @@ import sidecar
 from sidecar.config import Config, JobConfig, load_config
 from sidecar.values import parse_duration
 from tests import support
+from tests.podman import PODMAN_ENV, podman
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "deploy" / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 OVERRIDE_FILE = Path(__file__).with_name("compose.override.yaml")
 BUILD_SCRIPT = ROOT / "deploy" / "e2e" / "build-images.sh"
-CONTAINERS_CONF = ROOT / "deploy" / "e2e" / "containers.toml"
 CONFIG_IN_IMAGE = "/etc/anarchon/sidecar.yaml"
 
 # podman for this test: runc, cgroupfs, file events, no default ulimits
 # (deploy/e2e/containers.toml) on vfs storage, whoever calls it (podman-compose too).
-PODMAN_ENV = {"CONTAINERS_CONF": str(CONTAINERS_CONF), "STORAGE_DRIVER": "vfs"}
 
 MIN_STEADY = 20.0  # seconds the full stack runs before a sidecar is stopped
 STEADY_DEADLINE = 240.0  # until each of the three apps has won a slot
@@ -124,23 +123,6 @@ def grace_seconds(service: str) -> float:
 
 
 # ---------------------------------------------------------------- small tools
-
-
-def podman(
-    *args: str, check: bool = True, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        ["podman", *args],
-        env={**os.environ, **PODMAN_ENV},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"podman {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:

@@ -46,12 +46,12 @@ from tests.hosts.test_role_on_hosts import (
     boot,
     build_wheelhouse,
     host_rootfs,
-    podman,
     remove_everything,
     say,
     wait_for,
     write_inventory,
 )
+from tests.podman import podman
 from tests.support import NatsServer, RecordingApp, free_port
 
 pytestmark = pytest.mark.hosts

@@ -47,14 +47,13 @@ from typing import Any
 import pytest
 
 import sidecar
+from tests.podman import PODMAN_ENV, podman
 from tests.support import ROOT, NatsServer, RecordingApp, free_port, read_stream
 from tests.support import wait_for as _wait_for
 
 pytestmark = pytest.mark.hosts
 
 ROLE_DIR = ROOT / "ansible" / "roles"
-CONTAINERS_CONF = ROOT / "deploy" / "e2e" / "containers.toml"
-PODMAN_ENV = {"CONTAINERS_CONF": str(CONTAINERS_CONF), "STORAGE_DRIVER": "vfs"}
 SUITE = "bookworm"
 PACKAGES = "systemd,systemd-sysv,dbus,python3,python3-venv,ca-certificates"
 SERVICE = "anarchon-sidecar"
@@ -87,23 +86,6 @@ def say(message: str) -> None:
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
     return _wait_for(condition, timeout, interval, what)
-
-
-def podman(
-    *args: str, check: bool = True, timeout: float = 120, input: bytes | None = None
-) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        ["podman", *args],
-        env={**os.environ, **PODMAN_ENV},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"podman {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc
 
 
 # ---------------------------------------------------------------- the image
