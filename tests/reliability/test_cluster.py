@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -47,6 +48,16 @@ async def _step_down(urls: list[str], stream: str = "CRON") -> bytes:
         await nc.close()
 
 
+def r3_config(cluster: NatsCluster, app: RecordingApp, jobs: list[str]) -> dict[str, Any]:
+    """Sidecars given every node, the stream at replicas 3, `jobs` every second."""
+    return config(
+        cluster.urls,
+        app,
+        [every_second(name, max_late=f"{MAX_LATE:g}s") for name in jobs],
+        replicas=3,
+    )
+
+
 def _fault(
     cluster: NatsCluster, app: RecordingApp, at: float, old_leader: str
 ) -> tuple[float, float]:
@@ -66,12 +77,7 @@ def _fault(
 def test_cluster_leader_killed_and_stepped_down(
     tmp_path: Path, cluster: NatsCluster, http_app: RecordingApp, figures: Figures
 ) -> None:
-    cfg = config(
-        cluster.urls,
-        http_app,
-        [every_second(name, max_late=f"{MAX_LATE:g}s") for name in JOBS],
-        replicas=3,
-    )
+    cfg = r3_config(cluster, http_app, JOBS)
     with sidecars(tmp_path, [(f"s{i}", cfg, {}) for i in range(3)]) as running:
         windows = []
         start = next_second_ms() + 1000

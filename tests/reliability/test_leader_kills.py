@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.conftest import Figures
-from tests.reliability.helpers import config, every_second, lateness, tally
-from tests.reliability.test_cluster import MARGIN, MAX_LATE, _fault
+from tests.reliability.helpers import lateness, tally
+from tests.reliability.test_cluster import MARGIN, MAX_LATE, _fault, r3_config
 from tests.support import NatsCluster, RecordingApp, sidecars, wait_for
 
 JOBS = ["a", "b", "c"]
@@ -48,12 +48,7 @@ def _runs_after(app: RecordingApp, at: float) -> Callable[[], bool]:
 def test_runs_resume_after_each_of_ten_leader_kills(
     tmp_path: Path, cluster: NatsCluster, http_app: RecordingApp, figures: Figures
 ) -> None:
-    cfg = config(
-        cluster.urls,
-        http_app,
-        [every_second(name, max_late=f"{MAX_LATE:g}s") for name in JOBS],
-        replicas=3,
-    )
+    cfg = r3_config(cluster, http_app, JOBS)
     elected: list[float] = []
     resumed: list[float] = []
     stop_elected: list[float] = []
