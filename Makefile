@@ -53,31 +53,15 @@ $(BIN)/promtool: | $(BIN)/pip
 # nodejs, installed when missing where that can be done (root, apt). Without
 # them those tests skip, saying so.
 verifiers:
-	@missing=""; \
-	command -v go >/dev/null || missing="$$missing golang-go"; \
-	command -v node >/dev/null || missing="$$missing nodejs"; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian's$$missing (signature verifiers)"; \
-	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	  else echo "missing:$$missing (apt-get install$$missing as root); their verifier tests skip"; fi; \
-	fi
+	@sh tests/install-missing.sh "signature verifiers" "their verifier tests skip" \
+	  go:golang-go node:nodejs
 
 # ip (iproute2) and iptables-restore for the nemesis's network namespaces
 # (tests/nemesis), installed when missing where that can be done (root, apt).
 # Without them, or without root, the nemesis skips, saying so; under CI it fails.
 netns-tools:
-	@missing=""; \
-	command -v ip >/dev/null || missing="$$missing iproute2"; \
-	command -v iptables-restore >/dev/null || missing="$$missing iptables"; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian's$$missing (the nemesis's network namespaces)"; \
-	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	  else echo "missing:$$missing (apt-get install$$missing as root); the nemesis skips"; fi; \
-	fi
+	@sh tests/install-missing.sh "the nemesis's network namespaces" "the nemesis skips" \
+	  ip:iproute2 iptables-restore:iptables
 
 rules: prometheus
 	$(BIN)/promtool check config deploy/prometheus/prometheus.yml
