@@ -148,7 +148,14 @@ class Claimer:
         return f"{self.prefix}{job}.claims"
 
     def body(
-        self, job: str, slot: int, token: str, now: float, manual: bool, attempt: int = 1
+        self,
+        job: str,
+        slot: int,
+        token: str,
+        now: float,
+        manual: bool,
+        attempt: int = 1,
+        extra: dict[str, str] | None = None,
     ) -> bytes:
         """The claim's JSON, byte for byte what ``json.dumps(..., separators=(",", ":"))``
         gives for these fields, written out directly: it is built on every claim's
@@ -156,9 +163,12 @@ class Claimer:
         publish round trip. The strings that could need escaping (job, instance)
         go through json.dumps (cached); the token is hex (``new_token``), the
         times are RFC 3339. Attempt 1 is the reference's body; a later attempt
-        adds ``"attempt":N`` at the end.
+        adds ``"attempt":N`` at the end, and ``extra`` (string fields: ``trigger``,
+        ``skipped``) follows.
         """
         more = f',"attempt":{attempt:d}' if attempt > 1 else ""
+        if extra:
+            more += "".join(f",{_json_str(k)}:{_json_str(v)}" for k, v in extra.items())
         return (
             f'{{"job":{_json_str(job)},"slot":{slot:d},"token":"{token}",'
             f'"instance":{_json_str(self.instance)},"scheduled_at":"{rfc3339(slot / 1000)}",'
@@ -166,17 +176,27 @@ class Claimer:
         ).encode()
 
     async def claim(
-        self, job: str, slot: int, deadline: float, manual: bool = False, attempt: int = 1
+        self,
+        job: str,
+        slot: int,
+        deadline: float,
+        manual: bool = False,
+        attempt: int = 1,
+        msg_id: str | None = None,
+        extra: dict[str, str] | None = None,
     ) -> Claim:
         """Claim attempt `attempt` of `slot` of `job`; `deadline` is on the clock's monotonic
         scale, which counts suspended time: no publish goes out after it.
+
+        `msg_id` replaces the usual id (a skipped slot's record, a backfill);
+        `extra` adds string fields to the body.
 
         Returns the decided Claim; raises ClaimDisconnected when NATS was down
         the whole time, ClaimError when no definite answer came in time.
         """
         token = new_token()
-        body = self.body(job, slot, token, self.clock.wall(), manual, attempt)
-        msg_id = claim_msg_id(job, slot, token, manual, attempt)
+        body = self.body(job, slot, token, self.clock.wall(), manual, attempt, extra)
+        msg_id = msg_id or claim_msg_id(job, slot, token, manual, attempt)
         subject = self.subject(job)
         attempts = 0
         duplicate_acks = 0

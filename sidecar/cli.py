@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from sidecar import __version__, oneshot
+from sidecar import __version__, oneshot, ops
 from sidecar.clock import Clock, parse_rfc3339
 from sidecar.config import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
 from sidecar.errors import (
@@ -35,8 +35,10 @@ from sidecar.errors import (
 )
 from sidecar.runs import History, Run
 from sidecar.signing import Signer
+from sidecar.skips import MAX_SKIP
 from sidecar.stream import coverage, placement_problem, stream_spec
 from sidecar.values import format_duration, is_remote, parse_duration, redact_url
+from sidecar.words import schedule_lines
 
 T = TypeVar("T")
 
@@ -207,11 +209,13 @@ def check(config_path: str | None, connect: bool) -> None:
         where = f"unix:{req.unix_socket} " if req.unix_socket else redact_url(req.base_url)
         click.echo("")
         click.echo(f"{job.name}: {job.schedule.expr!r} in {job.timezone.key}")
+        for line in schedule_lines(job.schedule):
+            click.echo(f"  {line}")
         click.echo(
             f"  {req.method} {where}{req.path}  timeout {format_duration(req.timeout)}, "
             f"jitter {format_duration(job.jitter)}, max_late {format_duration(job.max_late)}"
         )
-        for slot in job.schedule.slots(now, 3):
+        for slot in job.schedule.runs(now, 3):  # exclusions applied
             click.echo(f"  next: {_when(slot, job.timezone)}")
     if connect:
         _check_stream(config)
@@ -585,22 +589,72 @@ def _by() -> str:
 @click.argument("job")
 @config_option
 @click.option("--reason", default="", help="Why: shown by status, the logs and resume.")
-def pause(job: str, config_path: str | None, reason: str) -> None:
-    """Pause JOB on every sidecar until `resume`; exit 1 for a job not in the config."""
+@click.option(
+    "--until",
+    "until_text",
+    default=None,
+    help="Resume by itself at this time, fleet-wide: RFC 3339 (2026-12-24T08:00:00Z) "
+    "or a duration from now (30m, 2h).",
+)
+def pause(job: str, config_path: str | None, reason: str, until_text: str | None) -> None:
+    """Pause JOB on every sidecar until `resume` or --until; exit 1 for an unknown job."""
     config, secrets = connected_command(config_path)
     if job not in {j.name for j in config.jobs}:
         names = ", ".join(j.name for j in config.jobs)
         fail(EXIT_FAILED, f"no job named {job!r} in the config (jobs: {names})")
-    value = run_async(oneshot.pause(config, secrets, job, reason, _by()))
+    until = None
+    if until_text is not None:
+        try:
+            until = ops.until_of(until_text, time.time())
+        except ValueError as exc:
+            fail(EXIT_CONFIG, f"--until: {exc}")
+    value = run_async(ops.pause(config, secrets, job, reason, _by(), until))
     click.echo(
         f"{job}: paused by {value['by']} at {value['at']}"
+        + (f" until {value['until']}" if until is not None else "")
         + (f" ({_printable(reason)})" if reason else "")
+    )
+    ends = (
+        "it resumes by itself then, on every sidecar, even if no command runs"
+        if until is not None
+        else f"Missed slots are not run on resume (`anarchon-sidecar resume {job}`)"
     )
     click.echo(
         "every running sidecar stops claiming it within about a second, and sidecars started "
-        "later stay paused; a slot whose claim was already published still runs. "
-        f"Missed slots are not run on resume (`anarchon-sidecar resume {job}`)."
+        "later stay paused; a slot whose claim was already published still runs; "
+        f"each slot kept from running is recorded skipped (reason paused). {ends}."
     )
+
+
+@main.command()
+@click.argument("job")
+@config_option
+@click.option("--count", type=click.IntRange(1, MAX_SKIP), default=1, show_default=True)
+@click.option("--reason", default="", help="Why: shown in history and the logs.")
+def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
+    """Skip the next COUNT runs of JOB on every replica (recorded skipped, reason skip)."""
+    config, secrets = connected_command(config_path)
+    spec = job_or_exit(config, job)
+    added, now_pending = run_async(ops.skip(config, secrets, spec, count, _by(), reason))
+    for slot in added:
+        click.echo(f"{job}: skipping {_when(slot, spec.timezone)}")
+    click.echo(
+        f"{job}: {now_pending} slot(s) to skip in all; `anarchon-sidecar unskip {job}` "
+        "cancels what is left (a slot less than half a second away is left to run)"
+    )
+
+
+@main.command()
+@click.argument("job")
+@config_option
+def unskip(job: str, config_path: str | None) -> None:
+    """Cancel the skips of JOB still ahead; exit 1 when there were none."""
+    config, secrets = connected_command(config_path)
+    job_or_exit(config, job)
+    left = run_async(ops.unskip(config, secrets, job))
+    if not left:
+        fail(EXIT_FAILED, f"{job} had no skip pending")
+    click.echo(f"{job}: {left} pending skip(s) cancelled; its next slots run")
 
 
 @main.command()
@@ -690,9 +744,16 @@ def _status_table(view: dict[str, Any]) -> None:
             )
         if job["paused"]:
             why = f": {job['paused_reason']}" if job["paused_reason"] else ""
+            until = f" until {job['paused_until']}" if job.get("paused_until") else ""
             click.echo(
-                _printable(f"{job['name']} paused by {job['paused_by']} at {job['paused_at']}{why}")
+                _printable(
+                    f"{job['name']} paused by {job['paused_by']} at {job['paused_at']}{until}{why}"
+                )
             )
+        if job.get("skip_pending"):
+            click.echo(f"{job['name']}: next {job['skip_pending']} slot(s) skipped (skip)")
+        for line in job.get("schedule_lines") or []:
+            click.echo(_printable(f"{job['name']}: {line}"))
 
 
 @main.command(short_help="Try it here: a nats-server, a toy app and three sidecars.")

@@ -3,7 +3,7 @@
 ``load_config`` reads the YAML file, ``parse_config`` applies the env
 overrides and checks every rule, raising :class:`ConfigError` with the key's
 path (``jobs[1].jitter``). Units are normalised here: durations are float
-seconds, timezones ``ZoneInfo``, schedules :class:`Schedule`. Secrets are not
+seconds, timezones ``ZoneInfo``, schedules :class:`Calendar`. Secrets are not
 read here but by ``load_secrets``, which only the commands that connect call,
 so that ``check`` works where the secret files are absent.
 """
@@ -19,8 +19,9 @@ from typing import Any
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
+from sidecar.calendar import Calendar, parse_calendar
 from sidecar.errors import ConfigError
-from sidecar.schedule import Schedule, ScheduleError, parse_schedule
+from sidecar.schedule import ScheduleError
 from sidecar.values import (
     CONTROL_RE,
     Section,
@@ -169,7 +170,7 @@ class JobConfig:
     """One entry of ``jobs:``. Durations in seconds."""
 
     name: str
-    schedule: Schedule
+    schedule: Calendar  # one expression or several, spread and exclusions applied
     timezone: ZoneInfo
     jitter: float = 2.0
     max_late: float = 60.0
@@ -428,6 +429,8 @@ _JOB_KEYS = (
     "overlap",
     "on_lost",
     "retry",
+    "spread",
+    "exclude",
 )
 BUCKET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -443,13 +446,7 @@ def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
             "(it is a token of the NATS subjects)",
         )
     timezone = sec.get("timezone", ZoneInfo("UTC"), zone)
-    expr = sec.get("schedule", None, string)
-    if expr is None:
-        raise ConfigError(sec.key("schedule"), "required, e.g. '*/5 * * * *'")
-    try:
-        schedule = parse_schedule(expr, timezone)
-    except ScheduleError as exc:
-        raise ConfigError(sec.key("schedule"), " ".join(str(exc).split())) from exc
+    schedule = _parse_calendar(sec, name, timezone)
     req = _Section(sec.data.get("request"), sec.key("request"), _REQUEST_KEYS)
     method = req.text("method", "POST").upper()
     if method not in _METHODS:
@@ -494,6 +491,47 @@ def _parse_job(sec: _Section, target: TargetConfig) -> JobConfig:
         on_lost=on_lost,
         retry=retry,
     )
+
+
+def _parse_calendar(sec: _Section, name: str, timezone: ZoneInfo) -> Calendar:
+    """``schedule`` (one expression or a list), ``spread`` and ``exclude`` of a job."""
+    raw = sec.data.get("schedule")
+    if raw is None:
+        raise ConfigError(sec.key("schedule"), "required, e.g. '*/5 * * * *'")
+    if isinstance(raw, list):
+        if not raw:
+            raise ConfigError(sec.key("schedule"), "expected one expression or a list of them")
+        exprs = [string(v, f"{sec.key('schedule')}[{i}]") for i, v in enumerate(raw)]
+        keys = [f"{sec.key('schedule')}[{i}]" for i in range(len(raw))]
+    else:
+        exprs = [string(raw, sec.key("schedule"))]
+        keys = [sec.key("schedule")]
+    for expr, key in zip(exprs, keys, strict=True):
+        try:
+            parse_calendar(expr, timezone)
+        except ScheduleError as exc:
+            raise ConfigError(key, " ".join(str(exc).split())) from exc
+    spread = sec.duration("spread", 0.0)
+    if 0 < spread < 1:
+        raise ConfigError(sec.key("spread"), "0, or at least 1s (offsets are whole seconds)")
+    excludes = sec.data.get("exclude") or []
+    if not isinstance(excludes, list):
+        raise ConfigError(sec.key("exclude"), "expected a list of dates and ISO 8601 intervals")
+    for i, text in enumerate(excludes):
+        key = f"{sec.key('exclude')}[{i}]"
+        try:
+            parse_calendar(exprs, timezone, exclude=[string(text, key)])
+        except ValueError as exc:
+            raise ConfigError(key, str(exc)) from exc
+    calendar = parse_calendar(exprs, timezone, name, spread, [str(t) for t in excludes])
+    if spread and spread * 1000 >= (interval := calendar.min_interval_ms()):
+        # A slot moved past the next one's time would blur which slot is which.
+        raise ConfigError(
+            sec.key("spread"),
+            f"spread ({format_duration(spread)}) must be shorter than the schedule's "
+            f"shortest interval ({format_duration(interval / 1000)})",
+        )
+    return calendar
 
 
 def _parse_retry(sec: _Section) -> RetryConfig:

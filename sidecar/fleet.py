@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 
 from sidecar import __version__
 from sidecar.clock import Clock, rfc3339
+from sidecar.skips import PAUSED, SKIP, pause_active, pending, skip_slots, until_ms
 from sidecar.state import (
     PRESENCE_RENEW,
     PRESENCE_TTL,
@@ -60,6 +61,7 @@ class Fleet:
         self.problem: str | None = "state bucket not read yet"
         self._tasks: list[asyncio.Task[None]] = []
         self._mismatch: set[str] = set()
+        self._pause_timers: dict[str, asyncio.TimerHandle] = {}
         self._started_at = rfc3339(clock.wall())
         self._jobs = frozenset(job.name for job in config.jobs)
         self.presence = {
@@ -78,6 +80,8 @@ class Fleet:
         """Stop watching and leave the fleet: the instance key is deleted."""
         await cancel_all(self._tasks)
         self._tasks.clear()
+        for timer in self._pause_timers.values():
+            timer.cancel()
         if self.bucket is not None and self.bucket.ttl:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
@@ -123,13 +127,54 @@ class Fleet:
         if not self.view.synced:
             return "stream", self.problem or "state bucket not read yet"
         entry = self.view.paused(job)
-        if entry is not None:
+        if entry is not None and pause_active(entry.value, self.clock.wall_ms()):
             v = entry.value
             why = f"paused by {v.get('by', '?')} at {v.get('at', '?')}"
+            if v.get("until"):
+                why += f" until {v['until']}"
             if v.get("reason"):
                 why += f": {v['reason']}"
-            return "paused", why
+            return PAUSED, why
         return None
+
+    def skipped(self, job: str, slot: int) -> tuple[str, str] | None:
+        """(``skip``, why) when `skip` chose this slot of `job`; None otherwise."""
+        entry = self.view.keys.get(f"skip.{job}")
+        if entry is None or slot not in skip_slots(entry.value):
+            return None
+        v = entry.value
+        self.metrics.job_skips_pending.labels(job=job).set(pending(v, slot))
+        why = f"skip by {v.get('by', '?')} at {v.get('at', '?')}"
+        return SKIP, why + (f": {v['reason']}" if v.get("reason") else "")
+
+    def _pause_changed(self, job: str, log_it: bool = True) -> None:
+        """The pause gauges of `job` from the view; a timed pause ends by a timer."""
+        m = self.metrics
+        entry = self.view.paused(job)
+        value = entry.value if entry else None
+        now_ms = self.clock.wall_ms()
+        active = pause_active(value, now_ms)
+        end = until_ms(value) if value is not None else None
+        m.job_paused.labels(job=job).set(1 if active else 0)
+        m.job_paused_until_timestamp_seconds.labels(job=job).set(
+            end / 1000 if active and end is not None else 0
+        )
+        if log_it:
+            _log_pause(job, value if active else None)
+        old = self._pause_timers.pop(job, None)
+        if old is not None:
+            old.cancel()
+        if active and end is not None:
+            # Ends by itself everywhere: each sidecar's own timer, no CLI needed.
+            delay = (end - now_ms) / 1000 + 0.001
+            self._pause_timers[job] = asyncio.get_running_loop().call_later(
+                delay, self._pause_ended, job
+            )
+
+    def _pause_ended(self, job: str) -> None:
+        self._pause_timers.pop(job, None)
+        log.info("job %s: its pause ended (paused until its time)", job)
+        self._pause_changed(job, log_it=False)
 
     def _removed(self, removal: Removal) -> None:
         if not self.view.synced:
@@ -154,9 +199,13 @@ class Fleet:
         if key.startswith("paused."):
             job = key[len("paused.") :]
             if job in self._jobs:
-                entry = self.view.paused(job)
-                m.job_paused.labels(job=job).set(1 if entry else 0)
-                _log_pause(job, entry.value if entry else None)
+                self._pause_changed(job)
+        if key.startswith("skip."):
+            job = key[len("skip.") :]
+            if job in self._jobs:
+                entry = self.view.keys.get(key)
+                value = entry.value if entry else None
+                m.job_skips_pending.labels(job=job).set(pending(value, self.clock.wall_ms()))
         if key and not key.startswith("instance."):
             return  # leases and due attempts change often; instances did not
         instances = self.view.instances()
@@ -176,9 +225,10 @@ def _log_pause(job: str, value: dict[str, Any] | None) -> None:
         log.info("job %s resumed", job)
     else:
         log.warning(
-            "job %s paused by %s at %s%s: its slots are skipped",
+            "job %s paused by %s at %s%s%s: its slots are skipped",
             job,
             value.get("by", "?"),
             value.get("at", "?"),
+            f" until {value['until']}" if value.get("until") else "",
             f" ({value['reason']})" if value.get("reason") else "",
         )

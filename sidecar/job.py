@@ -54,6 +54,7 @@ from sidecar.runs import (
     last_scheduled_slot,
     publish_result,
 )
+from sidecar.skips import EXCLUDED, PAUSED, SkipRecorder
 from sidecar.trigger import Trigger, TriggerResult
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,9 @@ class Jobs:
         self._keys: Keys | None = None
         self._due: set[str] = set()  # due keys this sidecar waits for
         self.lost = LostRuns(config, metrics, clock, js, self.spec, self.keys)
+        self.skips = SkipRecorder(
+            claimer, metrics, clock, config.instance_id, self.spec.name, self.spec.prefix
+        )
         fleet.removal_listeners.append(self.lost.removed)
         fleet.key_listeners.append(self.due_changed)
 
@@ -194,8 +198,17 @@ class Jobs:
         if why := self.guard.blocked(job, slot):
             self._skip(job, slot, "stream", why)
             return
+        if number == 1 and (excluded := job.schedule.excluded(slot)) is not None:
+            self._skip_recorded(job, slot, EXCLUDED, f"excluded: {excluded.text}")
+            return
         if blocked := self.fleet.blocked(name):
-            self._skip(job, slot, *blocked)
+            if blocked[0] == PAUSED and number == 1:
+                self._skip_recorded(job, slot, *blocked)
+            else:
+                self._skip(job, slot, *blocked)
+            return
+        if number == 1 and (skipped := self.fleet.skipped(name, slot)) is not None:
+            self._skip_recorded(job, slot, *skipped)
             return
         start = slot / 1000 if due_at is None else due_at
         deadline = self.clock.monotonic() + (start + job.max_late - now)
@@ -390,6 +403,19 @@ class Jobs:
         if last is None or now - last > REPEAT_LOG:
             self._skip_logged[job.name] = now
             log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)
+
+    def _skip_recorded(self, job: JobConfig, slot: int, reason: str, why: str) -> None:
+        """A slot kept from running (excluded, skip, paused): counted, and recorded
+        ``skipped`` in the stream once for the fleet (sidecar/skips.py)."""
+        now = self.clock.monotonic()
+        last = self._skip_logged.get(job.name)
+        if last is None or now - last > REPEAT_LOG:
+            self._skip_logged[job.name] = now
+            log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)
+        self._spawn(self._record_skip(job, slot, reason, why))
+
+    async def _record_skip(self, job: JobConfig, slot: int, reason: str, why: str) -> None:
+        await self.skips.record(job, slot, reason, why)
 
     def _count_claim(self, claim: Claim) -> None:
         m = self.metrics

@@ -29,12 +29,12 @@ RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 
 # Start delay: the drawn jitter (default up to 2 s) plus the claim.
 DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60)
 
-SKIP_REASONS = ("late", "disconnected", "shutdown", "stream", "paused")
+SKIP_REASONS = ("late", "disconnected", "shutdown", "stream", "paused", "excluded", "skip")
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 RUN_STATUSES = ("succeeded", "failed", "skipped", "lost")
-RUN_SKIP_REASONS = ("overlap", "late")
+RUN_SKIP_REASONS = ("overlap", "late", "paused", "excluded", "skip")
 DUE_REASONS = ("retry", "lost")
 
 
@@ -291,6 +291,14 @@ class Metrics:
             "jitter + max_late; 0 while its slots are skipped (reason stream).",
         )
         self.job_paused = job_gauge("job_paused", "1 while the job is paused (state bucket).")
+        self.job_paused_until_timestamp_seconds = job_gauge(
+            "job_paused_until_timestamp_seconds",
+            "Unix time a timed pause ends (pause --until); 0 when not paused or paused "
+            "until resumed.",
+        )
+        self.job_skips_pending = job_gauge(
+            "job_skips_pending", "Slots of the job that `skip` chose and that are still ahead."
+        )
         self.runs_skipped_total = counter(
             "runs_skipped",
             "Slots won but not run, by reason (overlap: a run of the job was still alive; "
@@ -360,3 +368,5 @@ class Metrics:
         self.job_last_success_timestamp_seconds.labels(job=job)
         self.stream_covers_job.labels(job=job)
         self.job_paused.labels(job=job)
+        self.job_paused_until_timestamp_seconds.labels(job=job)
+        self.job_skips_pending.labels(job=job)

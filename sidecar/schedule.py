@@ -2,7 +2,9 @@
 
 An expression has 5 fields (minute hour day-of-month month day-of-week) or 6
 with seconds first: numbers, month and day names, ``*``, ``,``, ``-`` and ``/``
-(the Quartz extensions ``L``, ``W`` and ``#`` are refused, as not portable).
+and the Quartz extensions ``L`` (last), ``W`` (nearest weekday) and ``#``
+(nth weekday), which other cron implementations sharing the stream may lack
+(``unportable`` names them, for ``check``).
 Day-of-month and day-of-week combine as in Debian cron: AND when either field
 starts with ``*``, else OR. ``cronsim`` walks the naive local wall clock only; this
 module maps every naive local candidate to a UTC instant by the product's DST
@@ -34,7 +36,8 @@ from cronsim import CronSim, CronSimError
 _FIELDS_5 = ("minute", "hour", "day-of-month", "month", "day-of-week")
 _FIELDS_6 = ("second", *_FIELDS_5)
 # Quartz extensions cronsim accepts but other cron implementations (the
-# JavaScript scheduler sharing the stream) may not: keep to the portable subset.
+# JavaScript scheduler of the reference backend) may not: allowed, and named by
+# ``unportable`` so that ``check`` can say so.
 _UNPORTABLE = {"L": "'L' (last)", "W": "'W' (weekday)", "#": "'#' (nth weekday)"}
 _EPOCH = datetime(1970, 1, 1)  # naive UTC
 _EPOCH_UTC = _EPOCH.replace(tzinfo=UTC)
@@ -151,11 +154,6 @@ def _validate(expr: str) -> None:
             f"expected 5 fields (minute first) or 6 (seconds first), got {len(parts)}: '{expr}'"
         )
     names = _FIELDS_5 if len(parts) == 5 else _FIELDS_6
-    for name, part in zip(names, parts, strict=True):
-        letters = re.sub("[A-Z]{3}", "", part.upper())  # month and day names may hold L, W
-        for char, what in _UNPORTABLE.items():
-            if char in letters:
-                raise ScheduleError(f"bad {name} field '{part}': {what} is not supported")
     try:
         next(CronSim(expr, _naive(_REFERENCE_MS // 1000)))
     except CronSimError as exc:
@@ -165,6 +163,15 @@ def _validate(expr: str) -> None:
         raise ScheduleError(f"bad {bad} field '{part}'") from exc
     except StopIteration:
         raise ScheduleError(f"schedule '{expr}' never fires") from None
+
+
+def unportable(expr: str) -> list[str]:
+    """The Quartz extensions ``expr`` uses (``'L' (last)`` ...), in field order, once each."""
+    found: list[str] = []
+    for part in expr.split():
+        letters = re.sub("[A-Z]{3}", "", part.upper())  # month and day names may hold L, W
+        found += [what for char, what in _UNPORTABLE.items() if char in letters]
+    return list(dict.fromkeys(found))
 
 
 @lru_cache(maxsize=4096)

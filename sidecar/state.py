@@ -137,7 +137,7 @@ def job_hash(job: JobConfig) -> str:
     """A short hash of the settings that decide when and how a job runs."""
     req = job.request
     parts = [
-        job.schedule.expr,
+        job.schedule.identity,  # the expression alone for a plain job
         job.timezone.key,
         repr(job.jitter),
         repr(job.max_late),

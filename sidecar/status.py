@@ -19,8 +19,10 @@ from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config
 from sidecar.due import lease_job
 from sidecar.runs import join_runs, last_messages
+from sidecar.skips import pause_active, pending
 from sidecar.state import View, mismatched_jobs, state_spec
 from sidecar.stream import answering_domain, coverage, state_of, stream_spec
+from sidecar.words import describe, schedule_lines
 
 READ_TIMEOUT = 10.0
 
@@ -104,6 +106,8 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
     for job in config.jobs:
         paused = view.paused(job.name)
         pause = paused.value if paused is not None else {}
+        active = paused is not None and pause_active(pause, now_ms)  # a timed pause may be over
+        skip_entry = view.keys.get(f"skip.{job.name}")
         try:
             messages = await last_messages(js, spec.name, spec.prefix, job.name)
         except Exception:  # no stream yet, or it does not answer: no last run shown
@@ -112,13 +116,21 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
         jobs.append(
             {
                 "name": job.name,
-                "paused": paused is not None,
-                "paused_by": pause.get("by"),
-                "paused_at": pause.get("at"),
-                "paused_reason": pause.get("reason"),
+                "paused": active,
+                "paused_by": pause.get("by") if active else None,
+                "paused_at": pause.get("at") if active else None,
+                "paused_reason": pause.get("reason") if active else None,
+                "paused_until": pause.get("until") if active else None,
+                "skip_pending": pending(skip_entry.value if skip_entry else None, now_ms),
+                "schedules": [
+                    {"expr": expr, "words": describe(expr)} for expr in job.schedule.exprs
+                ],
+                "timezone": job.timezone.key,
+                "schedule_lines": schedule_lines(job.schedule),
                 "running": running(view, job.name, now_ms),
                 "last_run": runs[0].as_dict() if runs else None,
-                "next_slot": rfc3339(job.schedule.next_slot(now_ms) / 1000),
+                # The next slot that runs (exclusions applied).
+                "next_slot": rfc3339(job.schedule.next_run(now_ms) / 1000),
                 "settings_differ": job.name in mismatch,
                 # Why the stream cannot hold this job's claims (its slots are skipped).
                 "stream_problem": held.get(job.name),

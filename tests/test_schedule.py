@@ -238,10 +238,7 @@ def test_min_interval_ms(expr: str, zone: str, expected_ms: int) -> None:
         ("@daily", "got 1"),
         ("", "got 0"),
         ("a b c d e", "bad minute field 'a'"),
-        ("0 0 L * *", "'L' (last) is not supported"),
-        ("0 0 LW * *", "not supported"),
-        ("0 0 * * 5L", "not supported"),
-        ("0 0 * * MON#2", "'#' (nth weekday) is not supported"),
+        ("0 0 15W * *", "bad day-of-month field '15W'"),  # cronsim knows only LW
         ("0 0 ? * *", "bad day-of-month field '?'"),
     ],
 )
@@ -250,6 +247,21 @@ def test_errors(expr: str, fragment: str) -> None:
         parse_schedule(expr, ZoneInfo("UTC"))
     assert fragment in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("expr", "named"),
+    [
+        ("0 0 L * *", ["'L' (last)"]),
+        ("0 0 LW * *", ["'L' (last)", "'W' (weekday)"]),
+        ("0 0 * * 5L", ["'L' (last)"]),
+        ("0 0 * * MON#2", ["'#' (nth weekday)"]),
+        ("0 0 * JUL,APR SAT", []),  # names holding L and W are not the extensions
+    ],
+)
+def test_quartz_extensions_are_allowed_and_named(expr: str, named: list[str]) -> None:
+    parse_schedule(expr, ZoneInfo("UTC")).next_slot(0)
+    assert schedule_module.unportable(expr) == named
 
 
 def test_direct_construction_validates_too() -> None:

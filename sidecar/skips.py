@@ -1,0 +1,144 @@
+"""Slots the fleet keeps from running, and their records: exclusions, ``skip``, pauses.
+
+Pure part: what the state bucket's values say. ``paused.<job>`` may carry
+``until`` (RFC 3339): the pause ends by itself then, on every sidecar, with no
+CLI running (``pause_active``). ``skip.<job>`` holds the explicit slot ids
+``skip`` chose (``{"slots": [...], "by", "at", "reason"}``), so every replica
+skips exactly the same ones (``skip_slots``).
+
+I/O part: ``SkipRecorder.record`` writes a skipped slot into the stream once
+for the whole fleet, so that ``history`` has no silent hole: every replica
+publishes a claim with ``Nats-Msg-Id: <job>:<slot>:s`` (never the slot's own
+id, which stays free) carrying ``"skipped": <reason>``; the one whose claim is
+stored publishes the result, status ``skipped``, its error saying why.
+Every replica counts ``claims_skipped_total{reason}``, the recorder
+``runs_skipped_total{reason}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from sidecar.clock import parse_rfc3339, rfc3339
+from sidecar.runs import SKIPPED, ResultRecord, publish_result
+
+if TYPE_CHECKING:
+    from sidecar.claim import Claimer
+    from sidecar.clock import Clock
+    from sidecar.config import JobConfig
+    from sidecar.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+EXCLUDED = "excluded"
+SKIP = "skip"
+PAUSED = "paused"
+# ``skip --count`` at most this many slots at once.
+MAX_SKIP = 1000
+
+
+def skip_record_id(job: str, slot: int) -> str:
+    """The claim id of a skipped slot's record: one per slot fleet-wide."""
+    return f"{job}:{slot}:s"
+
+
+def until_ms(value: dict[str, Any]) -> int | None:
+    """A pause's end (epoch ms), None when it has none (or it does not parse)."""
+    until = value.get("until")
+    if not isinstance(until, str):
+        return None
+    try:
+        return round(parse_rfc3339(until) * 1000)
+    except ValueError:
+        return None
+
+
+def pause_active(value: dict[str, Any] | None, now_ms: int) -> bool:
+    """Whether a ``paused.<job>`` value pauses the job at ``now_ms``."""
+    if value is None:
+        return False
+    end = until_ms(value)
+    return end is None or now_ms < end
+
+
+def skip_slots(value: dict[str, Any] | None) -> frozenset[int]:
+    """The slot ids a ``skip.<job>`` value names (anything else is ignored)."""
+    slots = (value or {}).get("slots")
+    if not isinstance(slots, list):
+        return frozenset()
+    return frozenset(s for s in slots if isinstance(s, int) and not isinstance(s, bool))
+
+
+def pending(value: dict[str, Any] | None, now_ms: int) -> int:
+    """How many of the skipped slots are still ahead."""
+    return sum(1 for s in skip_slots(value) if s > now_ms)
+
+
+def new_skip_value(
+    old: dict[str, Any] | None, runs: list[int], by: str, at: str, reason: str
+) -> dict[str, Any]:
+    """``skip.<job>`` after adding `runs` (the next slots that run) to what is pending."""
+    slots = sorted(skip_slots(old) | set(runs))
+    return {"slots": slots, "by": by, "at": at, "reason": reason}
+
+
+class SkipRecorder:
+    """Records skipped slots in the stream, once per slot for the whole fleet."""
+
+    def __init__(
+        self,
+        claimer: Claimer,
+        metrics: Metrics,
+        clock: Clock,
+        instance: str,
+        stream: str,
+        prefix: str,
+    ) -> None:
+        self.claimer = claimer
+        self.metrics = metrics
+        self.clock = clock
+        self.instance = instance
+        self.stream = stream
+        self.prefix = prefix
+
+    async def record(self, job: JobConfig, slot: int, reason: str, why: str) -> bool:
+        """Count the skip and record it once fleet-wide; True when this replica recorded it."""
+        m = self.metrics
+        m.claims_skipped_total.labels(job=job.name, reason=reason).inc()
+        deadline = self.clock.monotonic() + max(1.0, slot / 1000 + job.max_late - self.clock.wall())
+        try:
+            claim = await self.claimer.claim(
+                job.name,
+                slot,
+                deadline,
+                msg_id=skip_record_id(job.name, slot),
+                extra={"skipped": reason},
+            )
+        except Exception as exc:  # NATS away: counted, not recorded (said once here)
+            log.warning(
+                "job %s slot %s skipped (%s); not recorded: %s",
+                job.name,
+                rfc3339(slot / 1000),
+                why,
+                exc,
+            )
+            return False
+        if not claim.won:
+            return False
+        m.runs_skipped_total.labels(job=job.name, reason=reason).inc()
+        log.info("run job=%s slot=%s status=skipped error=%r", job.name, rfc3339(slot / 1000), why)
+        now = rfc3339(self.clock.wall())
+        record = ResultRecord(
+            job=job.name,
+            slot=slot,
+            token=claim.token,
+            instance=self.instance,
+            status=SKIPPED,
+            started_at=now,
+            finished_at=now,
+            duration_ms=0,
+            http_status=None,
+            error=why,
+        )
+        return await publish_result(self.claimer.js, self.stream, self.prefix, record)

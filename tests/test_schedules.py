@@ -1,0 +1,349 @@
+"""The schedules operators have, with three real sidecars and a real nats-server.
+
+Several expressions a job, a stable spread, exclusions, nth weekday, a timed
+pause, skip/unskip: each checked where the app and the stream see it, plus
+the config rules that name the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from sidecar.calendar import spread_offset_ms
+from sidecar.clock import parse_rfc3339, rfc3339
+from sidecar.config import parse_config
+from sidecar.errors import ConfigError
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    Sidecar,
+    read_stream,
+    run_cli,
+    sidecars,
+    wait_for,
+    write_config,
+)
+
+
+def job(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "schedule": "* * * * * *", "jitter": "200ms", "max_late": "3s", **extra}
+
+
+def base(nats_server: NatsServer, app: RecordingApp, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "nats": {"servers": [nats_server.url]},
+        "target": {"url": app.url, "timeout": "5s"},
+        "jobs": jobs,
+    }
+
+
+def slots(app: RecordingApp, path: str) -> list[int]:
+    return [int(r.headers["X-Anarchon-Slot"]) for r in app.requests_for(path)]
+
+
+def cli_config(tmp_path: Path, config: dict[str, Any]) -> str:
+    return str(write_config(tmp_path / "cli.yaml", {"instance_id": "cli", **config}))
+
+
+def total(procs: list[Sidecar], name: str, labels: dict[str, str]) -> float:
+    return sum(p.metric(name, labels) or 0 for p in procs)
+
+
+def history(cfg: str, name: str, limit: int = 200) -> list[dict[str, Any]]:
+    done = run_cli("history", name, "-c", cfg, "--json", "--limit", str(limit))
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+def status(cfg: str) -> dict[str, Any]:
+    done = run_cli("status", "-c", cfg, "--json")
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def job_status(cfg: str, name: str) -> dict[str, Any]:
+    return next(j for j in status(cfg)["jobs"] if j["name"] == name)
+
+
+def iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---------------------------------------------------------------- config rules
+
+
+def parse(jobs: list[dict[str, Any]]) -> Any:
+    return parse_config({"nats": {"servers": "nats://127.0.0.1:4222"}, "jobs": jobs}, {})
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "fragment"),
+    [
+        ({"schedule": []}, "jobs[0].schedule", "one expression or a list"),
+        ({"schedule": ["* * * * *", "61 * * * *"]}, "jobs[0].schedule[1]", "bad minute"),
+        ({"schedule": ["* * * * *", 5]}, "jobs[0].schedule[1]", ""),
+        ({"spread": "500ms"}, "jobs[0].spread", "at least 1s"),
+        ({"schedule": "*/5 * * * *", "spread": "5m"}, "jobs[0].spread", "shortest interval"),
+        ({"exclude": "2026-12-24"}, "jobs[0].exclude", "a list"),
+        ({"exclude": ["2026-12-24", "2026-02-30"]}, "jobs[0].exclude[1]", "not a date"),
+        ({"exclude": ["2026-12-24T10:00Z/PT0S"]}, "jobs[0].exclude[0]", "ends before"),
+    ],
+)
+def test_config_errors_name_the_key(extra: dict[str, Any], key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse([{"name": "a", "schedule": "* * * * *", **extra}])
+    assert info.value.key == key
+    assert fragment in str(info.value)
+
+
+def test_a_plain_job_keeps_its_identity() -> None:
+    """A job without the new keys hashes (config mismatch) and claims as before."""
+    from sidecar.state import job_hash
+
+    plain = parse([{"name": "a", "schedule": "*/5 * * * *"}]).jobs[0]
+    assert plain.schedule.identity == "*/5 * * * *"
+    assert job_hash(plain) == "ac13d2390640"  # pinned: the hash before schedules grew
+    spread = parse([{"name": "a", "schedule": "*/5 * * * *", "spread": "1m"}]).jobs[0]
+    assert job_hash(spread) != job_hash(plain)
+
+
+def test_check_lists_every_expression_in_words_and_warns_for_the_reference(
+    tmp_path: Path,
+) -> None:
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        {
+            "nats": {"servers": "nats://127.0.0.1:1"},  # check connects to nothing
+            "jobs": [
+                {
+                    "name": "report",
+                    "schedule": ["0 9 * * 1#2", "0 0 L * *"],
+                    "timezone": "Europe/Berlin",
+                    "spread": "10m",
+                    "exclude": ["2026-12-24"],
+                },
+                {"name": "plain", "schedule": "*/5 * * * *"},
+            ],
+        },
+    )
+    done = run_cli("check", "-c", str(cfg))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    offset = spread_offset_ms("report", 600) // 1000
+    assert "schedule '0 9 * * 1#2': at 09:00 on the second Monday of the month" in out
+    assert "schedule '0 0 L * *': at 00:00 on the last day of the month" in out
+    assert f"spread 600s: every slot {offset}s later (from the job name)" in out
+    assert "excluded: 2026-12-24" in out
+    warning = [line for line in out.splitlines() if "reference backend" in line]
+    assert len(warning) == 1 and "'#' (nth weekday), 'L' (last)" in warning[0]
+    assert "schedule '*/5 * * * *': every 5 minutes" in out
+    # next runs are in the job's timezone, moved by the spread, never on an excluded day
+    nexts = [line for line in out.splitlines() if line.strip().startswith("next:")][:3]
+    assert all(("CET" in n or "CEST" in n) and "-12-24 " not in n for n in nexts)
+    assert all(f":{offset // 60 % 60:02d}:{offset % 60:02d} " in n for n in nexts), nexts
+
+
+# ---------------------------------------------------------------- fleet behaviour
+
+
+def test_union_spread_and_exclusions_across_three_sidecars(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    spread_name = "spready"
+    offset = spread_offset_ms(spread_name, 7)
+    assert offset != 0  # the test needs a moved slot
+    now = datetime.now(UTC).timestamp()
+    ex_start = int(now) + 6
+    ex_text = f"{iso(ex_start)}/{iso(ex_start + 3)}"  # three one-second slots
+    config = base(
+        nats_server,
+        http_app,
+        [
+            job("both", schedule=["*/2 * * * * *", "*/3 * * * * *"]),
+            job(spread_name, schedule="*/10 * * * * *", spread="7s"),
+            job("excl", exclude=[ex_text]),
+        ],
+    )
+    cfg = cli_config(tmp_path, config)
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        wait_for(
+            lambda: slots(http_app, f"/jobs/{spread_name}")
+            and [s for s in slots(http_app, "/jobs/excl") if s / 1000 >= ex_start + 4],
+            40,
+            what="a spread run and runs after the exclusion",
+        )
+        wait_for(lambda: len(set(slots(http_app, "/jobs/both"))) >= 10, 20, what="union runs")
+        wait_for(
+            lambda: total(procs, "anarchon_runs_skipped_total", {"job": "excl", "reason": "excluded"})
+            == 3,
+            10,
+            what="three excluded slots recorded",
+        )
+        view = job_status(cfg, "both")
+        assert [s["expr"] for s in view["schedules"]] == ["*/2 * * * * *", "*/3 * * * * *"]
+        assert view["schedules"][1]["words"] == "every 3 seconds"
+        # One claim per replica per slot: a shared instant is one slot, not two claims.
+        won = total(procs, "anarchon_claims_won_total", {"job": "both"})
+        lost = total(procs, "anarchon_claims_lost_total", {"job": "both"})
+        both = slots(http_app, "/jobs/both")
+        excl_skips = total(
+            procs, "anarchon_claims_skipped_total", {"job": "excl", "reason": "excluded"}
+        )
+    assert abs(won - len(both)) <= 1, (won, len(both))  # one may be in flight
+    assert lost <= 2 * won + 3, (won, lost)
+    assert max(Counter(both).values()) == 1
+    assert all((s // 1000) % 2 == 0 or (s // 1000) % 3 == 0 for s in both)
+    assert any((s // 1000) % 6 == 0 for s in both), "a shared instant ran"
+    # Spread: the slot id, X-Anarchon-Slot and Scheduled-At are the moved instant.
+    for req in http_app.requests_for(f"/jobs/{spread_name}"):
+        slot = int(req.headers["X-Anarchon-Slot"])
+        assert slot % 10_000 == offset, (slot, offset)
+        assert req.headers["X-Anarchon-Scheduled-At"] == rfc3339(slot / 1000)
+    # Exclusion: nothing ran inside, each slot recorded skipped once.
+    excl = slots(http_app, "/jobs/excl")
+    inside = [ex_start * 1000 + i * 1000 for i in range(3)]
+    assert not set(excl) & set(inside)
+    assert excl_skips == 9
+    records = [r for r in history(cfg, "excl") if r["status"] == "skipped"]
+    assert sorted(r["slot"] for r in records) == inside
+    assert all(r["error"] == f"excluded: {ex_text}" for r in records)
+    ids = [m.headers.get("Nats-Msg-Id") for m in read_stream(nats_server.url)]
+    assert sorted(i for i in ids if i and i.endswith(":s")) == sorted(f"excl:{s}:s" for s in inside)
+
+
+def test_nth_weekday_runs_on_its_day(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    today = datetime.now(UTC)
+    dow = (today.weekday() + 1) % 7  # cron: 0 is Sunday
+    nth = (today.day - 1) // 7 + 1
+    config = base(nats_server, http_app, [job("nth", schedule=f"* * * * * {dow}#{nth}")])
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(2)]):
+        wait_for(lambda: len(slots(http_app, "/jobs/nth")) >= 2, 20, what="runs today")
+    assert max(Counter(slots(http_app, "/jobs/nth")).values()) == 1
+
+
+def test_a_timed_pause_ends_by_itself_on_every_sidecar(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base(nats_server, http_app, [job("a")])
+    cfg = cli_config(tmp_path, config)
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        wait_for(lambda: slots(http_app, "/jobs/a"), 20, what="a runs")
+        done = run_cli("pause", "a", "-c", cfg, "--until", "6s", "--reason", "deploy")
+        assert done.returncode == 0, done.stderr
+        assert " until " in done.stdout and "resumes by itself" in done.stdout
+        stored = datetime.now(UTC).timestamp()
+        view = job_status(cfg, "a")
+        assert view["paused"] and view["paused_reason"] == "deploy"
+        assert view["paused_by"] and "@" in view["paused_by"]
+        until = parse_rfc3339(view["paused_until"])
+        assert stored < until <= stored + 7
+        wait_for(
+            lambda: all(
+                p.metric("anarchon_job_paused_until_timestamp_seconds", {"job": "a"})
+                == pytest.approx(until, abs=0.01)
+                and p.metric("anarchon_job_paused", {"job": "a"}) == 1
+                for p in procs
+            ),
+            5,
+            what="paused with its end on all three",
+        )
+        # No CLI from here on: each sidecar ends the pause itself.
+        wait_for(
+            lambda: all(p.metric("anarchon_job_paused", {"job": "a"}) == 0 for p in procs),
+            until - datetime.now(UTC).timestamp() + 3,
+            what="the pause ended everywhere",
+        )
+        ended = datetime.now(UTC).timestamp()
+        assert ended >= until - 0.05
+        wait_for(
+            lambda: [s for s in slots(http_app, "/jobs/a") if s / 1000 >= until], 5, what="runs"
+        )
+        assert not job_status(cfg, "a")["paused"]
+        ran = slots(http_app, "/jobs/a")
+        paused_slots = list(range(int(stored + 1) * 1000, int(until) * 1000, 1000))
+        assert not set(ran) & set(paused_slots), "a ran while paused"
+        skipped = [r for r in history(cfg, "a") if r["status"] == "skipped"]
+        # Each paused slot recorded once (the first may race the watch and run).
+        assert {r["slot"] for r in skipped} >= set(paused_slots[1:])
+        assert len(skipped) == len({r["slot"] for r in skipped})
+        assert all(r["error"].startswith("paused by ") and "deploy" in r["error"] for r in skipped)
+        recorded = total(procs, "anarchon_runs_skipped_total", {"job": "a", "reason": "paused"})
+        assert recorded == len(skipped)
+    assert max(Counter(ran).values()) == 1
+
+
+async def _skip_key(url: str, job_name: str) -> dict[str, Any] | None:
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value("CRON_STATE")
+        try:
+            entry = await kv.get(f"skip.{job_name}")
+        except Exception:
+            return None
+        return dict(json.loads(entry.value or b"{}"))
+    finally:
+        await nc.close()
+
+
+def test_skip_skips_exactly_the_next_slots_everywhere_and_unskip_cancels(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base(nats_server, http_app, [job("a", schedule="*/2 * * * * *")])
+    cfg = cli_config(tmp_path, config)
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        wait_for(lambda: slots(http_app, "/jobs/a"), 20, what="a runs")
+        done = run_cli("skip", "a", "-c", cfg, "--count", "2", "--reason", "holiday")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.count("a: skipping ") == 2
+        chosen = (asyncio.run(_skip_key(nats_server.url, "a")) or {}).get("slots")
+        assert isinstance(chosen, list) and len(chosen) == 2
+        assert chosen[1] - chosen[0] == 2000
+        wait_for(
+            lambda: [s for s in slots(http_app, "/jobs/a") if s > chosen[1]], 10, what="after"
+        )
+        ran = slots(http_app, "/jobs/a")
+        assert not set(ran) & set(chosen)
+        wait_for(
+            lambda: total(procs, "anarchon_runs_skipped_total", {"job": "a", "reason": "skip"})
+            == 2,
+            5,
+            what="two skip records",
+        )
+        assert total(procs, "anarchon_claims_skipped_total", {"job": "a", "reason": "skip"}) == 6
+        assert job_status(cfg, "a")["skip_pending"] == 0
+        # Five more, then cancelled: the runs come back.
+        more = run_cli("skip", "a", "-c", cfg, "--count", "5")
+        assert more.returncode == 0, more.stderr
+        second = (asyncio.run(_skip_key(nats_server.url, "a")) or {}).get("slots") or []
+        assert len(second) == 5  # the two past ones are dropped from the key
+        assert job_status(cfg, "a")["skip_pending"] in (4, 5)  # one may pass meanwhile
+        table = run_cli("status", "-c", cfg).stdout  # a slot may have passed meanwhile
+        assert "a: next 5 slot(s) skipped" in table or "a: next 4 slot(s) skipped" in table
+        cancel = run_cli("unskip", "a", "-c", cfg)
+        assert cancel.returncode == 0, cancel.stderr
+        assert "pending skip(s) cancelled" in cancel.stdout
+        cancelled = datetime.now(UTC).timestamp()
+        wait_for(
+            lambda: [s for s in slots(http_app, "/jobs/a") if s / 1000 > cancelled + 0.5],
+            8,
+            what="runs after unskip",
+        )
+        again = run_cli("unskip", "a", "-c", cfg)
+        assert again.returncode == 1 and "no skip pending" in again.stderr
+    records = [r for r in history(cfg, "a") if r["status"] == "skipped"]
+    recorded = {r["slot"] for r in records}
+    assert set(chosen) <= recorded <= set(chosen) | set(second[:2])
+    assert len(records) == len(recorded)
+    assert all(r["error"].startswith("skip by ") for r in records)
+    assert all("holiday" in r["error"] for r in records if r["slot"] in chosen)
+    assert max(Counter(slots(http_app, "/jobs/a")).values()) == 1
