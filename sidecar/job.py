@@ -31,6 +31,7 @@ from sidecar.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.due import (
+    LOST,
     RETRY,
     DueKey,
     due_key,
@@ -55,7 +56,8 @@ from sidecar.runs import (
     publish_result,
 )
 from sidecar.skips import EXCLUDED, PAUSED, SkipRecorder
-from sidecar.trigger import Trigger, TriggerResult
+from sidecar.trigger import CATCHUP, RERUN, SCHEDULED, Trigger, TriggerResult, why_of
+from sidecar.trigger import RETRY as RETRY_TRIGGER
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +188,13 @@ class Jobs:
             slot = job.schedule.next_slot(slot)
 
     async def attempt(
-        self, job: JobConfig, slot: int, now: float, number: int = 1, due_at: float | None = None
+        self,
+        job: JobConfig,
+        slot: int,
+        now: float,
+        number: int = 1,
+        due_at: float | None = None,
+        trigger: str = SCHEDULED,
     ) -> None:
         """Claim attempt `number` of `slot` unless something forbids it now; run it when won.
 
@@ -213,7 +221,7 @@ class Jobs:
         start = slot / 1000 if due_at is None else due_at
         deadline = self.clock.monotonic() + (start + job.max_late - now)
         try:
-            claim = await self.claimer.claim(name, slot, deadline, attempt=number)
+            claim = await self.claimer.claim(name, slot, deadline, attempt=number, trigger=trigger)
         except asyncio.CancelledError:
             m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
             raise
@@ -289,7 +297,8 @@ class Jobs:
                     job.max_late,
                 )
                 return
-            await self.attempt(job, due.slot, now, due.attempt, due_at)
+            trigger = RERUN if reason == LOST else RETRY_TRIGGER
+            await self.attempt(job, due.slot, now, due.attempt, due_at, trigger)
         finally:
             self._due.discard(key)
 
@@ -365,7 +374,7 @@ class Jobs:
             now = self.clock.wall()
             if now - slot / 1000 > job.max_late or self.stopping.is_set():
                 continue
-            await self.attempt(job, slot, now)
+            await self.attempt(job, slot, now, trigger=CATCHUP)
 
     async def _wait_ready(self, timeout: float) -> bool:
         deadline = self.clock.monotonic() + max(0.0, timeout)
@@ -502,6 +511,7 @@ class Jobs:
                 attempt=claim.attempt,
                 fence=claim.seq,
                 send_by=deadline,
+                why=why_of(job, claim.slot, claim.trigger),
             )
         except asyncio.CancelledError:
             # Cut off by the drain: the record keeps when the run really
@@ -541,6 +551,7 @@ class Jobs:
             result,
             claim.manual,
             claim.attempt,
+            claim.trigger,
         )
         (log.info if result.ok else log.warning)(
             "run job=%s slot=%s%s status=%s http_status=%s duration_ms=%d%s",

@@ -52,7 +52,7 @@ from sidecar.stream import (
     state_of,
     stream_spec,
 )
-from sidecar.trigger import RetryReport, Trigger, TriggerResult
+from sidecar.trigger import MANUAL, RetryReport, Trigger, TriggerResult, why_of
 
 # How long a one-shot command waits for JetStream answers.
 READ_TIMEOUT = 10.0
@@ -174,9 +174,17 @@ async def run_now(
         )
         async with Trigger(signer, clock, config.instance_id) as trigger:
             result = await trigger.fire(
-                job, slot, claim.token, deadline, fence=claim.seq, on_retry=on_retry
+                job,
+                slot,
+                claim.token,
+                deadline,
+                fence=claim.seq,
+                on_retry=on_retry,
+                why=why_of(job, slot, MANUAL),
             )
-        record = ResultRecord.of(job.name, slot, claim.token, config.instance_id, result, True)
+        record = ResultRecord.of(
+            job.name, slot, claim.token, config.instance_id, result, True, trigger=MANUAL
+        )
         recorded = await publish_result(js, spec.name, spec.prefix, record, attempts=5)
         return ManualRun(claim.token, slot, result, recorded)
 

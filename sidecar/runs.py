@@ -56,12 +56,15 @@ class ResultRecord:
     error: str | None
     manual: bool = False
     attempt: int = 1
+    trigger: str | None = None  # X-Anarchon-Trigger of the run; None: no request (skipped)
 
     def to_json(self) -> bytes:
-        """The body; ``attempt`` only after the first (absent means 1)."""
+        """The body; ``attempt`` only after the first (absent means 1), ``trigger`` when set."""
         data = asdict(self)
         if self.attempt <= 1:
             del data["attempt"]
+        if self.trigger is None:
+            del data["trigger"]
         return json.dumps(data, separators=(",", ":")).encode()
 
     @property
@@ -81,6 +84,7 @@ class ResultRecord:
         result: TriggerResult,
         manual: bool = False,
         attempt: int = 1,
+        trigger: str | None = None,
     ) -> ResultRecord:
         """The record of a finished trigger."""
         return cls(
@@ -96,6 +100,7 @@ class ResultRecord:
             error=result.error,
             manual=manual,
             attempt=attempt,
+            trigger=trigger,
         )
 
 
@@ -151,6 +156,7 @@ RUN_FIELDS = (
     "instance",
     "manual",
     "attempt",
+    "trigger",
     "status",
     "scheduled_at",
     "claimed_at",
@@ -181,6 +187,7 @@ class Run:
     error: str | None
     seq: int = 0  # the claim's stream sequence, for ordering only
     attempt: int = 1
+    trigger: str | None = None  # why it ran (X-Anarchon-Trigger); None: it did not
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in RUN_FIELDS}
@@ -218,6 +225,19 @@ def attempt_of(data: dict[str, Any]) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     return 1
+
+
+def trigger_of(claim: dict[str, Any], result: dict[str, Any]) -> str | None:
+    """Why a run was made: its result's ``trigger``, else its claim's, else what the
+    claim shows (older sidecars and the reference wrote none); None for a skipped slot."""
+    for data in (result, claim):
+        if isinstance(data.get("trigger"), str):
+            return str(data["trigger"])
+    if "skipped" in claim:
+        return None
+    if claim.get("manual") is True:
+        return "manual"
+    return "retry" if attempt_of(claim) > 1 else "scheduled"
 
 
 def _opt(value: Any, kind: type) -> Any:
@@ -278,6 +298,7 @@ def join_runs(
                 http_status=_opt(r.get("http_status"), int),
                 error=_opt(r.get("error"), str),
                 seq=seq,
+                trigger=trigger_of(c, r),
             )
         )
     runs.sort(key=lambda run: (run.slot, run.seq), reverse=True)

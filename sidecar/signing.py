@@ -20,6 +20,21 @@ fence and the SHA-256 of the body, one per line::
     <fence>              ""  when X-Anarchon-Fence is not sent
     <hex sha256(body)>
 
+``v3`` is v2 with two more lines, binding why the request was sent
+(``X-Anarchon-Trigger``) and the schedule's previous instant
+(``X-Anarchon-Previous-Scheduled-At``)::
+
+    anarchon-v3
+    <the nine lines of v2 after its label>
+    <trigger>            ""  when X-Anarchon-Trigger is not sent
+    <previous>           ""  when X-Anarchon-Previous-Scheduled-At is not sent
+
+Adding lines to v2 would have made every deployed v2 verifier refuse every
+request, so v2 stays as it was and is still sent beside v3 (a verifier
+written for v2 keeps working and ignores ``v3=``). A verifier that knows v3
+checks v3, and accepts a v2-only request only when it carries neither of
+those two headers (so they are never believed unsigned).
+
 ``v1`` (the first scheme, HMAC over ``"<t>.<body>"`` only) is still sent by
 default so verifiers written for it keep working; ``target.signing_v1: false``
 stops it. The two messages cannot collide: a v1 message starts with the
@@ -40,6 +55,7 @@ from dataclasses import dataclass, field
 
 SIGNATURE_HEADER = "X-Anarchon-Signature"
 V2_LABEL = "anarchon-v2"
+V3_LABEL = "anarchon-v3"
 
 
 @dataclass(frozen=True)
@@ -59,12 +75,29 @@ class SignedFields:
     body: bytes
     attempt: int = 1
     fence: int | None = None
+    trigger: str | None = None  # X-Anarchon-Trigger (v3)
+    previous: str | None = None  # X-Anarchon-Previous-Scheduled-At (v3)
+
+    @property
+    def has_v3(self) -> bool:
+        """Whether a header only v3 binds is sent: then v3 is sent too."""
+        return self.trigger is not None or self.previous is not None
 
 
 def canonical_v2(timestamp: int, fields: SignedFields) -> bytes:
     """The message a v2 signature is the HMAC of (UTF-8, LF-separated, no final LF)."""
+    return _canonical(V2_LABEL, timestamp, fields, ())
+
+
+def canonical_v3(timestamp: int, fields: SignedFields) -> bytes:
+    """v2's lines under the label ``anarchon-v3``, then the trigger and the previous instant."""
+    extra = (fields.trigger or "", fields.previous or "")
+    return _canonical(V3_LABEL, timestamp, fields, extra)
+
+
+def _canonical(label: str, timestamp: int, fields: SignedFields, extra: tuple[str, ...]) -> bytes:
     lines = (
-        V2_LABEL,
+        label,
         str(timestamp),
         fields.method,
         fields.target,
@@ -74,6 +107,7 @@ def canonical_v2(timestamp: int, fields: SignedFields) -> bytes:
         str(fields.attempt),
         "" if fields.fence is None else str(fields.fence),
         hashlib.sha256(fields.body).hexdigest(),
+        *extra,
     )
     for line in lines:
         # HTTP cannot carry CR or LF in these; one here would make the form ambiguous.
@@ -90,6 +124,11 @@ def mac_v1(secret: bytes, timestamp: int, body: bytes) -> str:
 def mac_v2(secret: bytes, timestamp: int, fields: SignedFields) -> str:
     """Hex HMAC-SHA256 of ``canonical_v2``."""
     return hmac.new(secret, canonical_v2(timestamp, fields), hashlib.sha256).hexdigest()
+
+
+def mac_v3(secret: bytes, timestamp: int, fields: SignedFields) -> str:
+    """Hex HMAC-SHA256 of ``canonical_v3``."""
+    return hmac.new(secret, canonical_v3(timestamp, fields), hashlib.sha256).hexdigest()
 
 
 def signature(secret: bytes, timestamp: int, body: bytes) -> str:
@@ -121,16 +160,21 @@ class Signer:
         return cls(tuple(secrets), v1)
 
     def header(self, timestamp: int, fields: SignedFields) -> str:
-        """``t=<t>[,v1=<hex>],v2=<hex>[,v2=<hex>]``."""
+        """``t=<t>[,v1=<hex>],v2=<hex>[,v2=<hex>][,v3=<hex>[,v3=<hex>]]``.
+
+        v3 only when the fields carry a trigger or a previous instant.
+        """
         parts = [f"t={timestamp}"]
         if self.v1:
             parts.append(f"v1={mac_v1(self.secrets[0], timestamp, fields.body)}")
         parts.extend(f"v2={mac_v2(secret, timestamp, fields)}" for secret in self.secrets)
+        if fields.has_v3:
+            parts.extend(f"v3={mac_v3(secret, timestamp, fields)}" for secret in self.secrets)
         return ",".join(parts)
 
     def describe(self) -> str:
         """What is sent, for the start log: ``v1+v2 keys=2`` (never a secret)."""
-        return f"{'v1+v2' if self.v1 else 'v2'} keys={len(self.secrets)}"
+        return f"{'v1+v2+v3' if self.v1 else 'v2+v3'} keys={len(self.secrets)}"
 
     def __repr__(self) -> str:
         return f"Signer(secrets=<{len(self.secrets)} set>, v1={self.v1})"

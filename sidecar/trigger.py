@@ -55,6 +55,35 @@ USER_AGENT = f"anarchon-sidecar/{__version__}"
 FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
 
 
+TRIGGER_HEADER = "X-Anarchon-Trigger"
+PREVIOUS_HEADER = "X-Anarchon-Previous-Scheduled-At"
+# X-Anarchon-Trigger: why this request was sent.
+SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL = (
+    "scheduled",
+    "catchup",
+    "manual",
+    "retry",
+    "rerun",
+    "backfill",
+)
+TRIGGERS = (SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL)
+
+
+@dataclass(frozen=True)
+class Why:
+    """Why a request is sent (``X-Anarchon-Trigger``) and the schedule's instant
+    before its slot (``X-Anarchon-Previous-Scheduled-At``, RFC 3339; None: none)."""
+
+    trigger: str
+    previous: str | None = None
+
+
+def why_of(job: JobConfig, slot: int, trigger: str) -> Why:
+    """The Why of a run of `slot`: its trigger and the schedule's previous instant."""
+    previous = job.schedule.previous_slot(slot)
+    return Why(trigger, rfc3339(previous / 1000) if previous is not None else None)
+
+
 #: ``on_retry(attempts so far, why, seconds left before giving up)``
 RetryReport = Callable[[int, TriggerUndelivered, float], None]
 
@@ -172,6 +201,7 @@ class Trigger:
         body: bytes,
         attempt: int = 1,
         fence: int | None = None,
+        why: Why | None = None,
     ) -> dict[str, str]:
         headers = dict(job.request.headers)
         headers.update(
@@ -189,10 +219,23 @@ class Trigger:
             # The won claim's stream sequence: it grows with every claim on
             # the stream, so an app can refuse a request older than one it ran.
             headers["X-Anarchon-Fence"] = str(fence)
+        if why is not None:
+            headers[TRIGGER_HEADER] = why.trigger
+            if why.previous is not None:
+                headers[PREVIOUS_HEADER] = why.previous
         if self.signer is not None:
             req = job.request
             signed = SignedFields(
-                req.method, req.path, job.name, slot, token, body, attempt=attempt, fence=fence
+                req.method,
+                req.path,
+                job.name,
+                slot,
+                token,
+                body,
+                attempt=attempt,
+                fence=fence,
+                trigger=why.trigger if why is not None else None,
+                previous=why.previous if why is not None else None,
             )
             headers[SIGNATURE_HEADER] = self.signer.header(int(self.clock.wall()), signed)
         return headers
@@ -207,6 +250,7 @@ class Trigger:
         fence: int | None = None,
         on_retry: RetryReport | None = None,
         send_by: float | None = None,
+        why: Why | None = None,
     ) -> TriggerResult:
         """Run the job's request once; retry only while undelivered and before `deadline`.
 
@@ -226,7 +270,7 @@ class Trigger:
         while True:
             attempts += 1
             try:
-                status = await self._send(job, slot, token, attempt, fence, send_by)
+                status = await self._send(job, slot, token, attempt, fence, send_by, why)
             except TriggerLate as exc:
                 return self._result(started_at, t0, None, str(exc), attempts, late=True)
             except TriggerUndelivered as exc:
@@ -284,6 +328,7 @@ class Trigger:
         attempt: int,
         fence: int | None,
         send_by: float | None = None,
+        why: Why | None = None,
     ) -> int:
         """One request over a fresh connection; returns the 2xx status or raises a TriggerError."""
         self._too_late(send_by)
@@ -291,7 +336,7 @@ class Trigger:
         body = req.body.encode()
         try:
             request = encode_request(
-                req, self.headers(job, slot, token, body, attempt, fence), body
+                req, self.headers(job, slot, token, body, attempt, fence, why), body
             )
         except h11.LocalProtocolError as exc:  # config validation should make this unreachable
             raise TriggerError(f"cannot build the request: {exc}") from exc

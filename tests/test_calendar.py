@@ -33,7 +33,8 @@ UNIONS = [
         ["2026-01-01 00:00:02", "2026-01-01 00:00:03", "2026-01-01 00:00:04",
          "2026-01-01 00:00:06", "2026-01-01 00:00:08", "2026-01-01 00:00:09"]),
     # the same expression twice is one
-    (["0 * * * *", "0 * * * *"], UTC_Z, "2026-01-01 00:00", ["2026-01-01 01:00", "2026-01-01 02:00"]),
+    (["0 * * * *", "0 * * * *"], UTC_Z, "2026-01-01 00:00",
+        ["2026-01-01 01:00", "2026-01-01 02:00"]),
     # spring forward: 02:30 does not exist and runs at the transition, 03:00 CEST is
     # the same instant: one slot, not two
     (["30 2 * * *", "0 3 * * *"], BERLIN, "2026-03-28 12:00",
@@ -147,7 +148,11 @@ def test_bad_exclusions_say_why(text: str, fragment: str) -> None:
 def test_excluded_slots_are_walked_but_do_not_run() -> None:
     cal = parse_calendar("0 9 * * *", BERLIN, exclude=["2026-12-24", "2026-12-25"])
     after = u("2026-12-23 12:00")
-    assert cal.slots(after, 3) == [u("2026-12-24 08:00"), u("2026-12-25 08:00"), u("2026-12-26 08:00")]
+    assert cal.slots(after, 3) == [
+        u("2026-12-24 08:00"),
+        u("2026-12-25 08:00"),
+        u("2026-12-26 08:00"),
+    ]
     assert cal.runs(after, 2) == [u("2026-12-26 08:00"), u("2026-12-27 08:00")]
     assert cal.next_run(after) == u("2026-12-26 08:00")
     excl = cal.excluded(u("2026-12-25 08:00"))
@@ -230,12 +235,18 @@ def test_schedule_in_words(expr: str, words: str) -> None:
 
 
 def test_schedule_lines_name_everything_check_shows() -> None:
-    cal = parse_calendar(["0 9 * * 1#2", "0 0 L * *"], BERLIN, "nightly-report", 3600, ["2026-12-24"])
+    cal = parse_calendar(
+        ["0 9 * * 1#2", "0 0 L * *"], BERLIN, "nightly-report", 3600, ["2026-12-24"]
+    )
     lines = schedule_lines(cal)
     assert lines[0] == "schedule '0 9 * * 1#2': at 09:00 on the second Monday of the month"
     assert lines[1] == "schedule '0 0 L * *': at 00:00 on the last day of the month"
     assert "spread 3600s: every slot 3264s later (from the job name)" in lines
     assert "excluded: 2026-12-24" in lines
     assert lines[-1].startswith("uses '#' (nth weekday), 'L' (last), spread")
-    assert lines[-1].endswith("a scheduler of the reference backend sharing the stream cannot run this job")
-    assert schedule_lines(parse_calendar("*/5 * * * *", UTC_Z)) == ["schedule '*/5 * * * *': every 5 minutes"]
+    assert lines[-1].endswith(
+        "a scheduler of the reference backend sharing the stream cannot run this job"
+    )
+    assert schedule_lines(parse_calendar("*/5 * * * *", UTC_Z)) == [
+        "schedule '*/5 * * * *': every 5 minutes"
+    ]

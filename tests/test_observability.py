@@ -61,6 +61,9 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_stream_raised_total": ("counter", frozenset()),
     # FLEET.md's additions.
     "anarchon_job_paused": ("gauge", frozenset({"job"})),
+    # Schedules (docs/METRICS.md): a timed pause's end, the slots `skip` holds back.
+    "anarchon_job_paused_until_timestamp_seconds": ("gauge", frozenset({"job"})),
+    "anarchon_job_skips_pending": ("gauge", frozenset({"job"})),
     "anarchon_fleet_instances": ("gauge", frozenset()),
     "anarchon_fleet_config_mismatch": ("gauge", frozenset()),
     "anarchon_runs_skipped_total": ("counter", frozenset({"job", "reason"})),
@@ -74,12 +77,31 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_build_info": ("gauge", frozenset({"version"})),
 }
 SPEC_LABEL_VALUES = {
-    "reason": {"late", "disconnected", "shutdown", "stream", "paused", "overlap", "retry", "lost"},
+    "reason": {
+        "late",
+        "disconnected",
+        "shutdown",
+        "stream",
+        "paused",
+        "overlap",
+        "retry",
+        "lost",
+        "excluded",
+        "skip",
+    },
     "status": {"succeeded", "failed", "skipped", "lost"},
 }
 # The reasons of each metric with a reason label.
 REASONS = {
-    "anarchon_claims_skipped_total": {"late", "disconnected", "shutdown", "stream", "paused"},
+    "anarchon_claims_skipped_total": {
+        "late",
+        "disconnected",
+        "shutdown",
+        "stream",
+        "paused",
+        "excluded",
+        "skip",
+    },
     "anarchon_runs_skipped_total": {"overlap"},
     "anarchon_attempts_due_total": {"retry", "lost"},
 }

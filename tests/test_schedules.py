@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -161,7 +162,7 @@ def test_union_spread_and_exclusions_across_three_sidecars(
     offset = spread_offset_ms(spread_name, 7)
     assert offset != 0  # the test needs a moved slot
     now = datetime.now(UTC).timestamp()
-    ex_start = int(now) + 6
+    ex_start = int(now) + 15  # after every sidecar's loop has started, even on a loaded host
     ex_text = f"{iso(ex_start)}/{iso(ex_start + 3)}"  # three one-second slots
     config = base(
         nats_server,
@@ -175,15 +176,19 @@ def test_union_spread_and_exclusions_across_three_sidecars(
     cfg = cli_config(tmp_path, config)
     with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
         wait_for(
-            lambda: slots(http_app, f"/jobs/{spread_name}")
-            and [s for s in slots(http_app, "/jobs/excl") if s / 1000 >= ex_start + 4],
+            lambda: (
+                slots(http_app, f"/jobs/{spread_name}")
+                and [s for s in slots(http_app, "/jobs/excl") if s / 1000 >= ex_start + 4]
+            ),
             40,
             what="a spread run and runs after the exclusion",
         )
         wait_for(lambda: len(set(slots(http_app, "/jobs/both"))) >= 10, 20, what="union runs")
         wait_for(
-            lambda: total(procs, "anarchon_runs_skipped_total", {"job": "excl", "reason": "excluded"})
-            == 3,
+            lambda: (
+                total(procs, "anarchon_runs_skipped_total", {"job": "excl", "reason": "excluded"})
+                == 3
+            ),
             10,
             what="three excluded slots recorded",
         )
@@ -308,14 +313,13 @@ def test_skip_skips_exactly_the_next_slots_everywhere_and_unskip_cancels(
         chosen = (asyncio.run(_skip_key(nats_server.url, "a")) or {}).get("slots")
         assert isinstance(chosen, list) and len(chosen) == 2
         assert chosen[1] - chosen[0] == 2000
-        wait_for(
-            lambda: [s for s in slots(http_app, "/jobs/a") if s > chosen[1]], 10, what="after"
-        )
+        wait_for(lambda: [s for s in slots(http_app, "/jobs/a") if s > chosen[1]], 10, what="after")
         ran = slots(http_app, "/jobs/a")
         assert not set(ran) & set(chosen)
         wait_for(
-            lambda: total(procs, "anarchon_runs_skipped_total", {"job": "a", "reason": "skip"})
-            == 2,
+            lambda: (
+                total(procs, "anarchon_runs_skipped_total", {"job": "a", "reason": "skip"}) == 2
+            ),
             5,
             what="two skip records",
         )
@@ -326,9 +330,9 @@ def test_skip_skips_exactly_the_next_slots_everywhere_and_unskip_cancels(
         assert more.returncode == 0, more.stderr
         second = (asyncio.run(_skip_key(nats_server.url, "a")) or {}).get("slots") or []
         assert len(second) == 5  # the two past ones are dropped from the key
-        assert job_status(cfg, "a")["skip_pending"] in (4, 5)  # one may pass meanwhile
-        table = run_cli("status", "-c", cfg).stdout  # a slot may have passed meanwhile
-        assert "a: next 5 slot(s) skipped" in table or "a: next 4 slot(s) skipped" in table
+        assert 1 <= job_status(cfg, "a")["skip_pending"] <= 5  # some may pass meanwhile
+        table = run_cli("status", "-c", cfg).stdout  # slots may have passed meanwhile
+        assert re.search(r"^a: next [1-5] slot\(s\) skipped \(skip\)$", table, re.M), table
         cancel = run_cli("unskip", "a", "-c", cfg)
         assert cancel.returncode == 0, cancel.stderr
         assert "pending skip(s) cancelled" in cancel.stdout

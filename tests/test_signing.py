@@ -30,8 +30,8 @@ import pytest
 
 from sidecar.clock import Clock
 from sidecar.config import ConfigError, load_secrets, parse_config
-from sidecar.signing import SignedFields, Signer, canonical_v2, signature
-from sidecar.trigger import Trigger
+from sidecar.signing import SignedFields, Signer, canonical_v2, canonical_v3, signature
+from sidecar.trigger import Trigger, Why
 from tests.support import ROOT, free_port, run_cli, wait_for
 
 SIGNING_DOCS = ROOT / "docs" / "signing"
@@ -50,6 +50,8 @@ def fields_of(case: dict[str, Any]) -> SignedFields:
         body=f["body"].encode(),
         attempt=1 if f["attempt"] is None else f["attempt"],
         fence=f["fence"],
+        trigger=f.get("trigger"),
+        previous=f.get("previous"),
     )
 
 
@@ -68,6 +70,10 @@ def expected_verdicts(vectors: dict[str, Any]) -> list[str]:
 def test_sidecar_reproduces_the_vectors(case: dict[str, Any]) -> None:
     fields = fields_of(case)
     assert canonical_v2(case["t"], fields) == case["canonical"].encode()
+    if "canonical_v3" in case:
+        assert canonical_v3(case["t"], fields) == case["canonical_v3"].encode()
+    else:
+        assert not fields.has_v3
     secrets = [s.encode() for s in case["secrets"]]
     signer = Signer.of(secrets[0], secrets[1] if len(secrets) > 1 else None, v1=case["v1"])
     assert signer is not None
@@ -193,8 +199,8 @@ def test_config_path_must_go_on_the_wire_as_written(path: str) -> None:
 @pytest.mark.parametrize(
     ("target", "env", "shown"),
     [
-        ({"signing_secret_file": "CUR", "signing_secret_next_file": "NEXT"}, {}, "v1+v2 keys=2"),
-        ({"signing_v1": False}, {"ANARCHON_SIGNING_SECRET": "env-secret-value"}, "v2 keys=1"),
+        ({"signing_secret_file": "CUR", "signing_secret_next_file": "NEXT"}, {}, "v1+v2+v3 keys=2"),
+        ({"signing_v1": False}, {"ANARCHON_SIGNING_SECRET": "env-secret-value"}, "v2+v3 keys=1"),
         ({}, {}, "off"),
     ],
     ids=["rotation", "env", "off"],
@@ -332,17 +338,27 @@ async def test_verifiers_accept_what_the_sidecar_sends(language: str, tmp_path: 
         async with Trigger(Signer.of(current, nxt), Clock(), "web-1") as trigger:
             for n, job in enumerate(config.jobs):
                 deadline = time.monotonic() + 30
-                result = await trigger.fire(job, 1_796_227_910_000, f"run{n}", deadline)
+                # The first with the v3 headers (and v3), the second without (v2 only).
+                why = Why("catchup", "2026-12-02T15:30:00.000Z") if n == 0 else None
+                result = await trigger.fire(job, 1_796_227_910_000, f"run{n}", deadline, why=why)
                 assert result.ok, result.error
     sent = raw.requests
     assert [r["target"] for r in sent] == ["/jobs/sync", "/jobs/a/../b%7E?q=%2F&x=1"]
+    assert ["X-Anarchon-Trigger", "catchup"] in sent[0]["headers"]
+    assert ",v3=" in dict(sent[0]["headers"])["X-Anarchon-Signature"]
+    assert ",v3=" not in dict(sent[1]["headers"])["X-Anarchon-Signature"]
     now = int(time.time())
     tampered = json.loads(json.dumps(sent[0]))
     tampered["target"] = "/jobs/report"
     steps = [{"now": now, "request": r, "expect": "ok"} for r in sent]
+    retold = json.loads(json.dumps(sent[0]))  # a catch-up passed off as scheduled
+    retold["headers"] = [
+        [n, "scheduled" if n == "X-Anarchon-Trigger" else v] for n, v in retold["headers"]
+    ]
     steps += [
         {"now": now, "request": sent[0], "expect": "replay"},
         {"now": now, "request": tampered, "expect": "mismatch"},
+        {"now": now, "request": retold, "expect": "mismatch"},
     ]
     live = {
         "verify": [

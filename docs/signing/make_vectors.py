@@ -28,12 +28,19 @@ Headers = list[list[str]]
 Case = dict[str, Any]
 
 
-def canonical(f: dict[str, Any], t: int) -> str:
+def canonical(f: dict[str, Any], t: int, label: str = "anarchon-v2") -> str:
     attempt = "1" if f["attempt"] is None else str(f["attempt"])
     fence = "" if f["fence"] is None else str(f["fence"])
     digest = hashlib.sha256(f["body"].encode()).hexdigest()
-    lines = ["anarchon-v2", str(t), f["method"], f["target"], f["job"], str(f["slot"])]
-    return "\n".join([*lines, f["run_id"], attempt, fence, digest])
+    lines = [label, str(t), f["method"], f["target"], f["job"], str(f["slot"])]
+    lines += [f["run_id"], attempt, fence, digest]
+    if label == "anarchon-v3":
+        lines += [f["trigger"] or "", f["previous"] or ""]
+    return "\n".join(lines)
+
+
+def has_v3(f: dict[str, Any]) -> bool:
+    return f["trigger"] is not None or f["previous"] is not None
 
 
 def mac(secret: str, message: str) -> str:
@@ -41,12 +48,14 @@ def mac(secret: str, message: str) -> str:
 
 
 def sign(name: str, note: str, t: int, secrets: list[str], v1: bool, **fields: Any) -> Case:
-    f = {"attempt": None, "fence": None, **fields}
+    f = {"attempt": None, "fence": None, "trigger": None, "previous": None, **fields}
     message = canonical(f, t)
     parts = [f"t={t}"]
     if v1:
         parts.append("v1=" + mac(secrets[0], f"{t}." + f["body"]))
     parts += ["v2=" + mac(secret, message) for secret in secrets]
+    if has_v3(f):
+        parts += ["v3=" + mac(secret, canonical(f, t, "anarchon-v3")) for secret in secrets]
     headers = [
         ["X-Anarchon-Job", f["job"]],
         ["X-Anarchon-Slot", str(f["slot"])],
@@ -56,10 +65,16 @@ def sign(name: str, note: str, t: int, secrets: list[str], v1: bool, **fields: A
         headers.append(["X-Anarchon-Attempt", str(f["attempt"])])
     if f["fence"] is not None:
         headers.append(["X-Anarchon-Fence", str(f["fence"])])
+    if f["trigger"] is not None:
+        headers.append(["X-Anarchon-Trigger", f["trigger"]])
+    if f["previous"] is not None:
+        headers.append(["X-Anarchon-Previous-Scheduled-At", f["previous"]])
     headers.append([SIG, ",".join(parts)])
-    order = ("method", "target", "job", "slot", "run_id", "attempt", "fence", "body")
+    order = ["method", "target", "job", "slot", "run_id", "attempt", "fence", "body"]
+    if has_v3(f):
+        order[-1:-1] = ["trigger", "previous"]
     request = {"method": f["method"], "target": f["target"], "headers": headers, "body": f["body"]}
-    return {
+    out = {
         "name": name,
         "note": note,
         "t": t,
@@ -67,9 +82,10 @@ def sign(name: str, note: str, t: int, secrets: list[str], v1: bool, **fields: A
         "v1": v1,
         "fields": {key: f[key] for key in order},
         "canonical": message,
-        "header": ",".join(parts),
-        "request": request,
     }
+    if has_v3(f):
+        out["canonical_v3"] = canonical(f, t, "anarchon-v3")
+    return {**out, "header": ",".join(parts), "request": request}
 
 
 SIGNING = [
@@ -143,8 +159,41 @@ SIGNING = [
         body="",
         attempt=1,
     ),
+    sign(
+        "v3-trigger-and-previous",
+        "X-Anarchon-Trigger and X-Anarchon-Previous-Scheduled-At sent: v2 as before, and v3"
+        " binding them too",
+        T + 180,
+        [CUR],
+        True,
+        method="POST",
+        target="/jobs/sync",
+        job="sync",
+        slot=1796228100000,
+        run_id="a1b2c3d4e5f60718293a4b5c6d7e8f90",
+        body='{"full": false}',
+        attempt=2,
+        fence=812,
+        trigger="retry",
+        previous="2026-12-02T15:30:00.000Z",
+    ),
+    sign(
+        "v3-rotation-first-slot",
+        "rotation: one v2 and one v3 entry per secret; no previous instant (the schedule has"
+        " none): the header is not sent and its line is empty",
+        T + 240,
+        [CUR, NXT],
+        False,
+        method="POST",
+        target="/jobs/backfill",
+        job="backfill",
+        slot=1796227200000,
+        run_id="0f1e2d3c4b5a69788796a5b4c3d2e1f0",
+        body="",
+        trigger="backfill",
+    ),
 ]
-A, B, R, F, _ = SIGNING
+A, B, R, F, _, V3, V3R = SIGNING
 
 
 def req(case: Case, headers: Callable[[Headers], Headers] | None = None, **changes: str) -> Case:
@@ -342,6 +391,51 @@ VERIFY = [
         [step(T, req(A, lambda hs: [[n.lower(), v] for n, v in hs]), "ok")],
     ),
     case(
+        "v3-accepts-then-refuses-replay",
+        [CUR],
+        [step(T + 180, V3["request"], "ok"), step(T + 181, V3["request"], "replay")],
+    ),
+    case("v3-rotation-new-secret", [NXT], [step(T + 240, V3R["request"], "ok")]),
+    case(
+        "v3-trigger-changed",
+        [CUR],
+        [step(T + 180, req(V3, set_header("X-Anarchon-Trigger", "scheduled")), "mismatch")],
+        "v2 still matches, but a verifier that knows v3 checks v3",
+    ),
+    case(
+        "v3-previous-changed",
+        [CUR],
+        [
+            step(
+                T + 180,
+                req(V3, set_header("X-Anarchon-Previous-Scheduled-At", "2026-12-01T00:00:00Z")),
+                "mismatch",
+            )
+        ],
+    ),
+    case(
+        "v3-trigger-removed",
+        [CUR],
+        [step(T + 180, req(V3, set_header("X-Anarchon-Trigger", None)), "mismatch")],
+    ),
+    case(
+        "v3-stripped",
+        [CUR],
+        [step(T + 180, req(V3, signature_of(V3["header"].split(",v3=")[0])), "malformed")],
+        "X-Anarchon-Trigger with only v2 entries: never believed unsigned",
+    ),
+    case(
+        "v3-previous-added-to-v2",
+        [CUR],
+        [
+            step(
+                T,
+                req(A, add_header("X-Anarchon-Previous-Scheduled-At", "2026-12-02T15:00:00Z")),
+                "malformed",
+            )
+        ],
+    ),
+    case(
         "retry-is-not-a-replay",
         [CUR],
         [step(T + 60, F["request"], "ok"), step(T + 61, RETRY["request"], "ok")],
@@ -354,7 +448,9 @@ ABOUT = (
     "Strings are UTF-8: secrets and bodies are the UTF-8 bytes of the strings given. "
     "'signing': the header the sidecar sends for the given fields, time and secrets "
     "(current first); attempt null means X-Anarchon-Attempt is not sent, fence null "
-    "that X-Anarchon-Fence is not sent. 'verify': one verifier per case (its secrets, "
+    "that X-Anarchon-Fence is not sent; a case with trigger or previous also has "
+    "canonical_v3 and v3 entries (null or absent: that header is not sent). "
+    "'verify': one verifier per case (its secrets, "
     "its window in seconds) fed the steps in order; 'expect' is ok or the reason it "
     "refuses: malformed, expired, mismatch, replay. Headers are [name, value] pairs "
     "in the order sent."

@@ -1,4 +1,8 @@
-// Verify X-Anarchon-Signature v2 in a Go app (standard library only).
+// Verify X-Anarchon-Signature v2/v3 in a Go app (standard library only).
+//
+// v3 also binds X-Anarchon-Trigger and X-Anarchon-Previous-Scheduled-At. A
+// request with a v3= entry is checked by v3; one without is checked by v2
+// and refused when it carries either of those two headers.
 //
 // Copy Verifier into your app. One instance per process, shared by every
 // request (it remembers the runs it accepted, for the replay rule):
@@ -75,7 +79,8 @@ func (v *Verifier) Verify(method, target string, h http.Header, body []byte, now
 	field := map[string]string{}
 	present := map[string]bool{}
 	for _, name := range []string{"X-Anarchon-Job", "X-Anarchon-Slot", "X-Anarchon-Run-Id",
-		"X-Anarchon-Attempt", "X-Anarchon-Fence", "X-Anarchon-Signature"} {
+		"X-Anarchon-Attempt", "X-Anarchon-Fence", "X-Anarchon-Trigger",
+		"X-Anarchon-Previous-Scheduled-At", "X-Anarchon-Signature"} {
 		val, ok, err := one(name)
 		if err != nil {
 			return err
@@ -85,7 +90,7 @@ func (v *Verifier) Verify(method, target string, h http.Header, body []byte, now
 	if !present["X-Anarchon-Signature"] {
 		return &SignatureError{"malformed", "no X-Anarchon-Signature"}
 	}
-	var stamps, macs []string
+	var stamps, macs, macsV3 []string
 	for _, entry := range strings.Split(field["X-Anarchon-Signature"], ",") {
 		key, value, _ := strings.Cut(strings.TrimSpace(entry), "=")
 		switch key {
@@ -93,6 +98,8 @@ func (v *Verifier) Verify(method, target string, h http.Header, body []byte, now
 			stamps = append(stamps, value)
 		case "v2":
 			macs = append(macs, value)
+		case "v3":
+			macsV3 = append(macsV3, value)
 		}
 	}
 	if len(stamps) != 1 || !allDigits(stamps[0]) {
@@ -102,8 +109,12 @@ func (v *Verifier) Verify(method, target string, h http.Header, body []byte, now
 	if err != nil {
 		return &SignatureError{"malformed", "t= out of range"}
 	}
-	if len(macs) == 0 {
+	if len(macs) == 0 && len(macsV3) == 0 {
 		return &SignatureError{"malformed", "no v2= entry"}
+	}
+	v3 := len(macsV3) > 0
+	if !v3 && (present["X-Anarchon-Trigger"] || present["X-Anarchon-Previous-Scheduled-At"]) {
+		return &SignatureError{"malformed", "a header only v3 signs, without v3="}
 	}
 	for _, name := range []string{"X-Anarchon-Job", "X-Anarchon-Slot", "X-Anarchon-Run-Id"} {
 		if !present[name] {
@@ -119,9 +130,17 @@ func (v *Verifier) Verify(method, target string, h http.Header, body []byte, now
 		attempt = "1"
 	}
 	sum := sha256.Sum256(body)
-	lines := []string{"anarchon-v2", stamps[0], method, target, field["X-Anarchon-Job"],
+	label, scheme := "anarchon-v2", "v2"
+	if v3 {
+		label, scheme = "anarchon-v3", "v3"
+	}
+	lines := []string{label, stamps[0], method, target, field["X-Anarchon-Job"],
 		field["X-Anarchon-Slot"], field["X-Anarchon-Run-Id"], attempt,
 		field["X-Anarchon-Fence"], hex.EncodeToString(sum[:])}
+	if v3 {
+		lines = append(lines, field["X-Anarchon-Trigger"], field["X-Anarchon-Previous-Scheduled-At"])
+		macs = macsV3
+	}
 	for _, line := range lines {
 		if strings.ContainsAny(line, "\r\n") {
 			return &SignatureError{"malformed", "CR or LF in a signed field"}
@@ -141,7 +160,7 @@ func (v *Verifier) Verify(method, target string, h http.Header, body []byte, now
 		}
 	}
 	if matched == 0 {
-		return &SignatureError{"mismatch", "no v2= entry matches a secret"}
+		return &SignatureError{"mismatch", "no " + scheme + "= entry matches a secret"}
 	}
 	// The replay rule, only for requests that passed the checks above.
 	key := replayKey{field["X-Anarchon-Run-Id"], attempt}

@@ -1,4 +1,8 @@
-// Verify X-Anarchon-Signature v2 in a Node.js app (no dependencies).
+// Verify X-Anarchon-Signature v2/v3 in a Node.js app (no dependencies).
+//
+// v3 also binds X-Anarchon-Trigger and X-Anarchon-Previous-Scheduled-At. A
+// request with a v3= entry is checked by v3; one without is checked by v2
+// and refused when it carries either of those two headers.
 //
 // Copy Verifier into your app. One instance per process, shared by every
 // request (it remembers the runs it accepted, for the replay rule):
@@ -30,6 +34,7 @@ const crypto = require('node:crypto');
 
 const SIGNED = ['x-anarchon-job', 'x-anarchon-slot', 'x-anarchon-run-id'];
 const OPTIONAL = ['x-anarchon-attempt', 'x-anarchon-fence'];
+const V3_ONLY = ['x-anarchon-trigger', 'x-anarchon-previous-scheduled-at'];
 const SIGNATURE = 'x-anarchon-signature';
 
 /** Refused; reason is "malformed", "expired", "mismatch" or "replay". */
@@ -64,14 +69,15 @@ class Verifier {
       if (!values.has(key)) values.set(key, []);
       values.get(key).push(value.replace(/^[ \t]+|[ \t]+$/g, ''));
     }
-    for (const name of [...SIGNED, ...OPTIONAL, SIGNATURE]) {
+    for (const name of [...SIGNED, ...OPTIONAL, ...V3_ONLY, SIGNATURE]) {
       if ((values.get(name) || []).length > 1) {
         throw new SignatureError('malformed', `${name} sent more than once`);
       }
     }
     if (!values.has(SIGNATURE)) throw new SignatureError('malformed', 'no X-Anarchon-Signature');
     const stamps = [];
-    const macs = [];
+    let macs = [];
+    const macsV3 = [];
     for (const entry of values.get(SIGNATURE)[0].split(',')) {
       const trimmed = entry.trim();
       const eq = trimmed.indexOf('=');
@@ -79,11 +85,16 @@ class Verifier {
       const value = eq < 0 ? '' : trimmed.slice(eq + 1);
       if (key === 't') stamps.push(value);
       else if (key === 'v2') macs.push(value);
+      else if (key === 'v3') macsV3.push(value);
     }
     if (stamps.length !== 1 || !/^[0-9]+$/.test(stamps[0])) {
       throw new SignatureError('malformed', 't= must appear once, as unix seconds');
     }
-    if (!macs.length) throw new SignatureError('malformed', 'no v2= entry');
+    if (!macs.length && !macsV3.length) throw new SignatureError('malformed', 'no v2= entry');
+    const v3 = macsV3.length > 0;
+    if (!v3 && V3_ONLY.some((name) => values.has(name))) {
+      throw new SignatureError('malformed', 'a header only v3 signs, without v3=');
+    }
     const missing = SIGNED.filter((name) => !values.has(name));
     if (missing.length) throw new SignatureError('malformed', `missing ${missing.join(', ')}`);
     const t = Number(stamps[0]);
@@ -93,7 +104,7 @@ class Verifier {
     const get = (name, dflt) => (values.has(name) ? values.get(name)[0] : dflt);
     const attempt = get('x-anarchon-attempt', '') || '1';
     const lines = [
-      'anarchon-v2',
+      v3 ? 'anarchon-v3' : 'anarchon-v2',
       stamps[0],
       method,
       target,
@@ -104,6 +115,10 @@ class Verifier {
       get('x-anarchon-fence', ''),
       crypto.createHash('sha256').update(body).digest('hex'),
     ];
+    if (v3) {
+      for (const name of V3_ONLY) lines.push(get(name, ''));
+      macs = macsV3;
+    }
     if (lines.some((line) => /[\r\n]/.test(line))) {
       throw new SignatureError('malformed', 'CR or LF in a signed field');
     }
@@ -118,7 +133,9 @@ class Verifier {
         if (got.length === want.length && crypto.timingSafeEqual(want, got)) matched = true;
       }
     }
-    if (!matched) throw new SignatureError('mismatch', 'no v2= entry matches a secret');
+    if (!matched) {
+      throw new SignatureError('mismatch', `no ${v3 ? 'v3' : 'v2'}= entry matches a secret`);
+    }
     // The replay rule, only for requests that passed the checks above.
     const runId = get('x-anarchon-run-id');
     const key = `${runId} ${attempt}`;

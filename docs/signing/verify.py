@@ -1,4 +1,8 @@
-"""Verify X-Anarchon-Signature v2 in a Python app (standard library only).
+"""Verify X-Anarchon-Signature v2/v3 in a Python app (standard library only).
+
+v3 also binds X-Anarchon-Trigger and X-Anarchon-Previous-Scheduled-At. A
+request with a v3= entry is checked by v3; one without is checked by v2 and
+refused when it carries either of those two headers (never believed unsigned).
 
 Copy ``Verifier`` into your app. One instance per process, shared by every
 request (it remembers the runs it accepted, for the replay rule)::
@@ -30,6 +34,7 @@ from collections.abc import Iterable, Sequence
 
 SIGNED = ("x-anarchon-job", "x-anarchon-slot", "x-anarchon-run-id")
 OPTIONAL = {"x-anarchon-attempt": "1", "x-anarchon-fence": ""}
+V3_ONLY = ("x-anarchon-trigger", "x-anarchon-previous-scheduled-at")
 SIGNATURE = "x-anarchon-signature"
 
 
@@ -65,22 +70,28 @@ class Verifier:
         values: dict[str, list[str]] = {}
         for name, value in headers:
             values.setdefault(name.lower(), []).append(value.strip(" \t"))
-        for name in (*SIGNED, *OPTIONAL, SIGNATURE):
+        for name in (*SIGNED, *OPTIONAL, *V3_ONLY, SIGNATURE):
             if len(values.get(name, ())) > 1:
                 raise SignatureError("malformed", f"{name} sent more than once")
         if SIGNATURE not in values:
             raise SignatureError("malformed", "no X-Anarchon-Signature")
-        stamps, macs = [], []
+        stamps, macs, macs_v3 = [], [], []
         for entry in values[SIGNATURE][0].split(","):
             key, _, value = entry.strip().partition("=")
             if key == "t":
                 stamps.append(value)
             elif key == "v2":
                 macs.append(value)
+            elif key == "v3":
+                macs_v3.append(value)
         if len(stamps) != 1 or not stamps[0].isascii() or not stamps[0].isdigit():
             raise SignatureError("malformed", "t= must appear once, as unix seconds")
-        if not macs:
+        if not macs and not macs_v3:
             raise SignatureError("malformed", "no v2= entry")
+        if not macs_v3 and any(name in values for name in V3_ONLY):
+            raise SignatureError(
+                "malformed", "X-Anarchon-Trigger or -Previous-Scheduled-At without v3="
+            )
         missing = [name for name in SIGNED if name not in values]
         if missing:
             raise SignatureError("malformed", f"missing {', '.join(missing)}")
@@ -90,7 +101,7 @@ class Verifier:
         field = {name: values[name][0] for name in SIGNED}
         field.update({name: values.get(name, [default])[0] for name, default in OPTIONAL.items()})
         lines = [
-            "anarchon-v2",
+            "anarchon-v3" if macs_v3 else "anarchon-v2",
             stamps[0],  # exactly as in the header
             method,
             target,
@@ -101,6 +112,9 @@ class Verifier:
             field["x-anarchon-fence"],
             hashlib.sha256(body).hexdigest(),
         ]
+        if macs_v3:
+            lines += [values.get(name, [""])[0] for name in V3_ONLY]
+            macs = macs_v3
         if any("\n" in line or "\r" in line for line in lines):
             raise SignatureError("malformed", "CR or LF in a signed field")
         message = "\n".join(lines).encode()
@@ -111,7 +125,9 @@ class Verifier:
             for want in expected:
                 matched |= hmac.compare_digest(want.encode(), given.encode())
         if not matched:
-            raise SignatureError("mismatch", "no v2= entry matches a secret")
+            raise SignatureError(
+                "mismatch", f"no {'v3' if macs_v3 else 'v2'}= entry matches a secret"
+            )
         # The replay rule, only for requests that passed the checks above.
         key = (field["x-anarchon-run-id"], field["x-anarchon-attempt"] or "1")
         with self._lock:
