@@ -22,7 +22,7 @@ from zoneinfo import ZoneInfo
 import click
 
 from sidecar import __version__, oneshot, ops
-from sidecar.clock import Clock, parse_rfc3339
+from sidecar.clock import Clock, parse_rfc3339, rfc3339
 from sidecar.config import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
 from sidecar.errors import (
     ConfigError,
@@ -660,15 +660,107 @@ def unskip(job: str, config_path: str | None) -> None:
 @main.command()
 @click.argument("job")
 @config_option
-def resume(job: str, config_path: str | None) -> None:
-    """Resume a paused JOB everywhere; exit 1 when it was not paused."""
+@click.option(
+    "--catchup",
+    is_flag=True,
+    help="Also run the slots that fell during the pause (at most 1000), as a backfill "
+    "with trigger catchup: the fleet runs them one at a time.",
+)
+def resume(job: str, config_path: str | None, catchup: bool) -> None:
+    """Resume a paused JOB everywhere; exit 1 when it was not paused.
+
+    Slots that fell during the pause are not run (also by sidecars that were
+    down and catch up on start), unless --catchup asks for them.
+    """
     config, secrets = connected_command(config_path)
-    was = run_async(oneshot.resume(config, secrets, job))
+    spec = job_or_exit(config, job)
+    was = run_async(ops.resume(config, secrets, spec))
     if was is None:
         fail(EXIT_FAILED, f"{job} was not paused")
     click.echo(
         f"{job}: resumed (paused by {_printable(str(was.get('by', '?')))} at "
-        f"{_printable(str(was.get('at', '?')))}); its next slot runs, missed slots do not"
+        f"{_printable(str(was.get('at', '?')))}); its next slot runs"
+        + ("" if catchup else ", missed slots do not (--catchup runs them)")
+    )
+    if catchup:
+        try:
+            since = round(parse_rfc3339(str(was.get("at"))) * 1000)
+        except ValueError:
+            fail(EXIT_FAILED, f"{job}: the pause has no readable start; use `backfill`")
+        _queue_backfill(config, secrets, spec, since, Clock().wall_ms(), trigger="catchup")
+
+
+@main.command()
+@click.argument("job")
+@config_option
+@click.option("--from", "from_text", help="RFC 3339: the first instant (included).")
+@click.option("--to", "to_text", help="RFC 3339: the last instant (included).")
+@click.option("--dry-run", is_flag=True, help="List the slots; run nothing.")
+@click.option("--again", is_flag=True, help="Run slots a backfill ran before, anew.")
+@click.option("--cancel", is_flag=True, help="Drop the slots of JOB's backfill not run yet.")
+def backfill(
+    job: str,
+    config_path: str | None,
+    from_text: str | None,
+    to_text: str | None,
+    dry_run: bool,
+    again: bool,
+    cancel: bool,
+) -> None:
+    """Run every slot of JOB's schedule in [--from, --to] once, by the fleet.
+
+    Any healthy replica takes each slot, one at a time, with its own claim id
+    (<job>:<slot>:b) and trigger backfill; at most 1000 slots.
+    """
+    config, secrets = connected_command(config_path)
+    spec = job_or_exit(config, job)
+    if cancel:
+        left = run_async(ops.cancel_backfill(config, secrets, job))
+        click.echo(f"{job}: backfill cancelled, {left} slot(s) not run")
+        return
+    if not from_text or not to_text:
+        fail(EXIT_CONFIG, "backfill needs --from and --to (RFC 3339), or --cancel")
+    try:
+        start, end = (round(parse_rfc3339(t) * 1000) for t in (from_text, to_text))
+    except ValueError as exc:
+        fail(EXIT_CONFIG, f"--from/--to: not RFC 3339 ({exc})")
+    if end < start:
+        fail(EXIT_CONFIG, "--to is before --from")
+    if end > Clock().wall_ms():
+        fail(EXIT_CONFIG, "--to is in the future: a backfill runs past slots only")
+    _queue_backfill(config, secrets, spec, start, end, dry_run=dry_run, again=again)
+
+
+def _queue_backfill(
+    config: Config,
+    secrets: Secrets,
+    job: JobConfig,
+    start: int,
+    end: int,
+    trigger: str = "backfill",
+    dry_run: bool = False,
+    again: bool = False,
+) -> None:
+    try:
+        slots = ops.backfill_slots(job, start, end)
+    except ValueError as exc:
+        fail(EXIT_CONFIG, f"{job.name}: {exc}")
+    try:
+        plan = run_async(ops.backfill(config, secrets, job, slots, _by(), dry_run, again, trigger))
+    except ValueError as exc:
+        fail(EXIT_FAILED, str(exc))
+    if dry_run:
+        for slot in plan.slots:
+            click.echo(f"{job.name}: would run {_when(slot, job.timezone)}")
+    if plan.already:
+        click.echo(
+            f"{job.name}: {len(plan.already)} slot(s) a backfill ran before are left out "
+            "(--again runs them anew)"
+        )
+    verb = "would queue" if dry_run else "queued"
+    click.echo(
+        f"{job.name}: {verb} {len(plan.slots)} slot(s) (trigger {trigger}); the fleet runs "
+        "them one at a time: see `status` and `history`"
     )
 
 
@@ -752,6 +844,19 @@ def _status_table(view: dict[str, Any]) -> None:
             )
         if job.get("skip_pending"):
             click.echo(f"{job['name']}: next {job['skip_pending']} slot(s) skipped (skip)")
+        if job.get("backfill_pending") or job.get("backfill_running"):
+            run = job.get("backfill_running") or {}
+            now = (
+                f", slot {rfc3339(run['slot'] / 1000)} running on {run.get('instance')}"
+                if run
+                else ""
+            )
+            click.echo(
+                _printable(
+                    f"{job['name']}: backfill {job['backfill_done']} done, "
+                    f"{job['backfill_pending']} pending{now}"
+                )
+            )
         for line in job.get("schedule_lines") or []:
             click.echo(_printable(f"{job['name']}: {line}"))
 

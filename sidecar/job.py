@@ -27,6 +27,7 @@ from typing import Any
 from nats.js import JetStreamContext
 
 from sidecar import failpoints
+from sidecar.backfill import Backfills
 from sidecar.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
@@ -55,6 +56,7 @@ from sidecar.runs import (
     last_scheduled_slot,
     publish_result,
 )
+from sidecar.since import floor_ms, settle, since_key
 from sidecar.skips import EXCLUDED, PAUSED, SkipRecorder
 from sidecar.trigger import CATCHUP, RERUN, SCHEDULED, Trigger, TriggerResult, why_of
 from sidecar.trigger import RETRY as RETRY_TRIGGER
@@ -118,6 +120,10 @@ class Jobs:
         self.skips = SkipRecorder(
             claimer, metrics, clock, config.instance_id, self.spec.name, self.spec.prefix
         )
+        self.backfills = Backfills(
+            config, metrics, clock, claimer, fleet, self._run_tracked, self._spawn, stopping
+        )
+        fleet.key_listeners.append(self.backfills.changed)
         fleet.removal_listeners.append(self.lost.removed)
         fleet.key_listeners.append(self.due_changed)
 
@@ -353,6 +359,11 @@ class Jobs:
         ready = await self._wait_ready(wait)
         if not ready or self.stopping.is_set():
             return
+        # Never before a resume, a timed pause's end or a schedule change (since.py).
+        floor = await self._catchup_floor(job)
+        candidates = [s for s in candidates if s >= floor]
+        if not candidates:
+            return
         try:
             messages = await last_messages(self.js, self.spec.name, self.spec.prefix, job.name)
         except Exception as exc:  # no answer: claim them all; duplicates do not run
@@ -375,6 +386,21 @@ class Jobs:
             if now - slot / 1000 > job.max_late or self.stopping.is_set():
                 continue
             await self.attempt(job, slot, now, trigger=CATCHUP)
+
+    async def _catchup_floor(self, job: JobConfig) -> int:
+        bucket = self.fleet.bucket
+        entry = self.fleet.view.keys.get(since_key(job.name))
+        since = entry.value if entry is not None else None
+        now_ms = self.clock.wall_ms()
+        if bucket is not None:
+            try:
+                since = await settle(
+                    bucket.kv, job, since, entry.revision if entry else None, now_ms
+                )
+            except Exception as exc:  # NATS away: the bound as last read
+                log.warning("job %s: %s not updated: %r", job.name, since_key(job.name), exc)
+        paused = self.fleet.view.paused(job.name)
+        return floor_ms(since, paused.value if paused is not None else None, now_ms)
 
     async def _wait_ready(self, timeout: float) -> bool:
         deadline = self.clock.monotonic() + max(0.0, timeout)
@@ -442,6 +468,13 @@ class Jobs:
         task = asyncio.create_task(self.run_slot(job, claim, start))
         self.runs.add(task)
         task.add_done_callback(self.runs.discard)
+
+    async def _run_tracked(self, job: JobConfig, claim: Claim, start: float) -> None:
+        """A run the drain waits for, awaited (a backfill runs one slot at a time)."""
+        task = asyncio.create_task(self.run_slot(job, claim, start))
+        self.runs.add(task)
+        task.add_done_callback(self.runs.discard)
+        await asyncio.shield(task)
 
     async def run_slot(self, job: JobConfig, claim: Claim, start: float) -> None:
         """Hold the run's lease, trigger the app, record the result, release the lease.

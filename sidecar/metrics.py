@@ -299,6 +299,9 @@ class Metrics:
         self.job_skips_pending = job_gauge(
             "job_skips_pending", "Slots of the job that `skip` chose and that are still ahead."
         )
+        self.job_backfill_pending = job_gauge(
+            "job_backfill_pending", "Slots of a backfill of the job not run yet (running included)."
+        )
         self.runs_skipped_total = counter(
             "runs_skipped",
             "Slots won but not run, by reason (overlap: a run of the job was still alive; "
@@ -370,3 +373,4 @@ class Metrics:
         self.job_paused.labels(job=job)
         self.job_paused_until_timestamp_seconds.labels(job=job)
         self.job_skips_pending.labels(job=job)
+        self.job_backfill_pending.labels(job=job)

@@ -9,20 +9,27 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
+from sidecar.backfill import MAX_SLOTS, backfill_key, backfilled_slots, running_of, slot_list
 from sidecar.clock import rfc3339
 from sidecar.config import Config, JobConfig, Secrets
 from sidecar.errors import ConfigError
 from sidecar.oneshot import _js, connected
+from sidecar.runs import read_job_messages
+from sidecar.since import RESUMED, schedule_hash, since_key
 from sidecar.skips import MAX_SKIP, new_skip_value, pending, skip_slots
 from sidecar.state import decode, ensure_bucket, put_json, state_spec
+from sidecar.stream import stream_spec
 from sidecar.values import parse_duration
 
 CAS_TRIES = 5
+# backfill counts the slots of a range up to this many to name the count.
+COUNT_LIMIT = 100_000
 # ``skip`` leaves a slot this close alone: its claim may be out already.
 SKIP_MARGIN_MS = 500
 
@@ -128,3 +135,121 @@ async def _get(kv: Any, key: str) -> tuple[dict[str, Any] | None, int | None]:
 
 def _encode(value: dict[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
+
+
+# ---------------------------------------------------------------------- backfill
+
+
+@dataclass(frozen=True)
+class BackfillPlan:
+    """What ``backfill`` found: the slots to run, and those a backfill already ran."""
+
+    slots: list[int]
+    already: list[int]
+    queued: int = 0  # pending in the key after this request (0: dry run)
+
+
+def backfill_slots(job: JobConfig, from_ms: int, to_ms: int) -> list[int]:
+    """The job's slots in [from, to] (exclusions applied); ValueError above MAX_SLOTS."""
+    found = job.schedule.between(from_ms, to_ms, MAX_SLOTS)
+    if len(found) > MAX_SLOTS:
+        count = len(job.schedule.between(from_ms, to_ms, COUNT_LIMIT))
+        said = f"{count}" if count <= COUNT_LIMIT else f"more than {COUNT_LIMIT}"
+        raise ValueError(
+            f"{said} slots in that range; a backfill runs at most {MAX_SLOTS}: split it"
+        )
+    return found
+
+
+async def backfill(
+    config: Config,
+    secrets: Secrets,
+    job: JobConfig,
+    slots: list[int],
+    by: str,
+    dry_run: bool,
+    again: bool,
+    trigger: str = "backfill",
+) -> BackfillPlan:
+    """Queue `slots` in ``backfill.<job>`` for the fleet; without `again`, not those a
+    backfill already ran (their claims are in the stream)."""
+    spec = stream_spec(config)
+    async with connected(config, secrets) as conn:
+        js = _js(conn)
+        already: set[int] = set()
+        if not again:
+            try:
+                messages = await read_job_messages(js, spec.name, spec.prefix, job.name)
+            except Exception as exc:  # no stream yet: nothing ran
+                if "not found" not in str(exc).lower():
+                    raise
+                messages = []
+            already = backfilled_slots(messages, spec.prefix, job.name)
+        todo = [s for s in slots if s not in already]
+        done = sorted(already & set(slots))
+        if dry_run or not todo:
+            return BackfillPlan(todo, done)
+        bucket = await ensure_bucket(js, state_spec(config))
+        kv = bucket.kv
+        key = backfill_key(job.name)
+        tag = f"b{int(time.time())}" if again else "b"
+        for _ in range(CAS_TRIES):
+            old, revision = await _get(kv, key)
+            if old is not None and (old.get("tag"), old.get("trigger")) != (tag, trigger):
+                left = len(slot_list(old)) + (1 if running_of(old) else 0)
+                raise ValueError(
+                    f"another backfill of {job.name} is under way ({left} slot(s) left); "
+                    f"wait for it, or cancel it with `backfill {job.name} --cancel`"
+                )
+            pending = sorted(set(slot_list(old)) | set(todo))
+            value = {
+                **(old or {}),
+                "pending": pending,
+                "running": running_of(old),
+                "tag": tag,
+                "trigger": trigger,
+                "by": by,
+                "at": rfc3339(time.time()),
+                "done": int((old or {}).get("done") or 0),
+            }
+            try:
+                if revision is None:
+                    await kv.create(key, _encode(value))
+                else:
+                    await kv.update(key, _encode(value), last=revision)
+            except KeyWrongLastSequenceError:
+                continue
+            return BackfillPlan(todo, done, len(pending))
+        raise RuntimeError(f"{key} kept changing under {CAS_TRIES} tries; try again")
+
+
+async def cancel_backfill(config: Config, secrets: Secrets, job: str) -> int:
+    """Delete ``backfill.<job>``: how many slots were left (the running one finishes)."""
+    key = backfill_key(job)
+    async with connected(config, secrets) as conn:
+        bucket = await ensure_bucket(_js(conn), state_spec(config))
+        old, revision = await _get(bucket.kv, key)
+        if old is None:
+            return 0
+        await bucket.kv.delete(key, last=revision)
+        return len(slot_list(old))
+
+
+# ---------------------------------------------------------------------- resume
+
+
+async def resume(config: Config, secrets: Secrets, job: JobConfig) -> dict[str, Any] | None:
+    """Delete ``paused.<job>`` and bound catch-up at now (``since.<job>``); the pause removed."""
+    async with connected(config, secrets) as conn:
+        bucket = await ensure_bucket(_js(conn), state_spec(config))
+        kv = bucket.kv
+        old, revision = await _get(kv, f"paused.{job.name}")
+        if old is None:
+            return None
+        now_ms = round(time.time() * 1000)
+        # First the bound, then the resume: a sidecar starting in between is still paused.
+        await put_json(
+            kv, since_key(job.name), {"at": now_ms, "why": RESUMED, "hash": schedule_hash(job)}
+        )
+        await kv.delete(f"paused.{job.name}", last=revision)
+        return old

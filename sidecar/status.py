@@ -15,6 +15,7 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
+from sidecar.backfill import backfill_key, running_of, slot_list
 from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config
 from sidecar.due import lease_job
@@ -108,6 +109,8 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
         pause = paused.value if paused is not None else {}
         active = paused is not None and pause_active(pause, now_ms)  # a timed pause may be over
         skip_entry = view.keys.get(f"skip.{job.name}")
+        backfill_entry = view.keys.get(backfill_key(job.name))
+        backfill_value = backfill_entry.value if backfill_entry is not None else None
         try:
             messages = await last_messages(js, spec.name, spec.prefix, job.name)
         except Exception:  # no stream yet, or it does not answer: no last run shown
@@ -122,6 +125,9 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
                 "paused_reason": pause.get("reason") if active else None,
                 "paused_until": pause.get("until") if active else None,
                 "skip_pending": pending(skip_entry.value if skip_entry else None, now_ms),
+                "backfill_pending": len(slot_list(backfill_value)),
+                "backfill_running": running_of(backfill_value),
+                "backfill_done": int((backfill_value or {}).get("done") or 0),
                 "schedules": [
                     {"expr": expr, "words": describe(expr)} for expr in job.schedule.exprs
                 ],

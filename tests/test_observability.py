@@ -64,6 +64,7 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     # Schedules (docs/METRICS.md): a timed pause's end, the slots `skip` holds back.
     "anarchon_job_paused_until_timestamp_seconds": ("gauge", frozenset({"job"})),
     "anarchon_job_skips_pending": ("gauge", frozenset({"job"})),
+    "anarchon_job_backfill_pending": ("gauge", frozenset({"job"})),
     "anarchon_fleet_instances": ("gauge", frozenset()),
     "anarchon_fleet_config_mismatch": ("gauge", frozenset()),
     "anarchon_runs_skipped_total": ("counter", frozenset({"job", "reason"})),
@@ -304,7 +305,15 @@ def test_dashboard_panels_have_title_description_unit_and_the_datasource_variabl
         titles[panel["id"]] = title
     assert len(titles) == len(set(titles.values())), "panel titles repeat"
     rows = [p["title"] for p in load_dashboard()["panels"] if p["type"] == "row"]
-    assert rows == ["Claims", "Runs", "Schedule", "Stream", "NATS", "Fleet"]
+    assert rows == [
+        "Claims",
+        "Runs",
+        "Schedule",
+        "Stream",
+        "NATS",
+        "Fleet",
+        "Pause, skip, backfill",
+    ]
 
 
 def test_dashboard_queries_are_filtered_and_use_rate_interval() -> None:
