@@ -8,6 +8,7 @@ the config rules that name the key.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 from collections import Counter
@@ -351,3 +352,217 @@ def test_skip_skips_exactly_the_next_slots_everywhere_and_unskip_cancels(
     assert all(r["error"].startswith("skip by ") for r in records)
     assert all("holiday" in r["error"] for r in records if r["slot"] in chosen)
     assert max(Counter(slots(http_app, "/jobs/a")).values()) == 1
+
+
+# ---------------------------------------------------------------- backfill, bursts, triggers
+
+
+def trigger_of(req: Any) -> str:
+    return str(req.headers.get("X-Anarchon-Trigger"))
+
+
+def test_backfill_runs_each_slot_once_by_the_fleet_one_at_a_time(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    http_app.delay["/jobs/bf"] = 0.4
+    config = base(nats_server, http_app, [job("bf", schedule="*/10 * * * * *", max_late="5s")])
+    cfg = cli_config(tmp_path, config)
+    now = int(datetime.now(UTC).timestamp())
+    start, end = (now // 10 - 6) * 10, (now // 10 - 1) * 10  # six past slots
+    wanted = [s * 1000 for s in range(start, end + 1, 10)]
+    args = ["backfill", "bf", "-c", cfg, "--from", iso(start), "--to", iso(end)]
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        dry = run_cli(*args, "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert dry.stdout.count("bf: would run ") == 6
+        assert job_status(cfg, "bf")["backfill_pending"] == 0  # a dry run writes nothing
+        done = run_cli(*args)
+        assert done.returncode == 0, done.stderr
+        assert "queued 6 slot(s) (trigger backfill)" in done.stdout
+
+        def backfilled() -> list[Any]:
+            return [r for r in http_app.requests_for("/jobs/bf") if trigger_of(r) == "backfill"]
+
+        wait_for(lambda: len(backfilled()) == 6, 30, what="six backfill runs")
+        wait_for(lambda: job_status(cfg, "bf")["backfill_pending"] == 0, 10, what="done")
+        runs = backfilled()
+        assert sorted(int(r.headers["X-Anarchon-Slot"]) for r in runs) == wanted
+        for r in runs:
+            slot = int(r.headers["X-Anarchon-Slot"])
+            assert r.headers["X-Anarchon-Previous-Scheduled-At"] == rfc3339(slot / 1000 - 10)
+        ordered = sorted(runs, key=lambda r: r.at)
+        for before, after in itertools.pairwise(ordered):
+            assert after.at >= before.finished - 0.01, "two backfill runs overlapped"
+        assert (
+            max(p.metric("anarchon_job_backfill_pending", {"job": "bf"}) or 0 for p in procs) == 0
+        )
+        ids = {m.headers.get("Nats-Msg-Id") for m in read_stream(nats_server.url)}
+        assert {f"bf:{s}:b" for s in wanted} <= ids
+        hist = [r for r in history(cfg, "bf") if r.get("trigger") == "backfill"]
+        assert sorted(r["slot"] for r in hist) == wanted
+        assert all(r["status"] == "succeeded" for r in hist)
+        # The same backfill again runs nothing again; --again runs them anew.
+        same = run_cli(*args)
+        assert same.returncode == 0, same.stderr
+        assert "6 slot(s) a backfill ran before are left out" in same.stdout
+        assert "queued 0 slot(s)" in same.stdout
+        anew = run_cli(*args, "--again")
+        assert anew.returncode == 0, anew.stderr
+        wait_for(lambda: len(backfilled()) == 12, 30, what="six more with --again")
+    assert Counter(int(r.headers["X-Anarchon-Slot"]) for r in backfilled()) == {
+        s: 2 for s in wanted
+    }
+    # Scheduled runs never collided with the backfill's claims.
+    scheduled = [r for r in http_app.requests_for("/jobs/bf") if trigger_of(r) == "scheduled"]
+    assert (
+        max(Counter(int(r.headers["X-Anarchon-Slot"]) for r in scheduled).values(), default=1) == 1
+    )
+
+
+def test_backfill_refuses_too_many_slots_naming_the_count(tmp_path: Path) -> None:
+    config = {
+        "nats": {"servers": "nats://127.0.0.1:1", "connect_timeout": "200ms"},
+        "jobs": [job("x")],
+    }
+    cfg = cli_config(tmp_path, config)
+    now = int(datetime.now(UTC).timestamp())
+    done = run_cli("backfill", "x", "-c", cfg, "--from", iso(now - 7200), "--to", iso(now - 1))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "7200 slots in that range; a backfill runs at most 1000" in done.stderr
+    future = run_cli("backfill", "x", "-c", cfg, "--from", iso(now), "--to", iso(now + 60))
+    assert future.returncode == 2 and "in the future" in future.stderr
+
+
+def test_resume_never_bursts_the_paused_slots_even_after_a_restart(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base(nats_server, http_app, [job("a", catchup="all", max_late="8s")])
+    cfg = cli_config(tmp_path, config)
+    procs = [Sidecar(tmp_path, f"s{i}", config, {}) for i in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.wait_ready()
+        wait_for(lambda: slots(http_app, "/jobs/a"), 20, what="a runs")
+        assert run_cli("pause", "a", "-c", cfg).returncode == 0
+        wait_for(lambda: all(p.metric("anarchon_job_paused", {"job": "a"}) == 1 for p in procs), 5)
+        paused_at = datetime.now(UTC).timestamp()
+        for p in procs:
+            assert p.terminate() == 0
+        # Down and paused: nobody records these slots. Then resumed, then restarted.
+        wait_for(lambda: datetime.now(UTC).timestamp() > paused_at + 3, 5)
+        resumed = run_cli("resume", "a", "-c", cfg)
+        assert resumed.returncode == 0, resumed.stderr
+        resumed_at = datetime.now(UTC).timestamp()
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.wait_ready()
+        wait_for(lambda: [s for s in slots(http_app, "/jobs/a") if s / 1000 > resumed_at + 1], 15)
+        during = [s for s in slots(http_app, "/jobs/a") if paused_at + 1 < s / 1000 < resumed_at]
+        assert during == [], "slots of the pause ran after the resume"
+        catchups = [r for r in http_app.requests_for("/jobs/a") if trigger_of(r) == "catchup"]
+        assert all(int(r.headers["X-Anarchon-Slot"]) / 1000 >= resumed_at - 0.01 for r in catchups)
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_catchup_never_reaches_before_a_schedule_change(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    old = base(
+        nats_server, http_app, [job("a", schedule="*/2 * * * * *", catchup="all", max_late="8s")]
+    )
+    new = base(
+        nats_server, http_app, [job("a", schedule="*/3 * * * * *", catchup="all", max_late="8s")]
+    )
+    with sidecars(tmp_path, [("s0", old, {})]):
+        wait_for(lambda: len(slots(http_app, "/jobs/a")) >= 2, 20, what="old schedule runs")
+    stopped = datetime.now(UTC).timestamp()
+    wait_for(lambda: datetime.now(UTC).timestamp() > stopped + 4, 6)
+    changed = datetime.now(UTC).timestamp()
+    with sidecars(tmp_path, [("s1", new, {}), ("s2", new, {})]) as procs:
+        wait_for(lambda: [s for s in slots(http_app, "/jobs/a") if s / 1000 > changed + 3], 20)
+        assert any("its schedule changed" in p.log() for p in procs)
+    early = [
+        int(r.headers["X-Anarchon-Slot"])
+        for r in http_app.requests_for("/jobs/a")
+        if r.headers["X-Anarchon-Slot"]
+        and int(r.headers["X-Anarchon-Slot"]) / 1000 > stopped
+        and int(r.headers["X-Anarchon-Slot"]) / 1000 < changed
+    ]
+    assert early == [], "catch-up ran slots dated before the schedule change"
+
+
+def test_resume_catchup_runs_the_paused_slots_once_as_catchup(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base(nats_server, http_app, [job("a", schedule="*/2 * * * * *")])
+    cfg = cli_config(tmp_path, config)
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(2)]) as procs:
+        wait_for(lambda: slots(http_app, "/jobs/a"), 20, what="a runs")
+        assert run_cli("pause", "a", "-c", cfg).returncode == 0
+        wait_for(lambda: all(p.metric("anarchon_job_paused", {"job": "a"}) == 1 for p in procs), 5)
+        paused_at = datetime.now(UTC).timestamp()
+        wait_for(
+            lambda: (
+                total(procs, "anarchon_runs_skipped_total", {"job": "a", "reason": "paused"}) >= 3
+            ),
+            15,
+            what="three paused slots",
+        )
+        done = run_cli("resume", "a", "-c", cfg, "--catchup")
+        assert done.returncode == 0, done.stderr
+        assert "(trigger catchup)" in done.stdout
+        skipped = [r["slot"] for r in history(cfg, "a") if r["status"] == "skipped"]
+        wait_for(
+            lambda: (
+                {
+                    int(r.headers["X-Anarchon-Slot"])
+                    for r in http_app.requests_for("/jobs/a")
+                    if trigger_of(r) == "catchup"
+                }
+                >= set(skipped)
+            ),
+            30,
+            what="the paused slots run as catchup",
+        )
+    ran = Counter(
+        (int(r.headers["X-Anarchon-Slot"]), trigger_of(r)) for r in http_app.requests_for("/jobs/a")
+    )
+    assert max(ran.values()) == 1
+    assert all(s / 1000 >= paused_at - 2 for (s, t) in ran if t == "catchup")
+
+
+def test_every_trigger_says_why_and_history_keeps_it(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    http_app.status["/jobs/flaky"] = 500
+    config = base(
+        nats_server,
+        http_app,
+        [job("tick"), job("flaky", schedule="*/5 * * * * *", retry={"max": 1, "backoff": "1s"})],
+    )
+    cfg = cli_config(tmp_path, config)
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(2)]):
+        wait_for(lambda: len(slots(http_app, "/jobs/tick")) >= 2, 20, what="ticks")
+        manual = run_cli("run-now", "tick", "-c", cfg)
+        assert manual.returncode == 0, manual.stderr
+        wait_for(
+            lambda: [r for r in http_app.requests_for("/jobs/flaky") if trigger_of(r) == "retry"],
+            20,
+            what="a retry",
+        )
+    ticks = http_app.requests_for("/jobs/tick")
+    scheduled = [r for r in ticks if trigger_of(r) == "scheduled"]
+    assert scheduled and {trigger_of(r) for r in ticks} == {"scheduled", "manual"}
+    for r in scheduled:
+        slot = int(r.headers["X-Anarchon-Slot"])
+        assert r.headers["X-Anarchon-Previous-Scheduled-At"] == rfc3339(slot / 1000 - 1)
+    retry = next(r for r in http_app.requests_for("/jobs/flaky") if trigger_of(r) == "retry")
+    assert retry.headers["X-Anarchon-Attempt"] == "2"
+    triggers = Counter(r.get("trigger") for r in history(cfg, "tick"))
+    assert triggers["manual"] == 1 and triggers["scheduled"] >= 2
+    assert "retry" in {r.get("trigger") for r in history(cfg, "flaky")}
