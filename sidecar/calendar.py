@@ -186,7 +186,9 @@ class Calendar:
 
     def previous_slot(self, slot_ms: int) -> int | None:
         """The schedule's slot just before ``slot_ms`` (excluded ones count), or None."""
-        window = self.interval_floor_ms()
+        # Any start is right (the window doubles); the shortest interval (cached
+        # per expression) finds most in one step.
+        window = 2 * min(s.min_interval_ms() for s in self.schedules)
         while window <= _LOOK_BACK_MS:
             found = None
             for s in self._iter(slot_ms - window - 1):

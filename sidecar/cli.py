@@ -859,6 +859,8 @@ def _status_table(view: dict[str, Any]) -> None:
             )
         for line in job.get("schedule_lines") or []:
             click.echo(_printable(f"{job['name']}: {line}"))
+        if job.get("next_run_local"):
+            click.echo(_printable(f"{job['name']}: next run {job['next_run_local']}"))
 
 
 @main.command(short_help="Try it here: a nats-server, a toy app and three sidecars.")

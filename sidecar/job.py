@@ -58,7 +58,7 @@ from sidecar.runs import (
 )
 from sidecar.since import floor_ms, settle, since_key
 from sidecar.skips import EXCLUDED, PAUSED, SkipRecorder
-from sidecar.trigger import CATCHUP, RERUN, SCHEDULED, Trigger, TriggerResult, why_of
+from sidecar.trigger import CATCHUP, RERUN, SCHEDULED, Trigger, TriggerResult, Why, why_of
 from sidecar.trigger import RETRY as RETRY_TRIGGER
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,8 @@ class Jobs:
         self.fleet = fleet
         # Per job: the slot its loop handles next; catch-up claims only before it.
         self._next: dict[str, int] = {}
+        # Per job: (slot, the schedule's slot before it), computed before the slot's time.
+        self._previous: dict[str, tuple[int, int | None]] = {}
         self.spec = guard.spec
         self.connected = connected
         self.stopping = stopping
@@ -176,10 +178,13 @@ class Jobs:
         name = job.name
         slot = job.schedule.next_slot(self.clock.wall_ms())
         self._next[name] = slot
+        previous = job.schedule.previous_slot(slot)
         if job.catchup != "none":
             self._spawn(self.catch_up(job))
         while not self.stopping.is_set():
             self._next[name] = slot
+            # X-Anarchon-Previous-Scheduled-At, known before the slot's time.
+            self._previous[name] = (slot, previous)
             m.job_next_run_timestamp_seconds.labels(job=name).set(slot / 1000)
             fire_at = slot / 1000 + random.uniform(0.0, job.jitter)
             if await self.sleep_until(fire_at):
@@ -189,9 +194,10 @@ class Jobs:
             now = self.clock.wall()
             if now - slot / 1000 > job.max_late:
                 slot = self._skip_late(job, slot, now)
+                previous = job.schedule.previous_slot(slot)
                 continue
             await self.attempt(job, slot, now)
-            slot = job.schedule.next_slot(slot)
+            previous, slot = slot, job.schedule.next_slot(slot)
 
     async def attempt(
         self,
@@ -544,7 +550,7 @@ class Jobs:
                 attempt=claim.attempt,
                 fence=claim.seq,
                 send_by=deadline,
-                why=why_of(job, claim.slot, claim.trigger),
+                why=self._why(job, claim),
             )
         except asyncio.CancelledError:
             # Cut off by the drain: the record keeps when the run really
@@ -568,6 +574,14 @@ class Jobs:
             await self._skip_won(job, claim, "late", result.error or "late")
             return
         await self._finish(job, claim, result)
+
+    def _why(self, job: JobConfig, claim: Claim) -> Why:
+        """X-Anarchon-Trigger and -Previous-Scheduled-At; the loop's answer when it has one."""
+        known = self._previous.get(job.name)
+        if known is None or known[0] != claim.slot:
+            return why_of(job, claim.slot, claim.trigger)
+        previous = known[1]
+        return Why(claim.trigger, rfc3339(previous / 1000) if previous is not None else None)
 
     async def _finish(self, job: JobConfig, claim: Claim, result: TriggerResult) -> None:
         m = self.metrics

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
@@ -26,6 +28,11 @@ from sidecar.stream import answering_domain, coverage, state_of, stream_spec
 from sidecar.words import describe, schedule_lines
 
 READ_TIMEOUT = 10.0
+
+
+def local_time(epoch_ms: int, tz: ZoneInfo) -> str:
+    """``2026-12-24 09:00:00 CET``: a slot as the job's timezone reads it."""
+    return f"{datetime.fromtimestamp(epoch_ms / 1000, tz):%Y-%m-%d %H:%M:%S %Z}"
 
 
 def config_hash(jobs: object) -> str:
@@ -135,8 +142,9 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
                 "schedule_lines": schedule_lines(job.schedule),
                 "running": running(view, job.name, now_ms),
                 "last_run": runs[0].as_dict() if runs else None,
-                # The next slot that runs (exclusions applied).
+                # The next slot that runs (exclusions applied), also in the job's timezone.
                 "next_slot": rfc3339(job.schedule.next_run(now_ms) / 1000),
+                "next_run_local": local_time(job.schedule.next_run(now_ms), job.timezone),
                 "settings_differ": job.name in mismatch,
                 # Why the stream cannot hold this job's claims (its slots are skipped).
                 "stream_problem": held.get(job.name),

@@ -250,3 +250,60 @@ def test_schedule_lines_name_everything_check_shows() -> None:
     assert schedule_lines(parse_calendar("*/5 * * * *", UTC_Z)) == [
         "schedule '*/5 * * * *': every 5 minutes"
     ]
+
+
+# ---------------------------------------------------------------- the state bucket's values
+
+NOW = 1_796_227_910.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("30m", NOW + 1800),
+        ("2h", NOW + 7200),
+        ("2026-12-04T12:00:00Z", datetime(2026, 12, 4, 12, tzinfo=UTC).timestamp()),
+        ("2026-12-04T13:00:00+01:00", datetime(2026, 12, 4, 12, tzinfo=UTC).timestamp()),
+    ],
+)
+def test_until_takes_a_duration_or_an_rfc3339_time(text: str, expected: float) -> None:
+    from sidecar.ops import until_of
+
+    assert until_of(text, NOW) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("2026-12-04T12:00:00", "has no offset"),
+        ("2020-01-01T00:00:00Z", "not in the future"),
+        ("soon", "neither an RFC 3339 time"),
+        ("0s", "not in the future"),
+    ],
+)
+def test_until_refuses_what_it_cannot_use(text: str, fragment: str) -> None:
+    from sidecar.ops import until_of
+
+    with pytest.raises(ValueError, match=fragment):
+        until_of(text, NOW)
+
+
+def test_pause_skip_and_since_values() -> None:
+    from sidecar.since import floor_ms
+    from sidecar.skips import new_skip_value, pause_active, pending, skip_slots
+
+    now = 1_000_000
+    assert pause_active({"by": "x"}, now)  # no end: until resumed
+    assert pause_active({"until": "1970-01-01T00:16:41Z"}, now)  # 1,001,000 ms
+    assert not pause_active({"until": "1970-01-01T00:16:40Z"}, now)  # ended exactly now
+    assert pause_active({"until": "garbage"}, now)  # unreadable end: stays paused, safe side
+    assert not pause_active(None, now)
+    assert skip_slots({"slots": [3, True, "4", 5.0, 6]}) == {3, 6}
+    assert pending({"slots": [now - 1, now, now + 1, now + 2]}, now) == 2
+    value = new_skip_value({"slots": [5]}, [7, 5], "me@h", "t", "why")
+    assert value == {"slots": [5, 7], "by": "me@h", "at": "t", "reason": "why"}
+    assert floor_ms(None, None, now) == 0
+    assert floor_ms({"at": 500}, None, now) == 500
+    assert floor_ms({"at": 500}, {"until": "1970-01-01T00:00:01Z"}, now) == 1000
+    assert floor_ms({"at": 500}, {"until": "1970-01-01T01:00:00Z"}, now) == 500  # not ended
+    assert floor_ms({"at": True}, None, now) == 0

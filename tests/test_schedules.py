@@ -196,6 +196,11 @@ def test_union_spread_and_exclusions_across_three_sidecars(
         view = job_status(cfg, "both")
         assert [s["expr"] for s in view["schedules"]] == ["*/2 * * * * *", "*/3 * * * * *"]
         assert view["schedules"][1]["words"] == "every 3 seconds"
+        assert view["next_run_local"].endswith(" UTC")
+        table = run_cli("status", "-c", cfg).stdout
+        assert "both: schedule '*/2 * * * * *': every 2 seconds" in table
+        assert "both: schedule '*/3 * * * * *': every 3 seconds" in table
+        assert "both: next run " in table
         # One claim per replica per slot: a shared instant is one slot, not two claims.
         won = total(procs, "anarchon_claims_won_total", {"job": "both"})
         lost = total(procs, "anarchon_claims_lost_total", {"job": "both"})
