@@ -571,3 +571,37 @@ def test_every_trigger_says_why_and_history_keeps_it(
     triggers = Counter(r.get("trigger") for r in history(cfg, "tick"))
     assert triggers["manual"] == 1 and triggers["scheduled"] >= 2
     assert "retry" in {r.get("trigger") for r in history(cfg, "flaky")}
+
+
+def test_backfill_goes_on_when_its_runner_is_killed_mid_run(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    http_app.delay["/jobs/bf"] = 3.0
+    config = base(nats_server, http_app, [job("bf", schedule="0 0 1 1 *", max_late="10s")])
+    cfg = cli_config(tmp_path, config)
+    wanted = [
+        round(datetime(year, 1, 1, tzinfo=UTC).timestamp() * 1000) for year in (2023, 2024, 2025)
+    ]
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        done = run_cli(
+            "backfill", "bf", "-c", cfg, "--from", "2023-01-01T00:00:00Z", "--to",
+            "2025-01-01T00:00:00Z",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        first = wait_for(lambda: http_app.requests_for("/jobs/bf"), 20, what="the first run")[0]
+        runner = next(p for p in procs if p.name == first.headers["X-Anarchon-Instance"])
+        runner.kill()  # SIGKILL in the middle of its run
+        wait_for(
+            lambda: (
+                len({r.headers["X-Anarchon-Slot"] for r in http_app.requests_for("/jobs/bf")}) == 3
+            ),
+            60,
+            what="the other two slots run by the survivors",
+        )
+        wait_for(lambda: job_status(cfg, "bf")["backfill_pending"] == 0, 20, what="finished")
+        assert job_status(cfg, "bf")["backfill_running"] is None
+    runs = http_app.requests_for("/jobs/bf")
+    assert sorted(int(r.headers["X-Anarchon-Slot"]) for r in runs) == wanted  # each once
+    assert {r.headers["X-Anarchon-Instance"] for r in runs[1:]} <= {
+        p.name for p in procs if p is not runner
+    }
