@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from sidecar import __version__
 from sidecar.claim import Claimer
 from sidecar.clock import Clock
 from sidecar.config import Config, Secrets
@@ -28,12 +29,13 @@ from sidecar.guard import StreamGuard
 from sidecar.job import Jobs
 from sidecar.metrics import Metrics
 from sidecar.server import AdminServer
-from sidecar.signing import Signer
+from sidecar.signing import signer_for
 from sidecar.stream import stream_spec
 from sidecar.tasks import cancel_all
 from sidecar.trigger import Trigger
+from sidecar.values import is_remote
 
-__all__ = ["Daemon", "stream_spec"]
+__all__ = ["Daemon", "start", "stream_spec"]
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +112,7 @@ class Daemon:
                 self.conn.wait_connected,
             )
             self.guard.on_domain.append(lambda domain: _expect_domain(claimer, domain))
-            signer = Signer.of(
-                self.secrets.signing_secret,
-                self.secrets.signing_secret_next,
-                self.config.target.signing_v1,
-            )
+            signer = signer_for(self.config, self.secrets)
             async with Trigger(signer, self.clock, self.config.instance_id) as trigger:
                 jobs = Jobs(
                     self.config,
@@ -175,3 +173,26 @@ def _expect_domain(claimer: Claimer, domain: str | None) -> None:
     """From now on every claim's ack must name this JetStream domain."""
     claimer.domain = domain
     claimer.check_domain = True
+
+
+async def start(config: Config, secrets: Secrets, clock: Clock) -> int:
+    """`anarchon-sidecar run`: say what starts and what is risky, then run until stopped."""
+    if clock.offset:
+        log.warning("wall clock shifted by %gs (ANARCHON_CLOCK_OFFSET)", clock.offset)
+    signer = signer_for(config, secrets)
+    log.info(
+        "anarchon-sidecar %s starting: instance=%s jobs=%d stream=%s signing=%s",
+        __version__,
+        config.instance_id,
+        len(config.jobs),
+        config.nats.stream,
+        signer.describe() if signer else "off",
+    )
+    remote = [job.name for job in config.jobs if is_remote(job.request.url)]
+    if remote and signer is None:
+        log.warning(
+            "job(s) %s trigger a remote app without a signature: anyone who can reach it "
+            "can trigger them too; set target.signing_secret_file (SECURITY.md)",
+            ", ".join(remote),
+        )
+    return await Daemon(config, secrets, clock).run()
