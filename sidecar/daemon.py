@@ -63,6 +63,7 @@ class Daemon:
         self.fleet = Fleet(self.config, self.metrics, self.clock)
         self.conn.on_reconnect.append(self.fleet.reconnected)
         self.jobs: Jobs | None = None
+        self.stop_asked = 0.0  # clock.monotonic() of the first stop
         self.admin = AdminServer(
             self.registry, self.config.metrics.host, self.config.metrics.port, self.not_ready
         )
@@ -88,6 +89,7 @@ class Daemon:
     def stop(self) -> None:
         if not self.stopping.is_set():
             log.info("stopping: no new claims; draining running triggers")
+            self.stop_asked = self.clock.monotonic()
             self.stopping.set()
             if self.jobs is not None:
                 self.jobs.wake()
@@ -146,7 +148,7 @@ class Daemon:
                 await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
                 await cancel_all([*claiming, *jobs.side_tasks])
                 await self.drain()
-                await self.fleet.stop()
+                await self.fleet.stop(self.conn.connected.is_set())
                 await cancel_all([watcher])
             await self.conn.close(drain=True)
             log.info("stopped")
@@ -163,9 +165,12 @@ class Daemon:
         """Wait for running triggers up to the grace period; cancel the rest."""
         if not self.runs:
             return
+        # The grace counts from the stop, not from the end of the claims' drain:
+        # with NATS gone, both would otherwise add up.
         grace = self.config.shutdown_grace
-        log.info("waiting up to %gs for %d running trigger(s)", grace, len(self.runs))
-        _, pending = await asyncio.wait(set(self.runs), timeout=grace)
+        left = max(0.0, grace - (self.clock.monotonic() - self.stop_asked))
+        log.info("waiting up to %.3gs for %d running trigger(s)", left, len(self.runs))
+        _, pending = await asyncio.wait(set(self.runs), timeout=left)
         await cancel_all(pending)
 
 
