@@ -102,9 +102,19 @@ class Fleet:
         self._recheck.set()
 
     @property
+    def replaced(self) -> bool:
+        """The bucket was deleted (or made again) and has not been read since."""
+        return self.watch is not None and self.watch.replaced
+
+    @property
     def leases_ok(self) -> bool:
-        """Whether leases may be taken: the bucket is open and fit for them."""
-        return self.bucket is not None and self.bucket.ttl and self.bucket_problem is None
+        """Whether leases may be taken: the bucket is open, read and fit for them."""
+        return (
+            self.bucket is not None
+            and self.bucket.ttl
+            and self.bucket_problem is None
+            and not self.replaced
+        )
 
     def not_ready(self) -> str | None:
         """Why the state bucket keeps the sidecar from being ready; None when it does not."""
@@ -124,6 +134,7 @@ class Fleet:
                 backoff = min(backoff * 2, BUCKET_BACKOFF_MAX)
         await self._check(js)
         self.watch = Watch(self.bucket, self.view, self._recheck.set)
+        await self._watch_advisories(js)
         self._tasks.append(asyncio.create_task(self.watch.run()))
         self._tasks.append(asyncio.create_task(self._presence()))
         while True:
@@ -132,6 +143,24 @@ class Fleet:
                 await asyncio.wait_for(self._recheck.wait(), BUCKET_REFRESH)
             await asyncio.sleep(0.2)  # a burst of changes is one check
             await self._check(js)
+
+    async def _watch_advisories(self, js: JetStreamContext) -> None:
+        """The bucket's stream deleted, made or changed: re-read it at once, not at the
+        watchdog's next look (a few seconds in which a lock in the new bucket would
+        not see the runs of the old one). Best effort: the watchdog remains."""
+        nc = js._nc
+        watch = self.watch
+        if nc is None or watch is None:
+            return
+
+        async def on_advisory(msg: object) -> None:
+            watch.resync()
+            self._recheck.set()
+
+        try:
+            await nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.*.{self.spec.stream}", cb=on_advisory)
+        except Exception as exc:
+            log.debug("no state bucket advisories: %r", exc)
 
     async def _check(self, js: JetStreamContext) -> None:
         """Check the bucket's settings (bucketcheck); create it again when it is gone."""
@@ -185,8 +214,11 @@ class Fleet:
         """(reason, why) when `job` must not be claimed now; None when it may."""
         if not self.view.synced:
             return "stream", self.problem or "state bucket not read yet"
-        if self.bucket_problem and job in self._lease_jobs:
-            return "bucket", self.bucket_problem
+        if job in self._lease_jobs:
+            if self.bucket_problem:
+                return "bucket", self.bucket_problem
+            if self.replaced:
+                return "bucket", f"state bucket {self.spec.bucket} was deleted; re-reading it"
         entry = self.view.paused(job)
         if entry is not None:
             v = entry.value

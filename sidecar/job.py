@@ -28,6 +28,7 @@ from nats.js import JetStreamContext
 
 from sidecar import failpoints
 from sidecar.bounds import slot_ms
+from sidecar.bucketcheck import needs_leases
 from sidecar.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
@@ -488,6 +489,12 @@ class Jobs:
         """
         deadline = self.clock.monotonic() + max(0.0, start + job.max_late - self.clock.wall())
         keys = self.keys()
+        if keys is None and needs_leases(job):
+            # The bucket turned unfit (or was replaced) between the check and the
+            # claim: never run such a job without its lease (overlap: skip as allow).
+            why = self.fleet.bucket_problem or "the state bucket cannot hold leases now"
+            await self._skip_won(job, claim, "bucket", f"not run without a lease: {why}")
+            return
         async with contextlib.AsyncExitStack() as stack:
             if keys is not None:
                 key = (

@@ -36,7 +36,7 @@ HOSTILE_KINDS = ("due_key", "value")
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 RUN_STATUSES = ("succeeded", "failed", "skipped", "lost")
-RUN_SKIP_REASONS = ("overlap", "late")
+RUN_SKIP_REASONS = ("overlap", "late", "bucket")
 DUE_REASONS = ("retry", "lost")
 
 
@@ -296,7 +296,8 @@ class Metrics:
         self.runs_skipped_total = counter(
             "runs_skipped",
             "Slots won but not run, by reason (overlap: a run of the job was still alive; "
-            "late: frozen past slot + max_late before the request went out).",
+            "late: frozen past slot + max_late before the request went out; bucket: the job "
+            "needs a lease and the state bucket cannot hold one).",
             ("job", "reason"),
         )
         self.runs_lost_total = counter(

@@ -414,12 +414,19 @@ class Watch:
         }
         replaced, self.replaced = self.replaced, False
         gone = [
-            Removal(key, entry, REPLACED, None)
-            if replaced and key not in fresh.markers
-            else Removal(key, entry, *fresh.markers.get(key, (None, None)))
+            Removal(key, entry, *fresh.markers.get(key, (None, None)))
             for key, entry in self.view.keys.items()
             if key not in fresh.keys
         ]
+        if replaced:
+            # Every key of the old bucket vanished without a marker; a key of the
+            # same name in the new one (another holder's lock) is not the old one.
+            gone = [
+                Removal(key, entry, REPLACED, None)
+                for key, entry in self.view.keys.items()
+                if key not in fresh.keys
+                or fresh.keys[key].value.get("token") != entry.value.get("token")
+            ]
         self.view.keys = fresh.keys
         self.view._jobs_seen = fresh._jobs_seen
         self.view.lock_markers = fresh.lock_markers
