@@ -29,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
@@ -145,9 +144,10 @@ async def _create(js: JetStreamContext, spec: StateSpec) -> Bucket:
 def job_hash(job: JobConfig) -> str:
     """A short hash of the settings that decide when and how a job runs.
 
-    Not the app's address: each replica calls its own app, on whatever host,
-    port or socket it has (two replicas that differed only in ``target.url``
-    were flagged "settings differ"). A base path in the URL is the job's.
+    Not the app's address (``target.url``, ``request.url``: host and port or
+    socket only): each replica calls its own app wherever it listens, and two
+    replicas that differed only in the app's port were flagged "settings
+    differ". Nor the instance's own ports (metrics): they are not hashed.
     """
     req = job.request
     parts = [
@@ -157,7 +157,6 @@ def job_hash(job: JobConfig) -> str:
         repr(job.max_late),
         req.method,
         req.path,
-        "" if req.url.startswith("unix:") else urlsplit(req.url).path.rstrip("/"),
         getattr(job, "catchup", "none"),
     ]
     # Leases and attempts (FLEET.md), only when not the defaults: a job left

@@ -128,7 +128,6 @@ def test_the_config_digest_leaves_out_the_apps_address() -> None:
     assert digest("http://127.0.0.1:8080") == digest("http://127.0.0.1:9090")
     assert digest("http://127.0.0.1:8080") == digest("unix:///run/app.sock")
     assert digest("http://127.0.0.1:8080") != digest("http://127.0.0.1:8080", "/jobs/other")
-    assert digest("http://127.0.0.1:8080/api") != digest("http://127.0.0.1:8080")
 
 
 async def test_the_bucket_check_sets_history_to_1_and_names_what_it_cannot_fix(
