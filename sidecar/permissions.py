@@ -39,6 +39,8 @@ VIOLATION = re.compile(
 # Not ready while the last violation is younger than this (seconds): a denial
 # that a retry loop repeats keeps it 503; one that stopped clears it.
 HOLD = 120.0
+# Subscriptions that are best effort: refusing them is not a readiness problem.
+OPTIONAL = ("$JS.EVENT.",)
 # Subjects remembered for ``denied`` (bounded: each is one line of a config).
 MAX_SUBJECTS = 256
 # Tokens of the JetStream and KV subjects the sidecar uses, as they are spelt.
@@ -94,6 +96,16 @@ class Denials:
             return False
         op, subject = parsed
         subject = self.spelt(subject.lower())
+        if subject.startswith(OPTIONAL):
+            # Advisories only wake a check sooner; without them it polls.
+            self._log.log(
+                logging.INFO,
+                f"optional:{subject}",
+                "NATS refused %s %s (advisories: changes are seen by polling instead)",
+                op,
+                subject,
+            )
+            return True
         now = self.clock()
         self.last = Denial(op, subject, now)
         if len(self._subjects) >= MAX_SUBJECTS:

@@ -106,6 +106,11 @@ def test_permissions_violations_are_parsed_and_their_subject_spelt_as_used() -> 
     denials = Denials(clock=lambda: now[0])
     denials.known("CRON_STATE", "cron.", "sync")
     assert not denials.report("nats: stale connection")
+    # A refused advisory subscription is no readiness problem (the checks poll).
+    assert denials.report(
+        'nats: permissions violation for subscription to "$js.event.advisory.stream.*.cron"'
+    )
+    assert denials.not_ready() is None
     assert denials.report(text)
     assert denials.denied("$KV.CRON_STATE.lock.sync")
     reason = denials.not_ready()
