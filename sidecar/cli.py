@@ -264,7 +264,12 @@ def pause(job: str, config_path: str | None, reason: str, force: bool) -> None:
 def resume(job: str, config_path: str | None) -> None:
     """Resume a paused JOB everywhere; exit 1 when it was not paused."""
     ld = load(config_path)
-    was = call(oneshot.resume(ld.config, ld.secrets, job))
+    try:
+        was = call(oneshot.resume(ld.config, ld.secrets, job))
+    except StreamNotFound as exc:  # no state bucket: nothing is paused anywhere
+        if job not in ld.config.job_names:
+            unknown_job(job, ld.config.job_names, "in the config, and none paused by that name")
+        fail(EXIT_FAILED, f"{job}: not resumed: {exc}")
     if was is None:
         if job not in ld.config.job_names:
             unknown_job(job, ld.config.job_names, "in the config, and none paused by that name")

@@ -413,6 +413,8 @@ def status_lines(view: dict[str, Any]) -> list[str]:
             )
         )
     lines += table(("JOB", "STATE", "LAST RUN", "STATUS", "INSTANCE", "NEXT"), rows)
+    if problem := (view.get("state_bucket") or {}).get("problem"):
+        lines.append(printable(f"WARNING: {problem}"))
     for job in view["jobs"]:
         if job.get("stream_problem"):
             lines.append(printable(f"{job['name']} not claimed: {job['stream_problem']}"))
