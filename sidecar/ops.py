@@ -21,9 +21,9 @@ from sidecar.config import Config, JobConfig, Secrets
 from sidecar.errors import ConfigError
 from sidecar.oneshot import _js, connected
 from sidecar.runs import read_job_messages
-from sidecar.since import RESUMED, schedule_hash, since_key
+from sidecar.since import RESUMED, schedule_hash
 from sidecar.skips import MAX_SKIP, new_skip_value, pending, skip_slots
-from sidecar.state import decode, ensure_bucket, put_json, state_spec
+from sidecar.state import decode, ensure_bucket, state_spec
 from sidecar.stream import stream_spec
 from sidecar.values import parse_duration
 
@@ -62,19 +62,6 @@ def until_of(text: str, now: float) -> float:
     if at <= now:
         raise ValueError(f"{text!r} is not in the future ({rfc3339(at)})")
     return at
-
-
-async def pause(
-    config: Config, secrets: Secrets, job: str, reason: str, by: str, until: float | None
-) -> dict[str, str]:
-    """Store ``paused.<job>``, with ``until`` when given; return the value."""
-    async with connected(config, secrets) as conn:
-        bucket = await ensure_bucket(_js(conn), state_spec(config))
-        value = {"by": by, "at": rfc3339(time.time()), "reason": reason}
-        if until is not None:
-            value["until"] = rfc3339(until)
-        await put_json(bucket.kv, f"paused.{job}", value)
-        return value
 
 
 async def skip(
@@ -238,18 +225,6 @@ async def cancel_backfill(config: Config, secrets: Secrets, job: str) -> int:
 # ---------------------------------------------------------------------- resume
 
 
-async def resume(config: Config, secrets: Secrets, job: JobConfig) -> dict[str, Any] | None:
-    """Delete ``paused.<job>`` and bound catch-up at now (``since.<job>``); the pause removed."""
-    async with connected(config, secrets) as conn:
-        bucket = await ensure_bucket(_js(conn), state_spec(config))
-        kv = bucket.kv
-        old, revision = await _get(kv, f"paused.{job.name}")
-        if old is None:
-            return None
-        now_ms = round(time.time() * 1000)
-        # First the bound, then the resume: a sidecar starting in between is still paused.
-        await put_json(
-            kv, since_key(job.name), {"at": now_ms, "why": RESUMED, "hash": schedule_hash(job)}
-        )
-        await kv.delete(f"paused.{job.name}", last=revision)
-        return old
+def resume_bound(job: JobConfig) -> dict[str, Any]:
+    """``since.<job>`` as ``resume`` stores it: catch-up never reaches before now."""
+    return {"at": round(time.time() * 1000), "why": RESUMED, "hash": schedule_hash(job)}

@@ -141,4 +141,4 @@ class SkipRecorder:
             http_status=None,
             error=why,
         )
-        return await publish_result(self.claimer.js, self.stream, self.prefix, record)
+        return bool(await publish_result(self.claimer.js, self.stream, self.prefix, record))
