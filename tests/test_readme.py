@@ -117,6 +117,9 @@ NORMALISE = [
     (re.compile(r"\bconfig [0-9a-f]{12}\b"), "config <HASH>"),  # an instance's job settings
     (re.compile(r"\bleader [^\s,]+,"), "leader <SERVER>,"),  # status's stream line
     (re.compile(r"\s+"), " "),
+    # A paused job's newest row is its last run, or a slot recorded skipped since the
+    # pause (docs/SCHEDULES.md), depending on whether a slot passed before `status`.
+    (re.compile(r"( PAUSED <TIME> )(succeeded|skipped) "), r"\1<LAST STATUS> "),
 ]
 
 
