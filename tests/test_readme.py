@@ -101,7 +101,9 @@ NORMALISE = [
     (re.compile(r"^leader\s+\S+$"), "leader <SERVER>"),  # the server name, by default its id
     (re.compile(r"\b\d+ slot\(s\)"), "<N> slot(s)"),
     (re.compile(r"\} \d+\.0$"), "} <N>"),
+    # This code's version, and the release the README's examples were recorded with.
     (re.compile(re.escape(__version__)), "<VERSION>"),
+    (re.compile(r"(?<=anarchon-sidecar )\d+\.\d+\.\d+\S*|(?<=\bv)\d+\.\d+\.\d+\S*"), "<VERSION>"),
     (re.compile(r"\s+"), " "),
 ]
 
