@@ -693,6 +693,22 @@ def _status_table(view: dict[str, Any]) -> None:
             click.echo(
                 _printable(f"{job['name']} paused by {job['paused_by']} at {job['paused_at']}{why}")
             )
+    _drift_lines(view)
+
+
+def _drift_lines(view: dict[str, Any]) -> None:
+    """Jobs run by only part of the fleet, or only by instances with another config."""
+    live = {str(i["id"]) for i in view["instances"]}
+    for job in view["jobs"]:
+        missing = sorted(live - set(job.get("run_by", live)))
+        if live and missing:
+            click.echo(_printable(f"DRIFT: {job['name']} is not run by {', '.join(missing)}"))
+    for job in view.get("other_jobs") or []:
+        click.echo(
+            _printable(
+                f"DRIFT: {job['name']} is not in this config; run by {', '.join(job['run_by'])}"
+            )
+        )
 
 
 @main.command(short_help="Try it here: a nats-server, a toy app and three sidecars.")

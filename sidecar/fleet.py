@@ -19,6 +19,8 @@ from nats.js import JetStreamContext
 
 from sidecar import __version__
 from sidecar.clock import Clock, rfc3339
+from sidecar.lease import Keys
+from sidecar.orphans import Orphans
 from sidecar.state import (
     PRESENCE_RENEW,
     PRESENCE_TTL,
@@ -52,6 +54,8 @@ class Fleet:
         self.clock = clock
         self.spec = state_spec(config)
         self.view = View(on_change=self._changed, on_removed=self._removed)
+        # The keys of jobs that no live instance runs any more (sidecar/orphans.py).
+        self.orphans = Orphans(config, self.view, clock)
         # Told of every key the watch delivers, and of every key that left the view.
         self.key_listeners: list[Callable[[str], None]] = []
         self.removal_listeners: list[Callable[[Removal], None]] = []
@@ -105,6 +109,7 @@ class Fleet:
         self._tasks.append(asyncio.create_task(self.watch.run()))
         if self.bucket.ttl:
             self._tasks.append(asyncio.create_task(self._presence()))
+            self._tasks.append(asyncio.create_task(self.orphans.run(Keys(self.bucket))))
 
     async def _presence(self) -> None:
         assert self.bucket is not None

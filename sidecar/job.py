@@ -112,6 +112,7 @@ class Jobs:
         self._keys: Keys | None = None
         self._due: set[str] = set()  # due keys this sidecar waits for
         self.lost = LostRuns(config, metrics, clock, js, self.spec, self.keys)
+        self.lost.judges_foreign = fleet.orphans.judges
         fleet.removal_listeners.append(self.lost.removed)
         fleet.key_listeners.append(self.due_changed)
 

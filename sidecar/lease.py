@@ -386,23 +386,30 @@ class LostRuns:
         self.keys = keys
         self.jobs = {job.name: job for job in config.jobs}
         self.tasks: set[asyncio.Task[None]] = set()
+        # Whether an expired lease of a job not in this config is judged here
+        # (sidecar/orphans.py: when no other live instance runs that job).
+        self.judges_foreign: Callable[[Removal], bool] = lambda removal: False
 
     def removed(self, removal: Removal) -> None:
         """The view lost `removal.key`; an expired lease of one of our jobs was lost."""
         if not is_lease_key(removal.key):
             return
-        job = self.jobs.get(lease_job(removal.key) or "")
-        if job is None:
-            return
+        name = lease_job(removal.key) or ""
+        job = self.jobs.get(name)
         if removal.how != EXPIRED:
-            if removal.how is None:
+            if removal.how is None and job is not None:
                 log.debug("lease %s vanished between two reads; not judged", removal.key)
             return
-        task = asyncio.create_task(self.record(job, removal))
+        if job is None and not self.judges_foreign(removal):
+            return
+        task = asyncio.create_task(self.record(job or name, removal))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def record(self, job: JobConfig, removal: Removal) -> None:
+    async def record(self, job: JobConfig | str, removal: Removal) -> None:
+        """Record the run of an expired lease lost; `job` is a name for a job not
+        in this config (recorded, never rerun)."""
+        name = job if isinstance(job, str) else job.name
         value = removal.entry.value
         slot, attempt, token = value.get("slot"), value.get("attempt", 1), value.get("token")
         if not (isinstance(slot, int) and isinstance(attempt, int) and isinstance(token, str)):
@@ -413,12 +420,12 @@ class LostRuns:
         after = fence if isinstance(fence, int) and not isinstance(fence, bool) else None
         try:
             for _ in range(RECHECKS):
-                recorded, last = await self._recorded(job.name, token, after)
+                recorded, last = await self._recorded(name, token, after)
                 if recorded:
                     log.info("lease %s expired after its run was recorded", removal.key)
                     return
                 stored = await self._publish(
-                    job, removal.key, value, slot, attempt, token, at, last
+                    name, removal.key, value, slot, attempt, token, at, last
                 )
                 if stored is not None:
                     break
@@ -432,18 +439,20 @@ class LostRuns:
         if not stored:
             return
         m = self.metrics
-        m.runs_lost_total.labels(job=job.name).inc()
-        m.runs_total.labels(job=job.name, status=LOST).inc()
+        m.runs_lost_total.labels(job=name).inc()
+        m.runs_total.labels(job=name, status=LOST).inc()
         log.error(
             "run job=%s slot=%s attempt=%d status=lost instance=%s: its lease %s expired "
             "(no renewal for lease_ttl %gs): the runner died, hung or lost NATS",
-            job.name,
+            name,
             rfc3339(slot / 1000),
             attempt,
             value.get("instance"),
             removal.key,
             self.config.nats.lease_ttl,
         )
+        if isinstance(job, str):
+            return  # a job this config does not have: nothing to rerun it with
         if job.on_lost == "rerun":
             if may_follow(attempt, job.retry.max):
                 await make_due(
@@ -485,7 +494,7 @@ class LostRuns:
 
     async def _publish(
         self,
-        job: JobConfig,
+        job: str,
         key: str,
         value: dict[str, Any],
         slot: int,
@@ -507,7 +516,7 @@ class LostRuns:
         except ValueError:
             duration_ms = 0
         record = ResultRecord(
-            job=job.name,
+            job=job,
             slot=slot,
             token=token,
             instance=str(value.get("instance", "")),
@@ -525,7 +534,7 @@ class LostRuns:
         while True:
             try:
                 ack = await self.js.publish(
-                    result_subject(self.spec.prefix, job.name),
+                    result_subject(self.spec.prefix, job),
                     record.to_json(),
                     timeout=WRITE_TIMEOUT,
                     stream=self.spec.name,
