@@ -494,7 +494,7 @@ class LostRuns:
 
     async def _publish(
         self,
-        job: str,
+        job: JobConfig | str,
         key: str,
         value: dict[str, Any],
         slot: int,
@@ -509,6 +509,7 @@ class LostRuns:
         was; None when a result was stored since `last` was read (perhaps this
         run's own): it is looked at again.
         """
+        name = job if isinstance(job, str) else job.name
         started = value.get("started_at")
         started_at = started if isinstance(started, str) else rfc3339(at)
         try:
@@ -516,7 +517,7 @@ class LostRuns:
         except ValueError:
             duration_ms = 0
         record = ResultRecord(
-            job=job,
+            job=name,
             slot=slot,
             token=token,
             instance=str(value.get("instance", "")),
@@ -534,7 +535,7 @@ class LostRuns:
         while True:
             try:
                 ack = await self.js.publish(
-                    result_subject(self.spec.prefix, job),
+                    result_subject(self.spec.prefix, name),
                     record.to_json(),
                     timeout=WRITE_TIMEOUT,
                     stream=self.spec.name,
