@@ -21,6 +21,7 @@ from sidecar import __version__
 from sidecar.clock import Clock, rfc3339
 from sidecar.lease import Keys
 from sidecar.orphans import Orphans
+from sidecar.servers import version_problem
 from sidecar.state import (
     PRESENCE_RENEW,
     PRESENCE_TTL,
@@ -105,6 +106,8 @@ class Fleet:
                 backoff = min(backoff * 2, BUCKET_BACKOFF_MAX)
         if self.bucket.ttl_problem:
             log.warning("%s", self.bucket.ttl_problem)
+        elif too_old := version_problem(str(js._nc.connected_server_version)):
+            log.warning("%s", too_old)
         self.watch = Watch(self.bucket, self.view)
         self._tasks.append(asyncio.create_task(self.watch.run()))
         if self.bucket.ttl:
