@@ -84,7 +84,7 @@ bench: $(STAMP)
 
 # A year of history (docs/PERFORMANCE.md): the stream filled to 1,000 jobs x
 # 1,000 runs (two million messages) and the state bucket over 100,000 leased
-# runs; about 10 minutes on 2 cores. BENCH_YEAR_SIZES sets the runs per job.
+# runs; about 6 minutes on 2 cores. BENCH_YEAR_SIZES sets the runs per job.
 BENCH_YEAR_SIZES ?= 100 1000
 bench-year: $(STAMP)
 	$(BIN)/python -m bench.year $(BENCH_YEAR_SIZES)
