@@ -25,6 +25,7 @@ from sidecar.lease import Keys
 from sidecar.orphans import Orphans
 from sidecar.servers import version_problem
 from sidecar.state import (
+    HASH_KIND,
     PRESENCE_RENEW,
     PRESENCE_TTL,
     Bucket,
@@ -82,6 +83,7 @@ class Fleet:
             "version": __version__,
             "started_at": self._started_at,
             "jobs": {job.name: job_hash(job) for job in config.jobs},
+            "digest": HASH_KIND,  # the kind of those hashes (state.mismatched_jobs)
             "metrics": f"{config.metrics.host}:{config.metrics.port}",
         }
 

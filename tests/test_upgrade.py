@@ -218,9 +218,16 @@ def test_rolling_update_from_the_previous_release_runs_no_slot_twice(
         what="old and new both win tick slots",
     )
     # Both versions' status shows both versions, the foreign key changing nothing.
-    for python in (previous_python, None):
-        versions = {i["id"]: i["version"] for i in status(python)["instances"]}
+    mismatch = {}
+    for name, python in (("old", previous_python), ("new", None)):
+        view = status(python)
+        versions = {i["id"]: i["version"] for i in view["instances"]}
         assert versions == {"old-1": PREVIOUS_VERSION, "new-1": __version__, "new-2": __version__}
+        mismatch[name] = view["config_mismatch"]
+    # One config everywhere: the new version sees no "settings differ" across versions;
+    # 0.1.0 does, its job hashes holding the app's address (the changelog says so).
+    assert mismatch == {"old": True, "new": False}
+    assert n1.metric("anarchon_fleet_config_mismatch") == 0
 
     def running_long(instance: str) -> Any:
         return next(
@@ -337,3 +344,16 @@ def test_rolling_update_from_the_previous_release_runs_no_slot_twice(
         assert not view["config_mismatch"]
         assert {j["name"] for j in view["jobs"]} == {"tick", "long"}
     assert os.path.exists(previous_python)
+
+
+def test_job_hashes_are_compared_only_with_hashes_of_their_kind() -> None:
+    from sidecar.state import HASH_KIND, mismatched_jobs
+
+    old = {"jobs": {"a": "with-address", "b": "b1"}}  # 0.1.0: no "digest"
+    new = {"jobs": {"a": "without", "b": "b2"}, "digest": HASH_KIND}
+    assert mismatched_jobs({"o": old, "n1": new, "n2": dict(new)}) == set()
+    odd = {"jobs": {"a": "other", "b": "b2"}, "digest": HASH_KIND}
+    assert mismatched_jobs({"o": old, "n1": new, "n3": odd}) == {"a"}
+    assert mismatched_jobs({"o": old, "o2": {"jobs": {"a": "x", "b": "b1"}}}) == {"a"}
+    hostile = {"jobs": {"a": "q"}, "digest": [1, {"x": 2}]}
+    assert mismatched_jobs({"n1": new, "h": hostile}) == set()
