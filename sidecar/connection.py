@@ -106,6 +106,11 @@ class Client(NATS):
             info["tls_required"] = True  # the same dict as self._server_info
         return super()._process_info(info, initial_connection)
 
+    @property
+    def cluster(self) -> str | None:
+        """The cluster of the server connected to, from its INFO; None outside one."""
+        return (self._server_info or {}).get("cluster") or None
+
     def _connect_command(self) -> bytes:
         writer = getattr(self._transport, "_io_writer", None)
         if self.require_tls and (writer is None or writer.get_extra_info("ssl_object") is None):

@@ -92,11 +92,12 @@ class Fleet:
     def start(self, js: JetStreamContext) -> None:
         self._tasks.append(asyncio.create_task(self._run(js)))
 
-    async def stop(self) -> None:
-        """Stop watching and leave the fleet: the instance key is deleted."""
+    async def stop(self, connected: bool = True) -> None:
+        """Stop watching and leave the fleet: the instance key is deleted (when
+        `connected`; else its TTL removes it, and the exit does not wait for NATS)."""
         await cancel_all(self._tasks)
         self._tasks.clear()
-        if self.bucket is not None and self.bucket.ttl:
+        if connected and self.bucket is not None and self.bucket.ttl:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
                     self.bucket.kv.delete(f"instance.{self.config.instance_id}"), 2.0
