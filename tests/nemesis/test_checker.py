@@ -125,11 +125,19 @@ def test_a_missed_slot_is_a_failure_only_when_nothing_was_near() -> None:
     report = check(History(reqs, stream, [], run_info()))
     assert report.figures["missed_quiet"] == 1
     assert report.figures["missed_available"] == 1
-    pause = {"kind": "pause-node", "target": "n1", "start": T0 + 4, "end": T0 + 6}
+    pause = {"kind": "pause-node", "target": "n1", "start": T0 + 4, "end": T0 + 6, "leader": "n1"}
     report = check(History(reqs, stream, [pause], run_info()))
     assert report.ok, report.failures
     assert report.figures["missed"] == 1
     assert report.figures["missed_available"] == 1  # n2, n3 and a sidecar were fine
+    assert report.figures["missed_no_election"] == 0  # the leader was paused: an election
+    # A follower paused instead: a claim could be made and no election explains the miss.
+    report = check(History(reqs, stream, [{**pause, "leader": "n2"}], run_info()))
+    assert report.figures["missed_no_election"] == 1
+    assert report.failures == [
+        "missed while a claim could be made, with no election nor starvation near: "
+        f"tick slot {int((T0 + 5) * 1000)}"
+    ]
     split = {
         "kind": "partition",
         "start": T0 + 4,
@@ -248,3 +256,59 @@ def test_a_rerun_after_a_stored_success_is_needless() -> None:
     report = check(History(reqs, stream, [pause], run_info()))
     assert report.figures["reruns_needless"] == 1
     assert report.figures["lost_wrong"] == 1
+
+
+def stall(at: float, late: float) -> dict[str, Any]:
+    return {"kind": "stall", "t": at, "late": late}
+
+
+def wait(at: float, proc: str, seconds: float, dt: float = 0.25) -> dict[str, Any]:
+    return {"kind": "wait", "t": at, "dt": dt, "proc": proc, "wait": seconds}
+
+
+def test_a_miss_is_put_down_to_starvation_only_with_evidence_in_its_window() -> None:
+    """Slot 5 missed, a follower paused (no election): a failure, unless the run
+    measured that the CPU was missing for a quarter of [slot, slot + max_late]."""
+    reqs, stream = clean()
+    del reqs[5], stream[5]  # nobody stored a claim of slot 5
+    follower = {
+        "kind": "pause-node",
+        "target": "n2",
+        "leader": "n1",
+        "start": T0 + 4,
+        "end": T0 + 6,
+    }
+
+    def judged(cpu: list[dict[str, Any]], more: list[dict[str, Any]] | None = None) -> Any:
+        return check(History(reqs, stream + (more or []), [follower], run_info(), cpu))
+
+    slot = int((T0 + 5) * 1000)
+    assert judged([]).figures["missed_no_election"] == 1
+    # The harness's own thread could not run for 0.8 s of the 3 s window (>= 0.75 s).
+    report = judged([stall(T0 + 5.9, 0.4), stall(T0 + 7.0, 0.4)])
+    assert report.ok, report.failures
+    assert report.figures["missed_starved"] == 1
+    assert report.figures["missed_no_election"] == 0
+    assert report.notes == [
+        f"starved: tick slot {slot}: the harness's sampling thread could not run for 0.80s of 3s"
+    ]
+    assert report.figures["stall_max_s"] == 0.4
+    # Too little, or outside the window (before the slot, after slot + max_late): no excuse.
+    assert judged([stall(T0 + 6, 0.5)]).figures["missed_no_election"] == 1
+    assert judged([stall(T0 + 4.9, 2.0), stall(T0 + 9.5, 1.0)]).figures["missed_no_election"] == 1
+    # Run-queue waits: every sidecar that could claim must have waited (s1 did, s2 did not) ...
+    s1_waits = [wait(T0 + 5.25 + i * 0.25, "s1", 0.2) for i in range(8)]  # 1.6 s of 3 s
+    assert judged(s1_waits).figures["missed_no_election"] == 1
+    s2_waits = [wait(T0 + 5.25 + i * 0.25, "s2", 0.1) for i in range(8)]  # 0.8 s
+    report = judged(s1_waits + s2_waits)
+    assert report.figures["missed_starved"] == 1
+    assert (
+        "every sidecar that could claim waited on the run queue for s1 1.60s, s2 0.80s"
+        in (report.notes[0])
+    )
+    # ... unless a claim was stored: then its winner is the one that had to run.
+    won_by_s2 = [{**claim(50, T0 + 5), "data": {**claim(50, T0 + 5)["data"], "instance": "s2"}}]
+    assert judged(s1_waits, won_by_s2).figures["missed_no_election"] == 1
+    report = judged(s2_waits, won_by_s2)
+    assert report.figures["missed_starved"] == 1
+    assert "its winner s2 waited on the run queue for s2 0.80s" in report.notes[0]
