@@ -42,6 +42,14 @@ Liveness figures (reported; a miss is allowed while faults last):
   stopped, killed or cut off the stream's leader (recorded when each fault
   began), nor measured CPU starvation explains the miss: a failure. The
   election the Raft timeout forces explains the others.
+- **missed_elections_logged**: missed slots that would be
+  ``missed_no_election`` but for an election the servers logged, which the
+  faults did not predict: the stream was without a leader (from its leader's
+  "has NO quorum, stalled" or its Raft group's "Detected another leader with
+  higher term, will stepdown" to the next "new stream leader") for at least
+  half of [slot, slot + max_late]. nats-server's Raft has no pre-vote: a
+  follower cut from the leader alone (a bridge) campaigns with a higher term
+  and can depose a leader that kept its majority (seed 477497).
 - **missed_starved**: missed slots that would be ``missed_no_election`` but
   for evidence, measured in the run (``cpu.jsonl``, tests/nemesis/cpu.py),
   that the CPU was not there: for at least a quarter of [slot, slot +
@@ -61,6 +69,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +90,8 @@ class History:
     faults: list[dict[str, Any]]
     run: dict[str, Any]
     cpu: list[dict[str, Any]] = field(default_factory=list)
+    # (start, end, what): the stream without a leader, from the servers' logs.
+    leaderless: list[tuple[float, float, str]] = field(default_factory=list)
 
     @classmethod
     def load(cls, directory: Path) -> History:
@@ -97,6 +108,11 @@ class History:
             lines("faults.jsonl"),
             run,
             lines("cpu.jsonl"),
+            leaderless_from_logs(
+                {n: directory / f"{n}.log" for n in run["nodes"]},
+                "CRON",
+                (run.get("raft_groups") or {}).get("CRON"),
+            ),
         )
 
 
@@ -149,6 +165,40 @@ def touches(faults: Iterable[dict[str, Any]], nodes: set[str]) -> list[Touch]:
         reach = [n for n in nodes if n != leader and frozenset({leader, n}) not in blocked]
         hit = leader in fnodes or (bool(leader) and cluster and len(reach) + 1 <= len(nodes) // 2)
         out.append(Touch(start, end, fnodes, fsidecars | sidecars_cut, blocked, cluster, hit))
+    return out
+
+
+_LOG_TIME = re.compile(r"^\[\d+\] (\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d+) ")
+
+
+def leaderless_from_logs(
+    logs: dict[str, Path], stream: str, group: str | None
+) -> list[tuple[float, float, str]]:
+    """When the stream had no leader, as the servers logged it: from its leader's
+    "has NO quorum, stalled" or a step-down of its Raft group (`group`) to the
+    next "new stream leader" line of any server (times in the host's zone)."""
+    lost = [f"stream '$G > {stream}' has NO quorum, stalled"]
+    if group:
+        lost.append(f" - {group}] Detected another leader with higher term, will stepdown")
+    elected = f"new stream leader for '$G > {stream}'"
+    events: list[tuple[float, str, str]] = []
+    for node, path in logs.items():
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            kind = "lost" if any(x in line for x in lost) else "elected" if elected in line else ""
+            m = _LOG_TIME.match(line) if kind else None
+            if m:
+                at = datetime.strptime(m.group(1), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                events.append((at, kind, node))
+    events.sort()
+    out: list[tuple[float, float, str]] = []
+    for i, (at, kind, node) in enumerate(events):
+        if kind != "lost" or (out and out[-1][1] >= at):
+            continue
+        end = next(((t, n) for t, k, n in events[i + 1 :] if k == "elected"), None)
+        if end is not None:
+            out.append((at, end[0], f"{node} lost its leadership, {end[1]} was elected"))
     return out
 
 
@@ -275,6 +325,7 @@ def check(history: History) -> Report:
     missed_available: list[tuple[str, int]] = []
     missed_no_election: list[tuple[str, int]] = []
     missed_starved: list[tuple[str, int]] = []
+    missed_logged: list[tuple[str, int]] = []
     ran = {(job, slot) for (job, slot, attempt) in by_run if attempt == 1}
     for job, spec in jobs.items():
         max_late = float(spec["max_late"])
@@ -294,6 +345,15 @@ def check(history: History) -> Report:
                 missed_available.append((job, slot))
                 if any(t.leader_hit for t in near):
                     continue
+                lo_w, hi_w = slot / 1000, hi
+                spans = [(a, b, w) for a, b, w in history.leaderless if a < hi_w and b > lo_w]
+                if sum(min(b, hi_w) - max(a, lo_w) for a, b, _ in spans) >= (hi_w - lo_w) / 2:
+                    missed_logged.append((job, slot))
+                    report.notes.append(
+                        f"election logged: {job} slot {slot}: no leader "
+                        + "; ".join(f"{a:.3f}-{b:.3f} ({w})" for a, b, w in spans)
+                    )
+                    continue
                 winner = claims.get((job, slot, 1), {}).get("instance")
                 untouched = [s for s in sidecars if not any(s in t.sidecars for t in near)]
                 why = _starved(history.cpu, slot / 1000, hi, winner, untouched)
@@ -304,6 +364,7 @@ def check(history: History) -> Report:
                     missed_no_election.append((job, slot))
     fig.update(slots=slots, runs=runs, missed=len(missed), missed_available=len(missed_available))
     fig["missed_no_election"] = len(missed_no_election)
+    fig["missed_elections_logged"] = len(missed_logged)
     fig["missed_starved"] = len(missed_starved)
     fig["missed_quiet"] = len(missed_quiet)
     for job, slot in missed_quiet[:10]:
@@ -437,6 +498,7 @@ def summary(report: Report) -> str:
         "missed",
         "missed_available",
         "missed_no_election",
+        "missed_elections_logged",
         "missed_starved",
         "missed_quiet",
         "doubles",

@@ -125,6 +125,7 @@ def run(workdir: Path, seed: int, seconds: float) -> Outcome:
             "settle": SETTLE,
             "loadavg": {"start": load_at_start, "end": loadavg()},
             "nodes": system.node_names,
+            "raft_groups": system.raft_groups(),
             "sidecars": system.sidecar_names,
             "jobs": {
                 "tick": {"period_s": 1, "max_late": MAX_LATE},

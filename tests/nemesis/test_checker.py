@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.nemesis.checker import History, check, slots_of
+from tests.nemesis.checker import History, check, leaderless_from_logs, slots_of
 from tests.nemesis.faults import NETWORK, PROCESS, plan
 
 T0 = 1_800_000_000.0  # a whole, even second
@@ -312,3 +314,61 @@ def test_a_miss_is_put_down_to_starvation_only_with_evidence_in_its_window() -> 
     report = judged(s2_waits, won_by_s2)
     assert report.figures["missed_starved"] == 1
     assert "its winner s2 waited on the run queue for s2 0.80s" in report.notes[0]
+
+
+def log_line(at: float, text: str) -> str:
+    stamp = datetime.fromtimestamp(at).strftime("%Y/%m/%d %H:%M:%S.%f")
+    return f"[4242] {stamp} {text}\n"
+
+
+def test_an_election_the_servers_logged_explains_a_miss_the_faults_did_not(
+    tmp_path: Path,
+) -> None:
+    """Seed 477497: a bridge cut follower n3 from leader n1 (n2 saw both); n3's
+    higher term deposed n1 though n1 kept its majority, and no leader was elected
+    for 5.8 s. Only a leaderless stretch over half of [slot, slot + max_late],
+    logged by the servers for the stream's own Raft group, explains a miss."""
+    n1, n2 = tmp_path / "n1.log", tmp_path / "n2.log"
+    n1.write_text(
+        log_line(
+            T0 + 4.6,
+            "[WRN] RAFT [abc - S-R3F-cron] Detected another leader with higher term, will stepdown",
+        )
+        + log_line(
+            T0 + 4.6,
+            "[WRN] RAFT [abc - S-R3F-kv] Detected another leader with higher term, will stepdown",
+        )
+        + log_line(T0 + 9.0, "[INF] JetStream cluster new stream leader for '$G > KV'")
+    )
+    n2.write_text(log_line(T0 + 6.6, "[INF] JetStream cluster new stream leader for '$G > CRON'"))
+    logs = {"n1": n1, "n2": n2, "n3": tmp_path / "n3.log"}
+    spans = leaderless_from_logs(logs, "CRON", "S-R3F-cron")
+    assert spans == [
+        (pytest.approx(T0 + 4.6), pytest.approx(T0 + 6.6), "n1 lost its leadership, n2 was elected")
+    ]
+    assert leaderless_from_logs(logs, "CRON", None) == []  # the group unknown: nothing
+    reqs, stream = clean()
+    del reqs[4], reqs[3]  # slots 3 and 4 (max_late 3 s): 1.4 s and 2.0 s of theirs without a leader
+    follower = {
+        "kind": "pause-node",
+        "target": "n2",
+        "leader": "n1",
+        "start": T0 + 2,
+        "end": T0 + 3,
+    }
+    report = check(History(reqs, stream, [follower], run_info(), [], spans))
+    assert report.figures["missed_elections_logged"] == 1
+    assert report.figures["missed_no_election"] == 1
+    assert report.failures == [
+        "missed while a claim could be made, with no election nor starvation near: "
+        f"tick slot {int((T0 + 3) * 1000)}"
+    ]
+    assert report.notes[0].startswith(f"election logged: tick slot {int((T0 + 4) * 1000)}")
+    # "has NO quorum, stalled" (the leader's own word) starts a stretch too.
+    n1.write_text(
+        log_line(T0 + 3.0, "[WRN] JetStream cluster stream '$G > CRON' has NO quorum, stalled")
+    )
+    assert leaderless_from_logs(logs, "CRON", None)[0][:2] == (
+        pytest.approx(T0 + 3.0),
+        pytest.approx(T0 + 6.6),
+    )
