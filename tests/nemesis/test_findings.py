@@ -20,7 +20,16 @@ from sidecar.clock import Clock
 from sidecar.lease import RUN_LEASE_WAIT, Keys, Lease
 from sidecar.metrics import Metrics
 from sidecar.state import Bucket, StateSpec, ensure_bucket
-from tests.support import NatsServer, RecordingApp, Sidecar, read_stream, until, wait_for
+from tests.reliability.proxy import AckProxy
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    Sidecar,
+    free_port,
+    read_stream,
+    until,
+    wait_for,
+)
 
 SPEC = StateSpec("F_STATE", 1, 1.0)
 KEY = "run.j.1000"
@@ -205,3 +214,60 @@ async def test_a_run_lease_never_created_leaves_nothing_behind(nc: NATS) -> None
     assert ending in done, "the pending create held the run's end"
     assert lease._renewer is not None and lease._renewer.done()
     assert await keys.last(KEY) is None
+
+
+# ---------------------------------------------------------------- finding 7 (seeds 696732, 51613)
+
+
+class DeafProxy(AckProxy):
+    """Every claim's ack dropped, retries' too: a server that cannot reach the
+    stream's leader (everything else, PINGs included, passes)."""
+
+    def _verdict(self, msg_id: str) -> str:
+        with self._lock:
+            self.dropped.append(msg_id)
+        return "drop"
+
+
+def test_a_sidecar_leaves_a_server_that_answers_pings_but_not_its_claims(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Finding 7: a server cut from the stream's leader (a bridge), or one cut from
+    the sidecar for less than the pings take to notice (4-6 s, a whole max_late),
+    answers PINGs and not claims. The sidecar stayed, and every claim timed out.
+    Here the sidecar's first server is a proxy that answers everything but claims
+    (their acks are dropped, for ever); the second refuses connections until the
+    sidecar is up, so it starts on the deaf one. Slots must run all the same."""
+    deaf = DeafProxy(nats_server.port).start()
+    other = free_port()
+    config = {
+        "nats": {
+            "servers": [deaf.url, f"nats://127.0.0.1:{other}"],
+            "lease_ttl": "3s",
+            "ack_timeout": "1s",
+        },
+        "target": {"url": http_app.url, "timeout": "5s"},
+        "jobs": [{"name": "tick", "schedule": "* * * * * *", "jitter": "0s", "max_late": "3s"}],
+    }
+    sidecar = Sidecar(tmp_path, "s", config, {}).start()
+    good = None
+    try:
+        sidecar.wait_ready(30)
+        good = AckProxy(nats_server.port, port=other).start()  # the other server comes up
+        wait_for(lambda: len(deaf.dropped) >= 1, 20, what="a claim sent to the deaf server")
+        wait_for(
+            lambda: len(http_app.requests_for("/jobs/tick")) >= 3,
+            30,
+            what="runs after the deaf server was left",
+        )
+    finally:
+        code = sidecar.terminate()
+        deaf.stop()
+        if good is not None:
+            good.stop()
+    assert code == 0
+    log = sidecar.log()
+    assert "did not answer a claim within nats.ack_timeout; trying another server" in log
+    requests = http_app.requests_for("/jobs/tick")
+    delays = [r.at - int(r.headers["X-Anarchon-Slot"]) / 1000 for r in requests]
+    assert max(delays) < 3.0, delays  # each within max_late
