@@ -39,6 +39,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 from nats.js.errors import APIError, NotFoundError
 
+from sidecar import failpoints
 from sidecar.bounds import attempt_no, epoch_s, seq_no, slot_ms
 from sidecar.claim import MSG_ID, TRANSIENT, new_token, token_of
 from sidecar.clock import Clock, parse_rfc3339, rfc3339
@@ -70,6 +71,12 @@ MARKER_REASON = "Nats-Marker-Reason"
 CAS_CONFLICT = (10071, 10164)
 # How long a write may wait for its ack.
 WRITE_TIMEOUT = 2.0
+# The longest a won run waits for its run lease before it triggers the app
+# (``Lease.start``); the create goes on meanwhile. The state bucket's stream has
+# a Raft leader of its own: when that leader is lost and the claims' is not, a
+# new one takes the election timeout (4-9 s), and a run that waited for its
+# lease until slot + max_late was never sent (found by the nemesis).
+RUN_LEASE_WAIT = 1.0
 # ... when the server refused its subject lately (a permissions violation).
 DENIED_TIMEOUT = 0.5
 # After a spurious CAS conflict, the renewal is asked again after this, doubled
@@ -263,19 +270,64 @@ class Lease:
         self.lost = False
         self.renewals = 0
         self.renewed_at = 0.0  # monotonic time of the last write that set the TTL
+        self.created = False
+        self._created = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Lease:
         """Create the key; KeyHeld when it is live, NATS errors when no answer came."""
         self.revision = await _until_answered(
-            f"lease {self.key}",
-            lambda: self.keys.create(self.key, self.value, self.ttl, self.marker),
-            self.clock,
-            self.deadline,
+            f"lease {self.key}", self._create, self.clock, self.deadline
         )
         self.renewed_at = self.clock.monotonic()
+        self.created = True
         self._renewer = asyncio.create_task(self._renew())
         return self
+
+    async def start(self, wait: float) -> bool:
+        """Create the key without holding the run up: True when it was created
+        within `wait` seconds.
+
+        For a run lease (not a lock): the create is asked again in the background
+        while the run goes on, until it is created (then renewed as usual) or the
+        block ends (``__aexit__``). A run started without its lease is not seen
+        lost if its runner dies before the create gets through; a run held back
+        until slot + max_late is never sent at all.
+        """
+        self._renewer = asyncio.create_task(self._create_then_renew())
+        done = asyncio.ensure_future(self._created.wait())
+        try:
+            await asyncio.wait(
+                {self._renewer, done}, timeout=wait, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            done.cancel()
+        return self.created
+
+    async def _create(self) -> int:
+        if failpoints.ENABLED:
+            await failpoints.hit("lease.create")
+        return await self.keys.create(self.key, self.value, self.ttl, self.marker)
+
+    async def _create_then_renew(self) -> None:
+        began = self.clock.monotonic()
+        try:
+            self.revision = await _until_answered(
+                f"lease {self.key}", self._create, self.clock, math.inf
+            )
+        except KeyHeld:
+            log.warning("lease %s exists already; running without it", self.key)
+            return
+        except Exception as exc:  # a definite refusal: the run goes on without it
+            log.warning("lease %s not created (%r); running without it", self.key, exc)
+            return
+        self.renewed_at = self.clock.monotonic()
+        self.created = True
+        self._created.set()
+        took = self.renewed_at - began
+        if took > RUN_LEASE_WAIT:
+            log.info("lease %s created after %.1fs, while its run went on", self.key, took)
+        await self._renew()
 
     async def __aexit__(
         self,
@@ -291,6 +343,10 @@ class Lease:
             await cancel_all([self._renewer])
         if self.lost:
             return  # not ours any more: leave whatever is there
+        if not self.created:
+            # Never created (``start``): nothing to release. A create still in
+            # flight may land and expire; its run's result is stored by then.
+            return
         silent = self.clock.monotonic() - self.renewed_at
         if silent > self.ttl:
             # The process was stopped or its loop stalled: the key expired
