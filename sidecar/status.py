@@ -23,6 +23,7 @@ from sidecar.bucketcheck import check_bucket
 from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config
 from sidecar.due import lease_job
+from sidecar.orphans import run_by
 from sidecar.runs import join_runs, last_messages
 from sidecar.skips import pause_active, pending
 from sidecar.state import View, mismatched_jobs, state_spec
@@ -95,6 +96,8 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
     view = await read_view(js, config) or View()
     instances = view.instances()
     mismatch = mismatched_jobs(instances)
+    # Drift: which live instances run each job, and the jobs this config lacks.
+    runners = run_by(instances)
     spec = stream_spec(config)
     stream: dict[str, Any] | None = None
     held: dict[str, str | None] = {}
@@ -148,6 +151,7 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
                 "next_slot": rfc3339(job.schedule.next_run(now_ms) / 1000),
                 "next_run_local": local_time(job.schedule.next_run(now_ms), job.timezone),
                 "settings_differ": job.name in mismatch,
+                "run_by": runners.get(job.name, []),
                 # Why the stream cannot hold this job's claims (its slots are skipped).
                 "stream_problem": held.get(job.name),
             }
@@ -176,4 +180,15 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
         "config_mismatch": bool(mismatch),
         "mismatched_jobs": sorted(mismatch),
         "jobs": jobs,
+        # Jobs live instances run that this config does not have (removed,
+        # renamed or added on part of the fleet), with their leftover state.
+        "other_jobs": [
+            {
+                "name": name,
+                "run_by": runners.get(name, []),
+                "paused": view.paused(name) is not None,
+                "running": running(view, name, now_ms),
+            }
+            for name in sorted(set(runners) - {job.name for job in config.jobs})
+        ],
     }

@@ -447,7 +447,7 @@ def status_lines(view: dict[str, Any]) -> list[str]:
                 )
             )
         lines += schedule_status_lines(job)
-    return lines
+    return lines + drift_lines(view)
 
 
 def schedule_status_lines(job: dict[str, Any]) -> list[str]:
@@ -495,4 +495,18 @@ def backfill_lines(job: JobConfig, plan: Any, trigger: str, dry_run: bool) -> li
         f"{job.name}: {verb} {len(plan.slots)} slot(s) (trigger {trigger}); the fleet runs "
         "them one at a time: see `status` and `history`"
     )
+    return lines
+
+
+def drift_lines(view: dict[str, Any]) -> list[str]:
+    """Jobs run by only part of the fleet, or only by instances with another config."""
+    live = {str(i["id"]) for i in view["instances"]}
+    lines = []
+    for job in view["jobs"]:
+        missing = sorted(live - {str(i) for i in job.get("run_by", live)})
+        if live and missing:
+            lines.append(printable(f"DRIFT: {job['name']} is not run by {', '.join(missing)}"))
+    for job in view.get("other_jobs") or []:
+        run_by = ", ".join(str(i) for i in job["run_by"])
+        lines.append(printable(f"DRIFT: {job['name']} is not in this config; run by {run_by}"))
     return lines
