@@ -3,7 +3,8 @@
 No running sidecar's admin port is needed: live instances are the
 ``instance.<id>`` keys (each kept alive with a TTL), pauses the
 ``paused.<job>`` keys, and each job's last run is joined from its newest claim
-and result (two direct reads a job, not its whole history).
+and result; the objects are built by sidecar/board.py, as the fleet page's
+API builds them.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from sidecar.clock import parse_rfc3339, rfc3339
+from sidecar.board import Recent, fleet_object, read_recent, running, stream_object
 from sidecar.config import Config
-from sidecar.due import lease_job
-from sidecar.runs import join_runs, last_messages
-from sidecar.state import View, mismatched_jobs, state_spec
+from sidecar.state import View, state_spec
 from sidecar.stream import answering_domain, coverage, state_of, stream_spec
 
 READ_TIMEOUT = 10.0
+
+__all__ = ["config_hash", "fleet_status", "read_view", "running"]
 
 
 def config_hash(jobs: object) -> str:
@@ -51,38 +52,9 @@ async def read_view(js: JetStreamContext, config: Config) -> View | None:
     return view
 
 
-def running(view: View, job: str, now_ms: int) -> list[dict[str, Any]]:
-    """The runs of `job` holding a lease now (``run.*`` and ``lock.*`` keys), oldest first."""
-    out = []
-    for key, entry in view.leases().items():
-        if lease_job(key) != job:
-            continue
-        v = entry.value
-        since = v.get("started_at")
-        try:
-            seconds = (
-                max(0.0, now_ms / 1000 - parse_rfc3339(since)) if isinstance(since, str) else None
-            )
-        except ValueError:
-            seconds = None
-        out.append(
-            {
-                "slot": rfc3339(v["slot"] / 1000) if isinstance(v.get("slot"), int) else None,
-                "attempt": v.get("attempt", 1),
-                "instance": v.get("instance"),
-                "since": since,
-                "seconds": round(seconds, 1) if seconds is not None else None,
-                "key": key,
-            }
-        )
-    return sorted(out, key=lambda run: str(run["since"]))
-
-
 async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dict[str, Any]:
     """The object of FLEET.md's ``status --json``."""
     view = await read_view(js, config) or View()
-    instances = view.instances()
-    mismatch = mismatched_jobs(instances)
     spec = stream_spec(config)
     stream: dict[str, Any] | None = None
     held: dict[str, str | None] = {}
@@ -91,52 +63,14 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
         state = state_of(info)
         held = coverage(state, spec, config.jobs)
         domain = await answering_domain(js)
-        stream = {
-            "name": state.name,
-            "domain": domain,
-            "cluster": state.cluster,
-            "leader": state.leader,
-            "replicas": state.replicas,
-        }
+        stream = stream_object(state, domain)
     except Exception:  # no stream yet, or no answer: status still shows the rest
         stream = None
-    jobs: list[dict[str, Any]] = []
-    for job in config.jobs:
-        paused = view.paused(job.name)
-        pause = paused.value if paused is not None else {}
+    recent = Recent(spec.prefix)
+    if stream is not None:
         try:
-            messages = await last_messages(js, spec.name, spec.prefix, job.name)
-        except Exception:  # no stream yet, or it does not answer: no last run shown
-            messages = []
-        runs = join_runs(job.name, messages, spec.prefix).runs
-        jobs.append(
-            {
-                "name": job.name,
-                "paused": paused is not None,
-                "paused_by": pause.get("by"),
-                "paused_at": pause.get("at"),
-                "paused_reason": pause.get("reason"),
-                "running": running(view, job.name, now_ms),
-                "last_run": runs[0].as_dict() if runs else None,
-                "next_slot": rfc3339(job.schedule.next_slot(now_ms) / 1000),
-                "settings_differ": job.name in mismatch,
-                # Why the stream cannot hold this job's claims (its slots are skipped).
-                "stream_problem": held.get(job.name),
-            }
-        )
-    return {
-        "stream": stream,
-        "instances": [
-            {
-                "id": instance,
-                "version": value.get("version"),
-                "started_at": value.get("started_at"),
-                "config_hash": config_hash(value.get("jobs")),
-                "metrics": value.get("metrics"),
-            }
-            for instance, value in sorted(instances.items())
-        ],
-        "config_mismatch": bool(mismatch),
-        "mismatched_jobs": sorted(mismatch),
-        "jobs": jobs,
-    }
+            recent = await read_recent(js, spec.name, spec.prefix, len(config.jobs))
+        except Exception:  # the stream does not answer: no runs shown
+            recent = Recent(spec.prefix)
+    bucket = {"name": state_spec(config).bucket, "keys": len(view.keys)}
+    return fleet_object(config, view, recent, stream, held, now_ms, bucket)
