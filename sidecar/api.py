@@ -45,6 +45,7 @@ from sidecar.live import Live
 from sidecar.runs import read_history
 from sidecar.server import RENDER_SLICE, Answer, Request, Stream
 from sidecar.state import mismatched_jobs
+from sidecar.stream import StreamState, state_of
 from sidecar.tokens import TokenFile
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ REUSE = 1.0
 RUNS_LIMIT = 50
 RUNS_MAX = 200
 HISTORY_REUSE = 1.0
+STREAM_REUSE = 2.0
 SESSION_TTL = 12 * 3600
 COOKIE = "anarchon_session"
 JSON = "application/json"
@@ -68,11 +70,15 @@ CSP = (
 SECURITY = (
     ("Content-Security-Policy", CSP),
     ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "no-referrer"),
+    ("Referrer-Policy", "same-origin"),
     ("X-Frame-Options", "DENY"),
     ("Cache-Control", "no-store"),
 )
-STATIC = {"page.css": "text/css; charset=utf-8", "page.js": "text/javascript; charset=utf-8"}
+STATIC = {
+    "page.css": "text/css; charset=utf-8",
+    "page.js": "text/javascript; charset=utf-8",
+    "icon.svg": "image/svg+xml",
+}
 ACTIONS = ("run-now", "pause", "resume", "skip")
 
 
@@ -104,7 +110,10 @@ class PageApp:
         self._key = secrets.token_bytes(32)
         self._jobs: list[dict[str, Any]] | None = None
         self._jobs_at = 0.0
+        self._jobs_version = -1
         self._jobs_pending: asyncio.Future[list[dict[str, Any]]] | None = None
+        self._stream: StreamState | None = None
+        self._stream_at = 0.0
         self._history: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self._static = {
             name: (resources.files("sidecar").joinpath("static", name).read_bytes(), ctype)
@@ -119,8 +128,14 @@ class PageApp:
     # ------------------------------------------------------------------ data
 
     async def jobs_data(self) -> list[dict[str, Any]]:
-        """Every job's object, reused for REUSE seconds, built in slices."""
-        if self._jobs is not None and time.monotonic() - self._jobs_at < REUSE:
+        """Every job's object, built in slices, reused for REUSE seconds while nothing changed.
+
+        Building is shared by concurrent requests; with changes every moment
+        (1,000 busy jobs) a page load builds afresh, which full loads are rare
+        enough to afford: viewers that stay fetch only the rows that changed.
+        """
+        fresh = time.monotonic() - self._jobs_at < REUSE and self._jobs_version == self.live.version
+        if self._jobs is not None and fresh:
             return self._jobs
         if self._jobs_pending is None:
             self._jobs_pending = asyncio.ensure_future(self._build_jobs())
@@ -133,6 +148,7 @@ class PageApp:
                 # Shown with what is known after that; events fill in the rest.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.live.loaded.wait(), 5.0)
+            version = self.live.version
             view = self.fleet.view
             mismatch = mismatched_jobs(view.instances())
             held = self._held()
@@ -144,7 +160,7 @@ class PageApp:
                 if time.perf_counter() - since > RENDER_SLICE:
                     await asyncio.sleep(0)
                     since = time.perf_counter()
-            self._jobs, self._jobs_at = out, time.monotonic()
+            self._jobs, self._jobs_at, self._jobs_version = out, time.monotonic(), version
             return out
         finally:
             self._jobs_pending = None
@@ -160,8 +176,20 @@ class PageApp:
         mismatch = mismatched_jobs(view.instances())
         return job_object(job, view, self.live.recent, self.clock.wall_ms(), mismatch, self._held())
 
-    def fleet_data(self) -> dict[str, Any]:
-        state = self.guard.stream_state
+    async def _stream_state(self) -> StreamState | None:
+        """The stream's state, read at most every STREAM_REUSE seconds (else the guard's)."""
+        if self.js is not None and time.monotonic() - self._stream_at > STREAM_REUSE:
+            self._stream_at = time.monotonic()
+            try:
+                info = await self.js.stream_info(self.guard.spec.name)
+                self._stream = state_of(info)
+            except Exception as exc:  # shown as the guard last saw it
+                log.debug("fleet page: stream info: %r", exc)
+                self._stream = None
+        return self._stream or self.guard.stream_state
+
+    async def fleet_data(self) -> dict[str, Any]:
+        state = await self._stream_state()
         stream = stream_object(state, self.guard.answered_domain) if state is not None else None
         full = fleet_object(
             self.config,
@@ -226,6 +254,8 @@ class PageApp:
         q = parse_qs(req.query)
         if parts == [""]:
             return _html(200, await self._index(req))
+        if parts == ["favicon.ico"]:
+            parts = ["static", "icon.svg"]
         if parts[:1] == ["static"] and len(parts) == 2 and parts[1] in self._static:
             body, ctype = self._static[parts[1]]
             return Answer(200, ctype, body, (*SECURITY[:-1], ("Cache-Control", "max-age=300")))
@@ -241,7 +271,7 @@ class PageApp:
         if rest == ["jobs"]:
             return _json(200, {"jobs": await self.jobs_data()})
         if rest == ["fleet"]:
-            return _json(200, self.fleet_data())
+            return _json(200, await self.fleet_data())
         if rest == ["events"]:
             return Stream(self.live.events(), headers=SECURITY)
         if rest[:1] == ["jobs"] and len(rest) in (2, 3):
@@ -273,7 +303,7 @@ class PageApp:
             if time.perf_counter() - since > RENDER_SLICE:
                 await asyncio.sleep(0)
                 since = time.perf_counter()
-        body = page.jobs_table(rows, len(jobs)) + page.fleet_section(self.fleet_data())
+        body = page.jobs_table(rows, len(jobs)) + page.fleet_section(await self.fleet_data())
         return self._wrap(req, f"Fleet · {self.config.instance_id}", body)
 
     async def _job_page(self, req: Request, name: str, q: dict[str, list[str]]) -> str:
@@ -299,11 +329,12 @@ class PageApp:
         self, req: Request, rest: list[str], q: dict[str, list[str]]
     ) -> Answer | None:
         if rest == ["jobs"]:
-            wanted = set(",".join(q.get("names", [])).split(","))
-            rows = [page.job_row(j) for j in await self.jobs_data() if j["name"] in wanted]
-            return _html(200, "".join(rows))
+            # Fresh, not the reused objects: the event that asks came after them.
+            wanted = set(",".join(q.get("names", [])).split(",")) & set(self.config.job_names)
+            names = [n for n in self.config.job_names if n in wanted]
+            return _html(200, "".join(page.job_row(self.job_data(n)) for n in names))
         if rest == ["fleet"]:
-            return _html(200, page.fleet_section(self.fleet_data()))
+            return _html(200, page.fleet_section(await self.fleet_data()))
         if len(rest) == 2 and rest[0] == "job" and rest[1] in self.config.job_names:
             limit, before = _paging(q)
             return _html(200, await self._job_body(req, rest[1], limit, before))

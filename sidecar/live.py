@@ -53,6 +53,8 @@ class Live:
         self.loaded = asyncio.Event()
         self.viewers: set[asyncio.Queue[bytes | None]] = set()
         self._jobs = frozenset(config.job_names)
+        # Counts every change seen: objects built before the last one are stale.
+        self.version = 0
         self._changed: set[str] = set()
         self._fleet_changed = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -124,6 +126,7 @@ class Live:
         async def on_msg(msg: Msg) -> None:
             meta = msg.metadata
             job = self.recent.add(meta.sequence.stream, msg.subject, msg.data)
+            self.version += 1
             if meta.num_pending == 0:
                 self.loaded.set()
             if job is not None and job in self._jobs and self.loaded.is_set():
@@ -149,6 +152,7 @@ class Live:
 
     def _key(self, key: str) -> None:
         """A key the state bucket's watch delivered ("" after a re-sync)."""
+        self.version += 1
         if not key or key.startswith("instance."):
             self._fleet_changed = True
             if not key:

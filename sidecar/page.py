@@ -93,6 +93,7 @@ def layout(title: str, body: str, who: str | None, csrf: str | None, can_act: bo
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<meta name="color-scheme" content="light dark">'
         f"<title>{e(title)}</title>"
+        '<link rel="icon" href="/static/icon.svg" type="image/svg+xml">'
         '<link rel="stylesheet" href="/static/page.css">'
         '<script src="/static/page.js" defer></script></head><body>'
         '<a class="skip-link" href="#main">Skip to content</a>'
@@ -142,12 +143,12 @@ def job_row(job: dict[str, Any]) -> str:
     return (
         f'<tr id="job-{e(name)}" data-job="{e(name)}">'
         f'<th scope="row"><a href="{e(job_href(name))}">{e(name)}</a></th>'
-        f"<td>{scheds}<span class='tz'>{e(job.get('timezone'))}</span></td>"
+        f"<td>{scheds}</td>"
         f"<td>{' <br>'.join(state) or ACTIVE}</td>"
-        f'<td class="strip">{strip or "&#8211;"}</td>'
-        f'<td class="num{" bad" if fails else ""}">{fails}</td>'
-        f"<td>{last_text}</td>"
-        f"<td>{nexts}</td></tr>"
+        f'<td class="strip" data-label="last runs">{strip or "&#8211;"}</td>'
+        f'<td class="num{" bad" if fails else ""}" data-label="consecutive failures">{fails}</td>'
+        f'<td data-label="last run">{last_text}</td>'
+        f'<td data-label="next runs">{nexts}</td></tr>'
     )
 
 
