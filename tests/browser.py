@@ -145,8 +145,7 @@ class Page:
 
     async def screenshot(self, path: Path) -> None:
         got = await self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(got["data"]))
+        await asyncio.to_thread(_write, path, base64.b64decode(got["data"]))
 
     async def close(self) -> None:
         self._reader.cancel()
@@ -158,12 +157,7 @@ class Page:
 async def chromium(binary: str) -> AsyncIterator[Page]:
     """A headless Chromium with a fresh profile and one tab, closed at the end."""
     profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    proc = subprocess.Popen(
-        [binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _launch(binary, profile)
     drain: threading.Thread | None = None
     try:
         assert proc.stderr is not None
@@ -203,6 +197,20 @@ async def chromium(binary: str) -> AsyncIterator[Page]:
         if proc.stderr is not None:
             proc.stderr.close()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _launch(binary: str, profile: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _devtools_url(stderr: Any) -> str:

@@ -9,6 +9,7 @@ width are written to ``$PAGE_SCREENSHOTS`` (default build/screenshots/).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -133,7 +134,7 @@ async def test_the_page_in_chromium(
                 what="the pause in the job's actions",
             )
             await page.screenshot(SHOTS / "job-desktop.png")
-            time.sleep(4)
+            await asyncio.sleep(4)
             late = [s for s in slots(http_app, "/jobs/sync") if s / 1000 > paused_at + 1]
             assert late == [], "sync ran after the pause"
             assert page.errors == [], page.errors
