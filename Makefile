@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all install test lint typecheck prometheus verifiers netns-tools rules unit demo bench reliability nemesis e2e hosts clean
+.PHONY: all install test lint typecheck prometheus verifiers netns-tools chromium rules unit demo bench reliability nemesis e2e hosts clean
 
 all: test
 
@@ -34,7 +34,7 @@ typecheck: $(STAMP)
 # apps on free ports two at a time (pytest-xdist, a module per worker), then
 # the reliability scenarios and the nemesis alone, since their figures and
 # margins are about timing.
-unit: $(STAMP) prometheus verifiers netns-tools
+unit: $(STAMP) prometheus verifiers netns-tools chromium
 	$(BIN)/pytest -m "not slow" -n 2 --dist loadfile -p no:cacheprovider \
 	  --ignore=tests/reliability --ignore=tests/nemesis
 	$(BIN)/pytest -m "not slow" -p no:cacheprovider tests/reliability tests/nemesis
@@ -62,6 +62,13 @@ verifiers:
 netns-tools:
 	@sh tests/install-missing.sh "the nemesis's network namespaces" "the nemesis skips" \
 	  ip:iproute2 iptables-restore:iptables
+
+# Debian's chromium for the fleet page's browser test (tests/test_browser.py,
+# driven over the DevTools protocol), installed when missing where that can be
+# done (root, apt). Without it that test skips, saying so; under CI it fails.
+chromium:
+	@sh tests/install-missing.sh "the fleet page's browser test" "tests/test_browser.py skips" \
+	  chromium:chromium
 
 rules: prometheus
 	$(BIN)/promtool check config deploy/prometheus/prometheus.yml
