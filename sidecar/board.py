@@ -198,11 +198,23 @@ async def read_pass(
         f"{prefix}>", stream=stream, cb=on_msg, ordered_consumer=True, config=config
     )
     try:
+        if await nothing_to_read(sub) and not done.done():
+            done.set_result(None)
         await asyncio.wait_for(done, READ_TIMEOUT)
     except TimeoutError:
-        pass  # nothing on our subjects (no message ever comes): what was read is all
+        pass  # what was read in that time is shown; the rest is missing, not wrong
     finally:
         await sub.unsubscribe()
+
+
+async def nothing_to_read(sub: Any) -> bool:
+    """True when a new consumer has no message to deliver: none on our subjects.
+
+    (The stream may hold messages of other subjects only: no callback then
+    ever says "nothing pending".)
+    """
+    info = await sub.consumer_info()
+    return int(info.num_pending or 0) == 0 and int(info.delivered.stream_seq or 0) == 0
 
 
 # ---------------------------------------------------------------------- objects
@@ -253,8 +265,15 @@ def job_object(
     now_ms: int,
     mismatch: set[str],
     held: dict[str, str | None],
+    upcoming: list[int] | None = None,
 ) -> dict[str, Any]:
-    """One entry of ``jobs``, alike in ``status --json`` and ``/api/v1/jobs``."""
+    """One entry of ``jobs``, alike in ``status --json`` and ``/api/v1/jobs``.
+
+    `upcoming`: the job's next ``NEXT_RUNS`` slots after `now_ms` when the
+    caller has them (computing them is most of the cost of a job's object).
+    """
+    if upcoming is None:
+        upcoming = job.schedule.slots(now_ms, NEXT_RUNS)
     paused = view.paused(job.name)
     pause = paused.value if paused is not None else {}
     strip = recent.strip(job.name)
@@ -268,8 +287,8 @@ def job_object(
         "paused_until": pause.get("until"),
         "running": running(view, job.name, now_ms),
         "last_run": recent.last_run(job.name),
-        "next_slot": rfc3339(job.schedule.next_slot(now_ms) / 1000),
-        "next_slots": [rfc3339(s / 1000) for s in job.schedule.slots(now_ms, NEXT_RUNS)],
+        "next_slot": rfc3339(upcoming[0] / 1000),
+        "next_slots": [rfc3339(s / 1000) for s in upcoming],
         "schedules": schedules_of(job),
         "timezone": job.timezone.key,
         "recent": strip,
@@ -317,6 +336,20 @@ def instances_of(view: View) -> list[dict[str, Any]]:
     return out
 
 
+def fleet_part(
+    view: View, stream: dict[str, Any] | None, bucket: dict[str, Any] | None
+) -> dict[str, Any]:
+    """``status --json`` without its ``jobs``: ``/api/v1/fleet``."""
+    mismatch = mismatched_jobs(view.instances())
+    return {
+        "stream": stream,
+        "state_bucket": bucket,
+        "instances": instances_of(view),
+        "config_mismatch": bool(mismatch),
+        "mismatched_jobs": sorted(mismatch),
+    }
+
+
 def fleet_object(
     config: Config,
     view: View,
@@ -328,11 +361,5 @@ def fleet_object(
 ) -> dict[str, Any]:
     """The object of ``status --json``: stream, instances, mismatches and every job."""
     mismatch = mismatched_jobs(view.instances())
-    return {
-        "stream": stream,
-        "state_bucket": bucket,
-        "instances": instances_of(view),
-        "config_mismatch": bool(mismatch),
-        "mismatched_jobs": sorted(mismatch),
-        "jobs": [job_object(job, view, recent, now_ms, mismatch, held) for job in config.jobs],
-    }
+    jobs = [job_object(job, view, recent, now_ms, mismatch, held) for job in config.jobs]
+    return {**fleet_part(view, stream, bucket), "jobs": jobs}

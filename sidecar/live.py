@@ -25,7 +25,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from sidecar.board import TAIL_MAX, TAIL_PER_JOB, Recent, read_pass
+from sidecar.board import TAIL_MAX, TAIL_PER_JOB, Recent, nothing_to_read, read_pass
 from sidecar.due import lease_job
 from sidecar.tasks import cancel_all
 
@@ -55,6 +55,8 @@ class Live:
         self._jobs = frozenset(config.job_names)
         # Counts every change seen: objects built before the last one are stale.
         self.version = 0
+        # Jobs changed since the page last rebuilt them (it empties this).
+        self.dirty: set[str] = set(self._jobs)
         self._changed: set[str] = set()
         self._fleet_changed = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -129,10 +131,12 @@ class Live:
             self.version += 1
             if meta.num_pending == 0:
                 self.loaded.set()
-            if job is not None and job in self._jobs and self.loaded.is_set():
-                self._changed.add(job)
+            if job is not None and job in self._jobs:
+                self.dirty.add(job)
+                if self.loaded.is_set():
+                    self._changed.add(job)
 
-        self._sub = await js.subscribe(
+        self._sub = sub = await js.subscribe(
             f"{self.prefix}>",
             stream=self.stream,
             cb=on_msg,
@@ -141,6 +145,8 @@ class Live:
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
             ),
         )
+        if await nothing_to_read(sub):
+            self.loaded.set()
 
     async def _unsubscribe(self) -> None:
         sub, self._sub = self._sub, None
@@ -157,11 +163,13 @@ class Live:
             self._fleet_changed = True
             if not key:
                 self._changed.update(self._jobs)
+                self.dirty.update(self._jobs)
             return
         head, _, rest = key.partition(".")
         job = lease_job(key) if head in ("run", "lock") else rest.split(".", 1)[0]
         if job in self._jobs:
             self._changed.add(job)
+            self.dirty.add(job)
 
     # ------------------------------------------------------------------ viewers
 
