@@ -3,11 +3,12 @@
 One sidecar (runtime-only venv) with 1,000 jobs: 980 with the varied hourly,
 daily and weekly schedules of ``bench.footprint``, and ``BUSY`` that run every
 second at jitter 0, whose trigger start delays are measured (slot time to the
-request's arrival at a real app). Phases alternate, each ``PHASE`` seconds,
-without viewers and with ``VIEWERS`` viewers that do what a browser with the
-page open does: load ``/``, follow ``/api/v1/events`` and fetch the rows that
-changed (``/fragment/jobs``), plus a full reload of ``/`` every
-``RELOAD_EVERY`` seconds (more than a person does). Start delay and RSS with
+request's arrival at ``bench.app``, in a process of its own). Phases
+alternate, each ``PHASE`` seconds, without viewers and with ``VIEWERS``
+viewers that do what a browser with the page open does: load ``/``, follow
+``/api/v1/events`` and fetch the rows that changed (``/fragment/jobs``),
+plus a full reload of ``/`` every ``RELOAD_EVERY`` seconds (more than a
+person does). Start delay and RSS with
 viewers are compared with the phases without, in the same run; the time and
 size of a full page of 1,000 jobs are recorded too.
 
@@ -27,8 +28,8 @@ import aiohttp
 
 from bench import runtime
 from bench.common import machine, nats_server, rss_mib, summary_ms, workdir, write_result
+from bench.fleet import App
 from bench.footprint import ZONES, schedule
-from tests.support import RecordingApp
 
 JOBS = 1000
 BUSY = 20
@@ -115,19 +116,19 @@ class Viewers:
                     await task
 
 
-def delays(app: RecordingApp, since: float, until: float) -> list[float]:
-    out = []
-    for r in list(app.requests):
-        if r.path.startswith("/busy/") and since <= r.at < until:
-            out.append(max(0.0, r.at - int(r.headers["X-Anarchon-Slot"]) / 1000))
-    return out
+def delays(app: App, since: float) -> list[float]:
+    """Start delays of the busy jobs' triggers that arrived after `since` (the app forgets)."""
+    return [
+        max(0.0, at - slot / 1000)
+        for path, slot, at in app.records()
+        if path.startswith("/busy/") and at >= since
+    ]
 
 
 def main() -> None:
     runtime.ensure()
     result: dict[str, Any] = {"jobs": JOBS, "busy_jobs_every_second": BUSY, "viewers": VIEWERS}
-    app = RecordingApp()
-    app.start()
+    app = App()  # a process of its own: the viewers here never delay its clock
     phases: dict[str, list[float]] = {"without": [], "with": []}
     rss: dict[str, list[float]] = {"without": [], "with": []}
     try:
@@ -140,13 +141,14 @@ def main() -> None:
                 time.sleep(5)  # past start-up
                 viewers = Viewers(sc.base_url)
                 for _ in range(ROUNDS):
+                    app.records()  # forget what came before
                     t0 = time.time()
                     time.sleep(PHASE)
-                    phases["without"] += delays(app, t0 + 1, time.time())
+                    phases["without"] += delays(app, t0 + 1)
                     rss["without"].append(rss_mib(sc.proc.pid)["VmRSS"])
                     t0 = time.time()
                     asyncio.run(viewers.run(PHASE))
-                    phases["with"] += delays(app, t0 + 1, time.time())
+                    phases["with"] += delays(app, t0 + 1)
                     rss["with"].append(rss_mib(sc.proc.pid)["VmRSS"])
                 result["peak_rss_mib"] = rss_mib(sc.proc.pid)["VmHWM"]
             finally:

@@ -228,7 +228,8 @@ class PageApp:
         state = await self._stream_state()
         stream = stream_object(state, self.guard.answered_domain) if state is not None else None
         bucket = {"name": self.fleet.spec.bucket, "keys": len(self.fleet.view.keys)}
-        return {**fleet_part(self.fleet.view, stream, bucket), "served_by": self.config.instance_id}
+        fleet = fleet_part(self.fleet.view, stream, bucket, self.live.seen)
+        return {**fleet, "served_by": self.config.instance_id}
 
     async def runs_data(self, name: str, limit: int, before: int | None) -> dict[str, Any]:
         cached = self._history.get(name)

@@ -314,9 +314,11 @@ def stream_object(state: StreamState, domain: str | None) -> dict[str, Any]:
     }
 
 
-def instances_of(view: View) -> list[dict[str, Any]]:
+def instances_of(view: View, seen: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """The live instances; `seen`: when each one's presence was last written (epoch s)."""
     from sidecar.status import config_hash
 
+    seen = seen or {}
     instances = view.instances()
     mismatch = mismatched_jobs(instances)
     out = []
@@ -331,20 +333,24 @@ def instances_of(view: View) -> list[dict[str, Any]]:
                 "config_hash": config_hash(jobs),
                 "metrics": value.get("metrics"),
                 "settings_differ": differ,
+                "last_seen": rfc3339(seen[instance]) if instance in seen else None,
             }
         )
     return out
 
 
 def fleet_part(
-    view: View, stream: dict[str, Any] | None, bucket: dict[str, Any] | None
+    view: View,
+    stream: dict[str, Any] | None,
+    bucket: dict[str, Any] | None,
+    seen: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """``status --json`` without its ``jobs``: ``/api/v1/fleet``."""
     mismatch = mismatched_jobs(view.instances())
     return {
         "stream": stream,
         "state_bucket": bucket,
-        "instances": instances_of(view),
+        "instances": instances_of(view, seen),
         "config_mismatch": bool(mismatch),
         "mismatched_jobs": sorted(mismatch),
     }
@@ -358,8 +364,9 @@ def fleet_object(
     held: dict[str, str | None],
     now_ms: int,
     bucket: dict[str, Any] | None = None,
+    seen: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The object of ``status --json``: stream, instances, mismatches and every job."""
     mismatch = mismatched_jobs(view.instances())
     jobs = [job_object(job, view, recent, now_ms, mismatch, held) for job in config.jobs]
-    return {**fleet_part(view, stream, bucket), "jobs": jobs}
+    return {**fleet_part(view, stream, bucket, seen), "jobs": jobs}

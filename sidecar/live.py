@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,8 @@ class Live:
         self.version = 0
         # Jobs changed since the page last rebuilt them (it empties this).
         self.dirty: set[str] = set(self._jobs)
+        # When each instance's presence was last delivered by the watch (epoch s).
+        self.seen: dict[str, float] = {}
         self._changed: set[str] = set()
         self._fleet_changed = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -159,6 +162,8 @@ class Live:
     def _key(self, key: str) -> None:
         """A key the state bucket's watch delivered ("" after a re-sync)."""
         self.version += 1
+        if key.startswith("instance."):
+            self.seen[key[len("instance.") :]] = time.time()
         if not key or key.startswith("instance."):
             self._fleet_changed = True
             if not key:

@@ -170,7 +170,8 @@ def fleet_section(fleet: dict[str, Any]) -> str:
         f"<tr><th scope='row'>{e(i['id'])}</th><td>{e(i.get('version'))}</td>"
         f"<td>{ident(i.get('config_hash'))}</td>"
         f"<td>{DIFFERS if i.get('settings_differ') else '&#8211;'}</td>"
-        f"<td>{when(i.get('started_at'))}</td><td>{e(i.get('metrics'))}</td></tr>"
+        f"<td>{when(i.get('started_at'))}</td><td>{when(i.get('last_seen'))}</td>"
+        f"<td>{e(i.get('metrics'))}</td></tr>"
         for i in fleet.get("instances") or []
     )
     stream = fleet.get("stream") or {}
@@ -207,7 +208,7 @@ def fleet_section(fleet: dict[str, Any]) -> str:
         f"{warn}<h3>Live instances ({len(fleet.get('instances') or [])})</h3>"
         '<div class="scroll"><table><thead><tr><th scope="col">Instance</th>'
         '<th scope="col">Version</th><th scope="col">Config digest</th>'
-        '<th scope="col">Drift</th><th scope="col">Up since</th>'
+        '<th scope="col">Drift</th><th scope="col">Up since</th><th scope="col">Last seen</th>'
         f'<th scope="col">Metrics</th></tr></thead><tbody>{rows}</tbody></table></div>'
         f'<div class="cols"><div><h3>Stream</h3>{stream_dl}</div>'
         f"<div><h3>State bucket</h3>{bucket_dl}</div></div></section>"

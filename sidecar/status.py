@@ -32,8 +32,13 @@ def config_hash(jobs: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-async def read_view(js: JetStreamContext, config: Config) -> View | None:
-    """Every live key of the state bucket; None when the bucket does not exist yet."""
+async def read_view(
+    js: JetStreamContext, config: Config, seen: dict[str, float] | None = None
+) -> View | None:
+    """Every live key of the state bucket; None when the bucket does not exist yet.
+
+    `seen` gets when each ``instance.<id>`` key was last written (epoch s).
+    """
     try:
         kv = await js.key_value(state_spec(config).bucket)
     except (BucketNotFoundError, NotFoundError):
@@ -46,6 +51,9 @@ async def read_view(js: JetStreamContext, config: Config) -> View | None:
             if entry is None:
                 break
             view.apply_entry(entry)
+            created = getattr(entry, "created", None)
+            if seen is not None and str(entry.key).startswith("instance.") and created:
+                seen[str(entry.key)[len("instance.") :]] = created.timestamp()
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]
     view.synced = True
@@ -54,7 +62,8 @@ async def read_view(js: JetStreamContext, config: Config) -> View | None:
 
 async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dict[str, Any]:
     """The object of FLEET.md's ``status --json``."""
-    view = await read_view(js, config) or View()
+    seen: dict[str, float] = {}
+    view = await read_view(js, config, seen) or View()
     spec = stream_spec(config)
     stream: dict[str, Any] | None = None
     held: dict[str, str | None] = {}
@@ -73,4 +82,4 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
         except Exception:  # the stream does not answer: no runs shown
             recent = Recent(spec.prefix)
     bucket = {"name": state_spec(config).bucket, "keys": len(view.keys)}
-    return fleet_object(config, view, recent, stream, held, now_ms, bucket)
+    return fleet_object(config, view, recent, stream, held, now_ms, bucket, seen)

@@ -98,6 +98,15 @@ async def test_the_page_in_chromium(
             await page.until(f"{marks('sync')} >= 2")
             await page.screenshot(SHOTS / "fleet-phone.png")
             assert await page.js("document.documentElement.scrollWidth <= 400")
+            # Dark by the system's setting.
+            await page.send(
+                "Emulation.setEmulatedMedia",
+                features=[{"name": "prefers-color-scheme", "value": "dark"}],
+            )
+            background = await page.js("getComputedStyle(document.body).backgroundColor")
+            assert background == "rgb(21, 24, 27)", background
+            await page.screenshot(SHOTS / "fleet-phone-dark.png")
+            await page.send("Emulation.setEmulatedMedia", features=[])
             # Sign in with the token, then pause through the job page's form.
             await page.size(1440, 900, mobile=False)
             await page.js(

@@ -140,8 +140,12 @@ def test_actions_need_the_token_are_recorded_and_shown(
 ) -> None:
     token_file = tmp_path / "tokens"
     token_file.write_text(f"# operators\nalice:{TOKEN}\nbob:another-token-of-sixteen+\n")
+    signing = tmp_path / "signing"
+    signing.write_text("signing-secret-never-shown")
     config = base(nats_server, http_app, [job("a"), job("b")])
     config["admin"] = {"token_file": str(token_file)}
+    config["target"]["signing_secret_file"] = str(signing)
+    config["target"]["headers"] = {"Authorization": "Bearer app-header-never-shown"}
     with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(2)]) as procs:
         wait_for(lambda: len(slots(http_app, "/jobs/a")) >= 1, 20, what="a runs")
         path = "/api/v1/jobs/a/pause"
@@ -174,6 +178,11 @@ def test_actions_need_the_token_are_recorded_and_shown(
         assert TOKEN not in json.dumps(recorded())
         _, _, html = request(procs[1], "/jobs/a")
         assert b"alice" in html and b"maintenance" in html and TOKEN.encode() not in html
+        # No secret on any page or answer: tokens, the signing secret, request headers.
+        for path in ("/", "/jobs/a", "/api/v1/jobs", "/api/v1/fleet", "/api/v1/jobs/a/runs"):
+            seen = request(procs[1], path)[2]
+            for secret in (TOKEN, "another-token", "never-shown"):
+                assert secret.encode() not in seen, (path, secret)
         # A run-now from the API is run by the sidecar that serves it.
         code, _, answer = request(
             procs[1], "/api/v1/jobs/b/run-now", "POST", b"", {"Authorization": f"Bearer {TOKEN}"}
