@@ -120,7 +120,7 @@ def job_row(job: dict[str, Any]) -> str:
         why = f": {e(job.get('paused_reason'))}" if job.get("paused_reason") else ""
         until = f", until {when(job['paused_until'])}" if job.get("paused_until") else ""
         state.append(
-            f'<span class="tag paused">⏸ paused</span> by {e(job.get("paused_by"))}{why}{until}'
+            f'<span class="tag paused">paused</span> by {e(job.get("paused_by"))}{why}{until}'
         )
     if job.get("stream_problem"):
         state.append(f'<span class="tag bad">not held</span> {e(job["stream_problem"])}')
@@ -152,9 +152,10 @@ def job_row(job: dict[str, Any]) -> str:
     )
 
 
-def jobs_table(rows: list[str], count: int) -> str:
+def jobs_table(rows: list[str], count: int, heading: str = "") -> str:
+    heading = heading or f'<h1 id="jobs-h">Jobs <small>({count})</small></h1>'
     return (
-        f'<section aria-labelledby="jobs-h"><h1 id="jobs-h">Jobs <small>({count})</small></h1>'
+        f'<section aria-labelledby="jobs-h">{heading}'
         '<div class="scroll"><table class="jobs"><caption class="vh">Every job of this '
         "sidecar's config</caption><thead><tr>"
         '<th scope="col">Job</th><th scope="col">Schedule</th><th scope="col">State</th>'
@@ -269,7 +270,7 @@ def job_page(
     limit: int,
 ) -> str:
     name = str(job["name"])
-    head = jobs_table([job_row(job)], 1).replace("<h1", "<h2").replace("</h1>", "</h2>")
+    head = jobs_table([job_row(job)], 1, '<h2 id="jobs-h" class="vh">Now</h2>')
     rows = "".join(run_row(r) for r in runs) or "<tr><td colspan='12'>No runs recorded.</td></tr>"
     more = (
         f'<p><a href="{e(job_href(name))}?before={next_before}&amp;limit={limit}" rel="next">'
