@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -34,8 +35,8 @@ from bench.footprint import ZONES, schedule
 JOBS = 1000
 BUSY = 20
 VIEWERS = 10
-PHASE = 20.0
-ROUNDS = 2
+PHASE = 15.0
+ROUNDS = 4  # interleaved: load from elsewhere falls on both kinds of phase
 RELOAD_EVERY = 10.0
 
 
@@ -164,6 +165,7 @@ def main() -> None:
     result["events_received"] = viewers.events
     result["viewer_errors"] = viewers.errors[:10]
     result["machine"] = machine()
+    result["load_average_after"] = os.getloadavg()
     write_result("page", result)
     w, v = result["start_delay_without_viewers"], result["start_delay_with_viewers"]
     print(
@@ -174,7 +176,8 @@ def main() -> None:
         f"page of {JOBS} jobs {result['page_bytes'] / 1024:.0f} KiB in "
         f"{result['page_load_ms']['p50_ms']:.0f} ms p50 "
         f"({result['page_load_ms']['max_ms']:.0f} max, n={result['page_load_ms']['n']}); "
-        f"{viewers.events} events, {viewers.fragments} row fetches; errors {viewers.errors[:3]}",
+        f"{viewers.events} events, {viewers.fragments} row fetches; errors {viewers.errors[:3]}; "
+        f"load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     if viewers.errors:
