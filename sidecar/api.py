@@ -110,6 +110,9 @@ class PageApp:
         # Skipping the next run comes with the schedule work that stores skips;
         # set to its writer (job, by) -> detail when that lands.
         self.skip: Any = None
+        # Whether a pause's ``until`` is honoured (resumed when it passes): set
+        # when the pause that ends by itself lands; until then it is refused.
+        self.pause_until = False
         self._key = secrets.token_bytes(32)
         self._objs: dict[str, dict[str, Any]] = {}  # job objects, by name
         self._rows: dict[str, str] = {}  # their rows of the table, rendered
@@ -365,10 +368,11 @@ class PageApp:
         self, req: Request, rest: list[str], q: dict[str, list[str]]
     ) -> Answer | None:
         if rest == ["jobs"]:
-            # Fresh, not the reused objects: the event that asks came after them.
-            wanted = set(",".join(q.get("names", [])).split(",")) & set(self.config.job_names)
-            names = [n for n in self.config.job_names if n in wanted]
-            return _html(200, "".join(page.job_row(self.job_data(n)) for n in names))
+            # jobs_data() builds again what changed (the event that asks came
+            # after the change): every viewer asking at once shares one build.
+            wanted = set(",".join(q.get("names", [])).split(","))
+            rows = [self.row(job) for job in await self.jobs_data() if job["name"] in wanted]
+            return _html(200, "".join(rows))
         if rest == ["fleet"]:
             return _html(200, page.fleet_section(await self.fleet_data()))
         if len(rest) == 2 and rest[0] == "job" and rest[1] in self.config.job_names:
@@ -463,6 +467,11 @@ class PageApp:
         if action == "pause":
             reason = form.get("reason", "")[:200]
             until = form.get("until") or None
+            if until is not None and not self.pause_until:
+                return 501, {
+                    "error": "pausing until a time is not available in this version "
+                    "(nothing would resume the job): pause, then resume"
+                }
             if until is not None:
                 try:
                     until = rfc3339(parse_rfc3339(until))

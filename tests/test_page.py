@@ -208,6 +208,8 @@ def test_actions_need_the_token_are_recorded_and_shown(
         assert code == 200
         assert request(procs[0], "/api/v1/jobs/a/resume", "POST", b"", good)[0] == 409
         assert request(procs[0], "/api/v1/jobs/a/skip", "POST", b"", good)[0] == 501
+        until = json.dumps({"until": "2030-01-01T00:00:00Z"}).encode()
+        assert request(procs[0], "/api/v1/jobs/a/pause", "POST", until, good)[0] == 501
         time_after = parse_rfc3339(recorded()[0]["at"])
         assert time_after >= paused_at
     late = [s for s in slots(http_app, "/jobs/a") if paused_at + 1 < s / 1000 < time_after - 0.5]
