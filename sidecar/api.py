@@ -117,6 +117,9 @@ class PageApp:
         self._objs: dict[str, dict[str, Any]] = {}  # job objects, by name
         self._rows: dict[str, str] = {}  # their rows of the table, rendered
         self._next_ms: dict[str, int] = {}  # each object's next slot: stale after it
+        self._list: list[dict[str, Any]] = []
+        self._running: set[str] = set()
+        self._soonest = 0  # the earliest next slot of any job: objects are stale after it
         self._built_with: tuple[set[str], dict[str, str | None]] | None = None
         self._jobs_pending: asyncio.Future[list[dict[str, Any]]] | None = None
         self._stream: StreamState | None = None
@@ -165,6 +168,8 @@ class PageApp:
             if (mismatch, held) != self._built_with:
                 dirty = set(self.config.job_names)
                 self._built_with = (mismatch, held)
+            if not dirty and not self._running and now_ms < self._soonest:
+                return self._list  # nothing changed, no next slot passed: no walk at all
             since = time.perf_counter()
             for job in self.config.jobs:
                 old = self._objs.get(job.name)
@@ -180,7 +185,10 @@ class PageApp:
                 if time.perf_counter() - since > RENDER_SLICE:
                     await asyncio.sleep(0)
                     since = time.perf_counter()
-            return [self._objs[name] for name in self.config.job_names]
+            self._list = [self._objs[name] for name in self.config.job_names]
+            self._running = {j["name"] for j in self._list if j["running"]}
+            self._soonest = min(self._next_ms.values(), default=now_ms)
+            return self._list
         finally:
             self._jobs_pending = None
 
@@ -210,10 +218,12 @@ class PageApp:
         return {name: uncovered.get(name) for name in self.config.job_names}
 
     def job_data(self, name: str) -> dict[str, Any]:
-        """One job's object, fresh (one job is cheap)."""
+        """One job's object, fresh (one job is cheap); the shared ones stay as they are."""
         view = self.fleet.view
         mismatch = mismatched_jobs(view.instances())
-        return self._build(name, view, self.clock.wall_ms(), mismatch, self._held())
+        job = self.config.job(name)
+        now_ms = self.clock.wall_ms()
+        return job_object(job, view, self.live.recent, now_ms, mismatch, self._held())
 
     async def _stream_state(self) -> StreamState | None:
         """The stream's state, read at most every STREAM_REUSE seconds (else the guard's)."""
