@@ -105,11 +105,12 @@ class Recent:
                     oldest = min(rec.marks.items(), key=lambda item: (item[1][0], item[1][1]))
                     del rec.marks[oldest[0]]
         else:
-            if rec.result is None or seq >= rec.result[0]:
-                rec.result = (seq, data)
             mark = rec.marks.get(token)
             status = body.get("status")
             # A real result wins over ``lost`` (its runner came back), as in history.
+            late_lost = status == LOST and mark is not None and mark[2] not in (RUNNING, LOST)
+            if (rec.result is None or seq >= rec.result[0]) and not late_lost:
+                rec.result = (seq, data)
             if (
                 mark is not None
                 and isinstance(status, str)
