@@ -80,7 +80,7 @@ test: lint typecheck rules unit
 demo: $(STAMP)
 	$(BIN)/anarchon-sidecar demo
 
-# Benchmarks against their baselines, measured side by side (about 6 minutes on
+# Benchmarks against their baselines, measured side by side (about 9 minutes on
 # 2 cores): bench/results/*.json, a table, bench/results/start-delay.png.
 # Sidecars and baselines run in a runtime-only venv (bench/.runtime-venv:
 # `pip install .` and nothing else, made by bench/runtime.py when the source
