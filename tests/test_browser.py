@@ -142,6 +142,13 @@ async def test_the_page_in_chromium(
                 5,
                 what="the pause in the job's actions",
             )
+            # Run ids and fences are copyable; the keyboard reaches the content first.
+            assert (
+                await page.js("document.querySelectorAll('#runs-body button.copy-btn').length") >= 2
+            )
+            await page.send("Input.dispatchKeyEvent", type="keyDown", key="Tab", code="Tab")
+            await page.send("Input.dispatchKeyEvent", type="keyUp", key="Tab", code="Tab")
+            assert await page.js("document.activeElement.className") == "skip-link"
             await page.screenshot(SHOTS / "job-desktop.png")
             await asyncio.sleep(4)
             late = [s for s in slots(http_app, "/jobs/sync") if s / 1000 > paused_at + 1]
