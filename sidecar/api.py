@@ -240,7 +240,11 @@ class PageApp:
     async def fleet_data(self) -> dict[str, Any]:
         state = await self._stream_state()
         stream = stream_object(state, self.guard.answered_domain) if state is not None else None
-        bucket = {"name": self.fleet.spec.bucket, "keys": len(self.fleet.view.keys)}
+        bucket = {
+            "name": self.fleet.spec.bucket,
+            "problem": self.fleet.bucket_problem,
+            "keys": len(self.fleet.view.keys),
+        }
         fleet = fleet_part(self.fleet.view, stream, bucket, self.live.seen)
         return {**fleet, "served_by": self.config.instance_id}
 
@@ -586,6 +590,6 @@ def _run_object(run: dict[str, Any], seq: int) -> dict[str, Any]:
             late = round(
                 (parse_rfc3339(run["started_at"]) - parse_rfc3339(run["scheduled_at"])) * 1000
             )
-    except ValueError:
+    except (ValueError, OverflowError, OSError):  # hostile times: no lateness shown
         late = None
     return {**run, "fence": seq, "late_ms": late}

@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from sidecar.bounds import attempt_no, slot_ms
 from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.describe import describe
@@ -88,8 +89,8 @@ class Recent:
         if not isinstance(token, str):
             return None
         if kind == "claims":
-            slot = body.get("slot")
-            if not isinstance(slot, int) or isinstance(slot, bool):
+            slot = slot_ms(body.get("slot"))
+            if slot is None:  # not a slot any schedule can name: hostile, skipped
                 return None
             if rec.claim is None or seq >= rec.claim[0]:
                 rec.claim = (seq, data)
@@ -233,12 +234,12 @@ def running(view: View, job: str, now_ms: int) -> list[dict[str, Any]]:
             seconds = (
                 max(0.0, now_ms / 1000 - parse_rfc3339(since)) if isinstance(since, str) else None
             )
-        except ValueError:
+        except (ValueError, OverflowError, OSError):  # hostile input: not shown
             seconds = None
         out.append(
             {
-                "slot": rfc3339(v["slot"] / 1000) if isinstance(v.get("slot"), int) else None,
-                "attempt": v.get("attempt", 1),
+                "slot": rfc3339(slot / 1000) if (slot := slot_ms(v.get("slot"))) else None,
+                "attempt": attempt_no(v.get("attempt"), 1),
                 "instance": v.get("instance"),
                 "since": since,
                 "seconds": round(seconds, 1) if seconds is not None else None,

@@ -26,6 +26,7 @@ from nats.js import JetStreamContext
 
 from sidecar.config import Config, Secrets
 from sidecar.errors import ConnectError
+from sidecar.permissions import Denials
 from sidecar.ratelog import RateLimitedLog
 from sidecar.values import redact_url
 
@@ -105,6 +106,11 @@ class Client(NATS):
             info["tls_required"] = True  # the same dict as self._server_info
         return super()._process_info(info, initial_connection)
 
+    @property
+    def cluster(self) -> str | None:
+        """The cluster of the server connected to, from its INFO; None outside one."""
+        return (self._server_info or {}).get("cluster") or None
+
     def _connect_command(self) -> bytes:
         writer = getattr(self._transport, "_io_writer", None)
         if self.require_tls and (writer is None or writer.get_extra_info("ssl_object") is None):
@@ -180,12 +186,16 @@ class Connection:
         self.on_reconnect: list[Callable[[], None]] = []
         # NATS down means one error per reconnect attempt, every second: say it once a minute.
         self.warnings = RateLimitedLog(log)
+        # Permissions violations: a reason for /readyz, a metric, one line a minute.
+        self.denials = Denials(metrics, config.nats.user)
 
     async def connect(self) -> NATS:
         """Connect once; ConnectError with a one-line reason when no server answers."""
         errors: list[str] = []
 
         async def on_error(exc: Exception) -> None:
+            if self.denials.report(str(exc)):
+                return  # not a connection problem: said by Denials, once a minute
             if self.nc is None or not self.nc.is_connected:
                 errors.append(_reason(exc))
             if self.nc is None:  # the first connect: its ConnectError says it, in one line

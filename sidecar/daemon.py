@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from sidecar import __version__
 from sidecar.actions import ManualRuns
 from sidecar.api import PageApp
 from sidecar.claim import Claimer
@@ -31,12 +32,13 @@ from sidecar.guard import StreamGuard
 from sidecar.job import Jobs
 from sidecar.metrics import Metrics
 from sidecar.server import AdminServer
-from sidecar.signing import Signer
+from sidecar.signing import signer_for
 from sidecar.stream import stream_spec
 from sidecar.tasks import cancel_all
 from sidecar.trigger import Trigger
+from sidecar.values import is_remote
 
-__all__ = ["Daemon", "stream_spec"]
+__all__ = ["Daemon", "start", "stream_spec"]
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,18 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.guard = StreamGuard(self.config, self.metrics, self.clock, self.conn.connected)
         self.fleet = Fleet(self.config, self.metrics, self.clock)
+        self.fleet.denied = self.conn.denials.denied
+        self.conn.denials.known(
+            self.spec.name,
+            self.spec.prefix,
+            self.fleet.spec.bucket,
+            self.fleet.spec.stream,
+            self.config.instance_id,
+            *(job.name for job in self.config.jobs),
+        )
         self.conn.on_reconnect.append(self.fleet.reconnected)
         self.jobs: Jobs | None = None
+        self.stop_asked = 0.0  # clock.monotonic() of the first stop
         self.admin = AdminServer(
             self.registry, self.config.metrics.host, self.config.metrics.port, self.not_ready
         )
@@ -84,7 +96,7 @@ class Daemon:
             return "shutting down"
         if not self.conn.connected.is_set():
             return "not connected to NATS"
-        return self.guard.not_ready() or self.fleet.problem
+        return self.guard.not_ready() or self.conn.denials.not_ready() or self.fleet.not_ready()
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if not self.stopping.is_set():
@@ -94,6 +106,7 @@ class Daemon:
     def stop(self) -> None:
         if not self.stopping.is_set():
             log.info("stopping: no new claims; draining running triggers")
+            self.stop_asked = self.clock.monotonic()
             self.stopping.set()
             if self.jobs is not None:
                 self.jobs.wake()
@@ -120,11 +133,7 @@ class Daemon:
                 self.conn.wait_connected,
             )
             self.guard.on_domain.append(lambda domain: _expect_domain(claimer, domain))
-            signer = Signer.of(
-                self.secrets.signing_secret,
-                self.secrets.signing_secret_next,
-                self.config.target.signing_v1,
-            )
+            signer = signer_for(self.config, self.secrets)
             async with Trigger(signer, self.clock, self.config.instance_id) as trigger:
                 jobs = Jobs(
                     self.config,
@@ -165,7 +174,7 @@ class Daemon:
                 if self.page is not None:
                     await self.page.live.stop()
                 await self.drain()
-                await self.fleet.stop()
+                await self.fleet.stop(self.conn.connected.is_set())
                 await cancel_all([watcher])
             await self.conn.close(drain=True)
             log.info("stopped")
@@ -182,9 +191,12 @@ class Daemon:
         """Wait for running triggers up to the grace period; cancel the rest."""
         if not self.runs:
             return
+        # The grace counts from the stop, not from the end of the claims' drain:
+        # with NATS gone, both would otherwise add up.
         grace = self.config.shutdown_grace
-        log.info("waiting up to %gs for %d running trigger(s)", grace, len(self.runs))
-        _, pending = await asyncio.wait(set(self.runs), timeout=grace)
+        left = max(0.0, grace - (self.clock.monotonic() - self.stop_asked))
+        log.info("waiting up to %.3gs for %d running trigger(s)", left, len(self.runs))
+        _, pending = await asyncio.wait(set(self.runs), timeout=left)
         await cancel_all(pending)
 
 
@@ -202,3 +214,26 @@ def _expect_domain(claimer: Claimer, domain: str | None) -> None:
     """From now on every claim's ack must name this JetStream domain."""
     claimer.domain = domain
     claimer.check_domain = True
+
+
+async def start(config: Config, secrets: Secrets, clock: Clock) -> int:
+    """`anarchon-sidecar run`: say what starts and what is risky, then run until stopped."""
+    if clock.offset:
+        log.warning("wall clock shifted by %gs (ANARCHON_CLOCK_OFFSET)", clock.offset)
+    signer = signer_for(config, secrets)
+    log.info(
+        "anarchon-sidecar %s starting: instance=%s jobs=%d stream=%s signing=%s",
+        __version__,
+        config.instance_id,
+        len(config.jobs),
+        config.nats.stream,
+        signer.describe() if signer else "off",
+    )
+    remote = [job.name for job in config.jobs if is_remote(job.request.url)]
+    if remote and signer is None:
+        log.warning(
+            "job(s) %s trigger a remote app without a signature: anyone who can reach it "
+            "can trigger them too; set target.signing_secret_file (SECURITY.md)",
+            ", ".join(remote),
+        )
+    return await Daemon(config, secrets, clock).run()

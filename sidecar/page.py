@@ -203,7 +203,13 @@ def fleet_section(fleet: dict[str, Any]) -> str:
         if stream
         else "<p>No stream yet, or it does not answer.</p>"
     )
-    bucket_dl = dl([("name", bucket.get("name")), ("live keys", bucket.get("keys"))])
+    bucket_dl = dl(
+        [
+            ("name", bucket.get("name")),
+            ("live keys", bucket.get("keys")),
+            ("problem", bucket.get("problem") or "none"),
+        ]
+    )
     return (
         '<section id="fleet" aria-labelledby="fleet-h"><h2 id="fleet-h">Fleet</h2>'
         f"{warn}<h3>Live instances ({len(fleet.get('instances') or [])})</h3>"

@@ -17,6 +17,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from sidecar.board import Recent, fleet_object, read_recent, running, stream_object
+from sidecar.bucketcheck import check_bucket
 from sidecar.config import Config
 from sidecar.state import View, state_spec
 from sidecar.stream import answering_domain, coverage, state_of, stream_spec
@@ -81,5 +82,16 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
             recent = await read_recent(js, spec.name, spec.prefix, len(config.jobs))
         except Exception:  # the stream does not answer: no runs shown
             recent = Recent(spec.prefix)
-    bucket = {"name": state_spec(config).bucket, "keys": len(view.keys)}
+    bucket: dict[str, Any] = {
+        "name": state_spec(config).bucket,
+        "problem": None,
+        "keys": len(view.keys),
+    }
+    try:
+        check = await check_bucket(js, state_spec(config), config.nats.lease_ttl, fix=False)
+        bucket["problem"] = check.problem
+    except NotFoundError:
+        bucket["problem"] = "the state bucket does not exist (a running sidecar creates it)"
+    except Exception:  # no answer: the rest is still shown
+        pass
     return fleet_object(config, view, recent, stream, held, now_ms, bucket, seen)

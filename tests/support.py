@@ -236,7 +236,18 @@ class RecordingApp:
     def stop(self) -> None:
         if not self._loop or not self._runner:
             return
-        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        runner = self._runner
+
+        async def shutdown() -> None:
+            await runner.cleanup()
+            # Handlers still sleeping (a delay longer than the test): end them here,
+            # or the closed loop reports "Task was destroyed but it is pending!".
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        fut = asyncio.run_coroutine_threadsafe(shutdown(), self._loop)
         fut.result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread:
