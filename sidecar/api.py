@@ -45,6 +45,7 @@ from sidecar.clock import Clock, parse_rfc3339, rfc3339
 from sidecar.config import Config
 from sidecar.errors import SidecarError
 from sidecar.live import Live
+from sidecar.orphans import run_by
 from sidecar.runs import read_history
 from sidecar.server import RENDER_SLICE, Answer, Request, Stream
 from sidecar.state import View, mismatched_jobs
@@ -120,7 +121,7 @@ class PageApp:
         self._list: list[dict[str, Any]] = []
         self._running: set[str] = set()
         self._soonest = 0  # the earliest next slot of any job: objects are stale after it
-        self._built_with: tuple[set[str], dict[str, str | None]] | None = None
+        self._built_with: tuple[set[str], dict[str, str | None], dict[str, list[str]]] | None = None
         self._jobs_pending: asyncio.Future[list[dict[str, Any]]] | None = None
         self._stream: StreamState | None = None
         self._stream_at = 0.0
@@ -165,9 +166,10 @@ class PageApp:
             now_ms = self.clock.wall_ms()
             dirty = self.live.dirty
             self.live.dirty = set()
-            if (mismatch, held) != self._built_with:
+            runners = run_by(view.instances())
+            if (mismatch, held, runners) != self._built_with:
                 dirty = set(self.config.job_names)
-                self._built_with = (mismatch, held)
+                self._built_with = (mismatch, held, runners)
             if not dirty and not self._running and now_ms < self._soonest:
                 return self._list  # nothing changed, no next slot passed: no walk at all
             since = time.perf_counter()
@@ -180,7 +182,7 @@ class PageApp:
                     and self._next_ms.get(job.name, 0) > now_ms
                 ):
                     continue
-                self._objs[job.name] = self._build(job.name, view, now_ms, mismatch, held)
+                self._objs[job.name] = self._build(job.name, view, now_ms, mismatch, held, runners)
                 self._rows.pop(job.name, None)
                 if time.perf_counter() - since > RENDER_SLICE:
                     await asyncio.sleep(0)
@@ -199,11 +201,12 @@ class PageApp:
         now_ms: int,
         mismatch: set[str],
         held: dict[str, str | None],
+        runners: dict[str, list[str]],
     ) -> dict[str, Any]:
         job = self.config.job(name)
         upcoming = job.schedule.slots(now_ms, NEXT_RUNS)
         self._next_ms[name] = upcoming[0]
-        return job_object(job, view, self.live.recent, now_ms, mismatch, held, upcoming)
+        return job_object(job, view, self.live.recent, now_ms, mismatch, held, upcoming, runners)
 
     def row(self, job: dict[str, Any]) -> str:
         """A job's row of the table, rendered once per change."""
@@ -223,7 +226,9 @@ class PageApp:
         mismatch = mismatched_jobs(view.instances())
         job = self.config.job(name)
         now_ms = self.clock.wall_ms()
-        return job_object(job, view, self.live.recent, now_ms, mismatch, self._held())
+        runners = run_by(view.instances())
+        held = self._held()
+        return job_object(job, view, self.live.recent, now_ms, mismatch, held, runners=runners)
 
     async def _stream_state(self) -> StreamState | None:
         """The stream's state, read at most every STREAM_REUSE seconds (else the guard's)."""
@@ -245,7 +250,8 @@ class PageApp:
             "problem": self.fleet.bucket_problem,
             "keys": len(self.fleet.view.keys),
         }
-        fleet = fleet_part(self.fleet.view, stream, bucket, self.live.seen)
+        now_ms = self.clock.wall_ms()
+        fleet = fleet_part(self.config, self.fleet.view, stream, bucket, now_ms, self.live.seen)
         return {**fleet, "served_by": self.config.instance_id}
 
     async def runs_data(self, name: str, limit: int, before: int | None) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.describe import describe
 from sidecar.due import lease_job
+from sidecar.orphans import run_by
 from sidecar.runs import FAILED, LOST, RUNNING, attempt_of, join_runs
 from sidecar.state import View, mismatched_jobs
 from sidecar.stream import StreamState
@@ -268,6 +269,7 @@ def job_object(
     mismatch: set[str],
     held: dict[str, str | None],
     upcoming: list[int] | None = None,
+    runners: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """One entry of ``jobs``, alike in ``status --json`` and ``/api/v1/jobs``.
 
@@ -299,6 +301,8 @@ def job_object(
         "settings_differ": job.name in mismatch,
         # Why the stream cannot hold this job's claims (its slots are skipped).
         "stream_problem": held.get(job.name),
+        # Which live instances run the job (drift: not every one, or only others).
+        "run_by": (runners or {}).get(job.name, []),
     }
 
 
@@ -342,19 +346,35 @@ def instances_of(view: View, seen: dict[str, float] | None = None) -> list[dict[
 
 
 def fleet_part(
+    config: Config,
     view: View,
     stream: dict[str, Any] | None,
     bucket: dict[str, Any] | None,
+    now_ms: int,
     seen: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """``status --json`` without its ``jobs``: ``/api/v1/fleet``."""
-    mismatch = mismatched_jobs(view.instances())
+    instances = view.instances()
+    mismatch = mismatched_jobs(instances)
+    runners = run_by(instances)
+    mine = set(config.job_names)
     return {
         "stream": stream,
         "state_bucket": bucket,
         "instances": instances_of(view, seen),
         "config_mismatch": bool(mismatch),
         "mismatched_jobs": sorted(mismatch),
+        # Jobs live instances run that this config does not have (removed,
+        # renamed or added on part of the fleet), with their leftover state.
+        "other_jobs": [
+            {
+                "name": name,
+                "run_by": runners.get(name, []),
+                "paused": view.paused(name) is not None,
+                "running": running(view, name, now_ms),
+            }
+            for name in sorted(set(runners) - mine)
+        ],
     }
 
 
@@ -370,5 +390,9 @@ def fleet_object(
 ) -> dict[str, Any]:
     """The object of ``status --json``: stream, instances, mismatches and every job."""
     mismatch = mismatched_jobs(view.instances())
-    jobs = [job_object(job, view, recent, now_ms, mismatch, held) for job in config.jobs]
-    return {**fleet_part(view, stream, bucket, seen), "jobs": jobs}
+    runners = run_by(view.instances())
+    jobs = [
+        job_object(job, view, recent, now_ms, mismatch, held, runners=runners)
+        for job in config.jobs
+    ]
+    return {**fleet_part(config, view, stream, bucket, now_ms, seen), "jobs": jobs}

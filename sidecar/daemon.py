@@ -131,6 +131,7 @@ class Daemon:
                 self.clock,
                 self.config.nats.ack_timeout,
                 self.conn.wait_connected,
+                on_unanswered=self.conn.unanswered,
             )
             self.guard.on_domain.append(lambda domain: _expect_domain(claimer, domain))
             signer = signer_for(self.config, self.secrets)

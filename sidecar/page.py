@@ -178,8 +178,17 @@ def fleet_section(fleet: dict[str, Any]) -> str:
     stream = fleet.get("stream") or {}
     bucket = fleet.get("state_bucket") or {}
     warn = ""
+    others = fleet.get("other_jobs") or []
+    if others:
+        listed = ", ".join(
+            f"{o.get('name')} (run by {', '.join(map(str, o.get('run_by') or []))})" for o in others
+        )
+        warn += (
+            '<p class="warn" role="alert">⚠ Live instances run jobs this sidecar\'s config '
+            f"does not have: {e(listed)}</p>"
+        )
     if fleet.get("config_mismatch"):
-        warn = (
+        warn += (
             '<p class="warn" role="alert">⚠ Live instances run these jobs with different '
             f"settings: {e(', '.join(fleet.get('mismatched_jobs') or []))}</p>"
         )
