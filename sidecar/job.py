@@ -116,6 +116,7 @@ class Jobs:
         self._due: set[str] = set()  # due keys this sidecar waits for
         self._refused: set[tuple[str, int]] = set()  # hostile due keys (key, revision) said
         self.lost = LostRuns(config, metrics, clock, js, self.spec, self.keys)
+        self.lost.judges_foreign = fleet.orphans.judges
         self.lost.view = fleet.view  # leases of a replaced bucket are looked for again
         fleet.removal_listeners.append(self.lost.removed)
         fleet.key_listeners.append(self.due_changed)

@@ -471,16 +471,24 @@ class LostRuns:
         self.keys = keys
         self.jobs = {job.name: job for job in config.jobs}
         self.tasks: set[asyncio.Task[None]] = set()
+        # Whether an expired lease of a job not in this config is judged here
+        # (sidecar/orphans.py: when no other live instance runs that job).
+        self.judges_foreign: Callable[[Removal], bool] = lambda removal: False
         self.view: View | None = None  # the live view: leases of a replaced bucket
 
     def removed(self, removal: Removal) -> None:
         """The view lost `removal.key`; an expired lease of one of our jobs was lost."""
         if not is_lease_key(removal.key):
             return
-        job = self.jobs.get(lease_job(removal.key) or "")
+        name = lease_job(removal.key) or ""
+        job = self.jobs.get(name)
         if job is None:
-            return
-        if removal.how == REPLACED:
+            # A job not in this config: only its expiry is judged, and only when
+            # no other live instance runs it (sidecar/orphans.py).
+            if removal.how != EXPIRED or not self.judges_foreign(removal):
+                return
+            coro = self.record(name, removal)
+        elif removal.how == REPLACED:
             coro = self.replaced(job, removal)
         elif removal.how != EXPIRED:
             if removal.how is None:
@@ -517,7 +525,10 @@ class LostRuns:
         )
         await self.record(job, Removal(removal.key, removal.entry, EXPIRED, self.clock.wall()))
 
-    async def record(self, job: JobConfig, removal: Removal) -> None:
+    async def record(self, job: JobConfig | str, removal: Removal) -> None:
+        """Record the run of an expired lease lost; `job` is a name for a job not
+        in this config (recorded, never rerun)."""
+        name = job if isinstance(job, str) else job.name
         value = removal.entry.value
         # Read from NATS: every number is range-checked before it is used.
         slot, attempt = slot_ms(value.get("slot")), attempt_no(value.get("attempt"), 1)
@@ -533,12 +544,12 @@ class LostRuns:
         after = seq_no(value.get("fence"))
         try:
             for _ in range(RECHECKS):
-                recorded, last = await self._recorded(job.name, token, after)
+                recorded, last = await self._recorded(name, token, after)
                 if recorded:
                     log.info("lease %s expired after its run was recorded", removal.key)
                     return
                 stored = await self._publish(
-                    job, removal.key, value, slot, attempt, token, at, last
+                    name, removal.key, value, slot, attempt, token, at, last
                 )
                 if stored is not None:
                     break
@@ -552,18 +563,20 @@ class LostRuns:
         if not stored:
             return
         m = self.metrics
-        m.runs_lost_total.labels(job=job.name).inc()
-        m.runs_total.labels(job=job.name, status=LOST).inc()
+        m.runs_lost_total.labels(job=name).inc()
+        m.runs_total.labels(job=name, status=LOST).inc()
         log.error(
             "run job=%s slot=%s attempt=%d status=lost instance=%s: its lease %s expired "
             "(no renewal for lease_ttl %gs): the runner died, hung or lost NATS",
-            job.name,
+            name,
             rfc3339(slot / 1000),
             attempt,
             value.get("instance"),
             removal.key,
             self.config.nats.lease_ttl,
         )
+        if isinstance(job, str):
+            return  # a job this config does not have: nothing to rerun it with
         if job.on_lost == "rerun":
             if may_follow(attempt, job.retry.max):
                 await make_due(
@@ -614,7 +627,7 @@ class LostRuns:
 
     async def _publish(
         self,
-        job: JobConfig,
+        job: JobConfig | str,
         key: str,
         value: dict[str, Any],
         slot: int,
@@ -629,6 +642,7 @@ class LostRuns:
         sidecar's was; None when a result was stored since `last` was read
         (perhaps this run's own): it is looked at again.
         """
+        name = job if isinstance(job, str) else job.name
         started = value.get("started_at")
         started_at = started[:40] if isinstance(started, str) else rfc3339(at)
         try:
@@ -636,7 +650,7 @@ class LostRuns:
         except (ValueError, OverflowError, OSError):
             started_at, duration_ms = rfc3339(at), 0
         record = ResultRecord(
-            job=job.name,
+            job=name,
             slot=slot,
             token=token,
             instance=str(value.get("instance", "")),
@@ -654,7 +668,7 @@ class LostRuns:
         while True:
             try:
                 ack = await self.js.publish(
-                    result_subject(self.spec.prefix, job.name),
+                    result_subject(self.spec.prefix, name),
                     record.to_json(),
                     timeout=WRITE_TIMEOUT,
                     stream=self.spec.name,

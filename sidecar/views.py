@@ -431,4 +431,18 @@ def status_lines(view: dict[str, Any]) -> list[str]:
             lines.append(
                 printable(f"{job['name']} paused by {job['paused_by']} at {job['paused_at']}{why}")
             )
+    return lines + drift_lines(view)
+
+
+def drift_lines(view: dict[str, Any]) -> list[str]:
+    """Jobs run by only part of the fleet, or only by instances with another config."""
+    live = {str(i["id"]) for i in view["instances"]}
+    lines = []
+    for job in view["jobs"]:
+        missing = sorted(live - {str(i) for i in job.get("run_by", live)})
+        if live and missing:
+            lines.append(printable(f"DRIFT: {job['name']} is not run by {', '.join(missing)}"))
+    for job in view.get("other_jobs") or []:
+        run_by = ", ".join(str(i) for i in job["run_by"])
+        lines.append(printable(f"DRIFT: {job['name']} is not in this config; run by {run_by}"))
     return lines

@@ -112,7 +112,9 @@ NORMALISE = [
     (re.compile(r"^leader\s+\S+$"), "leader <SERVER>"),  # the server name, by default its id
     (re.compile(r"\b\d+ slot\(s\)"), "<N> slot(s)"),
     (re.compile(r"\} \d+\.0$"), "} <N>"),
+    # This code's version, and the release the README's examples were recorded with.
     (re.compile(re.escape(__version__)), "<VERSION>"),
+    (re.compile(r"(?<=anarchon-sidecar )\d+\.\d+\.\d+\S*|(?<=\bv)\d+\.\d+\.\d+\S*"), "<VERSION>"),
     (re.compile(r"\b[\w.-]+@[\w.-]+\b"), "<USER>@<HOST>"),  # who paused
     (re.compile(r"\bconfig [0-9a-f]{12}\b"), "config <HASH>"),  # an instance's job settings
     (re.compile(r"\bleader [^\s,]+,"), "leader <SERVER>,"),  # status's stream line
