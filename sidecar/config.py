@@ -98,6 +98,14 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class AdminConfig:
+    """``admin:``: the fleet page on the admin port, and who may act through it."""
+
+    page: bool = True  # GET /, /jobs/<job> and /api/v1/... beside /metrics
+    token_file: str | None = None  # without it the page is read-only (every POST 403)
+
+
+@dataclass(frozen=True)
 class TargetConfig:
     """``target:``: the app every job's request goes to, and request defaults."""
 
@@ -192,6 +200,7 @@ class Config:
     target: TargetConfig
     jobs: tuple[JobConfig, ...]
     shutdown_grace: float = 25.0
+    admin: AdminConfig = field(default_factory=AdminConfig)
 
     @property
     def effective_history_size(self) -> int:
@@ -298,7 +307,9 @@ def _apply_env(
 
 
 def _parse(data: dict[Any, Any]) -> Config:
-    top = _Section(data, "", ("instance_id", "nats", "metrics", "target", "jobs", "shutdown_grace"))
+    top = _Section(
+        data, "", ("instance_id", "nats", "metrics", "admin", "target", "jobs", "shutdown_grace")
+    )
     instance_id = top.text("instance_id", None)
     if instance_id is None:
         # The host name, made a key token: "web-1.example.com" -> "web-1-example-com".
@@ -311,6 +322,14 @@ def _parse(data: dict[Any, Any]) -> Config:
         )
     nats = _parse_nats(_Section(data.get("nats"), "nats", tuple(NatsConfig.__dataclass_fields__)))
     metrics = _Section(data.get("metrics"), "metrics", ("listen",))
+    admin_sec = _Section(data.get("admin"), "admin", ("page", "token_file"))
+    admin = AdminConfig(
+        page=admin_sec.get("page", True, boolean), token_file=admin_sec.text("token_file", None)
+    )
+    if admin.token_file == "":
+        raise ConfigError(
+            "admin.token_file", "must not be empty (leave it out for a read-only page)"
+        )
     target = _parse_target(data.get("target"))
     raw_jobs = data.get("jobs")
     if not isinstance(raw_jobs, list) or not raw_jobs:
@@ -331,6 +350,7 @@ def _parse(data: dict[Any, Any]) -> Config:
         target=target,
         jobs=tuple(jobs),
         shutdown_grace=top.duration("shutdown_grace", 25.0),
+        admin=admin,
     )
     size = config.effective_history_size  # once, not once per job
     for index, job in enumerate(config.jobs):

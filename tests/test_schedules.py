@@ -194,8 +194,9 @@ def test_union_spread_and_exclusions_across_three_sidecars(
             what="three excluded slots recorded",
         )
         view = job_status(cfg, "both")
-        assert [s["expr"] for s in view["schedules"]] == ["*/2 * * * * *", "*/3 * * * * *"]
-        assert view["schedules"][1]["words"] == "every 3 seconds"
+        assert [s["cron"] for s in view["schedules"]] == ["*/2 * * * * *", "*/3 * * * * *"]
+        assert all(s["text"] for s in view["schedules"])
+        assert view["schedule_lines"][1] == "schedule '*/3 * * * * *': every 3 seconds"
         assert view["next_run_local"].endswith(" UTC")
         table = run_cli("status", "-c", cfg).stdout
         assert "both: schedule '*/2 * * * * *': every 2 seconds" in table
