@@ -294,6 +294,13 @@ def test_rolling_update_from_the_previous_release_runs_no_slot_twice(
         name: cli(python, tmp_path, "last-run", "tick", "-c", cfg, "--json")
         for name, python in (("old", previous_python), ("new", None))
     }
+    # The killed old-1 stays live until its presence expires (15 s after its last write).
+    wait_for(
+        lambda: {i["version"] for i in status(None)["instances"]} == {__version__},
+        25,
+        interval=0.5,
+        what="the killed old instance's presence expired",
+    )
     new_status, old_status = status(None), status(previous_python)
     for p in (n1, n3):
         assert p.terminate(40) == 0, p.log()
