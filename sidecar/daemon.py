@@ -31,6 +31,7 @@ from sidecar.server import AdminServer
 from sidecar.signing import Signer
 from sidecar.stream import stream_spec
 from sidecar.tasks import cancel_all
+from sidecar.tracing import span_exporter
 from sidecar.trigger import Trigger
 
 __all__ = ["Daemon", "stream_spec"]
@@ -129,6 +130,7 @@ class Daemon:
                     self.stopping,
                 )
                 self.jobs = jobs
+                jobs.aftermath.exporter = span_exporter(self.config)
                 watcher = asyncio.create_task(self.guard.run(js))
                 self.fleet.start(js)
                 self.conn.on_reconnect.append(jobs.reconnected)
@@ -148,6 +150,7 @@ class Daemon:
                 await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
                 await cancel_all([*claiming, *jobs.side_tasks])
                 await self.drain()
+                await jobs.aftermath.drain()  # pings and notifications of the last runs
                 await self.fleet.stop()
                 await cancel_all([watcher])
             await self.conn.close(drain=True)

@@ -27,6 +27,7 @@ from typing import Any
 from nats.js import JetStreamContext
 
 from sidecar import failpoints
+from sidecar.aftermath import Aftermath
 from sidecar.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
@@ -67,6 +68,11 @@ MAX_CATCHUP = 100
 # 1.5 ms at p50 here. A slot's timer is set this much early and the rest is
 # slept precisely, blocking the loop for at most this long once per due instant.
 PRECISE_WAKE = 0.002
+
+
+def _secret(trigger: Trigger) -> bytes | None:
+    """The current signing secret: webhooks are signed like triggers."""
+    return trigger.signer.secrets[0] if trigger.signer is not None else None
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -112,6 +118,9 @@ class Jobs:
         self._keys: Keys | None = None
         self._due: set[str] = set()  # due keys this sidecar waits for
         self.lost = LostRuns(config, metrics, clock, js, self.spec, self.keys)
+        # Pings, notifications, auto-pause, anomalies, spans (sidecar/aftermath.py).
+        self.aftermath = Aftermath(config, metrics, clock, self.keys, _secret(trigger), fleet)
+        self.lost.after = self.aftermath.after_outcome
         fleet.removal_listeners.append(self.lost.removed)
         fleet.key_listeners.append(self.due_changed)
 
@@ -467,6 +476,7 @@ class Jobs:
         started_at = self.clock.wall()
         started = self.clock.monotonic()
         m.run_start_delay_seconds.labels(job=job.name).observe(max(0.0, started_at - slot_time))
+        self.aftermath.started(job, claim.token, started_at)
         try:
             result = await self.trigger.fire(
                 job,
@@ -516,6 +526,7 @@ class Jobs:
             claim.manual,
             claim.attempt,
         )
+        record = self.aftermath.marked(job, record)
         (log.info if result.ok else log.warning)(
             "run job=%s slot=%s%s status=%s http_status=%s duration_ms=%d%s",
             job.name,
@@ -528,6 +539,7 @@ class Jobs:
         )
         if not await publish_result(self.js, self.spec.name, self.spec.prefix, record):
             log.error("job %s slot %s: result not recorded", job.name, claim.slot)
+        self.aftermath.after_outcome(job, record, result.answer, getattr(claim, "trigger", None))
         if not result.ok:
             await self._retry(job, claim, result.finished_at)
 
@@ -612,3 +624,4 @@ class Jobs:
         )
         if not await publish_result(self.js, self.spec.name, self.spec.prefix, record):
             log.error("job %s slot %s: result not recorded", job.name, claim.slot)
+        self.aftermath.after_outcome(job, record, b"", getattr(claim, "trigger", None))

@@ -386,6 +386,8 @@ class LostRuns:
         self.keys = keys
         self.jobs = {job.name: job for job in config.jobs}
         self.tasks: set[asyncio.Task[None]] = set()
+        # Told of each lost record this sidecar stored (pings, notifications).
+        self.after: Callable[[JobConfig, ResultRecord], None] | None = None
 
     def removed(self, removal: Removal) -> None:
         """The view lost `removal.key`; an expired lease of one of our jobs was lost."""
@@ -531,6 +533,8 @@ class LostRuns:
                     stream=self.spec.name,
                     headers={MSG_ID: record.msg_id, EXPECTED_LAST: str(last)},
                 )
+                if not ack.duplicate and self.after is not None:
+                    self.after(job, record)
                 return not ack.duplicate
             except APIError as exc:
                 if exc.err_code in CAS_CONFLICT:

@@ -22,11 +22,14 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
 
+from sidecar.aftermath import Aftermath
 from sidecar.claim import Claimer
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, Secrets
 from sidecar.connection import Connection, jetstream
 from sidecar.errors import StreamError, StreamNotFound, UnknownJob
+from sidecar.health import reset
+from sidecar.lease import Keys
 from sidecar.runs import (
     History,
     ResultRecord,
@@ -172,13 +175,27 @@ async def run_now(
         signer = Signer.of(
             secrets.signing_secret, secrets.signing_secret_next, config.target.signing_v1
         )
+        keys = await _keys(js, config)
+        after = Aftermath(config, None, clock, lambda: keys, secrets.signing_secret)
+        after.started(job, claim.token, clock.wall())
         async with Trigger(signer, clock, config.instance_id) as trigger:
             result = await trigger.fire(
                 job, slot, claim.token, deadline, fence=claim.seq, on_retry=on_retry
             )
         record = ResultRecord.of(job.name, slot, claim.token, config.instance_id, result, True)
+        record = after.marked(job, record)
         recorded = await publish_result(js, spec.name, spec.prefix, record, attempts=5)
+        after.after_outcome(job, record, result.answer, "manual")
+        await after.drain()  # its ping and notifications, bounded
         return ManualRun(claim.token, slot, result, recorded)
+
+
+async def _keys(js: JetStreamContext, config: Config) -> Keys | None:
+    """The state bucket's writer for run-now's health update; None when it cannot be had."""
+    try:
+        return Keys(await ensure_bucket(js, state_spec(config)))
+    except Exception:  # no notifications or pause_after count for this run; said later
+        return None
 
 
 @dataclass(frozen=True)
@@ -256,6 +273,8 @@ async def resume(config: Config, secrets: Secrets, job: str) -> dict[str, Any] |
         except (BucketNotFoundError, KeyNotFoundError):
             return None
         await kv.delete(f"paused.{job}", last=entry.revision)
+        # A resumed job starts counting its failures (pause_after) from 0.
+        await reset(Keys(await ensure_bucket(js, state_spec(config))), job)
         return decode(entry.value)
 
 

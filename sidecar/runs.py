@@ -28,6 +28,7 @@ from nats.js.errors import APIError
 from sidecar.claim import MSG_ID, TRANSIENT
 from sidecar.clock import rfc3339
 from sidecar.due import lost_msg_id
+from sidecar.tracing import trace_id_of
 from sidecar.trigger import TriggerResult
 
 log = logging.getLogger(__name__)
@@ -56,12 +57,17 @@ class ResultRecord:
     error: str | None
     manual: bool = False
     attempt: int = 1
+    anomaly: str | None = None  # short or long: outside the job's expect (min, max)
 
     def to_json(self) -> bytes:
-        """The body; ``attempt`` only after the first (absent means 1)."""
+        """The body; ``attempt`` only after the first (absent means 1), ``anomaly``
+        only when there is one; ``trace_id`` always (sidecar/tracing.py)."""
         data = asdict(self)
         if self.attempt <= 1:
             del data["attempt"]
+        if self.anomaly is None:
+            del data["anomaly"]
+        data["trace_id"] = trace_id_of(self.token)
         return json.dumps(data, separators=(",", ":")).encode()
 
     @property
@@ -159,6 +165,8 @@ RUN_FIELDS = (
     "duration_ms",
     "http_status",
     "error",
+    "anomaly",
+    "trace_id",
 )
 
 
@@ -181,6 +189,8 @@ class Run:
     error: str | None
     seq: int = 0  # the claim's stream sequence, for ordering only
     attempt: int = 1
+    anomaly: str | None = None
+    trace_id: str | None = None  # from the result record (absent: none was sent)
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in RUN_FIELDS}
@@ -278,6 +288,8 @@ def join_runs(
                 http_status=_opt(r.get("http_status"), int),
                 error=_opt(r.get("error"), str),
                 seq=seq,
+                anomaly=_opt(r.get("anomaly"), str),
+                trace_id=_opt(r.get("trace_id"), str),
             )
         )
     runs.sort(key=lambda run: (run.slot, run.seq), reverse=True)
