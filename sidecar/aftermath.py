@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sidecar.alerting_config import NotifyConfig, mask_url
+from sidecar.claim import new_token
 from sidecar.clock import Clock, rfc3339
 from sidecar.health import EVENT_TTL, apply, claim_event, health_key
 from sidecar.lease import KeyHeld, Keys
@@ -184,6 +185,14 @@ class Aftermath:
         self._jobs = {job.name: job for job in config.jobs}
         if fleet is not None:
             fleet.key_listeners.append(self._key_changed)
+        if metrics is not None:  # the pings' series at 0 from the start, for rates and alerts
+            for job in config.jobs:
+                if job.ping is not None:
+                    for kind in (
+                        ("start", "success", "fail") if job.ping.start else ("success", "fail")
+                    ):
+                        for outcome in ("sent", "failed"):
+                            metrics.pings_total.labels(job=job.name, kind=kind, outcome=outcome)
 
     # ------------------------------------------------------------------ the hook
 
@@ -338,6 +347,7 @@ class Aftermath:
             "by": AUTO_BY,
             "at": rfc3339(self.clock.wall()),
             "reason": f"auto: {count} consecutive failures",
+            "token": new_token(),  # not taken for a manual pause's owner (Keys.create)
         }
         try:
             await keys.create(f"paused.{job.name}", value, None)

@@ -28,7 +28,7 @@ from typing import Any
 
 from nats.js.errors import APIError
 
-from sidecar.claim import TRANSIENT
+from sidecar.claim import TRANSIENT, new_token
 from sidecar.lease import CAS_CONFLICT, EXPECTED_LAST, WRITE_TIMEOUT, KeyHeld, Keys
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,9 @@ async def reset(keys: Keys, job: str) -> bool:
 
 async def claim_event(keys: Keys, job: str, run: str, event: str, ttl: float | None) -> bool:
     """Create ``event.<job>.<run>.<event>``; True for the one sender that made it."""
-    value = {"job": job, "run": run, "event": event}
+    # A token of its own: Keys.create takes a conflict over the same owner for its
+    # own earlier create answered late.
+    value = {"job": job, "run": run, "event": event, "token": new_token()}
     safe = re.sub(r"[^A-Za-z0-9_-]", "_", run)
     try:
         await keys.create(f"event.{job}.{safe}.{event}", value, ttl)

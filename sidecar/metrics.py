@@ -36,6 +36,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 RUN_STATUSES = ("succeeded", "failed", "skipped", "lost")
 RUN_SKIP_REASONS = ("overlap", "late")
 DUE_REASONS = ("retry", "lost")
+NOTIFY_EVENTS = ("failing", "recovered", "lost", "auto_paused", "anomaly")
 
 
 # ---------------------------------------------------------------- per-job series
@@ -356,6 +357,9 @@ class Metrics:
         )
         self.build_info = gauge("build_info", "Always 1; the version as a label.", ("version",))
         self.build_info.labels(version=__version__).set(1)
+        for event in NOTIFY_EVENTS:  # at 0 from the start, like the per-job series
+            for outcome in ("sent", "failed"):
+                self.notifications_total.labels(event=event, outcome=outcome)
         for name in jobs:
             self.add_job(name)
 

@@ -69,6 +69,13 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_lease_renewal_failures_total": ("counter", frozenset({"job"})),
     # Not in FLEET.md's table: the alert on retries exhausted needs it (docs/METRICS.md).
     "anarchon_retries_exhausted_total": ("counter", frozenset({"job"})),
+    # Telling people (issue 29): pings, notifications, pause_after, expect.
+    "anarchon_pings_total": ("counter", frozenset({"job", "kind", "outcome"})),
+    "anarchon_notifications_total": ("counter", frozenset({"event", "outcome"})),
+    "anarchon_runs_anomalous_total": ("counter", frozenset({"job", "kind"})),
+    "anarchon_runs_overdue": ("gauge", frozenset({"job"})),
+    "anarchon_job_consecutive_failures": ("gauge", frozenset({"job"})),
+    "anarchon_job_auto_paused": ("gauge", frozenset({"job"})),
     "anarchon_nats_connected": ("gauge", frozenset()),
     "anarchon_nats_reconnects_total": ("counter", frozenset()),
     "anarchon_build_info": ("gauge", frozenset({"version"})),
@@ -83,6 +90,9 @@ REASONS = {
     "anarchon_runs_skipped_total": {"overlap"},
     "anarchon_attempts_due_total": {"retry", "lost"},
 }
+# Per-job series made when first used, and why: only jobs with a ping have pings.
+MADE_ON_USE = {"anarchon_pings_total"}
+KINDS = {"anarchon_runs_anomalous_total": {"short", "long"}}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 ALERTS = {
     "AnarchonJobNoRecentSuccess",
@@ -99,6 +109,11 @@ ALERTS = {
     "AnarchonRunLost",
     "AnarchonRetriesExhausted",
     "AnarchonOverlapSkipsPersist",
+    "AnarchonJobAutoPaused",
+    "AnarchonRunOverdue",
+    "AnarchonRunsAnomalous",
+    "AnarchonPingsFailing",
+    "AnarchonNotificationsFailing",
 }
 # Alert expressions that may match on a healthy fleet, and why. Every other
 # alert expression must be empty while the sidecars run normally.
@@ -209,7 +224,8 @@ def github_anchor(heading: str) -> str:
 
 def test_metrics_match_spec_names_types_and_labels() -> None:
     registry = CollectorRegistry()
-    Metrics(registry, ("j",))
+    metrics = Metrics(registry, ("j",))
+    metrics.pings_total.labels(job="j", kind="start", outcome="sent")  # MADE_ON_USE
     found: dict[str, tuple[str, frozenset[str]]] = {}
     values: dict[str, set[str]] = {}
     for family in registry.collect():
@@ -231,7 +247,7 @@ def test_metrics_of_a_job_exist_at_zero_before_anything_happens() -> None:
     registry = CollectorRegistry()
     Metrics(registry, ("j",))
     for name, (kind, labels) in SPEC_METRICS.items():
-        if "job" not in labels:
+        if "job" not in labels or name in MADE_ON_USE:
             continue
         sample = name + "_count" if kind == "histogram" else name
         extra = [{}]
@@ -239,6 +255,8 @@ def test_metrics_of_a_job_exist_at_zero_before_anything_happens() -> None:
             extra = [{"reason": r} for r in REASONS[name]]
         if "status" in labels:
             extra = [{"status": s} for s in SPEC_LABEL_VALUES["status"]]
+        if "kind" in labels:
+            extra = [{"kind": k} for k in KINDS[name]]
         for more in extra:
             assert registry.get_sample_value(sample, {"job": "j", **more}) == 0.0, (name, more)
 
@@ -282,7 +300,7 @@ def test_dashboard_panels_have_title_description_unit_and_the_datasource_variabl
         titles[panel["id"]] = title
     assert len(titles) == len(set(titles.values())), "panel titles repeat"
     rows = [p["title"] for p in load_dashboard()["panels"] if p["type"] == "row"]
-    assert rows == ["Claims", "Runs", "Schedule", "Stream", "NATS", "Fleet"]
+    assert rows == ["Claims", "Runs", "Schedule", "Stream", "NATS", "Fleet", "Telling people"]
 
 
 def test_dashboard_queries_are_filtered_and_use_rate_interval() -> None:
@@ -492,6 +510,8 @@ def test_dashboard_and_rules_evaluate_against_live_sidecars(
         "nats": {"servers": [nats_server.url]},
         "target": {"url": http_app.url},
         "jobs": [{"name": "tick", "schedule": "* * * * * *", "jitter": "0s", "max_late": "5s"}],
+        # Pings have series for the jobs that have one.
+        "defaults": {"ping": {"url": f"{http_app.url}/ping/{{job}}"}},
     }
     with (
         sidecars(tmp_path, [("a", config, {}), ("b", config, {})]) as procs,
