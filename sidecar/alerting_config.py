@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sidecar.errors import ConfigError
-from sidecar.values import Section, boolean, short, string, type_name
+from sidecar.values import Section, boolean, redact_url, short, string, type_name
 
 EVENTS = ("failing", "recovered", "lost", "auto_paused", "anomaly")
 FORMATS = ("json", "slack")
@@ -155,3 +155,30 @@ def parse_tracing(data: object) -> TracingConfig:
 
 def parse_pause_after(sec: Section) -> int | None:
     return sec.integer("pause_after", None, 1, MAX_PAUSE_AFTER)
+
+
+def describe_job(
+    ping: PingConfig | None, pause_after: int | None, expect: ExpectConfig | None
+) -> str:
+    """``check``'s line of a job's ping, pause_after and expect; "" when none is set."""
+    from sidecar.values import format_duration
+
+    parts = []
+    if ping is not None:
+        parts.append(f"ping {mask_url(ping.url)}" + (" (with /start)" if ping.start else ""))
+    if pause_after is not None:
+        parts.append(f"pause after {pause_after} failures in a row")
+    if expect is not None:
+        low = format_duration(expect.min) if expect.min is not None else "0s"
+        high = format_duration(expect.max) if expect.max is not None else "any"
+        parts.append(f"expect {low} to {high}")
+    return "  " + ", ".join(parts) if parts else ""
+
+
+def describe_notify(notify: tuple[NotifyConfig, ...], tracing: TracingConfig) -> list[str]:
+    """``check``'s lines of the webhooks and the trace export, URLs masked."""
+    lines = [f"notify {mask_url(n.url)} ({n.format}): {', '.join(n.events)}" for n in notify]
+    if tracing.otlp_endpoint is not None:
+        where = redact_url(tracing.otlp_endpoint)
+        lines.append(f"spans to {where} (OTLP/HTTP, needs the otel extra)")
+    return lines

@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo
 import click
 
 from sidecar import __version__, oneshot
+from sidecar.alerting_config import describe_job, describe_notify
 from sidecar.clock import Clock, parse_rfc3339
 from sidecar.config import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
 from sidecar.errors import (
@@ -201,6 +202,8 @@ def check(config_path: str | None, connect: bool) -> None:
         f"duplicate window {format_duration(n.duplicate_window)}, "
         f"replicas {n.replicas if n.replicas is not None else 'unchanged (1 when created)'}"
     )
+    for line in describe_notify(config.notify, config.tracing):
+        click.echo(line)
     now = Clock().wall_ms()
     for job in config.jobs:
         req = job.request
@@ -211,6 +214,8 @@ def check(config_path: str | None, connect: bool) -> None:
             f"  {req.method} {where}{req.path}  timeout {format_duration(req.timeout)}, "
             f"jitter {format_duration(job.jitter)}, max_late {format_duration(job.max_late)}"
         )
+        if told := describe_job(job.ping, job.pause_after, job.expect):
+            click.echo(told)
         for slot in job.schedule.slots(now, 3):
             click.echo(f"  next: {_when(slot, job.timezone)}")
     if connect:

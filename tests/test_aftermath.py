@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from sidecar.runs import ResultRecord
 from sidecar.state import StateSpec, ensure_bucket
 from sidecar.tracing import run_uuid, span_id_of, trace_id_of, traceparent
 from tests.receivers import Receiver, receiver
+from tests.support import run_cli, write_config
 
 SECRET = "abc123-key"
 
@@ -294,3 +296,20 @@ async def test_concurrent_outcomes_count_once_each_and_each_transition_is_made_o
     # One sender per event.
     claims = await asyncio.gather(*(claim_event(keys, "sync", "r1", "lost", 60) for _ in range(5)))
     assert sorted(claims) == [False] * 4 + [True]
+
+
+def test_check_shows_pings_webhooks_and_expectations_with_their_urls_masked(
+    tmp_path: Path,
+) -> None:
+    cfg = {
+        "jobs": [{"name": "sync", "schedule": "* * * * *", "pause_after": 4}],
+        "defaults": {"ping": {"url": f"https://hc.example/{SECRET}/{{job}}", "start": True}},
+        "notify": [{"url": f"https://hooks.example/{SECRET}", "events": ["lost"]}],
+    }
+    res = run_cli("check", "-c", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert res.returncode == 0, res.stderr
+    assert "notify https://hooks.example/*** (json): lost\n" in res.stdout
+    assert "  ping https://hc.example/*** (with /start), pause after 4 failures in a row\n" in (
+        res.stdout
+    )
+    assert SECRET not in res.stdout + res.stderr

@@ -364,3 +364,26 @@ def test_every_trigger_carries_its_own_traceparent_and_the_span_is_exported_over
     assert attrs["anarchon.job"].string_value == "work"
     assert attrs["anarchon.outcome"].string_value == "succeeded"
     assert attrs["anarchon.attempt"].int_value == 1
+
+
+def test_run_now_pings_and_counts_like_a_scheduled_run(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp, hooks: Receiver
+) -> None:
+    http_app.status["/jobs/work"] = 500
+    config = base(
+        nats_server.url,
+        http_app,
+        [job("work", schedule="0 0 1 1 *", ping={"url": f"{hooks.url}/ping", "start": True})],
+        notify=[{"url": f"{hooks.url}/json"}],
+    )
+    cli = str(write_config(tmp_path / "cli.yaml", {"instance_id": "cli", **config}))
+    res = run_cli("run-now", "work", "-c", cli)
+    assert res.returncode == 1, res.stderr
+    (request,) = http_app.requests_for("/jobs/work")
+    token = request.headers["X-Anarchon-Run-Id"]
+    # Sent before run-now exited: its drain waits for them.
+    assert sorted(r.path for r in hooks.received("/ping")) == ["/ping/fail", "/ping/start"]
+    fail = hooks.received("/ping/fail")[0]
+    assert fail.query["rid"] == [rid(token)] and "trigger: manual\n" in fail.text
+    (failing,) = [r.json() for r in hooks.received("/json")]
+    assert (failing["event"], failing["trigger"], failing["run_id"]) == ("failing", "manual", token)
