@@ -261,7 +261,10 @@ class Aftermath:
             )
         if self.exporter is not None:
             self._export(job, record, kind)
-        self._spawn(self._follow(job, record, kind))
+        if self.config.notify or job.pause_after is not None:
+            # The fleet-wide count is kept only where something reads it: one
+            # read and one compare-and-set per run on the state bucket.
+            self._spawn(self._follow(job, record, kind))
 
     async def drain(self) -> None:
         """Let the health updates and the sends queued so far finish, bounded."""

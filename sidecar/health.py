@@ -51,8 +51,9 @@ def transition(
     """The job's next health value after a run ended with `status`, and its events.
 
     ``failing``: the first failed or lost run after a success or after start;
-    ``lost`` for a lost run; ``auto_paused`` when the count reaches
-    `pause_after`; ``recovered``: the first success after failures.
+    ``lost`` for a lost run; ``auto_paused`` once the count reaches
+    `pause_after` (the pause itself is made once: Aftermath creates the pause
+    key); ``recovered``: the first success after failures.
     """
     prev = prev or {}
     failures = prev.get("failures", 0)
@@ -66,7 +67,10 @@ def transition(
             events.append("failing")
         if status == "lost":
             events.append("lost")
-        if pause_after is not None and failures == pause_after:
+        if pause_after is not None and failures >= pause_after:
+            # Every failure from the N-th on asks for the pause: the pause key's
+            # create (Aftermath) makes it once, and a pause that could not be
+            # stored is tried again by the next failure instead of being lost.
             events.append("auto_paused")
         state = FAILING
     value: dict[str, Any] = {}

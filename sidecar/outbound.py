@@ -30,6 +30,8 @@ USER_AGENT = f"anarchon-sidecar/{__version__}"
 MAX_ANSWER = 512
 # The drain waits at most this long for queued sends before dropping them.
 DRAIN_TIMEOUT = 5.0
+# At most this many sends wait at once; more are dropped (receivers that hang).
+MAX_QUEUED = 1000
 
 _ssl: ssl.SSLContext | None = None
 
@@ -103,6 +105,12 @@ async def post(
     return status, kept
 
 
+async def _dropped(done: Callable[[bool], None] | None) -> bool:
+    if done is not None:
+        done(False)
+    return False
+
+
 def retryable(status: int) -> bool:
     """Whether an answer with this status may be asked again (5xx, 408, 429)."""
     return status >= 500 or status in (408, 429)
@@ -134,8 +142,16 @@ class Outbox:
         done: Callable[[bool], None] | None = None,
         after: Awaitable[object] | None = None,
     ) -> asyncio.Task[bool]:
-        """Queue a POST; `done(sent)` is told the outcome. `after`: awaited first (bounded)."""
-        task = asyncio.create_task(self._deliver(what, url, body, headers, done, after))
+        """Queue a POST; `done(sent)` is told the outcome. `after`: awaited first (bounded).
+
+        With MAX_QUEUED sends waiting already, it is dropped (`done(False)`).
+        """
+        if len(self.tasks) >= MAX_QUEUED:
+            log.warning("%s to %s dropped: %d sends waiting", what, mask_url(url), MAX_QUEUED)
+            coro: Awaitable[bool] = _dropped(done)
+        else:
+            coro = self._deliver(what, url, body, headers, done, after)
+        task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task

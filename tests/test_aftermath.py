@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client as NATS
 
+from sidecar import outbound
 from sidecar.aftermath import anomaly_of, event_payload, ping_body, trigger_kind
 from sidecar.alerting_config import EVENTS, mask_url
 from sidecar.config import parse_config
@@ -59,7 +60,8 @@ def error_of(**top: Any) -> ConfigError:
         ({"failures": 1, "state": "failing"}, "lost", None, 2, "failing", ("lost",)),
         ({"failures": 0, "state": "ok"}, "lost", None, 1, "failing", ("failing", "lost")),
         ({"failures": 2, "state": "failing"}, "failed", 3, 3, "failing", ("auto_paused",)),
-        ({"failures": 3, "state": "failing"}, "failed", 3, 4, "failing", ()),  # once only
+        # Asked again: the pause key's create makes it once (tests/test_alerts.py).
+        ({"failures": 3, "state": "failing"}, "failed", 3, 4, "failing", ("auto_paused",)),
         (None, "failed", 1, 1, "failing", ("failing", "auto_paused")),
         ({"failures": 4, "state": "failing"}, "succeeded", 3, 0, "ok", ("recovered",)),
         ({"failures": 0, "state": "ok"}, "succeeded", None, 0, "ok", ()),
@@ -254,7 +256,7 @@ async def test_sends_are_retried_with_backoff_then_given_up_and_never_block(
     assert sorted(outcomes) == [False, False, True]
 
 
-async def test_the_drain_is_bounded() -> None:
+async def test_the_drain_and_the_queue_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     held: list[asyncio.StreamWriter] = []
 
     async def never_answer(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -262,8 +264,13 @@ async def test_the_drain_is_bounded() -> None:
 
     server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
+    monkeypatch.setattr(outbound, "MAX_QUEUED", 1)
     box = Outbox(attempts=3, backoff=0.05, timeout=30.0)
-    box.send("test", f"http://127.0.0.1:{port}/x", b"", {})
+    outcomes: list[bool] = []
+    box.send("test", f"http://127.0.0.1:{port}/x", b"", {}, outcomes.append)
+    box.send("test", f"http://127.0.0.1:{port}/y", b"", {}, outcomes.append)  # dropped
+    await asyncio.sleep(0.05)
+    assert outcomes == [False]
     started = time.monotonic()
     await box.drain(timeout=0.5)
     assert time.monotonic() - started < 2.0 and not box.tasks
@@ -282,7 +289,8 @@ async def test_concurrent_outcomes_count_once_each_and_each_transition_is_made_o
     keys = Keys(await ensure_bucket(nc.jetstream(), StateSpec("CRON_STATE", 1, 60.0)))
     made = await asyncio.gather(*(apply(keys, "sync", "failed", f"run{i}", 5) for i in range(12)))
     events = Counter(e for _, evs in made for e in evs)
-    assert events == Counter({"failing": 1, "auto_paused": 1})
+    # failing once; auto_paused by each of the 5th to 12th failures.
+    assert events == Counter({"failing": 1, "auto_paused": 8})
     last = await keys.last("health.sync")
     assert last is not None and last[1] is not None and last[1]["failures"] == 12
     # An outcome applied again (its answer lost) is not counted twice.
