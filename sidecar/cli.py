@@ -614,7 +614,10 @@ def pause(job: str, config_path: str | None, reason: str) -> None:
 def resume(job: str, config_path: str | None) -> None:
     """Resume a paused JOB everywhere; exit 1 when it was not paused."""
     config, secrets = connected_command(config_path)
-    was = run_async(oneshot.resume(config, secrets, job))
+    try:
+        was = run_async(oneshot.resume(config, secrets, job))
+    except StreamNotFound as exc:
+        fail(EXIT_FAILED, f"{job}: not resumed: {exc}")
     if was is None:
         fail(EXIT_FAILED, f"{job} was not paused")
     click.echo(
@@ -682,6 +685,8 @@ def _status_table(view: dict[str, Any]) -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    if problem := (view.get("state_bucket") or {}).get("problem"):
+        click.echo(_printable(f"WARNING: {problem}"))
     for job in view["jobs"]:
         if job.get("stream_problem"):
             click.echo(_printable(f"{job['name']} not claimed: {job['stream_problem']}"))

@@ -26,6 +26,7 @@ from nats.js import JetStreamContext
 
 from sidecar.config import Config, Secrets
 from sidecar.errors import ConnectError
+from sidecar.permissions import Denials
 from sidecar.ratelog import RateLimitedLog
 from sidecar.values import redact_url
 
@@ -180,12 +181,16 @@ class Connection:
         self.on_reconnect: list[Callable[[], None]] = []
         # NATS down means one error per reconnect attempt, every second: say it once a minute.
         self.warnings = RateLimitedLog(log)
+        # Permissions violations: a reason for /readyz, a metric, one line a minute.
+        self.denials = Denials(metrics, config.nats.user)
 
     async def connect(self) -> NATS:
         """Connect once; ConnectError with a one-line reason when no server answers."""
         errors: list[str] = []
 
         async def on_error(exc: Exception) -> None:
+            if self.denials.report(str(exc)):
+                return  # not a connection problem: said by Denials, once a minute
             if self.nc is None or not self.nc.is_connected:
                 errors.append(_reason(exc))
             if self.nc is None:  # the first connect: its ConnectError says it, in one line

@@ -60,6 +60,15 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.guard = StreamGuard(self.config, self.metrics, self.clock, self.conn.connected)
         self.fleet = Fleet(self.config, self.metrics, self.clock)
+        self.fleet.denied = self.conn.denials.denied
+        self.conn.denials.known(
+            self.spec.name,
+            self.spec.prefix,
+            self.fleet.spec.bucket,
+            self.fleet.spec.stream,
+            self.config.instance_id,
+            *(job.name for job in self.config.jobs),
+        )
         self.conn.on_reconnect.append(self.fleet.reconnected)
         self.jobs: Jobs | None = None
         self.admin = AdminServer(
@@ -77,7 +86,7 @@ class Daemon:
             return "shutting down"
         if not self.conn.connected.is_set():
             return "not connected to NATS"
-        return self.guard.not_ready() or self.fleet.problem
+        return self.guard.not_ready() or self.conn.denials.not_ready() or self.fleet.not_ready()
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if not self.stopping.is_set():

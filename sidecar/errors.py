@@ -9,6 +9,7 @@
      │    ├── StreamConflict    another stream captures our subjects (final; exit 2)
      │    └── StreamNotRaised   the stream could not be raised; it is used as it is
      ├── ClaimError             no definite claim answer before the slot's deadline
+     ├── PermissionDenied       the NATS server refused a subject to this user
      └── TriggerError           the app was not triggered successfully
           ├── TriggerUndelivered  the request provably never reached the app (retryable)
           ├── TriggerLate         past the last instant it could go out: nothing sent
@@ -54,6 +55,15 @@ class StreamError(SidecarError):
 
 class StreamNotFound(StreamError):
     """The configured stream does not exist."""
+
+
+class PermissionDenied(SidecarError):
+    """The NATS server reported a permissions violation for ``subject``."""
+
+    def __init__(self, operation: str, subject: str) -> None:
+        super().__init__(f"NATS permissions violation: {operation} to {subject!r} denied")
+        self.operation = operation
+        self.subject = subject
 
 
 class ClaimError(SidecarError):

@@ -16,8 +16,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from sidecar import __version__
+from sidecar.bucketcheck import check_bucket, needs_leases
 from sidecar.clock import Clock, rfc3339
 from sidecar.state import (
     PRESENCE_RENEW,
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BUCKET_BACKOFF_MAX = 30.0
+# The bucket's settings are checked this often, and at once after a reconnect or
+# when the watch sees them change or the bucket disappear.
+BUCKET_REFRESH = 30.0
 
 
 class Fleet:
@@ -58,6 +63,12 @@ class Fleet:
         self.bucket: Bucket | None = None
         self.watch: Watch | None = None
         self.problem: str | None = "state bucket not read yet"
+        # Why the bucket cannot hold leases (bucketcheck); None while it can.
+        self.bucket_problem: str | None = None
+        self._recheck = asyncio.Event()
+        # Whether NATS refused a subject to this user lately (the daemon's Denials).
+        self.denied: Callable[[str], bool] | None = None
+        self._lease_jobs = frozenset(job.name for job in config.jobs if needs_leases(job))
         self._tasks: list[asyncio.Task[None]] = []
         self._mismatch: set[str] = set()
         self._started_at = rfc3339(clock.wall())
@@ -85,9 +96,31 @@ class Fleet:
                 )
 
     def reconnected(self) -> None:
-        """After a reconnect the watch may have missed updates: re-read the bucket."""
+        """After a reconnect the watch may have missed updates: re-read and re-check the bucket."""
         if self.watch is not None:
             self.watch.resync()
+        self._recheck.set()
+
+    @property
+    def replaced(self) -> bool:
+        """The bucket was deleted (or made again) and has not been read since."""
+        return self.watch is not None and self.watch.replaced
+
+    @property
+    def leases_ok(self) -> bool:
+        """Whether leases may be taken: the bucket is open, read and fit for them."""
+        return (
+            self.bucket is not None
+            and self.bucket.ttl
+            and self.bucket_problem is None
+            and not self.replaced
+        )
+
+    def not_ready(self) -> str | None:
+        """Why the state bucket keeps the sidecar from being ready; None when it does not."""
+        if self.bucket_problem and self._lease_jobs:
+            return self.bucket_problem
+        return self.problem
 
     async def _run(self, js: JetStreamContext) -> None:
         backoff = 0.2
@@ -99,21 +132,80 @@ class Fleet:
                 log.warning("%s", self.problem)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BUCKET_BACKOFF_MAX)
-        if self.bucket.ttl_problem:
-            log.warning("%s", self.bucket.ttl_problem)
-        self.watch = Watch(self.bucket, self.view)
+        await self._check(js)
+        self.watch = Watch(self.bucket, self.view, self._recheck.set)
+        await self._watch_advisories(js)
         self._tasks.append(asyncio.create_task(self.watch.run()))
-        if self.bucket.ttl:
-            self._tasks.append(asyncio.create_task(self._presence()))
+        self._tasks.append(asyncio.create_task(self._presence()))
+        while True:
+            self._recheck.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._recheck.wait(), BUCKET_REFRESH)
+            await asyncio.sleep(0.2)  # a burst of changes is one check
+            await self._check(js)
+
+    async def _watch_advisories(self, js: JetStreamContext) -> None:
+        """The bucket's stream deleted, made or changed: re-read it at once, not at the
+        watchdog's next look (a few seconds in which a lock in the new bucket would
+        not see the runs of the old one). Best effort: the watchdog remains."""
+        nc = js._nc
+        watch = self.watch
+        if nc is None or watch is None:
+            return
+
+        async def on_advisory(msg: object) -> None:
+            watch.resync()
+            self._recheck.set()
+
+        try:
+            await nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.*.{self.spec.stream}", cb=on_advisory)
+        except Exception as exc:
+            log.debug("no state bucket advisories: %r", exc)
+
+    async def _check(self, js: JetStreamContext) -> None:
+        """Check the bucket's settings (bucketcheck); create it again when it is gone."""
+        assert self.bucket is not None
+        self.metrics.state_bucket_checks_total.inc()
+        lease_ttl = self.config.nats.lease_ttl
+        try:
+            try:
+                check = await check_bucket(js, self.spec, lease_ttl, fix=True)
+            except NotFoundError:
+                again = await ensure_bucket(js, self.spec)
+                self.bucket.kv, self.bucket.ttl = again.kv, again.ttl
+                self.metrics.state_bucket_fixed_total.inc()
+                log.warning("state bucket %s was gone; created it again", self.spec.bucket)
+                check = await check_bucket(js, self.spec, lease_ttl, fix=True)
+        except Exception as exc:  # no answer: the last verdict stands, checked again soon
+            log.debug("checking the state bucket: %r", exc)
+            return
+        if check.fixed:
+            self.metrics.state_bucket_fixed_total.inc()
+            log.warning(
+                "state bucket %s: set %s (leases need it)", self.spec.bucket, ", ".join(check.fixed)
+            )
+        self.bucket.ttl = check.facts.msg_ttl and check.facts.marker_ttl is not None
+        self._set_bucket_problem(check.problem)
+
+    def _set_bucket_problem(self, problem: str | None) -> None:
+        if problem != self.bucket_problem:
+            if problem:
+                jobs = sorted(self._lease_jobs)
+                log.error("%s (jobs not claimed: %s)", problem, ", ".join(jobs[:10]) or "none")
+            else:
+                log.info("state bucket %s holds leases again", self.spec.bucket)
+        self.bucket_problem = problem
+        self.metrics.state_bucket_ok.set(0 if problem else 1)
 
     async def _presence(self) -> None:
         assert self.bucket is not None
         key = f"instance.{self.config.instance_id}"
         while True:
-            try:
-                await put_with_ttl(self.bucket, key, self.presence, PRESENCE_TTL)
-            except Exception as exc:  # renewed at the next beat
-                log.debug("presence: %r", exc)
+            if self.bucket.ttl:  # without TTLs a dead instance's key would stay for ever
+                try:
+                    await put_with_ttl(self.bucket, key, self.presence, PRESENCE_TTL)
+                except Exception as exc:  # renewed at the next beat
+                    log.debug("presence: %r", exc)
             await asyncio.sleep(PRESENCE_RENEW)
 
     # ------------------------------------------------------------------ reading
@@ -122,6 +214,11 @@ class Fleet:
         """(reason, why) when `job` must not be claimed now; None when it may."""
         if not self.view.synced:
             return "stream", self.problem or "state bucket not read yet"
+        if job in self._lease_jobs:
+            if self.bucket_problem:
+                return "bucket", self.bucket_problem
+            if self.replaced:
+                return "bucket", f"state bucket {self.spec.bucket} was deleted; re-reading it"
         entry = self.view.paused(job)
         if entry is not None:
             v = entry.value

@@ -28,6 +28,8 @@ from nats.js import JetStreamContext
 
 from sidecar import failpoints
 from sidecar.aftermath import Aftermath
+from sidecar.bounds import slot_ms
+from sidecar.bucketcheck import needs_leases
 from sidecar.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
@@ -42,10 +44,11 @@ from sidecar.due import (
     retry_due_at,
     run_key,
 )
+from sidecar.duecheck import Backed, Hostile, backing, config_problem
 from sidecar.errors import ClaimError
 from sidecar.fleet import Fleet
 from sidecar.guard import REPEAT_LOG, StreamGuard
-from sidecar.lease import KeyHeld, Keys, Lease, LostRuns, make_due, parse_due
+from sidecar.lease import KeyHeld, Keys, Lease, LostRuns, make_due
 from sidecar.metrics import Metrics
 from sidecar.ratelog import RateLimitedLog
 from sidecar.runs import (
@@ -118,7 +121,9 @@ class Jobs:
         self._by_name = {job.name: job for job in config.jobs}
         self._keys: Keys | None = None
         self._due: set[str] = set()  # due keys this sidecar waits for
+        self._refused: set[tuple[str, int]] = set()  # hostile due keys (key, revision) said
         self.lost = LostRuns(config, metrics, clock, js, self.spec, self.keys)
+        self.lost.view = fleet.view  # leases of a replaced bucket are looked for again
         # Pings, notifications, auto-pause, anomalies, spans (sidecar/aftermath.py).
         self.aftermath = Aftermath(config, metrics, clock, self.keys, _secret(trigger), fleet)
         self.lost.after = self.aftermath.after_outcome
@@ -126,12 +131,12 @@ class Jobs:
         fleet.key_listeners.append(self.due_changed)
 
     def keys(self) -> Keys | None:
-        """The state bucket's key writer; None while unknown or without TTLs."""
+        """The state bucket's key writer; None while unknown or unfit for leases."""
         bucket = self.fleet.bucket
-        if self._keys is None and bucket is not None:
-            if not bucket.ttl:
-                return None
-            self._keys = Keys(bucket)
+        if not self.fleet.leases_ok or bucket is None:
+            return None
+        if self._keys is None:
+            self._keys = Keys(bucket, self.fleet.denied)
         return self._keys
 
     def wake(self) -> None:
@@ -248,28 +253,35 @@ class Jobs:
     # ------------------------------------------------------------------ due attempts
 
     def due_changed(self, key: str) -> None:
-        """A key the watch delivered: a new ``due.*`` key of ours is waited for."""
-        parsed = parse_due_key(key)
-        if parsed is None or key in self._due or self.stopping.is_set():
+        """A key the watch delivered: a new ``due.*`` key of ours is checked, then waited for."""
+        if not key.startswith("due.") or key in self._due or self.stopping.is_set():
             return
-        job = self._by_name.get(parsed.job)
         entry = self.fleet.view.keys.get(key)
+        parsed = parse_due_key(key)
+        job = self._by_name.get(parsed.job if parsed else key.split(".")[1])
         if job is None or entry is None:
-            return
-        due = parse_due(entry.value)
-        if due is None:
-            log.warning("state bucket: %s is not a due attempt; ignored", key)
-            return
+            return  # not one of our jobs (another fleet may share the bucket), or gone
+        if (key, entry.revision) in self._refused:
+            return  # said once already (its delete may have failed)
         self._due.add(key)
-        self._spawn(self._due_attempt(job, parsed, key, *due))
+        if parsed is None:
+            why = "not a due key: due.<job>.<slot>.<attempt> with an attempt of 2 or more"
+            self._spawn(self._hostile_due(key, entry.revision, why))
+            return
+        self._spawn(self._due_attempt(job, parsed, key, entry.value, entry.revision))
 
     async def _due_attempt(
-        self, job: JobConfig, due: DueKey, key: str, due_at: float, reason: str, failed_on: str
+        self, job: JobConfig, due: DueKey, key: str, value: dict[str, Any], revision: int
     ) -> None:
-        """Compete for a due attempt at its time (plus jitter; later where it failed)."""
+        """Check a due attempt (sidecar/duecheck.py), then compete for it at its time
+        (plus jitter; later where it failed)."""
         try:
+            backed = await self._backed(job, due, key, value, revision)
+            if backed is None:
+                return
+            due_at = backed.due_at
             wake = due_at + random.uniform(0.0, job.jitter)
-            if reason == RETRY and failed_on == self.config.instance_id:
+            if backed.reason == RETRY and value.get("instance") == self.config.instance_id:
                 wake += failed_replica_wait(job.jitter)
             if await self.sleep_until(wake):
                 return
@@ -287,6 +299,50 @@ class Jobs:
                 )
                 return
             await self.attempt(job, due.slot, now, due.attempt, due_at)
+        finally:
+            self._due.discard(key)
+
+    async def _backed(
+        self, job: JobConfig, due: DueKey, key: str, value: dict[str, Any], revision: int
+    ) -> Backed | None:
+        """The due attempt as the config and the stream back it; None when they do not
+        (a hostile key: counted, logged, deleted) or the stream did not answer."""
+        why = config_problem(job, due, self.clock.wall())
+        if why is None:
+            for tries in range(3):
+                try:
+                    return await backing(self.js, self.spec, job, due, value)
+                except Hostile as exc:
+                    why = str(exc)
+                    break
+                except Exception as exc:  # no answer: nothing judged, the key is left
+                    if tries == 2 or self.stopping.is_set():
+                        log.warning(
+                            "due key %s not checked (the stream did not answer): %r", key, exc
+                        )
+                        return None
+                    await asyncio.sleep(0.5)
+        if why is not None:
+            await self._hostile_due(key, revision, why)
+        return None
+
+    async def _hostile_due(self, key: str, revision: int, why: str) -> None:
+        """A due key the config and the stream do not back: counted, said once, deleted."""
+        try:
+            if len(self._refused) >= 1000:
+                self._refused.clear()
+            self._refused.add((key, revision))
+            self.metrics.hostile_input_total.labels(what="due_key").inc()
+            log.error(
+                "state bucket: due key %s refused: %s; it is hostile input (whoever may write "
+                "the state bucket wrote it) and is deleted, nothing is claimed",
+                key[:200],
+                why,
+            )
+            keys = self.keys()
+            if keys is not None:
+                with contextlib.suppress(Exception):  # another sidecar deleted it first
+                    await keys.delete(key, revision)
         finally:
             self._due.discard(key)
 
@@ -315,7 +371,12 @@ class Jobs:
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
         self.side_tasks.add(task)
-        task.add_done_callback(self.side_tasks.discard)
+        task.add_done_callback(self._side_done)
+
+    def _side_done(self, task: asyncio.Task[None]) -> None:
+        self.side_tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("a catch-up or due-attempt task failed", exc_info=exc)
 
     async def catch_up(self, job: JobConfig) -> None:
         """Claim the slots of the last max_late that nobody claimed (FLEET.md catch-up).
@@ -414,9 +475,20 @@ class Jobs:
             log.debug("job %s slot %s lost (seq %d)", claim.job, claim.slot, claim.seq)
 
     def _start_run(self, job: JobConfig, claim: Claim, start: float) -> None:
-        task = asyncio.create_task(self.run_slot(job, claim, start))
+        task = asyncio.create_task(self._guarded_run(job, claim, start))
         self.runs.add(task)
         task.add_done_callback(self.runs.discard)
+
+    async def _guarded_run(self, job: JobConfig, claim: Claim, start: float) -> None:
+        """``run_slot``; a run that ends with an exception (a bug, hostile input) is logged
+        and recorded ``failed`` (once: the result's msg id is the run's), never left
+        ``running`` with a "Task exception was never retrieved"."""
+        try:
+            await self.run_slot(job, claim, start)
+        except Exception as exc:
+            log.exception("job %s slot %s: the run ended with an error", job.name, claim.slot)
+            with contextlib.suppress(Exception):
+                await self._record(job, claim, "failed", f"internal error: {exc!r}"[:300])
 
     async def run_slot(self, job: JobConfig, claim: Claim, start: float) -> None:
         """Hold the run's lease, trigger the app, record the result, release the lease.
@@ -427,6 +499,12 @@ class Jobs:
         """
         deadline = self.clock.monotonic() + max(0.0, start + job.max_late - self.clock.wall())
         keys = self.keys()
+        if keys is None and needs_leases(job):
+            # The bucket turned unfit (or was replaced) between the check and the
+            # claim: never run such a job without its lease (overlap: skip as allow).
+            why = self.fleet.bucket_problem or "the state bucket cannot hold leases now"
+            await self._skip_won(job, claim, "bucket", f"not run without a lease: {why}")
+            return
         async with contextlib.AsyncExitStack() as stack:
             if keys is not None:
                 key = (
@@ -538,14 +616,16 @@ class Jobs:
             record.duration_ms,
             f" error={result.error!r}" if result.error else "",
         )
-        if not await publish_result(self.js, self.spec.name, self.spec.prefix, record):
+        seq = await publish_result(self.js, self.spec.name, self.spec.prefix, record)
+        if not seq:
             log.error("job %s slot %s: result not recorded", job.name, claim.slot)
         self.aftermath.after_outcome(job, record, result.answer, getattr(claim, "trigger", None))
         if not result.ok:
-            await self._retry(job, claim, result.finished_at)
+            await self._retry(job, claim, result.finished_at, seq)
 
-    async def _retry(self, job: JobConfig, claim: Claim, finished_at: float) -> None:
-        """After a failed attempt: make the next one due, while retry.max allows."""
+    async def _retry(self, job: JobConfig, claim: Claim, finished_at: float, seq: int) -> None:
+        """After a failed attempt (its result stored at `seq`): make the next one due,
+        while retry.max allows. Without a stored result no sidecar would act on it."""
         if job.retry.max < 1 or claim.manual:
             return
         if not may_follow(claim.attempt, job.retry.max):
@@ -569,16 +649,19 @@ class Jobs:
             due_at,
             RETRY,
             self.config.instance_id,
+            seq,
         )
 
     async def _skipped(self, job: JobConfig, claim: Claim, holder: dict[str, Any]) -> None:
         """Won, but a run of the job is alive: recorded ``skipped`` (overlap), nothing sent."""
-        running = holder.get("slot")
+        running = slot_ms(holder.get("slot"))  # read from NATS: range-checked
         since = holder.get("started_at", "?")
+        if running is None and holder.get("slot") is not None:
+            self.metrics.hostile_input_total.labels(what="value").inc()
         error = (
             f"overlap: slot {rfc3339(running / 1000)} is still running on "
-            f"{holder.get('instance', '?')} since {since}"
-            if isinstance(running, int)
+            f"{str(holder.get('instance', '?'))[:100]} since {str(since)[:40]}"
+            if running is not None
             else "overlap: a run of this job is still alive"
         )
         await self._skip_won(job, claim, "overlap", error)
@@ -604,10 +687,10 @@ class Jobs:
         log.warning(
             "run job=%s slot=%s status=failed error=%r", job.name, rfc3339(claim.slot / 1000), error
         )
-        await self._record(job, claim, "failed", error)
-        await self._retry(job, claim, self.clock.wall())
+        seq = await self._record(job, claim, "failed", error)
+        await self._retry(job, claim, self.clock.wall(), seq)
 
-    async def _record(self, job: JobConfig, claim: Claim, status: str, error: str) -> None:
+    async def _record(self, job: JobConfig, claim: Claim, status: str, error: str) -> int:
         now = rfc3339(self.clock.wall())
         record = ResultRecord(
             job=job.name,
@@ -623,6 +706,8 @@ class Jobs:
             manual=claim.manual,
             attempt=claim.attempt,
         )
-        if not await publish_result(self.js, self.spec.name, self.spec.prefix, record):
+        seq = await publish_result(self.js, self.spec.name, self.spec.prefix, record)
+        if not seq:
             log.error("job %s slot %s: result not recorded", job.name, claim.slot)
         self.aftermath.after_outcome(job, record, b"", getattr(claim, "trigger", None))
+        return seq

@@ -39,6 +39,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 from nats.js.errors import APIError, NotFoundError
 
+from sidecar.bounds import attempt_no, epoch_s, seq_no, slot_ms
 from sidecar.claim import MSG_ID, TRANSIENT, new_token, token_of
 from sidecar.clock import Clock, parse_rfc3339, rfc3339
 from sidecar.due import (
@@ -50,8 +51,9 @@ from sidecar.due import (
     may_follow,
     renew_every,
 )
+from sidecar.errors import PermissionDenied
 from sidecar.runs import ResultRecord, result_subject
-from sidecar.state import EXPIRED, Bucket, Removal
+from sidecar.state import EXPIRED, REPLACED, Bucket, Removal, View
 from sidecar.tasks import cancel_all
 
 if TYPE_CHECKING:
@@ -68,12 +70,17 @@ MARKER_REASON = "Nats-Marker-Reason"
 CAS_CONFLICT = (10071, 10164)
 # How long a write may wait for its ack.
 WRITE_TIMEOUT = 2.0
+# ... when the server refused its subject lately (a permissions violation).
+DENIED_TIMEOUT = 0.5
 # After a spurious CAS conflict, the renewal is asked again after this, doubled
 # for each further one in a row (up to lease_ttl / 3).
 SPURIOUS_WAIT = 0.02
 # A lost record is checked against the results this often at most when results
 # keep coming in between the check and the record.
 RECHECKS = 5
+# A lease that vanished with its bucket is judged this long after lease_ttl and
+# a renewal have passed (a renewal's round trip and the watch's delivery).
+REPLACED_GRACE = 2.0
 # At most this many results of a job stored since a run's claim are read.
 MAX_RESULTS_READ = 10_000
 
@@ -119,8 +126,11 @@ class CasConflict(Exception):
 class Keys:
     """Writes and reads of single keys of the state bucket, markers understood."""
 
-    def __init__(self, bucket: Bucket) -> None:
+    def __init__(self, bucket: Bucket, denied: Callable[[str], bool] | None = None) -> None:
         self.bucket = bucket
+        # Whether NATS refused a subject to this user lately (sidecar/permissions.py):
+        # a write it refuses gets no answer, only an error on the connection.
+        self.denied = denied
         self.js: JetStreamContext = bucket.kv._js
         self.stream = bucket.spec.stream
         # A delete marker lives as long as the server's own expiry markers.
@@ -132,11 +142,14 @@ class Keys:
     async def _publish(
         self, key: str, data: bytes, headers: dict[str, str], ttl: float | None
     ) -> int:
+        subject = self.subject(key)
+        refused = self.denied is not None and self.denied(subject)
         try:
             ack = await self.js.publish(
-                self.subject(key),
+                subject,
                 data,
-                timeout=WRITE_TIMEOUT,
+                # Refused lately: the answer (if the permissions were fixed) is quick.
+                timeout=DENIED_TIMEOUT if refused else WRITE_TIMEOUT,
                 stream=self.stream,
                 headers=headers,
                 msg_ttl=_ttl(ttl) if ttl is not None else None,
@@ -144,6 +157,11 @@ class Keys:
         except APIError as exc:
             if exc.err_code in CAS_CONFLICT:
                 raise CasConflict(key) from exc
+            raise
+        except TRANSIENT as exc:
+            if self.denied is not None and self.denied(subject):
+                # Not a slow server: asking again until the deadline changes nothing.
+                raise PermissionDenied("publish", subject) from exc
             raise
         return int(ack.seq)
 
@@ -344,7 +362,18 @@ class Lease:
             self._failed(f"conflict, then the key could not be read: {exc!r}")
             return None
         if last is None:
-            return False
+            # No message at all, not even a marker: the bucket was deleted (and made
+            # again) or purged under us. The run is alive: take the lease again, so
+            # that the others, who judge such leases after lease_ttl, see it is.
+            try:
+                self.revision = await self.keys.create(self.key, self.value, self.ttl)
+            except Exception as exc:
+                self._failed(f"the key vanished with its bucket and was not taken again: {exc!r}")
+                return None if not isinstance(exc, KeyHeld) else False
+            log.warning(
+                "lease %s vanished without a trace (bucket replaced?); taken again", self.key
+            )
+            return True
         revision, value = last
         if value is None:
             return False
@@ -386,6 +415,7 @@ class LostRuns:
         self.keys = keys
         self.jobs = {job.name: job for job in config.jobs}
         self.tasks: set[asyncio.Task[None]] = set()
+        self.view: View | None = None  # the live view: leases of a replaced bucket
         # Told of each lost record this sidecar stored (pings, notifications).
         self.after: Callable[[JobConfig, ResultRecord], None] | None = None
 
@@ -396,23 +426,57 @@ class LostRuns:
         job = self.jobs.get(lease_job(removal.key) or "")
         if job is None:
             return
-        if removal.how != EXPIRED:
+        if removal.how == REPLACED:
+            coro = self.replaced(job, removal)
+        elif removal.how != EXPIRED:
             if removal.how is None:
                 log.debug("lease %s vanished between two reads; not judged", removal.key)
             return
-        task = asyncio.create_task(self.record(job, removal))
+        else:
+            coro = self.record(job, removal)
+        task = asyncio.create_task(coro)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        """A recorder that ended with an exception is said (never "never retrieved")."""
+        self.tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("recording a lost run failed", exc_info=exc)
+
+    async def replaced(self, job: JobConfig, removal: Removal) -> None:
+        """A lease that vanished with its bucket (deleted, made again): a live runner
+        takes it again at its next renewal (Lease), a dead one cannot. Judged once
+        lease_ttl and a renewal have passed: still gone, it is recorded lost, like an
+        expired one (the result is looked for first), never left ``running``."""
+        ttl = self.config.nats.lease_ttl
+        await asyncio.sleep(ttl + renew_every(ttl) + REPLACED_GRACE)
+        view = self.view
+        if view is not None:
+            back = view.keys.get(removal.key)
+            if back is not None and back.value.get("token") == removal.entry.value.get("token"):
+                return  # its runner took it again: alive
+        log.warning(
+            "lease %s vanished with the state bucket and was not taken again within "
+            "lease_ttl: its runner is gone",
+            removal.key[:200],
+        )
+        await self.record(job, Removal(removal.key, removal.entry, EXPIRED, self.clock.wall()))
 
     async def record(self, job: JobConfig, removal: Removal) -> None:
         value = removal.entry.value
-        slot, attempt, token = value.get("slot"), value.get("attempt", 1), value.get("token")
-        if not (isinstance(slot, int) and isinstance(attempt, int) and isinstance(token, str)):
-            log.warning("lease %s expired with a value that is not ours: ignored", removal.key)
+        # Read from NATS: every number is range-checked before it is used.
+        slot, attempt = slot_ms(value.get("slot")), attempt_no(value.get("attempt"), 1)
+        token = value.get("token")
+        if slot is None or attempt is None or not isinstance(token, str):
+            self.metrics.hostile_input_total.labels(what="value").inc()
+            log.warning(
+                "lease %s expired with a value that is not a lease (or out of range): ignored",
+                removal.key[:200],
+            )
             return
-        at = removal.at if removal.at is not None else self.clock.wall()
-        fence = value.get("fence")
-        after = fence if isinstance(fence, int) and not isinstance(fence, bool) else None
+        at = epoch_s(removal.at) or self.clock.wall()
+        after = seq_no(value.get("fence"))
         try:
             for _ in range(RECHECKS):
                 recorded, last = await self._recorded(job.name, token, after)
@@ -449,7 +513,16 @@ class LostRuns:
         if job.on_lost == "rerun":
             if may_follow(attempt, job.retry.max):
                 await make_due(
-                    self.keys(), self.metrics, self.clock, job, slot, attempt + 1, at, LOST, ""
+                    self.keys(),
+                    self.metrics,
+                    self.clock,
+                    job,
+                    slot,
+                    attempt + 1,
+                    at,
+                    LOST,
+                    "",
+                    stored,
                 )
             else:
                 self.metrics.retries_exhausted_total.labels(job=job.name).inc()
@@ -495,19 +568,19 @@ class LostRuns:
         token: str,
         at: float,
         last: int,
-    ) -> bool | None:
+    ) -> int | None:
         """Publish the lost result, expecting `last` as the job's last result.
 
-        True when this copy was the one stored, False when another sidecar's
-        was; None when a result was stored since `last` was read (perhaps this
-        run's own): it is looked at again.
+        Its sequence when this copy was the one stored, 0 when another
+        sidecar's was; None when a result was stored since `last` was read
+        (perhaps this run's own): it is looked at again.
         """
         started = value.get("started_at")
-        started_at = started if isinstance(started, str) else rfc3339(at)
+        started_at = started[:40] if isinstance(started, str) else rfc3339(at)
         try:
             duration_ms = max(0, round((at - parse_rfc3339(started_at)) * 1000))
-        except ValueError:
-            duration_ms = 0
+        except (ValueError, OverflowError, OSError):
+            started_at, duration_ms = rfc3339(at), 0
         record = ResultRecord(
             job=job.name,
             slot=slot,
@@ -535,7 +608,7 @@ class LostRuns:
                 )
                 if not ack.duplicate and self.after is not None:
                     self.after(job, record)
-                return not ack.duplicate
+                return 0 if ack.duplicate else int(ack.seq)
             except APIError as exc:
                 if exc.err_code in CAS_CONFLICT:
                     return None
@@ -558,15 +631,26 @@ async def make_due(
     due_at: float,
     reason: str,
     failed_on: str,
+    result_seq: int = 0,
 ) -> bool:
-    """Store ``due.<job>.<slot>.<attempt>``; True when this call made it due."""
+    """Store ``due.<job>.<slot>.<attempt>``; True when this call made it due.
+
+    `result_seq`: the sequence of the stored result of the attempt before; the
+    other sidecars read it there before they act on the key (sidecar/duecheck.py).
+    """
     if keys is None:
         log.warning(
             "job %s: attempt %d of slot %d not made due: no bucket", job.name, attempt, slot
         )
         return False
     key = due_key(job.name, slot, attempt)
-    value = {"due_at": due_at, "reason": reason, "instance": failed_on, "token": new_token()}
+    value = {
+        "due_at": due_at,
+        "reason": reason,
+        "instance": failed_on,
+        "token": new_token(),
+        "result": result_seq,
+    }
     ttl = due_key_ttl(due_at, clock.wall(), job.jitter, job.max_late)
     try:
         await _until_answered(

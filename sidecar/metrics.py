@@ -29,12 +29,14 @@ RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 
 # Start delay: the drawn jitter (default up to 2 s) plus the claim.
 DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60)
 
-SKIP_REASONS = ("late", "disconnected", "shutdown", "stream", "paused")
+SKIP_REASONS = ("late", "disconnected", "shutdown", "stream", "paused", "bucket")
+# What hostile input from NATS was refused (hostile_input_total{what}).
+HOSTILE_KINDS = ("due_key", "value")
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 RUN_STATUSES = ("succeeded", "failed", "skipped", "lost")
-RUN_SKIP_REASONS = ("overlap", "late")
+RUN_SKIP_REASONS = ("overlap", "late", "bucket")
 DUE_REASONS = ("retry", "lost")
 NOTIFY_EVENTS = ("failing", "recovered", "lost", "auto_paused", "anomaly")
 
@@ -295,7 +297,8 @@ class Metrics:
         self.runs_skipped_total = counter(
             "runs_skipped",
             "Slots won but not run, by reason (overlap: a run of the job was still alive; "
-            "late: frozen past slot + max_late before the request went out).",
+            "late: frozen past slot + max_late before the request went out; bucket: the job "
+            "needs a lease and the state bucket cannot hold one).",
             ("job", "reason"),
         )
         self.runs_lost_total = counter(
@@ -317,6 +320,44 @@ class Metrics:
         self.fleet_config_mismatch = gauge(
             "fleet_config_mismatch", "1 while live instances run a job with different settings."
         )
+        self.hostile_input_total = Counter(
+            "hostile_input",
+            "Values read from NATS that this instance refused: due_key (a due attempt that "
+            "the job's schedule, retry budget and the stream do not back), value (a number "
+            "out of range, e.g. an absurd slot).",
+            ("what",),
+            namespace=PREFIX,
+            registry=registry,
+        )
+        for what in HOSTILE_KINDS:
+            self.hostile_input_total.labels(what=what)
+        self.state_bucket_ok = gauge(
+            "state_bucket_ok",
+            "1 while the state bucket has the settings leases need (history 1, per-message "
+            "TTLs, a marker TTL); 0 while jobs that need leases are not claimed.",
+        )
+        self.state_bucket_checks_total = Counter(
+            "state_bucket_checks",
+            "Checks of the state bucket's settings (start, reconnect, change seen).",
+            namespace=PREFIX,
+            registry=registry,
+        )
+        self.state_bucket_fixed_total = Counter(
+            "state_bucket_fixed",
+            "Times this instance set the state bucket's history back to 1, or created the "
+            "bucket again after it was deleted.",
+            namespace=PREFIX,
+            registry=registry,
+        )
+        self.nats_permission_denied_total = Counter(
+            "nats_permission_denied",
+            "Permissions violations the NATS server reported to this instance, by operation.",
+            ("operation",),
+            namespace=PREFIX,
+            registry=registry,
+        )
+        for op in ("publish", "subscribe"):
+            self.nats_permission_denied_total.labels(operation=op)
         self.stream_raised_total = Counter(
             "stream_raised",
             "Times this instance raised the stream back to what its config needs after "

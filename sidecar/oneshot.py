@@ -184,7 +184,7 @@ async def run_now(
             )
         record = ResultRecord.of(job.name, slot, claim.token, config.instance_id, result, True)
         record = after.marked(job, record)
-        recorded = await publish_result(js, spec.name, spec.prefix, record, attempts=5)
+        recorded = bool(await publish_result(js, spec.name, spec.prefix, record, attempts=5))
         after.after_outcome(job, record, result.answer, "manual")
         await after.drain()  # its ping and notifications, bounded
         return ManualRun(claim.token, slot, result, recorded)
@@ -267,10 +267,17 @@ async def resume(config: Config, secrets: Secrets, job: str) -> dict[str, Any] |
     """Delete ``paused.<job>``; the pause it removed, None when the job was not paused."""
     async with connected(config, secrets) as conn:
         js = _js(conn)
+        bucket = state_spec(config).bucket
         try:
-            kv = await js.key_value(state_spec(config).bucket)
+            kv = await js.key_value(bucket)
+        except BucketNotFoundError as exc:
+            raise StreamNotFound(
+                f"state bucket {bucket} does not exist (nats.state_bucket; no sidecar has run "
+                f"with these NATS settings, or it was deleted): nothing is paused there"
+            ) from exc
+        try:
             entry = await kv.get(f"paused.{job}")
-        except (BucketNotFoundError, KeyNotFoundError):
+        except KeyNotFoundError:
             return None
         await kv.delete(f"paused.{job}", last=entry.revision)
         # A resumed job starts counting its failures (pause_after) from 0.

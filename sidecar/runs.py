@@ -25,6 +25,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import APIError
 
+from sidecar.bounds import slot_ms
 from sidecar.claim import MSG_ID, TRANSIENT
 from sidecar.clock import rfc3339
 from sidecar.due import lost_msg_id
@@ -116,10 +117,11 @@ async def publish_result(
     record: ResultRecord,
     timeout: float = 2.0,
     attempts: int = 30,
-) -> bool:
+) -> int:
     """Record a run's result; retried (de-duplicated by a msg id per token).
 
-    Returns False when it could not be recorded; the run then reads as
+    Returns the stored result's sequence (a due key of the next attempt names
+    it), or 0 when it could not be recorded; the run then reads as
     ``running`` in history, which is what a lost result means.
     """
     headers_id = record.msg_id
@@ -127,14 +129,14 @@ async def publish_result(
     backoff = 0.05
     for attempt in range(1, attempts + 1):
         try:
-            await js.publish(
+            ack = await js.publish(
                 result_subject(prefix, record.job),
                 payload,
                 timeout=timeout,
                 stream=stream,
                 headers={MSG_ID: headers_id},
             )
-            return True
+            return int(ack.seq)
         except (*TRANSIENT, APIError) as exc:
             log.warning(
                 "job %s slot %s: recording the result failed (attempt %d): %r",
@@ -145,7 +147,7 @@ async def publish_result(
             )
         await asyncio.sleep(backoff)
         backoff = min(backoff * 2, 2.0)
-    return False
+    return 0
 
 
 # ---------------------------------------------------------------------------- history
@@ -208,8 +210,7 @@ def _claim_of(data: Any, job: str) -> dict[str, Any] | None:
         return None
     ok = (
         isinstance(data.get("token"), str)
-        and isinstance(data.get("slot"), int)
-        and not isinstance(data.get("slot"), bool)  # JSON true is an int to Python
+        and slot_ms(data.get("slot")) is not None  # an int (not JSON true), in range
         and isinstance(data.get("instance"), str)
     )
     return data if ok else None

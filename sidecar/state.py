@@ -39,6 +39,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from sidecar.bucketcheck import BucketFacts, facts_of
 from sidecar.errors import StreamError
 from sidecar.tasks import cancel_all
 
@@ -90,17 +91,24 @@ async def ensure_bucket(js: JetStreamContext, spec: StateSpec) -> Bucket:
     except (BucketNotFoundError, NotFoundError):
         return await _create(js, spec)
     info = await js.stream_info(spec.stream)
-    ttl = bool(getattr(info.config, "allow_msg_ttl", False)) and bool(
-        getattr(info.config, "subject_delete_marker_ttl", None)
-    )
+    facts = facts_of(info)
+    ttl = facts.msg_ttl and facts.marker_ttl is not None
     problem = None
     if not ttl:
+        # Only what is missing is named: the marker TTL alone, or both.
+        missing = [
+            name
+            for name, absent in (
+                ("per-message TTLs (allow_msg_ttl)", not facts.msg_ttl),
+                ("a marker TTL (subject_delete_marker_ttl)", facts.marker_ttl is None),
+            )
+            if absent
+        ]
         problem = (
-            f"state bucket {spec.bucket} was made without per-message TTLs "
-            "(allow_msg_ttl, subject_delete_marker_ttl): instance presence, run leases "
-            "(overlap: skip runs as allow, no lost runs) and retries are off; "
-            f"delete the bucket (nats kv del {spec.bucket}) while no sidecar runs to let "
-            "them create it with TTLs"
+            f"state bucket {spec.bucket} was made without {' and '.join(missing)}: instance "
+            "presence, run leases and retries are off, and jobs that need leases "
+            "(overlap: skip, retry, on_lost: rerun) are not claimed; delete the bucket "
+            f"(nats kv del {spec.bucket}) while no sidecar runs to let them create it right"
         )
     return Bucket(kv, spec, ttl, problem)
 
@@ -134,7 +142,13 @@ async def _create(js: JetStreamContext, spec: StateSpec) -> Bucket:
 
 
 def job_hash(job: JobConfig) -> str:
-    """A short hash of the settings that decide when and how a job runs."""
+    """A short hash of the settings that decide when and how a job runs.
+
+    Not the app's address (``target.url``, ``request.url``: host and port or
+    socket only): each replica calls its own app wherever it listens, and two
+    replicas that differed only in the app's port were flagged "settings
+    differ". Nor the instance's own ports (metrics): they are not hashed.
+    """
     req = job.request
     parts = [
         job.schedule.expr,
@@ -143,7 +157,6 @@ def job_hash(job: JobConfig) -> str:
         repr(job.max_late),
         req.method,
         req.path,
-        req.url or "",
         getattr(job, "catchup", "none"),
     ]
     # Leases and attempts (FLEET.md), only when not the defaults: a job left
@@ -173,6 +186,9 @@ class Entry:
 # between two re-syncs and its marker is gone).
 DELETED = "DEL"
 EXPIRED = "PURGE"
+# The bucket was deleted (and made again) under the watch: its keys vanished
+# without a marker. A lease gone so is judged after lease_ttl (LostRuns).
+REPLACED = "REPLACED"
 
 
 @dataclass(frozen=True)
@@ -305,12 +321,19 @@ def mismatched_jobs(instances: dict[str, dict[str, Any]]) -> set[str]:
 class Watch:
     """Keeps a View in step with the bucket: one watch, re-synced when it may be stale."""
 
-    def __init__(self, bucket: Bucket, view: View) -> None:
+    def __init__(
+        self, bucket: Bucket, view: View, on_changed: Callable[[], None] | None = None
+    ) -> None:
         self.bucket = bucket
         self.view = view
         self._watcher: Any = None
         self._pump: asyncio.Task[None] | None = None
         self._resync = asyncio.Event()
+        # Called when the watchdog sees the bucket's settings change, or the bucket
+        # deleted or made again (its creation time changed): the Fleet checks it.
+        self.on_changed = on_changed
+        self._facts: BucketFacts | None = None
+        self.replaced = False  # the bucket went away since the last full read
 
     def resync(self) -> None:
         """Start a fresh watch (after a reconnect, or when the watchdog says so)."""
@@ -328,7 +351,11 @@ class Watch:
                         await asyncio.wait_for(self._resync.wait(), WATCHDOG_EVERY)
                     if self._resync.is_set():
                         break
-                    info = await self.bucket.kv._js.stream_info(self.bucket.spec.stream)
+                    info = await self._info()
+                    facts = facts_of(info)
+                    if facts != self._facts:
+                        self._bucket_changed(facts)
+                        break
                     if int(info.state.last_seq) > self.view.last_revision:
                         behind += 1
                         if behind >= 2:
@@ -344,8 +371,37 @@ class Watch:
                 await asyncio.sleep(1.0)
             await self._stop()
 
+    async def _info(self) -> Any:
+        """The bucket's stream info; a missing bucket is a change the Fleet is told of."""
+        try:
+            return await self.bucket.kv._js.stream_info(self.bucket.spec.stream)
+        except NotFoundError:
+            if not self.replaced:
+                log.warning("state bucket %s disappeared", self.bucket.spec.bucket)
+                self._bucket_changed(None)
+            raise
+
+    def _bucket_changed(self, facts: BucketFacts | None) -> None:
+        old = self._facts
+        if facts is None or (old is not None and facts.created != old.created):
+            self.replaced = True
+            if facts is not None:
+                log.warning(
+                    "state bucket %s was deleted and made again under this sidecar; "
+                    "re-reading it and checking its settings",
+                    self.bucket.spec.bucket,
+                )
+        self._facts = facts
+        if self.on_changed is not None:
+            self.on_changed()
+
     async def _start(self) -> None:
         self._resync.clear()
+        info = await self._info()
+        facts = facts_of(info)
+        if self._facts is not None and facts.created != self._facts.created:
+            self._bucket_changed(facts)
+        self._facts = facts
         fresh = View(on_change=None, keep_markers=True)
         watcher = await self.bucket.kv.watchall()
         self._watcher = watcher
@@ -360,11 +416,21 @@ class Watch:
         changed = set(self.view.keys) ^ set(fresh.keys) | {
             k for k in fresh.keys if k in self.view.keys and self.view.keys[k] != fresh.keys[k]
         }
+        replaced, self.replaced = self.replaced, False
         gone = [
             Removal(key, entry, *fresh.markers.get(key, (None, None)))
             for key, entry in self.view.keys.items()
             if key not in fresh.keys
         ]
+        if replaced:
+            # Every key of the old bucket vanished without a marker; a key of the
+            # same name in the new one (another holder's lock) is not the old one.
+            gone = [
+                Removal(key, entry, REPLACED, None)
+                for key, entry in self.view.keys.items()
+                if key not in fresh.keys
+                or fresh.keys[key].value.get("token") != entry.value.get("token")
+            ]
         self.view.keys = fresh.keys
         self.view._jobs_seen = fresh._jobs_seen
         self.view.lock_markers = fresh.lock_markers

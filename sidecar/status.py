@@ -15,6 +15,8 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
+from sidecar.bounds import attempt_no, slot_ms
+from sidecar.bucketcheck import check_bucket
 from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config
 from sidecar.due import lease_job
@@ -63,12 +65,12 @@ def running(view: View, job: str, now_ms: int) -> list[dict[str, Any]]:
             seconds = (
                 max(0.0, now_ms / 1000 - parse_rfc3339(since)) if isinstance(since, str) else None
             )
-        except ValueError:
+        except (ValueError, OverflowError, OSError):  # hostile input: not shown
             seconds = None
         out.append(
             {
-                "slot": rfc3339(v["slot"] / 1000) if isinstance(v.get("slot"), int) else None,
-                "attempt": v.get("attempt", 1),
+                "slot": rfc3339(slot / 1000) if (slot := slot_ms(v.get("slot"))) else None,
+                "attempt": attempt_no(v.get("attempt"), 1),
                 "instance": v.get("instance"),
                 "since": since,
                 "seconds": round(seconds, 1) if seconds is not None else None,
@@ -124,8 +126,17 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
                 "stream_problem": held.get(job.name),
             }
         )
+    bucket: dict[str, Any] = {"name": state_spec(config).bucket, "problem": None}
+    try:
+        check = await check_bucket(js, state_spec(config), config.nats.lease_ttl, fix=False)
+        bucket["problem"] = check.problem
+    except NotFoundError:
+        bucket["problem"] = "the state bucket does not exist (a running sidecar creates it)"
+    except Exception:  # no answer: the rest is still shown
+        pass
     return {
         "stream": stream,
+        "state_bucket": bucket,
         "instances": [
             {
                 "id": instance,

@@ -434,7 +434,9 @@ def test_compose_prometheus_config_loads_the_shipped_rules(
 # ------------------------------------------------------------------ NATS
 
 
-NATS_CONFS = sorted(DEPLOY.rglob("*.conf"))
+# deploy/nats/permissions.conf is a fragment to include, not a server config: it is
+# loaded by the servers of tests/test_permissions.py and tests/test_security.py.
+NATS_CONFS = sorted(p for p in DEPLOY.rglob("*.conf") if p.name != "permissions.conf")
 
 
 @pytest.mark.parametrize("conf", NATS_CONFS, ids=lambda p: str(p.relative_to(DEPLOY)))

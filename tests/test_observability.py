@@ -76,18 +76,43 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_runs_overdue": ("gauge", frozenset({"job"})),
     "anarchon_job_consecutive_failures": ("gauge", frozenset({"job"})),
     "anarchon_job_auto_paused": ("gauge", frozenset({"job"})),
+    # The state bucket checked like the stream, hostile input, permissions (issue 25).
+    "anarchon_hostile_input_total": ("counter", frozenset({"what"})),
+    "anarchon_state_bucket_ok": ("gauge", frozenset()),
+    "anarchon_state_bucket_checks_total": ("counter", frozenset()),
+    "anarchon_state_bucket_fixed_total": ("counter", frozenset()),
+    "anarchon_nats_permission_denied_total": ("counter", frozenset({"operation"})),
     "anarchon_nats_connected": ("gauge", frozenset()),
     "anarchon_nats_reconnects_total": ("counter", frozenset()),
     "anarchon_build_info": ("gauge", frozenset({"version"})),
 }
 SPEC_LABEL_VALUES = {
-    "reason": {"late", "disconnected", "shutdown", "stream", "paused", "overlap", "retry", "lost"},
+    "reason": {
+        "late",
+        "disconnected",
+        "shutdown",
+        "stream",
+        "paused",
+        "bucket",
+        "overlap",
+        "retry",
+        "lost",
+    },
     "status": {"succeeded", "failed", "skipped", "lost"},
+    "what": {"due_key", "value"},
+    "operation": {"publish", "subscribe"},
 }
 # The reasons of each metric with a reason label.
 REASONS = {
-    "anarchon_claims_skipped_total": {"late", "disconnected", "shutdown", "stream", "paused"},
-    "anarchon_runs_skipped_total": {"overlap"},
+    "anarchon_claims_skipped_total": {
+        "late",
+        "disconnected",
+        "shutdown",
+        "stream",
+        "paused",
+        "bucket",
+    },
+    "anarchon_runs_skipped_total": {"overlap", "bucket"},
     "anarchon_attempts_due_total": {"retry", "lost"},
 }
 # Per-job series made when first used, and why: only jobs with a ping have pings.
@@ -114,6 +139,9 @@ ALERTS = {
     "AnarchonRunsAnomalous",
     "AnarchonPingsFailing",
     "AnarchonNotificationsFailing",
+    "AnarchonNatsPermissionDenied",
+    "AnarchonStateBucketUnfit",
+    "AnarchonHostileInput",
 }
 # Alert expressions that may match on a healthy fleet, and why. Every other
 # alert expression must be empty while the sidecars run normally.

@@ -3,7 +3,8 @@
 Against a real nats-server. Without NATS permissions, another client of the
 account can make every sidecar skip a slot (a forged claim) and put a forged
 result in history, even over the real one. With the permissions SECURITY.md
-gives (the block is read from the file itself), the sidecar still does all it
+gives (the block is read from the file itself, with the
+permissions.conf it includes), the sidecar still does all it
 needs, and the other user can neither publish claims or results, nor see the
 claims (and their reply subjects), nor answer anybody's request.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -120,17 +122,20 @@ async def test_a_forged_result_replaces_the_real_one_in_history(
 
 def permissions_block() -> str:
     text = (ROOT / "SECURITY.md").read_text()
-    blocks = re.findall(r"```text\n(authorization \{.*?)```", text, flags=re.DOTALL)
-    assert len(blocks) == 1, "SECURITY.md: one ```text block starting `authorization {`"
+    blocks = re.findall(r"```text\n(include \"permissions\.conf\"\n.*?)```", text, re.DOTALL)
+    assert len(blocks) == 1, "SECURITY.md: one ```text block starting with the include"
     return str(blocks[0])
 
 
 @pytest.fixture
 def guarded_nats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[NatsServer]:
-    # The block reads the passwords from the server's environment.
+    # The block reads the passwords from the server's environment, and includes
+    # deploy/nats/permissions.conf, copied next to the server's config.
     monkeypatch.setenv("ANARCHON_NATS_PASSWORD", "sidecar-pw")
     monkeypatch.setenv("APP_NATS_PASSWORD", "app-pw")
     server = NatsServer(tmp_path / "guarded", extra_conf=permissions_block())
+    server.store_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "deploy" / "nats" / "permissions.conf", server.store_dir)
     server.start()
     yield server
     server.stop()

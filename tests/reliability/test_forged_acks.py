@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,9 @@ FAKE_ACK = b'{"stream":"CRON","seq":1}'
 
 
 def permissions_block() -> str:
+    """SECURITY.md's block: it includes deploy/nats/permissions.conf (copied beside)."""
     text = (ROOT / "SECURITY.md").read_text()
-    (block,) = re.findall(r"```text\n(authorization \{.*?)```", text, flags=re.DOTALL)
+    (block,) = re.findall(r"```text\n(include \"permissions\.conf\"\n.*?)```", text, re.DOTALL)
     return str(block)
 
 
@@ -103,6 +105,8 @@ async def test_forged_acks(
     monkeypatch.setenv("ANARCHON_NATS_PASSWORD", "sidecar-pw")
     monkeypatch.setenv("APP_NATS_PASSWORD", "app-pw")
     guarded = NatsServer(tmp_path / "guarded", extra_conf=permissions_block())
+    guarded.store_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "deploy" / "nats" / "permissions.conf", guarded.store_dir)
     guarded.start()
     try:
         guarded_wins, guarded_sent = await victim_wins(
