@@ -5,4 +5,4 @@ in NATS JetStream by message de-duplication, and only the winner calls the
 app's local endpoint.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

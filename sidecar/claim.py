@@ -143,6 +143,9 @@ class Claimer:
     # The JetStream domain every ack must name, once known (``check_domain``).
     domain: str | None = None
     check_domain: bool = False
+    # Told when a publish got no answer for the whole ack_timeout while connected
+    # (``Connection.unanswered``: the server may not reach the stream's leader).
+    on_unanswered: Callable[[], None] | None = None
 
     def subject(self, job: str) -> str:
         return f"{self.prefix}{job}.claims"
@@ -198,11 +201,12 @@ class Claimer:
             ever_connected = True
             attempts += 1
             started = self.clock.monotonic()
+            timeout = max(0.001, min(self.ack_timeout, remaining))
             try:
                 ack = await self.js.publish(
                     subject,
                     body,
-                    timeout=max(0.001, min(self.ack_timeout, remaining)),
+                    timeout=timeout,
                     stream=self.stream,
                     headers={MSG_ID: msg_id},
                 )
@@ -214,6 +218,9 @@ class Claimer:
                 last_error = f"{type(exc).__name__} (err_code {exc.err_code})"
             except TRANSIENT as exc:
                 last_error = type(exc).__name__
+                unanswered = isinstance(exc, (NatsTimeoutError, asyncio.TimeoutError))
+                if unanswered and timeout >= self.ack_timeout and self.on_unanswered is not None:
+                    self.on_unanswered()
             else:
                 ack_seconds = self.clock.monotonic() - started
                 if foreign := self.foreign(ack.stream, ack.domain):

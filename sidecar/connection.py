@@ -17,11 +17,13 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
+from nats.errors import StaleConnectionError
 from nats.js import JetStreamContext
 
 from sidecar.config import Config, Secrets
@@ -48,6 +50,13 @@ DRAIN_TIMEOUT = 3.0
 # while the other servers could have taken its claims.
 PING_INTERVAL = 2
 MAX_OUTSTANDING_PINGS = 2
+# A server that answers PINGs but not JetStream (cut from the stream's leader
+# while the other servers reach it: a bridge), or a black hole the pings have
+# not caught yet (4-6 s, as long as a slot's max_late), is left as soon as a
+# claim went unanswered for its whole ack timeout (``Connection.unanswered``),
+# for the next server in the list; at most once in this many seconds, so that
+# an election, when no server can answer, costs a hop or two, not a storm.
+HOP_EVERY = 5.0
 
 
 def tls_context(config: Config) -> ssl.SSLContext | None:
@@ -105,6 +114,11 @@ class Client(NATS):
         ):
             info["tls_required"] = True  # the same dict as self._server_info
         return super()._process_info(info, initial_connection)
+
+    @property
+    def cluster(self) -> str | None:
+        """The cluster of the server connected to, from its INFO; None outside one."""
+        return (self._server_info or {}).get("cluster") or None
 
     def _connect_command(self) -> bytes:
         writer = getattr(self._transport, "_io_writer", None)
@@ -181,6 +195,8 @@ class Connection:
         self.on_reconnect: list[Callable[[], None]] = []
         # NATS down means one error per reconnect attempt, every second: say it once a minute.
         self.warnings = RateLimitedLog(log)
+        self._hopped = -HOP_EVERY  # monotonic time of the last hop (``unanswered``)
+        self._hop: asyncio.Future[None] | None = None
         # Permissions violations: a reason for /readyz, a metric, one line a minute.
         self.denials = Denials(metrics, config.nats.user)
 
@@ -236,7 +252,38 @@ class Connection:
             log.warning("disconnected from NATS; reconnecting")
         self._set_connected(False)
 
+    def unanswered(self) -> None:
+        """A claim got no answer for its whole ack timeout while connected: leave
+        this server for the next one (see HOP_EVERY). Safe: a claim is asked again
+        with the same id and token wherever it goes, and only a stored one wins."""
+        nc = self.nc
+        if nc is None or self.closing or not nc.is_connected:
+            return
+        current = getattr(nc, "_current_server", None)
+        pool = getattr(nc, "_server_pool", None)
+        if not isinstance(pool, list) or current not in pool or len(pool) < 2:
+            return  # one server: nowhere else to go (the pings judge it)
+        now = time.monotonic()
+        if now - self._hopped < HOP_EVERY:
+            return
+        self._hopped = now
+        # The next server, not a shuffle that may pick this one again.
+        pool.remove(current)
+        pool.append(current)
+        nc.options["dont_randomize"] = True  # until reconnected
+        url = nc.connected_url.netloc if nc.connected_url else "?"
+        log.warning(
+            "NATS at %s did not answer a claim within nats.ack_timeout; trying another server",
+            redact_url(url),
+        )
+        force = getattr(nc, "force_reconnect", None)  # nats-py 2.10+
+        self._hop = asyncio.ensure_future(
+            force() if force is not None else nc._process_op_err(StaleConnectionError())
+        )
+
     async def _on_reconnected(self) -> None:
+        if self.nc is not None:
+            self.nc.options["dont_randomize"] = False
         self.warnings.clear_prefix("nats:")
         self._set_connected(True)
         if self.metrics is not None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from sidecar import __version__
 from sidecar.claim import Claimer
 from sidecar.clock import Clock
 from sidecar.config import Config, Secrets
@@ -28,13 +29,14 @@ from sidecar.guard import StreamGuard
 from sidecar.job import Jobs
 from sidecar.metrics import Metrics
 from sidecar.server import AdminServer
-from sidecar.signing import Signer
+from sidecar.signing import signer_for
 from sidecar.stream import stream_spec
 from sidecar.tasks import cancel_all
 from sidecar.tracing import span_exporter
 from sidecar.trigger import Trigger
+from sidecar.values import is_remote
 
-__all__ = ["Daemon", "stream_spec"]
+__all__ = ["Daemon", "start", "stream_spec"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class Daemon:
         )
         self.conn.on_reconnect.append(self.fleet.reconnected)
         self.jobs: Jobs | None = None
+        self.stop_asked = 0.0  # clock.monotonic() of the first stop
         self.admin = AdminServer(
             self.registry, self.config.metrics.host, self.config.metrics.port, self.not_ready
         )
@@ -96,6 +99,7 @@ class Daemon:
     def stop(self) -> None:
         if not self.stopping.is_set():
             log.info("stopping: no new claims; draining running triggers")
+            self.stop_asked = self.clock.monotonic()
             self.stopping.set()
             if self.jobs is not None:
                 self.jobs.wake()
@@ -118,13 +122,10 @@ class Daemon:
                 self.clock,
                 self.config.nats.ack_timeout,
                 self.conn.wait_connected,
+                on_unanswered=self.conn.unanswered,
             )
             self.guard.on_domain.append(lambda domain: _expect_domain(claimer, domain))
-            signer = Signer.of(
-                self.secrets.signing_secret,
-                self.secrets.signing_secret_next,
-                self.config.target.signing_v1,
-            )
+            signer = signer_for(self.config, self.secrets)
             async with Trigger(signer, self.clock, self.config.instance_id) as trigger:
                 jobs = Jobs(
                     self.config,
@@ -160,7 +161,7 @@ class Daemon:
                 await cancel_all([*claiming, *jobs.side_tasks])
                 await self.drain()
                 await jobs.aftermath.drain()  # pings and notifications of the last runs
-                await self.fleet.stop()
+                await self.fleet.stop(self.conn.connected.is_set())
                 await cancel_all([watcher])
             await self.conn.close(drain=True)
             log.info("stopped")
@@ -177,9 +178,12 @@ class Daemon:
         """Wait for running triggers up to the grace period; cancel the rest."""
         if not self.runs:
             return
+        # The grace counts from the stop, not from the end of the claims' drain:
+        # with NATS gone, both would otherwise add up.
         grace = self.config.shutdown_grace
-        log.info("waiting up to %gs for %d running trigger(s)", grace, len(self.runs))
-        _, pending = await asyncio.wait(set(self.runs), timeout=grace)
+        left = max(0.0, grace - (self.clock.monotonic() - self.stop_asked))
+        log.info("waiting up to %.3gs for %d running trigger(s)", left, len(self.runs))
+        _, pending = await asyncio.wait(set(self.runs), timeout=left)
         await cancel_all(pending)
 
 
@@ -187,3 +191,26 @@ def _expect_domain(claimer: Claimer, domain: str | None) -> None:
     """From now on every claim's ack must name this JetStream domain."""
     claimer.domain = domain
     claimer.check_domain = True
+
+
+async def start(config: Config, secrets: Secrets, clock: Clock) -> int:
+    """`anarchon-sidecar run`: say what starts and what is risky, then run until stopped."""
+    if clock.offset:
+        log.warning("wall clock shifted by %gs (ANARCHON_CLOCK_OFFSET)", clock.offset)
+    signer = signer_for(config, secrets)
+    log.info(
+        "anarchon-sidecar %s starting: instance=%s jobs=%d stream=%s signing=%s",
+        __version__,
+        config.instance_id,
+        len(config.jobs),
+        config.nats.stream,
+        signer.describe() if signer else "off",
+    )
+    remote = [job.name for job in config.jobs if is_remote(job.request.url)]
+    if remote and signer is None:
+        log.warning(
+            "job(s) %s trigger a remote app without a signature: anyone who can reach it "
+            "can trigger them too; set target.signing_secret_file (SECURITY.md)",
+            ", ".join(remote),
+        )
+    return await Daemon(config, secrets, clock).run()

@@ -5,6 +5,13 @@ removed at the end. The demo watches the claims and results on core NATS (a
 duplicate claim is still published, only not stored) and prints one line per
 slot: which instance won, which lost, and how the app answered. At the end it
 compares the app's own count of requests with the slots it saw.
+
+Ctrl-C reaches the whole process group of a terminal: the nats-server and the
+sidecars run in sessions of their own, so that only the demo hears it and
+stops them in order, the sidecars first (they record their last runs while
+NATS is still there), then the nats-server, each with a bounded wait and
+SIGKILL after it. Exit 0 after a clean stop; 130 when the stop came before
+the demo was up.
 """
 
 from __future__ import annotations
@@ -31,6 +38,15 @@ from nats.aio.msg import Msg
 
 INSTANCES = ("demo-1", "demo-2", "demo-3")
 JOB = "tick"
+# The sidecars' shutdown_grace, and how much longer the demo waits for one to exit.
+GRACE = 3.0
+EXIT_WAIT = GRACE + 3.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+INTERRUPTED = 130
+
+
+class Stopped(Exception):
+    """A stop signal came while the demo was still starting."""
 
 
 def nats_server_path() -> str | None:
@@ -94,9 +110,13 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-async def _wait_port(port: int, proc: asyncio.subprocess.Process, timeout: float) -> None:
+async def _wait_port(
+    port: int, proc: asyncio.subprocess.Process, timeout: float, stop: asyncio.Event
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if stop.is_set():
+            raise Stopped
         if proc.returncode is not None:
             raise RuntimeError(f"nats-server exited with {proc.returncode}")
         with contextlib.suppress(OSError):
@@ -119,11 +139,13 @@ async def _status_of(port: int, path: str) -> int:
 
 
 async def _wait_ready(
-    ports: list[int], procs: list[asyncio.subprocess.Process], timeout: float
+    ports: list[int], procs: list[asyncio.subprocess.Process], timeout: float, stop: asyncio.Event
 ) -> None:
     deadline = time.monotonic() + timeout
     for port in ports:
         while True:
+            if stop.is_set():
+                raise Stopped
             if any(p.returncode is not None for p in procs):
                 raise RuntimeError("a demo process exited early")
             with contextlib.suppress(OSError, ValueError, IndexError):
@@ -147,7 +169,7 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
 
     procs: list[asyncio.subprocess.Process] = []
@@ -167,9 +189,10 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
             str(workdir / "js"),
             stdout=nats_log,
             stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # a terminal's Ctrl-C is for the demo only
         )
         procs.append(server)
-        await _wait_port(port, server, 15)
+        await _wait_port(port, server, 15, stop)
 
         app = ToyApp()
         app_port = free_port()
@@ -185,6 +208,7 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
                 "nats": {"servers": [f"nats://127.0.0.1:{port}"]},
                 "metrics": {"listen": f"127.0.0.1:{metrics_port}"},
                 "target": {"url": f"http://127.0.0.1:{app_port}"},
+                "shutdown_grace": f"{GRACE:g}s",
                 "jobs": [
                     {
                         "name": JOB,
@@ -207,11 +231,12 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
                     str(path),
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
                 )
             )
             say(f"sidecar      {name}  metrics http://127.0.0.1:{metrics_port}/metrics")
             ready_ports.append(metrics_port)
-        await _wait_ready(ready_ports, procs, 30)
+        await _wait_ready(ready_ports, procs, 30, stop)
         # Only slots after all three are ready: each is claimed by all of them.
         first_slot_ms = (int(time.time()) + 1) * 1000
         say(f"job {JOB!r} runs every {period} s; each line is one slot. Ctrl-C stops.\n")
@@ -255,10 +280,7 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), duration)
         say("\nstopping: SIGTERM to the sidecars (they drain), then the app and nats-server")
-        for proc in procs[1:]:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-        codes = [await asyncio.wait_for(p.wait(), 40) for p in procs[1:]]
+        codes = await _stop_all(procs[1:])
         await asyncio.sleep(0.2)  # the last results reach the watcher
         for slot_ms in sorted(slots):
             report(slot_ms)
@@ -266,22 +288,39 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
         doubles = sum(1 for n in ran.values() if n > 1)
         say(f"{len(ran)} slot(s) triggered, {doubles} more than once; sidecars exited with {codes}")
         return 0 if doubles == 0 and all(c == 0 for c in codes) else 1
+    except Stopped:
+        say("\nstopped before the demo was up")
+        return INTERRUPTED
+    except RuntimeError as exc:
+        print(f"anarchon-sidecar demo: {exc} (logs in {workdir})", file=sys.stderr)
+        return 1
     finally:
+        # The sidecars first, while NATS is there to record their last runs.
+        await _stop_all(procs[1:])
         if nc is not None:
-            await nc.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), 2)
         if app_server is not None:
             app_server.close()
-        for proc in procs:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
-                try:
-                    await asyncio.wait_for(proc.wait(), 10)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        await _stop_all(procs[:1])
+        for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
+
+
+async def _stop_all(procs: list[asyncio.subprocess.Process]) -> list[int]:
+    """SIGTERM each, wait up to EXIT_WAIT for all, SIGKILL the rest: their exit codes."""
+    for proc in procs:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+    waits = [asyncio.ensure_future(proc.wait()) for proc in procs]
+    if waits:
+        await asyncio.wait(waits, timeout=EXIT_WAIT)
+    for proc in procs:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+    return [await proc.wait() for proc in procs]
 
 
 def run_demo(duration: float | None, period: int = 2) -> int:
@@ -289,5 +328,7 @@ def run_demo(duration: float | None, period: int = 2) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="anarchon-demo-"))
     try:
         return asyncio.run(_demo(duration, period, workdir))
+    except KeyboardInterrupt:  # before the demo's own handler was installed; it cleaned up
+        return INTERRUPTED
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -4,6 +4,7 @@
      ├── ConfigError            a config key is wrong; exit 2, the message names the key
      ├── ConnectError           NATS could not be reached at start; exit 3
      ├── UnknownJob             a job name neither in the config nor in the stream; exit 2
+     ├── ListenError            metrics.listen is valid but this host refuses it (busy); exit 4
      ├── StreamError            JetStream refused to create, update or read the stream
      │    ├── StreamNotFound    the stream does not exist (yet)
      │    ├── StreamConflict    another stream captures our subjects (final; exit 2)
@@ -21,6 +22,9 @@ into our code, with ``raise ... from exc``. Losing a claim is not an error.
 """
 
 from __future__ import annotations
+
+import errno
+import os
 
 
 class SidecarError(Exception):
@@ -47,6 +51,24 @@ class UnknownJob(SidecarError):
         super().__init__(f"no job named {name!r}")
         self.name = name
         self.known = known
+
+
+class ListenError(SidecarError):
+    """The admin port cannot be opened: in use by another process, or not allowed."""
+
+    def __init__(self, host: str, port: int, exc: OSError) -> None:
+        # asyncio words its own strerror ("error while attempting to bind on ..."): not ours.
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        why = why[:1].lower() + why[1:]
+        if exc.errno == errno.EADDRINUSE:
+            why += ": another process on this host listens there (a second sidecar with the same"
+            why += " metrics.listen?)"
+        elif exc.errno == errno.EACCES:
+            why += ": ports below 1024 need root or CAP_NET_BIND_SERVICE"
+        elif exc.errno == errno.EADDRNOTAVAIL:
+            why += ": no interface of this host has that address"
+        super().__init__(f"cannot listen on {host}:{port} (metrics.listen): {why}")
+        self.port = port
 
 
 class StreamError(SidecarError):

@@ -19,6 +19,8 @@ fires (unlimited without it). Actions:
                 on waking, without suspending the machine)
 ``ackloss``     raises nats-py's TimeoutError, as if the answer was lost (the
                 point comes after the request was sent)
+``timeout(S)``  waits S seconds, then raises nats-py's TimeoutError: a request
+                nobody answers within its timeout (a stream without a leader)
 ``off``         nothing
 =============== ==============================================================
 
@@ -29,6 +31,8 @@ Points (``POINTS``):
   answer is read.
 - ``claim.before_retry``: a claim had no definite answer and will be asked
   again.
+- ``lease.create``: a run lease (or lock) is about to be created in the state
+  bucket (``ackloss``: as if its stream had no leader to answer).
 - ``trigger.before_send``: the connection to the app is open, the request
   not yet written.
 
@@ -57,11 +61,17 @@ log = logging.getLogger(__name__)
 
 ENV = "ANARCHON_FAILPOINTS"
 POINTS = frozenset(
-    {"claim.won", "claim.after_publish", "claim.before_retry", "trigger.before_send"}
+    {
+        "claim.won",
+        "claim.after_publish",
+        "claim.before_retry",
+        "lease.create",
+        "trigger.before_send",
+    }
 )
 _ENTRY = re.compile(
     r"^(?P<name>[a-z._]+)=(?:(?P<count>\d+)\*)?"
-    r"(?P<action>sigstop|ackloss|off|(?:sleep|suspend)\((?P<seconds>\d+(?:\.\d+)?)\))$"
+    r"(?P<action>sigstop|ackloss|off|(?:sleep|suspend|timeout)\((?P<seconds>\d+(?:\.\d+)?)\))$"
 )
 
 
@@ -124,4 +134,7 @@ async def hit(name: str) -> None:
     elif point.action == "suspend":
         clock.simulate_suspend(point.seconds)
     elif point.action == "ackloss":
+        raise NatsTimeoutError
+    elif point.action == "timeout":
+        await asyncio.sleep(point.seconds)
         raise NatsTimeoutError

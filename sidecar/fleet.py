@@ -21,7 +21,11 @@ from nats.js.errors import NotFoundError
 from sidecar import __version__
 from sidecar.bucketcheck import check_bucket, needs_leases
 from sidecar.clock import Clock, rfc3339
+from sidecar.lease import Keys
+from sidecar.orphans import Orphans
+from sidecar.servers import version_problem
 from sidecar.state import (
+    HASH_KIND,
     PRESENCE_RENEW,
     PRESENCE_TTL,
     Bucket,
@@ -57,6 +61,8 @@ class Fleet:
         self.clock = clock
         self.spec = state_spec(config)
         self.view = View(on_change=self._changed, on_removed=self._removed)
+        # The keys of jobs that no live instance runs any more (sidecar/orphans.py).
+        self.orphans = Orphans(config, self.view, clock)
         # Told of every key the watch delivers, and of every key that left the view.
         self.key_listeners: list[Callable[[str], None]] = []
         self.removal_listeners: list[Callable[[Removal], None]] = []
@@ -77,6 +83,7 @@ class Fleet:
             "version": __version__,
             "started_at": self._started_at,
             "jobs": {job.name: job_hash(job) for job in config.jobs},
+            "digest": HASH_KIND,  # the kind of those hashes (state.mismatched_jobs)
             "metrics": f"{config.metrics.host}:{config.metrics.port}",
         }
 
@@ -85,11 +92,12 @@ class Fleet:
     def start(self, js: JetStreamContext) -> None:
         self._tasks.append(asyncio.create_task(self._run(js)))
 
-    async def stop(self) -> None:
-        """Stop watching and leave the fleet: the instance key is deleted."""
+    async def stop(self, connected: bool = True) -> None:
+        """Stop watching and leave the fleet: the instance key is deleted (when
+        `connected`; else its TTL removes it, and the exit does not wait for NATS)."""
         await cancel_all(self._tasks)
         self._tasks.clear()
-        if self.bucket is not None and self.bucket.ttl:
+        if connected and self.bucket is not None and self.bucket.ttl:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
                     self.bucket.kv.delete(f"instance.{self.config.instance_id}"), 2.0
@@ -133,10 +141,13 @@ class Fleet:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BUCKET_BACKOFF_MAX)
         await self._check(js)
+        if too_old := version_problem(str(js._nc.connected_server_version)):
+            log.warning("%s", too_old)
         self.watch = Watch(self.bucket, self.view, self._recheck.set)
         await self._watch_advisories(js)
         self._tasks.append(asyncio.create_task(self.watch.run()))
         self._tasks.append(asyncio.create_task(self._presence()))
+        self._tasks.append(asyncio.create_task(self.orphans.run(Keys(self.bucket))))
         while True:
             self._recheck.clear()
             with contextlib.suppress(TimeoutError):

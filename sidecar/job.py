@@ -48,7 +48,7 @@ from sidecar.duecheck import Backed, Hostile, backing, config_problem
 from sidecar.errors import ClaimError
 from sidecar.fleet import Fleet
 from sidecar.guard import REPEAT_LOG, StreamGuard
-from sidecar.lease import KeyHeld, Keys, Lease, LostRuns, make_due
+from sidecar.lease import RUN_LEASE_WAIT, KeyHeld, Keys, Lease, LostRuns, make_due
 from sidecar.metrics import Metrics
 from sidecar.ratelog import RateLimitedLog
 from sidecar.runs import (
@@ -123,6 +123,7 @@ class Jobs:
         self._due: set[str] = set()  # due keys this sidecar waits for
         self._refused: set[tuple[str, int]] = set()  # hostile due keys (key, revision) said
         self.lost = LostRuns(config, metrics, clock, js, self.spec, self.keys)
+        self.lost.judges_foreign = fleet.orphans.judges
         self.lost.view = fleet.view  # leases of a replaced bucket are looked for again
         # Pings, notifications, auto-pause, anomalies, spans (sidecar/aftermath.py).
         self.aftermath = Aftermath(config, metrics, clock, self.keys, _secret(trigger), fleet)
@@ -533,18 +534,27 @@ class Jobs:
                     deadline,
                     self.fleet.view.lock_markers.get(key, 0),
                 )
+                if job.overlap != "skip":
+                    # A run lease only lets the fleet see a dead runner: the run
+                    # waits for it a moment at most (lease.RUN_LEASE_WAIT).
+                    stack.push_async_exit(lease)
+                    wait = min(RUN_LEASE_WAIT, max(0.0, deadline - self.clock.monotonic()) / 2)
+                    if not await lease.start(wait):
+                        log.warning(
+                            "lease %s not created within %.1fs; running, creating it meanwhile",
+                            key,
+                            wait,
+                        )
+                    await self._run(job, claim, deadline)
+                    return
                 try:
                     await stack.enter_async_context(lease)
                 except KeyHeld as held:
-                    if job.overlap == "skip":
-                        await self._skipped(job, claim, held.value)
-                        return
-                    log.warning("lease %s exists already; running without it", key)
+                    await self._skipped(job, claim, held.value)
+                    return
                 except Exception as exc:
-                    if job.overlap == "skip":
-                        await self._not_run(job, claim, f"{key} not taken: {exc!r}")
-                        return
-                    log.warning("lease %s not created (%r); running without it", key, exc)
+                    await self._not_run(job, claim, f"{key} not taken: {exc!r}")
+                    return
             await self._run(job, claim, deadline)
 
     async def _run(self, job: JobConfig, claim: Claim, deadline: float) -> None:

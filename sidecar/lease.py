@@ -39,6 +39,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 from nats.js.errors import APIError, NotFoundError
 
+from sidecar import failpoints
 from sidecar.bounds import attempt_no, epoch_s, seq_no, slot_ms
 from sidecar.claim import MSG_ID, TRANSIENT, new_token, token_of
 from sidecar.clock import Clock, parse_rfc3339, rfc3339
@@ -70,6 +71,12 @@ MARKER_REASON = "Nats-Marker-Reason"
 CAS_CONFLICT = (10071, 10164)
 # How long a write may wait for its ack.
 WRITE_TIMEOUT = 2.0
+# The longest a won run waits for its run lease before it triggers the app
+# (``Lease.start``); the create goes on meanwhile. The state bucket's stream has
+# a Raft leader of its own: when that leader is lost and the claims' is not, a
+# new one takes the election timeout (4-9 s), and a run that waited for its
+# lease until slot + max_late was never sent (found by the nemesis).
+RUN_LEASE_WAIT = 1.0
 # ... when the server refused its subject lately (a permissions violation).
 DENIED_TIMEOUT = 0.5
 # After a spurious CAS conflict, the renewal is asked again after this, doubled
@@ -263,19 +270,64 @@ class Lease:
         self.lost = False
         self.renewals = 0
         self.renewed_at = 0.0  # monotonic time of the last write that set the TTL
+        self.created = False
+        self._created = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Lease:
         """Create the key; KeyHeld when it is live, NATS errors when no answer came."""
         self.revision = await _until_answered(
-            f"lease {self.key}",
-            lambda: self.keys.create(self.key, self.value, self.ttl, self.marker),
-            self.clock,
-            self.deadline,
+            f"lease {self.key}", self._create, self.clock, self.deadline
         )
         self.renewed_at = self.clock.monotonic()
+        self.created = True
         self._renewer = asyncio.create_task(self._renew())
         return self
+
+    async def start(self, wait: float) -> bool:
+        """Create the key without holding the run up: True when it was created
+        within `wait` seconds.
+
+        For a run lease (not a lock): the create is asked again in the background
+        while the run goes on, until it is created (then renewed as usual) or the
+        block ends (``__aexit__``). A run started without its lease is not seen
+        lost if its runner dies before the create gets through; a run held back
+        until slot + max_late is never sent at all.
+        """
+        self._renewer = asyncio.create_task(self._create_then_renew())
+        done = asyncio.ensure_future(self._created.wait())
+        try:
+            await asyncio.wait(
+                {self._renewer, done}, timeout=wait, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            done.cancel()
+        return self.created
+
+    async def _create(self) -> int:
+        if failpoints.ENABLED:
+            await failpoints.hit("lease.create")
+        return await self.keys.create(self.key, self.value, self.ttl, self.marker)
+
+    async def _create_then_renew(self) -> None:
+        began = self.clock.monotonic()
+        try:
+            self.revision = await _until_answered(
+                f"lease {self.key}", self._create, self.clock, math.inf
+            )
+        except KeyHeld:
+            log.warning("lease %s exists already; running without it", self.key)
+            return
+        except Exception as exc:  # a definite refusal: the run goes on without it
+            log.warning("lease %s not created (%r); running without it", self.key, exc)
+            return
+        self.renewed_at = self.clock.monotonic()
+        self.created = True
+        self._created.set()
+        took = self.renewed_at - began
+        if took > RUN_LEASE_WAIT:
+            log.info("lease %s created after %.1fs, while its run went on", self.key, took)
+        await self._renew()
 
     async def __aexit__(
         self,
@@ -291,6 +343,10 @@ class Lease:
             await cancel_all([self._renewer])
         if self.lost:
             return  # not ours any more: leave whatever is there
+        if not self.created:
+            # Never created (``start``): nothing to release. A create still in
+            # flight may land and expire; its run's result is stored by then.
+            return
         silent = self.clock.monotonic() - self.renewed_at
         if silent > self.ttl:
             # The process was stopped or its loop stalled: the key expired
@@ -415,6 +471,9 @@ class LostRuns:
         self.keys = keys
         self.jobs = {job.name: job for job in config.jobs}
         self.tasks: set[asyncio.Task[None]] = set()
+        # Whether an expired lease of a job not in this config is judged here
+        # (sidecar/orphans.py: when no other live instance runs that job).
+        self.judges_foreign: Callable[[Removal], bool] = lambda removal: False
         self.view: View | None = None  # the live view: leases of a replaced bucket
         # Told of each lost record this sidecar stored (pings, notifications).
         self.after: Callable[[JobConfig, ResultRecord], None] | None = None
@@ -423,10 +482,15 @@ class LostRuns:
         """The view lost `removal.key`; an expired lease of one of our jobs was lost."""
         if not is_lease_key(removal.key):
             return
-        job = self.jobs.get(lease_job(removal.key) or "")
+        name = lease_job(removal.key) or ""
+        job = self.jobs.get(name)
         if job is None:
-            return
-        if removal.how == REPLACED:
+            # A job not in this config: only its expiry is judged, and only when
+            # no other live instance runs it (sidecar/orphans.py).
+            if removal.how != EXPIRED or not self.judges_foreign(removal):
+                return
+            coro = self.record(name, removal)
+        elif removal.how == REPLACED:
             coro = self.replaced(job, removal)
         elif removal.how != EXPIRED:
             if removal.how is None:
@@ -463,7 +527,10 @@ class LostRuns:
         )
         await self.record(job, Removal(removal.key, removal.entry, EXPIRED, self.clock.wall()))
 
-    async def record(self, job: JobConfig, removal: Removal) -> None:
+    async def record(self, job: JobConfig | str, removal: Removal) -> None:
+        """Record the run of an expired lease lost; `job` is a name for a job not
+        in this config (recorded, never rerun)."""
+        name = job if isinstance(job, str) else job.name
         value = removal.entry.value
         # Read from NATS: every number is range-checked before it is used.
         slot, attempt = slot_ms(value.get("slot")), attempt_no(value.get("attempt"), 1)
@@ -479,12 +546,12 @@ class LostRuns:
         after = seq_no(value.get("fence"))
         try:
             for _ in range(RECHECKS):
-                recorded, last = await self._recorded(job.name, token, after)
+                recorded, last = await self._recorded(name, token, after)
                 if recorded:
                     log.info("lease %s expired after its run was recorded", removal.key)
                     return
                 stored = await self._publish(
-                    job, removal.key, value, slot, attempt, token, at, last
+                    name, removal.key, value, slot, attempt, token, at, last
                 )
                 if stored is not None:
                     break
@@ -498,18 +565,20 @@ class LostRuns:
         if not stored:
             return
         m = self.metrics
-        m.runs_lost_total.labels(job=job.name).inc()
-        m.runs_total.labels(job=job.name, status=LOST).inc()
+        m.runs_lost_total.labels(job=name).inc()
+        m.runs_total.labels(job=name, status=LOST).inc()
         log.error(
             "run job=%s slot=%s attempt=%d status=lost instance=%s: its lease %s expired "
             "(no renewal for lease_ttl %gs): the runner died, hung or lost NATS",
-            job.name,
+            name,
             rfc3339(slot / 1000),
             attempt,
             value.get("instance"),
             removal.key,
             self.config.nats.lease_ttl,
         )
+        if isinstance(job, str):
+            return  # a job this config does not have: nothing to rerun it with
         if job.on_lost == "rerun":
             if may_follow(attempt, job.retry.max):
                 await make_due(
@@ -560,7 +629,7 @@ class LostRuns:
 
     async def _publish(
         self,
-        job: JobConfig,
+        job: JobConfig | str,
         key: str,
         value: dict[str, Any],
         slot: int,
@@ -575,6 +644,7 @@ class LostRuns:
         sidecar's was; None when a result was stored since `last` was read
         (perhaps this run's own): it is looked at again.
         """
+        name = job if isinstance(job, str) else job.name
         started = value.get("started_at")
         started_at = started[:40] if isinstance(started, str) else rfc3339(at)
         try:
@@ -582,7 +652,7 @@ class LostRuns:
         except (ValueError, OverflowError, OSError):
             started_at, duration_ms = rfc3339(at), 0
         record = ResultRecord(
-            job=job.name,
+            job=name,
             slot=slot,
             token=token,
             instance=str(value.get("instance", "")),
@@ -600,14 +670,14 @@ class LostRuns:
         while True:
             try:
                 ack = await self.js.publish(
-                    result_subject(self.spec.prefix, job.name),
+                    result_subject(self.spec.prefix, name),
                     record.to_json(),
                     timeout=WRITE_TIMEOUT,
                     stream=self.spec.name,
                     headers={MSG_ID: record.msg_id, EXPECTED_LAST: str(last)},
                 )
-                if not ack.duplicate and self.after is not None:
-                    self.after(job, record)
+                if not ack.duplicate and self.after is not None and not isinstance(job, str):
+                    self.after(job, record)  # a job of our config: its pings, notifications
                 return 0 if ack.duplicate else int(ack.seq)
             except APIError as exc:
                 if exc.err_code in CAS_CONFLICT:

@@ -14,19 +14,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+)
 
 from sidecar.aftermath import Aftermath
 from sidecar.claim import Claimer
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, Secrets
-from sidecar.connection import Connection, jetstream
+from sidecar.connection import Client, Connection, jetstream
 from sidecar.errors import StreamError, StreamNotFound, UnknownJob
 from sidecar.health import reset
 from sidecar.lease import Keys
@@ -37,8 +43,8 @@ from sidecar.runs import (
     read_history,
     stream_job_names,
 )
-from sidecar.signing import Signer
-from sidecar.state import decode, ensure_bucket, put_json, state_spec
+from sidecar.signing import signer_for
+from sidecar.state import decode, ensure_bucket, state_spec
 from sidecar.stream import (
     RETRYABLE,
     Lowering,
@@ -76,12 +82,26 @@ def _js(conn: Connection) -> JetStreamContext:
     return jetstream(conn.nc, conn.config, READ_TIMEOUT)
 
 
-async def stream_state(config: Config, secrets: Secrets) -> StreamState:
-    """The stream's state with the domain of the JetStream that answered."""
+@dataclass(frozen=True)
+class StreamRead:
+    """The stream's state (None: not created yet) and the JetStream that answered."""
+
+    state: StreamState | None
+    domain: str | None
+    cluster: str | None
+
+
+async def stream_state(config: Config, secrets: Secrets) -> StreamRead:
+    """The stream's state with the domain (and cluster) of the JetStream that answered."""
     async with connected(config, secrets) as conn:
         js = _js(conn)
-        state = await _read(read_stream(js, stream_spec(config)))
-        return dataclasses.replace(state, domain=await answering_domain(js))
+        domain = await answering_domain(js)
+        cluster = conn.nc.cluster if isinstance(conn.nc, Client) else None
+        try:
+            state = await _read(read_stream(js, stream_spec(config)))
+        except StreamNotFound:
+            return StreamRead(None, domain, cluster)
+        return StreamRead(dataclasses.replace(state, domain=domain), domain, state.cluster)
 
 
 async def history(
@@ -172,13 +192,10 @@ async def run_now(
         # A manual run retries an unreachable app for as long as a slot would,
         # or for --timeout.
         deadline = clock.monotonic() + (job.max_late if retry_for is None else retry_for)
-        signer = Signer.of(
-            secrets.signing_secret, secrets.signing_secret_next, config.target.signing_v1
-        )
         keys = await _keys(js, config)
         after = Aftermath(config, None, clock, lambda: keys, secrets.signing_secret)
         after.started(job, claim.token, clock.wall())
-        async with Trigger(signer, clock, config.instance_id) as trigger:
+        async with Trigger(signer_for(config, secrets), clock, config.instance_id) as trigger:
             result = await trigger.fire(
                 job, slot, claim.token, deadline, fence=claim.seq, on_retry=on_retry
             )
@@ -233,18 +250,21 @@ async def check_stream(config: Config, secrets: Secrets) -> StreamCheck:
         return StreamCheck(state, after, weak)
 
 
-async def stream_lowering(config: Config, secrets: Secrets) -> Lowering:
-    async with connected(config, secrets) as conn:
-        try:
-            return await plan_lowering(_js(conn), stream_spec(config))
-        except (*RETRYABLE, TimeoutError) as exc:
-            raise StreamError(f"JetStream did not answer: {exc!r}") from exc
+async def lower(
+    config: Config, secrets: Secrets, confirm: Callable[[Lowering], bool]
+) -> tuple[Lowering, StreamState | None]:
+    """Plan lowering the stream, ask `confirm`, lower when it says yes; one connection.
 
-
-async def lower(config: Config, secrets: Secrets) -> StreamState:
+    The plan and the stream as lowered (None when nothing changes or it was
+    not confirmed). StreamNotFound when there is no stream.
+    """
     async with connected(config, secrets) as conn:
+        js = _js(conn)
         try:
-            return await lower_stream(_js(conn), stream_spec(config))
+            plan = await plan_lowering(js, stream_spec(config))
+            if not plan.changes or not confirm(plan):
+                return plan, None
+            return plan, await lower_stream(js, stream_spec(config))
         except StreamNotFound:
             raise
         except (*RETRYABLE, TimeoutError) as exc:
@@ -254,13 +274,43 @@ async def lower(config: Config, secrets: Secrets) -> StreamState:
 # ---------------------------------------------------------------------- pause, resume
 
 
-async def pause(config: Config, secrets: Secrets, job: str, reason: str, by: str) -> dict[str, str]:
-    """Store ``paused.<job>`` (the bucket is created when missing); return the value."""
+@dataclass(frozen=True)
+class Paused:
+    """What ``pause`` left: the pause in force, and whether this call stored it."""
+
+    value: dict[str, Any]
+    stored: bool
+    replaced: dict[str, Any] | None = None  # the pause --force replaced
+
+
+async def pause(
+    config: Config, secrets: Secrets, job: str, reason: str, by: str, force: bool = False
+) -> Paused:
+    """Store ``paused.<job>`` unless the job is paused already (the bucket is created
+    when missing). A pause in force is kept; with `force` it is replaced."""
+    key = f"paused.{job}"
+    value = {"by": by, "at": rfc3339(time.time()), "reason": reason}
+    data = json.dumps(value, separators=(",", ":")).encode()
     async with connected(config, secrets) as conn:
-        bucket = await ensure_bucket(_js(conn), state_spec(config))
-        value = {"by": by, "at": rfc3339(time.time()), "reason": reason}
-        await put_json(bucket.kv, f"paused.{job}", value)
-        return value
+        kv = (await ensure_bucket(_js(conn), state_spec(config))).kv
+        for _ in range(3):  # a resume between our create and our read: try again
+            try:
+                await kv.create(key, data)
+                return Paused(value, stored=True)
+            except KeyWrongLastSequenceError:
+                pass
+            try:
+                entry = await kv.get(key)
+            except KeyNotFoundError:
+                continue
+            if not force:
+                return Paused(decode(entry.value), stored=False)
+            try:
+                await kv.update(key, data, last=entry.revision)
+            except KeyWrongLastSequenceError:
+                continue
+            return Paused(value, stored=True, replaced=decode(entry.value))
+        raise StreamError(f"cannot store {key}: it kept changing under us")
 
 
 async def resume(config: Config, secrets: Secrets, job: str) -> dict[str, Any] | None:

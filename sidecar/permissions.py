@@ -39,8 +39,9 @@ VIOLATION = re.compile(
 # Not ready while the last violation is younger than this (seconds): a denial
 # that a retry loop repeats keeps it 503; one that stopped clears it.
 HOLD = 120.0
-# Subscriptions that are best effort: refusing them is not a readiness problem.
-OPTIONAL = ("$JS.EVENT.",)
+# What the sidecar does without when refused (not a readiness problem, not
+# counted): advisories, and raising a stream (it is then used as it is).
+OPTIONAL = re.compile(r"\$JS\.(EVENT\.|([^.]+\.)?API\.STREAM\.UPDATE\.)")
 # Subjects remembered for ``denied`` (bounded: each is one line of a config).
 MAX_SUBJECTS = 256
 # Tokens of the JetStream and KV subjects the sidecar uses, as they are spelt.
@@ -96,12 +97,13 @@ class Denials:
             return False
         op, subject = parsed
         subject = self.spelt(subject.lower())
-        if subject.startswith(OPTIONAL):
-            # Advisories only wake a check sooner; without them it polls.
+        if OPTIONAL.match(subject):
+            # Advisories only wake a check sooner (without them it polls); a stream
+            # that may not be raised is used as it is (the stream guard says so).
             self._log.log(
                 logging.INFO,
                 f"optional:{subject}",
-                "NATS refused %s %s (advisories: changes are seen by polling instead)",
+                "NATS refused %s %s: optional, the sidecar does without it",
                 op,
                 subject,
             )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable
 
@@ -43,7 +44,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from sidecar.errors import ConfigError
+from sidecar.errors import ConfigError, ListenError
 from sidecar.metrics import Family
 
 log = logging.getLogger(__name__)
@@ -184,10 +185,12 @@ class AdminServer:
             self._server = await asyncio.start_server(
                 self._handle, self.host, self.port, reuse_address=True
             )
-        except OSError as exc:
+        except socket.gaierror as exc:  # a host name that does not resolve: the config
             raise ConfigError(
                 "metrics.listen", f"cannot listen on {self.host}:{self.port}: {exc.strerror}"
             ) from exc
+        except OSError as exc:  # the config is fine, this host is not: busy, not allowed
+            raise ListenError(self.host, self.port, exc) from exc
         log.info("serving /metrics /healthz /readyz on %s:%s", self.host, self.port)
 
     async def stop(self) -> None:

@@ -37,6 +37,10 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sidecar.config import Config, Secrets
 
 SIGNATURE_HEADER = "X-Anarchon-Signature"
 V2_LABEL = "anarchon-v2"
@@ -134,3 +138,8 @@ class Signer:
 
     def __repr__(self) -> str:
         return f"Signer(secrets=<{len(self.secrets)} set>, v1={self.v1})"
+
+
+def signer_for(config: Config, secrets: Secrets) -> Signer | None:
+    """The signer of a config's ``target.signing_*`` settings; None without a secret."""
+    return Signer.of(secrets.signing_secret, secrets.signing_secret_next, config.target.signing_v1)

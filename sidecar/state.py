@@ -306,16 +306,25 @@ def decode(value: bytes | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+# The kind of job hashes an instance publishes (its presence's ``digest``).
+# 0.1.0 published none and hashed the app's address too; hashes are compared
+# only with hashes of the same kind, so that a rolling update from 0.1.0 does
+# not show every job as "settings differ" (tests/test_upgrade.py).
+HASH_KIND = 2
+
+
 def mismatched_jobs(instances: dict[str, dict[str, Any]]) -> set[str]:
-    """Jobs that two live instances run with different settings."""
-    seen: dict[str, set[str]] = {}
-    distinct = {id(v.get("jobs")): v.get("jobs") for v in instances.values()}  # shared (View)
-    for jobs in distinct.values():
+    """Jobs that two live instances (of the same kind of hash) run with different settings."""
+    seen: dict[tuple[str, str], set[str]] = {}
+    # One ``jobs`` mapping per distinct setting (shared by the View's instances).
+    distinct = {(id(v.get("jobs")), str(v.get("digest", 1))): v for v in instances.values()}
+    for (_, kind), value in distinct.items():
+        jobs = value.get("jobs")
         if not isinstance(jobs, dict):
             continue
         for name, digest in jobs.items():
-            seen.setdefault(str(name), set()).add(str(digest))
-    return {name for name, digests in seen.items() if len(digests) > 1}
+            seen.setdefault((kind, str(name)), set()).add(str(digest))
+    return {name for (_, name), digests in seen.items() if len(digests) > 1}
 
 
 class Watch:

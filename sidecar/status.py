@@ -20,6 +20,7 @@ from sidecar.bucketcheck import check_bucket
 from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config
 from sidecar.due import lease_job
+from sidecar.orphans import run_by
 from sidecar.runs import join_runs, last_messages
 from sidecar.state import View, mismatched_jobs, state_spec
 from sidecar.stream import answering_domain, coverage, state_of, stream_spec
@@ -85,6 +86,8 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
     view = await read_view(js, config) or View()
     instances = view.instances()
     mismatch = mismatched_jobs(instances)
+    # Drift: which live instances run each job, and the jobs this config lacks.
+    runners = run_by(instances)
     spec = stream_spec(config)
     stream: dict[str, Any] | None = None
     held: dict[str, str | None] = {}
@@ -122,6 +125,7 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
                 "last_run": runs[0].as_dict() if runs else None,
                 "next_slot": rfc3339(job.schedule.next_slot(now_ms) / 1000),
                 "settings_differ": job.name in mismatch,
+                "run_by": runners.get(job.name, []),
                 # Why the stream cannot hold this job's claims (its slots are skipped).
                 "stream_problem": held.get(job.name),
             }
@@ -150,4 +154,15 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
         "config_mismatch": bool(mismatch),
         "mismatched_jobs": sorted(mismatch),
         "jobs": jobs,
+        # Jobs live instances run that this config does not have (removed,
+        # renamed or added on part of the fleet), with their leftover state.
+        "other_jobs": [
+            {
+                "name": name,
+                "run_by": runners.get(name, []),
+                "paused": view.paused(name) is not None,
+                "running": running(view, name, now_ms),
+            }
+            for name in sorted(set(runners) - {job.name for job in config.jobs})
+        ],
     }

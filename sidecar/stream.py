@@ -526,12 +526,6 @@ async def lower_stream(js: JetStreamContext, spec: StreamSpec) -> StreamState:
             duplicate_window=spec.duplicate_window,
             max_msgs_per_subject=spec.history_size,
         )
-        log.warning(
-            "lowering stream %s: duplicate_window=%s history_size=%d",
-            spec.name,
-            format_duration(spec.duplicate_window),
-            spec.history_size,
-        )
         return state_of(await js.update_stream(update))
     except RETRYABLE:
         raise

@@ -89,9 +89,17 @@ class NatsServer:
     """A real `nats-server -js` on loopback; stop() and start() keep the store."""
 
     def __init__(
-        self, store_dir: Path, port: int | None = None, extra_conf: str = "", name: str = "n"
+        self,
+        store_dir: Path,
+        port: int | None = None,
+        extra_conf: str = "",
+        name: str = "n",
+        binary: str | None = None,
     ) -> None:
         self.store_dir = store_dir
+        # Another nats-server than this venv's (tests/test_nats_versions.py); may change
+        # between a stop() and the next start(), as in a rolling upgrade.
+        self.binary = binary
         self.port = port or free_port()
         self.monitor_port = free_port()
         self.extra_conf = extra_conf
@@ -117,7 +125,9 @@ class NatsServer:
         conf.write_text(self.config_text())
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [nats_server_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT
+            [self.binary or nats_server_binary(), "-c", str(conf)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         log.close()
         wait_for(lambda: port_open(self.port), timeout, what=f"nats-server on {self.port}")
@@ -236,7 +246,18 @@ class RecordingApp:
     def stop(self) -> None:
         if not self._loop or not self._runner:
             return
-        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        runner = self._runner
+
+        async def shutdown() -> None:
+            await runner.cleanup()
+            # Handlers still sleeping (a delay longer than the test): end them here,
+            # or the closed loop reports "Task was destroyed but it is pending!".
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        fut = asyncio.run_coroutine_threadsafe(shutdown(), self._loop)
         fut.result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread:
@@ -438,7 +459,14 @@ class NatsCluster:
     with its store kept.
     """
 
-    def __init__(self, workdir: Path, size: int = 3, name: str = "C1", extra_conf: str = ""):
+    def __init__(
+        self,
+        workdir: Path,
+        size: int = 3,
+        name: str = "C1",
+        extra_conf: str = "",
+        binary: str | None = None,
+    ):
         self.name = name
         route_ports = [free_port() for _ in range(size)]
         routes = ", ".join(f"nats-route://127.0.0.1:{port}" for port in route_ports)
@@ -450,6 +478,7 @@ class NatsCluster:
                     f"cluster {{ name: {name}, listen: 127.0.0.1:{port}, routes: [{routes}] }}\n"
                     + extra_conf
                 ),
+                binary=binary,
             )
             for i, port in enumerate(route_ports, start=1)
         ]

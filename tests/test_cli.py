@@ -321,7 +321,8 @@ def test_run_with_a_missing_secret_file_exits_2(
     assert line == f"{key}: file {missing} does not exist"
 
 
-def test_run_with_the_metrics_port_in_use_exits_2(tmp_path: Path) -> None:
+def test_run_with_the_metrics_port_in_use_exits_4_naming_the_port(tmp_path: Path) -> None:
+    """A busy port is this host's problem, not the config's: its own exit code."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -333,11 +334,13 @@ def test_run_with_the_metrics_port_in_use_exits_2(tmp_path: Path) -> None:
         )
         started = time.monotonic()
         res = run_cli("run", "-c", str(write_config(tmp_path / "c.yaml", cfg)))
-    assert res.returncode == 2, res.stderr
+    assert res.returncode == 4, res.stderr
     assert "Traceback" not in res.stderr
     last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith(
-        f"anarchon-sidecar: config error: metrics.listen: cannot listen on 127.0.0.1:{port}"
+    assert last == (
+        f"anarchon-sidecar: cannot listen on 127.0.0.1:{port} (metrics.listen): address already"
+        " in use: another process on this host listens there (a second sidecar with the same"
+        " metrics.listen?)"
     ), last
     assert time.monotonic() - started < 10
 

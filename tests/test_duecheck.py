@@ -110,6 +110,7 @@ def test_permissions_violations_are_parsed_and_their_subject_spelt_as_used() -> 
     assert denials.report(
         'nats: permissions violation for subscription to "$js.event.advisory.stream.*.cron"'
     )
+    assert denials.report('nats: permissions violation for publish to "$js.api.stream.update.cron"')
     assert denials.not_ready() is None
     assert denials.report(text)
     assert denials.denied("$KV.CRON_STATE.lock.sync")

@@ -58,6 +58,7 @@ from tests.test_trigger import SLOT, TOKEN, job_for
         ("trigger.before_send=sleep(0.25)", {"trigger.before_send": Failpoint("sleep", 0.25)}),
         ("claim.after_publish=1*ackloss", {"claim.after_publish": Failpoint("ackloss", 0, 1)}),
         ("claim.won=off", {"claim.won": Failpoint("off")}),
+        ("lease.create=timeout(2)", {"lease.create": Failpoint("timeout", 2.0)}),
     ],
 )
 def test_parse(text: str, armed: dict[str, Failpoint]) -> None:

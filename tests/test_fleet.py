@@ -105,7 +105,7 @@ def test_pause_is_honoured_everywhere_survives_restarts_and_resume_brings_runs_b
         assert again.returncode == 1
         assert "a was not paused" in again.stderr
     unknown = run_cli("pause", "nosuch", "-c", cfg)
-    assert unknown.returncode == 1 and "no job named 'nosuch'" in unknown.stderr
+    assert unknown.returncode == 2 and "no job named 'nosuch'" in unknown.stderr
     assert max(Counter(slots(http_app, "/jobs/a")).values()) == 1
 
 

@@ -1,7 +1,8 @@
-"""README.md's command samples, run for real and compared with what they show.
+"""The command samples of README.md and docs/, run for real and compared with what they show.
 
-Every ```console block of the README is a list of `$ command` lines, each
-followed by the output it shows. This test runs them in README order against
+Every ```console block of the README and of the manual beside it (DOCS) is a
+list of `$ command` lines, each followed by the output it shows. This test
+runs them in order (file by file, as DOCS lists them) against
 a real nats-server, a small app (500 "boom" on /jobs/report/fail, as in the
 README) and the README's own config, with two real sidecars (`web-1`,
 `web-2`) running from the `run` sample on. Both sides are normalised for
@@ -37,6 +38,15 @@ from sidecar import __version__
 from tests.support import ROOT, NatsServer, free_port, sidecar_env, wait_for
 
 README = ROOT / "README.md"
+# The files whose samples run, in this order: docs/CLI.md first, since its
+# `run` sample starts the sidecars the later samples read.
+DOCS = [
+    ROOT / "docs" / "CLI.md",
+    README,
+    ROOT / "docs" / "GUARANTEES.md",
+    ROOT / "docs" / "TRIGGER.md",
+]
+CLI_DOC = DOCS[0]
 
 
 # ------------------------------------------------------------------ the samples
@@ -50,12 +60,13 @@ class Step:
 
 @dataclass
 class Block:
-    line: int  # in README.md, 1-based
+    file: str  # relative to the repository
+    line: int  # 1-based
     context: str  # the prose just before the block
     steps: list[Step]
 
 
-def console_blocks(text: str) -> list[Block]:
+def console_blocks(text: str, file: str = "README.md") -> list[Block]:
     blocks: list[Block] = []
     lines = text.splitlines()
     prose: list[str] = []
@@ -72,7 +83,7 @@ def console_blocks(text: str) -> list[Block]:
                 elif line.strip() and not line.startswith("# "):
                     steps[-1].expected.append(line)
                 i += 1
-            blocks.append(Block(start, " ".join(prose[-6:]), steps))
+            blocks.append(Block(file, start, " ".join(prose[-6:]), steps))
             prose = []
         elif lines[i].startswith("```"):
             i += 1
@@ -101,7 +112,12 @@ NORMALISE = [
     (re.compile(r"^leader\s+\S+$"), "leader <SERVER>"),  # the server name, by default its id
     (re.compile(r"\b\d+ slot\(s\)"), "<N> slot(s)"),
     (re.compile(r"\} \d+\.0$"), "} <N>"),
+    # This code's version, and the release the README's examples were recorded with.
     (re.compile(re.escape(__version__)), "<VERSION>"),
+    (re.compile(r"(?<=anarchon-sidecar )\d+\.\d+\.\d+\S*|(?<=\bv)\d+\.\d+\.\d+\S*"), "<VERSION>"),
+    (re.compile(r"\b[\w.-]+@[\w.-]+\b"), "<USER>@<HOST>"),  # who paused
+    (re.compile(r"\bconfig [0-9a-f]{12}\b"), "config <HASH>"),  # an instance's job settings
+    (re.compile(r"\bleader [^\s,]+,"), "leader <SERVER>,"),  # status's stream line
     (re.compile(r"\s+"), " "),
 ]
 
@@ -144,8 +160,8 @@ class App:
 
 
 def readme_config() -> dict[str, Any]:
-    """The config of `web-1` as the README shows it."""
-    text = README.read_text()
+    """The config of `web-1` as docs/CLI.md shows it."""
+    text = CLI_DOC.read_text()
     start = text.index("The config of `web-1`")
     block = text[text.index("```yaml\n", start) + 8 : text.index("```\n", start + 30)]
     config = yaml.safe_load(block)
@@ -266,7 +282,7 @@ def world(tmp_path: Path) -> Iterator[World]:
 def run_command(world: World, block: Block, command: str) -> tuple[int, list[str]]:
     """Exit code and the lines a user would see (stderr's log lines left out)."""
     args = shlex.split(command)
-    assert args[0] == "anarchon-sidecar", f"README.md:{block.line}: unknown command {command!r}"
+    assert args[0] == "anarchon-sidecar", f"{block.file}:{block.line}: unknown command {command!r}"
 
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -282,7 +298,8 @@ def run_command(world: World, block: Block, command: str) -> tuple[int, list[str
     # result (milliseconds here), which the samples do not show. Read again.
     def settled() -> subprocess.CompletedProcess[str] | None:
         proc = run()
-        return None if " running " in proc.stdout else proc
+        reads = args[1] in ("history", "last-run", "status")
+        return None if reads and " running " in proc.stdout else proc
 
     proc = wait_for(settled, 30, interval=0.5, what=command)
     log_line = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ")
@@ -325,7 +342,7 @@ def missing(expected: list[str], actual: list[str]) -> list[str]:
 def test_readme_command_samples_match_the_program(world: World) -> None:
     drift: list[str] = []
     run_sample: tuple[Block, Step] | None = None
-    for block in console_blocks(README.read_text()):
+    for block in all_blocks():
         code: int | None = None
         for step in block.steps:
             if step.command == "echo $?":
@@ -339,24 +356,32 @@ def test_readme_command_samples_match_the_program(world: World) -> None:
             else:
                 code, actual = run_command(world, block, step.command)
             drift += [
-                f"README.md:{block.line}: `{step.command}` shows {line!r}, the program does not"
+                f"{block.file}:{block.line}: `{step.command}` shows {line!r}, the program does not"
                 f"\n    real output: {actual}"
                 for line in missing(step.expected, actual)
             ]
-    assert run_sample is not None, "no `run` sample in README.md"
+    assert run_sample is not None, "no `run` sample in the docs"
     block, step = run_sample
     actual = stop_daemon(world, "web-1")
     drift += [
-        f"README.md:{block.line}: `{step.command}` shows {line!r}, the program does not"
+        f"{block.file}:{block.line}: `{step.command}` shows {line!r}, the program does not"
         f"\n    real output: {actual}"
         for line in missing(step.expected, actual)
     ]
     assert not drift, "\n".join(drift)
 
 
+def all_blocks() -> list[Block]:
+    return [
+        block
+        for path in DOCS
+        for block in console_blocks(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+
+
 def test_the_samples_are_found() -> None:
-    """The parser sees the README's samples, so a silent pass means something."""
-    blocks = console_blocks(README.read_text())
+    """The parser sees the samples, so a silent pass means something."""
+    blocks = all_blocks()
     commands = [step.command.split(" -c")[0] for block in blocks for step in block.steps]
     for expected in (
         "anarchon-sidecar check",
@@ -366,6 +391,54 @@ def test_the_samples_are_found() -> None:
         "anarchon-sidecar last-run nightly",
         "anarchon-sidecar stream",
         "anarchon-sidecar demo --duration 8",
+        "anarchon-sidecar status",
+        "anarchon-sidecar pause sync",
+        "anarchon-sidecar resume sync",
+        "anarchon-sidecar pause synk",
         "echo $?",
     ):
         assert expected in commands, (expected, commands)
+
+
+# ------------------------------------------------------------------ links
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    found, fenced = set(), False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            found.add(github_anchor(line.lstrip("#")))
+    return found
+
+
+def test_links_of_the_readme_and_the_manual_lead_somewhere() -> None:
+    """The README is a front door: every relative link of it and of docs/ opens, anchors too."""
+    broken = []
+    for path in [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "SECURITY.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists():
+                broken.append(f"{path.name}: {target}")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{path.name}: {target} (no such heading)")
+    assert not broken, broken
+
+
+def test_the_readme_is_a_front_door() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    # the two commands come first
+    first = text.index("```sh\n")
+    assert text[first:].splitlines()[1].startswith("make demo")
+    assert text[first:].splitlines()[2].startswith("make test")

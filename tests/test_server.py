@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 import sidecar.server as server_module
-from sidecar.errors import ConfigError
+from sidecar.errors import ConfigError, ListenError
 from sidecar.metrics import Metrics
 from sidecar.server import MAX_CONNECTIONS, AdminServer
 from tests.support import free_port
@@ -94,8 +94,20 @@ async def test_oversized_request_line_is_refused_and_server_keeps_serving(
     assert (await exchange(server.port, b"GET /healthz HTTP/1.0\r\n\r\n")).endswith(b"ok\n")
 
 
-async def test_port_in_use_names_the_key(server: AdminServer) -> None:
+async def test_port_in_use_is_not_a_config_error_and_names_port_and_key(
+    server: AdminServer,
+) -> None:
     other = AdminServer(CollectorRegistry(), "127.0.0.1", server.port, lambda: None)
+    with pytest.raises(ListenError) as err:
+        await other.start()
+    assert not isinstance(err.value, ConfigError)
+    assert str(err.value).startswith(
+        f"cannot listen on 127.0.0.1:{server.port} (metrics.listen): address already in use: "
+    )
+
+
+async def test_a_host_name_that_does_not_resolve_is_a_config_error() -> None:
+    other = AdminServer(CollectorRegistry(), "no-such-host.invalid", free_port(), lambda: None)
     with pytest.raises(ConfigError) as err:
         await other.start()
     assert err.value.key == "metrics.listen"

@@ -90,3 +90,23 @@ def test_a_run_cut_off_at_shutdown_keeps_its_start_and_duration(
     assert signalled_at + grace - 0.5 <= finished <= stopped_at, (finished, signalled_at)
     assert abs(run["duration_ms"] - (finished - started) * 1000) <= 2, run
     assert run["duration_ms"] >= grace * 1000, run
+
+
+def test_with_nats_gone_a_stopping_sidecar_gives_up_recording_within_its_grace(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """What Ctrl-C on a terminal used to do to the demo: NATS exits with the sidecar, a run
+    in flight. The sidecar may not record that run, but it exits within its grace."""
+    http_app.delay["/jobs/slow"] = 1.0
+    grace = 4.0
+    cfg = slow_config(nats_server, http_app, "4s")
+    with sidecars(tmp_path, [("only", cfg, {})]) as (proc,):
+        first_request(http_app)
+        nats_server.kill()
+        signalled_at = time.monotonic()
+        code = stop_with(proc, signal.SIGTERM, timeout=60)
+        took = time.monotonic() - signalled_at
+    assert code == 0, proc.log()
+    # The grace counts from the signal; closing takes a moment more, never the minute.
+    assert took < grace + 2, (took, proc.log())
+    assert "stopped" in proc.log()

@@ -370,8 +370,8 @@ async def test_v1_can_be_switched_off_on_the_wire(tmp_path: Path) -> None:
     assert [p.split("=")[0] for p in header.split(",")] == ["t", "v2"]
 
 
-def test_readme_example_is_the_first_vector() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_trigger_doc_example_is_the_first_vector() -> None:
+    readme = (ROOT / "docs" / "TRIGGER.md").read_text()
     case = SIGNING_CASES[0]
     assert f"X-Anarchon-Signature: {case['header']}\n" in readme
     assert "```text\n" + case["canonical"] + "\n```" in readme

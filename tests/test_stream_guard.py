@@ -9,7 +9,13 @@ way to lower the stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import pty
+import select
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +41,15 @@ from sidecar.stream import (
     read_stream,
     stream_spec,
 )
-from tests.support import NatsServer, RecordingApp, Sidecar, run_cli, wait_for, write_config
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    Sidecar,
+    run_cli,
+    sidecar_env,
+    wait_for,
+    write_config,
+)
 
 SPEC = StreamSpec("CRON", "cron.", 300.0, 1000, None)
 
@@ -398,3 +412,54 @@ authorization {
         assert after.duplicate_window == 60.0
     finally:
         server.stop()
+
+
+def test_stream_lower_on_a_terminal_connects_once_and_prints_nothing_between(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """What a person at a terminal sees: the plan, the question, the answer; one connection,
+    and no log line dropped into the middle."""
+    big = StreamConfig(
+        name="CRON", subjects=["cron.>"], duplicate_window=1800, max_msgs_per_subject=50
+    )
+    asyncio.run(_apply(nats_server.url, big))
+    path = _config_file(
+        tmp_path, nats_server.url, http_app, nats={"servers": [nats_server.url], "history_size": 20}
+    )
+    main, term = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "stream", "--lower", "-c", str(path)],
+        stdin=term,
+        stdout=term,
+        stderr=term,
+        env=sidecar_env(),
+        close_fds=True,
+    )
+    os.close(term)
+    seen = b""
+
+    def read_until(text: bytes) -> bool:
+        nonlocal seen
+        if select.select([main], [], [], 0.1)[0]:
+            with contextlib.suppress(OSError):  # EIO: the other side closed
+                seen += os.read(main, 4096)
+        return text in seen
+
+    try:
+        wait_for(lambda: read_until(b"lower the stream? [y/N]: "), 30, what="the question")
+        os.write(main, b"y\n")
+        wait_for(lambda: read_until(b"stream CRON lowered") and proc.poll() is not None, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        os.close(main)
+    lines = seen.decode().replace("\r", "").splitlines()
+    assert proc.returncode == 0, lines
+    assert sum("connected to NATS" in line for line in lines) == 1, lines
+    assert not [line for line in lines if " WARNING " in line], lines
+    question = next(i for i, line in enumerate(lines) if "lower the stream?" in line)
+    assert lines[question - 1].startswith("jobs of other instances"), lines
+    assert lines[question + 1 :] == ["stream CRON lowered: duplicate window 5m, history size 20"], (
+        lines
+    )

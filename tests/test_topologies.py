@@ -74,6 +74,10 @@ def supercluster(work: Path) -> list[Server]:
     return servers
 
 
+# How long all servers of a topology together may take to answer with JetStream.
+STARTUP = 120.0
+
+
 @contextlib.contextmanager
 def running(servers: list[Server]) -> Iterator[list[Server]]:
     try:
@@ -89,8 +93,21 @@ def running(servers: list[Server]) -> Iterator[list[Server]]:
                 [nats_server_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT
             )
             log.close()
-        for server in servers:
-            wait_for(server.jetstream_ready, 30, what=f"{server.name} JetStream")
+        # Six servers electing on two loaded cores can take a while: one generous
+        # deadline for all of them (they start together), but fail at once if one exits.
+        deadline = time.monotonic() + STARTUP
+        waiting = list(servers)
+        while waiting:
+            for server in list(waiting):
+                assert server.proc is not None
+                if server.proc.poll() is not None:
+                    raise AssertionError(f"{server.name} exited: {server.log_path.read_text()}")
+                if server.jetstream_ready():
+                    waiting.remove(server)
+            if waiting and time.monotonic() > deadline:
+                names = ", ".join(server.name for server in waiting)
+                raise AssertionError(f"no JetStream on {names} after {STARTUP:g}s")
+            time.sleep(0.2)
         yield servers
     finally:
         for server in servers:
@@ -146,7 +163,7 @@ async def _stepdown(url: str) -> None:
         await nc.close()
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_a_supercluster_runs_each_slot_once_and_places_the_stream(
     tmp_path: Path, http_app: RecordingApp
 ) -> None:
@@ -190,7 +207,7 @@ def test_a_supercluster_runs_each_slot_once_and_places_the_stream(
     assert len(instances) >= 2
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_a_leaf_site_shares_the_hubs_stream_with_nats_domain(
     tmp_path: Path, http_app: RecordingApp
 ) -> None:

@@ -113,7 +113,7 @@ async def test_signature_verifies_independently(http_app: RecordingApp, body: st
     assert hmac.compare_digest(v1, expected)
     wrong = hmac.new(b"other", str(t).encode() + b"." + req.body, hashlib.sha256).hexdigest()
     assert v1 != wrong
-    # v2 binds the whole request (README, "Verifying the signature").
+    # v2 binds the whole request (docs/TRIGGER.md, "Verifying the signature").
     digest = hashlib.sha256(req.body).hexdigest()
     message = f"anarchon-v2\n{t}\nPOST\n/jobs/sync\nsync\n{SLOT}\n{TOKEN}\n1\n\n{digest}"
     assert hmac.compare_digest(v2, hmac.new(secret, message.encode(), hashlib.sha256).hexdigest())

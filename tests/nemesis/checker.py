@@ -40,7 +40,22 @@ Liveness figures (reported; a miss is allowed while faults last):
   would answer.
 - **missed_no_election**: of those, the ones where no fault near the slot
   stopped, killed or cut off the stream's leader (recorded when each fault
-  began): the election the Raft timeout forces explains the others.
+  began), nor measured CPU starvation explains the miss: a failure. The
+  election the Raft timeout forces explains the others.
+- **missed_elections_logged**: missed slots that would be
+  ``missed_no_election`` but for an election the servers logged, which the
+  faults did not predict: the stream was without a leader (from its leader's
+  "has NO quorum, stalled" or its Raft group's "Detected another leader with
+  higher term, will stepdown" to the next "new stream leader") for at least
+  half of [slot, slot + max_late]. nats-server's Raft has no pre-vote: a
+  follower cut from the leader alone (a bridge) campaigns with a higher term
+  and can depose a leader that kept its majority (seed 477497).
+- **missed_starved**: missed slots that would be ``missed_no_election`` but
+  for evidence, measured in the run (``cpu.jsonl``, tests/nemesis/cpu.py),
+  that the CPU was not there: for at least a quarter of [slot, slot +
+  max_late], the harness's own sampling thread could not run, or the slot's
+  stored winner (without one: every sidecar that could claim) waited on the
+  run queue. Each is listed with its evidence (``notes``).
 - **lost** (lost records), **reruns** (attempts after a lost one that ran),
   **reruns_needless** (reruns of a run whose own ``succeeded`` result was
   stored before the lost record: the slot ran twice for nothing).
@@ -54,12 +69,18 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from tests.nemesis.cpu import stalled, waited
 
 PROCESS_KINDS = ("pause-node", "pause-sidecar", "kill-node", "kill-sidecar", "clock")
 LATE_MARGIN = 1.0
 EARLY_MARGIN = 0.2
+# The share of a miss's window (slot to slot + max_late) the CPU must have been
+# missing, measured, before a miss is put down to starvation.
+STARVED_SHARE = 0.25
 
 
 @dataclass
@@ -68,6 +89,9 @@ class History:
     stream: list[dict[str, Any]]
     faults: list[dict[str, Any]]
     run: dict[str, Any]
+    cpu: list[dict[str, Any]] = field(default_factory=list)
+    # (start, end, what): the stream without a leader, from the servers' logs.
+    leaderless: list[tuple[float, float, str]] = field(default_factory=list)
 
     @classmethod
     def load(cls, directory: Path) -> History:
@@ -78,13 +102,25 @@ class History:
             return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
         run = json.loads((directory / "run.json").read_text())
-        return cls(lines("apps.jsonl"), lines("stream.jsonl"), lines("faults.jsonl"), run)
+        return cls(
+            lines("apps.jsonl"),
+            lines("stream.jsonl"),
+            lines("faults.jsonl"),
+            run,
+            lines("cpu.jsonl"),
+            leaderless_from_logs(
+                {n: directory / f"{n}.log" for n in run["nodes"]},
+                "CRON",
+                (run.get("raft_groups") or {}).get("CRON"),
+            ),
+        )
 
 
 @dataclass
 class Report:
     figures: dict[str, Any] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what explains a miss that is no failure
 
     @property
     def ok(self) -> bool:
@@ -129,6 +165,40 @@ def touches(faults: Iterable[dict[str, Any]], nodes: set[str]) -> list[Touch]:
         reach = [n for n in nodes if n != leader and frozenset({leader, n}) not in blocked]
         hit = leader in fnodes or (bool(leader) and cluster and len(reach) + 1 <= len(nodes) // 2)
         out.append(Touch(start, end, fnodes, fsidecars | sidecars_cut, blocked, cluster, hit))
+    return out
+
+
+_LOG_TIME = re.compile(r"^\[\d+\] (\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d+) ")
+
+
+def leaderless_from_logs(
+    logs: dict[str, Path], stream: str, group: str | None
+) -> list[tuple[float, float, str]]:
+    """When the stream had no leader, as the servers logged it: from its leader's
+    "has NO quorum, stalled" or a step-down of its Raft group (`group`) to the
+    next "new stream leader" line of any server (times in the host's zone)."""
+    lost = [f"stream '$G > {stream}' has NO quorum, stalled"]
+    if group:
+        lost.append(f" - {group}] Detected another leader with higher term, will stepdown")
+    elected = f"new stream leader for '$G > {stream}'"
+    events: list[tuple[float, str, str]] = []
+    for node, path in logs.items():
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            kind = "lost" if any(x in line for x in lost) else "elected" if elected in line else ""
+            m = _LOG_TIME.match(line) if kind else None
+            if m:
+                at = datetime.strptime(m.group(1), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                events.append((at, kind, node))
+    events.sort()
+    out: list[tuple[float, float, str]] = []
+    for i, (at, kind, node) in enumerate(events):
+        if kind != "lost" or (out and out[-1][1] >= at):
+            continue
+        end = next(((t, n) for t, k, n in events[i + 1 :] if k == "elected"), None)
+        if end is not None:
+            out.append((at, end[0], f"{node} lost its leadership, {end[1]} was elected"))
     return out
 
 
@@ -254,6 +324,8 @@ def check(history: History) -> Report:
     missed_quiet: list[tuple[str, int]] = []
     missed_available: list[tuple[str, int]] = []
     missed_no_election: list[tuple[str, int]] = []
+    missed_starved: list[tuple[str, int]] = []
+    missed_logged: list[tuple[str, int]] = []
     ran = {(job, slot) for (job, slot, attempt) in by_run if attempt == 1}
     for job, spec in jobs.items():
         max_late = float(spec["max_late"])
@@ -271,13 +343,42 @@ def check(history: History) -> Report:
                 missed_quiet.append((job, slot))
             if _claim_possible(near, nodes, sidecars):
                 missed_available.append((job, slot))
-                if not any(t.leader_hit for t in near):
+                if any(t.leader_hit for t in near):
+                    continue
+                lo_w, hi_w = slot / 1000, hi
+                spans = [(a, b, w) for a, b, w in history.leaderless if a < hi_w and b > lo_w]
+                if sum(min(b, hi_w) - max(a, lo_w) for a, b, _ in spans) >= (hi_w - lo_w) / 2:
+                    missed_logged.append((job, slot))
+                    report.notes.append(
+                        f"election logged: {job} slot {slot}: no leader "
+                        + "; ".join(f"{a:.3f}-{b:.3f} ({w})" for a, b, w in spans)
+                    )
+                    continue
+                winner = claims.get((job, slot, 1), {}).get("instance")
+                untouched = [s for s in sidecars if not any(s in t.sidecars for t in near)]
+                why = _starved(history.cpu, slot / 1000, hi, winner, untouched)
+                if why:
+                    missed_starved.append((job, slot))
+                    report.notes.append(f"starved: {job} slot {slot}: {why}")
+                else:
                     missed_no_election.append((job, slot))
     fig.update(slots=slots, runs=runs, missed=len(missed), missed_available=len(missed_available))
     fig["missed_no_election"] = len(missed_no_election)
+    fig["missed_elections_logged"] = len(missed_logged)
+    fig["missed_starved"] = len(missed_starved)
     fig["missed_quiet"] = len(missed_quiet)
     for job, slot in missed_quiet[:10]:
         fails.append(f"missed with no fault near: {job} slot {slot}")
+    for job, slot in missed_no_election[:10]:
+        if (job, slot) not in missed_quiet:
+            fails.append(
+                f"missed while a claim could be made, with no election nor starvation near: "
+                f"{job} slot {slot}"
+            )
+    stalls = [c["late"] for c in history.cpu if c.get("kind") == "stall"]
+    fig["stall_max_s"] = round(max(stalls, default=0.0), 3)
+    loads = [c["load"][0] for c in history.cpu if c.get("kind") == "load" and c.get("load")]
+    fig["load_max"] = max(loads, default=0.0)
 
     # ---------------------------------------------------------------- lost records, reruns
     lost_wrong = []
@@ -330,6 +431,23 @@ def check(history: History) -> Report:
     return report
 
 
+def _starved(
+    cpu: list[dict[str, Any]], lo: float, hi: float, winner: str | None, claimers: list[str]
+) -> str | None:
+    """The evidence that [lo, hi] lacked CPU (see ``missed_starved``); None without it."""
+    need = STARVED_SHARE * (hi - lo)
+    host = stalled(cpu, lo, hi)
+    if host >= need:
+        return f"the harness's sampling thread could not run for {host:.2f}s of {hi - lo:g}s"
+    who = [winner] if winner else claimers
+    waits = {s: waited(cpu, s, lo, hi) for s in who}
+    if waits and min(waits.values()) >= need:
+        role = f"its winner {winner}" if winner else "every sidecar that could claim"
+        listed = ", ".join(f"{s} {w:.2f}s" for s, w in sorted(waits.items()))
+        return f"{role} waited on the run queue for {listed} of {hi - lo:g}s"
+    return None
+
+
 def _claim_possible(near: list[Touch], nodes: set[str], sidecars: list[str]) -> bool:
     """Some sidecar and two servers up, unpaused and connected for the whole window."""
     down_nodes = {n for t in near for n in t.nodes}
@@ -380,6 +498,8 @@ def summary(report: Report) -> str:
         "missed",
         "missed_available",
         "missed_no_election",
+        "missed_elections_logged",
+        "missed_starved",
         "missed_quiet",
         "doubles",
         "late",
@@ -397,5 +517,7 @@ def summary(report: Report) -> str:
         "tracebacks",
         "cas_spin_per_s",
         "running_at_stop",
+        "stall_max_s",
+        "load_max",
     ]
     return " ".join(f"{k}={report.figures[k]}" for k in order if k in report.figures)

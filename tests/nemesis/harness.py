@@ -377,6 +377,21 @@ class System:
                             votes[leader] = votes.get(leader, 0) + 1
         return max(votes, key=lambda k: votes[k]) if votes else None
 
+    def raft_groups(self) -> dict[str, str]:
+        """Stream name -> its Raft group's name, as any node reports it (the nodes'
+        logs name a group, not its stream, when its leader steps down)."""
+        groups: dict[str, str] = {}
+        for name in self.node_names:
+            try:
+                jsz = self.monitor(name, "/jsz?streams=true&raft=true")
+            except (OSError, ValueError):
+                continue
+            for account in jsz.get("account_details") or []:
+                for detail in account.get("stream_detail") or []:
+                    if detail.get("stream_raft_group"):
+                        groups.setdefault(detail["name"], detail["stream_raft_group"])
+        return groups
+
     def client_url(self, node: str) -> str:
         return f"nats://{self.net.addresses[node]}:{CLIENT_PORT}"
 

@@ -150,11 +150,49 @@ def sweep_leftovers() -> list[str]:
     return sorted(dead)
 
 
+# Capability numbers of linux/capability.h that namespaces, links and rules need.
+CAP_NET_ADMIN = 12
+CAP_SYS_ADMIN = 21
+
+
+def _effective_caps() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
 def available() -> str | None:
-    """Why the nemesis cannot run here, or None when it can."""
+    """Why the nemesis cannot run here, or None when it can.
+
+    Root is not enough: a container's root (podman or docker without
+    --privileged or --cap-add NET_ADMIN,SYS_ADMIN) cannot make namespaces or
+    links. The capabilities are read, then a bridge is made and removed, as
+    the nemesis would (seccomp or a read-only /sys can refuse it still).
+    """
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
+    caps = _effective_caps()
+    missing = [
+        name
+        for name, bit in (("CAP_NET_ADMIN", CAP_NET_ADMIN), ("CAP_SYS_ADMIN", CAP_SYS_ADMIN))
+        if not caps >> bit & 1
+    ]
+    if missing:
+        return (
+            f"needs {' and '.join(missing)} (network admin rights; a container has them "
+            "with --privileged or --cap-add NET_ADMIN --cap-add SYS_ADMIN)"
+        )
     for tool in ("ip", "iptables-restore"):
         if _run("sh", "-c", f"command -v {tool}", check=False).returncode != 0:
             return f"needs {tool}"
+    probe = f"nemprobe{os.getpid()}"[:15]
+    made = _run("ip", "link", "add", probe, "type", "bridge", check=False)
+    if made.returncode != 0:
+        return f"cannot make a bridge ({made.stderr.strip() or made.returncode})"
+    _run("ip", "link", "del", probe, check=False)
     return None

@@ -4,7 +4,8 @@
 
 (`make nemesis` runs the pytest test with 300 s). The run's directory keeps the
 history (``apps.jsonl``, ``stream.jsonl``, ``faults.jsonl``, ``run.json``) and
-every process's log; it is copied to ``bench/results/nemesis/`` (not committed).
+every process's log, and ``cpu.jsonl`` (evidence of CPU starvation,
+tests/nemesis/cpu.py); it is copied to ``bench/results/nemesis/`` (not committed).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.nemesis.checker import History, Report, check, log_figures, summary
+from tests.nemesis.cpu import CpuWatch, loadavg
 from tests.nemesis.faults import Fault, Nemesis, plan
 from tests.nemesis.harness import STREAM, System
 from tests.nemesis.net import sweep_leftovers
@@ -63,9 +65,11 @@ class Outcome:
     def explain(self) -> str:
         plan_text = "\n".join("  " + f.describe() for f in self.faults)
         fails = "\n".join("  " + f for f in self.report.failures + self.errors)
+        notes = "".join(f"\n  {n}" for n in self.report.notes)
         return (
             f"{self.line()}\nreplay: NEMESIS_SEED={self.seed} NEMESIS_SECONDS={self.seconds:g}\n"
-            f"history and logs: {self.directory}\nfailures:\n{fails}\nfault schedule:\n{plan_text}"
+            f"history and logs: {self.directory}\nfailures:\n{fails}\nnotes:{notes}\n"
+            f"fault schedule:\n{plan_text}"
         )
 
 
@@ -78,9 +82,14 @@ def run(workdir: Path, seed: int, seconds: float) -> Outcome:
     (workdir / "plan.txt").write_text("\n".join(f.describe() for f in faults) + "\n")
     nemesis = Nemesis(system, faults, workdir / "faults.jsonl")
     errors: list[str] = []
+    load_at_start = loadavg()
+    cpu = CpuWatch(
+        workdir / "cpu.jsonl", lambda: {s: system.pid_of(s) for s in system.sidecar_names}
+    )
     try:
         # NEMESIS_SYNC=always: every server fsyncs each write (what DEPLOY.md recommends).
         system.start(sync_always=os.environ.get("NEMESIS_SYNC", "") == "always")
+        cpu.start()
         nemesis.start()
         nemesis.join(fault_seconds + 120)
         heal_all(system)
@@ -114,7 +123,9 @@ def run(workdir: Path, seed: int, seconds: float) -> Outcome:
             "seconds": seconds,
             "window": [nemesis.started, stopped - MAX_LATE - 1.5],
             "settle": SETTLE,
+            "loadavg": {"start": load_at_start, "end": loadavg()},
             "nodes": system.node_names,
+            "raft_groups": system.raft_groups(),
             "sidecars": system.sidecar_names,
             "jobs": {
                 "tick": {"period_s": 1, "max_late": MAX_LATE},
@@ -123,6 +134,7 @@ def run(workdir: Path, seed: int, seconds: float) -> Outcome:
         }
         (workdir / "run.json").write_text(json.dumps(run_info, indent=1) + "\n")
     finally:
+        cpu.stop()
         nemesis.stop()
         system.stop()
     report = check(History.load(workdir))
@@ -176,6 +188,10 @@ def keep(outcome: Outcome) -> None:
         "seconds": outcome.seconds,
         "figures": outcome.report.figures,
         "failures": outcome.report.failures + outcome.errors,
+        "notes": outcome.report.notes,
+        "loadavg": json.loads((dest / "run.json").read_text()).get("loadavg")
+        if (dest / "run.json").exists()
+        else None,
         "took_s": round(outcome.took, 1),
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "kept": dest.name,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.nemesis.checker import History, check, slots_of
+from tests.nemesis.checker import History, check, leaderless_from_logs, slots_of
 from tests.nemesis.faults import NETWORK, PROCESS, plan
 
 T0 = 1_800_000_000.0  # a whole, even second
@@ -125,11 +127,19 @@ def test_a_missed_slot_is_a_failure_only_when_nothing_was_near() -> None:
     report = check(History(reqs, stream, [], run_info()))
     assert report.figures["missed_quiet"] == 1
     assert report.figures["missed_available"] == 1
-    pause = {"kind": "pause-node", "target": "n1", "start": T0 + 4, "end": T0 + 6}
+    pause = {"kind": "pause-node", "target": "n1", "start": T0 + 4, "end": T0 + 6, "leader": "n1"}
     report = check(History(reqs, stream, [pause], run_info()))
     assert report.ok, report.failures
     assert report.figures["missed"] == 1
     assert report.figures["missed_available"] == 1  # n2, n3 and a sidecar were fine
+    assert report.figures["missed_no_election"] == 0  # the leader was paused: an election
+    # A follower paused instead: a claim could be made and no election explains the miss.
+    report = check(History(reqs, stream, [{**pause, "leader": "n2"}], run_info()))
+    assert report.figures["missed_no_election"] == 1
+    assert report.failures == [
+        "missed while a claim could be made, with no election nor starvation near: "
+        f"tick slot {int((T0 + 5) * 1000)}"
+    ]
     split = {
         "kind": "partition",
         "start": T0 + 4,
@@ -248,3 +258,117 @@ def test_a_rerun_after_a_stored_success_is_needless() -> None:
     report = check(History(reqs, stream, [pause], run_info()))
     assert report.figures["reruns_needless"] == 1
     assert report.figures["lost_wrong"] == 1
+
+
+def stall(at: float, late: float) -> dict[str, Any]:
+    return {"kind": "stall", "t": at, "late": late}
+
+
+def wait(at: float, proc: str, seconds: float, dt: float = 0.25) -> dict[str, Any]:
+    return {"kind": "wait", "t": at, "dt": dt, "proc": proc, "wait": seconds}
+
+
+def test_a_miss_is_put_down_to_starvation_only_with_evidence_in_its_window() -> None:
+    """Slot 5 missed, a follower paused (no election): a failure, unless the run
+    measured that the CPU was missing for a quarter of [slot, slot + max_late]."""
+    reqs, stream = clean()
+    del reqs[5], stream[5]  # nobody stored a claim of slot 5
+    follower = {
+        "kind": "pause-node",
+        "target": "n2",
+        "leader": "n1",
+        "start": T0 + 4,
+        "end": T0 + 6,
+    }
+
+    def judged(cpu: list[dict[str, Any]], more: list[dict[str, Any]] | None = None) -> Any:
+        return check(History(reqs, stream + (more or []), [follower], run_info(), cpu))
+
+    slot = int((T0 + 5) * 1000)
+    assert judged([]).figures["missed_no_election"] == 1
+    # The harness's own thread could not run for 0.8 s of the 3 s window (>= 0.75 s).
+    report = judged([stall(T0 + 5.9, 0.4), stall(T0 + 7.0, 0.4)])
+    assert report.ok, report.failures
+    assert report.figures["missed_starved"] == 1
+    assert report.figures["missed_no_election"] == 0
+    assert report.notes == [
+        f"starved: tick slot {slot}: the harness's sampling thread could not run for 0.80s of 3s"
+    ]
+    assert report.figures["stall_max_s"] == 0.4
+    # Too little, or outside the window (before the slot, after slot + max_late): no excuse.
+    assert judged([stall(T0 + 6, 0.5)]).figures["missed_no_election"] == 1
+    assert judged([stall(T0 + 4.9, 2.0), stall(T0 + 9.5, 1.0)]).figures["missed_no_election"] == 1
+    # Run-queue waits: every sidecar that could claim must have waited (s1 did, s2 did not) ...
+    s1_waits = [wait(T0 + 5.25 + i * 0.25, "s1", 0.2) for i in range(8)]  # 1.6 s of 3 s
+    assert judged(s1_waits).figures["missed_no_election"] == 1
+    s2_waits = [wait(T0 + 5.25 + i * 0.25, "s2", 0.1) for i in range(8)]  # 0.8 s
+    report = judged(s1_waits + s2_waits)
+    assert report.figures["missed_starved"] == 1
+    assert (
+        "every sidecar that could claim waited on the run queue for s1 1.60s, s2 0.80s"
+        in (report.notes[0])
+    )
+    # ... unless a claim was stored: then its winner is the one that had to run.
+    won_by_s2 = [{**claim(50, T0 + 5), "data": {**claim(50, T0 + 5)["data"], "instance": "s2"}}]
+    assert judged(s1_waits, won_by_s2).figures["missed_no_election"] == 1
+    report = judged(s2_waits, won_by_s2)
+    assert report.figures["missed_starved"] == 1
+    assert "its winner s2 waited on the run queue for s2 0.80s" in report.notes[0]
+
+
+def log_line(at: float, text: str) -> str:
+    stamp = datetime.fromtimestamp(at).strftime("%Y/%m/%d %H:%M:%S.%f")
+    return f"[4242] {stamp} {text}\n"
+
+
+def test_an_election_the_servers_logged_explains_a_miss_the_faults_did_not(
+    tmp_path: Path,
+) -> None:
+    """Seed 477497: a bridge cut follower n3 from leader n1 (n2 saw both); n3's
+    higher term deposed n1 though n1 kept its majority, and no leader was elected
+    for 5.8 s. Only a leaderless stretch over half of [slot, slot + max_late],
+    logged by the servers for the stream's own Raft group, explains a miss."""
+    n1, n2 = tmp_path / "n1.log", tmp_path / "n2.log"
+    n1.write_text(
+        log_line(
+            T0 + 4.6,
+            "[WRN] RAFT [abc - S-R3F-cron] Detected another leader with higher term, will stepdown",
+        )
+        + log_line(
+            T0 + 4.6,
+            "[WRN] RAFT [abc - S-R3F-kv] Detected another leader with higher term, will stepdown",
+        )
+        + log_line(T0 + 9.0, "[INF] JetStream cluster new stream leader for '$G > KV'")
+    )
+    n2.write_text(log_line(T0 + 6.6, "[INF] JetStream cluster new stream leader for '$G > CRON'"))
+    logs = {"n1": n1, "n2": n2, "n3": tmp_path / "n3.log"}
+    spans = leaderless_from_logs(logs, "CRON", "S-R3F-cron")
+    assert spans == [
+        (pytest.approx(T0 + 4.6), pytest.approx(T0 + 6.6), "n1 lost its leadership, n2 was elected")
+    ]
+    assert leaderless_from_logs(logs, "CRON", None) == []  # the group unknown: nothing
+    reqs, stream = clean()
+    del reqs[4], reqs[3]  # slots 3 and 4 (max_late 3 s): 1.4 s and 2.0 s of theirs without a leader
+    follower = {
+        "kind": "pause-node",
+        "target": "n2",
+        "leader": "n1",
+        "start": T0 + 2,
+        "end": T0 + 3,
+    }
+    report = check(History(reqs, stream, [follower], run_info(), [], spans))
+    assert report.figures["missed_elections_logged"] == 1
+    assert report.figures["missed_no_election"] == 1
+    assert report.failures == [
+        "missed while a claim could be made, with no election nor starvation near: "
+        f"tick slot {int((T0 + 3) * 1000)}"
+    ]
+    assert report.notes[0].startswith(f"election logged: tick slot {int((T0 + 4) * 1000)}")
+    # "has NO quorum, stalled" (the leader's own word) starts a stretch too.
+    n1.write_text(
+        log_line(T0 + 3.0, "[WRN] JetStream cluster stream '$G > CRON' has NO quorum, stalled")
+    )
+    assert leaderless_from_logs(logs, "CRON", None)[0][:2] == (
+        pytest.approx(T0 + 3.0),
+        pytest.approx(T0 + 6.6),
+    )

@@ -1,24 +1,35 @@
 """Failures the nemesis found, reproduced at the exact instant (docs/RELIABILITY.md).
 
-Both failed before their fix (a lease that never ended; 3,300 renewals in
-2 s) and pass after it. The writes go to a real nats-server; what the test
-controls is only *when* an answer arrives, the one thing the nemesis could
-not aim.
+Each failed before its fix (a lease that never ended; 3,300 renewals in 2 s;
+no won slot run while the state bucket could not answer) and passes after it.
+The writes go to a real nats-server; what the test controls is only *when*
+(or whether) an answer arrives, the one thing the nemesis could not aim.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
 
 from sidecar.clock import Clock
-from sidecar.lease import Keys, Lease
+from sidecar.lease import RUN_LEASE_WAIT, Keys, Lease
 from sidecar.metrics import Metrics
 from sidecar.state import Bucket, StateSpec, ensure_bucket
+from tests.reliability.proxy import AckProxy
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    Sidecar,
+    free_port,
+    read_stream,
+    until,
+    wait_for,
+)
 
 SPEC = StateSpec("F_STATE", 1, 1.0)
 KEY = "run.j.1000"
@@ -110,3 +121,153 @@ async def test_renewals_back_off_while_reads_are_stale(nc: NATS) -> None:
         keys.stale = None
     # A back-off may retry a few times a second; the sidecar retried thousands.
     assert spun <= 20, f"{spun} renewals in 2 s"
+
+
+# ---------------------------------------------------------------- finding 6 (seed 185111)
+
+
+def test_a_won_slot_runs_while_its_run_lease_cannot_be_created(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Finding 6: the state bucket's stream has a Raft leader of its own. With it
+    cut off and the claims' leader not, claims were won but each run waited for
+    its lease until slot + max_late and was then recorded skipped (late): a slot
+    won and never run. Here every lease create goes unanswered for 2 s (the
+    write timeout), for the whole test: the slots must still run, at most
+    RUN_LEASE_WAIT late."""
+    config = {
+        "nats": {"servers": [nats_server.url], "lease_ttl": "3s"},
+        "target": {"url": http_app.url, "timeout": "5s"},
+        "jobs": [{"name": "tick", "schedule": "* * * * * *", "jitter": "0s", "max_late": "3s"}],
+    }
+    sidecar = Sidecar(tmp_path, "s", config, {"ANARCHON_FAILPOINTS": "lease.create=timeout(2)"})
+    sidecar.start()
+    try:
+        wait_for(
+            lambda: (
+                len(http_app.requests_for("/jobs/tick")) >= 3 or "status=skipped" in sidecar.log()
+            ),
+            30,
+            what="three runs (or a won slot skipped)",
+        )
+    finally:
+        code = sidecar.terminate()
+    assert code == 0
+    log = sidecar.log()
+    assert "failpoint lease.create: timeout" in log
+    assert "status=skipped" not in log, log[-2000:]
+    requests = http_app.requests_for("/jobs/tick")
+    assert len(requests) >= 3
+    delays = [r.at - int(r.headers["X-Anarchon-Slot"]) / 1000 for r in requests]
+    assert max(delays) < RUN_LEASE_WAIT + 0.5, delays
+    assert "not created within 1.0s; running, creating it meanwhile" in log
+    stored = [m.data for m in read_stream(nats_server.url) if m.subject.endswith(".results")]
+    assert stored and all(r["status"] == "succeeded" for r in stored), stored
+
+
+class SlowCreate(Keys):
+    """The first create is answered after `delay` seconds (a leader being elected)."""
+
+    def __init__(self, bucket: Bucket, delay: float) -> None:
+        super().__init__(bucket)
+        self.delay = delay
+
+    async def create(
+        self, key: str, value: dict[str, Any], ttl: float | None, expected: int = 0
+    ) -> int:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+            self.delay = 0.0
+        return await super().create(key, value, ttl, expected)
+
+
+async def test_a_run_lease_created_while_its_run_goes_on_is_renewed_and_released(
+    nc: NATS,
+) -> None:
+    """The other half of finding 6's fix: the run does not wait, the lease still
+    comes (a dead runner is then seen), is renewed, and is released at the end."""
+    keys = SlowCreate(await ensure_bucket(nc.jetstream(), SPEC), 0.8)
+    metrics = Metrics(CollectorRegistry(), ("j",))
+    lease = Lease(keys, KEY, lease_value(), 1.0, metrics, Clock(), 1e12)
+    try:
+        assert not await lease.start(0.2)  # the run goes on without it ...
+        assert await keys.last(KEY) is None
+        await until(lambda: lease.created, 5, "the lease created in the background")
+        assert (await keys.last(KEY) or (0, None))[1] == lease_value()
+        await until(lambda: lease.renewals >= 2, 5, "renewals")  # every 1/3 s
+    finally:
+        await lease.__aexit__(None, None, None)
+    last = await keys.last(KEY)
+    assert last is not None and last[1] is None  # released: a delete marker
+    assert not metrics.registry.get_sample_value(
+        "anarchon_lease_renewal_failures_total", {"job": "j"}
+    )
+
+
+async def test_a_run_lease_never_created_leaves_nothing_behind(nc: NATS) -> None:
+    keys = SlowCreate(await ensure_bucket(nc.jetstream(), SPEC), 30.0)
+    metrics = Metrics(CollectorRegistry(), ("j",))
+    lease = Lease(keys, KEY, lease_value(), 1.0, metrics, Clock(), 1e12)
+    assert not await lease.start(0.1)
+    ending = asyncio.create_task(lease.__aexit__(None, None, None))
+    done, _ = await asyncio.wait({ending}, timeout=3)
+    assert ending in done, "the pending create held the run's end"
+    assert lease._renewer is not None and lease._renewer.done()
+    assert await keys.last(KEY) is None
+
+
+# ---------------------------------------------------------------- finding 7 (seeds 696732, 51613)
+
+
+class DeafProxy(AckProxy):
+    """Every claim's ack dropped, retries' too: a server that cannot reach the
+    stream's leader (everything else, PINGs included, passes)."""
+
+    def _verdict(self, msg_id: str) -> str:
+        with self._lock:
+            self.dropped.append(msg_id)
+        return "drop"
+
+
+def test_a_sidecar_leaves_a_server_that_answers_pings_but_not_its_claims(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Finding 7: a server cut from the stream's leader (a bridge), or one cut from
+    the sidecar for less than the pings take to notice (4-6 s, a whole max_late),
+    answers PINGs and not claims. The sidecar stayed, and every claim timed out.
+    Here the sidecar's first server is a proxy that answers everything but claims
+    (their acks are dropped, for ever); the second refuses connections until the
+    sidecar is up, so it starts on the deaf one. Slots must run all the same."""
+    deaf = DeafProxy(nats_server.port).start()
+    other = free_port()
+    config = {
+        "nats": {
+            "servers": [deaf.url, f"nats://127.0.0.1:{other}"],
+            "lease_ttl": "3s",
+            "ack_timeout": "1s",
+        },
+        "target": {"url": http_app.url, "timeout": "5s"},
+        "jobs": [{"name": "tick", "schedule": "* * * * * *", "jitter": "0s", "max_late": "3s"}],
+    }
+    sidecar = Sidecar(tmp_path, "s", config, {}).start()
+    good = None
+    try:
+        sidecar.wait_ready(30)
+        good = AckProxy(nats_server.port, port=other).start()  # the other server comes up
+        wait_for(lambda: len(deaf.dropped) >= 1, 20, what="a claim sent to the deaf server")
+        wait_for(
+            lambda: len(http_app.requests_for("/jobs/tick")) >= 3,
+            30,
+            what="runs after the deaf server was left",
+        )
+    finally:
+        code = sidecar.terminate()
+        deaf.stop()
+        if good is not None:
+            good.stop()
+    assert code == 0
+    log = sidecar.log()
+    assert "did not answer a claim within nats.ack_timeout; trying another server" in log
+    requests = http_app.requests_for("/jobs/tick")
+    delays = [r.at - int(r.headers["X-Anarchon-Slot"]) / 1000 for r in requests]
+    assert max(delays) < 3.0, delays  # each within max_late
