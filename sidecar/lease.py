@@ -676,8 +676,10 @@ class LostRuns:
                     stream=self.spec.name,
                     headers={MSG_ID: record.msg_id, EXPECTED_LAST: str(last)},
                 )
-                if not ack.duplicate and self.after is not None and not isinstance(job, str):
-                    self.after(job, record)  # a job of our config: its pings, notifications
+                # A job of this config (record passes its name): its pings, notifications.
+                ours = self.jobs.get(name) if isinstance(job, str) else job
+                if not ack.duplicate and self.after is not None and ours is not None:
+                    self.after(ours, record)
                 return 0 if ack.duplicate else int(ack.seq)
             except APIError as exc:
                 if exc.err_code in CAS_CONFLICT:
