@@ -12,7 +12,7 @@ import time
 
 from tests.support import ROOT
 
-BENCHMARKS = ("claim_latency", "leases", "fleet", "footprint", "history", "state_view")
+BENCHMARKS = ("claim_latency", "leases", "fleet", "footprint", "history", "state_view", "page")
 
 
 def main() -> None:

@@ -108,6 +108,14 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class AdminConfig:
+    """``admin:``: the fleet page on the admin port, and who may act through it."""
+
+    page: bool = True  # GET /, /jobs/<job> and /api/v1/... beside /metrics
+    token_file: str | None = None  # without it the page is read-only (every POST 403)
+
+
+@dataclass(frozen=True)
 class TargetConfig:
     """``target:``: the app every job's request goes to, and request defaults."""
 
@@ -205,6 +213,7 @@ class Config:
     target: TargetConfig
     jobs: tuple[JobConfig, ...]
     shutdown_grace: float = 25.0
+    admin: AdminConfig = field(default_factory=AdminConfig)
     notify: tuple[NotifyConfig, ...] = ()
     tracing: TracingConfig = field(default_factory=TracingConfig)
 
@@ -319,6 +328,7 @@ _TOP_KEYS = (
     "target",
     "jobs",
     "shutdown_grace",
+    "admin",
     "defaults",
     "notify",
     "tracing",
@@ -339,6 +349,14 @@ def _parse(data: dict[Any, Any]) -> Config:
         )
     nats = _parse_nats(_Section(data.get("nats"), "nats", tuple(NatsConfig.__dataclass_fields__)))
     metrics = _Section(data.get("metrics"), "metrics", ("listen",))
+    admin_sec = _Section(data.get("admin"), "admin", ("page", "token_file"))
+    admin = AdminConfig(
+        page=admin_sec.get("page", True, boolean), token_file=admin_sec.text("token_file", None)
+    )
+    if admin.token_file == "":
+        raise ConfigError(
+            "admin.token_file", "must not be empty (leave it out for a read-only page)"
+        )
     target = _parse_target(data.get("target"))
     defaults = _Section(data.get("defaults"), "defaults", ("ping",))
     raw_jobs = data.get("jobs")
@@ -360,6 +378,7 @@ def _parse(data: dict[Any, Any]) -> Config:
         target=target,
         jobs=tuple(jobs),
         shutdown_grace=top.duration("shutdown_grace", 25.0),
+        admin=admin,
         notify=parse_notify(data.get("notify")),
         tracing=parse_tracing(data.get("tracing")),
     )

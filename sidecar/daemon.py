@@ -15,11 +15,14 @@ import asyncio
 import gc
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
+from sidecar.actions import ManualRuns
+from sidecar.api import PageApp
 from sidecar.claim import Claimer
 from sidecar.clock import Clock
 from sidecar.config import Config, Secrets
@@ -77,6 +80,11 @@ class Daemon:
         self.admin = AdminServer(
             self.registry, self.config.metrics.host, self.config.metrics.port, self.not_ready
         )
+        # The fleet page and its API beside /metrics (admin.page).
+        self.page: PageApp | None = None
+        if self.config.admin.page:
+            self.page = PageApp(self.config, self.fleet, self.guard, self.clock)
+            self.admin.app = self.page
 
     @property
     def runs(self) -> set[asyncio.Task[None]]:
@@ -109,6 +117,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
+        if self.page is not None:
+            self.page.tokens.load()  # ConfigError naming admin.token_file: exit 2
         await self.admin.start()
         try:
             nc = await self.conn.connect()
@@ -141,6 +151,12 @@ class Daemon:
                 )
                 self.jobs = jobs
                 jobs.aftermath.exporter = span_exporter(self.config)
+                if self.page is not None:
+                    manual = ManualRuns(
+                        self.config, js, claimer, trigger, self.clock, _tracker(jobs)
+                    )
+                    manual.aftermath = jobs.aftermath
+                    self.page.attach(js, manual)
                 watcher = asyncio.create_task(self.guard.run(js))
                 self.fleet.start(js)
                 self.conn.on_reconnect.append(jobs.reconnected)
@@ -159,6 +175,8 @@ class Daemon:
                 claiming = [*loops, *jobs.side_tasks]
                 await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
                 await cancel_all([*claiming, *jobs.side_tasks])
+                if self.page is not None:
+                    await self.page.live.stop()
                 await self.drain()
                 await jobs.aftermath.drain()  # pings and notifications of the last runs
                 await self.fleet.stop(self.conn.connected.is_set())
@@ -185,6 +203,16 @@ class Daemon:
         log.info("waiting up to %.3gs for %d running trigger(s)", left, len(self.runs))
         _, pending = await asyncio.wait(set(self.runs), timeout=left)
         await cancel_all(pending)
+
+
+def _tracker(jobs: Jobs) -> Callable[[asyncio.Task[None]], None]:
+    """Runs started from the page join the job loops' runs: the drain waits for them."""
+
+    def track(task: asyncio.Task[None]) -> None:
+        jobs.runs.add(task)
+        task.add_done_callback(jobs.runs.discard)
+
+    return track
 
 
 def _expect_domain(claimer: Claimer, domain: str | None) -> None:

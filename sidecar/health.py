@@ -156,3 +156,28 @@ async def claim_event(keys: Keys, job: str, run: str, event: str, ttl: float | N
     except KeyHeld:
         return False
     return True
+
+
+async def reset_kv(kv: Any, job: str) -> bool:
+    """``reset`` through a nats-py ``KeyValue`` (the fleet page's resume)."""
+    from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+    key = health_key(job)
+    for _ in range(CAS_TRIES):
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            return False
+        try:
+            prev = json.loads(entry.value or b"{}")
+        except ValueError:
+            prev = {}
+        value = {**(prev if isinstance(prev, dict) else {}), "failures": 0, "run": "", "events": []}
+        try:
+            await kv.update(
+                key, json.dumps(value, separators=(",", ":")).encode(), last=entry.revision
+            )
+            return True
+        except KeyWrongLastSequenceError:
+            await asyncio.sleep(0.02)
+    raise TimeoutError(f"{key}: no compare-and-set succeeded in {CAS_TRIES} tries")

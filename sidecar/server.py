@@ -29,6 +29,14 @@ its event loop, so every cost a client can cause is bounded:
   times as long as its rendering took, at most ``METRICS_MAX_AGE``: however
   many scrape it, rendering takes about a tenth of the loop's time (less than
   a third with 1,000 jobs), and a small sidecar's samples are a few ms old.
+
+Everything else (the fleet page, ``/api/v1/...``, its event stream) goes to
+``app`` (sidecar/api.py) when the page is on, under the same bounds, with
+request bodies of at most ``MAX_BODY`` bytes. An event stream is the one
+answer that outlives ``EXCHANGE_TIMEOUT``: it is written piece by piece, each
+piece drained within ``STREAM_WRITE_TIMEOUT`` or the viewer is dropped, and
+at most ``MAX_STREAMS`` are open at once (fewer than ``MAX_CONNECTIONS``, so
+viewers can never lock Prometheus out).
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 
 import h11
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -59,6 +68,9 @@ SEND_BURST = 8 * 1024 * 1024
 METRICS_MAX_AGE = 1.0
 METRICS_REUSE = 10.0
 RENDER_SLICE = 0.002
+MAX_BODY = 16 * 1024
+MAX_STREAMS = 16
+STREAM_WRITE_TIMEOUT = 10.0
 # After refusing a request, its unread rest is discarded for at most this long.
 LINGER = 2.0
 # Refused connections are logged at most this often.
@@ -66,12 +78,54 @@ REFUSAL_LOG_INTERVAL = 60.0
 TEXT = "text/plain; charset=utf-8"
 REASONS = {
     200: b"OK",
+    202: b"Accepted",
+    303: b"See Other",
+    304: b"Not Modified",
     400: b"Bad Request",
+    401: b"Unauthorized",
+    403: b"Forbidden",
     404: b"Not Found",
     405: b"Method Not Allowed",
+    409: b"Conflict",
+    413: b"Content Too Large",
+    415: b"Unsupported Media Type",
     431: b"Request Header Fields Too Large",
+    501: b"Not Implemented",
     503: b"Service Unavailable",
 }
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request as the app sees it (header names in lower case)."""
+
+    method: str
+    path: str
+    query: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    peer: str = ""
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    ctype: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Stream:
+    """An answer written as it comes (server-sent events); ``chunks`` ends it by ending."""
+
+    chunks: AsyncIterator[bytes]
+    ctype: str = "text/event-stream; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+App = Callable[[Request], Awaitable[Answer | Stream | None]]
+METRICS_PATHS = ("/metrics", "/healthz", "/readyz")
 
 
 class MetricsCache:
@@ -170,6 +224,9 @@ class AdminServer:
         self.host = host
         self.port = port
         self.not_ready_reason = not_ready_reason
+        # The fleet page and its API (sidecar/api.py); None: only the three paths.
+        self.app: App | None = None
+        self.streams = 0
         self.metrics = MetricsCache(registry)
         self.pacer = Pacer(SEND_RATE, SEND_BURST)
         # Open connections: still waiting for their request (oldest first),
@@ -201,7 +258,7 @@ class AdminServer:
 
     async def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
         """Status, content type and body for one request."""
-        if path not in ("/metrics", "/healthz", "/readyz"):
+        if path not in METRICS_PATHS:
             return 404, TEXT, b"not found\n"
         if method not in ("GET", "HEAD"):
             return 405, TEXT, b"method not allowed\n"
@@ -225,9 +282,12 @@ class AdminServer:
         self._waiting[transport] = None
         try:
             async with asyncio.timeout(EXCHANGE_TIMEOUT):
-                await self._exchange(reader, writer)
-                writer.close()
-                await writer.wait_closed()
+                streaming = await self._exchange(reader, writer)
+                if streaming is None:
+                    writer.close()
+                    await writer.wait_closed()
+            if streaming is not None:
+                await self._pump(writer, *streaming)
         except (TimeoutError, OSError, h11.ProtocolError):
             pass  # a client that is too slow, too big or gone gets nothing more
         finally:
@@ -244,9 +304,13 @@ class AdminServer:
         del self._waiting[transport]
         transport.abort()
 
-    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[h11.Connection, Stream] | None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD)
-        method, path = "GET", ""
+        method, path, query = "GET", "", ""
+        headers: dict[str, str] = {}
+        body = bytearray()
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT):
                 while True:
@@ -255,22 +319,75 @@ class AdminServer:
                         conn.receive_data(await reader.read(MAX_REQUEST_HEAD))
                     elif isinstance(event, h11.Request):
                         method = event.method.decode("ascii", "replace")
-                        path = event.target.decode("ascii", "replace").split("?", 1)[0]
+                        target = event.target.decode("ascii", "replace")
+                        path, _, query = target.partition("?")
+                        headers = {
+                            k.decode("ascii", "replace"): v.decode("latin-1")
+                            for k, v in event.headers
+                        }
+                    elif isinstance(event, h11.Data):
+                        body += event.data
+                        if len(body) > MAX_BODY:
+                            await self._answer(
+                                writer, conn, "GET", 413, TEXT, b"request body too large\n"
+                            )
+                            await self._linger(reader, writer)
+                            return None
                     elif isinstance(event, h11.EndOfMessage):
                         self._waiting.pop(writer.transport, None)
                         self._answering.add(writer.transport)
                         break
                     elif isinstance(event, h11.ConnectionClosed):
-                        return
-            status, ctype, body = await self.respond(method, path)
+                        return None
+            answer = await self._dispatch(
+                Request(method, path, query, headers, bytes(body), _peer(writer))
+            )
         except h11.RemoteProtocolError as exc:
-            status, ctype, body = exc.error_status_hint, TEXT, b"bad request\n"
+            status, ctype, text = exc.error_status_hint, TEXT, b"bad request\n"
             if status not in REASONS:
                 status = 400
-            await self._answer(writer, conn, "GET", status, ctype, body)
+            await self._answer(writer, conn, "GET", status, ctype, text)
             await self._linger(reader, writer)
-            return
-        await self._answer(writer, conn, method, status, ctype, body)
+            return None
+        if isinstance(answer, Stream):
+            if self.streams >= MAX_STREAMS:
+                await self._answer(
+                    writer, conn, method, 503, TEXT, b"too many event streams open\n"
+                )
+                return None
+            return conn, answer
+        await self._answer(
+            writer, conn, method, answer.status, answer.ctype, answer.body, answer.headers
+        )
+        return None
+
+    async def _dispatch(self, request: Request) -> Answer | Stream:
+        if request.path in METRICS_PATHS or self.app is None:
+            return Answer(*await self.respond(request.method, request.path))
+        answer = await self.app(request)
+        return answer if answer is not None else Answer(404, TEXT, b"not found\n")
+
+    async def _pump(
+        self, writer: asyncio.StreamWriter, conn: h11.Connection, stream: Stream
+    ) -> None:
+        """Write an event stream until it ends, the viewer goes, or a write stalls."""
+        self.streams += 1
+        try:
+            head = h11.Response(
+                status_code=200,
+                reason=REASONS[200],
+                headers=[("Content-Type", stream.ctype), *stream.headers],
+            )
+            writer.write(conn.send(head) or b"")
+            async for chunk in stream.chunks:
+                writer.write(conn.send(h11.Data(data=chunk)) or b"")
+                async with asyncio.timeout(STREAM_WRITE_TIMEOUT):
+                    await writer.drain()
+        finally:
+            self.streams -= 1
+            aclose = getattr(stream.chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     async def _answer(
         self,
@@ -280,6 +397,7 @@ class AdminServer:
         status: int,
         ctype: str,
         body: bytes,
+        extra: tuple[tuple[str, str], ...] = (),
     ) -> None:
         head = h11.Response(
             status_code=status,
@@ -288,6 +406,7 @@ class AdminServer:
                 ("Content-Type", ctype),
                 ("Content-Length", str(len(body))),
                 ("Connection", "close"),
+                *extra,
             ],
         )
         writer.write(conn.send(head) or b"")
@@ -324,3 +443,10 @@ class AdminServer:
             )
             self._refused = 0
             self._next_refusal_log = now + REFUSAL_LOG_INTERVAL
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and peer:
+        return str(peer[0])
+    return str(peer or "")

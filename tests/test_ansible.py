@@ -199,6 +199,7 @@ class Site:
             "anarchon_sidecar_nats_user": "anarchon",
             "anarchon_sidecar_nats_password": "nats-password-never-logged",
             "anarchon_sidecar_target_signing_secret": "signing-secret-never-logged",
+            "anarchon_sidecar_admin_tokens": "alice:admin-token-never-logged",
             "anarchon_sidecar_metrics_listen": "127.0.0.1:9464",
             "anarchon_sidecar_jobs": [
                 {"name": "sync", "schedule": "*/5 * * * *", "request": {"path": "/jobs/sync"}},
@@ -301,6 +302,7 @@ def test_converge_installs_the_sidecar_with_its_files(site: Site) -> None:
     assert config["nats"]["user"] == "anarchon"
     assert config["nats"]["password_file"] == str(site.secrets / "nats-password")
     assert config["target"]["signing_secret_file"] == str(site.secrets / "signing-secret")
+    assert config["admin"] == {"page": True, "token_file": str(site.secrets / "admin-tokens")}
     assert [job["name"] for job in config["jobs"]] == ["sync", "nightly"]
     assert config["jobs"][1]["timezone"] == "Europe/Berlin"
     assert "never-logged" not in site.config.read_text()
@@ -311,7 +313,13 @@ def test_converge_installs_the_sidecar_with_its_files(site: Site) -> None:
     for path in (site.secrets / "nats-password", site.secrets / "signing-secret", site.config):
         assert oct(path.stat().st_mode & 0o777) == "0o640", path
     assert oct(site.secrets.stat().st_mode & 0o777) == "0o750"
-    assert sorted(p.name for p in site.secrets.iterdir()) == ["nats-password", "signing-secret"]
+    assert (site.secrets / "admin-tokens").read_text() == "alice:admin-token-never-logged"
+    assert oct((site.secrets / "admin-tokens").stat().st_mode & 0o777) == "0o640"
+    assert sorted(p.name for p in site.secrets.iterdir()) == [
+        "admin-tokens",
+        "nats-password",
+        "signing-secret",
+    ]
     # ... and no_log kept them out of the play's output, --diff included.
     assert "never-logged" not in play.output
 
