@@ -1,7 +1,8 @@
 """Failures the nemesis found, reproduced at the exact instant (docs/RELIABILITY.md).
 
 Each failed before its fix (a lease that never ended; 3,300 renewals in 2 s;
-no won slot run while the state bucket could not answer) and passes after it.
+no won slot run while the state bucket could not answer; no slot run while the
+sidecar's server answered PINGs but not claims) and passes after it.
 The writes go to a real nats-server; what the test controls is only *when*
 (or whether) an answer arrives, the one thing the nemesis could not aim.
 """
