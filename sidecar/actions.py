@@ -23,7 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -34,10 +34,14 @@ from sidecar.claim import Claimer
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config
 from sidecar.errors import StreamError
+from sidecar.health import reset_kv
 from sidecar.runs import ResultRecord, publish_result
 from sidecar.state import decode, put_json
 from sidecar.stream import stream_spec
 from sidecar.trigger import Trigger
+
+if TYPE_CHECKING:
+    from sidecar.aftermath import Aftermath
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +104,10 @@ async def resume(kv: KeyValue, job: str) -> dict[str, Any] | None:
     except KeyNotFoundError:
         return None
     await kv.delete(f"paused.{job}", last=entry.revision)
+    try:  # a resumed job starts counting its failures (pause_after) from 0
+        await reset_kv(kv, job)
+    except Exception as exc:
+        log.warning("job %s resumed; its failure count not reset: %r", job, exc)
     return decode(entry.value)
 
 
@@ -122,6 +130,8 @@ class ManualRuns:
         self.clock = clock
         self.track = track
         self.spec = stream_spec(config)
+        # Pings, notifications, anomalies, spans of these runs (set by the daemon).
+        self.aftermath: Aftermath | None = None
 
     async def start(self, job_name: str) -> str:
         """Claim a manual run and start it; its run id (the claim's token)."""
@@ -139,8 +149,13 @@ class ManualRuns:
     async def _run(self, job_name: str, slot: int, token: str, seq: int) -> None:
         job = self.config.job(job_name)
         deadline = self.clock.monotonic() + job.max_late
+        after = self.aftermath
+        if after is not None:
+            after.started(job, token, self.clock.wall())
         result = await self.trigger.fire(job, slot, token, deadline, fence=seq)
         record = ResultRecord.of(job.name, slot, token, self.config.instance_id, result, True)
+        if after is not None:
+            record = after.marked(job, record)
         (log.info if result.ok else log.warning)(
             "manual run from the fleet page job=%s run=%s status=%s http_status=%s",
             job.name,
@@ -150,3 +165,5 @@ class ManualRuns:
         )
         if not await publish_result(self.js, self.spec.name, self.spec.prefix, record):
             log.error("job %s manual run %s: result not recorded", job.name, token)
+        if after is not None:
+            after.after_outcome(job, record, result.answer, "manual")

@@ -35,6 +35,7 @@ from sidecar.server import AdminServer
 from sidecar.signing import signer_for
 from sidecar.stream import stream_spec
 from sidecar.tasks import cancel_all
+from sidecar.tracing import span_exporter
 from sidecar.trigger import Trigger
 from sidecar.values import is_remote
 
@@ -149,11 +150,13 @@ class Daemon:
                     self.stopping,
                 )
                 self.jobs = jobs
+                jobs.aftermath.exporter = span_exporter(self.config)
                 if self.page is not None:
-                    self.page.attach(
-                        js,
-                        ManualRuns(self.config, js, claimer, trigger, self.clock, _tracker(jobs)),
+                    manual = ManualRuns(
+                        self.config, js, claimer, trigger, self.clock, _tracker(jobs)
                     )
+                    manual.aftermath = jobs.aftermath
+                    self.page.attach(js, manual)
                 watcher = asyncio.create_task(self.guard.run(js))
                 self.fleet.start(js)
                 self.conn.on_reconnect.append(jobs.reconnected)
@@ -175,6 +178,7 @@ class Daemon:
                 if self.page is not None:
                     await self.page.live.stop()
                 await self.drain()
+                await jobs.aftermath.drain()  # pings and notifications of the last runs
                 await self.fleet.stop(self.conn.connected.is_set())
                 await cancel_all([watcher])
             await self.conn.close(drain=True)

@@ -95,9 +95,10 @@ class ClaimError(SidecarError):
 class TriggerError(SidecarError):
     """The trigger request did not succeed."""
 
-    def __init__(self, message: str, http_status: int | None = None) -> None:
+    def __init__(self, message: str, http_status: int | None = None, answer: bytes = b"") -> None:
         super().__init__(message)
         self.http_status = http_status
+        self.answer = answer  # the start of the app's answer, when there was one
 
 
 class TriggerUndelivered(TriggerError):

@@ -27,6 +27,7 @@ from typing import Any
 from nats.js import JetStreamContext
 
 from sidecar import failpoints
+from sidecar.aftermath import Aftermath
 from sidecar.backfill import Backfills
 from sidecar.bounds import slot_ms
 from sidecar.bucketcheck import needs_leases
@@ -75,6 +76,12 @@ MAX_CATCHUP = 100
 # 1.5 ms at p50 here. A slot's timer is set this much early and the rest is
 # slept precisely, blocking the loop for at most this long once per due instant.
 PRECISE_WAKE = 0.002
+
+
+def _secret(trigger: Trigger) -> bytes | None:
+    """The current signing secret: webhooks are signed like triggers."""
+    signer = getattr(trigger, "signer", None)  # tests drive Jobs without a trigger
+    return signer.secrets[0] if signer is not None else None
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -132,6 +139,9 @@ class Jobs:
         fleet.key_listeners.append(self.backfills.changed)
         self.lost.judges_foreign = fleet.orphans.judges
         self.lost.view = fleet.view  # leases of a replaced bucket are looked for again
+        # Pings, notifications, auto-pause, anomalies, spans (sidecar/aftermath.py).
+        self.aftermath = Aftermath(config, metrics, clock, self.keys, _secret(trigger), fleet)
+        self.lost.after = self.aftermath.after_outcome
         fleet.removal_listeners.append(self.lost.removed)
         fleet.key_listeners.append(self.due_changed)
 
@@ -629,6 +639,7 @@ class Jobs:
         started_at = self.clock.wall()
         started = self.clock.monotonic()
         m.run_start_delay_seconds.labels(job=job.name).observe(max(0.0, started_at - slot_time))
+        self.aftermath.started(job, claim.token, started_at)
         try:
             result = await self.trigger.fire(
                 job,
@@ -688,6 +699,7 @@ class Jobs:
             claim.attempt,
             claim.trigger,
         )
+        record = self.aftermath.marked(job, record)
         (log.info if result.ok else log.warning)(
             "run job=%s slot=%s%s status=%s http_status=%s duration_ms=%d%s",
             job.name,
@@ -701,6 +713,7 @@ class Jobs:
         seq = await publish_result(self.js, self.spec.name, self.spec.prefix, record)
         if not seq:
             log.error("job %s slot %s: result not recorded", job.name, claim.slot)
+        self.aftermath.after_outcome(job, record, result.answer, getattr(claim, "trigger", None))
         if not result.ok:
             await self._retry(job, claim, result.finished_at, seq)
 
@@ -790,4 +803,5 @@ class Jobs:
         seq = await publish_result(self.js, self.spec.name, self.spec.prefix, record)
         if not seq:
             log.error("job %s slot %s: result not recorded", job.name, claim.slot)
+        self.aftermath.after_outcome(job, record, b"", getattr(claim, "trigger", None))
         return seq

@@ -475,6 +475,8 @@ class LostRuns:
         # (sidecar/orphans.py: when no other live instance runs that job).
         self.judges_foreign: Callable[[Removal], bool] = lambda removal: False
         self.view: View | None = None  # the live view: leases of a replaced bucket
+        # Told of each lost record this sidecar stored (pings, notifications).
+        self.after: Callable[[JobConfig, ResultRecord], None] | None = None
 
     def removed(self, removal: Removal) -> None:
         """The view lost `removal.key`; an expired lease of one of our jobs was lost."""
@@ -674,6 +676,10 @@ class LostRuns:
                     stream=self.spec.name,
                     headers={MSG_ID: record.msg_id, EXPECTED_LAST: str(last)},
                 )
+                # A job of this config (record passes its name): its pings, notifications.
+                ours = self.jobs.get(name) if isinstance(job, str) else job
+                if not ack.duplicate and self.after is not None and ours is not None:
+                    self.after(ours, record)
                 return 0 if ack.duplicate else int(ack.seq)
             except APIError as exc:
                 if exc.err_code in CAS_CONFLICT:

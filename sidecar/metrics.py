@@ -47,6 +47,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 RUN_STATUSES = ("succeeded", "failed", "skipped", "lost")
 RUN_SKIP_REASONS = ("overlap", "late", "bucket", "paused", "excluded", "skip")
 DUE_REASONS = ("retry", "lost")
+NOTIFY_EVENTS = ("failing", "recovered", "lost", "auto_paused", "anomaly")
 
 
 # ---------------------------------------------------------------- per-job series
@@ -388,8 +389,38 @@ class Metrics:
         self.nats_reconnects_total = Counter(
             "nats_reconnects", "Reconnections to NATS.", namespace=PREFIX, registry=registry
         )
+        # Telling people (sidecar/aftermath.py).
+        self.pings_total = counter(
+            "pings", "Pings sent by this instance, by kind and outcome.", ("job", "kind", "outcome")
+        )
+        self.notifications_total = Counter(
+            "notifications",
+            "Notifications this instance sent (exactly one sidecar sends each event), "
+            "by event and outcome (sent, failed).",
+            ("event", "outcome"),
+            namespace=PREFIX,
+            registry=registry,
+        )
+        self.runs_anomalous_total = counter(
+            "runs_anomalous",
+            "Runs outside the job's expect: kind short (succeeded faster than min) or long "
+            "(ended slower than max).",
+            ("job", "kind"),
+        )
+        self.runs_overdue = job_gauge(
+            "runs_overdue", "Runs on this instance still running past the job's expect.max."
+        )
+        self.job_consecutive_failures = job_gauge(
+            "job_consecutive_failures", "Consecutive failed or lost runs, fleet-wide."
+        )
+        self.job_auto_paused = job_gauge(
+            "job_auto_paused", "1 while the job is paused by pause_after (fleet-wide)."
+        )
         self.build_info = gauge("build_info", "Always 1; the version as a label.", ("version",))
         self.build_info.labels(version=__version__).set(1)
+        for event in NOTIFY_EVENTS:  # at 0 from the start, like the per-job series
+            for outcome in ("sent", "failed"):
+                self.notifications_total.labels(event=event, outcome=outcome)
         for name in jobs:
             self.add_job(name)
 
@@ -424,3 +455,8 @@ class Metrics:
         self.job_paused_until_timestamp_seconds.labels(job=job)
         self.job_skips_pending.labels(job=job)
         self.job_backfill_pending.labels(job=job)
+        for kind in ("short", "long"):
+            self.runs_anomalous_total.labels(job=job, kind=kind)
+        self.runs_overdue.labels(job=job)
+        self.job_consecutive_failures.labels(job=job)
+        self.job_auto_paused.labels(job=job)

@@ -28,11 +28,14 @@ from nats.js.errors import (
     KeyWrongLastSequenceError,
 )
 
+from sidecar.aftermath import Aftermath
 from sidecar.claim import Claimer
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, Secrets
 from sidecar.connection import Client, Connection, jetstream
 from sidecar.errors import StreamError, StreamNotFound, UnknownJob
+from sidecar.health import reset
+from sidecar.lease import Keys
 from sidecar.runs import (
     History,
     ResultRecord,
@@ -191,6 +194,9 @@ async def run_now(
         # A manual run retries an unreachable app for as long as a slot would,
         # or for --timeout.
         deadline = clock.monotonic() + (job.max_late if retry_for is None else retry_for)
+        keys = await _keys(js, config)
+        after = Aftermath(config, None, clock, lambda: keys, secrets.signing_secret)
+        after.started(job, claim.token, clock.wall())
         async with Trigger(signer_for(config, secrets), clock, config.instance_id) as trigger:
             result = await trigger.fire(
                 job,
@@ -204,8 +210,19 @@ async def run_now(
         record = ResultRecord.of(
             job.name, slot, claim.token, config.instance_id, result, True, trigger=MANUAL
         )
+        record = after.marked(job, record)
         recorded = bool(await publish_result(js, spec.name, spec.prefix, record, attempts=5))
+        after.after_outcome(job, record, result.answer, "manual")
+        await after.drain()  # its ping and notifications, bounded
         return ManualRun(claim.token, slot, result, recorded)
+
+
+async def _keys(js: JetStreamContext, config: Config) -> Keys | None:
+    """The state bucket's writer for run-now's health update; None when it cannot be had."""
+    try:
+        return Keys(await ensure_bucket(js, state_spec(config)))
+    except Exception:  # no notifications or pause_after count for this run; said later
+        return None
 
 
 @dataclass(frozen=True)
@@ -341,6 +358,8 @@ async def resume(
         if bound is not None:  # first the bound: a sidecar starting in between is still paused
             await put_json(kv, since_key(job), bound)
         await kv.delete(f"paused.{job}", last=entry.revision)
+        # A resumed job starts counting its failures (pause_after) from 0.
+        await reset(Keys(await ensure_bucket(js, state_spec(config))), job)
         return decode(entry.value)
 
 

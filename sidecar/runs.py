@@ -29,6 +29,7 @@ from sidecar.bounds import slot_ms
 from sidecar.claim import MSG_ID, TRANSIENT
 from sidecar.clock import rfc3339
 from sidecar.due import lost_msg_id
+from sidecar.tracing import trace_id_of
 from sidecar.trigger import TriggerResult
 
 log = logging.getLogger(__name__)
@@ -58,14 +59,19 @@ class ResultRecord:
     manual: bool = False
     attempt: int = 1
     trigger: str | None = None  # X-Anarchon-Trigger of the run; None: no request (skipped)
+    anomaly: str | None = None  # short or long: outside the job's expect (min, max)
 
     def to_json(self) -> bytes:
-        """The body; ``attempt`` only after the first (absent means 1), ``trigger`` when set."""
+        """The body; ``attempt`` only after the first (absent means 1), ``trigger`` and
+        ``anomaly`` only when set; ``trace_id`` always (sidecar/tracing.py)."""
         data = asdict(self)
         if self.attempt <= 1:
             del data["attempt"]
         if self.trigger is None:
             del data["trigger"]
+        if self.anomaly is None:
+            del data["anomaly"]
+        data["trace_id"] = trace_id_of(self.token)
         return json.dumps(data, separators=(",", ":")).encode()
 
     @property
@@ -167,6 +173,8 @@ RUN_FIELDS = (
     "duration_ms",
     "http_status",
     "error",
+    "anomaly",
+    "trace_id",
 )
 
 
@@ -190,6 +198,8 @@ class Run:
     seq: int = 0  # the claim's stream sequence, for ordering only
     attempt: int = 1
     trigger: str | None = None  # why it ran (X-Anarchon-Trigger); None: it did not
+    anomaly: str | None = None
+    trace_id: str | None = None  # from the result record (absent: none was sent)
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in RUN_FIELDS}
@@ -300,6 +310,8 @@ def join_runs(
                 error=_opt(r.get("error"), str),
                 seq=seq,
                 trigger=trigger_of(c, r),
+                anomaly=_opt(r.get("anomaly"), str),
+                trace_id=_opt(r.get("trace_id"), str),
             )
         )
     runs.sort(key=lambda run: (run.slot, run.seq), reverse=True)

@@ -164,6 +164,11 @@ def job_hash(job: JobConfig) -> str:
     extra = (job.overlap, job.on_lost, repr(job.retry.max), repr(job.retry.backoff))
     if extra != ("allow", "record", "0", "30.0"):
         parts.extend(extra)
+    # pause_after and expect decide what the fleet does after a run: only when set.
+    if getattr(job, "pause_after", None) is not None:
+        parts.append(f"pause_after={job.pause_after}")
+    if getattr(job, "expect", None) is not None:
+        parts.append(f"expect={job.expect}")
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
 
 

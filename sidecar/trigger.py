@@ -41,13 +41,16 @@ from sidecar.errors import (
     TriggerUndelivered,
 )
 from sidecar.signing import SIGNATURE_HEADER, SignedFields, Signer, signature
+from sidecar.tracing import TRACEPARENT, traceparent
 
 __all__ = ["Trigger", "TriggerResult", "signature"]
 
 log = logging.getLogger(__name__)
 
-# Only this much of an answer's body is kept (the message of a non-2xx answer).
+# Only this much of an answer's body goes into the message of a non-2xx answer.
 MAX_ERROR_BODY = 200
+# Only this much of an answer's body is kept at all (for the run's ping).
+MAX_ANSWER_KEPT = 10 * 1024
 # The answer is read in chunks of at most this many bytes.
 READ_CHUNK = 64 * 1024
 USER_AGENT = f"anarchon-sidecar/{__version__}"
@@ -100,6 +103,7 @@ class TriggerResult:
     error: str | None
     attempts: int
     late: bool = False  # nothing was sent: the last instant it could go out had passed
+    answer: bytes = b""  # at most MAX_ANSWER_KEPT bytes of the app's answer
 
 
 @dataclass(frozen=True)
@@ -148,10 +152,10 @@ def encode_request(req: RequestConfig, headers: Mapping[str, str], body: bytes) 
 
 
 async def read_answer(reader: asyncio.StreamReader, conn: h11.Connection) -> tuple[int, bytes]:
-    """The status and at most MAX_ERROR_BODY bytes of the body of the answer.
+    """The status and at most MAX_ANSWER_KEPT bytes of the body of the answer.
 
-    A 2xx answer's body is read to its end and discarded as it arrives; for any
-    other status reading stops once MAX_ERROR_BODY bytes are kept. Raises
+    A 2xx answer's body is read to its end, the rest discarded as it arrives; for
+    any other status reading stops once MAX_ANSWER_KEPT bytes are kept. Raises
     h11.RemoteProtocolError for a malformed answer or one cut short.
     """
     status = 0
@@ -163,9 +167,9 @@ async def read_answer(reader: asyncio.StreamReader, conn: h11.Connection) -> tup
         elif isinstance(event, h11.Response):
             status = event.status_code
         elif isinstance(event, h11.Data):
-            if len(kept) < MAX_ERROR_BODY:
-                kept += bytes(event.data[: MAX_ERROR_BODY - len(kept)])
-            if not 200 <= status < 300 and len(kept) >= MAX_ERROR_BODY:
+            if len(kept) < MAX_ANSWER_KEPT:
+                kept += bytes(event.data[: MAX_ANSWER_KEPT - len(kept)])
+            if not 200 <= status < 300 and len(kept) >= MAX_ANSWER_KEPT:
                 return status, kept
         elif isinstance(event, h11.EndOfMessage):
             return status, kept
@@ -215,6 +219,8 @@ class Trigger:
         if self.instance:
             headers["X-Anarchon-Instance"] = self.instance
         headers["X-Anarchon-Attempt"] = str(attempt)
+        # A trace per run (sidecar/tracing.py); a configured tracestate passes as is.
+        headers[TRACEPARENT] = traceparent(token)
         if fence is not None:
             # The won claim's stream sequence: it grows with every claim on
             # the stream, so an app can refuse a request older than one it ran.
@@ -270,7 +276,7 @@ class Trigger:
         while True:
             attempts += 1
             try:
-                status = await self._send(job, slot, token, attempt, fence, send_by, why)
+                status, answer = await self._send(job, slot, token, attempt, fence, send_by, why)
             except TriggerLate as exc:
                 return self._result(started_at, t0, None, str(exc), attempts, late=True)
             except TriggerUndelivered as exc:
@@ -291,8 +297,10 @@ class Trigger:
                 backoff = min(backoff * 2, 5.0)
                 continue
             except TriggerError as exc:
-                return self._result(started_at, t0, exc.http_status, str(exc), attempts)
-            return self._result(started_at, t0, status, None, attempts)
+                return self._result(
+                    started_at, t0, exc.http_status, str(exc), attempts, answer=exc.answer
+                )
+            return self._result(started_at, t0, status, None, attempts, answer=answer)
 
     def _result(
         self,
@@ -302,6 +310,7 @@ class Trigger:
         error: str | None,
         attempts: int,
         late: bool = False,
+        answer: bytes = b"",
     ) -> TriggerResult:
         duration = time.perf_counter() - t0
         return TriggerResult(
@@ -313,6 +322,7 @@ class Trigger:
             error=error,
             attempts=attempts,
             late=late,
+            answer=answer,
         )
 
     def _too_late(self, send_by: float | None) -> None:
@@ -329,8 +339,9 @@ class Trigger:
         fence: int | None,
         send_by: float | None = None,
         why: Why | None = None,
-    ) -> int:
-        """One request over a fresh connection; returns the 2xx status or raises a TriggerError."""
+    ) -> tuple[int, bytes]:
+        """One request over a fresh connection: the 2xx status and the start of the
+        answer, or a TriggerError."""
         self._too_late(send_by)
         req = job.request
         body = req.body.encode()
@@ -374,6 +385,6 @@ class Trigger:
             if writer is not None:
                 writer.transport.abort()
         if 200 <= status < 300:
-            return status
-        detail = " ".join(kept.decode(errors="replace").split())
-        raise TriggerFailed(f"HTTP {status}" + (f": {detail}" if detail else ""), status)
+            return status, kept
+        detail = " ".join(kept[:MAX_ERROR_BODY].decode(errors="replace").split())
+        raise TriggerFailed(f"HTTP {status}" + (f": {detail}" if detail else ""), status, kept)

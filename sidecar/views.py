@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from sidecar.alerting_config import describe_job, describe_notify
 from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.oneshot import ManualRun
@@ -162,6 +163,7 @@ def check_lines(config: Config, now_ms: int) -> list[str]:
         f"stream {n.stream} (prefix {n.prefix}) on {', '.join(map(redact_url, n.servers))}",
         f"history size {config.effective_history_size}, "
         f"duplicate window {format_duration(n.duplicate_window)}, replicas {replicas}",
+        *describe_notify(config.notify, config.tracing),
     ]
     for job in config.jobs:
         req = job.request
@@ -173,6 +175,8 @@ def check_lines(config: Config, now_ms: int) -> list[str]:
             f"  {req.method} {where}{req.path}  timeout {format_duration(req.timeout)}, "
             f"jitter {format_duration(job.jitter)}, max_late {format_duration(job.max_late)}",
         ]
+        if told := describe_job(job.ping, job.pause_after, job.expect):
+            lines.append(told)
         # The next runs: spread moved, exclusions left out.
         lines += [f"  next: {when(slot, job.timezone)}" for slot in job.schedule.runs(now_ms, 3)]
     return lines

@@ -716,3 +716,35 @@ def test_ansible_lint_production_profile_passes() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Profile 'production' was required, and it passed" in proc.stdout + proc.stderr
+
+
+def test_pings_notifications_and_tracing_are_rendered_and_their_urls_never_shown(
+    site: Site,
+) -> None:
+    key = "check-key-never-shown"
+    variables = site.vars(
+        anarchon_sidecar_ping_default={"url": f"https://hc.example/ping/{key}/{{job}}"},
+        anarchon_sidecar_notify=[
+            {"url": f"https://hooks.example/services/{key}", "format": "slack"}
+        ],
+        anarchon_sidecar_tracing={"otlp_endpoint": "http://127.0.0.1:4318"},
+        anarchon_sidecar_jobs=[
+            {
+                "name": "sync",
+                "schedule": "*/5 * * * *",
+                "pause_after": 3,
+                "expect": {"min": "1s", "max": "10m"},
+            }
+        ],
+    )
+    play = site.converge(variables)
+    play.assert_ok()
+    config = yaml.safe_load(site.config.read_text())
+    assert config["defaults"]["ping"]["url"] == f"https://hc.example/ping/{key}/{{job}}"
+    assert config["notify"][0]["format"] == "slack"
+    assert config["tracing"] == {"otlp_endpoint": "http://127.0.0.1:4318"}
+    assert config["jobs"][0]["pause_after"] == 3
+    # Converged with --diff: the config's diff would have shown the keys.
+    assert key not in play.output
+    assert os.stat(site.config).st_mode & 0o777 == 0o640
+    site.converge_base()

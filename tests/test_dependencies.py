@@ -45,3 +45,29 @@ def test_every_module_imports_without_aiohttp() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+def test_the_otel_extra_is_optional_and_never_imported_without_an_endpoint() -> None:
+    """``pip install anarchon-sidecar[otel]`` brings the OTLP exporter; a sidecar
+    without ``tracing.otlp_endpoint`` never imports it, and without the extra it
+    still starts (traceparent and trace ids work, export is refused in one line)."""
+    requires = importlib.metadata.requires("anarchon-sidecar") or []
+    otel = [r for r in requires if 'extra == "otel"' in r]
+    assert [requirement_name(r) for r in otel] == ["opentelemetry-proto"]
+    code = (
+        "import sys\n"
+        "import sidecar.cli, sidecar.daemon, sidecar.job, sidecar.aftermath\n"
+        "from sidecar.config import parse_config\n"
+        "from sidecar.tracing import span_exporter\n"
+        "jobs = [{'name': 'a', 'schedule': '* * * * *'}]\n"
+        "assert span_exporter(parse_config({'jobs': jobs}, {})) is None\n"
+        "assert not [m for m in sys.modules if m.startswith(('opentelemetry', 'google'))]\n"
+        "sys.modules['opentelemetry'] = None\n"
+        "cfg = parse_config({'jobs': jobs, 'tracing': {'otlp_endpoint': 'http://x:4318'}}, {})\n"
+        "assert span_exporter(cfg) is None\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+    assert "the otel extra is not installed" in proc.stderr

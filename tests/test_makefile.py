@@ -260,7 +260,19 @@ def test_make_unit_runs_the_second_pass_after_a_failed_first(
         'case "$*" in *"reliability tests/nemesis") exit 0;; *) exit 1;; esac\n',
     )
     (project / ".venv" / ".installed").touch()
-    res = make(project, bin_dir, "unit", "-o", "prometheus", "-o", "verifiers", "-o", "netns-tools")
+    res = make(
+        project,
+        bin_dir,
+        "unit",
+        "-o",
+        "prometheus",
+        "-o",
+        "verifiers",
+        "-o",
+        "netns-tools",
+        "-o",
+        "chromium",
+    )
     assert res.returncode != 0, res.stdout + res.stderr
     calls = log.read_text().splitlines()
     assert len(calls) == 2, calls

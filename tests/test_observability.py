@@ -73,6 +73,13 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_lease_renewal_failures_total": ("counter", frozenset({"job"})),
     # Not in FLEET.md's table: the alert on retries exhausted needs it (docs/METRICS.md).
     "anarchon_retries_exhausted_total": ("counter", frozenset({"job"})),
+    # Telling people (issue 29): pings, notifications, pause_after, expect.
+    "anarchon_pings_total": ("counter", frozenset({"job", "kind", "outcome"})),
+    "anarchon_notifications_total": ("counter", frozenset({"event", "outcome"})),
+    "anarchon_runs_anomalous_total": ("counter", frozenset({"job", "kind"})),
+    "anarchon_runs_overdue": ("gauge", frozenset({"job"})),
+    "anarchon_job_consecutive_failures": ("gauge", frozenset({"job"})),
+    "anarchon_job_auto_paused": ("gauge", frozenset({"job"})),
     # The state bucket checked like the stream, hostile input, permissions (issue 25).
     "anarchon_hostile_input_total": ("counter", frozenset({"what"})),
     "anarchon_state_bucket_ok": ("gauge", frozenset()),
@@ -116,6 +123,9 @@ REASONS = {
     "anarchon_runs_skipped_total": {"overlap", "bucket"},
     "anarchon_attempts_due_total": {"retry", "lost"},
 }
+# Per-job series made when first used, and why: only jobs with a ping have pings.
+MADE_ON_USE = {"anarchon_pings_total"}
+KINDS = {"anarchon_runs_anomalous_total": {"short", "long"}}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 ALERTS = {
     "AnarchonJobNoRecentSuccess",
@@ -132,6 +142,11 @@ ALERTS = {
     "AnarchonRunLost",
     "AnarchonRetriesExhausted",
     "AnarchonOverlapSkipsPersist",
+    "AnarchonJobAutoPaused",
+    "AnarchonRunOverdue",
+    "AnarchonRunsAnomalous",
+    "AnarchonPingsFailing",
+    "AnarchonNotificationsFailing",
     "AnarchonNatsPermissionDenied",
     "AnarchonStateBucketUnfit",
     "AnarchonHostileInput",
@@ -245,7 +260,8 @@ def github_anchor(heading: str) -> str:
 
 def test_metrics_match_spec_names_types_and_labels() -> None:
     registry = CollectorRegistry()
-    Metrics(registry, ("j",))
+    metrics = Metrics(registry, ("j",))
+    metrics.pings_total.labels(job="j", kind="start", outcome="sent")  # MADE_ON_USE
     found: dict[str, tuple[str, frozenset[str]]] = {}
     values: dict[str, set[str]] = {}
     for family in registry.collect():
@@ -267,7 +283,7 @@ def test_metrics_of_a_job_exist_at_zero_before_anything_happens() -> None:
     registry = CollectorRegistry()
     Metrics(registry, ("j",))
     for name, (kind, labels) in SPEC_METRICS.items():
-        if "job" not in labels:
+        if "job" not in labels or name in MADE_ON_USE:
             continue
         sample = name + "_count" if kind == "histogram" else name
         extra = [{}]
@@ -275,6 +291,8 @@ def test_metrics_of_a_job_exist_at_zero_before_anything_happens() -> None:
             extra = [{"reason": r} for r in REASONS[name]]
         if "status" in labels:
             extra = [{"status": s} for s in SPEC_LABEL_VALUES["status"]]
+        if "kind" in labels:
+            extra = [{"kind": k} for k in KINDS[name]]
         for more in extra:
             assert registry.get_sample_value(sample, {"job": "j", **more}) == 0.0, (name, more)
 
@@ -325,6 +343,7 @@ def test_dashboard_panels_have_title_description_unit_and_the_datasource_variabl
         "Stream",
         "NATS",
         "Fleet",
+        "Telling people",
         "Pause, skip, backfill",
     ]
 
@@ -536,6 +555,8 @@ def test_dashboard_and_rules_evaluate_against_live_sidecars(
         "nats": {"servers": [nats_server.url]},
         "target": {"url": http_app.url},
         "jobs": [{"name": "tick", "schedule": "* * * * * *", "jitter": "0s", "max_late": "5s"}],
+        # Pings have series for the jobs that have one.
+        "defaults": {"ping": {"url": f"{http_app.url}/ping/{{job}}"}},
     }
     with (
         sidecars(tmp_path, [("a", config, {}), ("b", config, {})]) as procs,
