@@ -42,12 +42,15 @@ from sidecar import page
 from sidecar.actions import ManualRuns, actions_key, actions_of, pause, record_action, resume
 from sidecar.board import NEXT_RUNS, fleet_part, job_object, stream_object
 from sidecar.clock import Clock, parse_rfc3339, rfc3339
-from sidecar.config import Config
+from sidecar.config import Config, Secrets
 from sidecar.errors import SidecarError
 from sidecar.live import Live
+from sidecar.ops import skip as skip_runs
+from sidecar.ops import until_of
 from sidecar.orphans import run_by
 from sidecar.runs import read_history
 from sidecar.server import RENDER_SLICE, Answer, Request, Stream
+from sidecar.skips import MAX_SKIP
 from sidecar.state import View, mismatched_jobs
 from sidecar.stream import StreamState, state_of
 from sidecar.tokens import TokenFile
@@ -98,7 +101,12 @@ class PageApp:
     """The routes above for one sidecar."""
 
     def __init__(
-        self, config: Config, fleet: Fleet, guard: StreamGuard, clock: Clock | None = None
+        self,
+        config: Config,
+        fleet: Fleet,
+        guard: StreamGuard,
+        clock: Clock | None = None,
+        job_secrets: Secrets | None = None,
     ) -> None:
         self.config = config
         self.fleet = fleet
@@ -108,12 +116,8 @@ class PageApp:
         self.tokens = TokenFile(config.admin.token_file)
         self.js: JetStreamContext | None = None
         self.runs: ManualRuns | None = None
-        # Skipping the next run comes with the schedule work that stores skips;
-        # set to its writer (job, by) -> detail when that lands.
-        self.skip: Any = None
-        # Whether a pause's ``until`` is honoured (resumed when it passes): set
-        # when the pause that ends by itself lands; until then it is refused.
-        self.pause_until = False
+        # ``skip`` writes with the CLI's own function, on its own connection.
+        self.secrets = job_secrets
         self._key = secrets.token_bytes(32)
         self._objs: dict[str, dict[str, Any]] = {}  # job objects, by name
         self._rows: dict[str, str] = {}  # their rows of the table, rendered
@@ -374,7 +378,7 @@ class PageApp:
         who = self._session(req)
         forms = ""
         if who:
-            forms = page.action_forms(name, self._csrf(req), self.skip is not None)
+            forms = page.action_forms(name, self._csrf(req), self.secrets is not None)
         return page.job_page(
             self.job_data(name),
             runs["runs"],
@@ -486,17 +490,12 @@ class PageApp:
         result: dict[str, Any] = {"job": job, "action": action, "by": who}
         if action == "pause":
             reason = form.get("reason", "")[:200]
-            until = form.get("until") or None
-            if until is not None and not self.pause_until:
-                return 501, {
-                    "error": "pausing until a time is not available in this version "
-                    "(nothing would resume the job): pause, then resume"
-                }
-            if until is not None:
+            until = form.get("until", "").strip() or None
+            if until is not None:  # parsed as `pause --until` does: a time or a duration
                 try:
-                    until = rfc3339(parse_rfc3339(until))
-                except ValueError:
-                    return 400, {"error": "until: an RFC 3339 time, e.g. 2026-01-01T12:00:00Z"}
+                    until = rfc3339(until_of(until, time.time()))
+                except ValueError as exc:
+                    return 400, {"error": f"until: {exc}"}
             value = await pause(bucket.kv, job, who, reason, until)
             detail = reason + (f" (until {until})" if until else "")
             result["pause"] = value
@@ -512,9 +511,24 @@ class PageApp:
             detail = f"run {token}"
             result["run_id"] = token
         else:
-            if self.skip is None:
-                return 501, {"error": "skip is not available in this version"}
-            detail = str(await self.skip(job, who))
+            if self.secrets is None:
+                return 503, {"error": "skip is not available on this sidecar"}
+            try:
+                count = int(form.get("count", "1") or "1")
+            except ValueError:
+                return 400, {"error": f"count: a whole number 1 to {MAX_SKIP}"}
+            reason = form.get("reason", "")[:200]
+            try:  # the same write as `anarchon-sidecar skip`
+                added, left = await skip_runs(
+                    self.config, self.secrets, self.config.job(job), count, who, reason
+                )
+            except ValueError as exc:
+                return 400, {"error": f"count: {exc}"}
+            detail = f"skip {', '.join(rfc3339(s / 1000) for s in added)}" + (
+                f": {reason}" if reason else ""
+            )
+            result["skipped"] = added  # the slots' ids (epoch ms), as ``skip.<job>`` holds them
+            result["skip_pending"] = left
         at = rfc3339(time.time())
         entry = {
             "at": at,

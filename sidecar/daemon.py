@@ -83,7 +83,7 @@ class Daemon:
         # The fleet page and its API beside /metrics (admin.page).
         self.page: PageApp | None = None
         if self.config.admin.page:
-            self.page = PageApp(self.config, self.fleet, self.guard, self.clock)
+            self.page = PageApp(self.config, self.fleet, self.guard, self.clock, self.secrets)
             self.admin.app = self.page
 
     @property

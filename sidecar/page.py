@@ -122,6 +122,10 @@ def job_row(job: dict[str, Any]) -> str:
         state.append(
             f'<span class="tag paused">paused</span> by {e(job.get("paused_by"))}{why}{until}'
         )
+    if job.get("skip_pending"):
+        state.append(
+            f'<span class="tag skip">skip</span> next {e(job["skip_pending"])} run(s) skipped'
+        )
     if job.get("stream_problem"):
         state.append(f'<span class="tag bad">not held</span> {e(job["stream_problem"])}')
     if job.get("settings_differ"):
@@ -259,8 +263,10 @@ def action_forms(job: str, csrf: str, skip: bool) -> str:
     base = e(job_href(job))
     token = f'<input type="hidden" name="csrf" value="{e(csrf)}">'
     skip_form = (
-        f'<form method="post" action="{base}/skip">{token}<button type="submit">Skip next run'
-        "</button></form>"
+        f'<form method="post" action="{base}/skip" class="skip">{token}'
+        '<label for="count">Runs</label> <input id="count" name="count" type="number" min="1" '
+        'max="1000" value="1" inputmode="numeric"> '
+        '<button type="submit">Skip next runs everywhere</button></form>'
         if skip
         else ""
     )
@@ -270,6 +276,8 @@ def action_forms(job: str, csrf: str, skip: bool) -> str:
         '<button type="submit">Run now (from this sidecar)</button></form>'
         f'<form method="post" action="{base}/pause" class="pause">{token}'
         '<label for="reason">Reason</label> <input id="reason" name="reason" maxlength="200"> '
+        '<label for="until">Until</label> <input id="until" name="until" maxlength="40" '
+        'placeholder="30m, 2h or 2026-12-24T08:00:00Z"> '
         '<button type="submit">Pause everywhere</button></form>'
         f'<form method="post" action="{base}/resume">{token}'
         f'<button type="submit">Resume</button></form>{skip_form}</section>'

@@ -10,6 +10,7 @@ holds up a slot. The browser side is in test_browser.py.
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -21,6 +22,7 @@ import pytest
 from sidecar.clock import parse_rfc3339
 from tests.support import NatsServer, RecordingApp, Sidecar, run_cli, sidecars, wait_for
 from tests.test_fleet import base, cli_config, job, slots
+from tests.test_schedules import history
 
 TOKEN = "s3cret-token-for-the-page-0123"
 
@@ -203,13 +205,12 @@ def test_actions_need_the_token_are_recorded_and_shown(
             if r.headers.get("X-Anarchon-Run-Id") == run_id
         ]
         assert len(manual) == 1
-        # Resume, then a second resume is a conflict; skip is not there yet.
+        # Resume, then a second resume is a conflict.
         code, _, _ = request(procs[0], "/api/v1/jobs/a/resume", "POST", b"", good)
         assert code == 200
         assert request(procs[0], "/api/v1/jobs/a/resume", "POST", b"", good)[0] == 409
-        assert request(procs[0], "/api/v1/jobs/a/skip", "POST", b"", good)[0] == 501
-        until = json.dumps({"until": "2030-01-01T00:00:00Z"}).encode()
-        assert request(procs[0], "/api/v1/jobs/a/pause", "POST", until, good)[0] == 501
+        past = json.dumps({"until": "2001-01-01T00:00:00Z"}).encode()
+        assert request(procs[0], "/api/v1/jobs/a/pause", "POST", past, good)[0] == 400
         time_after = parse_rfc3339(recorded()[0]["at"])
         assert time_after >= paused_at
     late = [s for s in slots(http_app, "/jobs/a") if paused_at + 1 < s / 1000 < time_after - 0.5]
@@ -248,3 +249,87 @@ def test_page_off_leaves_only_metrics(
         assert request(sc, "/")[0] == 404
         assert request(sc, "/api/v1/jobs")[0] == 404
         assert request(sc, "/metrics")[0] == 200
+
+
+def test_pause_until_ends_by_itself_and_skip_records_the_next_slot(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    token_file = tmp_path / "tokens"
+    token_file.write_text(f"alice:{TOKEN}\n")
+    config = base(nats_server, http_app, [job("a"), job("c", schedule="*/10 * * * * *")])
+    config["admin"] = {"token_file": str(token_file)}
+    cfg = cli_config(tmp_path, config)
+    good = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(2)]) as procs:
+        wait_for(lambda: len(slots(http_app, "/jobs/a")) >= 1, 20, what="a runs")
+        until = json.dumps({"until": "4s", "reason": "deploy"}).encode()
+        skip = json.dumps({"count": 1, "reason": "holiday"}).encode()
+        # Both refused without a token, and nothing is written.
+        for path, body in (("/api/v1/jobs/a/pause", until), ("/api/v1/jobs/c/skip", skip)):
+            assert (
+                request(procs[0], path, "POST", body, {"Content-Type": "application/json"})[0]
+                == 401
+            )
+        assert not api(procs[1], "/api/v1/jobs/a")["paused"]
+        assert api(procs[1], "/api/v1/jobs/c")["skip_pending"] == 0
+
+        # Pause until 4 s from now: paused on both, then over by itself on both.
+        code, _, answer = request(procs[0], "/api/v1/jobs/a/pause", "POST", until, good)
+        assert code == 200, answer
+        end = parse_rfc3339(json.loads(answer)["pause"]["until"])
+        wait_for(
+            lambda: all(p.metric("anarchon_job_paused", {"job": "a"}) == 1 for p in procs),
+            3,
+            what="paused on both",
+        )
+        row = request(procs[1], "/")[2].decode()
+        assert "paused</span> by alice: deploy, until" in row, row
+        job_a = api(procs[1], "/api/v1/jobs/a")
+        assert job_a["paused_until"] == json.loads(answer)["pause"]["until"]
+        assert job_a["paused_by"] == "alice" and job_a["paused_reason"] == "deploy"
+        wait_for(
+            lambda: all(p.metric("anarchon_job_paused", {"job": "a"}) == 0 for p in procs),
+            10,
+            what="the pause over by itself on both",
+        )
+        wait_for(
+            lambda: [s for s in slots(http_app, "/jobs/a") if s / 1000 > end + 0.5],
+            10,
+            what="a runs again after the pause's end",
+        )
+        assert not api(procs[0], "/api/v1/jobs/a")["paused"]
+        ran = slots(http_app, "/jobs/a")
+        start = parse_rfc3339(json.loads(answer)["pause"]["at"])
+        assert not [s for s in ran if start + 1 < s / 1000 < end - 0.5], "a ran while paused"
+
+        # Skip the next slot of c (every 10 s); asked well before it so the page shows it.
+        wait_for(lambda: 1 <= time.time() % 10 <= 6, 11, what="a moment well before c's slot")
+        code, _, answer = request(procs[0], "/api/v1/jobs/c/skip", "POST", skip, good)
+        assert code == 200, answer
+        chosen = json.loads(answer)["skipped"]
+        assert len(chosen) == 1 and json.loads(answer)["skip_pending"] == 1
+        wait_for(
+            lambda: "next 1 run(s) skipped" in request(procs[1], "/jobs/c")[2].decode(),
+            2,
+            what="skip pending shown on the other replica's page",
+        )
+        assert api(procs[1], "/api/v1/jobs/c")["skip_pending"] == 1
+        act = api(procs[1], "/api/v1/jobs/c")["actions"][0]
+        assert act["action"] == "skip" and act["by"] == "alice" and act["via"] == "api"
+        wait_for(
+            lambda: [s for s in slots(http_app, "/jobs/c") if s > chosen[0]],
+            25,
+            what="c runs after the skipped slot",
+        )
+        assert chosen[0] not in slots(http_app, "/jobs/c")
+        wait_for(
+            lambda: [
+                r for r in history(cfg, "c") if r["slot"] == chosen[0] and r["status"] == "skipped"
+            ],
+            5,
+            what="the skipped slot recorded",
+        )
+    records = [r for r in history(cfg, "c") if r["status"] == "skipped"]
+    assert [r["slot"] for r in records] == chosen
+    assert records[0]["error"].startswith("skip by alice") and "holiday" in records[0]["error"]
+    assert max(Counter(slots(http_app, "/jobs/c")).values()) == 1
