@@ -31,7 +31,7 @@ from sidecar.backfill import backfill_key, running_of, slot_list
 from sidecar.bounds import attempt_no, slot_ms
 from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config, JobConfig
-from sidecar.describe import describe
+from sidecar.describe import describe, schedule_lines
 from sidecar.due import lease_job
 from sidecar.orphans import run_by
 from sidecar.runs import FAILED, LOST, RUNNING, attempt_of, join_runs
@@ -39,7 +39,6 @@ from sidecar.skips import pause_active, pending
 from sidecar.state import View, mismatched_jobs
 from sidecar.stream import StreamState
 from sidecar.values import redact_url
-from sidecar.words import schedule_lines
 
 STRIP = 20  # runs in a job's strip of status marks
 NEXT_RUNS = 3

@@ -1,4 +1,4 @@
-"""Pure: a cron expression in words, for people (``status``, the fleet page).
+"""Pure: a cron expression in words, for people (``check``, ``status``, the fleet page).
 
 5 fields (minute first) or 6 (seconds first), as sidecar/schedule.py accepts
 them. The words come from cronsim's ``explain()`` (already a run-time
@@ -14,8 +14,12 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from cronsim import CronSim
+
+if TYPE_CHECKING:
+    from sidecar.calendar import Calendar
 
 # Any instant: explain() reads the expression, not the time.
 _ANCHOR = datetime(2026, 1, 1)
@@ -57,3 +61,21 @@ def describe(expr: str, timezone: str = "UTC") -> str:
         except Exception:  # cronsim raises its own errors and, on odd input, others
             return text
     return f"{words} ({timezone})" if timezone else words
+
+
+def schedule_lines(calendar: Calendar) -> list[str]:
+    """``check``'s and ``status``'s lines for a job's calendar: each expression in
+    words, the spread offset, the exclusions, what the reference backend cannot run."""
+    lines = [f"schedule {expr!r}: {describe(expr, '')}" for expr in calendar.exprs]
+    if calendar.spread:
+        lines.append(
+            f"spread {calendar.spread:g}s: every slot {calendar.offset_ms // 1000}s later "
+            "(from the job name)"
+        )
+    lines += [f"excluded: {e.text}" for e in calendar.exclusions]
+    if found := calendar.unportable():
+        lines.append(
+            f"uses {', '.join(found)}: a scheduler of the reference backend sharing the "
+            "stream cannot run this job"
+        )
+    return lines

@@ -23,11 +23,11 @@ from zoneinfo import ZoneInfo
 from sidecar.alerting_config import describe_job, describe_notify
 from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config, JobConfig
+from sidecar.describe import schedule_lines
 from sidecar.oneshot import ManualRun
 from sidecar.runs import History, Run
 from sidecar.stream import Lowering, StreamState
 from sidecar.values import format_duration, redact_url
-from sidecar.words import schedule_lines
 
 # Job names listed in full in an unknown-job error; more are counted.
 MAX_LISTED = 20

@@ -300,6 +300,33 @@ def run_cli(
     )
 
 
+# --------------------------------------------------------------------------- configs
+
+
+def job(name: str, **extra: Any) -> dict[str, Any]:
+    """A job running every second, with a short jitter and max_late."""
+    return {"name": name, "schedule": "* * * * * *", "jitter": "200ms", "max_late": "3s", **extra}
+
+
+def base(nats_server: NatsServer, app: RecordingApp, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A config of JOBS against NATS_SERVER calling APP."""
+    return {
+        "nats": {"servers": [nats_server.url]},
+        "target": {"url": app.url, "timeout": "5s"},
+        "jobs": jobs,
+    }
+
+
+def cli_config(tmp_path: Path, config: dict[str, Any]) -> str:
+    """CONFIG written for the command line (instance ``cli``); its path."""
+    return str(write_config(tmp_path / "cli.yaml", {"instance_id": "cli", **config}))
+
+
+def slots(app: RecordingApp, path: str) -> list[int]:
+    """The slots APP was called for on PATH, in order of arrival."""
+    return [int(r.headers["X-Anarchon-Slot"]) for r in app.requests_for(path)]
+
+
 class Sidecar:
     """A real `python -m sidecar run` process with its own config file."""
 
@@ -445,6 +472,11 @@ async def _read_all(url: str, stream: str) -> list[StoredMsg]:
 def read_stream(url: str, stream: str = "CRON") -> list[StoredMsg]:
     """Every message of the stream, in order (a direct read for assertions)."""
     return asyncio.run(_read_all(url, stream))
+
+
+def results(url: str, job_name: str) -> list[StoredMsg]:
+    """The job's result messages in the stream, in order."""
+    return [m for m in read_stream(url) if m.subject == f"cron.{job_name}.results"]
 
 
 # --------------------------------------------------------------------------- cluster

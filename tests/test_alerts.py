@@ -26,8 +26,8 @@ from tests.support import (
     NatsServer,
     RecordingApp,
     Sidecar,
-    StoredMsg,
-    read_stream,
+    job,
+    results,
     run_cli,
     sidecars,
     wait_for,
@@ -42,10 +42,6 @@ def hooks() -> Iterator[Receiver]:
     yield from receiver()
 
 
-def job(name: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "schedule": "* * * * * *", "jitter": "200ms", "max_late": "3s", **extra}
-
-
 def base(url: str, app: RecordingApp, jobs: list[dict[str, Any]], **top: Any) -> dict[str, Any]:
     return {
         "nats": {"servers": [url], "lease_ttl": "2s"},
@@ -53,10 +49,6 @@ def base(url: str, app: RecordingApp, jobs: list[dict[str, Any]], **top: Any) ->
         "jobs": jobs,
         **top,
     }
-
-
-def results(url: str, name: str) -> list[StoredMsg]:
-    return [m for m in read_stream(url) if m.subject == f"cron.{name}.results"]
 
 
 def total(procs: list[Sidecar], name: str, labels: dict[str, str]) -> float:

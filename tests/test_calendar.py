@@ -1,4 +1,4 @@
-"""Tables for sidecar.calendar and sidecar.words: unions, spread, exclusions, L/W/#, words.
+"""Tables for sidecar.calendar: unions, spread, exclusions, L/W/# (words: test_describe.py).
 
 DST instants as in test_schedule.py: Europe/Berlin springs forward on
 2026-03-29 at 01:00Z (local 02:00-03:00 missing, a 23-hour day) and falls
@@ -14,7 +14,6 @@ import pytest
 
 from sidecar.calendar import parse_calendar, parse_exclusion, spread_offset_ms
 from sidecar.schedule import ScheduleError
-from sidecar.words import describe, schedule_lines
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -202,54 +201,6 @@ def test_identity_of_a_plain_job_is_its_expression() -> None:
 def test_bad_expression_in_a_list_is_named() -> None:
     with pytest.raises(ScheduleError, match="bad minute field '61'"):
         parse_calendar(["* * * * *", "61 * * * *"], UTC_Z)
-
-
-# fmt: off
-WORDS = [
-    ("*/5 * * * *", "every 5 minutes"),
-    ("0 * * * *", "every hour at minute 0"),
-    ("30 2 * * *", "at 02:30 every day"),
-    ("0 9 * * 1-5", "at 09:00 on weekdays (Monday through Friday)"),
-    ("0 9 * * MON-FRI", "at 09:00 on weekdays (Monday through Friday)"),
-    ("0 0 L * *", "at 00:00 on the last day of the month"),
-    ("0 0 LW * *", "at 00:00 on the last weekday of the month"),
-    ("0 18 * * 5L", "at 18:00 on the last Friday of the month"),
-    ("0 9 * * 1#2", "at 09:00 on the second Monday of the month"),
-    ("0 0 1 jan,JUL *", "at 00:00 on day 1 of the month in January and July"),
-    ("0 9,18 * * *", "at 09:00 and 18:00 every day"),
-    ("*/10 * * * * *", "every 10 seconds"),
-    ("30 0 0 * * *", "at 00:00:30 every day"),
-    ("*/15 9-17 * * 1-5", "every 15 minutes, during hours 9 through 17 on weekdays "
-                          "(Monday through Friday)"),
-    ("0 0 1,15 * 5", "at 00:00 on day 1 and 15 of the month or on Friday"),
-    ("0 */2 * * *", "at minute 0 of every 2 hours"),
-    ("0 12 * * 0,6", "at 12:00 on Sunday and Saturday"),
-    ("0 0 */2 * *", "at 00:00 on every 2nd day of the month"),
-]
-# fmt: on
-
-
-@pytest.mark.parametrize(("expr", "words"), WORDS)
-def test_schedule_in_words(expr: str, words: str) -> None:
-    assert describe(expr) == words
-
-
-def test_schedule_lines_name_everything_check_shows() -> None:
-    cal = parse_calendar(
-        ["0 9 * * 1#2", "0 0 L * *"], BERLIN, "nightly-report", 3600, ["2026-12-24"]
-    )
-    lines = schedule_lines(cal)
-    assert lines[0] == "schedule '0 9 * * 1#2': at 09:00 on the second Monday of the month"
-    assert lines[1] == "schedule '0 0 L * *': at 00:00 on the last day of the month"
-    assert "spread 3600s: every slot 3264s later (from the job name)" in lines
-    assert "excluded: 2026-12-24" in lines
-    assert lines[-1].startswith("uses '#' (nth weekday), 'L' (last), spread")
-    assert lines[-1].endswith(
-        "a scheduler of the reference backend sharing the stream cannot run this job"
-    )
-    assert schedule_lines(parse_calendar("*/5 * * * *", UTC_Z)) == [
-        "schedule '*/5 * * * *': every 5 minutes"
-    ]
 
 
 # ---------------------------------------------------------------- the state bucket's values

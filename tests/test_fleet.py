@@ -23,32 +23,15 @@ from tests.support import (
     NatsServer,
     RecordingApp,
     Sidecar,
+    base,
+    cli_config,
+    job,
     read_stream,
     run_cli,
     sidecars,
+    slots,
     wait_for,
-    write_config,
 )
-
-
-def job(name: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "schedule": "* * * * * *", "jitter": "200ms", "max_late": "3s", **extra}
-
-
-def base(nats_server: NatsServer, app: RecordingApp, jobs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "nats": {"servers": [nats_server.url]},
-        "target": {"url": app.url, "timeout": "5s"},
-        "jobs": jobs,
-    }
-
-
-def slots(app: RecordingApp, path: str) -> list[int]:
-    return [int(r.headers["X-Anarchon-Slot"]) for r in app.requests_for(path)]
-
-
-def cli_config(tmp_path: Path, config: dict[str, Any]) -> str:
-    return str(write_config(tmp_path / "cli.yaml", {"instance_id": "cli", **config}))
 
 
 def paused_everywhere(procs: list[Sidecar], job_name: str, value: float) -> bool:

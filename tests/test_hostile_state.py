@@ -24,8 +24,8 @@ from tests.support import (
     NatsServer,
     RecordingApp,
     Sidecar,
-    StoredMsg,
-    read_stream,
+    job,
+    results,
     run_cli,
     sidecars,
     wait_for,
@@ -35,20 +35,12 @@ from tests.support import (
 TTL = "2s"
 
 
-def job(name: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "schedule": "* * * * * *", "jitter": "200ms", "max_late": "3s", **extra}
-
-
 def base(url: str, app: RecordingApp, jobs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "nats": {"servers": [url], "lease_ttl": TTL},
         "target": {"url": app.url, "timeout": "60s"},
         "jobs": jobs,
     }
-
-
-def results(url: str, job_name: str) -> list[StoredMsg]:
-    return [m for m in read_stream(url) if m.subject == f"cron.{job_name}.results"]
 
 
 def total(procs: list[Sidecar], name: str, labels: dict[str, str] | None = None) -> float:

@@ -23,7 +23,9 @@ from tests.support import (
     Request,
     Sidecar,
     StoredMsg,
+    job,
     read_stream,
+    results,
     run_cli,
     sidecars,
     wait_for,
@@ -31,10 +33,6 @@ from tests.support import (
 )
 
 TTL = "2s"
-
-
-def job(name: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "schedule": "* * * * * *", "jitter": "200ms", "max_late": "3s", **extra}
 
 
 def base(
@@ -45,10 +43,6 @@ def base(
         "target": {"url": app.url, "timeout": "20s"},
         "jobs": jobs,
     }
-
-
-def results(url: str, job_name: str) -> list[StoredMsg]:
-    return [m for m in read_stream(url) if m.subject == f"cron.{job_name}.results"]
 
 
 def claims(url: str, job_name: str) -> list[StoredMsg]:

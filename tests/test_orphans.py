@@ -27,6 +27,7 @@ from tests.support import (
     NatsServer,
     RecordingApp,
     Sidecar,
+    job,
     read_stream,
     run_cli,
     sidecars,
@@ -140,10 +141,6 @@ def test_an_expired_lease_of_a_foreign_job_is_judged_only_when_nobody_else_runs_
 # ------------------------------------------------------------------ with sidecars
 
 TTL = "2s"
-
-
-def job(name: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "schedule": "* * * * * *", "jitter": "200ms", "max_late": "3s", **extra}
 
 
 async def live_keys(url: str, bucket: str = "CRON_STATE") -> list[str]:

@@ -27,32 +27,16 @@ from tests.support import (
     NatsServer,
     RecordingApp,
     Sidecar,
+    base,
+    cli_config,
+    job,
     read_stream,
     run_cli,
     sidecars,
+    slots,
     wait_for,
     write_config,
 )
-
-
-def job(name: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "schedule": "* * * * * *", "jitter": "200ms", "max_late": "3s", **extra}
-
-
-def base(nats_server: NatsServer, app: RecordingApp, jobs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "nats": {"servers": [nats_server.url]},
-        "target": {"url": app.url, "timeout": "5s"},
-        "jobs": jobs,
-    }
-
-
-def slots(app: RecordingApp, path: str) -> list[int]:
-    return [int(r.headers["X-Anarchon-Slot"]) for r in app.requests_for(path)]
-
-
-def cli_config(tmp_path: Path, config: dict[str, Any]) -> str:
-    return str(write_config(tmp_path / "cli.yaml", {"instance_id": "cli", **config}))
 
 
 def total(procs: list[Sidecar], name: str, labels: dict[str, str]) -> float:
@@ -140,13 +124,13 @@ def test_check_lists_every_expression_in_words_and_warns_for_the_reference(
     assert done.returncode == 0, done.stderr
     out = done.stdout
     offset = spread_offset_ms("report", 600) // 1000
-    assert "schedule '0 9 * * 1#2': at 09:00 on the second Monday of the month" in out
-    assert "schedule '0 0 L * *': at 00:00 on the last day of the month" in out
+    assert "schedule '0 9 * * 1#2': At 09:00 on the second Monday of the month" in out
+    assert "schedule '0 0 L * *': At 00:00 on the last day of every month" in out
     assert f"spread 600s: every slot {offset}s later (from the job name)" in out
     assert "excluded: 2026-12-24" in out
     warning = [line for line in out.splitlines() if "reference backend" in line]
     assert len(warning) == 1 and "'#' (nth weekday), 'L' (last)" in warning[0]
-    assert "schedule '*/5 * * * *': every 5 minutes" in out
+    assert "schedule '*/5 * * * *': Every 5 minutes" in out
     # next runs are in the job's timezone, moved by the spread, never on an excluded day
     nexts = [line for line in out.splitlines() if line.strip().startswith("next:")][:3]
     assert all(("CET" in n or "CEST" in n) and "-12-24 " not in n for n in nexts)
@@ -196,11 +180,11 @@ def test_union_spread_and_exclusions_across_three_sidecars(
         view = job_status(cfg, "both")
         assert [s["cron"] for s in view["schedules"]] == ["*/2 * * * * *", "*/3 * * * * *"]
         assert all(s["text"] for s in view["schedules"])
-        assert view["schedule_lines"][1] == "schedule '*/3 * * * * *': every 3 seconds"
+        assert view["schedule_lines"][1] == "schedule '*/3 * * * * *': Every 3 seconds"
         assert view["next_run_local"].endswith(" UTC")
         table = run_cli("status", "-c", cfg).stdout
-        assert "both: schedule '*/2 * * * * *': every 2 seconds" in table
-        assert "both: schedule '*/3 * * * * *': every 3 seconds" in table
+        assert "both: schedule '*/2 * * * * *': Every 2 seconds" in table
+        assert "both: schedule '*/3 * * * * *': Every 3 seconds" in table
         assert "both: next run " in table
         # One claim per replica per slot: a shared instant is one slot, not two claims.
         won = total(procs, "anarchon_claims_won_total", {"job": "both"})
