@@ -142,6 +142,18 @@ async def test_the_page_in_chromium(
                 5,
                 what="the pause in the job's actions",
             )
+            # Skip through the job page's form (CSRF like the others): shown as pending.
+            await page.js(
+                "document.getElementById('count').value = '3';"
+                "document.querySelector('form.skip').requestSubmit()"
+            )
+            await page.wait_event("Page.loadEventFired")
+            await page.until(
+                "document.querySelector('#acts-body').innerText.includes('skip')",
+                5,
+                what="the skip in the job's actions",
+            )
+            assert "run(s) skipped" in await page.js("document.body.innerText")
             # Run ids and fences are copyable; the keyboard reaches the content first.
             assert (
                 await page.js("document.querySelectorAll('#runs-body button.copy-btn').length") >= 2
