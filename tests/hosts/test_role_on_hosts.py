@@ -732,7 +732,9 @@ def test_config_change_restarts_once_and_a_bad_one_changes_nothing(world: World)
 
 
 def test_upgrade_to_a_newer_wheel_restarts_onto_it(world: World) -> None:
-    newer = f"{sidecar.__version__}.post1"
+    # A valid newer version for any current one: 0.2.0.dev0 -> 0.2.0.post1
+    # (a .post after a .dev is no version at all).
+    newer = re.sub(r"\.dev\d+$", "", sidecar.__version__) + ".post1"
     wheelhouse = build_wheelhouse(world.workdir / "wheelhouse-newer", newer)
     pids = {h.name: h.main_pid() for h in world.hosts}
     before = time.time()
