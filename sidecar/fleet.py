@@ -21,7 +21,7 @@ from nats.js.errors import NotFoundError
 from sidecar import __version__
 from sidecar.bucketcheck import check_bucket, needs_leases
 from sidecar.clock import Clock, rfc3339
-from sidecar.lease import Keys
+from sidecar.kv import Keys, put_with_ttl
 from sidecar.orphans import Orphans
 from sidecar.servers import version_problem
 from sidecar.skips import PAUSED, SKIP, pause_active, pending, skip_slots, until_ms
@@ -36,7 +36,6 @@ from sidecar.state import (
     ensure_bucket,
     job_hash,
     mismatched_jobs,
-    put_with_ttl,
     state_spec,
 )
 from sidecar.tasks import cancel_all

@@ -34,36 +34,21 @@ from sidecar.bucketcheck import needs_leases
 from sidecar.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
-from sidecar.due import (
-    LOST,
-    RETRY,
-    DueKey,
-    due_key,
-    failed_replica_wait,
-    lock_key,
-    may_follow,
-    parse_due_key,
-    retry_due_at,
-    run_key,
-)
-from sidecar.duecheck import Backed, Hostile, backing, config_problem
+from sidecar.due import lock_key, run_key
 from sidecar.errors import ClaimError
 from sidecar.fleet import Fleet
+from sidecar.followup import DueAttempts, LostRuns
 from sidecar.guard import REPEAT_LOG, StreamGuard
-from sidecar.lease import RUN_LEASE_WAIT, KeyHeld, Keys, Lease, LostRuns, make_due
+from sidecar.kv import KeyHeld, Keys
+from sidecar.lease import RUN_LEASE_WAIT, Lease
 from sidecar.metrics import Metrics
 from sidecar.ratelog import RateLimitedLog
-from sidecar.runs import (
-    SKIPPED,
-    ResultRecord,
-    last_messages,
-    last_scheduled_slot,
-    publish_result,
-)
+from sidecar.record import Outcome, Recorder, not_sent, sent
+from sidecar.runs import last_messages, last_scheduled_slot
 from sidecar.since import floor_ms, settle, since_key
 from sidecar.skips import EXCLUDED, PAUSED, SkipRecorder
-from sidecar.trigger import CATCHUP, RERUN, SCHEDULED, Trigger, TriggerResult, Why, why_of
-from sidecar.trigger import RETRY as RETRY_TRIGGER
+from sidecar.trigger import CATCHUP, SCHEDULED, Trigger, TriggerResult, Why, why_of
+from sidecar.wire import FAILED, SKIPPED
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +112,6 @@ class Jobs:
         self.side_tasks: set[asyncio.Task[None]] = set()  # catch-up, due attempts
         self._by_name = {job.name: job for job in config.jobs}
         self._keys: Keys | None = None
-        self._due: set[str] = set()  # due keys this sidecar waits for
-        self._refused: set[tuple[str, int]] = set()  # hostile due keys (key, revision) said
-        self.lost = LostRuns(config, metrics, clock, js, self.spec, self.keys)
         self.skips = SkipRecorder(
             claimer, metrics, clock, config.instance_id, self.spec.name, self.spec.prefix
         )
@@ -137,13 +119,32 @@ class Jobs:
             config, metrics, clock, claimer, fleet, self._run_tracked, self._spawn, stopping
         )
         fleet.key_listeners.append(self.backfills.changed)
-        self.lost.judges_foreign = fleet.orphans.judges
-        self.lost.view = fleet.view  # leases of a replaced bucket are looked for again
         # Pings, notifications, auto-pause, anomalies, spans (sidecar/aftermath.py).
         self.aftermath = Aftermath(config, metrics, clock, self.keys, _secret(trigger), fleet)
-        self.lost.after = self.aftermath.after_outcome
+        # Every ending of a run is recorded there (sidecar/record.py).
+        self.recorder = Recorder(
+            js, self.spec.name, self.spec.prefix, config.instance_id, metrics, self.aftermath
+        )
+        # What follows a failed or lost run (sidecar/followup.py).
+        self.due = DueAttempts(
+            config,
+            metrics,
+            clock,
+            js,
+            self.spec,
+            fleet,
+            self.keys,
+            self.attempt,
+            self.sleep_until,
+            stopping,
+        )
+        self.lost = LostRuns(
+            config, metrics, clock, js, self.spec, self.keys, self.recorder, stopping
+        )
+        self.lost.judges_foreign = fleet.orphans.judges
+        self.lost.view = fleet.view  # leases of a replaced bucket are looked for again
         fleet.removal_listeners.append(self.lost.removed)
-        fleet.key_listeners.append(self.due_changed)
+        fleet.key_listeners.append(self.due.due_changed)
 
     def keys(self) -> Keys | None:
         """The state bucket's key writer; None while unknown or unfit for leases."""
@@ -276,121 +277,13 @@ class Jobs:
                 if failpoints.ENABLED:
                     await failpoints.hit("claim.won")
                 if number > 1:
-                    self._spawn(self._drop_due(due_key(name, slot, number)))
+                    self.due.claimed(name, slot, number)
                 self._start_run(job, claim, start)
             self._count_claim(claim)
             if claim.won:
                 # Let the trigger reach the app before this loop computes the
                 # next slot and sets its timer: about 0.2 ms of its start delay.
                 await asyncio.sleep(0)
-
-    # ------------------------------------------------------------------ due attempts
-
-    def due_changed(self, key: str) -> None:
-        """A key the watch delivered: a new ``due.*`` key of ours is checked, then waited for."""
-        if not key.startswith("due.") or key in self._due or self.stopping.is_set():
-            return
-        entry = self.fleet.view.keys.get(key)
-        parsed = parse_due_key(key)
-        job = self._by_name.get(parsed.job if parsed else key.split(".")[1])
-        if job is None or entry is None:
-            return  # not one of our jobs (another fleet may share the bucket), or gone
-        if (key, entry.revision) in self._refused:
-            return  # said once already (its delete may have failed)
-        self._due.add(key)
-        if parsed is None:
-            why = "not a due key: due.<job>.<slot>.<attempt> with an attempt of 2 or more"
-            self._spawn(self._hostile_due(key, entry.revision, why))
-            return
-        self._spawn(self._due_attempt(job, parsed, key, entry.value, entry.revision))
-
-    async def _due_attempt(
-        self, job: JobConfig, due: DueKey, key: str, value: dict[str, Any], revision: int
-    ) -> None:
-        """Check a due attempt (sidecar/duecheck.py), then compete for it at its time
-        (plus jitter; later where it failed)."""
-        try:
-            backed = await self._backed(job, due, key, value, revision)
-            if backed is None:
-                return
-            due_at = backed.due_at
-            wake = due_at + random.uniform(0.0, job.jitter)
-            if backed.reason == RETRY and value.get("instance") == self.config.instance_id:
-                wake += failed_replica_wait(job.jitter)
-            if await self.sleep_until(wake):
-                return
-            if key not in self.fleet.view.keys:
-                return  # claimed (its winner deleted the key) or expired
-            now = self.clock.wall()
-            if now - due_at > job.max_late:
-                self.metrics.claims_skipped_total.labels(job=job.name, reason="late").inc()
-                log.warning(
-                    "job %s slot %s: attempt %d skipped, later than max_late %gs",
-                    job.name,
-                    rfc3339(due.slot / 1000),
-                    due.attempt,
-                    job.max_late,
-                )
-                return
-            trigger = RERUN if backed.reason == LOST else RETRY_TRIGGER
-            await self.attempt(job, due.slot, now, due.attempt, due_at, trigger)
-        finally:
-            self._due.discard(key)
-
-    async def _backed(
-        self, job: JobConfig, due: DueKey, key: str, value: dict[str, Any], revision: int
-    ) -> Backed | None:
-        """The due attempt as the config and the stream back it; None when they do not
-        (a hostile key: counted, logged, deleted) or the stream did not answer."""
-        why = config_problem(job, due, self.clock.wall())
-        if why is None:
-            for tries in range(3):
-                try:
-                    return await backing(self.js, self.spec, job, due, value)
-                except Hostile as exc:
-                    why = str(exc)
-                    break
-                except Exception as exc:  # no answer: nothing judged, the key is left
-                    if tries == 2 or self.stopping.is_set():
-                        log.warning(
-                            "due key %s not checked (the stream did not answer): %r", key, exc
-                        )
-                        return None
-                    await asyncio.sleep(0.5)
-        if why is not None:
-            await self._hostile_due(key, revision, why)
-        return None
-
-    async def _hostile_due(self, key: str, revision: int, why: str) -> None:
-        """A due key the config and the stream do not back: counted, said once, deleted."""
-        try:
-            if len(self._refused) >= 1000:
-                self._refused.clear()
-            self._refused.add((key, revision))
-            self.metrics.hostile_input_total.labels(what="due_key").inc()
-            log.error(
-                "state bucket: due key %s refused: %s; it is hostile input (whoever may write "
-                "the state bucket wrote it) and is deleted, nothing is claimed",
-                key[:200],
-                why,
-            )
-            keys = self.keys()
-            if keys is not None:
-                with contextlib.suppress(Exception):  # another sidecar deleted it first
-                    await keys.delete(key, revision)
-        finally:
-            self._due.discard(key)
-
-    async def _drop_due(self, key: str) -> None:
-        """The attempt is claimed: its due key is no longer needed by anyone."""
-        keys = self.keys()
-        entry = self.fleet.view.keys.get(key)
-        if keys is None:
-            return
-        try:
-            await keys.delete(key, entry.revision if entry is not None else None)
-        except Exception as exc:  # it expires on its own
-            log.debug("due key %s not deleted: %r", key, exc)
 
     # ------------------------------------------------------------------ catch-up
 
@@ -402,6 +295,11 @@ class Jobs:
         for job in self.config.jobs:
             if job.catchup != "none":
                 self._spawn(self.catch_up(job))
+
+    def background(self) -> set[asyncio.Task[None]]:
+        """Every task started besides the runs (catch-up, skips, due attempts, lost-run
+        judging): the drain awaits them, bounded, then cancels the rest."""
+        return {*self.side_tasks, *self.due.tasks, *self.lost.tasks}
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -563,7 +461,8 @@ class Jobs:
         except Exception as exc:
             log.exception("job %s slot %s: the run ended with an error", job.name, claim.slot)
             with contextlib.suppress(Exception):
-                await self._record(job, claim, "failed", f"internal error: {exc!r}"[:300])
+                error = f"internal error: {exc!r}"[:300]
+                await self.recorder.record(job, not_sent(claim, FAILED, error, self.clock.wall()))
 
     async def run_slot(self, job: JobConfig, claim: Claim, start: float) -> None:
         """Hold the run's lease, trigger the app, record the result, release the lease.
@@ -578,7 +477,10 @@ class Jobs:
             # The bucket turned unfit (or was replaced) between the check and the
             # claim: never run such a job without its lease (overlap: skip as allow).
             why = self.fleet.bucket_problem or "the state bucket cannot hold leases now"
-            await self._skip_won(job, claim, "bucket", f"not run without a lease: {why}")
+            error = f"not run without a lease: {why}"
+            await self._end(
+                job, claim, not_sent(claim, SKIPPED, error, self.clock.wall(), "bucket")
+            )
             return
         async with contextlib.AsyncExitStack() as stack:
             if keys is not None:
@@ -627,7 +529,9 @@ class Jobs:
                     await self._skipped(job, claim, held.value)
                     return
                 except Exception as exc:
-                    await self._not_run(job, claim, f"{key} not taken: {exc!r}")
+                    # Nothing sent, failed: a retry may follow.
+                    error = f"{key} not taken: {exc!r}"
+                    await self._end(job, claim, not_sent(claim, FAILED, error, self.clock.wall()))
                     return
             await self._run(job, claim, deadline)
 
@@ -665,14 +569,17 @@ class Jobs:
                 "shutdown grace period; outcome unknown",
                 1,
             )
-            await self._finish(job, claim, result)
+            await self._end(job, claim, sent(claim, result))
             raise
         finally:
             m.runs_in_progress.labels(job=job.name).dec()
         if result.late:
-            await self._skip_won(job, claim, "late", result.error or "late")
+            # Frozen past slot + max_late before the request went out: skipped, not
+            # retried (the app did not fail, the run's time is over).
+            error = result.error or "late"
+            await self._end(job, claim, not_sent(claim, SKIPPED, error, self.clock.wall(), "late"))
             return
-        await self._finish(job, claim, result)
+        await self._end(job, claim, sent(claim, result))
 
     def _why(self, job: JobConfig, claim: Claim) -> Why:
         """X-Anarchon-Trigger and -Previous-Scheduled-At; the loop's answer when it has one."""
@@ -682,69 +589,11 @@ class Jobs:
         previous = known[1]
         return Why(claim.trigger, rfc3339(previous / 1000) if previous is not None else None)
 
-    async def _finish(self, job: JobConfig, claim: Claim, result: TriggerResult) -> None:
-        m = self.metrics
-        status = "succeeded" if result.ok else "failed"
-        m.runs_total.labels(job=job.name, status=status).inc()
-        m.run_duration_seconds.labels(job=job.name).observe(result.duration)
-        if result.ok:
-            m.job_last_success_timestamp_seconds.labels(job=job.name).set(result.finished_at)
-        record = ResultRecord.of(
-            job.name,
-            claim.slot,
-            claim.token,
-            self.config.instance_id,
-            result,
-            claim.manual,
-            claim.attempt,
-            claim.trigger,
-        )
-        record = self.aftermath.marked(job, record)
-        (log.info if result.ok else log.warning)(
-            "run job=%s slot=%s%s status=%s http_status=%s duration_ms=%d%s",
-            job.name,
-            rfc3339(claim.slot / 1000),
-            f" attempt={claim.attempt}" if claim.attempt > 1 else "",
-            status,
-            result.http_status,
-            record.duration_ms,
-            f" error={result.error!r}" if result.error else "",
-        )
-        seq = await publish_result(self.js, self.spec.name, self.spec.prefix, record)
-        if not seq:
-            log.error("job %s slot %s: result not recorded", job.name, claim.slot)
-        self.aftermath.after_outcome(job, record, result.answer, getattr(claim, "trigger", None))
-        if not result.ok:
-            await self._retry(job, claim, result.finished_at, seq)
-
-    async def _retry(self, job: JobConfig, claim: Claim, finished_at: float, seq: int) -> None:
-        """After a failed attempt (its result stored at `seq`): make the next one due,
-        while retry.max allows. Without a stored result no sidecar would act on it."""
-        if job.retry.max < 1 or claim.manual:
-            return
-        if not may_follow(claim.attempt, job.retry.max):
-            self.metrics.retries_exhausted_total.labels(job=job.name).inc()
-            log.error(
-                "job %s slot %s: attempt %d failed; no attempt left (retry.max %d)",
-                job.name,
-                rfc3339(claim.slot / 1000),
-                claim.attempt,
-                job.retry.max,
-            )
-            return
-        due_at = retry_due_at(finished_at, job.retry.backoff, claim.attempt)
-        await make_due(
-            self.keys(),
-            self.metrics,
-            self.clock,
-            job,
-            claim.slot,
-            claim.attempt + 1,
-            due_at,
-            RETRY,
-            self.config.instance_id,
-            seq,
-        )
+    async def _end(self, job: JobConfig, claim: Claim, outcome: Outcome) -> None:
+        """Record the run's outcome (sidecar/record.py); a failed attempt may be retried."""
+        seq = await self.recorder.record(job, outcome)
+        if outcome.kind == FAILED:
+            await self.due.retry(job, claim, outcome.finished_at, seq)
 
     async def _skipped(self, job: JobConfig, claim: Claim, holder: dict[str, Any]) -> None:
         """Won, but a run of the job is alive: recorded ``skipped`` (overlap), nothing sent."""
@@ -758,50 +607,4 @@ class Jobs:
             if running is not None
             else "overlap: a run of this job is still alive"
         )
-        await self._skip_won(job, claim, "overlap", error)
-
-    async def _skip_won(self, job: JobConfig, claim: Claim, reason: str, error: str) -> None:
-        """A won slot recorded ``skipped``, nothing sent: ``overlap``, or ``late`` (frozen
-        past slot + max_late before the request went out; not retried: the app did
-        not fail, the run's time is over)."""
-        m = self.metrics
-        m.runs_skipped_total.labels(job=job.name, reason=reason).inc()
-        m.runs_total.labels(job=job.name, status=SKIPPED).inc()
-        log.warning(
-            "run job=%s slot=%s status=skipped error=%r",
-            job.name,
-            rfc3339(claim.slot / 1000),
-            error,
-        )
-        await self._record(job, claim, SKIPPED, error)
-
-    async def _not_run(self, job: JobConfig, claim: Claim, error: str) -> None:
-        """Won, but the lock could not be taken: failed, nothing sent (a retry may follow)."""
-        self.metrics.runs_total.labels(job=job.name, status="failed").inc()
-        log.warning(
-            "run job=%s slot=%s status=failed error=%r", job.name, rfc3339(claim.slot / 1000), error
-        )
-        seq = await self._record(job, claim, "failed", error)
-        await self._retry(job, claim, self.clock.wall(), seq)
-
-    async def _record(self, job: JobConfig, claim: Claim, status: str, error: str) -> int:
-        now = rfc3339(self.clock.wall())
-        record = ResultRecord(
-            job=job.name,
-            slot=claim.slot,
-            token=claim.token,
-            instance=self.config.instance_id,
-            status=status,
-            started_at=now,
-            finished_at=now,
-            duration_ms=0,
-            http_status=None,
-            error=error,
-            manual=claim.manual,
-            attempt=claim.attempt,
-        )
-        seq = await publish_result(self.js, self.spec.name, self.spec.prefix, record)
-        if not seq:
-            log.error("job %s slot %s: result not recorded", job.name, claim.slot)
-        self.aftermath.after_outcome(job, record, b"", getattr(claim, "trigger", None))
-        return seq
+        await self._end(job, claim, not_sent(claim, SKIPPED, error, self.clock.wall(), "overlap"))

@@ -21,7 +21,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from sidecar.clock import parse_rfc3339, rfc3339
-from sidecar.runs import SKIPPED, ResultRecord, publish_result
+from sidecar.record import Outcome, Recorder
+from sidecar.wire import SKIPPED
 
 if TYPE_CHECKING:
     from sidecar.claim import Claimer
@@ -102,6 +103,11 @@ class SkipRecorder:
         self.stream = stream
         self.prefix = prefix
 
+    @property
+    def recorder(self) -> Recorder:
+        """Where the skipped slot's record is made (sidecar/record.py); no aftermath."""
+        return Recorder(self.claimer.js, self.stream, self.prefix, self.instance, self.metrics)
+
     async def record(self, job: JobConfig, slot: int, reason: str, why: str) -> bool:
         """Count the skip and record it once fleet-wide; True when this replica recorded it."""
         m = self.metrics
@@ -126,19 +132,16 @@ class SkipRecorder:
             return False
         if not claim.won:
             return False
-        m.runs_skipped_total.labels(job=job.name, reason=reason).inc()
-        log.info("run job=%s slot=%s status=skipped error=%r", job.name, rfc3339(slot / 1000), why)
-        now = rfc3339(self.clock.wall())
-        record = ResultRecord(
+        now = self.clock.wall()
+        outcome = Outcome(
+            kind=SKIPPED,
             job=job.name,
             slot=slot,
             token=claim.token,
-            instance=self.instance,
-            status=SKIPPED,
             started_at=now,
             finished_at=now,
-            duration_ms=0,
-            http_status=None,
             error=why,
+            reason=reason,
+            run=False,  # kept from running: runs_skipped_total, no run
         )
-        return bool(await publish_result(self.claimer.js, self.stream, self.prefix, record))
+        return bool(await self.recorder.record(job, outcome))

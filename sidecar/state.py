@@ -480,14 +480,3 @@ async def put_json(kv: KeyValue, key: str, value: dict[str, Any]) -> int:
         return int(await kv.put(key, json.dumps(value, separators=(",", ":")).encode()))
     except Exception as exc:
         raise StreamError(f"cannot write {key} in state bucket: {exc!r}") from exc
-
-
-async def put_with_ttl(bucket: Bucket, key: str, value: dict[str, Any], ttl: float) -> None:
-    """A plain put that expires ``ttl`` seconds after it was written (a MaxAge marker)."""
-    js = bucket.kv._js
-    await js.publish(
-        f"$KV.{bucket.spec.bucket}.{key}",
-        json.dumps(value, separators=(",", ":")).encode(),
-        stream=bucket.spec.stream,
-        msg_ttl=ttl,
-    )

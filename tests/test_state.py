@@ -11,6 +11,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
 
 from sidecar import state
+from sidecar.kv import put_with_ttl
 from sidecar.state import (
     StateSpec,
     View,
@@ -18,7 +19,6 @@ from sidecar.state import (
     ensure_bucket,
     mismatched_jobs,
     put_json,
-    put_with_ttl,
 )
 from tests.support import until
 
