@@ -120,11 +120,11 @@ class Claim:
     token: str
     won: bool
     seq: int
-    attempts: int
+    publish_tries: int  # claim publishes sent until a definite answer
     duplicate_acks: int
     ack_seconds: float
     manual: bool = False
-    attempt: int = 1
+    attempt: int = 1  # the attempt number of the slot (1, then retries and reruns)
     trigger: str = "scheduled"  # X-Anarchon-Trigger of its run
 
 
@@ -209,7 +209,7 @@ class Claimer:
         body = self.body(job, slot, token, self.clock.wall(), manual, attempt, extra)
         msg_id = msg_id or claim_msg_id(job, slot, token, manual, attempt)
         subject = self.subject(job)
-        attempts = 0
+        publish_tries = 0
         duplicate_acks = 0
         backoff = 0.02
         ever_connected = False
@@ -227,7 +227,7 @@ class Claimer:
             ):
                 continue
             ever_connected = True
-            attempts += 1
+            publish_tries += 1
             started = self.clock.monotonic()
             timeout = max(0.001, min(self.ack_timeout, remaining))
             try:
@@ -258,7 +258,7 @@ class Claimer:
                     duplicate_acks += 1
                 # Any earlier attempt may have been stored (even one that failed:
                 # nats-py can send a buffered publish after giving up on it).
-                if must_read_stored(ack.duplicate, retried=attempts > 1):
+                if must_read_stored(ack.duplicate, retried=publish_tries > 1):
                     stored = await self._stored_token(ack.seq, deadline, msg_id)
                 won = decide(ack.duplicate, stored, token)
                 return Claim(
@@ -267,14 +267,14 @@ class Claimer:
                     token,
                     won,
                     ack.seq,
-                    attempts,
+                    publish_tries,
                     duplicate_acks,
                     ack_seconds,
                     manual,
                     attempt,
                     trigger,
                 )
-            log.debug("claim %s attempt %d: %s; asking again", msg_id, attempts, last_error)
+            log.debug("claim %s try %d: %s; asking again", msg_id, publish_tries, last_error)
             if failpoints.ENABLED:
                 await failpoints.hit("claim.before_retry")
             await asyncio.sleep(min(backoff * random.uniform(0.5, 1.5), max(0.0, remaining)))

@@ -24,12 +24,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from sidecar import failpoints
-from sidecar.clock import Clock
-from sidecar.due import renew_every
+from sidecar.bounds import slot_ms
+from sidecar.clock import Clock, rfc3339
+from sidecar.due import lock_key, renew_every, run_key
 from sidecar.kv import CasConflict, KeyHeld, Keys, same_owner, until_answered
 from sidecar.tasks import cancel_all
 
 if TYPE_CHECKING:
+    from sidecar.claim import Claim
+    from sidecar.config import JobConfig
     from sidecar.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -105,6 +108,10 @@ class Lease:
             )
         finally:
             done.cancel()
+        if not self.created:
+            log.warning(
+                "lease %s not created within %.1fs; running, creating it meanwhile", self.key, wait
+            )
         return self.created
 
     async def _create(self) -> int:
@@ -249,3 +256,50 @@ class Lease:
             self.key,
             why,
         )
+
+
+def run_lease(
+    keys: Keys,
+    job: JobConfig,
+    claim: Claim,
+    instance: str,
+    ttl: float,
+    metrics: Metrics,
+    clock: Clock,
+    deadline: float,
+    markers: dict[str, int],
+) -> Lease:
+    """The lease of a won claim: ``lock.<job>`` for ``overlap: skip``, else the run's
+    own ``run.<job>.<slot>[.<attempt>]``. `markers`: the last marker revision of
+    each key, as the watch saw them."""
+    key = (
+        lock_key(job.name)
+        if job.overlap == "skip"
+        else run_key(job.name, claim.slot, claim.attempt)
+    )
+    value = {
+        "job": job.name,
+        "slot": claim.slot,
+        "attempt": claim.attempt,
+        "token": claim.token,
+        "instance": instance,
+        "started_at": rfc3339(clock.wall()),
+        # The claim's sequence: a lost-run check reads the results
+        # stored since, not only the newest (runs may overlap).
+        "fence": claim.seq,
+    }
+    return Lease(keys, key, value, ttl, metrics, clock, deadline, markers.get(key, 0))
+
+
+def overlap_error(holder: dict[str, Any]) -> tuple[str, bool]:
+    """What a skipped run's record says of the run holding ``lock.<job>``, and whether
+    the holder's slot was hostile (read from NATS: range-checked)."""
+    running = slot_ms(holder.get("slot"))
+    since = holder.get("started_at", "?")
+    if running is None:
+        return "overlap: a run of this job is still alive", holder.get("slot") is not None
+    return (
+        f"overlap: slot {rfc3339(running / 1000)} is still running on "
+        f"{str(holder.get('instance', '?'))[:100]} since {str(since)[:40]}",
+        False,
+    )

@@ -17,10 +17,13 @@ Every replica counts ``claims_skipped_total{reason}``, the recorder
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from sidecar.clock import parse_rfc3339, rfc3339
+from sidecar.guard import REPEAT_LOG
 from sidecar.record import Outcome, Recorder
 from sidecar.wire import SKIPPED
 
@@ -37,6 +40,8 @@ SKIP = "skip"
 PAUSED = "paused"
 # ``skip --count`` at most this many slots at once.
 MAX_SKIP = 1000
+# At most this many late slots are walked one by one after a stall.
+MAX_LATE_WALK = 10_000
 
 
 def skip_record_id(job: str, slot: int) -> str:
@@ -145,3 +150,61 @@ class SkipRecorder:
             run=False,  # kept from running: runs_skipped_total, no run
         )
         return bool(await self.recorder.record(job, outcome))
+
+
+class Unclaimed:
+    """Slots the job loop does not claim: counted, said at most once a minute a job,
+    and recorded (``kept``) when the fleet keeps them from running."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        clock: Clock,
+        connected: asyncio.Event,
+        recorder: SkipRecorder,
+        spawn: Callable[[Coroutine[Any, Any, Any]], None],
+    ) -> None:
+        self.metrics = metrics
+        self.clock = clock
+        self.connected = connected
+        self.recorder = recorder
+        self.spawn = spawn
+        self._said: dict[str, float] = {}  # per job: when a skip was last said
+
+    def late(self, job: JobConfig, slot: int, now: float) -> int:
+        """Count every slot whose claim can no longer start in time; return the next one."""
+        skipped = 0
+        while now - slot / 1000 > job.max_late and skipped < MAX_LATE_WALK:
+            skipped += 1
+            slot = job.schedule.next_slot(slot)
+        if skipped >= MAX_LATE_WALK:
+            slot = job.schedule.next_slot(int((now - job.max_late) * 1000))
+        # Late because NATS was away: say so, it is what the operator must fix.
+        reason = "late" if self.connected.is_set() else "disconnected"
+        self.metrics.claims_skipped_total.labels(job=job.name, reason=reason).inc(skipped)
+        log.warning(
+            "job %s: %d slot(s) skipped, later than max_late %gs%s",
+            job.name,
+            skipped,
+            job.max_late,
+            "" if reason == "late" else " while disconnected from NATS",
+        )
+        return slot
+
+    def skip(self, job: JobConfig, slot: int, reason: str, why: str) -> None:
+        """A slot not claimed (stream, paused): counted, said at most once a minute a job."""
+        self.metrics.claims_skipped_total.labels(job=job.name, reason=reason).inc()
+        self._say(job, slot, why)
+
+    def kept(self, job: JobConfig, slot: int, reason: str, why: str) -> None:
+        """A slot kept from running (excluded, skip, paused): counted, and recorded
+        ``skipped`` in the stream once for the fleet (``SkipRecorder``)."""
+        self._say(job, slot, why)
+        self.spawn(self.recorder.record(job, slot, reason, why))
+
+    def _say(self, job: JobConfig, slot: int, why: str) -> None:
+        now = self.clock.monotonic()
+        last = self._said.get(job.name)
+        if last is None or now - last > REPEAT_LOG:
+            self._said[job.name] = now
+            log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from sidecar import state
 from sidecar.clock import Clock
 from sidecar.config import Config, parse_config
-from sidecar.followup import LostRuns
+from sidecar.lostruns import LostRuns
 from sidecar.metrics import Metrics
 from sidecar.record import publish_result
 from sidecar.runs import join_runs
