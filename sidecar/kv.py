@@ -88,9 +88,10 @@ class Keys:
         # Whether NATS refused a subject to this user lately (sidecar/permissions.py):
         # a write it refuses gets no answer, only an error on the connection.
         self.denied = denied
-        # nats-py's KeyValue keeps its JetStream context private and has no put with
-        # a TTL nor a create that sees a MaxAge marker as deleted (nats-io/nats.py#644,
-        # ADR-43 per-message TTLs): the state bucket is written here, through it.
+        # nats-py private attribute: KeyValue keeps its JetStream context in ``_js``.
+        # Its put and update take no per-message TTL (only create does, since
+        # nats-io/nats.py#783), and its create refuses to write over a MaxAge marker:
+        # the state bucket is written here, by plain publishes through that context.
         self.js: JetStreamContext = bucket.kv._js
         self.stream = bucket.spec.stream
         # A delete marker lives as long as the server's own expiry markers.
