@@ -38,7 +38,7 @@ from sidecar.health import reset_kv
 from sidecar.record import Outcome, Recorder
 from sidecar.state import decode, put_json
 from sidecar.stream import stream_spec
-from sidecar.trigger import MANUAL, Trigger
+from sidecar.trigger import Trigger
 from sidecar.wire import FAILED, SUCCEEDED
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class ManualRuns:
             token=token,
             started_at=result.started_at,
             finished_at=result.finished_at,
-            trigger=MANUAL,
+            trigger=None,  # no X-Anarchon-Trigger was sent; the aftermath infers manual
             sent=True,
             manual=True,
             error=result.error,

@@ -287,8 +287,9 @@ class Recorder:
         if outcome.sent:
             parts.append(f"http_status={outcome.http_status} duration_ms={record.duration_ms}")
         if kind == LOST:
-            parts.append(f"instance={record.instance}")
-        if outcome.error:
+            # docs/RUNBOOK.md quotes it: ``status=lost instance=...: its lease ... expired``.
+            parts.append(f"instance={record.instance}: its {outcome.error}")
+        elif outcome.error:
             parts.append(f"error={outcome.error!r}")
         line = " ".join(parts)
         if kind == LOST:
