@@ -34,14 +34,12 @@ from sidecar.catchup import CatchUp
 from sidecar.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
-from sidecar.errors import ClaimError
 from sidecar.fleet import Fleet
 from sidecar.followup import follow
 from sidecar.guard import StreamGuard
 from sidecar.kv import KeyHeld, Keys
 from sidecar.lease import RUN_LEASE_WAIT, overlap_error, run_lease
 from sidecar.metrics import Metrics
-from sidecar.ratelog import RateLimitedLog
 from sidecar.record import Outcome, Recorder, not_sent, sent
 from sidecar.skips import EXCLUDED, PAUSED, SkipRecorder, Unclaimed
 from sidecar.sleeper import Sleeper
@@ -93,7 +91,6 @@ class Jobs:
         # Precise sleeps until a slot, woken at once on stop (sidecar/sleeper.py).
         self.sleeper = Sleeper(clock, stopping)
         self.sleep_until, self.wake = self.sleeper.until, self.sleeper.wake
-        self.warnings = RateLimitedLog(log)
         self.side_tasks = TaskSet("a catch-up, skip or backfill task")
         spawn = self.side_tasks.spawn
         self._keys: Keys | None = None
@@ -210,21 +207,9 @@ class Jobs:
         except ClaimForeign as exc:
             self.unclaimed.skip(job, slot, "stream", str(exc))
         except ClaimDisconnected as exc:
-            m.claims_skipped_total.labels(job=name, reason="disconnected").inc()
-            # Once a minute a job while NATS is away, with the count; all said on reconnect.
-            self.warnings.warning(
-                f"disconnected:{name}",
-                "job %s slot %s skipped: %s",
-                name,
-                rfc3339(slot / 1000),
-                exc,
-            )
-        except ClaimError as exc:
-            m.claim_errors_total.labels(job=name).inc()
-            log.warning("job %s slot %s not claimed: %s", name, rfc3339(slot / 1000), exc)
-        except Exception:  # a bug must not stop the job's schedule; nothing ran
-            m.claim_errors_total.labels(job=name).inc()
-            log.exception("job %s slot %s: claim failed unexpectedly", name, slot)
+            self.unclaimed.disconnected(job, slot, exc)
+        except Exception as exc:  # ClaimError; a bug must not stop the job's schedule
+            self.unclaimed.failed(job, slot, exc)
         else:
             if claim.won:
                 if failpoints.ENABLED:
@@ -232,7 +217,7 @@ class Jobs:
                 if number > 1:
                     self.due.claimed(name, slot, number)
                 self._start_run(job, claim, start)
-            self._count_claim(claim)
+            self.unclaimed.count(claim)
             if claim.won:
                 # Let the trigger reach the app before this loop computes the
                 # next slot and sets its timer: about 0.2 ms of its start delay.
@@ -242,7 +227,7 @@ class Jobs:
 
     def reconnected(self) -> None:
         """After a reconnect, look again for slots nobody claimed (jobs with catch-up)."""
-        self.warnings.clear_prefix("disconnected:")
+        self.unclaimed.reconnected()
         if self.stopping.is_set():
             return
         for job in self.config.jobs:
@@ -253,18 +238,6 @@ class Jobs:
         """Every task started besides the runs (catch-up, skips, due attempts, lost-run
         judging): the drain awaits them, bounded, then cancels the rest."""
         return {*self.side_tasks, *self.due.tasks, *self.lost.tasks}
-
-    def _count_claim(self, claim: Claim) -> None:
-        m = self.metrics
-        m.claim_ack_seconds.labels(job=claim.job).observe(claim.ack_seconds)
-        if claim.duplicate_acks:
-            m.claim_duplicate_acks_total.labels(job=claim.job).inc(claim.duplicate_acks)
-        if claim.won:
-            m.claims_won_total.labels(job=claim.job).inc()
-            log.debug("job %s slot %s won (seq %d)", claim.job, claim.slot, claim.seq)
-        else:
-            m.claims_lost_total.labels(job=claim.job).inc()
-            log.debug("job %s slot %s lost (seq %d)", claim.job, claim.slot, claim.seq)
 
     def _start_run(self, job: JobConfig, claim: Claim, start: float) -> asyncio.Task[None]:
         """The run in a task of its own, in ``runs``: the drain waits for it."""

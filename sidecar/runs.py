@@ -1,15 +1,15 @@
-"""Run records: results written after a trigger, history read back from the stream.
+"""Run history: a job's claims and results read back from the stream and joined.
 
-``<prefix><job>.results`` carries one JSON message per finished run with at
-least ``job, slot, token, instance, status, started_at, finished_at,
-duration_ms, http_status, error``. History joins a job's claims and results
-by token, newest first; a claim without a result reads as ``running``. It is
-read in one batch through an ordered consumer filtered on ``<prefix><job>.*``
-(the job's two subjects, nothing of other jobs). Anything on those subjects
-that is not a well-formed claim or result is skipped and counted, and so is a
-claim whose slot lies further ahead than the duplicate window: no instance
-claims a slot that early, so it is forged (or its clock is far off), and taken
-as the newest run it would hide every real one from ``last-run`` for good.
+``<prefix><job>.results`` carries one JSON message per finished run, a
+``ResultRecord`` (sidecar/wire.py; written only by sidecar/record.py).
+History joins a job's claims and results by token, newest first; a claim
+without a result reads as ``running``. It is read in one batch through an
+ordered consumer filtered on ``<prefix><job>.*`` (the job's two subjects,
+nothing of other jobs). Anything on those subjects that is not a well-formed
+claim or result is skipped and counted, and so is a claim whose slot lies
+further ahead than the duplicate window: no instance claims a slot that
+early, so it is forged (or its clock is far off), and taken as the newest run
+it would hide every real one from ``last-run`` for good.
 """
 
 from __future__ import annotations

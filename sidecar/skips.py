@@ -23,17 +23,21 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from sidecar.clock import parse_rfc3339, rfc3339
+from sidecar.errors import ClaimError
 from sidecar.guard import REPEAT_LOG
+from sidecar.ratelog import RateLimitedLog
 from sidecar.record import Outcome, Recorder
 from sidecar.wire import SKIPPED
 
 if TYPE_CHECKING:
-    from sidecar.claim import Claimer
+    from sidecar.claim import Claim, Claimer
     from sidecar.clock import Clock
     from sidecar.config import JobConfig
     from sidecar.metrics import Metrics
 
 log = logging.getLogger(__name__)
+# The job loop's lines keep the logger operators filter on (docs/CLI.md).
+loop_log = logging.getLogger("sidecar.job")
 
 EXCLUDED = "excluded"
 SKIP = "skip"
@@ -170,6 +174,7 @@ class Unclaimed:
         self.recorder = recorder
         self.spawn = spawn
         self._said: dict[str, float] = {}  # per job: when a skip was last said
+        self.warnings = RateLimitedLog(loop_log)
 
     def late(self, job: JobConfig, slot: int, now: float) -> int:
         """Count every slot whose claim can no longer start in time; return the next one."""
@@ -182,7 +187,7 @@ class Unclaimed:
         # Late because NATS was away: say so, it is what the operator must fix.
         reason = "late" if self.connected.is_set() else "disconnected"
         self.metrics.claims_skipped_total.labels(job=job.name, reason=reason).inc(skipped)
-        log.warning(
+        loop_log.warning(
             "job %s: %d slot(s) skipped, later than max_late %gs%s",
             job.name,
             skipped,
@@ -202,9 +207,47 @@ class Unclaimed:
         self._say(job, slot, why)
         self.spawn(self.recorder.record(job, slot, reason, why))
 
+    def disconnected(self, job: JobConfig, slot: int, exc: Exception) -> None:
+        """Not claimed, NATS away: counted; said once a minute a job while it lasts,
+        with the count; all said on reconnect."""
+        self.metrics.claims_skipped_total.labels(job=job.name, reason="disconnected").inc()
+        self.warnings.warning(
+            f"disconnected:{job.name}",
+            "job %s slot %s skipped: %s",
+            job.name,
+            rfc3339(slot / 1000),
+            exc,
+        )
+
+    def reconnected(self) -> None:
+        self.warnings.clear_prefix("disconnected:")
+
+    def failed(self, job: JobConfig, slot: int, exc: Exception) -> None:
+        """No claim made (a ClaimError, or a bug): counted, said; nothing ran."""
+        self.metrics.claim_errors_total.labels(job=job.name).inc()
+        if isinstance(exc, ClaimError):
+            loop_log.warning("job %s slot %s not claimed: %s", job.name, rfc3339(slot / 1000), exc)
+        else:
+            loop_log.error(
+                "job %s slot %s: claim failed unexpectedly", job.name, slot, exc_info=exc
+            )
+
+    def count(self, claim: Claim) -> None:
+        """A claim decided: its ack time, duplicate acks, won or lost."""
+        m = self.metrics
+        m.claim_ack_seconds.labels(job=claim.job).observe(claim.ack_seconds)
+        if claim.duplicate_acks:
+            m.claim_duplicate_acks_total.labels(job=claim.job).inc(claim.duplicate_acks)
+        if claim.won:
+            m.claims_won_total.labels(job=claim.job).inc()
+            loop_log.debug("job %s slot %s won (seq %d)", claim.job, claim.slot, claim.seq)
+        else:
+            m.claims_lost_total.labels(job=claim.job).inc()
+            loop_log.debug("job %s slot %s lost (seq %d)", claim.job, claim.slot, claim.seq)
+
     def _say(self, job: JobConfig, slot: int, why: str) -> None:
         now = self.clock.monotonic()
         last = self._said.get(job.name)
         if last is None or now - last > REPEAT_LOG:
             self._said[job.name] = now
-            log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)
+            loop_log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)
