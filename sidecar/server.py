@@ -54,7 +54,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from sidecar.errors import ConfigError, ListenError
-from sidecar.metrics import Family
+from sidecar.metric_series import Family
 
 log = logging.getLogger(__name__)
 
