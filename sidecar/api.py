@@ -44,12 +44,13 @@ from sidecar.board import NEXT_RUNS, fleet_part, job_object, stream_object
 from sidecar.clock import Clock, parse_rfc3339, rfc3339
 from sidecar.config import Config, Secrets
 from sidecar.errors import SidecarError
+from sidecar.exposition import RENDER_SLICE
 from sidecar.live import Live
 from sidecar.ops import skip as skip_runs
 from sidecar.ops import until_of
 from sidecar.orphans import run_by
 from sidecar.runs import read_history
-from sidecar.server import RENDER_SLICE, Answer, Request, Stream
+from sidecar.server import Answer, Request, Stream
 from sidecar.skips import MAX_SKIP
 from sidecar.state import View, mismatched_jobs
 from sidecar.stream import StreamState, state_of
