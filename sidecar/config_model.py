@@ -83,30 +83,6 @@ class AdminConfig:
     token_file: str | None = None  # without it the page is read-only (every POST 403)
 
 
-@dataclass(frozen=True)
-class TargetConfig:
-    """``target:``: the app every job's request goes to, and request defaults."""
-
-    url: str = "http://127.0.0.1:8080"
-    timeout: float = 30.0
-    # Not in repr: a header may carry the app's credentials (Authorization).
-    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False, repr=False)
-    signing_secret_file: str | None = None
-    signing_secret_next_file: str | None = None
-    signing_v1: bool = True
-    allow_remote: bool = False
-
-    @property
-    def unix_socket(self) -> str | None:
-        """The socket path when ``url`` is ``unix:///path``, else None."""
-        return unix_socket_of(self.url)
-
-    @property
-    def base_url(self) -> str:
-        """``http://host:port`` for TCP, ``http://localhost`` for a unix socket."""
-        return base_url_of(self.url)
-
-
 def unix_socket_of(url: str) -> str | None:
     """The socket path of a ``unix:///path`` URL, else None."""
     return urlsplit(url).path if url.startswith("unix:") else None
@@ -122,8 +98,38 @@ def base_url_of(url: str) -> str:
     return f"http://{host}:{parts.port or 80}"
 
 
+class _Addressed:
+    """``unix_socket`` and ``base_url`` of a config that has a ``url``."""
+
+    url: str
+
+    @property
+    def unix_socket(self) -> str | None:
+        """The socket path when ``url`` is ``unix:///path``, else None."""
+        return unix_socket_of(self.url)
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` for TCP, ``http://localhost`` for a unix socket."""
+        return base_url_of(self.url)
+
+
+@dataclass(frozen=True)
+class TargetConfig(_Addressed):
+    """``target:``: the app every job's request goes to, and request defaults."""
+
+    url: str = "http://127.0.0.1:8080"
+    timeout: float = 30.0
+    # Not in repr: a header may carry the app's credentials (Authorization).
+    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False, repr=False)
+    signing_secret_file: str | None = None
+    signing_secret_next_file: str | None = None
+    signing_v1: bool = True
+    allow_remote: bool = False
+
+
 @dataclass(frozen=True, kw_only=True)
-class RequestConfig:
+class RequestConfig(_Addressed):
     """One job's trigger request, with the target's defaults already applied."""
 
     method: str = "POST"
@@ -133,14 +139,6 @@ class RequestConfig:
     body: str = ""
     timeout: float = 30.0
     url: str = TargetConfig.url  # the job's own ``request.url``, else ``target.url``
-
-    @property
-    def unix_socket(self) -> str | None:
-        return unix_socket_of(self.url)
-
-    @property
-    def base_url(self) -> str:
-        return base_url_of(self.url)
 
 
 @dataclass(frozen=True)
