@@ -31,29 +31,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
-from nats.errors import ConnectionReconnectingError, NoRespondersError
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from sidecar import failpoints
 from sidecar.clock import Clock, rfc3339
-from sidecar.due import claim_msg_id as claim_msg_id  # re-exported
 from sidecar.errors import ClaimError
+from sidecar.wire import ERR_DUPLICATE_IN_PROCESS, claims_subject
+from sidecar.wire import MSG_ID as MSG_ID  # re-exported: the run's ending uses it
+from sidecar.wire import TRANSIENT as TRANSIENT  # re-exported: the run's ending uses it
+from sidecar.wire import claim_msg_id as claim_msg_id  # re-exported
 
 log = logging.getLogger(__name__)
-
-ERR_DUPLICATE_IN_PROCESS = 10158
-MSG_ID = "Nats-Msg-Id"
-# Errors after which asking again may give a definite answer.
-TRANSIENT = (
-    NatsTimeoutError,
-    asyncio.TimeoutError,
-    NoRespondersError,
-    NoStreamResponseError,
-    ServiceUnavailableError,
-    ConnectionReconnectingError,
-)
 
 
 class ClaimDisconnected(ClaimError):
@@ -149,7 +140,7 @@ class Claimer:
     on_unanswered: Callable[[], None] | None = None
 
     def subject(self, job: str) -> str:
-        return f"{self.prefix}{job}.claims"
+        return claims_subject(self.prefix, job)
 
     def body(
         self,

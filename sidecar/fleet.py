@@ -40,6 +40,7 @@ from sidecar.state import (
     state_spec,
 )
 from sidecar.tasks import cancel_all
+from sidecar.wire import instance_key, skip_key
 
 if TYPE_CHECKING:
     from sidecar.config import Config
@@ -104,7 +105,7 @@ class Fleet:
         if connected and self.bucket is not None and self.bucket.ttl:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
-                    self.bucket.kv.delete(f"instance.{self.config.instance_id}"), 2.0
+                    self.bucket.kv.delete(instance_key(self.config.instance_id)), 2.0
                 )
 
     def reconnected(self) -> None:
@@ -214,7 +215,7 @@ class Fleet:
 
     async def _presence(self) -> None:
         assert self.bucket is not None
-        key = f"instance.{self.config.instance_id}"
+        key = instance_key(self.config.instance_id)
         while True:
             if self.bucket.ttl:  # without TTLs a dead instance's key would stay for ever
                 try:
@@ -247,7 +248,7 @@ class Fleet:
 
     def skipped(self, job: str, slot: int) -> tuple[str, str] | None:
         """(``skip``, why) when `skip` chose this slot of `job`; None otherwise."""
-        entry = self.view.keys.get(f"skip.{job}")
+        entry = self.view.keys.get(skip_key(job))
         if entry is None or slot not in skip_slots(entry.value):
             return None
         v = entry.value

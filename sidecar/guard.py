@@ -23,13 +23,13 @@ from sidecar.config import Config, JobConfig
 from sidecar.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
 from sidecar.metrics import Metrics
 from sidecar.stream import (
-    RETRYABLE,
     StreamState,
     coverage,
     ensure_stream,
     placement_problem,
     stream_spec,
 )
+from sidecar.wire import TRANSIENT
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class StreamGuard:
             except StreamNotFound:
                 self._stream_down("stream missing; creating it again", forget=True)
                 continue
-            except (*RETRYABLE, StreamError) as exc:
+            except (*TRANSIENT, StreamError) as exc:
                 self._stream_down(f"stream not available: {exc!r}", forget=False)
             except Exception as exc:  # never let readiness die silently
                 log.exception("checking the stream failed")

@@ -28,8 +28,16 @@ from typing import Any
 
 from nats.js.errors import APIError
 
-from sidecar.claim import TRANSIENT, new_token
-from sidecar.lease import CAS_CONFLICT, EXPECTED_LAST, WRITE_TIMEOUT, KeyHeld, Keys
+from sidecar.claim import new_token
+from sidecar.lease import WRITE_TIMEOUT, KeyHeld, Keys
+from sidecar.wire import (
+    CAS_CONFLICT,
+    EXPECTED_LAST_SUBJECT_SEQ,
+    TRANSIENT,
+    compact,
+    event_key,
+)
+from sidecar.wire import health_key as health_key  # re-exported
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +47,6 @@ FAILED_STATUSES = ("failed", "lost")
 # An event key lives this long: far longer than any retry of its outcome.
 EVENT_TTL = 3600.0
 CAS_TRIES = 20
-
-
-def health_key(job: str) -> str:
-    return f"health.{job}"
 
 
 def transition(
@@ -88,10 +92,10 @@ async def _cas(keys: Keys, key: str, value: dict[str, Any], expected: int) -> in
     try:
         ack = await keys.js.publish(
             keys.subject(key),
-            json.dumps(value, separators=(",", ":")).encode(),
+            compact(value),
             timeout=WRITE_TIMEOUT,
             stream=keys.stream,
-            headers={EXPECTED_LAST: str(expected)},
+            headers={EXPECTED_LAST_SUBJECT_SEQ: str(expected)},
         )
     except APIError as exc:
         if exc.err_code in CAS_CONFLICT:
@@ -152,7 +156,7 @@ async def claim_event(keys: Keys, job: str, run: str, event: str, ttl: float | N
     value = {"job": job, "run": run, "event": event, "token": new_token()}
     safe = re.sub(r"[^A-Za-z0-9_-]", "_", run)
     try:
-        await keys.create(f"event.{job}.{safe}.{event}", value, ttl)
+        await keys.create(event_key(job, safe, event), value, ttl)
     except KeyHeld:
         return False
     return True
@@ -174,9 +178,7 @@ async def reset_kv(kv: Any, job: str) -> bool:
             prev = {}
         value = {**(prev if isinstance(prev, dict) else {}), "failures": 0, "run": "", "events": []}
         try:
-            await kv.update(
-                key, json.dumps(value, separators=(",", ":")).encode(), last=entry.revision
-            )
+            await kv.update(key, compact(value), last=entry.revision)
             return True
         except KeyWrongLastSequenceError:
             await asyncio.sleep(0.02)

@@ -42,6 +42,8 @@ from nats.js.kv import KeyValue
 from sidecar.bucketcheck import BucketFacts, facts_of
 from sidecar.errors import StreamError
 from sidecar.tasks import cancel_all
+from sidecar.wire import compact, kv_stream, kv_subject, paused_key
+from sidecar.wire import decode as decode  # re-exported
 
 if TYPE_CHECKING:
     from sidecar.config import Config, JobConfig
@@ -66,7 +68,7 @@ class StateSpec:
 
     @property
     def stream(self) -> str:
-        return f"KV_{self.bucket}"
+        return kv_stream(self.bucket)
 
 
 def state_spec(config: Config) -> StateSpec:
@@ -224,7 +226,7 @@ class View:
     _jobs_seen: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def paused(self, job: str) -> Entry | None:
-        return self.keys.get(f"paused.{job}")
+        return self.keys.get(paused_key(job))
 
     def instances(self) -> dict[str, dict[str, Any]]:
         return {
@@ -295,15 +297,6 @@ class View:
             # server's MaxAge marker as a put (nats-io/nats.py#966) gives this.
             how = EXPIRED
         self.apply(entry.key, entry.value, int(entry.revision or 0), how is not None, how, at)
-
-
-def decode(value: bytes | None) -> dict[str, Any]:
-    """A key's JSON object; an empty object for anything else (hostile input is not fatal)."""
-    try:
-        data = json.loads(value or b"{}")
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 # The kind of job hashes an instance publishes (its presence's ``digest``).
@@ -477,7 +470,7 @@ class Watch:
 
 async def put_json(kv: KeyValue, key: str, value: dict[str, Any]) -> int:
     try:
-        return int(await kv.put(key, json.dumps(value, separators=(",", ":")).encode()))
+        return int(await kv.put(key, compact(value)))
     except Exception as exc:
         raise StreamError(f"cannot write {key} in state bucket: {exc!r}") from exc
 
@@ -486,8 +479,8 @@ async def put_with_ttl(bucket: Bucket, key: str, value: dict[str, Any], ttl: flo
     """A plain put that expires ``ttl`` seconds after it was written (a MaxAge marker)."""
     js = bucket.kv._js
     await js.publish(
-        f"$KV.{bucket.spec.bucket}.{key}",
-        json.dumps(value, separators=(",", ":")).encode(),
+        kv_subject(bucket.spec.bucket, key),
+        compact(value),
         stream=bucket.spec.stream,
         msg_ttl=ttl,
     )

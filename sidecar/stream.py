@@ -22,14 +22,19 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import Placement, StreamConfig, StreamInfo
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, NotFoundError
 
 from sidecar.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
 from sidecar.values import format_duration
+from sidecar.wire import (
+    ERR_REPLICAS_NOT_SUPPORTED,
+    ERR_STREAM_NAME_IN_USE,
+    ERR_STREAM_NOT_FOUND,
+    ERR_SUBJECTS_OVERLAP,
+    TRANSIENT,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -39,18 +44,6 @@ if TYPE_CHECKING:
     from sidecar.config import Config, JobConfig
 
 log = logging.getLogger(__name__)
-
-ERR_STREAM_NOT_FOUND = 10059
-# Create: a stream of that name exists with another config (another instance
-# created it a moment ago).
-ERR_STREAM_NAME_IN_USE = 10058
-# Create or update: another stream already captures some of the subjects.
-ERR_SUBJECTS_OVERLAP = 10065
-# A standalone server refuses replicas > 1 with "replicas > 1 not supported in non-clustered mode".
-ERR_REPLICAS_NOT_SUPPORTED = 10074
-# Answers that mean "JetStream is not ready yet" (cluster electing, meta leader
-# unknown): worth retrying rather than failing.
-RETRYABLE = (NatsTimeoutError, NoRespondersError, NoStreamResponseError, ServiceUnavailableError)
 
 
 @dataclass(frozen=True)
@@ -222,7 +215,7 @@ async def ensure_stream(
     """Create the stream or strengthen an existing one; return its state.
 
     Raises StreamConflict when another stream captures our subjects,
-    StreamError for what else JetStream refuses, and lets RETRYABLE errors
+    StreamError for what else JetStream refuses, and lets TRANSIENT errors
     (JetStream not ready yet) through for the caller's backoff. Never recurses:
     a create that loses a race with another instance's create reads and
     updates once, and a second race is the caller's retry. `on_raise` is
@@ -238,7 +231,7 @@ async def ensure_stream(
             if created is not None:
                 return created
             continue  # created by another instance meanwhile: read it again
-        except RETRYABLE:
+        except TRANSIENT:
             raise
         except APIError as exc:
             raise _translate(exc, "read", spec) from exc
@@ -277,7 +270,7 @@ async def _strengthen(
             raise await _conflict(js, spec) from exc
         why = str(_translate(exc, "update", spec))
         raise StreamNotRaised(why, state_of(info)) from exc
-    except RETRYABLE as exc:
+    except TRANSIENT as exc:
         # The stream answered its info a moment ago: an update with no answer
         # is most often one this NATS user may not make (a denied request
         # gets none). The stream is judged as it is.
@@ -301,7 +294,7 @@ async def _create(js: JetStreamContext, spec: StreamSpec) -> StreamState | None:
     )
     try:
         created = state_of(await js.add_stream(config))
-    except RETRYABLE:
+    except TRANSIENT:
         raise
     except APIError as exc:
         if exc.err_code == ERR_STREAM_NAME_IN_USE:
@@ -398,7 +391,7 @@ async def read_stream(js: JetStreamContext, spec: StreamSpec) -> StreamState:
     """The stream's settings and state; StreamNotFound when it does not exist."""
     try:
         return state_of(await js.stream_info(spec.name))
-    except RETRYABLE:
+    except TRANSIENT:
         raise
     except APIError as exc:
         raise _translate(exc, "read", spec) from exc
@@ -504,7 +497,7 @@ async def plan_lowering(js: JetStreamContext, spec: StreamSpec) -> Lowering:
     """What `lower_stream` would do: reads only."""
     try:
         info = await js.stream_info(spec.name, subjects_filter=">")
-    except RETRYABLE:
+    except TRANSIENT:
         raise
     except APIError as exc:
         raise _translate(exc, "read", spec) from exc
@@ -527,7 +520,7 @@ async def lower_stream(js: JetStreamContext, spec: StreamSpec) -> StreamState:
             max_msgs_per_subject=spec.history_size,
         )
         return state_of(await js.update_stream(update))
-    except RETRYABLE:
+    except TRANSIENT:
         raise
     except APIError as exc:
         raise _translate(exc, "update", spec) from exc

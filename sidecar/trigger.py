@@ -42,6 +42,26 @@ from sidecar.errors import (
 )
 from sidecar.signing import SIGNATURE_HEADER, SignedFields, Signer, signature
 from sidecar.tracing import TRACEPARENT, traceparent
+from sidecar.wire import (
+    ATTEMPT_HEADER,
+    FENCE_HEADER,
+    INSTANCE_HEADER,
+    JOB_HEADER,
+    PREVIOUS_HEADER,
+    RUN_ID_HEADER,
+    SCHEDULED_AT_HEADER,
+    SLOT_HEADER,
+    TRIGGER_HEADER,
+)
+
+# Why a request is sent (X-Anarchon-Trigger): the wire's values, named here too.
+from sidecar.wire import BACKFILL as BACKFILL
+from sidecar.wire import CATCHUP as CATCHUP
+from sidecar.wire import MANUAL as MANUAL
+from sidecar.wire import RERUN as RERUN
+from sidecar.wire import RETRY as RETRY
+from sidecar.wire import SCHEDULED as SCHEDULED
+from sidecar.wire import TRIGGERS as TRIGGERS
 
 __all__ = ["Trigger", "TriggerResult", "signature"]
 
@@ -56,20 +76,6 @@ READ_CHUNK = 64 * 1024
 USER_AGENT = f"anarchon-sidecar/{__version__}"
 # Framing headers are the sidecar's own; a configured one is dropped.
 FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
-
-
-TRIGGER_HEADER = "X-Anarchon-Trigger"
-PREVIOUS_HEADER = "X-Anarchon-Previous-Scheduled-At"
-# X-Anarchon-Trigger: why this request was sent.
-SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL = (
-    "scheduled",
-    "catchup",
-    "manual",
-    "retry",
-    "rerun",
-    "backfill",
-)
-TRIGGERS = (SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL)
 
 
 @dataclass(frozen=True)
@@ -210,21 +216,21 @@ class Trigger:
         headers = dict(job.request.headers)
         headers.update(
             {
-                "X-Anarchon-Job": job.name,
-                "X-Anarchon-Slot": str(slot),
-                "X-Anarchon-Run-Id": token,
-                "X-Anarchon-Scheduled-At": rfc3339(slot / 1000),
+                JOB_HEADER: job.name,
+                SLOT_HEADER: str(slot),
+                RUN_ID_HEADER: token,
+                SCHEDULED_AT_HEADER: rfc3339(slot / 1000),
             }
         )
         if self.instance:
-            headers["X-Anarchon-Instance"] = self.instance
-        headers["X-Anarchon-Attempt"] = str(attempt)
+            headers[INSTANCE_HEADER] = self.instance
+        headers[ATTEMPT_HEADER] = str(attempt)
         # A trace per run (sidecar/tracing.py); a configured tracestate passes as is.
         headers[TRACEPARENT] = traceparent(token)
         if fence is not None:
             # The won claim's stream sequence: it grows with every claim on
             # the stream, so an app can refuse a request older than one it ran.
-            headers["X-Anarchon-Fence"] = str(fence)
+            headers[FENCE_HEADER] = str(fence)
         if why is not None:
             headers[TRIGGER_HEADER] = why.trigger
             if why.previous is not None:
