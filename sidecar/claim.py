@@ -25,7 +25,6 @@ import base64
 import functools
 import json
 import logging
-import random
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from sidecar import failpoints
+from sidecar.backoff import Backoff
 from sidecar.clock import Clock, rfc3339
 from sidecar.errors import ClaimError
 from sidecar.wire import ERR_DUPLICATE_IN_PROCESS, claims_subject
@@ -45,6 +45,12 @@ from sidecar.wire import TRANSIENT as TRANSIENT  # re-exported: the run's ending
 from sidecar.wire import claim_msg_id as claim_msg_id  # re-exported
 
 log = logging.getLogger(__name__)
+
+# Between two publishes of one claim: short (a claim has a deadline of seconds),
+# jittered so that the replicas that timed out together do not ask together.
+PUBLISH_RETRY_START = 0.02
+PUBLISH_RETRY_CAP = 1.0
+PUBLISH_RETRY_JITTER = 0.5
 
 
 class ClaimDisconnected(ClaimError):
@@ -202,7 +208,7 @@ class Claimer:
         subject = self.subject(job)
         attempts = 0
         duplicate_acks = 0
-        backoff = 0.02
+        backoff = Backoff(PUBLISH_RETRY_START, PUBLISH_RETRY_CAP, jitter=PUBLISH_RETRY_JITTER)
         ever_connected = False
         last_error = "no attempt"
         while True:
@@ -268,8 +274,7 @@ class Claimer:
             log.debug("claim %s attempt %d: %s; asking again", msg_id, attempts, last_error)
             if failpoints.ENABLED:
                 await failpoints.hit("claim.before_retry")
-            await asyncio.sleep(min(backoff * random.uniform(0.5, 1.5), max(0.0, remaining)))
-            backoff = min(backoff * 2, 1.0)
+            await backoff.sleep(at_most=remaining)
 
     def foreign(self, stream: str | None, domain: str | None) -> str | None:
         """Why an ack shows another JetStream stored the claim; None when it is ours.
@@ -288,7 +293,7 @@ class Claimer:
 
     async def _stored_token(self, seq: int, deadline: float, msg_id: str) -> str | None:
         """The token of the stored claim at `seq`; retried until the deadline."""
-        backoff = 0.02
+        backoff = Backoff(PUBLISH_RETRY_START, PUBLISH_RETRY_CAP)
         while True:
             remaining = deadline - self.clock.monotonic()
             try:
@@ -299,8 +304,7 @@ class Claimer:
             except (*TRANSIENT, APIError) as exc:
                 if remaining <= 0:
                     raise ClaimError(f"{msg_id}: cannot read stored claim {seq}: {exc!r}") from exc
-                await asyncio.sleep(min(backoff, remaining))
-                backoff = min(backoff * 2, 1.0)
+                await backoff.sleep(at_most=remaining)
                 continue
             return token_of(data)
 

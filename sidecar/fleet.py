@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from sidecar import __version__
+from sidecar.backoff import Backoff
 from sidecar.bucketcheck import check_bucket, needs_leases
 from sidecar.clock import Clock, rfc3339
 from sidecar.lease import Keys
@@ -48,7 +49,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BUCKET_BACKOFF_MAX = 30.0
+# Between two tries to open the state bucket.
+BUCKET_RETRY_START = 0.2
+BUCKET_RETRY_CAP = 30.0
 # The bucket's settings are checked this often, and at once after a reconnect or
 # when the watch sees them change or the bucket disappear.
 BUCKET_REFRESH = 30.0
@@ -136,15 +139,14 @@ class Fleet:
         return self.problem
 
     async def _run(self, js: JetStreamContext) -> None:
-        backoff = 0.2
+        backoff = Backoff(BUCKET_RETRY_START, BUCKET_RETRY_CAP)
         while self.bucket is None:
             try:
                 self.bucket = await ensure_bucket(js, self.spec)
             except Exception as exc:  # not ready yet, or refused: say so, try again
                 self.problem = f"cannot open state bucket {self.spec.bucket}: {exc!r}"
                 log.warning("%s", self.problem)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BUCKET_BACKOFF_MAX)
+                await backoff.sleep()
         await self._check(js)
         if too_old := version_problem(str(js._nc.connected_server_version)):
             log.warning("%s", too_old)

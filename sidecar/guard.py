@@ -18,6 +18,7 @@ from dataclasses import replace
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from sidecar.backoff import Backoff
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
@@ -36,8 +37,9 @@ log = logging.getLogger(__name__)
 # How often the stream is checked (and raised back when someone weakened it):
 # one stream_info call, whose cost does not depend on the number of messages.
 STREAM_REFRESH = 10.0
-# The longest wait between two tries while the stream cannot be set up.
-STREAM_BACKOFF_MAX = 30.0
+# Between two tries while the stream cannot be set up.
+STREAM_RETRY_START = 0.2
+STREAM_RETRY_CAP = 30.0
 # A problem that lasts is logged again at most this often (seconds).
 REPEAT_LOG = 60.0
 
@@ -110,7 +112,7 @@ class StreamGuard:
         changed. Readiness and each job's right to claim follow it.
         """
         await self._watch_advisories(js._nc)
-        backoff = 0.2
+        backoff = Backoff(STREAM_RETRY_START, STREAM_RETRY_CAP)
         while True:
             try:
                 if not self.connected.is_set():
@@ -134,14 +136,13 @@ class StreamGuard:
                 log.exception("checking the stream failed")
                 self._stream_down(f"stream check failed: {exc!r}", forget=False)
             else:
-                backoff = 0.2
+                backoff.reset()
                 if self.domain is _UNKNOWN:
                     await self._which_jetstream(js, state)
                 self._stream_up(replace(state, domain=self.answered_domain))
                 await self._stream_pause(STREAM_REFRESH)
                 continue
-            await self._stream_pause(backoff)
-            backoff = min(backoff * 2, STREAM_BACKOFF_MAX)
+            await self._stream_pause(backoff.next())
 
     @property
     def answered_domain(self) -> str | None:

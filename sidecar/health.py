@@ -20,7 +20,6 @@ succeeds (``claim_event``), so an event is sent once however it was reached.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -28,6 +27,7 @@ from typing import Any
 
 from nats.js.errors import APIError
 
+from sidecar.backoff import Backoff
 from sidecar.claim import new_token
 from sidecar.lease import WRITE_TIMEOUT, KeyHeld, Keys
 from sidecar.wire import (
@@ -47,6 +47,10 @@ FAILED_STATUSES = ("failed", "lost")
 # An event key lives this long: far longer than any retry of its outcome.
 EVENT_TTL = 3600.0
 CAS_TRIES = 20
+# Between two compare-and-set tries of apply (after a conflict or no answer),
+# and the fixed pause of reset's after a conflict.
+CAS_RETRY_START = 0.02
+CAS_RETRY_CAP = 1.0
 
 
 def transition(
@@ -109,7 +113,7 @@ async def apply(
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """Apply one run's outcome to ``health.<job>``; the new value and the events made."""
     key = health_key(job)
-    backoff = 0.02
+    backoff = Backoff(CAS_RETRY_START, CAS_RETRY_CAP)
     for _ in range(CAS_TRIES):
         try:
             last = await keys.last(key)
@@ -126,8 +130,7 @@ async def apply(
             pass  # another outcome was applied meanwhile: on top of it
         except TRANSIENT as exc:
             log.debug("%s: %r; asking again", key, exc)
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, 1.0)
+        await backoff.sleep()
     raise TimeoutError(f"{key}: no compare-and-set succeeded in {CAS_TRIES} tries")
 
 
@@ -135,6 +138,7 @@ async def reset(keys: Keys, job: str) -> bool:
     """``resume``: the count back to 0, the state kept (a success then still reads as
     ``recovered``). False when the job had no health key."""
     key = health_key(job)
+    backoff = Backoff(CAS_RETRY_START, CAS_RETRY_START)
     for _ in range(CAS_TRIES):
         last = await keys.last(key)
         if last is None or last[1] is None:
@@ -145,7 +149,7 @@ async def reset(keys: Keys, job: str) -> bool:
             await _cas(keys, key, value, revision)
             return True
         except KeyHeld:
-            await asyncio.sleep(0.02)
+            await backoff.sleep()
     raise TimeoutError(f"{key}: no compare-and-set succeeded in {CAS_TRIES} tries")
 
 
@@ -167,6 +171,7 @@ async def reset_kv(kv: Any, job: str) -> bool:
     from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
     key = health_key(job)
+    backoff = Backoff(CAS_RETRY_START, CAS_RETRY_START)
     for _ in range(CAS_TRIES):
         try:
             entry = await kv.get(key)
@@ -181,5 +186,5 @@ async def reset_kv(kv: Any, job: str) -> bool:
             await kv.update(key, compact(value), last=entry.revision)
             return True
         except KeyWrongLastSequenceError:
-            await asyncio.sleep(0.02)
+            await backoff.sleep()
     raise TimeoutError(f"{key}: no compare-and-set succeeded in {CAS_TRIES} tries")

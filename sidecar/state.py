@@ -39,6 +39,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from sidecar.backoff import Backoff
 from sidecar.bucketcheck import BucketFacts, facts_of
 from sidecar.errors import StreamError
 from sidecar.tasks import cancel_all
@@ -57,6 +58,8 @@ PRESENCE_TTL = 15.0
 PRESENCE_RENEW = 5.0
 # Watchdog: how often the bucket's last sequence is compared with the view's.
 WATCHDOG_EVERY = 3.0
+# After the watch failed (NATS away or slow), it starts again this long after.
+WATCH_RETRY = 1.0
 MIN_SERVER_FOR_TTL = "2.11"
 
 
@@ -344,6 +347,7 @@ class Watch:
     async def run(self) -> None:
         """Watch until cancelled; the watchdog restarts a silent or stale watch."""
         behind = 0
+        backoff = Backoff(WATCH_RETRY, WATCH_RETRY)
         while True:
             try:
                 await self._start()
@@ -370,7 +374,7 @@ class Watch:
                 raise
             except Exception as exc:  # NATS away or slow: try again shortly
                 log.debug("state bucket watch: %r", exc)
-                await asyncio.sleep(1.0)
+                await backoff.sleep()
             await self._stop()
 
     async def _info(self) -> Any:

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 import h11
 
 from sidecar import __version__, failpoints
+from sidecar.backoff import Backoff
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import JobConfig, RequestConfig, base_url_of, unix_socket_of
 from sidecar.errors import (
@@ -73,6 +74,9 @@ MAX_ERROR_BODY = 200
 MAX_ANSWER_KEPT = 10 * 1024
 # The answer is read in chunks of at most this many bytes.
 READ_CHUNK = 64 * 1024
+# Between two tries of a request the app did not receive (refused, no socket).
+UNDELIVERED_RETRY_START = 0.1
+UNDELIVERED_RETRY_CAP = 5.0
 USER_AGENT = f"anarchon-sidecar/{__version__}"
 # Framing headers are the sidecar's own; a configured one is dropped.
 FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
@@ -278,7 +282,7 @@ class Trigger:
         started_at = self.clock.wall()
         t0 = time.perf_counter()
         attempts = 0
-        backoff = 0.1
+        backoff = Backoff(UNDELIVERED_RETRY_START, UNDELIVERED_RETRY_CAP)
         while True:
             attempts += 1
             try:
@@ -287,7 +291,7 @@ class Trigger:
                 return self._result(started_at, t0, None, str(exc), attempts, late=True)
             except TriggerUndelivered as exc:
                 remaining = deadline - self.clock.monotonic()
-                if remaining <= backoff:
+                if remaining <= backoff.current:
                     return self._result(started_at, t0, None, f"{exc} (gave up)", attempts)
                 if on_retry is not None:
                     on_retry(attempts, exc, remaining)
@@ -297,10 +301,9 @@ class Trigger:
                         job.name,
                         slot,
                         exc,
-                        backoff,
+                        backoff.current,
                     )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await backoff.sleep()
                 continue
             except TriggerError as exc:
                 return self._result(
