@@ -39,7 +39,8 @@ from sidecar import failpoints
 from sidecar.backoff import Backoff
 from sidecar.clock import Clock, rfc3339
 from sidecar.errors import ClaimError
-from sidecar.wire import ERR_DUPLICATE_IN_PROCESS, claims_subject
+from sidecar.natspy import api_prefix, request_timeout
+from sidecar.wire import ERR_DUPLICATE_IN_PROCESS, claims_subject, msg_get_subject
 from sidecar.wire import MSG_ID as MSG_ID  # re-exported: the run's ending uses it
 from sidecar.wire import TRANSIENT as TRANSIENT  # re-exported: the run's ending uses it
 from sidecar.wire import claim_msg_id as claim_msg_id  # re-exported
@@ -319,9 +320,9 @@ class Claimer:
         """
         try:
             reply = await self.nc.request(
-                f"{self.js._prefix}.STREAM.MSG.GET.{self.stream}",
+                msg_get_subject(api_prefix(self.js), self.stream),
                 f'{{"seq":{seq:d}}}'.encode(),
-                timeout=self.js._timeout,
+                timeout=request_timeout(self.js),
             )
         except NoRespondersError as exc:
             raise ServiceUnavailableError from exc

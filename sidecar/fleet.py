@@ -23,6 +23,7 @@ from sidecar.backoff import Backoff
 from sidecar.bucketcheck import check_bucket, needs_leases
 from sidecar.clock import Clock, rfc3339
 from sidecar.lease import Keys
+from sidecar.natspy import connection_of
 from sidecar.orphans import Orphans
 from sidecar.servers import version_problem
 from sidecar.skips import PAUSED, SKIP, pause_active, pending, skip_slots, until_ms
@@ -148,7 +149,7 @@ class Fleet:
                 log.warning("%s", self.problem)
                 await backoff.sleep()
         await self._check(js)
-        if too_old := version_problem(str(js._nc.connected_server_version)):
+        if too_old := version_problem(str(connection_of(js).connected_server_version)):
             log.warning("%s", too_old)
         self.watch = Watch(self.bucket, self.view, self._recheck.set)
         await self._watch_advisories(js)
@@ -166,7 +167,7 @@ class Fleet:
         """The bucket's stream deleted, made or changed: re-read it at once, not at the
         watchdog's next look (a few seconds in which a lock in the new bucket would
         not see the runs of the old one). Best effort: the watchdog remains."""
-        nc = js._nc
+        nc = connection_of(js)
         watch = self.watch
         if nc is None or watch is None:
             return

@@ -23,6 +23,7 @@ from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
 from sidecar.metrics import Metrics
+from sidecar.natspy import connection_of
 from sidecar.stream import (
     StreamState,
     coverage,
@@ -111,7 +112,7 @@ class StreamGuard:
         Every STREAM_REFRESH, or at once when an advisory says the stream
         changed. Readiness and each job's right to claim follow it.
         """
-        await self._watch_advisories(js._nc)
+        await self._watch_advisories(connection_of(js))
         backoff = Backoff(STREAM_RETRY_START, STREAM_RETRY_CAP)
         while True:
             try:

@@ -35,6 +35,7 @@ from sidecar.connection import Client, Connection, jetstream
 from sidecar.errors import StreamError, StreamNotFound, UnknownJob
 from sidecar.health import reset
 from sidecar.lease import Keys
+from sidecar.natspy import api_prefix
 from sidecar.runs import (
     History,
     ResultRecord,
@@ -255,7 +256,7 @@ async def check_stream(config: Config, secrets: Secrets) -> StreamCheck:
                 info = None
         state = state_of(info) if info is not None else None
         if state is None or spec.subject not in state.subjects:
-            others = await overlapping_streams(conn.nc, js._prefix, spec.subject)
+            others = await overlapping_streams(conn.nc, api_prefix(js), spec.subject)
             if set(others) - {spec.name}:
                 raise conflict_error(spec, others)
         if state is None or info is None:

@@ -42,6 +42,7 @@ from nats.js.kv import KeyValue
 from sidecar.backoff import Backoff
 from sidecar.bucketcheck import BucketFacts, facts_of
 from sidecar.errors import StreamError
+from sidecar.natspy import jetstream_of
 from sidecar.tasks import cancel_all
 from sidecar.wire import compact, kv_stream, kv_subject, paused_key
 from sidecar.wire import decode as decode  # re-exported
@@ -380,7 +381,7 @@ class Watch:
     async def _info(self) -> Any:
         """The bucket's stream info; a missing bucket is a change the Fleet is told of."""
         try:
-            return await self.bucket.kv._js.stream_info(self.bucket.spec.stream)
+            return await jetstream_of(self.bucket.kv).stream_info(self.bucket.spec.stream)
         except NotFoundError:
             if not self.replaced:
                 log.warning("state bucket %s disappeared", self.bucket.spec.bucket)
@@ -417,7 +418,7 @@ class Watch:
             if entry is None:
                 break
             fresh.apply_entry(entry)
-        info = await self.bucket.kv._js.stream_info(self.bucket.spec.stream)
+        info = await jetstream_of(self.bucket.kv).stream_info(self.bucket.spec.stream)
         fresh.last_revision = max(fresh.last_revision, int(info.state.last_seq))
         changed = set(self.view.keys) ^ set(fresh.keys) | {
             k for k in fresh.keys if k in self.view.keys and self.view.keys[k] != fresh.keys[k]
@@ -481,7 +482,7 @@ async def put_json(kv: KeyValue, key: str, value: dict[str, Any]) -> int:
 
 async def put_with_ttl(bucket: Bucket, key: str, value: dict[str, Any], ttl: float) -> None:
     """A plain put that expires ``ttl`` seconds after it was written (a MaxAge marker)."""
-    js = bucket.kv._js
+    js = jetstream_of(bucket.kv)
     await js.publish(
         kv_subject(bucket.spec.bucket, key),
         compact(value),

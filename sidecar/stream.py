@@ -27,6 +27,7 @@ from nats.js.api import Placement, StreamConfig, StreamInfo
 from nats.js.errors import APIError, NotFoundError
 
 from sidecar.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
+from sidecar.natspy import api_prefix, connection_of
 from sidecar.values import format_duration
 from sidecar.wire import (
     ERR_REPLICAS_NOT_SUPPORTED,
@@ -372,7 +373,7 @@ def conflict_error(spec: StreamSpec, others: dict[str, list[str]]) -> StreamConf
 
 async def _conflict(js: JetStreamContext, spec: StreamSpec) -> StreamConflict:
     try:
-        others = await overlapping_streams(js._nc, js._prefix, spec.subject)
+        others = await overlapping_streams(connection_of(js), api_prefix(js), spec.subject)
     except Exception as exc:  # the names are a courtesy; the error stands without them
         log.debug("listing the overlapping streams failed: %r", exc)
         others = {}
