@@ -118,7 +118,7 @@ class Claim:
     token: str
     won: bool
     seq: int
-    attempts: int
+    publish_tries: int  # publishes of this claim (1: answered at the first)
     duplicate_acks: int
     ack_seconds: float
     manual: bool = False
@@ -207,7 +207,7 @@ class Claimer:
         body = self.body(job, slot, token, self.clock.wall(), manual, attempt, extra)
         msg_id = msg_id or claim_msg_id(job, slot, token, manual, attempt)
         subject = self.subject(job)
-        attempts = 0
+        publish_tries = 0
         duplicate_acks = 0
         backoff = Backoff(PUBLISH_RETRY_START, PUBLISH_RETRY_CAP, jitter=PUBLISH_RETRY_JITTER)
         ever_connected = False
@@ -225,7 +225,7 @@ class Claimer:
             ):
                 continue
             ever_connected = True
-            attempts += 1
+            publish_tries += 1
             started = self.clock.monotonic()
             timeout = max(0.001, min(self.ack_timeout, remaining))
             try:
@@ -256,7 +256,7 @@ class Claimer:
                     duplicate_acks += 1
                 # Any earlier attempt may have been stored (even one that failed:
                 # nats-py can send a buffered publish after giving up on it).
-                if must_read_stored(ack.duplicate, retried=attempts > 1):
+                if must_read_stored(ack.duplicate, retried=publish_tries > 1):
                     stored = await self._stored_token(ack.seq, deadline, msg_id)
                 won = decide(ack.duplicate, stored, token)
                 return Claim(
@@ -265,14 +265,14 @@ class Claimer:
                     token,
                     won,
                     ack.seq,
-                    attempts,
+                    publish_tries,
                     duplicate_acks,
                     ack_seconds,
                     manual,
                     attempt,
                     trigger,
                 )
-            log.debug("claim %s attempt %d: %s; asking again", msg_id, attempts, last_error)
+            log.debug("claim %s publish %d: %s; asking again", msg_id, publish_tries, last_error)
             if failpoints.ENABLED:
                 await failpoints.hit("claim.before_retry")
             await backoff.sleep(at_most=remaining)

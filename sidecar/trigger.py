@@ -97,7 +97,7 @@ def why_of(job: JobConfig, slot: int, trigger: str) -> Why:
     return Why(trigger, rfc3339(previous / 1000) if previous is not None else None)
 
 
-#: ``on_retry(attempts so far, why, seconds left before giving up)``
+#: ``on_retry(delivery tries so far, why, seconds left before giving up)``
 RetryReport = Callable[[int, TriggerUndelivered, float], None]
 
 
@@ -111,7 +111,7 @@ class TriggerResult:
     duration: float
     http_status: int | None
     error: str | None
-    attempts: int
+    delivery_tries: int  # requests sent to deliver this run (1: delivered at the first)
     late: bool = False  # nothing was sent: the last instant it could go out had passed
     answer: bytes = b""  # at most MAX_ANSWER_KEPT bytes of the app's answer
 
@@ -281,22 +281,22 @@ class Trigger:
         """
         started_at = self.clock.wall()
         t0 = time.perf_counter()
-        attempts = 0
+        delivery_tries = 0
         backoff = Backoff(UNDELIVERED_RETRY_START, UNDELIVERED_RETRY_CAP)
         while True:
-            attempts += 1
+            delivery_tries += 1
             try:
                 status, answer = await self._send(job, slot, token, attempt, fence, send_by, why)
             except TriggerLate as exc:
-                return self._result(started_at, t0, None, str(exc), attempts, late=True)
+                return self._result(started_at, t0, None, str(exc), delivery_tries, late=True)
             except TriggerUndelivered as exc:
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= backoff.current:
-                    return self._result(started_at, t0, None, f"{exc} (gave up)", attempts)
+                    return self._result(started_at, t0, None, f"{exc} (gave up)", delivery_tries)
                 if on_retry is not None:
-                    on_retry(attempts, exc, remaining)
+                    on_retry(delivery_tries, exc, remaining)
                 else:
-                    (log.warning if attempts == 1 else log.debug)(
+                    (log.warning if delivery_tries == 1 else log.debug)(
                         "job %s slot %s: app not reachable (%s); retrying in %.1fs",
                         job.name,
                         slot,
@@ -307,9 +307,9 @@ class Trigger:
                 continue
             except TriggerError as exc:
                 return self._result(
-                    started_at, t0, exc.http_status, str(exc), attempts, answer=exc.answer
+                    started_at, t0, exc.http_status, str(exc), delivery_tries, answer=exc.answer
                 )
-            return self._result(started_at, t0, status, None, attempts, answer=answer)
+            return self._result(started_at, t0, status, None, delivery_tries, answer=answer)
 
     def _result(
         self,
@@ -317,7 +317,7 @@ class Trigger:
         t0: float,
         status: int | None,
         error: str | None,
-        attempts: int,
+        delivery_tries: int,
         late: bool = False,
         answer: bytes = b"",
     ) -> TriggerResult:
@@ -329,7 +329,7 @@ class Trigger:
             duration=duration,
             http_status=status,
             error=error,
-            attempts=attempts,
+            delivery_tries=delivery_tries,
             late=late,
             answer=answer,
         )
