@@ -1,7 +1,7 @@
 """One sidecar's part in the fleet: the state bucket's view, presence, pause.
 
 ``Fleet`` opens (or creates) the state bucket once NATS answers, keeps the
-view in step (``state.Watch``), keeps ``instance.<id>`` alive while the
+view in step (``watch.Watch``), keeps ``instance.<id>`` alive while the
 sidecar runs and deletes it on a clean exit, and exports what the view says:
 ``job_paused``, ``fleet_instances`` and ``fleet_config_mismatch``. The job
 loops ask ``blocked(job)`` before each claim; it answers from memory.
@@ -34,7 +34,6 @@ from sidecar.state import (
     Bucket,
     Removal,
     View,
-    Watch,
     ensure_bucket,
     job_hash,
     mismatched_jobs,
@@ -42,6 +41,7 @@ from sidecar.state import (
     state_spec,
 )
 from sidecar.tasks import cancel_all
+from sidecar.watch import Watch
 from sidecar.wire import instance_key, skip_key
 
 if TYPE_CHECKING:

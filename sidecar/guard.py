@@ -3,7 +3,7 @@
 It ensures the stream (create, or raise it back when someone weakened it)
 every STREAM_REFRESH, and at once when JetStream's advisories say the stream
 changed; then it judges, per job, whether the stream holds the job's claims
-for ``jitter + max_late`` (``stream.coverage``). Readiness and each job's
+for ``jitter + max_late`` (``streamfit.coverage``). Readiness and each job's
 right to claim (``blocked``) are read from it in memory; no claim waits for it.
 """
 
@@ -24,13 +24,8 @@ from sidecar.config import Config, JobConfig
 from sidecar.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
 from sidecar.metrics import Metrics
 from sidecar.natspy import connection_of
-from sidecar.stream import (
-    StreamState,
-    coverage,
-    ensure_stream,
-    placement_problem,
-    stream_spec,
-)
+from sidecar.stream import StreamState, ensure_stream, stream_spec
+from sidecar.streamfit import coverage, placement_problem
 from sidecar.wire import TRANSIENT
 
 log = logging.getLogger(__name__)

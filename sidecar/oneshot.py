@@ -52,16 +52,15 @@ from sidecar.stream import (
     StreamState,
     answering_domain,
     conflict_error,
-    coverage,
     create_if_missing,
     lower_stream,
     overlapping_streams,
     plan_lowering,
-    raised_state,
     read_stream,
     state_of,
     stream_spec,
 )
+from sidecar.streamfit import coverage, raised_state
 from sidecar.trigger import MANUAL, RetryReport, Trigger, TriggerResult, why_of
 from sidecar.wire import ERR_STREAM_NOT_FOUND, TRANSIENT, compact, paused_key
 
