@@ -6,9 +6,9 @@ state is kept here for readiness, metrics and claims that wait for it.
 
 When the config asks for TLS, every connection attempt (first connect and
 reconnects) refuses a server that does not encrypt before anything is sent
-(Client): nats-py on its own upgrades only when the server's INFO says
-``tls_required``, so a server or a man in the middle that leaves it out would
-otherwise receive CONNECT, credentials included, in clear.
+(Client, in sidecar/natspy.py): nats-py on its own upgrades only when the
+server's INFO says ``tls_required``, so a server or a man in the middle that
+leaves it out would otherwise receive CONNECT, credentials included, in clear.
 """
 
 from __future__ import annotations
