@@ -42,7 +42,8 @@ from sidecar.errors import StreamNotFound, UnknownJob
 from sidecar.logs import setup_logging
 from sidecar.runs import Run
 from sidecar.skips import MAX_SKIP
-from sidecar.stream import Lowering, coverage, placement_problem, stream_spec
+from sidecar.stream import Lowering, stream_spec
+from sidecar.streamfit import coverage, placement_problem
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
