@@ -33,7 +33,7 @@ from nats.js.errors import NotFoundError
 from sidecar.bounds import attempt_no, epoch_s, seq_no, slot_ms
 from sidecar.due import LOST as DUE_LOST
 from sidecar.due import RETRY, DueKey, retry_due_at
-from sidecar.wire import FAILED_STATUSES, LOST, result_subject
+from sidecar.wire import FAILED_STATUSES, LOST, results_subject
 
 if TYPE_CHECKING:
     from sidecar.config import JobConfig
@@ -104,7 +104,7 @@ async def backing(
 
     NATS errors other than "no such message" propagate: nothing was judged.
     """
-    subject = result_subject(spec.prefix, job.name)
+    subject = results_subject(spec.prefix, job.name)
     hint = seq_no(value.get("result"))
     try:
         if hint is not None:

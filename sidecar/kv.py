@@ -12,8 +12,6 @@ presence all write through ``Keys``.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -24,18 +22,26 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 from nats.js.errors import APIError, NotFoundError
 
-from sidecar.claim import TRANSIENT
+from sidecar.backoff import Backoff
 from sidecar.clock import Clock
 from sidecar.errors import PermissionDenied
+from sidecar.natspy import jetstream_of
 from sidecar.state import Bucket
+from sidecar.wire import (
+    CAS_CONFLICT,
+    ERR_NO_MESSAGE,
+    EXPECTED_LAST_SUBJECT_SEQ,
+    TRANSIENT,
+    compact,
+    decode,
+    kv_subject,
+)
 
 log = logging.getLogger(__name__)
 
-EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+EXPECTED_LAST = EXPECTED_LAST_SUBJECT_SEQ
 KV_OPERATION = "KV-Operation"
 MARKER_REASON = "Nats-Marker-Reason"
-# 10071 JSStreamWrongLastSequenceErrF, 10164 JSStreamWrongLastSequenceConstantErr.
-CAS_CONFLICT = (10071, 10164)
 # How long a write may wait for its ack.
 WRITE_TIMEOUT = 2.0
 # ... when the server refused its subject lately (a permissions violation).
@@ -43,7 +49,7 @@ DENIED_TIMEOUT = 0.5
 
 
 def _json(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return compact(value)
 
 
 def _ttl(seconds: float) -> int:
@@ -58,7 +64,7 @@ async def last_msg(js: JetStreamContext, stream: str, subject: str) -> RawStream
     except NotFoundError:
         return None
     except APIError as exc:
-        if exc.err_code == 10037:  # no message on the subject
+        if exc.err_code == ERR_NO_MESSAGE:  # no message on the subject
             return None
         raise
 
@@ -88,17 +94,16 @@ class Keys:
         # Whether NATS refused a subject to this user lately (sidecar/permissions.py):
         # a write it refuses gets no answer, only an error on the connection.
         self.denied = denied
-        # nats-py private attribute: KeyValue keeps its JetStream context in ``_js``.
-        # Its put and update take no per-message TTL (only create does, since
-        # nats-io/nats.py#783), and its create refuses to write over a MaxAge marker:
-        # the state bucket is written here, by plain publishes through that context.
-        self.js: JetStreamContext = bucket.kv._js
+        # KeyValue's own put takes no per-message TTL and its create refuses to
+        # write over a MaxAge marker: the state bucket is written here, by plain
+        # publishes through its JetStream context (sidecar/natspy.py says why).
+        self.js: JetStreamContext = jetstream_of(bucket.kv)
         self.stream = bucket.spec.stream
         # A delete marker lives as long as the server's own expiry markers.
         self.marker_ttl = bucket.spec.marker_ttl
 
     def subject(self, key: str) -> str:
-        return f"$KV.{self.bucket.spec.bucket}.{key}"
+        return kv_subject(self.bucket.spec.bucket, key)
 
     async def _publish(
         self, key: str, data: bytes, headers: dict[str, str], ttl: float | None
@@ -137,11 +142,7 @@ class Keys:
         headers = msg.headers or {}
         if headers.get(KV_OPERATION) or headers.get(MARKER_REASON):
             return int(msg.seq or 0), None
-        try:
-            value = json.loads(msg.data or b"{}")
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            value = {}
-        return int(msg.seq or 0), value if isinstance(value, dict) else {}
+        return int(msg.seq or 0), decode(msg.data)
 
     async def create(
         self, key: str, value: dict[str, Any], ttl: float | None, expected: int = 0
@@ -184,20 +185,19 @@ async def until_answered(
     what: str, call: Callable[[], Awaitable[int]], clock: Clock, deadline: float
 ) -> int:
     """Ask again while NATS gives no definite answer, until `deadline` (monotonic)."""
-    backoff = 0.05
+    backoff = Backoff(start=0.05, cap=1.0)
     while True:
         try:
             return await call()
         except (*TRANSIENT, NoRespondersError) as exc:
-            if clock.monotonic() + backoff > deadline:
+            if clock.monotonic() + backoff.current > deadline:
                 raise
             log.debug("%s: %r; asking again", what, exc)
         except APIError as exc:
-            if exc.err_code in CAS_CONFLICT or clock.monotonic() + backoff > deadline:
+            if exc.err_code in CAS_CONFLICT or clock.monotonic() + backoff.current > deadline:
                 raise
             log.debug("%s: %r; asking again", what, exc)
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, 1.0)
+        await backoff.sleep()
 
 
 async def put_with_ttl(bucket: Bucket, key: str, value: dict[str, Any], ttl: float) -> None:

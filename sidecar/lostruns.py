@@ -29,7 +29,7 @@ from sidecar.kv import Keys, last_msg
 from sidecar.record import Outcome, Recorder
 from sidecar.state import EXPIRED, REPLACED, Removal, View
 from sidecar.tasks import TaskSet
-from sidecar.wire import LOST, result_subject
+from sidecar.wire import LOST, results_subject
 
 if TYPE_CHECKING:
     from sidecar.config import Config, JobConfig
@@ -176,7 +176,7 @@ class LostRuns:
         the lease's ``fence``) every result stored since is read; without it
         (a lease written by another implementation) only the newest.
         """
-        subject = result_subject(self.spec.prefix, job)
+        subject = results_subject(self.spec.prefix, job)
         newest = await last_msg(self.js, self.spec.name, subject)
         if newest is None:
             return False, 0

@@ -24,17 +24,21 @@ from typing import TYPE_CHECKING
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
-from sidecar.claim import MSG_ID, TRANSIENT
+from sidecar.backoff import Backoff
 from sidecar.clock import rfc3339
-from sidecar.kv import CAS_CONFLICT, EXPECTED_LAST, WRITE_TIMEOUT
+from sidecar.kv import WRITE_TIMEOUT
 from sidecar.wire import (
+    CAS_CONFLICT,
+    EXPECTED_LAST_SUBJECT_SEQ,
     FAILED,
     LOST,
+    MSG_ID,
     SKIPPED,
     SUCCEEDED,
+    TRANSIENT,
     OutcomeKind,
     ResultRecord,
-    result_subject,
+    results_subject,
 )
 
 if TYPE_CHECKING:
@@ -131,11 +135,11 @@ async def publish_result(
     """
     headers_id = record.msg_id
     payload = record.to_json()
-    backoff = 0.05
+    backoff = Backoff(start=0.05, cap=2.0)
     for tries in range(1, publish_tries + 1):
         try:
             ack = await js.publish(
-                result_subject(prefix, record.job),
+                results_subject(prefix, record.job),
                 payload,
                 timeout=timeout,
                 stream=stream,
@@ -150,8 +154,7 @@ async def publish_result(
                 tries,
                 exc,
             )
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, 2.0)
+        await backoff.sleep()
     return 0
 
 
@@ -227,15 +230,15 @@ class Recorder:
         record = self.record_of(job, outcome)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + give_up
-        backoff = 0.1
+        backoff = Backoff(start=0.1, cap=1.0)
         while True:
             try:
                 ack = await self.js.publish(
-                    result_subject(self.prefix, record.job),
+                    results_subject(self.prefix, record.job),
                     record.to_json(),
                     timeout=WRITE_TIMEOUT,
                     stream=self.stream,
-                    headers={MSG_ID: record.msg_id, EXPECTED_LAST: str(last)},
+                    headers={MSG_ID: record.msg_id, EXPECTED_LAST_SUBJECT_SEQ: str(last)},
                 )
                 break
             except APIError as exc:
@@ -246,8 +249,7 @@ class Recorder:
             except TRANSIENT:
                 if loop.time() > deadline:
                     raise
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+            await backoff.sleep()
         if ack.duplicate:
             return 0
         if job is not None and self.aftermath is not None:

@@ -26,7 +26,9 @@ from nats.js.api import DeliverPolicy
 from nats.js.errors import APIError
 
 from sidecar.bounds import slot_ms
-from sidecar.wire import LOST, RESULT_STATUSES, RUNNING, result_subject
+from sidecar.wire import ERR_NO_MESSAGE, ERR_STREAM_NOT_FOUND, LOST, RESULT_STATUSES, RUNNING
+from sidecar.wire import claims_subject as wire_claims_subject
+from sidecar.wire import results_subject as result_subject
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +146,7 @@ def join_runs(
     claims: list[tuple[int, dict[str, Any]]] = []
     results: dict[str, dict[str, Any]] = {}
     skipped = future = 0
-    claims_subject = f"{prefix}{job}.claims"
+    claims_subject = wire_claims_subject(prefix, job)
     results_subject = result_subject(prefix, job)
     for seq, subject, raw in messages:
         try:
@@ -250,11 +252,11 @@ async def last_messages(
     What ``status`` and catch-up need without reading the whole history.
     """
     out: list[tuple[int, str, bytes]] = []
-    for subject in (f"{prefix}{job}.claims", result_subject(prefix, job)):
+    for subject in (wire_claims_subject(prefix, job), result_subject(prefix, job)):
         try:
             msg = await js.get_last_msg(stream, subject)
         except APIError as exc:
-            if exc.err_code in (10037, 10059) or exc.code == 404:  # no message / no stream
+            if exc.err_code in (ERR_NO_MESSAGE, ERR_STREAM_NOT_FOUND) or exc.code == 404:
                 continue
             raise
         out.append((int(msg.seq or 0), subject, msg.data or b""))
@@ -266,7 +268,7 @@ def last_scheduled_slot(
 ) -> int | None:
     """The slot of the newest claim when it is a scheduled (not manual) one, else None."""
     for _seq, subject, raw in messages:
-        if subject != f"{prefix}{job}.claims":
+        if subject != wire_claims_subject(prefix, job):
             continue
         try:
             data = json.loads(raw)

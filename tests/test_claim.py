@@ -433,7 +433,7 @@ async def test_timed_out_ack_of_a_stored_claim_is_decided_by_token(
         await until(
             lambda: (
                 pending.done()
-                or any("try 1: TimeoutError" in r.getMessage() for r in caplog.records)
+                or any("publish 1: TimeoutError" in r.getMessage() for r in caplog.records)
             ),
             what="the first attempt to time out",
         )

@@ -35,7 +35,7 @@ from sidecar.metrics import Metrics
 from sidecar.state import EXPIRED, Entry, Removal
 from sidecar.tasks import cancel_all
 from sidecar.trigger import Trigger
-from sidecar.wire import FAILED, LOST, SKIPPED, SUCCEEDED, ResultRecord, result_subject
+from sidecar.wire import FAILED, LOST, SKIPPED, SUCCEEDED, ResultRecord, results_subject
 from tests.support import NatsServer, RecordingApp, job, until
 
 
@@ -120,7 +120,7 @@ async def results(js: JetStreamContext, spec_name: str = "CRON") -> list[dict[st
     out = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         msg = await js.get_msg(spec_name, seq)
-        if msg.subject != result_subject("cron.", "work"):
+        if msg.subject != results_subject("cron.", "work"):
             continue
         data = json.loads(msg.data or b"{}")
         # Built by ResultRecord and nothing else: the record read back is one, byte for byte.
