@@ -146,5 +146,5 @@ hosts: $(STAMP)
 # Everything the targets and the tests make, nothing that is committed.
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis \
-	  bench/results bench/.runtime-venv
+	  bench/results bench/.runtime-venv bench/.runtime-venv-*
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

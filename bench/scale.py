@@ -67,6 +67,7 @@ from bench.common import (
     nats_server,
     pct,
     ratio,
+    read_result,
     rss_mib,
     summary_ms,
     wakeups,
@@ -81,6 +82,7 @@ PER_HALF = 500  # slots due in a busy half-minute (10 jobs: 300)
 IDLE_WINDOW = 20.0
 RAW_SECONDS = 5.0
 BASE_JOBS, BASE_FLEET = 100, 2  # the sweeps cross at 2 sidecars x 100 jobs
+WAVE = 10  # sidecars started at once
 
 
 @dataclass(frozen=True)
@@ -180,21 +182,30 @@ class Snap:
 
 
 def start_fleet(procs: list[runtime.RuntimeSidecar], timeout: float) -> dict[str, Any]:
-    """The first N-1 at once, then the last alone: time to ready (exec to /readyz 200)."""
+    """The first N-1 in waves of WAVE at once (a rollout), then the last alone: time to ready
+    (exec to /readyz 200) of each; the last one's is that of a sidecar joining the fleet."""
     together, last = procs[:-1], procs[-1]
-    t0 = time.monotonic()
-    for p in together:
-        p.start()
-    ready: dict[int, float] = {}
-    while len(ready) < len(together):
-        for i, p in enumerate(together):
-            if i in ready:
-                continue
-            assert p.proc is not None and p.proc.poll() is None, p.log()
-            if p.ready():
-                ready[i] = time.monotonic() - t0
-        assert time.monotonic() - t0 < timeout, f"{len(ready)}/{len(together)} ready"
-        time.sleep(0.02)
+    times: list[float] = []
+    t_all = time.monotonic()
+    for w in range(0, len(together), WAVE):
+        wave = together[w : w + WAVE]
+        t0 = time.monotonic()
+        for p in wave:
+            p.start()
+        pending = set(range(len(wave)))
+        while pending:
+            for i in sorted(pending):
+                p = wave[i]
+                assert p.proc is not None and p.proc.poll() is None, p.log()
+                if p.ready():
+                    times.append(time.monotonic() - t0)
+                    pending.discard(i)
+            assert time.monotonic() - t0 < timeout, (
+                f"{len(times)}/{len(together)} ready: a wave of {len(wave)} not ready in "
+                f"{timeout:.0f} s"
+            )
+            time.sleep(0.02)
+    fleet_s = time.monotonic() - t_all
     time.sleep(2)  # the fleet settles (presence, the bucket's watch)
     t1 = time.monotonic()
     last.start()
@@ -203,11 +214,12 @@ def start_fleet(procs: list[runtime.RuntimeSidecar], timeout: float) -> dict[str
         assert time.monotonic() - t1 < timeout, "the last sidecar not ready"
         time.sleep(0.005)
     joined = time.monotonic() - t1
-    times = sorted(ready.values())
+    times.sort()
     return {
         "ready_alone_s": joined,
         "ready_together_p50_s": pct(times, 50) if times else float("nan"),
         "ready_together_max_s": max(times) if times else float("nan"),
+        "fleet_start_s": fleet_s,
     }
 
 
@@ -235,7 +247,7 @@ def run_point(
     counter = RequestCounter(server.url, label)
     out: dict[str, Any] = {"instances": instances, "jobs": jobs}
     try:
-        out.update(start_fleet(procs, timeout=120 + 2 * instances))
+        out.update(start_fleet(procs, timeout=180))
         pids = [p.proc.pid for p in procs if p.proc]
         # The next half-minute boundary at least 1 s ahead.
         b = math.ceil((time.time() + 1.0) / BUSY) * BUSY
@@ -535,9 +547,13 @@ def main() -> None:
     parser.add_argument("--variants", default="asyncio,uvloop,py3.13")
     parser.add_argument("--variant-rounds", type=int, default=2)
     parser.add_argument("--variant-seconds", type=int, default=15)
+    parser.add_argument(
+        "--add", action="store_true", help="keep the last run's other points (a partial run)"
+    )
     args = parser.parse_args()
     t_start = time.monotonic()
-    result: dict[str, Any] = {
+    earlier = read_result("scale") if args.add else None
+    result: dict[str, Any] = earlier or {
         "busy_seconds": BUSY,
         "idle_window_seconds": IDLE_WINDOW,
         "slots_per_busy_half": PER_HALF,
@@ -560,9 +576,16 @@ def main() -> None:
             todo = [(n, BASE_JOBS) for n in ints(args.fleets)]
             todo += [(BASE_FLEET, j) for j in ints(args.jobs) if (BASE_FLEET, j) not in todo]
             for n, j in todo:
-                point = run_point(work, server, app, n, j)
-                result["points"].append(point)
-                say(point)
+                try:
+                    point = run_point(work, server, app, n, j)
+                except AssertionError as exc:  # the machine could not hold it: say so, go on
+                    point = {"instances": n, "jobs": j, "failed": str(exc).splitlines()[0]}
+                    print(f"  N={n} J={j}: not measured: {point['failed']}", flush=True)
+                else:
+                    say(point)
+                result["points"] = [
+                    p for p in result["points"] if (p["instances"], p["jobs"]) != (n, j)
+                ] + [point]
                 write_result("scale", result)  # what there is so far
             names = [v for v in args.variants.split(",") if v]
             if names:
@@ -572,7 +595,8 @@ def main() -> None:
     finally:
         app.stop()
     result["machine"] = machine()
-    result["minutes"] = (time.monotonic() - t_start) / 60
+    minutes = (time.monotonic() - t_start) / 60
+    result["minutes"] = minutes + (result.get("minutes", 0) if args.add else 0)
     write_result("scale", result)
     print(f"scale: {result['minutes']:.1f} min")
 
