@@ -361,7 +361,7 @@ def scale_block(png_dir: Path) -> str:
     if m:
         out.append(
             f"Measured on {m['cores']} cores ({m['cpu_model']}), Python {m['python']}, "
-            f"nats-server {m['nats_server']}, nats-py {m['nats_py']}; `make bench.scale` took "
+            f"nats-server {m['nats_server']}, nats-py {m['nats_py']}; the run's measuring took "
             f"{scale.get('minutes', 0):.0f} min."
         )
     idle = scale.get("idle_1000")
