@@ -39,7 +39,8 @@ STREAM = "CRON"
 PREFIX = "cron."
 JOB = "hist"
 RUNS = 1000
-# In the past: a claim for a slot far ahead is skipped as forged (history, status).
+# In the past: `history` leaves out claims for slots beyond now + duplicate_window
+# (sidecar/bounds.py: forged, or from a clock far off).
 SLOT0 = 1_700_000_000_000
 REPEATS = 15
 CLI_REPEATS = 7
