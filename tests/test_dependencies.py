@@ -14,7 +14,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import write_config
+import pytest
+
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    base,
+    job,
+    sidecars,
+    wait_for,
+    write_config,
+)
 
 RUNTIME = {"nats-py", "prometheus-client", "click", "pyyaml", "cronsim", "h11"}
 
@@ -126,3 +136,17 @@ def test_the_uvloop_extra_is_optional_and_only_used_when_asked_for(tmp_path: Pat
         assert proc.returncode == 2, proc.stderr
         assert message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_a_sidecar_on_uvloop_runs_its_slots(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """With the extra installed and ANARCHON_EVENT_LOOP=uvloop, a real sidecar says
+    which loop it runs on and triggers its job's slots like on asyncio's."""
+    pytest.importorskip("uvloop")
+    config = base(nats_server, http_app, [job("tick")])
+    with sidecars(tmp_path, [("uv", config, {"ANARCHON_EVENT_LOOP": "uvloop"})]) as (proc,):
+        wait_for(lambda: len(http_app.requests) >= 2, 20, what="two slots triggered")
+        assert proc.terminate() == 0
+    assert "event loop: uvloop" in proc.log(), proc.log()
+    assert "Traceback" not in proc.log()
