@@ -34,11 +34,12 @@ from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config
 from sidecar.errors import StreamError
 from sidecar.health import reset_kv
+from sidecar.kv import CasConflict, create_or_update, delete_at, store_pause
 from sidecar.record import Outcome, Recorder
-from sidecar.state import decode, put_json
+from sidecar.state import decode
 from sidecar.stream import stream_spec
 from sidecar.trigger import Trigger
-from sidecar.wire import FAILED, SUCCEEDED, cas_conflict, compact, paused_key
+from sidecar.wire import FAILED, SUCCEEDED, paused_key
 
 if TYPE_CHECKING:
     from sidecar.aftermath import Aftermath
@@ -74,15 +75,11 @@ async def record_action(kv: KeyValue, job: str, entry: dict[str, Any]) -> None:
                 items, revision = [], None
             items = [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
             items = [*items, entry][-ACTIONS_KEPT:]
-            data = compact({"actions": items})
-            if revision is None:
-                await kv.create(key, data)
-            else:
-                await kv.update(key, data, last=revision)
+            await create_or_update(kv, key, {"actions": items}, revision)
             return
+        except CasConflict:  # another replica wrote at the same moment: read again
+            continue
         except Exception as exc:
-            if cas_conflict(exc):  # another replica wrote at the same moment: read again
-                continue
             raise StreamError(f"cannot record the action on {job}: {exc!r}") from exc
     raise StreamError(f"cannot record the action on {job}: {CAS_TRIES} conflicting writes")
 
@@ -91,8 +88,7 @@ async def pause(kv: KeyValue, job: str, by: str, reason: str, until: str | None)
     value: dict[str, Any] = {"by": by, "at": rfc3339(time.time()), "reason": reason}
     if until:
         value["until"] = until
-    await put_json(kv, paused_key(job), value)
-    return value
+    return (await store_pause(kv, job, value, "overwrite")).value
 
 
 async def resume(kv: KeyValue, job: str) -> dict[str, Any] | None:
@@ -101,7 +97,7 @@ async def resume(kv: KeyValue, job: str) -> dict[str, Any] | None:
         entry = await kv.get(paused_key(job))
     except KeyNotFoundError:
         return None
-    await kv.delete(paused_key(job), last=entry.revision)
+    await delete_at(kv, paused_key(job), entry.revision)
     try:  # a resumed job starts counting its failures (pause_after) from 0
         await reset_kv(kv, job)
     except Exception as exc:

@@ -30,9 +30,8 @@ import random
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from nats.js.errors import APIError, KeyWrongLastSequenceError
-
 from sidecar.clock import parse_rfc3339, rfc3339
+from sidecar.kv import CasConflict, create_or_update, delete_at
 
 if TYPE_CHECKING:
     from nats.js.kv import KeyValue
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_SLOTS = 1000
-CAS_CONFLICT = (10071, 10164)
 # A running entry whose instance has left the fleet is cleared after this long.
 STALE_AFTER = 20.0
 RECHECK_EVERY = 5.0
@@ -94,12 +92,6 @@ def running_of(value: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def encode(value: dict[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
-
-
-def conflict(exc: BaseException) -> bool:
-    return isinstance(exc, KeyWrongLastSequenceError) or (
-        isinstance(exc, APIError) and exc.err_code in CAS_CONFLICT
-    )
 
 
 class Backfills:
@@ -209,7 +201,7 @@ class Backfills:
                 if running is None:
                     # Done: the key goes, so that status shows nothing pending.
                     try:
-                        await kv.delete(key, last=revision)
+                        await delete_at(kv, key, revision)
                     except Exception as exc:  # someone added more, or deleted it: fine
                         log.debug("backfill key %s kept: %r", key, exc)
                     log.info("job %s: backfill done (%s slot(s))", job.name, value.get("done", 0))
@@ -276,11 +268,9 @@ class Backfills:
 
     async def _cas(self, kv: KeyValue, key: str, value: dict[str, Any], revision: int) -> bool:
         try:
-            await kv.update(key, encode(value), last=revision)
-        except APIError as exc:
-            if conflict(exc):
-                return False
-            raise
+            await create_or_update(kv, key, encode(value), revision)
+        except CasConflict:
+            return False
         return True
 
 

@@ -22,7 +22,7 @@ from sidecar import __version__
 from sidecar.backoff import Backoff
 from sidecar.bucketcheck import check_bucket, needs_leases
 from sidecar.clock import Clock, rfc3339
-from sidecar.kv import Keys, put_with_ttl
+from sidecar.kv import Keys, delete_at, put_with_ttl
 from sidecar.natspy import connection_of
 from sidecar.orphans import Orphans
 from sidecar.servers import version_problem
@@ -108,7 +108,7 @@ class Fleet:
         if connected and self.bucket is not None and self.bucket.ttl:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
-                    self.bucket.kv.delete(instance_key(self.config.instance_id)), 2.0
+                    delete_at(self.bucket.kv, instance_key(self.config.instance_id)), 2.0
                 )
 
     def reconnected(self) -> None:

@@ -29,7 +29,7 @@ from nats.js.errors import APIError
 
 from sidecar.backoff import Backoff
 from sidecar.claim import new_token
-from sidecar.kv import WRITE_TIMEOUT, KeyHeld, Keys
+from sidecar.kv import WRITE_TIMEOUT, CasConflict, KeyHeld, Keys, create_or_update
 from sidecar.wire import (
     CAS_CONFLICT,
     EXPECTED_LAST_SUBJECT_SEQ,
@@ -170,7 +170,7 @@ async def claim_event(keys: Keys, job: str, run: str, event: str, ttl: float | N
 
 async def reset_kv(kv: Any, job: str) -> bool:
     """``reset`` through a nats-py ``KeyValue`` (the fleet page's resume)."""
-    from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+    from nats.js.errors import KeyNotFoundError
 
     key = health_key(job)
     backoff = Backoff(CAS_RETRY_START, CAS_RETRY_START)
@@ -185,8 +185,8 @@ async def reset_kv(kv: Any, job: str) -> bool:
             prev = {}
         value = {**(prev if isinstance(prev, dict) else {}), "failures": 0, "run": "", "events": []}
         try:
-            await kv.update(key, compact(value), last=entry.revision)
+            await create_or_update(kv, key, value, entry.revision)
             return True
-        except KeyWrongLastSequenceError:
+        except CasConflict:
             await backoff.sleep()
     raise TimeoutError(f"{key}: no compare-and-set succeeded in {CAS_TRIES} tries")

@@ -8,23 +8,32 @@ bucket does not keep one marker per run for ever. A CAS conflict is
 ``CasConflict``; a create over a live key is ``KeyHeld`` with its value.
 Leases (sidecar/lease.py), due keys (sidecar/followup.py), health and
 presence all write through ``Keys``.
+
+Keys without a TTL (pauses, skips, backfills, since bounds, actions, the
+health reset) are written through nats-py's ``KeyValue`` by the functions at
+the end of this module (``create_or_update``, ``put_json``, ``delete_at``,
+``store_pause``): no other module writes the state bucket, and a lost
+compare-and-set is ``CasConflict`` whichever way the key was written.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, KeyNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
 
 from sidecar.backoff import Backoff
 from sidecar.clock import Clock
-from sidecar.errors import PermissionDenied
+from sidecar.errors import PermissionDenied, StreamError
 from sidecar.natspy import jetstream_of
 from sidecar.state import Bucket
 from sidecar.wire import (
@@ -32,9 +41,11 @@ from sidecar.wire import (
     ERR_NO_MESSAGE,
     EXPECTED_LAST_SUBJECT_SEQ,
     TRANSIENT,
+    cas_conflict,
     compact,
     decode,
     kv_subject,
+    paused_key,
 )
 
 log = logging.getLogger(__name__)
@@ -203,3 +214,102 @@ async def until_answered(
 async def put_with_ttl(bucket: Bucket, key: str, value: dict[str, Any], ttl: float) -> None:
     """A plain put that expires ``ttl`` seconds after it was written (a MaxAge marker)."""
     await Keys(bucket).put(key, value, ttl)
+
+
+# ------------------------------------------------------- keys without a TTL
+#
+# Written through nats-py's KeyValue (its create sees a deleted key as free,
+# which these keys, never written with a TTL, rely on).
+
+
+async def create_or_update(
+    kv: KeyValue, key: str, value: bytes | dict[str, Any], revision: int | None
+) -> int:
+    """One compare-and-set step: create `key` when `revision` is None (it must not
+    exist, or be deleted), else update it from `revision`; the new revision.
+
+    `value` is stored as is when bytes, as compact JSON when a dict.
+    CasConflict when someone else wrote first (read again and retry).
+    """
+    data = value if isinstance(value, bytes) else compact(value)
+    try:
+        if revision is None:
+            return int(await kv.create(key, data))
+        return int(await kv.update(key, data, last=revision))
+    except Exception as exc:
+        if cas_conflict(exc):
+            raise CasConflict(key) from exc
+        raise
+
+
+async def put_json(kv: KeyValue, key: str, value: dict[str, Any]) -> int:
+    """A plain put of `value` as compact JSON, whatever the key holds; its revision.
+
+    StreamError, naming the key, when NATS refuses or does not answer.
+    """
+    try:
+        return int(await kv.put(key, compact(value)))
+    except Exception as exc:
+        raise StreamError(f"cannot write {key} in state bucket: {exc!r}") from exc
+
+
+async def delete_at(kv: KeyValue, key: str, revision: int | None = None) -> None:
+    """Delete `key`; with `revision`, only if it is still the key's last one
+    (CasConflict when it moved on). The delete marker stays (no TTL)."""
+    try:
+        await kv.delete(key, last=revision)
+    except Exception as exc:
+        if cas_conflict(exc):
+            raise CasConflict(key) from exc
+        raise
+
+
+# What a pause does to a pause already stored for the job: "keep" one in force
+# (the CLI's pause), "replace" it by compare-and-set reporting what it replaced
+# (the CLI's pause --force), "overwrite" it with a plain put (the page's pause).
+WhenPaused = Literal["keep", "replace", "overwrite"]
+PAUSE_TRIES = 3
+
+
+@dataclass(frozen=True)
+class Paused:
+    """What a pause left: the pause in force, and whether this call stored it."""
+
+    value: dict[str, Any]
+    stored: bool
+    replaced: dict[str, Any] | None = None  # the pause "replace" replaced
+
+
+async def store_pause(
+    kv: KeyValue, job: str, value: dict[str, Any], when_paused: WhenPaused
+) -> Paused:
+    """Store `value` as ``paused.<job>``, the pause already there treated as
+    `when_paused` says (WhenPaused). A stored pause whose ``until`` has passed
+    is not in force: "keep" replaces it. StreamError when the key kept changing
+    (or, for "overwrite", when the put failed)."""
+    key = paused_key(job)
+    if when_paused == "overwrite":
+        await put_json(kv, key, value)
+        return Paused(value, stored=True)
+    # sidecar.skips imports sidecar.record, which imports this module.
+    from sidecar.skips import pause_active
+
+    for _ in range(PAUSE_TRIES):  # a resume between our create and our read: try again
+        try:
+            await create_or_update(kv, key, value, None)
+            return Paused(value, stored=True)
+        except CasConflict:
+            pass
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            continue
+        held = decode(entry.value)
+        if when_paused == "keep" and pause_active(held, round(time.time() * 1000)):
+            return Paused(held, stored=False)
+        try:
+            await create_or_update(kv, key, value, entry.revision)
+        except CasConflict:
+            continue
+        return Paused(value, stored=True, replaced=held)
+    raise StreamError(f"cannot store {key}: it kept changing under us")

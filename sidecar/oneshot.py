@@ -24,7 +24,6 @@ from nats.js.errors import (
     APIError,
     BucketNotFoundError,
     KeyNotFoundError,
-    KeyWrongLastSequenceError,
 )
 
 from sidecar.aftermath import Aftermath
@@ -34,14 +33,13 @@ from sidecar.config import Config, Secrets
 from sidecar.connection import Client, Connection, jetstream
 from sidecar.errors import StreamError, StreamNotFound, UnknownJob
 from sidecar.health import reset
-from sidecar.kv import Keys
+from sidecar.kv import Keys, Paused, delete_at, put_json, store_pause
 from sidecar.natspy import api_prefix
 from sidecar.record import Recorder, sent
 from sidecar.runs import History, read_history, stream_job_names
 from sidecar.signing import signer_for
 from sidecar.since import since_key
-from sidecar.skips import pause_active
-from sidecar.state import decode, ensure_bucket, put_json, state_spec
+from sidecar.state import decode, ensure_bucket, state_spec
 from sidecar.stream import (
     Lowering,
     StreamState,
@@ -57,7 +55,7 @@ from sidecar.stream import (
 )
 from sidecar.streamfit import coverage, raised_state
 from sidecar.trigger import MANUAL, RetryReport, Trigger, TriggerResult, why_of
-from sidecar.wire import ERR_STREAM_NOT_FOUND, TRANSIENT, compact, paused_key
+from sidecar.wire import ERR_STREAM_NOT_FOUND, TRANSIENT, paused_key
 
 # How long a one-shot command waits for JetStream answers.
 READ_TIMEOUT = 10.0
@@ -279,15 +277,6 @@ async def lower(
 # ---------------------------------------------------------------------- pause, resume
 
 
-@dataclass(frozen=True)
-class Paused:
-    """What ``pause`` left: the pause in force, and whether this call stored it."""
-
-    value: dict[str, Any]
-    stored: bool
-    replaced: dict[str, Any] | None = None  # the pause --force replaced
-
-
 async def pause(
     config: Config,
     secrets: Secrets,
@@ -301,31 +290,12 @@ async def pause(
     when missing). A pause in force is kept; with `force` it is replaced. With
     `until` (epoch s) the pause ends by itself then; one whose end has passed is
     no longer in force and is replaced."""
-    key = paused_key(job)
     value = {"by": by, "at": rfc3339(time.time()), "reason": reason}
     if until is not None:
         value["until"] = rfc3339(until)
-    data = compact(value)
     async with connected(config, secrets) as conn:
         kv = (await ensure_bucket(_js(conn), state_spec(config))).kv
-        for _ in range(3):  # a resume between our create and our read: try again
-            try:
-                await kv.create(key, data)
-                return Paused(value, stored=True)
-            except KeyWrongLastSequenceError:
-                pass
-            try:
-                entry = await kv.get(key)
-            except KeyNotFoundError:
-                continue
-            if not force and pause_active(decode(entry.value), round(time.time() * 1000)):
-                return Paused(decode(entry.value), stored=False)
-            try:
-                await kv.update(key, data, last=entry.revision)
-            except KeyWrongLastSequenceError:
-                continue
-            return Paused(value, stored=True, replaced=decode(entry.value))
-        raise StreamError(f"cannot store {key}: it kept changing under us")
+        return await store_pause(kv, job, value, "replace" if force else "keep")
 
 
 async def resume(
@@ -352,7 +322,7 @@ async def resume(
             return None
         if bound is not None:  # first the bound: a sidecar starting in between is still paused
             await put_json(kv, since_key(job), bound)
-        await kv.delete(paused_key(job), last=entry.revision)
+        await delete_at(kv, paused_key(job), entry.revision)
         # A resumed job starts counting its failures (pause_after) from 0.
         await reset(Keys(await ensure_bucket(js, state_spec(config))), job)
         return decode(entry.value)

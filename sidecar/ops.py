@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError
 
 from sidecar.backfill import MAX_SLOTS, backfill_key, backfilled_slots, running_of, slot_list
 from sidecar.clock import rfc3339
 from sidecar.config import Config, JobConfig, Secrets
 from sidecar.errors import ConfigError
+from sidecar.kv import CasConflict, create_or_update, delete_at
 from sidecar.oneshot import _js, connected
 from sidecar.runs import read_job_messages
 from sidecar.since import RESUMED, schedule_hash
@@ -88,13 +89,9 @@ async def skip(
             # Slots already in the past are of no use to anyone.
             kept = {"slots": ahead} if old is not None else None
             value = new_skip_value(kept, runs, by, rfc3339(now_ms / 1000), reason)
-            data = _encode(value)
             try:
-                if revision is None:
-                    await kv.create(key, data)
-                else:
-                    await kv.update(key, data, last=revision)
-            except KeyWrongLastSequenceError:
+                await create_or_update(kv, key, _encode(value), revision)
+            except CasConflict:
                 continue  # someone else changed it meanwhile: read again
             return runs, pending(value, now_ms)
         raise RuntimeError(f"{key} kept changing under {CAS_TRIES} tries; try again")
@@ -108,7 +105,7 @@ async def unskip(config: Config, secrets: Secrets, job: str) -> int:
         old, revision = await _get(bucket.kv, key)
         if old is None:
             return 0
-        await bucket.kv.delete(key, last=revision)
+        await delete_at(bucket.kv, key, revision)
         return pending(old, round(time.time() * 1000))
 
 
@@ -200,11 +197,8 @@ async def backfill(
                 "done": int((old or {}).get("done") or 0),
             }
             try:
-                if revision is None:
-                    await kv.create(key, _encode(value))
-                else:
-                    await kv.update(key, _encode(value), last=revision)
-            except KeyWrongLastSequenceError:
+                await create_or_update(kv, key, _encode(value), revision)
+            except CasConflict:
                 continue
             return BackfillPlan(todo, done, len(pending))
         raise RuntimeError(f"{key} kept changing under {CAS_TRIES} tries; try again")
@@ -218,7 +212,7 @@ async def cancel_backfill(config: Config, secrets: Secrets, job: str) -> int:
         old, revision = await _get(bucket.kv, key)
         if old is None:
             return 0
-        await bucket.kv.delete(key, last=revision)
+        await delete_at(bucket.kv, key, revision)
         return len(slot_list(old))
 
 

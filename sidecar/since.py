@@ -26,10 +26,9 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from nats.js.errors import APIError
-
+from sidecar.kv import CasConflict, create_or_update
 from sidecar.skips import until_ms
-from sidecar.wire import cas_conflict, compact
+from sidecar.wire import compact
 from sidecar.wire import since_key as since_key  # re-exported
 
 if TYPE_CHECKING:
@@ -81,13 +80,8 @@ async def settle(
         first = seen is None
         data = value(0 if first else now_ms, "first seen" if first else CHANGED, digest)
         try:
-            if revision is None:
-                await kv.create(since_key(job.name), data)
-            else:
-                await kv.update(since_key(job.name), data, last=revision)
-        except APIError as exc:
-            if not cas_conflict(exc):
-                raise
+            await create_or_update(kv, since_key(job.name), data, revision)
+        except CasConflict:
             entry = await kv.get(since_key(job.name))  # another sidecar was first: read it
             seen, revision = json.loads(entry.value or b"{}"), int(entry.revision or 0)
             continue

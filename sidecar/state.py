@@ -35,9 +35,8 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 
 from sidecar.bucketcheck import facts_of
-from sidecar.errors import StreamError
-from sidecar.wire import compact, kv_stream, paused_key
 from sidecar.wire import decode as decode  # re-exported
+from sidecar.wire import kv_stream, paused_key
 
 if TYPE_CHECKING:
     from sidecar.config import Config, JobConfig
@@ -310,13 +309,3 @@ def mismatched_jobs(instances: dict[str, dict[str, Any]]) -> set[str]:
         for name, digest in jobs.items():
             seen.setdefault((kind, str(name)), set()).add(str(digest))
     return {name for (_, name), digests in seen.items() if len(digests) > 1}
-
-
-# ---------------------------------------------------------------------- writes
-
-
-async def put_json(kv: KeyValue, key: str, value: dict[str, Any]) -> int:
-    try:
-        return int(await kv.put(key, compact(value)))
-    except Exception as exc:
-        raise StreamError(f"cannot write {key} in state bucket: {exc!r}") from exc
