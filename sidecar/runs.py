@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -257,7 +258,8 @@ def _opt(value: Any, kind: type) -> Any:
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
-_scan = json.JSONDecoder().scan_once
+# JSONDecoder's own scanner (json's C one): (value, end) of the JSON value at an index.
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def loads(raw: bytes) -> Any:
