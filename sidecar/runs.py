@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +133,29 @@ def _opt(value: Any, kind: type) -> Any:
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
+# JSONDecoder's own scanner (json's C one): (value, end) of the JSON value at an index.
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def loads(raw: bytes) -> Any:
+    """``json.loads(raw)``, with the same answer and the same errors.
+
+    A body that is exactly one JSON value in UTF-8 (what every sidecar and the
+    reference write) goes straight to json's C scanner: ``json.loads`` of
+    bytes first guesses the encoding and strips whitespace in Python, which
+    was half the time of a history's decoding. Anything else (a BOM, UTF-16,
+    whitespace around the value, an error) goes to ``json.loads`` itself.
+    """
+    try:
+        text = raw.decode()
+        value, end = _scan(text, 0)
+        if end == len(text):
+            return value
+    except (UnicodeDecodeError, StopIteration, ValueError):
+        pass
+    return json.loads(raw)
+
+
 def join_runs(
     job: str,
     messages: list[tuple[int, str, bytes]],
@@ -150,7 +174,7 @@ def join_runs(
     results_subject = result_subject(prefix, job)
     for seq, subject, raw in messages:
         try:
-            data = json.loads(raw)
+            data = loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError):  # nesting too deep for json
             data = None
         if subject == claims_subject and (claim := _claim_of(data, job)) is not None:

@@ -15,7 +15,8 @@ import nats
 import pytest
 
 from sidecar.clock import rfc3339
-from sidecar.runs import RUN_FIELDS, join_runs
+from sidecar.runs import RUN_FIELDS, join_runs, loads, read_history, read_job_messages
+from sidecar.stream import StreamSpec, ensure_stream
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -301,6 +302,64 @@ def test_a_forged_far_future_claim_does_not_pin_last_run(
     asyncio.run(_publish_claim(nats_server.url, minute_ahead, "a" * 32, "fast-clock"))
     tokens = [r["token"] for r in cli_json(path, "history", "sync")]
     assert tokens == ["a" * 32, real["token"]]
+
+
+async def _bodies_json_reads_in_other_spellings(url: str) -> list[Any]:
+    """Claims and results spelled as json.loads reads them but no sidecar writes them."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await ensure_stream(js, StreamSpec("SPELL", "spell.", 300.0, 100, None))
+
+    def claim(slot: int) -> dict[str, Any]:
+        return {"job": "j", "slot": slot, "token": f"t{slot}", "instance": "i"}
+
+    def result(slot: int) -> dict[str, Any]:
+        return claim(slot) | {"status": "succeeded", "duration_ms": slot, "http_status": 200}
+
+    spellings = [
+        lambda d: json.dumps(d).encode("utf-8-sig"),  # a byte order mark
+        lambda d: json.dumps(d).encode("utf-16"),
+        lambda d: b" \n" + json.dumps(d).encode() + b"\r\n ",  # whitespace around
+        lambda d: json.dumps(d, indent=2, ensure_ascii=False).encode(),
+    ]
+    for i, spell in enumerate(spellings):
+        await js.publish("spell.j.claims", spell(claim(1000 + i)))
+        await js.publish("spell.j.results", spell(result(1000 + i)))
+    for junk in (
+        json.dumps(claim(9)).encode() + b"x",  # extra data after the value
+        json.dumps(claim(8)).encode() * 2,
+        b"[" * 100_000,  # nesting too deep
+        b"\xef\xbb\xbf",
+        b"{\x00}",
+    ):
+        await js.publish("spell.j.claims", junk)
+    try:
+        hist = await read_history(js, "SPELL", "spell.", "j")
+        messages = await read_job_messages(js, "SPELL", "spell.", "j")
+    finally:
+        await nc.close()
+    return [hist, messages]
+
+
+def test_history_decodes_every_body_exactly_as_json_loads(nats_server: NatsServer) -> None:
+    hist, messages = asyncio.run(_bodies_json_reads_in_other_spellings(nats_server.url))
+    assert [(r.slot, r.status, r.duration_ms) for r in hist.runs] == [
+        (1003, "succeeded", 1003),
+        (1002, "succeeded", 1002),
+        (1001, "succeeded", 1001),
+        (1000, "succeeded", 1000),
+    ]
+    assert hist.skipped == 5
+    for _seq, _subject, raw in messages:  # the same value, or the same error
+        try:
+            expected: Any = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            expected = type(exc)
+        try:
+            got: Any = loads(raw)
+        except (ValueError, RecursionError) as exc:
+            got = type(exc)
+        assert got == expected, raw[:60]
 
 
 def test_join_runs_skips_claims_beyond_the_latest_slot() -> None:

@@ -1,0 +1,80 @@
+"""The lean per-job series expose what prometheus_client's own metrics do, byte for byte."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from sidecar.exposition import render
+from sidecar.metric_series import CounterSeries, GaugeSeries, HistogramSeries, Labelled
+
+BUCKETS = (0.01, 0.1, 1.0, 10.0)
+
+
+def lean(registry: CollectorRegistry) -> dict[str, Labelled]:  # type: ignore[type-arg]
+    bounds = (*BUCKETS, float("inf"))
+    les = ("0.01", "0.1", "1.0", "10.0", "+Inf")
+    hist = functools.partial(HistogramSeries, bounds, les)
+    return {
+        "runs": Labelled(registry, "counter", "t_runs", "Runs.", ("job", "status"), CounterSeries),
+        "late": Labelled(registry, "counter", "t_late", "Late.", ("job",), CounterSeries),
+        "busy": Labelled(registry, "gauge", "t_busy", "Busy.", ("job",), GaugeSeries),
+        "delay": Labelled(registry, "histogram", "t_delay", "Delay.", ("job",), hist),
+        "took": Labelled(registry, "histogram", "t_took", "Took.", ("job",), hist),
+    }
+
+
+def reference(registry: CollectorRegistry) -> dict[str, object]:
+    def kw(name: str, doc: str, labels: tuple[str, ...]) -> dict[str, object]:
+        return {"name": name, "documentation": doc, "labelnames": labels, "registry": registry}
+
+    return {
+        "runs": Counter(**kw("t_runs", "Runs.", ("job", "status"))),  # type: ignore[arg-type]
+        "late": Counter(**kw("t_late", "Late.", ("job",))),  # type: ignore[arg-type]
+        "busy": Gauge(**kw("t_busy", "Busy.", ("job",))),  # type: ignore[arg-type]
+        "delay": Histogram(buckets=BUCKETS, **kw("t_delay", "Delay.", ("job",))),  # type: ignore[arg-type]
+        "took": Histogram(buckets=BUCKETS, **kw("t_took", "Took.", ("job",))),  # type: ignore[arg-type]
+    }
+
+
+def text(registry: CollectorRegistry) -> bytes:
+    # prometheus_client writes _created samples for its own metrics; ours have none.
+    return b"\n".join(
+        line for line in generate_latest(registry).splitlines() if b"_created" not in line
+    )
+
+
+def test_series_of_many_jobs_expose_what_prometheus_client_does() -> None:
+    ours_registry, ref_registry = CollectorRegistry(), CollectorRegistry()
+    ours, ref = lean(ours_registry), reference(ref_registry)
+    both: list[dict[str, Any]] = [ours, ref]
+
+    for job in (f"job-{i}" for i in range(5)):  # every series made, none moved: all zeros
+        for m in both:
+            m["runs"].labels(job=job, status="ok")
+            m["runs"].labels(job=job, status="failed")
+            for name in ("late", "busy", "delay", "took"):
+                m[name].labels(job=job)
+    assert text(ours_registry) == text(ref_registry)
+
+    # One job's histogram observed: no other series (of this metric, or of the
+    # other one with the same labels) moves with it.
+    for m in both:
+        m["delay"].labels(job="job-1").observe(0.05)
+        m["delay"].labels(job="job-1").observe(3.0)
+        m["delay"].labels(job="job-3").observe(20.0)
+        m["took"].labels(job="job-3").observe(0.005)
+        m["runs"].labels(job="job-2", status="ok").inc(2)
+        m["late"].labels(job="job-4").inc()
+        m["busy"].labels(job="job-0").set(1)
+    ours_text = text(ours_registry)
+    assert ours_text == text(ref_registry)
+    assert b't_delay_bucket{job="job-1",le="0.1"} 1.0' in ours_text
+    assert b't_delay_bucket{job="job-2",le="+Inf"} 0.0' in ours_text
+    assert b't_took_bucket{job="job-1",le="+Inf"} 0.0' in ours_text
+
+    # The admin server's rendering, piece by piece, writes the same bytes.
+    assert asyncio.run(render(ours_registry)) == generate_latest(ours_registry)
