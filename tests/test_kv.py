@@ -82,7 +82,7 @@ async def test_put_json_overwrites_and_a_failed_put_names_the_key(
     assert await stored(kv, "since.j") == ({"at": 2}, second)
     assert second > first
     await nc.close()
-    with pytest.raises(StreamError, match="since.j"):
+    with pytest.raises(StreamError, match=r"since\.j"):
         await put_json(kv, "since.j", {"at": 3})
 
 
