@@ -31,6 +31,7 @@ from sidecar.alerting_config import (
     parse_tracing,
 )
 from sidecar.calendar import Calendar, parse_calendar
+from sidecar.candidates import ClaimConfig, check_fit, parse_claim
 from sidecar.errors import ConfigError
 from sidecar.schedule import ScheduleError
 from sidecar.values import (
@@ -202,6 +203,7 @@ class JobConfig:
     ping: PingConfig | None = None  # Healthchecks-style pings by the runner
     pause_after: int | None = None  # consecutive failed or lost runs, fleet-wide
     expect: ExpectConfig | None = None  # duration expectations (anomalies)
+    claim: ClaimConfig = field(default_factory=ClaimConfig)  # candidates (sidecar/candidates.py)
 
 
 @dataclass(frozen=True)
@@ -359,7 +361,7 @@ def _parse(data: dict[Any, Any]) -> Config:
             "admin.token_file", "must not be empty (leave it out for a read-only page)"
         )
     target = _parse_target(data.get("target"))
-    defaults = _Section(data.get("defaults"), "defaults", ("ping",))
+    defaults = _Section(data.get("defaults"), "defaults", ("ping", "claim"))
     raw_jobs = data.get("jobs")
     if not isinstance(raw_jobs, list) or not raw_jobs:
         got = "none" if raw_jobs is None else type_name(raw_jobs)
@@ -386,6 +388,7 @@ def _parse(data: dict[Any, Any]) -> Config:
     size = config.effective_history_size  # once, not once per job
     for index, job in enumerate(config.jobs):
         _check_windows(config, job, f"jobs[{index}]", size)
+        check_fit(job, nats.ack_timeout, f"jobs[{index}]")
     return config
 
 
@@ -485,6 +488,7 @@ _JOB_KEYS = (
     "ping",
     "pause_after",
     "expect",
+    "claim",
 )
 BUCKET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -547,6 +551,7 @@ def _parse_job(sec: _Section, target: TargetConfig, defaults: _Section) -> JobCo
         ping=_job_ping(sec, defaults, name),
         pause_after=parse_pause_after(sec),
         expect=parse_expect(sec.data["expect"], sec.key("expect")) if sec.has("expect") else None,
+        claim=parse_claim(sec, defaults),
     )
 
 

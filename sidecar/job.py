@@ -31,6 +31,7 @@ from sidecar.aftermath import Aftermath
 from sidecar.backfill import Backfills
 from sidecar.bounds import slot_ms
 from sidecar.bucketcheck import needs_leases
+from sidecar.candidates import Candidates
 from sidecar.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
@@ -144,6 +145,16 @@ class Jobs:
         self.lost.after = self.aftermath.after_outcome
         fleet.removal_listeners.append(self.lost.removed)
         fleet.key_listeners.append(self.due_changed)
+        # claim.candidates: only k instances claim a slot at its time (sidecar/candidates.py).
+        self.candidates = Candidates(
+            config.instance_id,
+            metrics,
+            clock,
+            fleet,
+            self._spawn,
+            self.sleep_until,
+            lambda job, slot: self.attempt(job, slot, self.clock.wall(), deferred=True),
+        )
 
     def keys(self) -> Keys | None:
         """The state bucket's key writer; None while unknown or unfit for leases."""
@@ -223,6 +234,7 @@ class Jobs:
         number: int = 1,
         due_at: float | None = None,
         trigger: str = SCHEDULED,
+        deferred: bool = False,
     ) -> None:
         """Claim attempt `number` of `slot` unless something forbids it now; run it when won.
 
@@ -246,6 +258,8 @@ class Jobs:
         if number == 1 and (skipped := self.fleet.skipped(name, slot)) is not None:
             self._skip_recorded(job, slot, *skipped)
             return
+        if not deferred and self.candidates.defer(job, slot, number, trigger):
+            return  # not a candidate: claimed after claim.fallback unless its run is seen
         start = slot / 1000 if due_at is None else due_at
         deadline = self.clock.monotonic() + (start + job.max_late - now)
         try:
