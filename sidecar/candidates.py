@@ -215,8 +215,13 @@ class Candidates:
         decision = decide(job.name, slot, self.instance_id, self.live(job.name), k)
         if decision.claim_now:
             if decision.why.startswith("open"):
-                self.warnings.warning(
-                    f"open:{job.name}", "job %s: every instance claims: %s", job.name, decision.why
+                # Normal for a moment after start (this instance's presence not read back).
+                self.warnings.log(
+                    logging.INFO,
+                    f"open:{job.name}",
+                    "job %s: every instance claims: %s",
+                    job.name,
+                    decision.why,
                 )
             return False
         self._spawn(self._fallback(job, slot))

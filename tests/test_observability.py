@@ -44,6 +44,8 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_claim_duplicate_acks_total": ("counter", frozenset({"job"})),
     "anarchon_claims_skipped_total": ("counter", frozenset({"job", "reason"})),
     "anarchon_claim_errors_total": ("counter", frozenset({"job"})),
+    # claim.candidates (docs/METRICS.md): slots left to their candidates.
+    "anarchon_claims_deferred_total": ("counter", frozenset({"job", "outcome"})),
     "anarchon_claim_ack_seconds": ("histogram", frozenset({"job"})),
     "anarchon_runs_total": ("counter", frozenset({"job", "status"})),
     "anarchon_run_duration_seconds": ("histogram", frozenset({"job"})),
