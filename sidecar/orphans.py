@@ -10,7 +10,8 @@ here is the part that needs code:
   that is not in this sidecar's config is still judged (recorded ``lost``
   once) when no live instance other than the lease's own holder runs the
   job: nobody else would (``judges``).
-- ``paused.*`` and ``due.*`` keys of a job that this sidecar saw a live
+- the other keys of a job (``paused.*``, ``due.*``, ``health.*``, ``skip.*``,
+  ``backfill.*``, ``since.*``, ``actions.*``) that this sidecar saw a live
   instance run, and that no live instance has listed since for ``grace``,
   are deleted by their revision (``Orphans.run``), so that renames and
   removals leave nothing behind; a pause written again meanwhile conflicts
@@ -37,8 +38,11 @@ log = logging.getLogger(__name__)
 
 # How often the view is looked at for keys of jobs nobody runs.
 SWEEP_EVERY = 5.0
-# Key kinds removed when their job is run by no live instance.
-SWEPT = ("paused", "due")
+# Key kinds removed when their job is run by no live instance (leases expire
+# by their TTL, ``event.*`` markers by theirs; these have none).
+SWEPT = ("paused", "due", "health", "skip", "backfill", "since", "actions")
+# Every key kind that belongs to one job: ``<kind>.<job>[.<more>]``.
+PER_JOB = (*SWEPT, "run", "lock")
 
 
 def grace(lease_ttl: float) -> float:
@@ -51,9 +55,9 @@ def grace(lease_ttl: float) -> float:
 
 
 def job_of(key: str) -> str | None:
-    """The job of a ``paused.``, ``due.``, ``run.`` or ``lock.`` key."""
+    """The job of a per-job key (``paused.``, ``due.``, ``run.``, ``lock.``, ``health.``...)."""
     kind, _, rest = key.partition(".")
-    if kind not in ("paused", "due", "run", "lock") or not rest:
+    if kind not in PER_JOB or not rest:
         return None
     return rest.split(".", 1)[0] or None
 

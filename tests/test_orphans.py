@@ -66,11 +66,12 @@ def orphans(view: View, jobs: list[str]) -> Orphans:
 
 
 def test_key_kinds_and_who_runs_what() -> None:
-    assert [job_of(k) for k in ("paused.a", "due.a.1.2", "run.a.1", "lock.a", "instance.a")] == [
+    keys = ("paused.a", "due.a.1.2", "run.a.1", "lock.a", "health.a", "skip.a", "since.a")
+    assert [job_of(k) for k in keys] == ["a"] * len(keys)
+    assert [job_of(k) for k in ("backfill.a", "actions.a", "instance.a", "event.a.r.e")] == [
         "a",
         "a",
-        "a",
-        "a",
+        None,
         None,
     ]
     instances = {"x": {"jobs": {"a": "h", "b": "h"}}, "y": {"jobs": {"b": "h"}}, "z": {}}
@@ -88,7 +89,10 @@ def test_keys_of_a_job_nobody_runs_any_more_are_stale_after_the_grace() -> None:
             "instance.old": {"jobs": {"keep": "h", "gone": "h"}},
             "paused.gone": {"by": "ops"},
             "due.gone.1000.2": {"due_at": 1.0},
+            "health.gone": {"failures": 2},
+            "skip.gone": {"slots": [1000]},
             "paused.keep": {"by": "ops"},
+            "health.keep": {"failures": 1},
             "paused.never-run": {"by": "ops"},
             "lock.gone": {"instance": "old"},
         }
@@ -101,14 +105,14 @@ def test_keys_of_a_job_nobody_runs_any_more_are_stale_after_the_grace() -> None:
     stale = o.stale(1.0 + o.grace)
     # Only the swept kinds of the job that was seen run; never a lease, never
     # a job that is still run, nor one never seen run (paused before deploy).
-    assert [k for k, _ in stale] == ["due.gone.1000.2", "paused.gone"]
+    assert [k for k, _ in stale] == ["due.gone.1000.2", "health.gone", "paused.gone", "skip.gone"]
     assert dict(stale)["paused.gone"] == view.keys["paused.gone"].revision
     # The job comes back before the keys went: the clock starts again.
     view.keys["instance.new"] = Entry({"jobs": {"gone": "h"}}, 99)
     assert o.stale(100.0) == []
     del view.keys["instance.new"]
     assert o.stale(101.0) == []
-    assert len(o.stale(101.0 + o.grace)) == 2
+    assert len(o.stale(101.0 + o.grace)) == 4
 
 
 def test_nothing_is_stale_without_own_presence_or_before_the_first_read() -> None:
@@ -176,7 +180,12 @@ def test_jobs_removed_from_the_fleet_while_running_retrying_locked_and_paused(
             job("keep"),
             job("long", overlap="skip"),
             job("held", schedule="*/10 * * * * *"),
-            job("flaky", schedule="*/10 * * * * *", retry={"max": 1, "backoff": "60s"}),
+            job(
+                "flaky",
+                schedule="*/10 * * * * *",
+                retry={"max": 1, "backoff": "60s"},
+                pause_after=5,  # so its failures are counted in health.flaky
+            ),
             job("quiet"),
         ],
     }
@@ -243,11 +252,12 @@ def test_jobs_removed_from_the_fleet_while_running_retrying_locked_and_paused(
             )
             # Pause and due attempt: removed once nobody has run the jobs for the grace
             # (old-1's presence lingers up to 15 s, then 30 s, then a sweep every 5 s).
+            wait_for(lambda: has("health.flaky"), 10, interval=0.2, what="flaky's failure counted")
             wait_for(
-                lambda: not has("paused.") and not has("due."),
+                lambda: not [k for k in keys_now(nats_server.url) if job_of(k) in removed],
                 15 + 30 + 5 + 10,
                 interval=1.0,
-                what="the removed jobs' pause and due attempt gone",
+                what="the removed jobs' pause, due attempt and health gone",
             )
             time.sleep(2.0)
             left = keys_now(nats_server.url)
