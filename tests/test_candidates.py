@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
-from sidecar.candidates import ClaimConfig, decide, lease_slot, rank, score
+from sidecar.candidates import Candidates, ClaimConfig, decide, lease_slot, rank, score
+from sidecar.clock import Clock
 from sidecar.config import parse_config
 from sidecar.errors import ConfigError
-from tests.support import run_cli, write_config
+from sidecar.fleet import Fleet
+from sidecar.metrics import Metrics
+from sidecar.state import PRESENCE_TTL, put_with_ttl
+from tests.support import NatsServer, run_cli, until, write_config
 
 ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=20)
 fleets = st.lists(ids, min_size=1, max_size=30, unique=True)
@@ -27,6 +35,7 @@ def test_score_is_pinned() -> None:
     assert rank("sync", 1791633610000, ["web-1", "web-2", "web-3"], 2) == ["web-2", "web-3"]
 
 
+@settings(deadline=None)
 @given(fleet=fleets, slot=slots, k=st.integers(1, 5), seed=st.randoms())
 def test_every_replica_agrees_whatever_order_it_sees(
     fleet: list[str], slot: int, k: int, seed: Any
@@ -38,6 +47,7 @@ def test_every_replica_agrees_whatever_order_it_sees(
     assert len(rank("job", slot, fleet, k)) == min(k, len(fleet))
 
 
+@settings(deadline=None)
 @given(fleet=fleets.filter(lambda f: len(f) >= 2), slot=slots, k=st.integers(1, 4))
 def test_an_instance_leaving_moves_only_its_own_slots(fleet: list[str], slot: int, k: int) -> None:
     """Rendezvous: the others keep their places; a leaving candidate is replaced by the
@@ -49,7 +59,7 @@ def test_an_instance_leaving_moves_only_its_own_slots(fleet: list[str], slot: in
         assert after == expected
 
 
-@settings(max_examples=20)
+@settings(max_examples=20, deadline=None)
 @given(fleet=st.lists(ids, min_size=10, max_size=10, unique=True))
 def test_slots_spread_evenly(fleet: list[str]) -> None:
     """Over 5,000 slots each of 10 instances is the one candidate of about a tenth."""
@@ -84,6 +94,7 @@ def test_decide(me: str, live: list[str] | None, k: int, claim_now: bool, why: s
     assert (decision.claim_now, decision.why) == (claim_now, why)
 
 
+@settings(deadline=None)
 @given(fleet=fleets, slot=slots, k=st.integers(1, 5))
 def test_exactly_the_candidates_claim_at_the_slot(fleet: list[str], slot: int, k: int) -> None:
     claiming = {me for me in fleet if decide("j", slot, me, fleet, k).claim_now}
@@ -170,7 +181,7 @@ def test_fit_counts_ack_timeout() -> None:
     """jitter + fallback + nats.ack_timeout < max_late; off, nothing is checked."""
     job = {"max_late": "5s", "jitter": "1s", "claim": {"candidates": 1, "fallback": "1s"}}
     parse_config(_config(job), {})  # 1 + 1 + 2 < 5
-    with pytest.raises(ConfigError, match="nats.ack_timeout"):
+    with pytest.raises(ConfigError, match=r"nats\.ack_timeout"):
         cfg = _config(job)
         cfg["nats"]["ack_timeout"] = "3s"
         parse_config(cfg, {})
@@ -183,3 +194,92 @@ def test_check_exits_2_naming_the_key(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "jobs[0].claim.candidates" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------------- with a real bucket
+
+
+async def test_candidates_read_the_fleet_view_and_the_run_leases(nats_server: NatsServer) -> None:
+    """A real Fleet on a real nats-server: the view fails open until read and while this
+    instance is not in it; the live instances are those that run the job; a run lease
+    seen in the bucket spares the fallback its claim; an unseen one makes it claim."""
+    cfg = parse_config(
+        {
+            "instance_id": "me",
+            "nats": {"servers": nats_server.url},
+            "jobs": [
+                {
+                    "name": "j",
+                    "schedule": "* * * * * *",
+                    "jitter": 0,
+                    "max_late": "5s",
+                    "claim": {"candidates": 1, "fallback": "100ms"},
+                }
+            ],
+        },
+        {},
+    )
+    job = cfg.jobs[0]
+    metrics = Metrics(CollectorRegistry(), ("j",))
+    fleet = Fleet(cfg, metrics, Clock())
+    nc = await nats.connect(nats_server.url)
+    claimed: list[int] = []
+    tasks: list[asyncio.Task[None]] = []
+
+    async def sleep_until(wall: float) -> bool:
+        await asyncio.sleep(max(0.0, wall - Clock().wall()))
+        return False
+
+    async def claim_later(job: Any, slot: int) -> None:
+        claimed.append(slot)
+
+    candidates = Candidates(
+        "me",
+        metrics,
+        Clock(),
+        fleet,
+        lambda coro: tasks.append(asyncio.create_task(coro)),
+        sleep_until,
+        claim_later,
+    )
+    try:
+        assert candidates.live("j") is None  # not read yet: everyone claims
+        assert not candidates.defer(job, 1000, 1, "scheduled")
+        fleet.start(nc.jetstream())
+        await until(lambda: fleet.view.synced and fleet.leases_ok, 20, "the bucket read")
+        assert fleet.bucket is not None
+        await until(lambda: "me" in fleet.view.instances(), 10, "own presence")
+        for other, jobs in (("o1", {"j": "x"}), ("o2", {"j": "x"}), ("x9", {"other": "x"})):
+            await put_with_ttl(fleet.bucket, f"instance.{other}", {"jobs": jobs}, PRESENCE_TTL)
+        await until(lambda: len(fleet.view.instances()) == 4, 10, "the other instances")
+        assert sorted(candidates.live("j") or []) == ["me", "o1", "o2"]  # x9 runs no j
+        now_ms = Clock().wall_ms()
+        slots = [now_ms - now_ms % 1000 + 1000 * i for i in range(40)]
+        mine = [s for s in slots if rank("j", s, ["me", "o1", "o2"], 1) == ["me"]]
+        others = [s for s in slots if s not in mine]
+        assert mine and len(others) >= 4
+        # Candidate: claims now (False: no deferral), nothing spawned.
+        assert not candidates.defer(job, mine[0], 1, "scheduled")
+        # Not a candidate, but a retry, catch-up or manual claim: claims now.
+        assert not candidates.defer(job, others[0], 2, "scheduled")
+        assert not candidates.defer(job, others[0], 1, "catchup")
+        assert tasks == []
+        # Two slots whose run leases appear in the bucket, two whose do not.
+        seen, unseen = others[:2], others[2:4]
+        await fleet.bucket.kv.put(f"run.j.{seen[0]}", b'{"slot": 1}')
+        await fleet.bucket.kv.put("lock.j", json_bytes({"slot": seen[1], "attempt": 1}))
+        await until(lambda: all(candidates.was_run("j", s) for s in seen), 10, "leases seen")
+        for slot in seen + unseen:
+            assert candidates.defer(job, slot, 1, "scheduled")
+        await asyncio.gather(*tasks)
+        assert sorted(claimed) == sorted(unseen)
+        value = metrics.registry.get_sample_value
+        assert value("anarchon_claims_deferred_total", {"job": "j", "outcome": "seen"}) == 2
+        assert value("anarchon_claims_deferred_total", {"job": "j", "outcome": "fallback"}) == 2
+    finally:
+        await fleet.stop()
+        await nc.close()
+
+
+def json_bytes(value: dict[str, Any]) -> bytes:
+    return json.dumps(value).encode()
