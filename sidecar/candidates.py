@@ -192,6 +192,8 @@ class Candidates:
         self._sleep_until = sleep_until
         self._claim_later = claim_later
         self._seen: dict[str, tuple[set[int], deque[int]]] = {}
+        # Per job: its live instances, until an instance key changes (many jobs due at once).
+        self._live: dict[str, list[str]] = {}
         self.warnings = RateLimitedLog(log)
         fleet.key_listeners.append(self.key_seen)
 
@@ -200,11 +202,14 @@ class Candidates:
         fleet = self.fleet
         if not fleet.view.synced or fleet.problem is not None or not fleet.leases_ok:
             return None
-        return [
-            instance
-            for instance, value in fleet.view.instances().items()
-            if isinstance(jobs := value.get("jobs"), dict) and job in jobs
-        ]
+        live = self._live.get(job)
+        if live is None:
+            live = self._live[job] = [
+                instance
+                for instance, value in fleet.view.instances().items()
+                if isinstance(jobs := value.get("jobs"), dict) and job in jobs
+            ]
+        return live
 
     def defer(self, job: JobConfig, slot: int, number: int, trigger: str) -> bool:
         """True when this instance leaves the slot to its candidates (and claims it
@@ -255,7 +260,11 @@ class Candidates:
         return seen is not None and slot in seen[0]
 
     def key_seen(self, key: str) -> None:
-        """A key the watch delivered: a run lease marks its slot as taken."""
+        """A key the watch delivered: a run lease marks its slot as taken; an instance
+        key (or a re-read, "") changes who is live."""
+        if not key or key.startswith("instance."):
+            self._live.clear()
+            return
         if not key.startswith(("run.", "lock.")):
             return
         entry = self.fleet.view.keys.get(key)
