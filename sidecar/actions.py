@@ -19,14 +19,13 @@ waits for it like for any run.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from sidecar.board import ACTIONS_KEPT
@@ -39,6 +38,7 @@ from sidecar.runs import ResultRecord, publish_result
 from sidecar.state import decode, put_json
 from sidecar.stream import stream_spec
 from sidecar.trigger import Trigger
+from sidecar.wire import cas_conflict, compact, paused_key
 
 if TYPE_CHECKING:
     from sidecar.aftermath import Aftermath
@@ -74,16 +74,14 @@ async def record_action(kv: KeyValue, job: str, entry: dict[str, Any]) -> None:
                 items, revision = [], None
             items = [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
             items = [*items, entry][-ACTIONS_KEPT:]
-            data = json.dumps({"actions": items}, separators=(",", ":")).encode()
+            data = compact({"actions": items})
             if revision is None:
                 await kv.create(key, data)
             else:
                 await kv.update(key, data, last=revision)
             return
-        except KeyWrongLastSequenceError:
-            continue  # another replica wrote at the same moment: read again
         except Exception as exc:
-            if "wrong last sequence" in str(exc).lower():  # 10164 on R3 (FLEET.md)
+            if cas_conflict(exc):  # another replica wrote at the same moment: read again
                 continue
             raise StreamError(f"cannot record the action on {job}: {exc!r}") from exc
     raise StreamError(f"cannot record the action on {job}: {CAS_TRIES} conflicting writes")
@@ -93,17 +91,17 @@ async def pause(kv: KeyValue, job: str, by: str, reason: str, until: str | None)
     value: dict[str, Any] = {"by": by, "at": rfc3339(time.time()), "reason": reason}
     if until:
         value["until"] = until
-    await put_json(kv, f"paused.{job}", value)
+    await put_json(kv, paused_key(job), value)
     return value
 
 
 async def resume(kv: KeyValue, job: str) -> dict[str, Any] | None:
     """Delete ``paused.<job>``; the pause removed, None when it was not paused."""
     try:
-        entry = await kv.get(f"paused.{job}")
+        entry = await kv.get(paused_key(job))
     except KeyNotFoundError:
         return None
-    await kv.delete(f"paused.{job}", last=entry.revision)
+    await kv.delete(paused_key(job), last=entry.revision)
     try:  # a resumed job starts counting its failures (pause_after) from 0
         await reset_kv(kv, job)
     except Exception as exc:

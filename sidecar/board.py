@@ -39,6 +39,7 @@ from sidecar.skips import pause_active, pending
 from sidecar.state import View, mismatched_jobs
 from sidecar.stream import StreamState
 from sidecar.values import redact_url
+from sidecar.wire import skip_key
 
 STRIP = 20  # runs in a job's strip of status marks
 NEXT_RUNS = 3
@@ -265,7 +266,7 @@ def schedules_of(job: JobConfig) -> list[dict[str, str]]:
 
 def schedule_fields(job: JobConfig, view: View, now_ms: int, upcoming: list[int]) -> dict[str, Any]:
     """``skip``, backfill and schedule-in-words fields of a job (docs/SCHEDULES.md)."""
-    skip = view.keys.get(f"skip.{job.name}")
+    skip = view.keys.get(skip_key(job.name))
     entry = view.keys.get(backfill_key(job.name))
     backfill = entry.value if entry is not None else None
     return {

@@ -25,35 +25,33 @@ import base64
 import functools
 import json
 import logging
-import random
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
-from nats.errors import ConnectionReconnectingError, NoRespondersError
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from sidecar import failpoints
+from sidecar.backoff import Backoff
 from sidecar.clock import Clock, rfc3339
-from sidecar.due import claim_msg_id as claim_msg_id  # re-exported
 from sidecar.errors import ClaimError
+from sidecar.natspy import api_prefix, request_timeout
+from sidecar.wire import ERR_DUPLICATE_IN_PROCESS, claims_subject, msg_get_subject
+from sidecar.wire import MSG_ID as MSG_ID  # re-exported: the run's ending uses it
+from sidecar.wire import TRANSIENT as TRANSIENT  # re-exported: the run's ending uses it
+from sidecar.wire import claim_msg_id as claim_msg_id  # re-exported
 
 log = logging.getLogger(__name__)
 
-ERR_DUPLICATE_IN_PROCESS = 10158
-MSG_ID = "Nats-Msg-Id"
-# Errors after which asking again may give a definite answer.
-TRANSIENT = (
-    NatsTimeoutError,
-    asyncio.TimeoutError,
-    NoRespondersError,
-    NoStreamResponseError,
-    ServiceUnavailableError,
-    ConnectionReconnectingError,
-)
+# Between two publishes of one claim: short (a claim has a deadline of seconds),
+# jittered so that the replicas that timed out together do not ask together.
+PUBLISH_RETRY_START = 0.02
+PUBLISH_RETRY_CAP = 1.0
+PUBLISH_RETRY_JITTER = 0.5
 
 
 class ClaimDisconnected(ClaimError):
@@ -120,7 +118,7 @@ class Claim:
     token: str
     won: bool
     seq: int
-    attempts: int
+    publish_tries: int  # publishes of this claim (1: answered at the first)
     duplicate_acks: int
     ack_seconds: float
     manual: bool = False
@@ -149,7 +147,7 @@ class Claimer:
     on_unanswered: Callable[[], None] | None = None
 
     def subject(self, job: str) -> str:
-        return f"{self.prefix}{job}.claims"
+        return claims_subject(self.prefix, job)
 
     def body(
         self,
@@ -209,9 +207,9 @@ class Claimer:
         body = self.body(job, slot, token, self.clock.wall(), manual, attempt, extra)
         msg_id = msg_id or claim_msg_id(job, slot, token, manual, attempt)
         subject = self.subject(job)
-        attempts = 0
+        publish_tries = 0
         duplicate_acks = 0
-        backoff = 0.02
+        backoff = Backoff(PUBLISH_RETRY_START, PUBLISH_RETRY_CAP, jitter=PUBLISH_RETRY_JITTER)
         ever_connected = False
         last_error = "no attempt"
         while True:
@@ -227,7 +225,7 @@ class Claimer:
             ):
                 continue
             ever_connected = True
-            attempts += 1
+            publish_tries += 1
             started = self.clock.monotonic()
             timeout = max(0.001, min(self.ack_timeout, remaining))
             try:
@@ -258,7 +256,7 @@ class Claimer:
                     duplicate_acks += 1
                 # Any earlier attempt may have been stored (even one that failed:
                 # nats-py can send a buffered publish after giving up on it).
-                if must_read_stored(ack.duplicate, retried=attempts > 1):
+                if must_read_stored(ack.duplicate, retried=publish_tries > 1):
                     stored = await self._stored_token(ack.seq, deadline, msg_id)
                 won = decide(ack.duplicate, stored, token)
                 return Claim(
@@ -267,18 +265,17 @@ class Claimer:
                     token,
                     won,
                     ack.seq,
-                    attempts,
+                    publish_tries,
                     duplicate_acks,
                     ack_seconds,
                     manual,
                     attempt,
                     trigger,
                 )
-            log.debug("claim %s attempt %d: %s; asking again", msg_id, attempts, last_error)
+            log.debug("claim %s publish %d: %s; asking again", msg_id, publish_tries, last_error)
             if failpoints.ENABLED:
                 await failpoints.hit("claim.before_retry")
-            await asyncio.sleep(min(backoff * random.uniform(0.5, 1.5), max(0.0, remaining)))
-            backoff = min(backoff * 2, 1.0)
+            await backoff.sleep(at_most=remaining)
 
     def foreign(self, stream: str | None, domain: str | None) -> str | None:
         """Why an ack shows another JetStream stored the claim; None when it is ours.
@@ -297,7 +294,7 @@ class Claimer:
 
     async def _stored_token(self, seq: int, deadline: float, msg_id: str) -> str | None:
         """The token of the stored claim at `seq`; retried until the deadline."""
-        backoff = 0.02
+        backoff = Backoff(PUBLISH_RETRY_START, PUBLISH_RETRY_CAP)
         while True:
             remaining = deadline - self.clock.monotonic()
             try:
@@ -308,8 +305,7 @@ class Claimer:
             except (*TRANSIENT, APIError) as exc:
                 if remaining <= 0:
                     raise ClaimError(f"{msg_id}: cannot read stored claim {seq}: {exc!r}") from exc
-                await asyncio.sleep(min(backoff, remaining))
-                backoff = min(backoff * 2, 1.0)
+                await backoff.sleep(at_most=remaining)
                 continue
             return token_of(data)
 
@@ -324,9 +320,9 @@ class Claimer:
         """
         try:
             reply = await self.nc.request(
-                f"{self.js._prefix}.STREAM.MSG.GET.{self.stream}",
+                msg_get_subject(api_prefix(self.js), self.stream),
                 f'{{"seq":{seq:d}}}'.encode(),
-                timeout=self.js._timeout,
+                timeout=request_timeout(self.js),
             )
         except NoRespondersError as exc:
             raise ServiceUnavailableError from exc

@@ -17,7 +17,7 @@ import time
 
 import click
 
-from sidecar import __version__, oneshot, ops, views
+from sidecar import __version__, oneshot, ops, status_text, views
 from sidecar.clock import Clock, parse_rfc3339
 from sidecar.command import (
     EXIT_FAILED,
@@ -39,9 +39,11 @@ from sidecar.command import (
 )
 from sidecar.config import JobConfig
 from sidecar.errors import StreamNotFound, UnknownJob
+from sidecar.logs import setup_logging
 from sidecar.runs import Run
 from sidecar.skips import MAX_SKIP
-from sidecar.stream import Lowering, coverage, placement_problem, stream_spec
+from sidecar.stream import Lowering, stream_spec
+from sidecar.streamfit import coverage, placement_problem
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -65,7 +67,7 @@ def main(log_level: str, log_format: str) -> None:
     found; 2 a usage or config error or an unknown job; 3 NATS unreachable;
     4 metrics.listen in use; 130 interrupted.
     """
-    views.setup_logging(log_level, log_format)
+    setup_logging(log_level, log_format)
 
 
 @main.command()
@@ -413,7 +415,7 @@ def status(config_path: str | None, as_json: bool) -> None:
     """The fleet at a glance: live instances, paused jobs, last runs, config mismatches."""
     ld = load(config_path)
     view = call(oneshot.status(ld.config, ld.secrets, Clock().wall_ms()))
-    say(views.as_json(view) if as_json else views.status_lines(view))
+    say(views.as_json(view) if as_json else status_text.status_lines(view))
 
 
 @main.command(short_help="Try it here: a nats-server, a toy app and three sidecars.")

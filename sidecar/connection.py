@@ -6,9 +6,9 @@ state is kept here for readiness, metrics and claims that wait for it.
 
 When the config asks for TLS, every connection attempt (first connect and
 reconnects) refuses a server that does not encrypt before anything is sent
-(Client): nats-py on its own upgrades only when the server's INFO says
-``tls_required``, so a server or a man in the middle that leaves it out would
-otherwise receive CONNECT, credentials included, in clear.
+(Client, in sidecar/natspy.py): nats-py on its own upgrades only when the
+server's INFO says ``tls_required``, so a server or a man in the middle that
+leaves it out would otherwise receive CONNECT, credentials included, in clear.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
-from nats.errors import Error as NatsError
-from nats.errors import StaleConnectionError
 from nats.js import JetStreamContext
 
 from sidecar.config import Config, Secrets
 from sidecar.errors import ConnectError
+from sidecar.natspy import Client as Client  # re-exported: the client with its TLS guards
+from sidecar.natspy import PlaintextRefused, force_reconnect, rotate_to_next_server
 from sidecar.permissions import Denials
 from sidecar.ratelog import RateLimitedLog
 from sidecar.values import redact_url
@@ -68,77 +68,6 @@ def tls_context(config: Config) -> ssl.SSLContext | None:
     if tls and tls.cert_file:
         ctx.load_cert_chain(tls.cert_file, tls.key_file)
     return ctx
-
-
-class PlaintextRefused(NatsError):
-    """TLS is configured but the server's connection was not encrypted; nothing was sent."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class Client(NATS):
-    """nats-py's client with guards on each connection attempt, reconnects included.
-
-    nats-py reads the server's INFO in clear, upgrades to TLS only when INFO
-    says ``tls_required``, then writes CONNECT. With ``require_tls`` (the
-    config asks for TLS) two hooks, present with this shape from nats-py 2.9
-    to 2.16, make that "only over TLS":
-
-    - ``_process_info(info, initial_connection=True)`` runs after INFO is read
-      and before the upgrade: a server that offers TLS without requiring it
-      (``tls_available``, nats-server's ``allow_non_tls``) is treated as
-      requiring it, so nats-py upgrades, as nats.go does for a secure client.
-      It is async from 2.10 and sync in 2.9: the override returns whatever
-      the parent returns, which the caller awaits or not.
-    - ``_connect_command()`` builds CONNECT right before it is written: it
-      raises PlaintextRefused unless the socket really is TLS. This is the
-      guarantee; if a nats-py release moved the socket, it fails closed.
-
-    Always: after a failed attempt the socket is closed and dropped here.
-    nats-py would wait forever for the plain socket to close after a failed
-    TLS handshake (its start_tls took the socket over; nats-py issue 718),
-    so a wrong CA hung the first connect instead of failing it.
-    """
-
-    def __init__(self, require_tls: bool) -> None:
-        super().__init__()
-        self.require_tls = require_tls
-
-    def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> Any:
-        if (
-            self.require_tls
-            and initial_connection
-            and info.get("tls_available")
-            and not info.get("tls_required")
-        ):
-            info["tls_required"] = True  # the same dict as self._server_info
-        return super()._process_info(info, initial_connection)
-
-    @property
-    def cluster(self) -> str | None:
-        """The cluster of the server connected to, from its INFO; None outside one."""
-        return (self._server_info or {}).get("cluster") or None
-
-    def _connect_command(self) -> bytes:
-        writer = getattr(self._transport, "_io_writer", None)
-        if self.require_tls and (writer is None or writer.get_extra_info("ssl_object") is None):
-            server = self._current_server.uri.netloc if self._current_server else "?"
-            raise PlaintextRefused(
-                f"server {server} did not offer TLS; refusing to send credentials or data in clear"
-            )
-        command: bytes = super()._connect_command()
-        return command
-
-    async def _process_connect_init(self) -> None:
-        try:
-            await super()._process_connect_init()
-        except BaseException:
-            writer = getattr(self._transport, "_io_writer", None)
-            if writer is not None:
-                writer.close()
-            self._transport = None  # the next attempt makes a new one
-            raise
 
 
 def connect_options(config: Config, secrets: Secrets) -> dict[str, Any]:
@@ -259,27 +188,20 @@ class Connection:
         nc = self.nc
         if nc is None or self.closing or not nc.is_connected:
             return
-        current = getattr(nc, "_current_server", None)
-        pool = getattr(nc, "_server_pool", None)
-        if not isinstance(pool, list) or current not in pool or len(pool) < 2:
-            return  # one server: nowhere else to go (the pings judge it)
         now = time.monotonic()
         if now - self._hopped < HOP_EVERY:
             return
-        self._hopped = now
         # The next server, not a shuffle that may pick this one again.
-        pool.remove(current)
-        pool.append(current)
+        if not rotate_to_next_server(nc):
+            return  # one server: nowhere else to go (the pings judge it)
+        self._hopped = now
         nc.options["dont_randomize"] = True  # until reconnected
         url = nc.connected_url.netloc if nc.connected_url else "?"
         log.warning(
             "NATS at %s did not answer a claim within nats.ack_timeout; trying another server",
             redact_url(url),
         )
-        force = getattr(nc, "force_reconnect", None)  # nats-py 2.10+
-        self._hop = asyncio.ensure_future(
-            force() if force is not None else nc._process_op_err(StaleConnectionError())
-        )
+        self._hop = force_reconnect(nc)
 
     async def _on_reconnected(self) -> None:
         if self.nc is not None:

@@ -10,6 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The wire's ids and keys (sidecar/wire.py), named here too for the users of
+# the attempt arithmetic.
+from sidecar.wire import claim_msg_id as claim_msg_id
+from sidecar.wire import due_key as due_key
+from sidecar.wire import lock_key as lock_key
+from sidecar.wire import lost_msg_id as lost_msg_id
+from sidecar.wire import run_key as run_key
+
 # The replica whose app failed an attempt competes for the next one this much
 # later at least (FLEET.md: max(jitter, 500ms)), so a healthy one usually wins.
 FAILED_REPLICA_WAIT = 0.5
@@ -19,34 +27,6 @@ DUE_KEY_SLACK = 5.0
 RETRY = "retry"
 LOST = "lost"
 DUE_REASONS = (RETRY, LOST)
-
-
-def claim_msg_id(job: str, slot: int, token: str, manual: bool, attempt: int = 1) -> str:
-    """The claim's ``Nats-Msg-Id``: the reference's for attempt 1."""
-    if manual:
-        return f"{job}:manual:{token}"
-    return f"{job}:{slot}" if attempt <= 1 else f"{job}:{slot}:a{attempt}"
-
-
-def lost_msg_id(job: str, slot: int, attempt: int) -> str:
-    """The id of a ``lost`` result: every sidecar publishes it, one is stored."""
-    return f"{job}:{slot}:{attempt}:lost"
-
-
-# ---------------------------------------------------------------------- keys
-
-
-def run_key(job: str, slot: int, attempt: int) -> str:
-    """``run.<job>.<slot>`` for attempt 1, ``run.<job>.<slot>.<attempt>`` after."""
-    return f"run.{job}.{slot}" if attempt <= 1 else f"run.{job}.{slot}.{attempt}"
-
-
-def lock_key(job: str) -> str:
-    return f"lock.{job}"
-
-
-def due_key(job: str, slot: int, attempt: int) -> str:
-    return f"due.{job}.{slot}.{attempt}"
 
 
 def is_lease_key(key: str) -> bool:

@@ -1,7 +1,7 @@
 """One sidecar's part in the fleet: the state bucket's view, presence, pause.
 
 ``Fleet`` opens (or creates) the state bucket once NATS answers, keeps the
-view in step (``state.Watch``), keeps ``instance.<id>`` alive while the
+view in step (``watch.Watch``), keeps ``instance.<id>`` alive while the
 sidecar runs and deletes it on a clean exit, and exports what the view says:
 ``job_paused``, ``fleet_instances`` and ``fleet_config_mismatch``. The job
 loops ask ``blocked(job)`` before each claim; it answers from memory.
@@ -19,9 +19,11 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from sidecar import __version__
+from sidecar.backoff import Backoff
 from sidecar.bucketcheck import check_bucket, needs_leases
 from sidecar.clock import Clock, rfc3339
 from sidecar.lease import Keys
+from sidecar.natspy import connection_of
 from sidecar.orphans import Orphans
 from sidecar.servers import version_problem
 from sidecar.skips import PAUSED, SKIP, pause_active, pending, skip_slots, until_ms
@@ -32,7 +34,6 @@ from sidecar.state import (
     Bucket,
     Removal,
     View,
-    Watch,
     ensure_bucket,
     job_hash,
     mismatched_jobs,
@@ -40,6 +41,8 @@ from sidecar.state import (
     state_spec,
 )
 from sidecar.tasks import cancel_all
+from sidecar.watch import Watch
+from sidecar.wire import instance_key, skip_key
 
 if TYPE_CHECKING:
     from sidecar.config import Config
@@ -47,7 +50,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BUCKET_BACKOFF_MAX = 30.0
+# Between two tries to open the state bucket.
+BUCKET_RETRY_START = 0.2
+BUCKET_RETRY_CAP = 30.0
 # The bucket's settings are checked this often, and at once after a reconnect or
 # when the watch sees them change or the bucket disappear.
 BUCKET_REFRESH = 30.0
@@ -104,7 +109,7 @@ class Fleet:
         if connected and self.bucket is not None and self.bucket.ttl:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
-                    self.bucket.kv.delete(f"instance.{self.config.instance_id}"), 2.0
+                    self.bucket.kv.delete(instance_key(self.config.instance_id)), 2.0
                 )
 
     def reconnected(self) -> None:
@@ -135,17 +140,16 @@ class Fleet:
         return self.problem
 
     async def _run(self, js: JetStreamContext) -> None:
-        backoff = 0.2
+        backoff = Backoff(BUCKET_RETRY_START, BUCKET_RETRY_CAP)
         while self.bucket is None:
             try:
                 self.bucket = await ensure_bucket(js, self.spec)
             except Exception as exc:  # not ready yet, or refused: say so, try again
                 self.problem = f"cannot open state bucket {self.spec.bucket}: {exc!r}"
                 log.warning("%s", self.problem)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BUCKET_BACKOFF_MAX)
+                await backoff.sleep()
         await self._check(js)
-        if too_old := version_problem(str(js._nc.connected_server_version)):
+        if too_old := version_problem(str(connection_of(js).connected_server_version)):
             log.warning("%s", too_old)
         self.watch = Watch(self.bucket, self.view, self._recheck.set)
         await self._watch_advisories(js)
@@ -163,7 +167,7 @@ class Fleet:
         """The bucket's stream deleted, made or changed: re-read it at once, not at the
         watchdog's next look (a few seconds in which a lock in the new bucket would
         not see the runs of the old one). Best effort: the watchdog remains."""
-        nc = js._nc
+        nc = connection_of(js)
         watch = self.watch
         if nc is None or watch is None:
             return
@@ -214,7 +218,7 @@ class Fleet:
 
     async def _presence(self) -> None:
         assert self.bucket is not None
-        key = f"instance.{self.config.instance_id}"
+        key = instance_key(self.config.instance_id)
         while True:
             if self.bucket.ttl:  # without TTLs a dead instance's key would stay for ever
                 try:
@@ -247,7 +251,7 @@ class Fleet:
 
     def skipped(self, job: str, slot: int) -> tuple[str, str] | None:
         """(``skip``, why) when `skip` chose this slot of `job`; None otherwise."""
-        entry = self.view.keys.get(f"skip.{job}")
+        entry = self.view.keys.get(skip_key(job))
         if entry is None or slot not in skip_slots(entry.value):
             return None
         v = entry.value

@@ -3,7 +3,7 @@
 It ensures the stream (create, or raise it back when someone weakened it)
 every STREAM_REFRESH, and at once when JetStream's advisories say the stream
 changed; then it judges, per job, whether the stream holds the job's claims
-for ``jitter + max_late`` (``stream.coverage``). Readiness and each job's
+for ``jitter + max_late`` (``streamfit.coverage``). Readiness and each job's
 right to claim (``blocked``) are read from it in memory; no claim waits for it.
 """
 
@@ -18,26 +18,24 @@ from dataclasses import replace
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from sidecar.backoff import Backoff
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
 from sidecar.metrics import Metrics
-from sidecar.stream import (
-    RETRYABLE,
-    StreamState,
-    coverage,
-    ensure_stream,
-    placement_problem,
-    stream_spec,
-)
+from sidecar.natspy import connection_of
+from sidecar.stream import StreamState, ensure_stream, stream_spec
+from sidecar.streamfit import coverage, placement_problem
+from sidecar.wire import TRANSIENT
 
 log = logging.getLogger(__name__)
 
 # How often the stream is checked (and raised back when someone weakened it):
 # one stream_info call, whose cost does not depend on the number of messages.
 STREAM_REFRESH = 10.0
-# The longest wait between two tries while the stream cannot be set up.
-STREAM_BACKOFF_MAX = 30.0
+# Between two tries while the stream cannot be set up.
+STREAM_RETRY_START = 0.2
+STREAM_RETRY_CAP = 30.0
 # A problem that lasts is logged again at most this often (seconds).
 REPEAT_LOG = 60.0
 
@@ -109,8 +107,8 @@ class StreamGuard:
         Every STREAM_REFRESH, or at once when an advisory says the stream
         changed. Readiness and each job's right to claim follow it.
         """
-        await self._watch_advisories(js._nc)
-        backoff = 0.2
+        await self._watch_advisories(connection_of(js))
+        backoff = Backoff(STREAM_RETRY_START, STREAM_RETRY_CAP)
         while True:
             try:
                 if not self.connected.is_set():
@@ -128,20 +126,19 @@ class StreamGuard:
             except StreamNotFound:
                 self._stream_down("stream missing; creating it again", forget=True)
                 continue
-            except (*RETRYABLE, StreamError) as exc:
+            except (*TRANSIENT, StreamError) as exc:
                 self._stream_down(f"stream not available: {exc!r}", forget=False)
             except Exception as exc:  # never let readiness die silently
                 log.exception("checking the stream failed")
                 self._stream_down(f"stream check failed: {exc!r}", forget=False)
             else:
-                backoff = 0.2
+                backoff.reset()
                 if self.domain is _UNKNOWN:
                     await self._which_jetstream(js, state)
                 self._stream_up(replace(state, domain=self.answered_domain))
                 await self._stream_pause(STREAM_REFRESH)
                 continue
-            await self._stream_pause(backoff)
-            backoff = min(backoff * 2, STREAM_BACKOFF_MAX)
+            await self._stream_pause(backoff.next())
 
     @property
     def answered_domain(self) -> str | None:

@@ -20,7 +20,6 @@ succeeds (``claim_event``), so an event is sent once however it was reached.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -28,8 +27,17 @@ from typing import Any
 
 from nats.js.errors import APIError
 
-from sidecar.claim import TRANSIENT, new_token
-from sidecar.lease import CAS_CONFLICT, EXPECTED_LAST, WRITE_TIMEOUT, KeyHeld, Keys
+from sidecar.backoff import Backoff
+from sidecar.claim import new_token
+from sidecar.lease import WRITE_TIMEOUT, KeyHeld, Keys
+from sidecar.wire import (
+    CAS_CONFLICT,
+    EXPECTED_LAST_SUBJECT_SEQ,
+    TRANSIENT,
+    compact,
+    event_key,
+)
+from sidecar.wire import health_key as health_key  # re-exported
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +47,10 @@ FAILED_STATUSES = ("failed", "lost")
 # An event key lives this long: far longer than any retry of its outcome.
 EVENT_TTL = 3600.0
 CAS_TRIES = 20
-
-
-def health_key(job: str) -> str:
-    return f"health.{job}"
+# Between two compare-and-set tries of apply (after a conflict or no answer),
+# and the fixed pause of reset's after a conflict.
+CAS_RETRY_START = 0.02
+CAS_RETRY_CAP = 1.0
 
 
 def transition(
@@ -88,10 +96,10 @@ async def _cas(keys: Keys, key: str, value: dict[str, Any], expected: int) -> in
     try:
         ack = await keys.js.publish(
             keys.subject(key),
-            json.dumps(value, separators=(",", ":")).encode(),
+            compact(value),
             timeout=WRITE_TIMEOUT,
             stream=keys.stream,
-            headers={EXPECTED_LAST: str(expected)},
+            headers={EXPECTED_LAST_SUBJECT_SEQ: str(expected)},
         )
     except APIError as exc:
         if exc.err_code in CAS_CONFLICT:
@@ -105,7 +113,7 @@ async def apply(
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """Apply one run's outcome to ``health.<job>``; the new value and the events made."""
     key = health_key(job)
-    backoff = 0.02
+    backoff = Backoff(CAS_RETRY_START, CAS_RETRY_CAP)
     for _ in range(CAS_TRIES):
         try:
             last = await keys.last(key)
@@ -122,8 +130,7 @@ async def apply(
             pass  # another outcome was applied meanwhile: on top of it
         except TRANSIENT as exc:
             log.debug("%s: %r; asking again", key, exc)
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, 1.0)
+        await backoff.sleep()
     raise TimeoutError(f"{key}: no compare-and-set succeeded in {CAS_TRIES} tries")
 
 
@@ -131,6 +138,7 @@ async def reset(keys: Keys, job: str) -> bool:
     """``resume``: the count back to 0, the state kept (a success then still reads as
     ``recovered``). False when the job had no health key."""
     key = health_key(job)
+    backoff = Backoff(CAS_RETRY_START, CAS_RETRY_START)
     for _ in range(CAS_TRIES):
         last = await keys.last(key)
         if last is None or last[1] is None:
@@ -141,7 +149,7 @@ async def reset(keys: Keys, job: str) -> bool:
             await _cas(keys, key, value, revision)
             return True
         except KeyHeld:
-            await asyncio.sleep(0.02)
+            await backoff.sleep()
     raise TimeoutError(f"{key}: no compare-and-set succeeded in {CAS_TRIES} tries")
 
 
@@ -152,7 +160,7 @@ async def claim_event(keys: Keys, job: str, run: str, event: str, ttl: float | N
     value = {"job": job, "run": run, "event": event, "token": new_token()}
     safe = re.sub(r"[^A-Za-z0-9_-]", "_", run)
     try:
-        await keys.create(f"event.{job}.{safe}.{event}", value, ttl)
+        await keys.create(event_key(job, safe, event), value, ttl)
     except KeyHeld:
         return False
     return True
@@ -163,6 +171,7 @@ async def reset_kv(kv: Any, job: str) -> bool:
     from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
     key = health_key(job)
+    backoff = Backoff(CAS_RETRY_START, CAS_RETRY_START)
     for _ in range(CAS_TRIES):
         try:
             entry = await kv.get(key)
@@ -174,10 +183,8 @@ async def reset_kv(kv: Any, job: str) -> bool:
             prev = {}
         value = {**(prev if isinstance(prev, dict) else {}), "failures": 0, "run": "", "events": []}
         try:
-            await kv.update(
-                key, json.dumps(value, separators=(",", ":")).encode(), last=entry.revision
-            )
+            await kv.update(key, compact(value), last=entry.revision)
             return True
         except KeyWrongLastSequenceError:
-            await asyncio.sleep(0.02)
+            await backoff.sleep()
     raise TimeoutError(f"{key}: no compare-and-set succeeded in {CAS_TRIES} tries")

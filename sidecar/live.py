@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from sidecar.backoff import Backoff
 from sidecar.board import TAIL_MAX, TAIL_PER_JOB, Recent, nothing_to_read, read_pass
 from sidecar.due import lease_job
 from sidecar.tasks import cancel_all
@@ -40,6 +41,8 @@ FLUSH_EVERY = 0.25
 QUEUE = 64
 PING_EVERY = 15.0
 WATCHDOG_EVERY = 5.0
+# After the feed failed (NATS away, the stream missing), it starts again this long after.
+FEED_RETRY = 2.0
 MANY = 50  # more changed jobs than this in one flush: "all"
 
 
@@ -90,6 +93,7 @@ class Live:
 
     async def _follow(self, js: JetStreamContext) -> None:
         """Fill the recent runs, then follow every message the stream stores."""
+        backoff = Backoff(FEED_RETRY, FEED_RETRY)
         while True:
             try:
                 info = await js.stream_info(self.stream)
@@ -125,7 +129,7 @@ class Live:
             except Exception as exc:  # NATS away or the stream missing: try again
                 log.debug("fleet page feed: %r", exc)
                 await self._unsubscribe()
-                await asyncio.sleep(2.0)
+                await backoff.sleep()
 
     async def _subscribe(self, js: JetStreamContext, start: int) -> None:
         async def on_msg(msg: Msg) -> None:

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +35,7 @@ from sidecar.connection import Client, Connection, jetstream
 from sidecar.errors import StreamError, StreamNotFound, UnknownJob
 from sidecar.health import reset
 from sidecar.lease import Keys
+from sidecar.natspy import api_prefix
 from sidecar.runs import (
     History,
     ResultRecord,
@@ -48,22 +48,21 @@ from sidecar.since import since_key
 from sidecar.skips import pause_active
 from sidecar.state import decode, ensure_bucket, put_json, state_spec
 from sidecar.stream import (
-    RETRYABLE,
     Lowering,
     StreamState,
     answering_domain,
     conflict_error,
-    coverage,
     create_if_missing,
     lower_stream,
     overlapping_streams,
     plan_lowering,
-    raised_state,
     read_stream,
     state_of,
     stream_spec,
 )
+from sidecar.streamfit import coverage, raised_state
 from sidecar.trigger import MANUAL, RetryReport, Trigger, TriggerResult, why_of
+from sidecar.wire import ERR_STREAM_NOT_FOUND, TRANSIENT, compact, paused_key
 
 # How long a one-shot command waits for JetStream answers.
 READ_TIMEOUT = 10.0
@@ -77,6 +76,18 @@ async def connected(config: Config, secrets: Secrets) -> AsyncIterator[Connectio
         yield conn
     finally:
         await conn.close(drain=False)
+
+
+@contextlib.contextmanager
+def answered(
+    what: str = "JetStream did not answer", also: tuple[type[Exception], ...] = ()
+) -> Iterator[None]:
+    """No answer from JetStream (a transient error, or one of `also`) as a StreamError
+    saying `what`: a one-shot command reports it and exits, it does not retry."""
+    try:
+        yield
+    except TRANSIENT + also as exc:
+        raise StreamError(f"{what}: {exc!r}") from exc
 
 
 def _js(conn: Connection) -> JetStreamContext:
@@ -121,13 +132,11 @@ async def history(
         # No instance claims a slot earlier than that (its clock would have to
         # run ahead by more than the window that de-duplicates it).
         latest = (clock or Clock()).wall_ms() + round(config.nats.duplicate_window * 1000)
-        try:
+        with answered(f"cannot read the history of {job}", also=(APIError,)):
             hist = await read_history(js, spec.name, spec.prefix, job, latest)
             if hist.runs or hist.skipped or job in config.job_names:
                 return hist
             in_stream = await stream_job_names(js, spec.name, spec.prefix)
-        except (*RETRYABLE, APIError, TimeoutError) as exc:
-            raise StreamError(f"cannot read the history of {job}: {exc!r}") from exc
         if job in in_stream:
             return hist
         known = config.job_names + tuple(n for n in in_stream if n not in config.job_names)
@@ -136,10 +145,8 @@ async def history(
 
 async def _read(aw: Awaitable[StreamState]) -> StreamState:
     """The stream's state; StreamNotFound as is, no answer as StreamError."""
-    try:
+    with answered():
         return await aw
-    except (*RETRYABLE, TimeoutError) as exc:
-        raise StreamError(f"JetStream did not answer: {exc!r}") from exc
 
 
 @dataclass(frozen=True)
@@ -168,10 +175,8 @@ async def run_now(
     async with connected(config, secrets) as conn:
         assert conn.nc is not None
         js = _js(conn)
-        try:
+        with answered("JetStream is not ready"):
             state = await create_if_missing(js, spec)
-        except (*RETRYABLE, TimeoutError) as exc:
-            raise StreamError(f"JetStream is not ready: {exc!r}") from exc
         if spec.subject not in state.subjects:
             raise StreamError(
                 f"stream {spec.name} does not capture {spec.subject}: `run` adds it "
@@ -240,17 +245,17 @@ async def check_stream(config: Config, secrets: Secrets) -> StreamCheck:
     async with connected(config, secrets) as conn:
         js = _js(conn)
         assert conn.nc is not None
-        try:
-            info = await js.stream_info(spec.name)
-        except APIError as exc:
-            if exc.err_code not in (10059, None):
-                raise StreamError(f"cannot read stream {spec.name}: {exc.description}") from exc
-            info = None
-        except (*RETRYABLE, TimeoutError) as exc:
-            raise StreamError(f"JetStream did not answer: {exc!r}") from exc
+        with answered():
+            try:
+                info = await js.stream_info(spec.name)
+            except APIError as exc:
+                if exc.err_code not in (ERR_STREAM_NOT_FOUND, None):
+                    why = f"cannot read stream {spec.name}: {exc.description}"
+                    raise StreamError(why) from exc
+                info = None
         state = state_of(info) if info is not None else None
         if state is None or spec.subject not in state.subjects:
-            others = await overlapping_streams(conn.nc, js._prefix, spec.subject)
+            others = await overlapping_streams(conn.nc, api_prefix(js), spec.subject)
             if set(others) - {spec.name}:
                 raise conflict_error(spec, others)
         if state is None or info is None:
@@ -270,15 +275,11 @@ async def lower(
     """
     async with connected(config, secrets) as conn:
         js = _js(conn)
-        try:
+        with answered():
             plan = await plan_lowering(js, stream_spec(config))
             if not plan.changes or not confirm(plan):
                 return plan, None
             return plan, await lower_stream(js, stream_spec(config))
-        except StreamNotFound:
-            raise
-        except (*RETRYABLE, TimeoutError) as exc:
-            raise StreamError(f"JetStream did not answer: {exc!r}") from exc
 
 
 # ---------------------------------------------------------------------- pause, resume
@@ -306,11 +307,11 @@ async def pause(
     when missing). A pause in force is kept; with `force` it is replaced. With
     `until` (epoch s) the pause ends by itself then; one whose end has passed is
     no longer in force and is replaced."""
-    key = f"paused.{job}"
+    key = paused_key(job)
     value = {"by": by, "at": rfc3339(time.time()), "reason": reason}
     if until is not None:
         value["until"] = rfc3339(until)
-    data = json.dumps(value, separators=(",", ":")).encode()
+    data = compact(value)
     async with connected(config, secrets) as conn:
         kv = (await ensure_bucket(_js(conn), state_spec(config))).kv
         for _ in range(3):  # a resume between our create and our read: try again
@@ -352,12 +353,12 @@ async def resume(
                 f"with these NATS settings, or it was deleted): nothing is paused there"
             ) from exc
         try:
-            entry = await kv.get(f"paused.{job}")
+            entry = await kv.get(paused_key(job))
         except KeyNotFoundError:
             return None
         if bound is not None:  # first the bound: a sidecar starting in between is still paused
             await put_json(kv, since_key(job), bound)
-        await kv.delete(f"paused.{job}", last=entry.revision)
+        await kv.delete(paused_key(job), last=entry.revision)
         # A resumed job starts counting its failures (pause_after) from 0.
         await reset(Keys(await ensure_bucket(js, state_spec(config))), job)
         return decode(entry.value)
@@ -367,7 +368,5 @@ async def status(config: Config, secrets: Secrets, now_ms: int) -> dict[str, Any
     from sidecar.status import fleet_status
 
     async with connected(config, secrets) as conn:
-        try:
+        with answered():
             return await fleet_status(_js(conn), config, now_ms)
-        except (*RETRYABLE, TimeoutError) as exc:
-            raise StreamError(f"JetStream did not answer: {exc!r}") from exc

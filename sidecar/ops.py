@@ -7,7 +7,6 @@ running sidecar sees the key through its watch within about a second.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from sidecar.skips import MAX_SKIP, new_skip_value, pending, skip_slots
 from sidecar.state import decode, ensure_bucket, state_spec
 from sidecar.stream import stream_spec
 from sidecar.values import parse_duration
+from sidecar.wire import compact, skip_key
 
 CAS_TRIES = 5
 # backfill counts the slots of a range up to this many to name the count.
@@ -75,7 +75,7 @@ async def skip(
     """
     if not 1 <= count <= MAX_SKIP:
         raise ValueError(f"--count must be 1 to {MAX_SKIP}, got {count}")
-    key = f"skip.{job.name}"
+    key = skip_key(job.name)
     async with connected(config, secrets) as conn:
         bucket = await ensure_bucket(_js(conn), state_spec(config))
         kv = bucket.kv
@@ -102,7 +102,7 @@ async def skip(
 
 async def unskip(config: Config, secrets: Secrets, job: str) -> int:
     """Delete ``skip.<job>``; how many skipped slots were still ahead (0: nothing to cancel)."""
-    key = f"skip.{job}"
+    key = skip_key(job)
     async with connected(config, secrets) as conn:
         bucket = await ensure_bucket(_js(conn), state_spec(config))
         old, revision = await _get(bucket.kv, key)
@@ -121,7 +121,7 @@ async def _get(kv: Any, key: str) -> tuple[dict[str, Any] | None, int | None]:
 
 
 def _encode(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return compact(value)
 
 
 # ---------------------------------------------------------------------- backfill

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from sidecar.clock import Clock
 from sidecar.lease import CasConflict, Keys
 from sidecar.state import PRESENCE_TTL, Removal, View
+from sidecar.wire import instance_key
 
 if TYPE_CHECKING:
     from sidecar.config import Config
@@ -104,7 +105,7 @@ class Orphans:
 
     def stale(self, now: float) -> list[tuple[str, int]]:
         """(key, revision) of the swept keys whose job nobody has run for `grace`."""
-        if not self.view.synced or f"instance.{self.config.instance_id}" not in self.view.keys:
+        if not self.view.synced or instance_key(self.config.instance_id) not in self.view.keys:
             self.since.clear()
             return []
         run = jobs_run(self.view.instances()) | self.own

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
+import math
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import urlsplit
@@ -21,6 +21,7 @@ import h11
 
 from sidecar import __version__
 from sidecar.alerting_config import mask_url
+from sidecar.backoff import Backoff
 from sidecar.tasks import cancel_all
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ MAX_ANSWER = 512
 DRAIN_TIMEOUT = 5.0
 # At most this many sends wait at once; more are dropped (receivers that hang).
 MAX_QUEUED = 1000
+# Each wait between two tries of a send is its doubled backoff times 0.8 to 1.2.
+SEND_RETRY_JITTER = 0.2
 
 _ssl: ssl.SSLContext | None = None
 
@@ -175,7 +178,7 @@ class Outbox:
             except Exception:
                 pass
         data = body() if callable(body) else body
-        wait = self.backoff
+        backoff = Backoff(self.backoff, math.inf, jitter=SEND_RETRY_JITTER)
         sent = False
         why = ""
         for attempt in range(1, self.attempts + 1):
@@ -193,11 +196,10 @@ class Outbox:
                 why = f"HTTP {status}" + (f": {detail}" if detail else "")
                 if not retryable(status):
                     break
-            if attempt == self.attempts or loop.time() - start + wait > self.give_up:
+            if attempt == self.attempts or loop.time() - start + backoff.current > self.give_up:
                 break
-            log.debug("%s to %s: %s; again in %.1fs", what, mask_url(url), why, wait)
-            await asyncio.sleep(wait * random.uniform(0.8, 1.2))
-            wait *= 2
+            log.debug("%s to %s: %s; again in %.1fs", what, mask_url(url), why, backoff.current)
+            await backoff.sleep()
         if not sent:
             log.warning("%s to %s not delivered: %s (gave up)", what, mask_url(url), why)
         if done is not None:

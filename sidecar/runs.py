@@ -31,6 +31,8 @@ from sidecar.clock import rfc3339
 from sidecar.due import lost_msg_id
 from sidecar.tracing import trace_id_of
 from sidecar.trigger import TriggerResult
+from sidecar.wire import ERR_NO_MESSAGE, ERR_STREAM_NOT_FOUND
+from sidecar.wire import claims_subject as wire_claims_subject
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +271,7 @@ def join_runs(
     claims: list[tuple[int, dict[str, Any]]] = []
     results: dict[str, dict[str, Any]] = {}
     skipped = future = 0
-    claims_subject = f"{prefix}{job}.claims"
+    claims_subject = wire_claims_subject(prefix, job)
     results_subject = result_subject(prefix, job)
     for seq, subject, raw in messages:
         try:
@@ -375,11 +377,11 @@ async def last_messages(
     What ``status`` and catch-up need without reading the whole history.
     """
     out: list[tuple[int, str, bytes]] = []
-    for subject in (f"{prefix}{job}.claims", result_subject(prefix, job)):
+    for subject in (wire_claims_subject(prefix, job), result_subject(prefix, job)):
         try:
             msg = await js.get_last_msg(stream, subject)
         except APIError as exc:
-            if exc.err_code in (10037, 10059) or exc.code == 404:  # no message / no stream
+            if exc.err_code in (ERR_NO_MESSAGE, ERR_STREAM_NOT_FOUND) or exc.code == 404:
                 continue
             raise
         out.append((int(msg.seq or 0), subject, msg.data or b""))
@@ -391,7 +393,7 @@ def last_scheduled_slot(
 ) -> int | None:
     """The slot of the newest claim when it is a scheduled (not manual) one, else None."""
     for _seq, subject, raw in messages:
-        if subject != f"{prefix}{job}.claims":
+        if subject != wire_claims_subject(prefix, job):
             continue
         try:
             data = json.loads(raw)

@@ -54,10 +54,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sidecar.wire import SIGNATURE_HEADER as SIGNATURE_HEADER  # re-exported
+
 if TYPE_CHECKING:
     from sidecar.config import Config, Secrets
 
-SIGNATURE_HEADER = "X-Anarchon-Signature"
 V2_LABEL = "anarchon-v2"
 V3_LABEL = "anarchon-v3"
 

@@ -26,9 +26,11 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from nats.js.errors import APIError, KeyWrongLastSequenceError
+from nats.js.errors import APIError
 
 from sidecar.skips import until_ms
+from sidecar.wire import cas_conflict, compact
+from sidecar.wire import since_key as since_key  # re-exported
 
 if TYPE_CHECKING:
     from nats.js.kv import KeyValue
@@ -37,13 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CAS_CONFLICT = (10071, 10164)
 RESUMED = "resumed"
 CHANGED = "schedule changed"
-
-
-def since_key(job: str) -> str:
-    return f"since.{job}"
 
 
 def schedule_hash(job: JobConfig) -> str:
@@ -67,7 +64,7 @@ def floor_ms(since: dict[str, Any] | None, paused: dict[str, Any] | None, now_ms
 
 
 def value(at_ms: int, why: str, digest: str) -> bytes:
-    return json.dumps({"at": at_ms, "why": why, "hash": digest}, separators=(",", ":")).encode()
+    return compact({"at": at_ms, "why": why, "hash": digest})
 
 
 async def settle(
@@ -89,7 +86,7 @@ async def settle(
             else:
                 await kv.update(since_key(job.name), data, last=revision)
         except APIError as exc:
-            if not isinstance(exc, KeyWrongLastSequenceError) and exc.err_code not in CAS_CONFLICT:
+            if not cas_conflict(exc):
                 raise
             entry = await kv.get(since_key(job.name))  # another sidecar was first: read it
             seen, revision = json.loads(entry.value or b"{}"), int(entry.revision or 0)

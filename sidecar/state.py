@@ -9,18 +9,13 @@ keys expiring), and one without TTL support turns off the features that need
 it with one clear line.
 
 Keys used here: ``paused.<job>`` (pause/resume) and ``instance.<id>``
-(presence, TTL). ``View`` is fed by one watch of the whole bucket; every
-feature reads the view in memory, so a claim never waits for NATS because of
-it. The watch is restarted (a full re-sync) after a reconnect and whenever
-the watchdog sees the bucket's last sequence ahead of what the watch
-delivered for two checks in a row: nats-py's ordered consumer can stall
-without noticing (nats-io/nats.py#510).
+(presence, TTL). ``View`` is fed by one watch of the whole bucket
+(sidecar/watch.py, with its watchdog); every feature reads the view in
+memory, so a claim never waits for NATS because of it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -39,9 +34,11 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from sidecar.bucketcheck import BucketFacts, facts_of
+from sidecar.bucketcheck import facts_of
 from sidecar.errors import StreamError
-from sidecar.tasks import cancel_all
+from sidecar.natspy import jetstream_of
+from sidecar.wire import compact, kv_stream, kv_subject, paused_key
+from sidecar.wire import decode as decode  # re-exported
 
 if TYPE_CHECKING:
     from sidecar.config import Config, JobConfig
@@ -53,8 +50,6 @@ KEY_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 # Presence: the key lives this long after its last renewal.
 PRESENCE_TTL = 15.0
 PRESENCE_RENEW = 5.0
-# Watchdog: how often the bucket's last sequence is compared with the view's.
-WATCHDOG_EVERY = 3.0
 MIN_SERVER_FOR_TTL = "2.11"
 
 
@@ -66,7 +61,7 @@ class StateSpec:
 
     @property
     def stream(self) -> str:
-        return f"KV_{self.bucket}"
+        return kv_stream(self.bucket)
 
 
 def state_spec(config: Config) -> StateSpec:
@@ -224,7 +219,7 @@ class View:
     _jobs_seen: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def paused(self, job: str) -> Entry | None:
-        return self.keys.get(f"paused.{job}")
+        return self.keys.get(paused_key(job))
 
     def instances(self) -> dict[str, dict[str, Any]]:
         return {
@@ -297,15 +292,6 @@ class View:
         self.apply(entry.key, entry.value, int(entry.revision or 0), how is not None, how, at)
 
 
-def decode(value: bytes | None) -> dict[str, Any]:
-    """A key's JSON object; an empty object for anything else (hostile input is not fatal)."""
-    try:
-        data = json.loads(value or b"{}")
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 # The kind of job hashes an instance publishes (its presence's ``digest``).
 # 0.1.0 published none and hashed the app's address too; hashes are compared
 # only with hashes of the same kind, so that a rolling update from 0.1.0 does
@@ -327,167 +313,22 @@ def mismatched_jobs(instances: dict[str, dict[str, Any]]) -> set[str]:
     return {name for (_, name), digests in seen.items() if len(digests) > 1}
 
 
-class Watch:
-    """Keeps a View in step with the bucket: one watch, re-synced when it may be stale."""
-
-    def __init__(
-        self, bucket: Bucket, view: View, on_changed: Callable[[], None] | None = None
-    ) -> None:
-        self.bucket = bucket
-        self.view = view
-        self._watcher: Any = None
-        self._pump: asyncio.Task[None] | None = None
-        self._resync = asyncio.Event()
-        # Called when the watchdog sees the bucket's settings change, or the bucket
-        # deleted or made again (its creation time changed): the Fleet checks it.
-        self.on_changed = on_changed
-        self._facts: BucketFacts | None = None
-        self.replaced = False  # the bucket went away since the last full read
-
-    def resync(self) -> None:
-        """Start a fresh watch (after a reconnect, or when the watchdog says so)."""
-        self._resync.set()
-
-    async def run(self) -> None:
-        """Watch until cancelled; the watchdog restarts a silent or stale watch."""
-        behind = 0
-        while True:
-            try:
-                await self._start()
-                behind = 0
-                while not self._resync.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._resync.wait(), WATCHDOG_EVERY)
-                    if self._resync.is_set():
-                        break
-                    info = await self._info()
-                    facts = facts_of(info)
-                    if facts != self._facts:
-                        self._bucket_changed(facts)
-                        break
-                    if int(info.state.last_seq) > self.view.last_revision:
-                        behind += 1
-                        if behind >= 2:
-                            log.warning("state bucket watch fell behind; re-reading the bucket")
-                            break
-                    else:
-                        behind = 0
-            except asyncio.CancelledError:
-                await self._stop()
-                raise
-            except Exception as exc:  # NATS away or slow: try again shortly
-                log.debug("state bucket watch: %r", exc)
-                await asyncio.sleep(1.0)
-            await self._stop()
-
-    async def _info(self) -> Any:
-        """The bucket's stream info; a missing bucket is a change the Fleet is told of."""
-        try:
-            return await self.bucket.kv._js.stream_info(self.bucket.spec.stream)
-        except NotFoundError:
-            if not self.replaced:
-                log.warning("state bucket %s disappeared", self.bucket.spec.bucket)
-                self._bucket_changed(None)
-            raise
-
-    def _bucket_changed(self, facts: BucketFacts | None) -> None:
-        old = self._facts
-        if facts is None or (old is not None and facts.created != old.created):
-            self.replaced = True
-            if facts is not None:
-                log.warning(
-                    "state bucket %s was deleted and made again under this sidecar; "
-                    "re-reading it and checking its settings",
-                    self.bucket.spec.bucket,
-                )
-        self._facts = facts
-        if self.on_changed is not None:
-            self.on_changed()
-
-    async def _start(self) -> None:
-        self._resync.clear()
-        info = await self._info()
-        facts = facts_of(info)
-        if self._facts is not None and facts.created != self._facts.created:
-            self._bucket_changed(facts)
-        self._facts = facts
-        fresh = View(on_change=None, keep_markers=True)
-        watcher = await self.bucket.kv.watchall()
-        self._watcher = watcher
-        # The initial values up to the end marker (None) make the fresh view.
-        while True:
-            entry = await watcher.updates(timeout=10.0)  # type: ignore[no-untyped-call]
-            if entry is None:
-                break
-            fresh.apply_entry(entry)
-        info = await self.bucket.kv._js.stream_info(self.bucket.spec.stream)
-        fresh.last_revision = max(fresh.last_revision, int(info.state.last_seq))
-        changed = set(self.view.keys) ^ set(fresh.keys) | {
-            k for k in fresh.keys if k in self.view.keys and self.view.keys[k] != fresh.keys[k]
-        }
-        replaced, self.replaced = self.replaced, False
-        gone = [
-            Removal(key, entry, *fresh.markers.get(key, (None, None)))
-            for key, entry in self.view.keys.items()
-            if key not in fresh.keys
-        ]
-        if replaced:
-            # Every key of the old bucket vanished without a marker; a key of the
-            # same name in the new one (another holder's lock) is not the old one.
-            gone = [
-                Removal(key, entry, REPLACED, None)
-                for key, entry in self.view.keys.items()
-                if key not in fresh.keys
-                or fresh.keys[key].value.get("token") != entry.value.get("token")
-            ]
-        self.view.keys = fresh.keys
-        self.view._jobs_seen = fresh._jobs_seen
-        self.view.lock_markers = fresh.lock_markers
-        self.view.last_revision = fresh.last_revision
-        self.view.synced = True
-        if self.view.on_removed is not None:
-            for removal in gone:
-                self.view.on_removed(removal)
-        if self.view.on_change is not None:
-            # Instance keys are recounted once, by "": one at a time would
-            # compare every instance's jobs once per instance.
-            for key in sorted(k for k in changed if not k.startswith("instance.")):
-                self.view.on_change(key)
-            self.view.on_change("")
-        self._pump = asyncio.create_task(self._follow(watcher))
-
-    async def _follow(self, watcher: Any) -> None:
-        async for entry in watcher:
-            if entry is None:
-                continue
-            self.view.apply_entry(entry)
-
-    async def _stop(self) -> None:
-        if self._pump is not None:
-            await cancel_all([self._pump])
-            self._pump = None
-        if self._watcher is not None:
-            with contextlib.suppress(Exception):
-                await self._watcher.stop()
-            self._watcher = None
-
-
 # ---------------------------------------------------------------------- writes
 
 
 async def put_json(kv: KeyValue, key: str, value: dict[str, Any]) -> int:
     try:
-        return int(await kv.put(key, json.dumps(value, separators=(",", ":")).encode()))
+        return int(await kv.put(key, compact(value)))
     except Exception as exc:
         raise StreamError(f"cannot write {key} in state bucket: {exc!r}") from exc
 
 
 async def put_with_ttl(bucket: Bucket, key: str, value: dict[str, Any], ttl: float) -> None:
     """A plain put that expires ``ttl`` seconds after it was written (a MaxAge marker)."""
-    js = bucket.kv._js
+    js = jetstream_of(bucket.kv)
     await js.publish(
-        f"$KV.{bucket.spec.bucket}.{key}",
-        json.dumps(value, separators=(",", ":")).encode(),
+        kv_subject(bucket.spec.bucket, key),
+        compact(value),
         stream=bucket.spec.stream,
         msg_ttl=ttl,
     )

@@ -20,7 +20,8 @@ from sidecar.board import Recent, fleet_object, read_recent, running, stream_obj
 from sidecar.bucketcheck import check_bucket
 from sidecar.config import Config
 from sidecar.state import View, state_spec
-from sidecar.stream import answering_domain, coverage, state_of, stream_spec
+from sidecar.stream import answering_domain, state_of, stream_spec
+from sidecar.streamfit import coverage
 
 READ_TIMEOUT = 10.0
 

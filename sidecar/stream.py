@@ -10,9 +10,8 @@ never lowered (lowering is ``lower_stream``, an explicit act of the CLI),
 window cannot pass the stream's ``max_age``, which is someone else's choice
 and stays as it is.
 
-``coverage`` says, per job, whether the stream as it really is holds that
-job's claims for as long as another claim of the same slot can come
-(``jitter + max_late``): the daemon claims a job only while it does.
+What the stream must be and whether it holds a job's claims (the pure
+rules: ``desired_update``, ``coverage``) are in sidecar/streamfit.py.
 """
 
 from __future__ import annotations
@@ -22,35 +21,30 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import Placement, StreamConfig, StreamInfo
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, NotFoundError
 
 from sidecar.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
+from sidecar.natspy import api_prefix, connection_of
+from sidecar.streamfit import desired_update
 from sidecar.values import format_duration
+from sidecar.wire import (
+    ERR_REPLICAS_NOT_SUPPORTED,
+    ERR_STREAM_NAME_IN_USE,
+    ERR_STREAM_NOT_FOUND,
+    ERR_SUBJECTS_OVERLAP,
+    TRANSIENT,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
 
     from nats.aio.client import Client as NATS
 
-    from sidecar.config import Config, JobConfig
+    from sidecar.config import Config
 
 log = logging.getLogger(__name__)
-
-ERR_STREAM_NOT_FOUND = 10059
-# Create: a stream of that name exists with another config (another instance
-# created it a moment ago).
-ERR_STREAM_NAME_IN_USE = 10058
-# Create or update: another stream already captures some of the subjects.
-ERR_SUBJECTS_OVERLAP = 10065
-# A standalone server refuses replicas > 1 with "replicas > 1 not supported in non-clustered mode".
-ERR_REPLICAS_NOT_SUPPORTED = 10074
-# Answers that mean "JetStream is not ready yet" (cluster electing, meta leader
-# unknown): worth retrying rather than failing.
-RETRYABLE = (NatsTimeoutError, NoRespondersError, NoStreamResponseError, ServiceUnavailableError)
 
 
 @dataclass(frozen=True)
@@ -172,48 +166,6 @@ def _translate(exc: Exception, action: str, spec: StreamSpec) -> StreamError:
     return StreamError(f"cannot {action} stream {spec.name}: {type(exc).__name__} {exc}")
 
 
-def _raised_history(current: int, wanted: int) -> int:
-    """The larger per-subject limit; <= 0 means unlimited, which nothing raises."""
-    if current <= 0:
-        return current
-    return max(current, wanted)
-
-
-def desired_update(current: StreamConfig, spec: StreamSpec) -> StreamConfig | None:
-    """The strengthened config for an existing stream, or None when it already fits.
-
-    Window, per-subject limit and replicas only go up; the window stops at the
-    stream's max_age (the server refuses more, err 10052).
-    """
-    subjects = list(current.subjects or [])
-    if spec.subject not in subjects:
-        subjects.append(spec.subject)
-    current_window = float(current.duplicate_window or 0)
-    window = max(current_window, spec.duplicate_window)
-    max_age = float(current.max_age or 0)
-    if max_age > 0:
-        window = max(current_window, min(window, max_age))
-    history = _raised_history(int(current.max_msgs_per_subject), spec.history_size)
-    replicas = int(current.num_replicas or 1)
-    if spec.replicas is not None:
-        replicas = max(replicas, spec.replicas)
-    same = (
-        subjects == list(current.subjects or [])
-        and abs(current_window - window) < 1e-9
-        and int(current.max_msgs_per_subject) == history
-        and replicas == int(current.num_replicas or 1)
-    )
-    if same:
-        return None
-    return replace(
-        current,
-        subjects=subjects,
-        duplicate_window=window,
-        max_msgs_per_subject=history,
-        num_replicas=replicas,
-    )
-
-
 async def ensure_stream(
     js: JetStreamContext,
     spec: StreamSpec,
@@ -222,7 +174,7 @@ async def ensure_stream(
     """Create the stream or strengthen an existing one; return its state.
 
     Raises StreamConflict when another stream captures our subjects,
-    StreamError for what else JetStream refuses, and lets RETRYABLE errors
+    StreamError for what else JetStream refuses, and lets TRANSIENT errors
     (JetStream not ready yet) through for the caller's backoff. Never recurses:
     a create that loses a race with another instance's create reads and
     updates once, and a second race is the caller's retry. `on_raise` is
@@ -238,7 +190,7 @@ async def ensure_stream(
             if created is not None:
                 return created
             continue  # created by another instance meanwhile: read it again
-        except RETRYABLE:
+        except TRANSIENT:
             raise
         except APIError as exc:
             raise _translate(exc, "read", spec) from exc
@@ -277,7 +229,7 @@ async def _strengthen(
             raise await _conflict(js, spec) from exc
         why = str(_translate(exc, "update", spec))
         raise StreamNotRaised(why, state_of(info)) from exc
-    except RETRYABLE as exc:
+    except TRANSIENT as exc:
         # The stream answered its info a moment ago: an update with no answer
         # is most often one this NATS user may not make (a denied request
         # gets none). The stream is judged as it is.
@@ -301,7 +253,7 @@ async def _create(js: JetStreamContext, spec: StreamSpec) -> StreamState | None:
     )
     try:
         created = state_of(await js.add_stream(config))
-    except RETRYABLE:
+    except TRANSIENT:
         raise
     except APIError as exc:
         if exc.err_code == ERR_STREAM_NAME_IN_USE:
@@ -330,20 +282,6 @@ async def create_if_missing(js: JetStreamContext, spec: StreamSpec) -> StreamSta
             if created is not None:
                 return created
     return await read_stream(js, spec)
-
-
-def raised_state(state: StreamState, current: StreamConfig, spec: StreamSpec) -> StreamState:
-    """The state `ensure_stream` would leave: for checks that must not change anything."""
-    update = desired_update(current, spec)
-    if update is None:
-        return state
-    return replace(
-        state,
-        subjects=tuple(update.subjects or ()),
-        duplicate_window=float(update.duplicate_window or 0),
-        history_size=int(update.max_msgs_per_subject),
-        replicas=int(update.num_replicas or 1),
-    )
 
 
 async def overlapping_streams(nc: NATS, api_prefix: str, subject: str) -> dict[str, list[str]]:
@@ -379,7 +317,7 @@ def conflict_error(spec: StreamSpec, others: dict[str, list[str]]) -> StreamConf
 
 async def _conflict(js: JetStreamContext, spec: StreamSpec) -> StreamConflict:
     try:
-        others = await overlapping_streams(js._nc, js._prefix, spec.subject)
+        others = await overlapping_streams(connection_of(js), api_prefix(js), spec.subject)
     except Exception as exc:  # the names are a courtesy; the error stands without them
         log.debug("listing the overlapping streams failed: %r", exc)
         others = {}
@@ -398,82 +336,10 @@ async def read_stream(js: JetStreamContext, spec: StreamSpec) -> StreamState:
     """The stream's settings and state; StreamNotFound when it does not exist."""
     try:
         return state_of(await js.stream_info(spec.name))
-    except RETRYABLE:
+    except TRANSIENT:
         raise
     except APIError as exc:
         raise _translate(exc, "read", spec) from exc
-
-
-# ---------------------------------------------------------------------- coverage
-
-
-def covers(state: StreamState, spec: StreamSpec, job: JobConfig) -> str | None:
-    """Why the stream as it is cannot hold `job`'s claims; None when it can.
-
-    A claim must be remembered for as long as another claim of its slot can
-    come, ``jitter + max_late`` after the slot: the duplicate window must be
-    longer than that, and the per-subject limit must keep every claim made in
-    that time (JetStream rebuilds its duplicate memory after a restart only
-    from stored messages). The stream must also capture our subjects.
-    """
-    if spec.subject not in state.subjects:
-        return f"stream {state.name} does not capture {spec.subject}"
-    need = job.jitter + job.max_late
-    if state.duplicate_window <= need:
-        cap = (
-            f"; its max_age ({format_duration(state.max_age)}) keeps it there"
-            if state.max_age and state.max_age <= need
-            else ""
-        )
-        return (
-            f"stream {state.name}'s duplicate window ({format_duration(state.duplicate_window)}) "
-            f"is not longer than jitter + max_late ({format_duration(need)}){cap}"
-        )
-    if state.history_size > 0:
-        need_ms = round(need * 1000)
-        floor = job.schedule.interval_floor_ms()
-        if state.history_size * floor <= need_ms:
-            interval = job.schedule.min_interval_ms()
-            if state.history_size * interval <= need_ms:
-                return (
-                    f"stream {state.name}'s history size ({state.history_size} per subject) "
-                    f"does not keep the claims of jitter + max_late ({format_duration(need)}) "
-                    f"at one slot every {format_duration(interval / 1000)}"
-                )
-    return None
-
-
-def placement_problem(state: StreamState, spec: StreamSpec) -> str | None:
-    """How the stream's placement differs from ``nats.placement``; None when it fits.
-
-    The sidecar never moves an existing stream (a move copies all its data):
-    it reports the difference, and an operator moves it (``nats stream edit``).
-    """
-    if not spec.placement_cluster and not spec.placement_tags:
-        return None
-    have = state.placement or {}
-    problems = []
-    if spec.placement_cluster and spec.placement_cluster not in (
-        have.get("cluster"),
-        state.cluster,
-    ):
-        problems.append(
-            f"cluster {state.cluster or have.get('cluster') or '?'} "
-            f"(nats.placement.cluster: {spec.placement_cluster})"
-        )
-    missing = [t for t in spec.placement_tags if t not in (have.get("tags") or [])]
-    if missing:
-        problems.append(f"placement tags {have.get('tags') or []} lack {missing}")
-    if not problems:
-        return None
-    return f"stream {state.name} is placed in " + "; ".join(problems)
-
-
-def coverage(
-    state: StreamState, spec: StreamSpec, jobs: Iterable[JobConfig]
-) -> dict[str, str | None]:
-    """``covers`` for each job, by name."""
-    return {job.name: covers(state, spec, job) for job in jobs}
 
 
 # ---------------------------------------------------------------------- lowering
@@ -504,7 +370,7 @@ async def plan_lowering(js: JetStreamContext, spec: StreamSpec) -> Lowering:
     """What `lower_stream` would do: reads only."""
     try:
         info = await js.stream_info(spec.name, subjects_filter=">")
-    except RETRYABLE:
+    except TRANSIENT:
         raise
     except APIError as exc:
         raise _translate(exc, "read", spec) from exc
@@ -527,7 +393,7 @@ async def lower_stream(js: JetStreamContext, spec: StreamSpec) -> StreamState:
             max_msgs_per_subject=spec.history_size,
         )
         return state_of(await js.update_stream(update))
-    except RETRYABLE:
+    except TRANSIENT:
         raise
     except APIError as exc:
         raise _translate(exc, "update", spec) from exc

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 import h11
 
 from sidecar import __version__, failpoints
+from sidecar.backoff import Backoff
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import JobConfig, RequestConfig, base_url_of, unix_socket_of
 from sidecar.errors import (
@@ -42,6 +43,26 @@ from sidecar.errors import (
 )
 from sidecar.signing import SIGNATURE_HEADER, SignedFields, Signer, signature
 from sidecar.tracing import TRACEPARENT, traceparent
+from sidecar.wire import (
+    ATTEMPT_HEADER,
+    FENCE_HEADER,
+    INSTANCE_HEADER,
+    JOB_HEADER,
+    PREVIOUS_HEADER,
+    RUN_ID_HEADER,
+    SCHEDULED_AT_HEADER,
+    SLOT_HEADER,
+    TRIGGER_HEADER,
+)
+
+# Why a request is sent (X-Anarchon-Trigger): the wire's values, named here too.
+from sidecar.wire import BACKFILL as BACKFILL
+from sidecar.wire import CATCHUP as CATCHUP
+from sidecar.wire import MANUAL as MANUAL
+from sidecar.wire import RERUN as RERUN
+from sidecar.wire import RETRY as RETRY
+from sidecar.wire import SCHEDULED as SCHEDULED
+from sidecar.wire import TRIGGERS as TRIGGERS
 
 __all__ = ["Trigger", "TriggerResult", "signature"]
 
@@ -53,23 +74,12 @@ MAX_ERROR_BODY = 200
 MAX_ANSWER_KEPT = 10 * 1024
 # The answer is read in chunks of at most this many bytes.
 READ_CHUNK = 64 * 1024
+# Between two tries of a request the app did not receive (refused, no socket).
+UNDELIVERED_RETRY_START = 0.1
+UNDELIVERED_RETRY_CAP = 5.0
 USER_AGENT = f"anarchon-sidecar/{__version__}"
 # Framing headers are the sidecar's own; a configured one is dropped.
 FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
-
-
-TRIGGER_HEADER = "X-Anarchon-Trigger"
-PREVIOUS_HEADER = "X-Anarchon-Previous-Scheduled-At"
-# X-Anarchon-Trigger: why this request was sent.
-SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL = (
-    "scheduled",
-    "catchup",
-    "manual",
-    "retry",
-    "rerun",
-    "backfill",
-)
-TRIGGERS = (SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL)
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,7 @@ def why_of(job: JobConfig, slot: int, trigger: str) -> Why:
     return Why(trigger, rfc3339(previous / 1000) if previous is not None else None)
 
 
-#: ``on_retry(attempts so far, why, seconds left before giving up)``
+#: ``on_retry(delivery tries so far, why, seconds left before giving up)``
 RetryReport = Callable[[int, TriggerUndelivered, float], None]
 
 
@@ -101,7 +111,7 @@ class TriggerResult:
     duration: float
     http_status: int | None
     error: str | None
-    attempts: int
+    delivery_tries: int  # requests sent to deliver this run (1: delivered at the first)
     late: bool = False  # nothing was sent: the last instant it could go out had passed
     answer: bytes = b""  # at most MAX_ANSWER_KEPT bytes of the app's answer
 
@@ -210,21 +220,21 @@ class Trigger:
         headers = dict(job.request.headers)
         headers.update(
             {
-                "X-Anarchon-Job": job.name,
-                "X-Anarchon-Slot": str(slot),
-                "X-Anarchon-Run-Id": token,
-                "X-Anarchon-Scheduled-At": rfc3339(slot / 1000),
+                JOB_HEADER: job.name,
+                SLOT_HEADER: str(slot),
+                RUN_ID_HEADER: token,
+                SCHEDULED_AT_HEADER: rfc3339(slot / 1000),
             }
         )
         if self.instance:
-            headers["X-Anarchon-Instance"] = self.instance
-        headers["X-Anarchon-Attempt"] = str(attempt)
+            headers[INSTANCE_HEADER] = self.instance
+        headers[ATTEMPT_HEADER] = str(attempt)
         # A trace per run (sidecar/tracing.py); a configured tracestate passes as is.
         headers[TRACEPARENT] = traceparent(token)
         if fence is not None:
             # The won claim's stream sequence: it grows with every claim on
             # the stream, so an app can refuse a request older than one it ran.
-            headers["X-Anarchon-Fence"] = str(fence)
+            headers[FENCE_HEADER] = str(fence)
         if why is not None:
             headers[TRIGGER_HEADER] = why.trigger
             if why.previous is not None:
@@ -271,36 +281,35 @@ class Trigger:
         """
         started_at = self.clock.wall()
         t0 = time.perf_counter()
-        attempts = 0
-        backoff = 0.1
+        delivery_tries = 0
+        backoff = Backoff(UNDELIVERED_RETRY_START, UNDELIVERED_RETRY_CAP)
         while True:
-            attempts += 1
+            delivery_tries += 1
             try:
                 status, answer = await self._send(job, slot, token, attempt, fence, send_by, why)
             except TriggerLate as exc:
-                return self._result(started_at, t0, None, str(exc), attempts, late=True)
+                return self._result(started_at, t0, None, str(exc), delivery_tries, late=True)
             except TriggerUndelivered as exc:
                 remaining = deadline - self.clock.monotonic()
-                if remaining <= backoff:
-                    return self._result(started_at, t0, None, f"{exc} (gave up)", attempts)
+                if remaining <= backoff.current:
+                    return self._result(started_at, t0, None, f"{exc} (gave up)", delivery_tries)
                 if on_retry is not None:
-                    on_retry(attempts, exc, remaining)
+                    on_retry(delivery_tries, exc, remaining)
                 else:
-                    (log.warning if attempts == 1 else log.debug)(
+                    (log.warning if delivery_tries == 1 else log.debug)(
                         "job %s slot %s: app not reachable (%s); retrying in %.1fs",
                         job.name,
                         slot,
                         exc,
-                        backoff,
+                        backoff.current,
                     )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await backoff.sleep()
                 continue
             except TriggerError as exc:
                 return self._result(
-                    started_at, t0, exc.http_status, str(exc), attempts, answer=exc.answer
+                    started_at, t0, exc.http_status, str(exc), delivery_tries, answer=exc.answer
                 )
-            return self._result(started_at, t0, status, None, attempts, answer=answer)
+            return self._result(started_at, t0, status, None, delivery_tries, answer=answer)
 
     def _result(
         self,
@@ -308,7 +317,7 @@ class Trigger:
         t0: float,
         status: int | None,
         error: str | None,
-        attempts: int,
+        delivery_tries: int,
         late: bool = False,
         answer: bytes = b"",
     ) -> TriggerResult:
@@ -320,7 +329,7 @@ class Trigger:
             duration=duration,
             http_status=status,
             error=error,
-            attempts=attempts,
+            delivery_tries=delivery_tries,
             late=late,
             answer=answer,
         )

@@ -1,4 +1,4 @@
-"""What the command line shows: tables, JSON, messages and log lines.
+"""What the command line shows: tables, JSON and messages.
 
 Pure functions of what a command found, returning text; `sidecar/cli.py`
 prints it. Anything read from the stream or the state bucket is hostile
@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
-import logging
 import re
-import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -21,7 +19,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from sidecar.alerting_config import describe_job, describe_notify
-from sidecar.clock import parse_rfc3339, rfc3339
+from sidecar.clock import parse_rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.describe import schedule_lines
 from sidecar.oneshot import ManualRun
@@ -33,37 +31,6 @@ from sidecar.values import format_duration, redact_url
 MAX_LISTED = 20
 # Subjects listed in full by `stream --lower`; more are counted.
 MAX_SUBJECTS = 20
-
-# ---------------------------------------------------------------------- logging
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object a line: ts, level, logger, msg (and exc)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-def setup_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    # nats-py logs every reconnect attempt at error level; our own lines say it once.
-    logging.getLogger("nats").setLevel(logging.CRITICAL)
-
 
 # ---------------------------------------------------------------------- text helpers
 
@@ -374,108 +341,6 @@ def resumed(job: str, was: dict[str, Any]) -> str:
     )
 
 
-# ---------------------------------------------------------------------- status
-
-
-def status_lines(view: dict[str, Any]) -> list[str]:
-    lines: list[str] = []
-    stream = view.get("stream")
-    if stream:
-        lines.append(
-            f"stream {stream['name']}: JetStream domain {stream['domain'] or '(none)'}, "
-            f"cluster {stream['cluster'] or '(none)'}, leader {stream['leader'] or '-'}, "
-            f"replicas {stream['replicas']}"
-        )
-    instances = view["instances"]
-    lines.append(f"instances: {len(instances)} live")
-    odd = "<< other job settings" if len({i["config_hash"] for i in instances}) > 1 else ""
-    rows: list[tuple[str, ...]] = [
-        (
-            str(i["id"]),
-            f"v{i['version']}",
-            f"since {i['started_at']}",
-            f"config {i['config_hash']}",
-            odd,
-        )
-        for i in instances
-    ]
-    if rows:
-        lines += ["  " + line for line in table(("",) * 5, rows)[1:]]
-    if view["config_mismatch"]:
-        lines.append(
-            "WARNING: live instances run these jobs with different settings: "
-            + ", ".join(view["mismatched_jobs"])
-        )
-    lines.append("")
-    rows = []
-    for job in view["jobs"]:
-        last = job["last_run"] or {}
-        state = "PAUSED" if job["paused"] else "active"
-        if job.get("stream_problem"):
-            state = "NOT HELD" if not job["paused"] else "PAUSED, NOT HELD"
-        if job["settings_differ"]:
-            state += " (settings differ)"
-        rows.append(
-            tuple(
-                str(cell)
-                for cell in (
-                    job["name"],
-                    state,
-                    last.get("scheduled_at") or "-",
-                    last.get("status") or "-",
-                    last.get("instance") or "-",
-                    job["next_slot"],
-                )
-            )
-        )
-    lines += table(("JOB", "STATE", "LAST RUN", "STATUS", "INSTANCE", "NEXT"), rows)
-    if problem := (view.get("state_bucket") or {}).get("problem"):
-        lines.append(printable(f"WARNING: {problem}"))
-    for job in view["jobs"]:
-        if job.get("stream_problem"):
-            lines.append(printable(f"{job['name']} not claimed: {job['stream_problem']}"))
-        for run in job.get("running") or []:
-            attempt = f" attempt {run['attempt']}" if run.get("attempt", 1) != 1 else ""
-            lines.append(
-                printable(
-                    f"{job['name']} running: slot {run['slot']}{attempt} on {run['instance']} "
-                    f"since {run['since']}"
-                )
-            )
-        if job["paused"]:
-            why = f": {job['paused_reason']}" if job["paused_reason"] else ""
-            until = f" until {job['paused_until']}" if job.get("paused_until") else ""
-            lines.append(
-                printable(
-                    f"{job['name']} paused by {job['paused_by']} at {job['paused_at']}{until}{why}"
-                )
-            )
-        lines += schedule_status_lines(job)
-    return lines + drift_lines(view)
-
-
-def schedule_status_lines(job: dict[str, Any]) -> list[str]:
-    """A job's schedules in words, next run in its timezone, skips and backfill (status)."""
-    name = job["name"]
-    lines = [printable(f"{name}: {line}") for line in job.get("schedule_lines") or []]
-    if job.get("next_run_local"):
-        lines.append(printable(f"{name}: next run {job['next_run_local']}"))
-    if job.get("skip_pending"):
-        lines.append(f"{name}: next {job['skip_pending']} slot(s) skipped (skip)")
-    run = job.get("backfill_running") or {}
-    if job.get("backfill_pending") or run:
-        now = (
-            f", slot {rfc3339(run['slot'] / 1000)} running on {run.get('instance')}" if run else ""
-        )
-        lines.append(
-            printable(
-                f"{name}: backfill {job.get('backfill_done', 0)} done, "
-                f"{job.get('backfill_pending', 0)} pending{now}"
-            )
-        )
-    return lines
-
-
 def skipping(job: JobConfig, added: list[int], now_pending: int) -> list[str]:
     return [f"{job.name}: skipping {when(slot, job.timezone)}" for slot in added] + [
         f"{job.name}: {now_pending} slot(s) to skip in all; `anarchon-sidecar unskip "
@@ -499,18 +364,4 @@ def backfill_lines(job: JobConfig, plan: Any, trigger: str, dry_run: bool) -> li
         f"{job.name}: {verb} {len(plan.slots)} slot(s) (trigger {trigger}); the fleet runs "
         "them one at a time: see `status` and `history`"
     )
-    return lines
-
-
-def drift_lines(view: dict[str, Any]) -> list[str]:
-    """Jobs run by only part of the fleet, or only by instances with another config."""
-    live = {str(i["id"]) for i in view["instances"]}
-    lines = []
-    for job in view["jobs"]:
-        missing = sorted(live - {str(i) for i in job.get("run_by", live)})
-        if live and missing:
-            lines.append(printable(f"DRIFT: {job['name']} is not run by {', '.join(missing)}"))
-    for job in view.get("other_jobs") or []:
-        run_by = ", ".join(str(i) for i in job["run_by"])
-        lines.append(printable(f"DRIFT: {job['name']} is not in this config; run by {run_by}"))
     return lines

@@ -145,7 +145,7 @@ def deadline_in(seconds: float) -> float:
 async def test_first_claim_wins_and_stores_the_wire_format(nc: NATS) -> None:
     before = time.time()
     won = await claimer_for(nc, "web-1").claim("sync", SLOT, deadline_in(5))
-    assert won.won and won.duplicate_acks == 0 and won.attempts == 1
+    assert won.won and won.duplicate_acks == 0 and won.publish_tries == 1
     assert (won.job, won.slot, won.manual) == ("sync", SLOT, False)
     assert won.ack_seconds >= 0
     msg = await nc.jetstream().get_msg(SPEC.name, won.seq)
@@ -206,7 +206,7 @@ async def test_own_retry_is_recognised_by_token(nc: NATS) -> None:
     lost = lose_first_ack(claimer)
     retried = await claimer.claim("sync", SLOT, deadline_in(5))
     assert retried.won and [retried.seq] == lost
-    assert retried.attempts == 2 and retried.duplicate_acks == 1
+    assert retried.publish_tries == 2 and retried.duplicate_acks == 1
 
 
 async def test_first_duplicate_is_lost_even_with_our_token_stored(
@@ -224,7 +224,7 @@ async def test_first_duplicate_is_lost_even_with_our_token_stored(
     monkeypatch.setattr(claim_module, "new_token", lambda: OURS)
     claimed = await claimer_for(nc, "web-1").claim("sync", SLOT, deadline_in(5))
     assert not claimed.won and claimed.seq == first.seq
-    assert claimed.attempts == 1 and claimed.duplicate_acks == 1
+    assert claimed.publish_tries == 1 and claimed.duplicate_acks == 1
 
 
 async def test_duplicate_of_a_foreign_message_is_lost(nc: NATS) -> None:
@@ -371,9 +371,9 @@ async def test_jetstream_requests_per_slot(nats_server: NatsServer) -> None:
             await c.close()
         await watcher.close()
     assert sum(c.won for c in claims) == slots
-    assert all(c.attempts == 1 for c in claims)
+    assert all(c.publish_tries == 1 for c in claims)
     assert plain == {"claim": instances * slots}  # N requests per slot, no reads
-    assert retried.won and retried.attempts == 2 and not any(o.won for o in others)
+    assert retried.won and retried.publish_tries == 2 and not any(o.won for o in others)
     assert seen == {"claim": instances * (slots + 1) + 1, "read": 1}
 
 
@@ -401,7 +401,7 @@ async def test_claim_while_disconnected(nats_server: NatsServer) -> None:
         pending = asyncio.create_task(claimer.claim("sync", SLOT, deadline_in(20)))
         await asyncio.to_thread(nats_server.start)
         claimed = await pending
-        assert claimed.won and claimed.attempts >= 1
+        assert claimed.won and claimed.publish_tries >= 1
     finally:
         await conn.close(drain=False)
 
@@ -433,7 +433,7 @@ async def test_timed_out_ack_of_a_stored_claim_is_decided_by_token(
         await until(
             lambda: (
                 pending.done()
-                or any("attempt 1: TimeoutError" in r.getMessage() for r in caplog.records)
+                or any("publish 1: TimeoutError" in r.getMessage() for r in caplog.records)
             ),
             what="the first attempt to time out",
         )
@@ -442,7 +442,7 @@ async def test_timed_out_ack_of_a_stored_claim_is_decided_by_token(
         os.kill(pid, signal.SIGCONT)
     claimed = await pending
     assert claimed.won
-    assert claimed.attempts >= 2 and claimed.duplicate_acks >= 1
+    assert claimed.publish_tries >= 2 and claimed.duplicate_acks >= 1
     info = await nc.jetstream().stream_info(SPEC.name)
     assert info.state.messages == 1
     stored = await nc.jetstream().get_msg(SPEC.name, claimed.seq)

@@ -166,7 +166,7 @@ async def test_the_last_look_is_after_connecting(
         sent = await trigger.fire(
             job, SLOT, TOKEN, clock.monotonic() + 10, send_by=clock.monotonic() + 5
         )
-    assert late.late and late.attempts == 1
+    assert late.late and late.delivery_tries == 1
     assert sent.ok and not sent.late
     assert len(http_app.requests) == 1
 

@@ -18,6 +18,7 @@ from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
 
 from sidecar import state
+from sidecar import watch as watching
 from sidecar.clock import Clock
 from sidecar.config import Config, parse_config
 from sidecar.due import (
@@ -35,8 +36,9 @@ from sidecar.due import (
 from sidecar.lease import CasConflict, KeyHeld, Keys, Lease, LostRuns, parse_due
 from sidecar.metrics import Metrics
 from sidecar.runs import ResultRecord, join_runs, publish_result
-from sidecar.state import DELETED, EXPIRED, Removal, StateSpec, View, Watch, ensure_bucket
+from sidecar.state import DELETED, EXPIRED, Removal, StateSpec, View, ensure_bucket
 from sidecar.stream import StreamSpec, ensure_stream, stream_spec
+from sidecar.watch import Watch
 from tests.support import until
 
 # Markers live 1 s here, so that delete markers can be seen to go away.
@@ -149,7 +151,7 @@ async def test_a_lease_taken_over_is_lost_counted_and_not_deleted(nc: NATS) -> N
 async def test_an_expiry_missed_by_a_silent_watch_is_reported_after_the_resync(
     nc: NATS, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(state, "WATCHDOG_EVERY", 0.3)
+    monkeypatch.setattr(watching, "WATCHDOG_EVERY", 0.3)
     bucket = await ensure_bucket(nc.jetstream(), SPEC)
     keys = Keys(bucket)
     removed: list[Removal] = []

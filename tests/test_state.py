@@ -10,16 +10,16 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
 
-from sidecar import state
+from sidecar import watch as watching
 from sidecar.state import (
     StateSpec,
     View,
-    Watch,
     ensure_bucket,
     mismatched_jobs,
     put_json,
     put_with_ttl,
 )
+from sidecar.watch import Watch
 from tests.support import until
 
 SPEC = StateSpec("CRON_STATE", 1, 60.0)
@@ -67,7 +67,7 @@ async def test_a_key_written_with_a_ttl_expires_and_the_view_drops_it(nc: NATS) 
 async def test_a_watch_that_misses_updates_is_caught_by_the_watchdog(
     nc: NATS, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(state, "WATCHDOG_EVERY", 0.3)
+    monkeypatch.setattr(watching, "WATCHDOG_EVERY", 0.3)
     bucket = await ensure_bucket(nc.jetstream(), SPEC)
     view = View()
     watch = Watch(bucket, view)

@@ -35,12 +35,11 @@ from sidecar.metrics import Metrics
 from sidecar.stream import (
     StreamSpec,
     StreamState,
-    coverage,
-    desired_update,
     ensure_stream,
     read_stream,
     stream_spec,
 )
+from sidecar.streamfit import coverage, desired_update
 from tests.support import (
     NatsServer,
     RecordingApp,

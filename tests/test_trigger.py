@@ -71,7 +71,8 @@ async def test_request_carries_the_job(app: RecordingApp) -> None:
     )
     before = time.time()
     result = await fire(job)
-    assert (result.ok, result.http_status, result.error, result.attempts) == (True, 200, None, 1)
+    assert (result.ok, result.http_status, result.error) == (True, 200, None)
+    assert result.delivery_tries == 1
     assert before <= result.started_at <= result.finished_at <= time.time()
     assert result.duration >= 0
     (req,) = app.requests
@@ -127,7 +128,7 @@ async def test_2xx_is_success_and_nothing_else(
 ) -> None:
     http_app.status["/jobs/sync"] = status
     result = await fire(job_for(http_app.url))
-    assert (result.ok, result.http_status, result.attempts) == (ok, status, 1)
+    assert (result.ok, result.http_status, result.delivery_tries) == (ok, status, 1)
     assert (result.error is None) is ok
     assert len(http_app.requests) == 1
 
@@ -138,7 +139,7 @@ async def test_500_is_a_failure_with_status_and_text(app: RecordingApp) -> None:
     assert not result.ok
     assert result.http_status == 500
     assert result.error == "HTTP 500: ok"  # the app's answer text
-    assert result.attempts == 1 and len(app.requests) == 1
+    assert result.delivery_tries == 1 and len(app.requests) == 1
 
 
 @pytest.fixture
@@ -175,7 +176,7 @@ async def test_timeout_fails_without_resending(app: RecordingApp) -> None:
     result = await fire(job_for(app.url, {"timeout": "200ms"}), within=30)
     took = time.monotonic() - started
     assert not result.ok
-    assert (result.http_status, result.attempts) == (None, 1)
+    assert (result.http_status, result.delivery_tries) == (None, 1)
     assert result.error == "no answer within 0.2s"
     assert 0.15 <= took < 0.9, took
     assert len(app.requests) == 1
@@ -216,7 +217,7 @@ async def test_undelivered_is_retried_until_the_app_listens(
     finally:
         app.stop()
     assert result.ok and result.http_status == 200
-    assert result.attempts >= 2
+    assert result.delivery_tries >= 2
     assert len(app.requests) == 1
 
 
@@ -231,7 +232,7 @@ async def test_undelivered_gives_up_at_the_deadline(kind: str, tmp_path: Path) -
     assert result.error.startswith("cannot connect to ")
     assert result.error.endswith("(gave up)")
     assert (app.socket_path or "127.0.0.1") in result.error
-    assert result.attempts >= 3
+    assert result.delivery_tries >= 3
     assert 0.25 <= took < 0.8 + 0.2, took  # retried for a while, never past the deadline
 
 
@@ -281,7 +282,7 @@ async def test_app_hanging_up_is_a_failure_never_resent(
     assert not result.ok and result.http_status is None
     assert result.error is not None
     assert result.error.startswith("request failed after connecting"), result.error
-    assert result.attempts == 1
+    assert result.delivery_tries == 1
     assert hang.connections == 1
     assert hang.requests == (0 if how == "accept" else 1)
 
@@ -328,7 +329,7 @@ async def test_endless_2xx_body_is_discarded_until_the_timeout() -> None:
         took = time.monotonic() - started
     assert not result.ok and result.http_status is None
     assert result.error == "no answer within 0.5s"
-    assert (result.attempts, app.requests) == (1, 1)
+    assert (result.delivery_tries, app.requests) == (1, 1)
     assert 0.4 <= took < 1.5, took
     assert app.sent > 1_000_000  # it did stream, and the sidecar kept reading
 
@@ -338,7 +339,8 @@ async def test_2xx_body_is_read_to_its_end() -> None:
     app = RawApp(b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     async with raw_app(app) as url:
         result = await fire(job_for(url))
-    assert (result.ok, result.http_status, result.error, result.attempts) == (True, 201, None, 1)
+    assert (result.ok, result.http_status, result.error) == (True, 201, None)
+    assert result.delivery_tries == 1
 
 
 async def test_endless_error_body_is_cut_after_what_is_kept() -> None:
@@ -368,7 +370,7 @@ async def test_malformed_or_cut_answer_is_a_failure_never_resent(answer: bytes) 
     assert not result.ok and result.http_status is None
     assert result.error is not None
     assert result.error.startswith("request failed after connecting"), result.error
-    assert (result.attempts, app.requests) == (1, 1)
+    assert (result.delivery_tries, app.requests) == (1, 1)
 
 
 async def test_request_on_the_wire(tmp_path: Path) -> None:
@@ -429,5 +431,5 @@ async def test_no_connection_within_the_timeout_is_undelivered() -> None:
     assert result.error == (
         f"cannot connect to http://127.0.0.1:{port}: no connection within 0.2s (gave up)"
     )
-    assert result.attempts >= 2
+    assert result.delivery_tries >= 2
     assert took < 1.5, took

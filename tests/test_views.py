@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar import views
+from sidecar import status_text, views
 
 
 def instance(id_: str, version: str = "0.1.0") -> dict[str, Any]:
@@ -33,7 +33,7 @@ def fleet(*ids: str) -> dict[str, Any]:
 
 
 def test_status_starts_with_the_stream_and_lines_up_instances_of_any_id_length() -> None:
-    lines = views.status_lines(fleet("web-1", "worker-eu-west-17", "a"))
+    lines = status_text.status_lines(fleet("web-1", "worker-eu-west-17", "a"))
     assert lines[0] == ("stream CRON: JetStream domain (none), cluster C1, leader n1, replicas 3")
     assert lines[1] == "instances: 3 live"
     rows = lines[2:5]
@@ -44,7 +44,7 @@ def test_status_starts_with_the_stream_and_lines_up_instances_of_any_id_length()
 
 
 def test_control_characters_from_the_stream_are_shown_escaped() -> None:
-    lines = views.status_lines(fleet("evil\x1b[2J"))
+    lines = status_text.status_lines(fleet("evil\x1b[2J"))
     assert "\x1b" not in "\n".join(lines)
     assert any("evil\\x1b[2J" in line for line in lines)
 
