@@ -748,3 +748,46 @@ def test_pings_notifications_and_tracing_are_rendered_and_their_urls_never_shown
     assert key not in play.output
     assert os.stat(site.config).st_mode & 0o777 == 0o640
     site.converge_base()
+
+
+# --------------------------------------------------- the NATS user the examples use
+
+
+def _role_vars(node: Any) -> dict[str, Any]:
+    """Every anarchon_sidecar_* variable set anywhere in a YAML document."""
+    found: dict[str, Any] = {}
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if str(key).startswith("anarchon_sidecar_"):
+                found[str(key)] = value
+            found.update(_role_vars(value))
+    elif isinstance(node, list):
+        for item in node:
+            found.update(_role_vars(item))
+    return found
+
+
+def test_examples_connect_as_a_user_restricted_by_permissions_conf() -> None:
+    """The inventory's group_vars and the README's playbook use a NATS user (a token
+    carries no permissions on the server), and the README says to restrict it with
+    deploy/nats/permissions.conf, which exists where it points."""
+    readme = (ROLE_DIR / "README.md").read_text()
+    examples = [
+        yaml.safe_load(
+            (ANSIBLE_DIR / "inventory" / "group_vars" / "anarchon_sidecar.yml").read_text()
+        )
+    ] + [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", readme, re.DOTALL)]
+    with_nats = [v for v in map(_role_vars, examples) if "anarchon_sidecar_nats_servers" in v]
+    assert len(with_nats) >= 2, "the inventory and the README's playbook set NATS servers"
+    for variables in with_nats:
+        assert variables.get("anarchon_sidecar_nats_user") == "anarchon", variables
+        assert variables.get("anarchon_sidecar_nats_password"), variables
+        for unrestricted in ("token", "nkey_seed", "creds"):
+            assert not variables.get(f"anarchon_sidecar_nats_{unrestricted}"), variables
+    links = re.findall(r"\]\(([^)]*permissions\.conf)\)", readme)
+    assert links, "the README points at deploy/nats/permissions.conf"
+    for link in links:
+        assert (ROLE_DIR / link).resolve().is_file(), link
+    assert (ROLE_DIR / links[0]).resolve() == ROOT / "deploy" / "nats" / "permissions.conf"
+    assert "permissions: $ANARCHON_SIDECAR_PERMISSIONS" in readme
+    assert "restrict" in readme.lower()

@@ -15,10 +15,12 @@ checked for completeness instead.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -32,6 +34,7 @@ import yaml
 
 import sidecar
 from sidecar.config import Config, load_config
+from tests.support import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -434,15 +437,21 @@ def test_compose_prometheus_config_loads_the_shipped_rules(
 # ------------------------------------------------------------------ NATS
 
 
-# deploy/nats/permissions.conf is a fragment to include, not a server config: it is
-# loaded by the servers of tests/test_permissions.py and tests/test_security.py.
-NATS_CONFS = sorted(p for p in DEPLOY.rglob("*.conf") if p.name != "permissions.conf")
+# deploy/nats/permissions.conf and app-permissions.conf (and the Kubernetes overlays'
+# copies) are fragments to include, not server configs: they are loaded by the
+# servers of tests/test_permissions.py and tests/test_security.py, and below.
+PERMISSIONS = DEPLOY / "nats" / "permissions.conf"
+FRAGMENTS = ("permissions.conf", "app-permissions.conf")
+NATS_CONFS = sorted(p for p in DEPLOY.rglob("*.conf") if p.name not in FRAGMENTS)
 
 
 @pytest.mark.parametrize("conf", NATS_CONFS, ids=lambda p: str(p.relative_to(DEPLOY)))
-def test_nats_config_is_valid_and_durable(conf: Path) -> None:
+def test_nats_config_is_valid_and_durable(conf: Path, tmp_path: Path) -> None:
     env = {**os.environ, "POD_NAME": "nats-0", "NATS_PASSWORD": "test-password"}
-    proc = run([tool("nats-server"), "-c", str(conf), "-t"], env=env)
+    # Laid out as the server sees it: with the files it includes beside it.
+    for name, source in included_beside(conf).items():
+        shutil.copy(source, tmp_path / name)
+    proc = run([tool("nats-server"), "-c", str(tmp_path / conf.name), "-t"], env=env)
     assert proc.returncode == 0, output(proc)
     assert re.search(r"^\s*sync_interval:\s*always\s*$", conf.read_text(), re.M)
 
@@ -452,6 +461,212 @@ def test_nats_config_check_rejects_a_bad_value(tmp_path: Path) -> None:
     bad.write_text("jetstream {\n  store_dir: /data\n  sync_interval: sometimes\n}\n")
     proc = run([tool("nats-server"), "-c", str(bad), "-t"])
     assert proc.returncode != 0, output(proc)
+
+
+# -------------------------------------------- the sidecars' restricted NATS user
+
+SIDECAR_PERMISSIONS = "$ANARCHON_SIDECAR_PERMISSIONS"
+# Ways to reach NATS that carry no permissions of their own.
+UNRESTRICTED = re.compile(r"^\s*(token|no_auth_user|user|password)\s*[:=]", re.MULTILINE)
+
+
+def without_comments(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def nats_users(conf: Path) -> dict[str, dict[str, str]]:
+    """The users of a NATS config's `authorization` block: name -> its keys and values."""
+    text = without_comments(conf.read_text())
+    block = re.search(r"^authorization\s*\{(.*?)^\}", text, re.MULTILINE | re.DOTALL)
+    assert block, f"{conf}: no authorization block (anyone may connect, with every right)"
+    users = {}
+    for entry in re.findall(r"\{([^{}]*)\}", block.group(1)):
+        fields = dict(re.findall(r"(\w+)\s*:\s*(\"[^\"]*\"|[^,\s]+)", entry))
+        users[fields["user"]] = fields
+    # Outside the list: no token, no shared user, no anonymous user.
+    assert not UNRESTRICTED.search(re.sub(r"\{[^{}]*\}", "", block.group(1))), conf
+    return users
+
+
+def sidecar_configs_beside(conf: Path) -> list[Path]:
+    """The sidecar configs whose sidecars connect to the NATS of `conf`."""
+    if conf.is_relative_to(COMPOSE_DIR):
+        return [p for p in sidecar_configs() if p.is_relative_to(COMPOSE_DIR)]
+    overlay = conf.parent
+    return generator_files(overlay, SIDECAR_CONFIGMAP) or generator_files(
+        K8S / "base", SIDECAR_CONFIGMAP
+    )
+
+
+def included_beside(conf: Path) -> dict[str, Path]:
+    """The files a NATS config's server finds next to it: name in the server -> source."""
+    if conf.is_relative_to(COMPOSE_DIR):
+        (nats,) = [s for s in load_yaml(COMPOSE)["services"].values() if "nats.conf" in str(s)]
+        mounts = {target: COMPOSE_DIR / source for source, target in bind_mounts(nats)}
+        (config_dir,) = {Path(t).parent for t, s in mounts.items() if s.name == conf.name}
+        return {Path(t).name: s for t, s in mounts.items() if Path(t).parent == config_dir}
+    # A Kubernetes overlay: the ConfigMap nats-config, mounted as one directory.
+    return {f.name: f for f in generator_files(conf.parent, "nats-config")}
+
+
+def test_every_shipped_nats_config_found() -> None:
+    names = {str(p.relative_to(DEPLOY)) for p in NATS_CONFS}
+    assert names == {
+        "compose/nats.conf",
+        "k8s/overlays/nats-cluster/nats.conf",
+        "k8s/overlays/nats-single/nats.conf",
+    }, names
+
+
+@pytest.mark.parametrize("conf", NATS_CONFS, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_user_is_restricted_and_the_sidecars_by_permissions_conf(conf: Path) -> None:
+    text = without_comments(conf.read_text())
+    users = nats_users(conf)
+    assert users, f"{conf}: no user"
+    for name, fields in users.items():
+        assert fields.get("permissions", "").startswith("$ANARCHON_"), f"{conf}: {name}"
+    # Every sidecar of the example connects as a user with exactly the sidecar's permissions.
+    for config_file in sidecar_configs_beside(conf):
+        nats = config_of(config_file).nats
+        assert nats.user in users, f"{config_file}: user {nats.user} is not in {conf}"
+        assert users[nats.user]["permissions"] == SIDECAR_PERMISSIONS, conf
+        assert nats.password_file is not None, config_file
+        assert not (nats.token or nats.token_file or nats.nkey_seed_file or nats.creds_file)
+    # permissions.conf is included, and the server finds it beside its config:
+    # deploy/nats/permissions.conf itself or a copy of it.
+    beside = included_beside(conf)
+    for name in re.findall(r'^include\s+"([^"]+)"', text, re.MULTILINE):
+        assert name in beside, f"{conf}: includes {name}, which the server does not have"
+        assert beside[name].read_bytes() == (DEPLOY / "nats" / name).read_bytes(), beside[name]
+    assert "permissions.conf" in beside and 'include "permissions.conf"' in text
+    if conf.is_relative_to(K8S):
+        # The servers take the password from the Secret the sidecars read it from.
+        (secret,) = docs_of_kind(K8S / "base" / "nats-auth-secret.yaml", "Secret")
+        key = Path(str(config_of(sidecar_configs_beside(conf)[0]).nats.password_file)).name
+        (statefulset,) = [
+            doc
+            for path in manifest_files()
+            if path.parent == conf.parent
+            for doc in docs_of_kind(path, "StatefulSet")
+        ]
+        (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+        assert users[nats.user]["password"] == "$NATS_PASSWORD", conf
+        assert env["NATS_PASSWORD"] == {
+            "secretKeyRef": {"name": secret["metadata"]["name"], "key": key}
+        }, conf
+
+
+def test_kubernetes_overlays_carry_an_identical_copy_of_permissions_conf() -> None:
+    copies = sorted(p for p in K8S.rglob("*.conf") if p.name in FRAGMENTS)
+    overlays = sorted(p.parent for p in K8S.rglob("nats.conf"))
+    assert overlays and [p.parent for p in copies] == overlays, copies
+    for copy in copies:
+        assert copy.read_bytes() == PERMISSIONS.read_bytes(), (
+            f"{copy} differs from {PERMISSIONS}: cp {PERMISSIONS.relative_to(ROOT)} "
+            f"{copy.relative_to(ROOT)}"
+        )
+
+
+def test_the_restricted_users_check_can_fail(tmp_path: Path) -> None:
+    conf = tmp_path / "nats.conf"
+    for block in (
+        "authorization {\n  token: s3cret\n}",
+        "authorization {\n  user: anarchon\n  password: pw\n}",
+        "authorization { users: [\n  {user: anarchon, password: pw}\n] }",
+    ):
+        conf.write_text(block + "\n")
+        with pytest.raises(AssertionError):
+            users = nats_users(conf)
+            assert users and all("permissions" in u for u in users.values())
+
+
+def nats_password_for(conf: Path) -> str:
+    """The example password of the sidecars' user, where the example keeps it."""
+    (config_file, *_) = sidecar_configs_beside(conf)
+    password_file = Path(str(config_of(config_file).nats.password_file))
+    if conf.is_relative_to(COMPOSE_DIR):
+        secret = load_yaml(COMPOSE)["secrets"][password_file.name]
+        return (COMPOSE_DIR / secret["file"]).read_text().removesuffix("\n")
+    (secret,) = docs_of_kind(K8S / "base" / "nats-auth-secret.yaml", "Secret")
+    return str(secret["stringData"][password_file.name])
+
+
+def anonymous_connect(host: str, port: int) -> str:
+    """What NATS answers a client that connects without credentials (protocol level:
+    nats-py leaves its socket open when refused)."""
+    with socket.create_connection((host, port), timeout=5) as sock:
+        reader = sock.makefile("rb")
+        info = reader.readline()
+        assert info.startswith(b"INFO "), info
+        sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
+        return reader.readline().decode(errors="replace").strip()
+
+
+async def _nats_answers(url: str, password: str) -> dict[str, Any]:
+    import nats
+
+    found: dict[str, Any] = {}
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc).lower())
+
+    nc = await nats.connect(
+        url, user="anarchon", password=password, allow_reconnect=False, error_cb=on_error
+    )
+    try:
+        await nc.publish("cron.probe.claims", b"{}")  # allowed
+        await nc.flush()
+        found["allowed"] = list(errors)
+        await nc.publish("$JS.API.STREAM.DELETE.CRON", b"")  # not in permissions.conf
+        await nc.publish("$KV.OTHER_BUCKET.key", b"")
+        await nc.flush()
+        for _ in range(50):
+            if len(errors) >= 2:
+                break
+            await asyncio.sleep(0.1)
+        found["denied"] = list(errors)
+    finally:
+        await nc.close()
+    return found
+
+
+@pytest.mark.parametrize("conf", NATS_CONFS, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_shipped_nats_admits_the_sidecars_only_as_their_restricted_user(
+    conf: Path, tmp_path: Path
+) -> None:
+    """Each NATS config run for real, with the example's own password and includes."""
+    for name, source in included_beside(conf).items():
+        if name != conf.name:
+            shutil.copy(source, tmp_path / name)
+    port = free_port()
+    text = conf.read_text().replace("store_dir: /data", f"store_dir: {tmp_path / 'js'}")
+    text = text.replace("0.0.0.0:4222", f"127.0.0.1:{port}")
+    text = text.replace("0.0.0.0:8222", f"127.0.0.1:{free_port()}")
+    text = text.replace("0.0.0.0:6222", f"127.0.0.1:{free_port()}")
+    (tmp_path / "nats.conf").write_text(text)
+    password = nats_password_for(conf)
+    env = {**os.environ, "POD_NAME": "nats-0", "NATS_PASSWORD": password}
+    log = tmp_path / "nats.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [tool("nats-server"), "-c", str(tmp_path / "nats.conf")],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: "Server is ready" in log.read_text(), 15, what="nats-server ready")
+        anonymous = anonymous_connect("127.0.0.1", port)
+        found = asyncio.run(_nats_answers(f"nats://127.0.0.1:{port}", password))
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
+    assert anonymous == "-ERR 'Authorization Violation'", anonymous
+    assert found["allowed"] == [], found
+    assert any("$js.api.stream.delete.cron" in e for e in found["denied"]), found
+    assert any("$kv.other_bucket.key" in e for e in found["denied"]), found
 
 
 # ------------------------------------------------------------ Kubernetes
@@ -738,6 +953,22 @@ def test_overlay_builds_into_valid_manifests(rendered: Path, tmp_path: Path) -> 
     assert configmap["metadata"]["name"] in names  # the generated (hashed) name
     nats_services = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "nats"]
     assert nats_services, "the sidecars' nats://nats:4222 exists"
+    # The NATS servers' ConfigMap holds permissions.conf beside nats.conf, and
+    # the two, as mounted, make a valid config with the sidecars' user restricted.
+    (nats_config,) = [
+        d
+        for d in docs
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("nats-config")
+    ]
+    assert nats_config["data"]["permissions.conf"] == PERMISSIONS.read_text()
+    mounted = tmp_path / "etc-nats"
+    mounted.mkdir()
+    for name, content in nats_config["data"].items():
+        (mounted / name).write_text(content)
+    assert nats_users(mounted / "nats.conf")["anarchon"]["permissions"] == SIDECAR_PERMISSIONS
+    env = {**os.environ, "POD_NAME": "nats-0", "NATS_PASSWORD": "test-password"}
+    proc = run([tool("nats-server"), "-c", str(mounted / "nats.conf"), "-t"], env=env)
+    assert proc.returncode == 0, output(proc)
 
 
 # ------------------------------------------------------------------ docs

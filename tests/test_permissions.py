@@ -1,6 +1,6 @@
-"""The documented NATS permissions (deploy/nats/permissions.conf), with real processes.
+"""The documented NATS permissions (deploy/nats/*permissions.conf), with real processes.
 
-The server loads the file itself and the `authorization` block of SECURITY.md
+The server loads the files themselves and the `authorization` block of SECURITY.md
 unchanged. Under them a fleet of two sidecars does everything it does (claims,
 results, leases, `overlap: skip`, retries, pause, presence, raising the
 stream back) and every CLI command works, with no permissions violation in
@@ -38,6 +38,7 @@ from tests.support import (
 )
 
 PERMISSIONS = ROOT / "deploy" / "nats" / "permissions.conf"
+APP_PERMISSIONS = ROOT / "deploy" / "nats" / "app-permissions.conf"
 PASSWORDS = {"ANARCHON_NATS_PASSWORD": "sidecar-pw", "APP_NATS_PASSWORD": "app-pw"}
 # An operator's user, for what an admin does by hand (lowering the stream).
 ADMIN = "    {user: admin, password: admin-pw}\n"
@@ -62,6 +63,7 @@ def guarded_server(
     server = NatsServer(tmp_path / "guarded", extra_conf=block)
     server.store_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(PERMISSIONS, server.store_dir / "permissions.conf")  # next to the config
+    shutil.copy(APP_PERMISSIONS, server.store_dir / "app-permissions.conf")
     return server
 
 

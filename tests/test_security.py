@@ -130,12 +130,14 @@ def permissions_block() -> str:
 @pytest.fixture
 def guarded_nats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[NatsServer]:
     # The block reads the passwords from the server's environment, and includes
-    # deploy/nats/permissions.conf, copied next to the server's config.
+    # deploy/nats/permissions.conf and app-permissions.conf, copied next to
+    # the server's config.
     monkeypatch.setenv("ANARCHON_NATS_PASSWORD", "sidecar-pw")
     monkeypatch.setenv("APP_NATS_PASSWORD", "app-pw")
     server = NatsServer(tmp_path / "guarded", extra_conf=permissions_block())
     server.store_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "deploy" / "nats" / "permissions.conf", server.store_dir)
+    for fragment in ("permissions.conf", "app-permissions.conf"):
+        shutil.copy(ROOT / "deploy" / "nats" / fragment, server.store_dir)
     server.start()
     yield server
     server.stop()

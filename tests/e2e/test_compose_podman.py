@@ -21,14 +21,20 @@ tests/e2e/compose.override.yaml, which changes only what cannot exist here
    own sidecar (the claim's instance is the app's name; the sidecar reaches
    the app at 127.0.0.1), every trigger's signature is valid; Prometheus
    scrapes the three sidecars and has loaded the alert rules;
-4. `podman stop` of one sidecar: it exits 0 within the stop grace period and
+4. NATS refuses a client without credentials and refuses the sidecars' user
+   (`anarchon`, restricted to deploy/nats/permissions.conf) a JetStream API
+   subject outside it, and its log shows no permissions violation by the
+   sidecars, then or at the end (after the reconnects and `history`);
+5. `podman stop` of one sidecar: it exits 0 within the stop grace period and
    is not restarted, the other two carry on;
-5. stops NATS over a slot and starts it again: the sidecars reconnect (no
+6. stops NATS over a slot and starts it again: the sidecars reconnect (no
    restart), runs resume, and no slot runs twice.
 
 Every slot's runs are read from the apps' `/runs` and from the stream (with
 nats-py through NATS's published loopback port), and cross-checked with
 `anarchon-sidecar history --json` inside a sidecar when the image has it.
+The test reads the stream as the sidecars' user, with the password of the
+compose secret that sidecar.yaml's `nats.password_file` names.
 Everything the run starts carries a per-run prefix and is removed at the end,
 also when a test fails or the run is interrupted (SIGINT/SIGTERM).
 """
@@ -42,6 +48,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -116,6 +123,24 @@ CONFIG: Config = load_config(str(SIDECAR_CONFIG_HOST), {})
 TARGET = urlsplit(CONFIG.target.url)
 METRICS_PORT = CONFIG.metrics.port
 HEARTBEAT = min(CONFIG.jobs, key=lambda j: j.schedule.min_interval_ms())
+
+
+def _nats_login() -> dict[str, str]:
+    """The sidecars' NATS user and password: the test reads the stream as they do.
+
+    The password is the compose secret that sidecar.yaml's nats.password_file
+    names (/run/secrets/<secret>), read from its file on this side.
+    """
+    if CONFIG.nats.user is None:
+        return {}
+    secret = Path(str(CONFIG.nats.password_file)).name
+    raw = (COMPOSE_DIR / COMPOSE["secrets"][secret]["file"]).read_text()
+    return {"user": CONFIG.nats.user, "password": raw.removesuffix("\n")}
+
+
+NATS_LOGIN = _nats_login()
+# A subject outside deploy/nats/permissions.conf that the test itself tries.
+FORBIDDEN = "$JS.API.STREAM.NAMES"
 
 
 def grace_seconds(service: str) -> float:
@@ -216,6 +241,15 @@ class Stack:
     def stream(self) -> list[tuple[str, dict[str, str], Any]]:
         return asyncio.run(read_stream(f"nats://127.0.0.1:{self.port('nats', 4222)}"))
 
+    def violations(self) -> list[str]:
+        """Permission violations in NATS's log, but those of the test's own FORBIDDEN."""
+        logs = podman("logs", self.containers["nats"], check=False)
+        return [
+            line
+            for line in (logs.stdout + logs.stderr).splitlines()
+            if "violation" in line.lower() and FORBIDDEN not in line
+        ]
+
     def state(self, service: str) -> dict[str, Any]:
         out = podman("inspect", "--format", "json", self.containers[service]).stdout
         data: dict[str, Any] = json.loads(out)[0]
@@ -224,7 +258,7 @@ class Stack:
 
 async def read_stream(url: str) -> list[tuple[str, dict[str, str], Any]]:
     """Every message of the sidecars' stream: (subject, headers, JSON body)."""
-    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
+    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False, **NATS_LOGIN)
     try:
         js = nc.jetstream()
         info = await js.stream_info(CONFIG.nats.stream)
@@ -238,6 +272,40 @@ async def read_stream(url: str) -> list[tuple[str, dict[str, str], Any]]:
         return msgs
     finally:
         await nc.close()
+
+
+def anonymous_connect(host: str, port: int) -> str:
+    """What NATS answers a client that connects without credentials (protocol level:
+    nats-py leaves its socket open when refused)."""
+    with socket.create_connection((host, port), timeout=5) as sock:
+        reader = sock.makefile("rb")
+        info = reader.readline()
+        assert info.startswith(b"INFO "), info
+        sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
+        return reader.readline().decode(errors="replace").strip()
+
+
+async def try_forbidden(url: str) -> list[str]:
+    """The errors NATS sends the sidecars' user for asking FORBIDDEN."""
+    errors: list[str] = []
+    told = asyncio.Event()
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+        told.set()
+
+    nc = await nats.connect(
+        url, connect_timeout=5, allow_reconnect=False, error_cb=on_error, **NATS_LOGIN
+    )
+    try:
+        with contextlib.suppress(Exception):
+            await nc.request(FORBIDDEN, b"", timeout=2)
+        await nc.flush(timeout=5)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(told.wait(), 5)
+    finally:
+        await nc.close()
+    return errors
 
 
 def slots_between(job: JobConfig, start: float, end: float) -> list[int]:
@@ -560,6 +628,26 @@ def test_every_slot_runs_once_across_three_apps(stack: Stack) -> None:
         )
 
 
+def test_nats_admits_only_the_restricted_sidecar_user(stack: Stack) -> None:
+    """The sidecars ran as a user with exactly deploy/nats/permissions.conf."""
+    with PHASES("NATS users and permissions"):
+        assert NATS_LOGIN, "the compose sidecar.yaml connects without a user"
+        port = stack.port("nats", 4222)
+        refused = anonymous_connect("127.0.0.1", port)
+        assert refused == "-ERR 'Authorization Violation'", refused
+        errors = asyncio.run(try_forbidden(f"nats://127.0.0.1:{port}"))
+        denied = f'permissions violation for publish to "{FORBIDDEN.lower()}"'
+        assert any(denied in e.lower() for e in errors), errors
+        # Everything the sidecars did so far (claims, results, presence, the
+        # stream and bucket set up) was allowed.
+        assert not stack.violations(), stack.violations()
+        say(
+            f"NATS refuses a client without credentials ({refused}); user "
+            f"{NATS_LOGIN['user']} is refused {FORBIDDEN} ({errors[0]}); "
+            "no violation by the sidecars"
+        )
+
+
 def test_stopped_sidecar_drains_and_the_others_carry_on(stack: Stack) -> None:
     with PHASES("stop one sidecar"):
         first_app, stopped = APPS[0], SIDECAR_OF_APP[APPS[0]]
@@ -661,3 +749,5 @@ def test_nats_restart_sidecars_reconnect_and_no_slot_runs_twice(stack: Stack) ->
             h["status"] == "succeeded" for h in history if (h["slot"], h["instance"]) in from_apps
         )
         say(f"`anarchon-sidecar history --json` in {name} agrees: {len(history)} runs")
+        # The CLI and the reconnects too ran within the user's permissions.
+        assert not stack.violations(), stack.violations()

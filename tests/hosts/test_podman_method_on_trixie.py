@@ -35,10 +35,10 @@ import pytest
 from tests.hosts.test_role_on_hosts import (
     CONFIG,
     CONFIG_TASK,
+    PASSWORD,
     ROOT,
     SERVICE,
     SIGNING,
-    TOKEN,
     Host,
     World,
     _interrupt,
@@ -46,13 +46,15 @@ from tests.hosts.test_role_on_hosts import (
     boot,
     build_wheelhouse,
     host_rootfs,
+    nats_violations,
     remove_everything,
+    restricted_nats,
     say,
     wait_for,
     write_inventory,
 )
 from tests.podman import podman
-from tests.support import NatsServer, RecordingApp, free_port
+from tests.support import RecordingApp, free_port
 
 pytestmark = pytest.mark.hosts
 
@@ -102,7 +104,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, str]
     say(f"run prefix {prefix} (podman method, {TRIXIE})")
     old_term = signal.signal(signal.SIGTERM, _interrupt)
     workdir = tmp_path_factory.mktemp("podman-hosts")
-    nats = NatsServer(workdir / "nats", extra_conf=f'authorization {{ token: "{TOKEN}" }}\n')
+    nats = restricted_nats(workdir / "nats")
     app = RecordingApp()
     started = time.monotonic()
     host = Host(f"{prefix}-h1", free_port())
@@ -190,14 +192,14 @@ def test_podman_method_keeps_secrets_out_of_output_quadlet_and_journal(
     world, _ = site
     (host,) = world.hosts
     for play in world.plays:
-        assert TOKEN not in play.output and SIGNING not in play.output
+        assert PASSWORD not in play.output and SIGNING not in play.output
     for place in (
         host.sh(f"cat {QUADLET}"),
         host.sh(f"systemctl show {SERVICE}"),
         host.sh(f"podman inspect {SERVICE}"),
         host.sh("journalctl --no-pager -o cat", timeout=120),
     ):
-        assert TOKEN not in place and SIGNING not in place
+        assert PASSWORD not in place and SIGNING not in place
 
 
 def test_podman_method_state_absent_removes_the_container(site: tuple[World, str]) -> None:
@@ -212,3 +214,5 @@ def test_podman_method_state_absent_removes_the_container(site: tuple[World, str
     assert host.sh(f"getent passwd {SERVICE} || echo absent") == "absent"
     again = world.play(podman_vars(world, image, anarchon_sidecar_state="absent")).assert_ok()
     assert again.changed() == 0, again.output
+    # The container ran as the restricted user of deploy/nats/permissions.conf.
+    assert not nats_violations(world.nats), nats_violations(world.nats)

@@ -11,7 +11,10 @@ verify, destroy; the tests run in this file's order on one pair of hosts
   `python3-venv`, nothing else; the tarball is cached per machine like the
   e2e base), imported once per run, two hosts booted from it in parallel
   with `--network host`, so they reach the nats-server and the recording
-  app that run on this machine's loopback, as app hosts reach theirs.
+  app that run on this machine's loopback, as app hosts reach theirs. The
+  server's only user is the sidecars' (`anarchon`), restricted to
+  deploy/nats/permissions.conf as the role's README asks; its log shows no
+  permissions violation at the end.
 - converge: `ansible-playbook` with the role, the venv method, from a
   wheelhouse built on this machine (the project's wheel and its
   dependencies'): the hosts reach no package index. The Debian mirror of the
@@ -63,7 +66,10 @@ UNIT = f"/etc/systemd/system/{SERVICE}.service"
 VENV = "/opt/anarchon-sidecar/venv"
 RESTART_SEC = 5  # the role's default anarchon_sidecar_restart_sec
 STOP_TIMEOUT = 40  # the role's default anarchon_sidecar_stop_timeout
-TOKEN = "nats-token-" + secrets.token_hex(8)  # the NATS server's; never to be seen
+# The sidecars' NATS user, restricted to deploy/nats/permissions.conf as the
+# role's README says, and its password: never to be seen.
+NATS_USER = "anarchon"
+PASSWORD = "nats-password-" + secrets.token_hex(8)
 SIGNING = "signing-secret-" + secrets.token_hex(8)
 CONFIG_TASK = "Write the config, checked by anarchon-sidecar check"
 HANDLER = "Restart anarchon-sidecar"
@@ -303,14 +309,15 @@ class World:
 
     @property
     def nats_url(self) -> str:
-        return f"nats://{TOKEN}@127.0.0.1:{self.nats.port}"
+        return f"nats://{NATS_USER}:{PASSWORD}@127.0.0.1:{self.nats.port}"
 
     def vars(self, **overrides: Any) -> dict[str, Any]:
         base: dict[str, Any] = {
             "anarchon_sidecar_package_spec": f"anarchon-sidecar=={sidecar.__version__}",
             "anarchon_sidecar_wheelhouse": str(self.wheelhouse),
             "anarchon_sidecar_nats_servers": [self.nats.url],
-            "anarchon_sidecar_nats_token": TOKEN,
+            "anarchon_sidecar_nats_user": NATS_USER,
+            "anarchon_sidecar_nats_password": PASSWORD,
             "anarchon_sidecar_target_url": self.app.url,
             "anarchon_sidecar_target_signing_secret": SIGNING,
             "anarchon_sidecar_jobs": [TICK],
@@ -456,6 +463,28 @@ def boot(name: str, image: str, *extra: str) -> None:
     )
 
 
+def restricted_nats(workdir: Path) -> NatsServer:
+    """A nats-server whose only user is the sidecars', with deploy/nats/permissions.conf."""
+    nats = NatsServer(
+        workdir,
+        extra_conf=(
+            'include "permissions.conf"\n'
+            f'authorization {{ users = [\n  {{user: {NATS_USER}, password: "{PASSWORD}", '
+            "permissions: $ANARCHON_SIDECAR_PERMISSIONS}\n] }\n"
+        ),
+    )
+    nats.store_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "deploy" / "nats" / "permissions.conf", nats.store_dir)  # beside its config
+    return nats
+
+
+def nats_violations(nats: NatsServer) -> list[str]:
+    """The permissions violations in the server's log (none when the role's sidecars
+    need nothing beyond deploy/nats/permissions.conf)."""
+    log = nats.log_path.read_text(errors="replace").splitlines()
+    return [line for line in log if "violation" in line.lower()]
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     if os.geteuid() != 0 or not shutil.which("podman") or not shutil.which("debootstrap"):
@@ -465,7 +494,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     sweep_stale()
     old_term = signal.signal(signal.SIGTERM, _interrupt)
     workdir = tmp_path_factory.mktemp("hosts")
-    nats = NatsServer(workdir / "nats", extra_conf=f'authorization {{ token: "{TOKEN}" }}\n')
+    nats = restricted_nats(workdir / "nats")
     app = RecordingApp()
     started = time.monotonic()
     try:
@@ -541,12 +570,12 @@ def test_converge_on_minimal_hosts(world: World) -> None:
         assert int(passwd[2]) != 0 and passwd[6] == "/usr/sbin/nologin", passwd
         modes = {
             path: host.sh(f"stat -c '%a %U %G' {path}")
-            for path in (CONFIG, SECRETS_DIR, f"{SECRETS_DIR}/nats-token", UNIT)
+            for path in (CONFIG, SECRETS_DIR, f"{SECRETS_DIR}/nats-password", UNIT)
         }
         assert modes == {
             CONFIG: f"640 root {SERVICE}",
             SECRETS_DIR: f"750 root {SERVICE}",
-            f"{SECRETS_DIR}/nats-token": f"640 root {SERVICE}",
+            f"{SECRETS_DIR}/nats-password": f"640 root {SERVICE}",
             UNIT: "644 root root",
         }
         assert host.sh(f"systemctl is-enabled {SERVICE}") == "enabled"
@@ -556,7 +585,7 @@ def test_converge_on_minimal_hosts(world: World) -> None:
             f"{host.name}: journald shows the sidecar connected",
         )
         # The unprivileged user cannot read the secrets of others: only its group's.
-        assert host.sh(f"runuser -u nobody -- cat {SECRETS_DIR}/nats-token", check=False) == ""
+        assert host.sh(f"runuser -u nobody -- cat {SECRETS_DIR}/nats-password", check=False) == ""
 
 
 def test_check_mode_on_fresh_hosts_reports_changes_and_makes_none(world: World) -> None:
@@ -780,11 +809,11 @@ def test_upgrade_to_a_newer_wheel_restarts_onto_it(world: World) -> None:
 def test_secrets_never_in_play_output_unit_or_journal(world: World) -> None:
     assert world.plays
     for n, play in enumerate(world.plays, start=1):
-        for secret in (TOKEN, SIGNING):
+        for secret in (PASSWORD, SIGNING):
             assert secret not in play.output, f"play {n} printed a secret"
     for host in world.hosts:
         # The sidecar reads them from its files...
-        assert host.sh(f"cat {SECRETS_DIR}/nats-token") == TOKEN
+        assert host.sh(f"cat {SECRETS_DIR}/nats-password") == PASSWORD
         # ...and they are nowhere else: unit, systemd's view of it, the whole journal
         # (the sidecar's log, the role's module invocations, systemd's messages).
         places = {
@@ -795,7 +824,7 @@ def test_secrets_never_in_play_output_unit_or_journal(world: World) -> None:
         }
         assert "connected to NATS" in places["journal"]
         for place, text in places.items():
-            for secret in (TOKEN, SIGNING):
+            for secret in (PASSWORD, SIGNING):
                 assert secret not in text, f"{host.name}: a secret in the {place}"
 
 
@@ -827,3 +856,17 @@ def test_state_absent_removes_the_sidecar_and_leaves_the_stream(world: World) ->
     assert world.instances_since(since)[gone.name] == 0
     assert len(world.stream()) >= stream_before
     world.assert_no_slot_twice()
+
+
+# ------------------------------------------------- 10. the restricted NATS user
+
+
+def test_the_role_s_sidecars_needed_nothing_beyond_permissions_conf(world: World) -> None:
+    # Every play above (claims, results, leases, restarts, an upgrade, a removal)
+    # ran as a user with exactly deploy/nats/permissions.conf: nothing was refused.
+    assert "$ANARCHON_SIDECAR_PERMISSIONS" in world.nats.config_text()
+    assert world.stream(), "the test reads the stream as the same user"
+    for host in world.hosts[:1]:  # the other was removed
+        config = host.sh(f"cat {CONFIG}")
+        assert f"user: {NATS_USER}" in config and "token" not in config, config
+    assert not nats_violations(world.nats), nats_violations(world.nats)

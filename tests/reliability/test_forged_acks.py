@@ -44,7 +44,7 @@ FAKE_ACK = b'{"stream":"CRON","seq":1}'
 
 
 def permissions_block() -> str:
-    """SECURITY.md's block: it includes deploy/nats/permissions.conf (copied beside)."""
+    """SECURITY.md's block: it includes deploy/nats/*permissions.conf (copied beside)."""
     text = (ROOT / "SECURITY.md").read_text()
     (block,) = re.findall(r"```text\n(include \"permissions\.conf\"\n.*?)```", text, re.DOTALL)
     return str(block)
@@ -106,7 +106,8 @@ async def test_forged_acks(
     monkeypatch.setenv("APP_NATS_PASSWORD", "app-pw")
     guarded = NatsServer(tmp_path / "guarded", extra_conf=permissions_block())
     guarded.store_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "deploy" / "nats" / "permissions.conf", guarded.store_dir)
+    for fragment in ("permissions.conf", "app-permissions.conf"):
+        shutil.copy(ROOT / "deploy" / "nats" / fragment, guarded.store_dir)
     guarded.start()
     try:
         guarded_wins, guarded_sent = await victim_wins(
