@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all install test lint typecheck prometheus verifiers netns-tools chromium rules unit demo bench bench-year reliability nemesis e2e hosts clean
+.PHONY: all install test lint typecheck prometheus verifiers netns-tools chromium rules unit demo bench bench.scale bench-year reliability nemesis e2e hosts clean
 
 all: test
 
@@ -92,6 +92,17 @@ bench: $(STAMP)
 	$(BIN)/pip install --quiet 'matplotlib>=3.8'
 	$(BIN)/python -m bench
 
+# How the cost grows (docs/PERFORMANCE.md, "Scale"): sidecars N = 2, 10, 30, 100
+# at 100 jobs each and 10 to 10,000 jobs with 2 sidecars, each a real process
+# on one nats-server; the idle cost of 1,000 jobs; asyncio against uvloop and
+# another CPython side by side. About 20 minutes on 2 cores; not in make bench
+# (nor in make test). bench/results/scale.json, then the curves (PNG) and the
+# tables into docs/ with bench.report --write.
+bench.scale: $(STAMP)
+	$(BIN)/pip install --quiet 'matplotlib>=3.8'
+	$(BIN)/python -m bench.scale $(BENCH_SCALE_ARGS)
+	$(BIN)/python -m bench.report --write
+
 # A year of history (docs/PERFORMANCE.md): the stream filled to 1,000 jobs x
 # 1,000 runs (two million messages) and the state bucket over 100,000 leased
 # runs; about 6 minutes on 2 cores. BENCH_YEAR_SIZES sets the runs per job.
@@ -135,5 +146,5 @@ hosts: $(STAMP)
 # Everything the targets and the tests make, nothing that is committed.
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis \
-	  bench/results bench/.runtime-venv
+	  bench/results bench/.runtime-venv bench/.runtime-venv-*
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -71,6 +71,53 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def cpu_precise(pid: int) -> float:
+    """CPU seconds of a process's live threads to the nanosecond (/proc/<pid>/task/*/schedstat).
+
+    utime + stime count in clock ticks (10 ms): too coarse for an idle process
+    over a few seconds. Falls back to them where schedstat is not there.
+    """
+    total = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with (
+                contextlib.suppress(FileNotFoundError),
+                open(f"/proc/{pid}/task/{task}/schedstat") as f,
+            ):
+                total += int(f.read().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return cpu_seconds(pid)
+    return total / 1e9 if total else cpu_seconds(pid)
+
+
+def wakeups(pid: int) -> int:
+    """Context switches of a process's live threads (voluntary + involuntary): how often it
+    went to sleep or was put off the CPU, an upper bound on its event loop's wake-ups."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{task}/status") as f:
+            for line in f:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+    return total
+
+
+def machine_cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat: the share of both
+    cores in use over a window, whoever used them."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    total = sum(fields[:8])  # guest time is already in user
+    return total - idle, total
+
+
+def machine_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share (0..1) of the machine's CPU in use between two machine_cpu() readings."""
+    busy, total = after[0] - before[0], after[1] - before[1]
+    return busy / total if total else float("nan")
+
+
 def rss_mib(pid: int) -> dict[str, float]:
     """VmRSS and VmHWM (peak) of a process, MiB."""
     out: dict[str, float] = {}

@@ -183,12 +183,17 @@ def run_fleet(
     raw_baseline_too: bool = False,
     urls: list[str] | None = None,
     replicas: int | None = None,
+    venv: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One fleet; `urls` and `replicas` for a cluster (`server` is then the node to watch)."""
+    """One fleet; `urls` and `replicas` for a cluster (`server` is then the node to watch);
+    `venv` and `env`: another runtime venv and environment for the sidecars (bench.scale)."""
     config = fleet_config(urls or [server.url], app, label, jobs, replicas)
-    procs: list[Sidecar] = [
-        runtime.RuntimeSidecar(work, f"{label}-s{i}", config, {}) for i in range(instances)
-    ]
+    procs: list[Sidecar] = []
+    for i in range(instances):
+        proc = runtime.RuntimeSidecar(work, f"{label}-s{i}", config, env or {})
+        proc.venv = venv
+        procs.append(proc)
     pool = concurrent.futures.ThreadPoolExecutor(max(instances, 1))
     counter = RequestCounter(server.url, label)
     raw: subprocess.Popen[str] | None = None

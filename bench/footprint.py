@@ -57,14 +57,14 @@ def config(server: NatsServer, jobs: int) -> dict[str, Any]:
     }
 
 
-def floor() -> dict[str, float]:
+def floor(venv: Path | None = None) -> dict[str, float]:
     """RSS and import time of a Python that imports the dependencies and idles."""
     code = (
         f"import {', '.join(DEPENDENCIES)}, sys\nprint('imported', flush=True)\nsys.stdin.read()\n"
     )
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [runtime.python(), "-c", code],
+        [str(venv / "bin" / "python") if venv else runtime.python(), "-c", code],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -82,10 +82,17 @@ def floor() -> dict[str, float]:
 
 
 def sidecar(
-    work: Path, server: NatsServer, jobs: int, rep: int | str, name: str = "fp"
+    work: Path,
+    server: NatsServer,
+    jobs: int,
+    rep: int | str,
+    name: str = "fp",
+    venv: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """Time to ready and RSS (2 s after ready) of a sidecar with `jobs` jobs."""
-    proc = runtime.RuntimeSidecar(work, f"{name}{jobs}-{rep}", config(server, jobs), {})
+    proc = runtime.RuntimeSidecar(work, f"{name}{jobs}-{rep}", config(server, jobs), env or {})
+    proc.venv = venv
     t0 = time.perf_counter()
     proc.start()
     try:

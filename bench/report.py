@@ -278,14 +278,222 @@ def picture(path: Path) -> bool:
     return True
 
 
+# ------------------------------------------------------------------ scale (bench.scale)
+
+SCALE_BEGIN, SCALE_END = "<!-- scale:begin -->", "<!-- scale:end -->"
+SWEEPS = (
+    ("fleet", "instances", "sidecars N (100 jobs each)", "scale-fleet.png"),
+    ("jobs", "jobs", "jobs J per sidecar (2 sidecars)", "scale-jobs.png"),
+)
+
+
+def sweep(scale: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The points of one sweep: N at 100 jobs, or J at 2 sidecars; the crossing in both."""
+    pts = [p for p in scale.get("points", []) if "failed" not in p]
+    if kind == "fleet":
+        return sorted((p for p in pts if p["jobs"] == 100), key=lambda p: p["instances"])
+    return sorted((p for p in pts if p["instances"] == 2), key=lambda p: p["jobs"])
+
+
+def scale_table(points: list[dict[str, Any]]) -> str:
+    lines = [
+        "| N x J | slots (doubles) | JS requests / slot | server CPU / slot "
+        "| server msgs / slot (without the counter's) "
+        "| sidecar CPU / slot (marginal) | sidecar idle CPU | wake-ups/s idle | RSS "
+        "| start delay p50 / p99 | ready: joining / N-1 at once (max) | machine busy / load "
+        "| raw publishes/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        d = p["start_delay"]
+        lines.append(
+            f"| {p['instances']} x {p['jobs']} | {p['slots']}/{p['slots_expected']} "
+            f"({p['doubles']}) | {p['js_requests_per_slot']:.2f} "
+            f"| {p['server_cpu_ms_per_slot']:.3f} ms "
+            f"| {p['server_msgs_per_slot'] - p['js_requests_per_slot']:.0f} "
+            f"| {p['cpu_ms_per_slot_mean']:.3f} ms ({p['cpu_ms_per_slot_marginal']:.3f}) "
+            f"| {p['idle_cpu_percent_mean']:.2f}% (max {p['idle_cpu_percent_max']:.2f}%) "
+            f"| {p['idle_wakeups_per_second']:.1f} | {p['rss_mib_mean']:.1f} MiB "
+            f"| {_ms(d.get('p50_ms', 0))} / {_ms(d.get('p99_ms', 0))} "
+            f"| {p['ready_alone_s']:.2f} s / {p['ready_together_max_s']:.1f} s "
+            f"| {100 * p['busy']['machine_busy']:.0f}% / {p['busy']['loadavg_1m']:.1f} "
+            f"| {p['raw']['publishes_per_second']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def variants_table(v: dict[str, Any]) -> str:
+    names = [n for n in ("asyncio", "uvloop", "py3.14", "py3.13", "py3.12") if n in v]
+    if not names:
+        return ""
+    lines = [
+        f"Variants side by side (`bench.scale`, {v['rounds']} interleaved rounds each; fleet 3 x "
+        f"100 jobs every second at jitter 0, {v['window_seconds']} s windows; footprint with "
+        "1,000 jobs; raw publish "
+        f"{v['raw']['cpu_ms_per_publish']:.3f} CPU ms):",
+        "",
+        "| variant | CPU / slot / instance (vs raw publish) | vs asyncio | start delay p50 / p99 "
+        "| p99 vs asyncio | ready, 1,000 jobs | RSS, 1,000 jobs (vs its floor) | slots (doubles) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n in names:
+        r = v[n]
+        lines.append(
+            f"| {n}: {r['what']} | {r['cpu_ms_per_slot_per_instance_median']:.3f} ms "
+            f"({r['cpu_ratio_vs_raw_publish']:.1f}x) | {r.get('cpu_vs_asyncio', 1):.2f}x "
+            f"| {_ms(r['start_delay_p50_ms'])} / {_ms(r['start_delay_p99_ms'])} "
+            f"| {r.get('p99_vs_asyncio', 1):.2f}x | {r['ready_1000_s'] * 1000:.0f} ms "
+            f"({r.get('ready_vs_asyncio', 1):.2f}x) | {r['rss_1000_mib']:.1f} MiB "
+            f"({r['rss_ratio_vs_floor']:.2f}x) | {r['slots']}/{r['slots_expected']} "
+            f"({r['doubles']}) |"
+        )
+    for n, why in v.get("skipped", {}).items():
+        lines.append(f"| {n} | not measured: {why} | | | | | | |")
+    return "\n".join(lines)
+
+
+def scale_block(png_dir: Path) -> str:
+    scale = read_result("scale")
+    if not scale:
+        return ""
+    out = []
+    m = scale.get("machine", {})
+    if m:
+        out.append(
+            f"Measured on {m['cores']} cores ({m['cpu_model']}), Python {m['python']}, "
+            f"nats-server {m['nats_server']}, nats-py {m['nats_py']}; the run's measuring took "
+            f"{scale.get('minutes', 0):.0f} min."
+        )
+    idle = scale.get("idle_1000")
+    if idle:
+        out.append(
+            f"\nIdle cost: one sidecar with {idle['jobs']:,} jobs, none due, over "
+            f"{idle['seconds']:.0f} s: **{idle['cpu_percent_of_a_core']:.3f}% of a core**, "
+            f"**{idle['wakeups_per_second']:.1f} wake-ups a second** (context switches), RSS "
+            f"{idle['rss_mib']:.1f} MiB (machine {100 * idle['machine_busy']:.0f}% busy with "
+            f"other work, load average {idle['loadavg_1m']:.1f})."
+        )
+    for kind, _, _, png in SWEEPS:
+        points = sweep(scale, kind)
+        if points:
+            out.append(f"\n![{kind} sweep]({png})\n\n{scale_table(points)}")
+    for p in scale.get("points", []):
+        if "failed" in p:
+            out.append(f"\nNot measured: {p['instances']} x {p['jobs']}: {p['failed']}.")
+    if scale.get("variants"):
+        out.append("\n" + variants_table(scale["variants"]))
+    return "\n".join(out)
+
+
+def scale_pictures(png_dir: Path) -> list[Path]:
+    """One PNG a sweep (six panels); [] without matplotlib or results."""
+    scale = read_result("scale")
+    if not scale:
+        return []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    for kind, key, xlabel, png in SWEEPS:
+        pts = sweep(scale, kind)
+        if len(pts) < 2:
+            continue
+        x = [p[key] for p in pts]
+        fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+        panels = [
+            (
+                "JetStream requests per slot",
+                [("measured", [p["js_requests_per_slot"] for p in pts])]
+                + ([("N + 1", [n + 1 for n in x])] if kind == "fleet" else []),
+            ),
+            (
+                "nats-server per slot: CPU ms, messages / 100",
+                [
+                    ("CPU ms", [p["server_cpu_ms_per_slot"] for p in pts]),
+                    (
+                        "messages / 100",
+                        [
+                            (p["server_msgs_per_slot"] - p["js_requests_per_slot"]) / 100
+                            for p in pts
+                        ],
+                    ),
+                ],
+            ),
+            (
+                "each sidecar's CPU ms per slot",
+                [
+                    ("all", [p["cpu_ms_per_slot_mean"] for p in pts]),
+                    ("marginal (idle taken off)", [p["cpu_ms_per_slot_marginal"] for p in pts]),
+                ],
+            ),
+            (
+                "each sidecar idle: % of a core, wake-ups/s / 10",
+                [
+                    ("% of a core", [p["idle_cpu_percent_mean"] for p in pts]),
+                    ("wake-ups/s / 10", [p["idle_wakeups_per_second"] / 10 for p in pts]),
+                ],
+            ),
+            (
+                "start delay ms (jitter 0)",
+                [
+                    ("p50", [p["start_delay"].get("p50_ms", 0) for p in pts]),
+                    ("p99", [p["start_delay"].get("p99_ms", 0) for p in pts]),
+                ],
+            ),
+            (
+                "RSS MiB; time to ready s x 10",
+                [
+                    ("RSS MiB", [p["rss_mib_mean"] for p in pts]),
+                    ("ready, joining, s x 10", [10 * p["ready_alone_s"] for p in pts]),
+                ],
+            ),
+        ]
+        for ax, (title, series) in zip(axes.flat, panels, strict=True):
+            for label, ys in series:
+                ax.plot(x, ys, marker="o", label=label)
+            ax.set_xscale("log")
+            ax.minorticks_off()
+            ax.set_ylim(bottom=0)
+            ax.set_xticks(x)
+            ax.set_xticklabels([str(v) for v in x])
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel(xlabel, fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.suptitle(f"Scale: {xlabel} (bench.scale)", fontsize=10)
+        fig.tight_layout()
+        path = png_dir / png
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _replace(text: str, begin: str, end: str, block: str) -> str:
+    head, found, rest = text.partition(begin)
+    if not found:
+        return text
+    _, _, tail = rest.partition(end)
+    return head + f"{begin}\n{block}\n{end}" + tail
+
+
 def write_doc() -> None:
     text = DOC.read_text()
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    capacity = capacity_table()
-    block = f"{BEGIN}\nMachine: {machine_line()}.\n\n{table()}\n"
-    block += f"\n{capacity}\n{END}" if capacity else END
-    DOC.write_text(head + block + tail)
+    if rows():  # the table of make bench, when its results are there
+        capacity = capacity_table()
+        block = f"Machine: {machine_line()}.\n\n{table()}"
+        block += f"\n\n{capacity}" if capacity else ""
+        text = _replace(text, BEGIN, END, block)
+    scale = scale_block(DOC.parent)
+    if scale:
+        text = _replace(text, SCALE_BEGIN, SCALE_END, scale)
+    DOC.write_text(text)
 
 
 def main() -> None:
@@ -300,6 +508,11 @@ def main() -> None:
     png = DOC_PNG if args.write else RESULTS / "start-delay.png"
     if picture(png):
         print(f"\nstart-delay picture: {png.relative_to(ROOT)}")
+    block = scale_block(DOC.parent)
+    if block:
+        print(f"\n{block}")
+    for path in scale_pictures(DOC.parent if args.write else RESULTS):
+        print(f"scale picture: {path.relative_to(ROOT)}")
     if args.write:
         write_doc()
         print(f"wrote {DOC.relative_to(ROOT)}")

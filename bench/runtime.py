@@ -30,29 +30,37 @@ def source_hash() -> str:
     return digest.hexdigest()
 
 
-def ensure() -> Path:
-    """The runtime venv, made (or made again) from this checkout."""
-    wanted = source_hash()
-    if STAMP.exists() and STAMP.read_text() == wanted:
-        return VENV
-    shutil.rmtree(VENV, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+def ensure(interpreter: str | None = None, extras: tuple[str, ...] = (), name: str = "") -> Path:
+    """The runtime venv, made (or made again) from this checkout.
+
+    With `interpreter` (another CPython) or `extras` (an optional extra such as
+    ``uvloop``), a venv of its own, ``bench/.runtime-venv-<name>``, made the
+    same way: the variants that ``bench.scale`` measures side by side.
+    """
+    venv = VENV.with_name(f"{VENV.name}-{name}") if name else VENV
+    stamp = venv / STAMP.name
+    wanted = source_hash() + repr((interpreter, extras))
+    if stamp.exists() and stamp.read_text() == wanted:
+        return venv
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([interpreter or sys.executable, "-m", "venv", str(venv)], check=True)
+    target = f"{ROOT}[{','.join(extras)}]" if extras else str(ROOT)
     subprocess.run(
-        [str(VENV / "bin" / "pip"), "install", "--quiet", str(ROOT)],
+        [str(venv / "bin" / "pip"), "install", "--quiet", target],
         check=True,
         env=sidecar_env(),
-        cwd=VENV,
+        cwd=venv,
     )
     installed = subprocess.run(
-        [str(VENV / "bin" / "pip"), "list", "--format=freeze"],
+        [str(venv / "bin" / "pip"), "list", "--format=freeze"],
         check=True,
         capture_output=True,
         text=True,
     ).stdout.lower()
     if "aiohttp" in installed:
         raise RuntimeError("the runtime venv holds aiohttp: a runtime dependency pulls it in")
-    STAMP.write_text(wanted)
-    return VENV
+    stamp.write_text(wanted)
+    return venv
 
 
 def python() -> str:
@@ -71,13 +79,18 @@ def packages() -> dict[str, str]:
 
 
 class RuntimeSidecar(Sidecar):
-    """A sidecar run from the runtime venv's ``anarchon-sidecar``, outside the source tree."""
+    """A sidecar run from the runtime venv's ``anarchon-sidecar``, outside the source tree.
+
+    `venv`: another runtime venv (``ensure(..., name=...)``), default the plain one.
+    """
+
+    venv: Path | None = None
 
     def start(self, *extra_args: str) -> RuntimeSidecar:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [
-                str(ensure() / "bin" / "anarchon-sidecar"),
+                str((self.venv or ensure()) / "bin" / "anarchon-sidecar"),
                 "run",
                 "-c",
                 str(self.config_path),

@@ -81,11 +81,41 @@ def load(path: str | None, secrets: bool = True) -> Loaded:
         fail(EXIT_USAGE, f"config error: {exc}")
 
 
+# The event loop: asyncio's own unless ANARCHON_EVENT_LOOP=uvloop and the
+# optional extra is installed (pip install 'anarchon-sidecar[uvloop]').
+EVENT_LOOP_ENV = "ANARCHON_EVENT_LOOP"
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop ANARCHON_EVENT_LOOP asks for; None: asyncio's default. Exits 2 on a bad one."""
+    name = os.environ.get(EVENT_LOOP_ENV, "").strip().lower()
+    if name in ("", "asyncio"):
+        return None
+    if name != "uvloop":
+        fail(EXIT_USAGE, f"{EVENT_LOOP_ENV}={name!r}: use asyncio or uvloop")
+    try:
+        import uvloop  # only when asked for: the default install never has it
+    except ImportError:
+        fail(
+            EXIT_USAGE,
+            f"{EVENT_LOOP_ENV}=uvloop but uvloop is not installed: "
+            "pip install 'anarchon-sidecar[uvloop]'",
+        )
+    new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return new_loop
+
+
 def call(coro: Coroutine[Any, Any, T]) -> T:
     """Run `coro`; the sidecar's errors become exit codes (StreamNotFound and
     UnknownJob pass through: only the command knows what they mean to it)."""
     try:
-        return asyncio.run(coro)
+        factory = loop_factory()
+    except SystemExit:
+        coro.close()
+        raise
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(coro)
     except (StreamNotFound, UnknownJob):
         raise
     except ConfigError as exc:

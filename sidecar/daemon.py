@@ -241,4 +241,7 @@ async def start(config: Config, secrets: Secrets, clock: Clock) -> int:
             "can trigger them too; set target.signing_secret_file (SECURITY.md)",
             ", ".join(remote),
         )
+    loop = type(asyncio.get_running_loop())
+    if not loop.__module__.startswith("asyncio"):  # ANARCHON_EVENT_LOOP
+        log.info("event loop: %s.%s", loop.__module__, loop.__name__)
     return await Daemon(config, secrets, clock).run()

@@ -8,9 +8,23 @@ installed (about 10 MiB of RSS). The tests' toy apps use it from the dev extra.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    base,
+    job,
+    sidecars,
+    wait_for,
+    write_config,
+)
 
 RUNTIME = {"nats-py", "prometheus-client", "click", "pyyaml", "cronsim", "h11"}
 
@@ -71,3 +85,68 @@ def test_the_otel_extra_is_optional_and_never_imported_without_an_endpoint() -> 
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
     assert "the otel extra is not installed" in proc.stderr
+
+
+def test_the_uvloop_extra_is_optional_and_only_used_when_asked_for(tmp_path: Path) -> None:
+    """``pip install anarchon-sidecar[uvloop]`` brings uvloop; only
+    ``ANARCHON_EVENT_LOOP=uvloop`` imports it. Asked for without the extra, or
+    a loop that does not exist: exit 2 naming the variable, no traceback."""
+    requires = importlib.metadata.requires("anarchon-sidecar") or []
+    extra = [r for r in requires if 'extra == "uvloop"' in r]
+    assert [requirement_name(r) for r in extra] == ["uvloop"]
+    code = (
+        "import os, sys\n"
+        "from sidecar.command import loop_factory\n"
+        "os.environ.pop('ANARCHON_EVENT_LOOP', None)\n"
+        "assert loop_factory() is None\n"
+        "os.environ['ANARCHON_EVENT_LOOP'] = 'asyncio'\n"
+        "assert loop_factory() is None\n"
+        "assert 'uvloop' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+    # Any command goes through the same switch before it connects anywhere.
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "nats": {"servers": ["nats://127.0.0.1:1"]},
+            "jobs": [{"name": "a", "schedule": "0 3 * * *"}],
+        },
+    )
+    run = (
+        "import sys\n"
+        "sys.modules['uvloop'] = None\n"  # the plain install: uvloop not there
+        f"sys.argv = ['anarchon-sidecar', 'stream', '-c', {str(config)!r}]\n"
+        "from sidecar.__main__ import entry\n"
+        "entry()\n"
+    )
+    for loop, message in (
+        ("uvloop", "ANARCHON_EVENT_LOOP=uvloop but uvloop is not installed: pip install"),
+        ("tokio", "ANARCHON_EVENT_LOOP='tokio': use asyncio or uvloop"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-c", run],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "ANARCHON_EVENT_LOOP": loop},
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_a_sidecar_on_uvloop_runs_its_slots(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """With the extra installed and ANARCHON_EVENT_LOOP=uvloop, a real sidecar says
+    which loop it runs on and triggers its job's slots like on asyncio's."""
+    pytest.importorskip("uvloop")
+    config = base(nats_server, http_app, [job("tick")])
+    with sidecars(tmp_path, [("uv", config, {"ANARCHON_EVENT_LOOP": "uvloop"})]) as (proc,):
+        wait_for(lambda: len(http_app.requests) >= 2, 20, what="two slots triggered")
+        assert proc.terminate() == 0
+    assert "event loop: uvloop" in proc.log(), proc.log()
+    assert "Traceback" not in proc.log()
