@@ -28,7 +28,8 @@ from bench.common import machine, nats_server, ratio, summary_ms, workdir, write
 from sidecar.claim import Claimer
 from sidecar.clock import Clock
 from sidecar.due import lock_key, run_key
-from sidecar.lease import Keys, Lease
+from sidecar.kv import Keys
+from sidecar.lease import Lease
 from sidecar.metrics import Metrics
 from sidecar.state import StateSpec, ensure_bucket
 from sidecar.stream import StreamSpec, ensure_stream

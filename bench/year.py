@@ -44,7 +44,7 @@ import nats
 from bench import runtime
 from bench.common import machine, workdir, write_result
 from sidecar.clock import rfc3339
-from sidecar.lease import Keys
+from sidecar.kv import Keys
 from sidecar.state import StateSpec, ensure_bucket
 from sidecar.stream import StreamSpec, ensure_stream
 from tests.support import NatsServer, free_port, sidecar_env, write_config

@@ -34,11 +34,11 @@ from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config
 from sidecar.errors import StreamError
 from sidecar.health import reset_kv
-from sidecar.runs import ResultRecord, publish_result
+from sidecar.record import Outcome, Recorder
 from sidecar.state import decode, put_json
 from sidecar.stream import stream_spec
 from sidecar.trigger import Trigger
-from sidecar.wire import cas_conflict, compact, paused_key
+from sidecar.wire import FAILED, SUCCEEDED, cas_conflict, compact, paused_key
 
 if TYPE_CHECKING:
     from sidecar.aftermath import Aftermath
@@ -151,17 +151,23 @@ class ManualRuns:
         if after is not None:
             after.started(job, token, self.clock.wall())
         result = await self.trigger.fire(job, slot, token, deadline, fence=seq)
-        record = ResultRecord.of(job.name, slot, token, self.config.instance_id, result, True)
-        if after is not None:
-            record = after.marked(job, record)
-        (log.info if result.ok else log.warning)(
-            "manual run from the fleet page job=%s run=%s status=%s http_status=%s",
-            job.name,
-            token,
-            record.status,
-            result.http_status,
+        outcome = Outcome(
+            kind=SUCCEEDED if result.ok else FAILED,
+            job=job.name,
+            slot=slot,
+            token=token,
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            trigger=None,  # no X-Anarchon-Trigger was sent; the aftermath infers manual
+            sent=True,
+            manual=True,
+            error=result.error,
+            http_status=result.http_status,
+            duration=result.duration,
+            answer=result.answer,
         )
-        if not await publish_result(self.js, self.spec.name, self.spec.prefix, record):
-            log.error("job %s manual run %s: result not recorded", job.name, token)
-        if after is not None:
-            after.after_outcome(job, record, result.answer, "manual")
+        # Not counted (a manual run is no slot's run), said, told (sidecar/record.py).
+        recorder = Recorder(
+            self.js, self.spec.name, self.spec.prefix, self.config.instance_id, None, after
+        )
+        await recorder.record(job, outcome)

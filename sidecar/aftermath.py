@@ -29,12 +29,12 @@ from sidecar.alerting_config import NotifyConfig, mask_url
 from sidecar.claim import new_token
 from sidecar.clock import Clock, rfc3339
 from sidecar.health import EVENT_TTL, apply, claim_event, health_key
-from sidecar.lease import KeyHeld, Keys
+from sidecar.kv import KeyHeld, Keys
 from sidecar.outbound import Outbox
-from sidecar.runs import ResultRecord
 from sidecar.signing import SIGNATURE_HEADER, signature
 from sidecar.tracing import RunSpan, SpanExporter, run_uuid, span_attributes, trace_id_of
 from sidecar.values import format_duration
+from sidecar.wire import FAILED, RAN_STATUSES, SUCCEEDED, ResultRecord
 
 if TYPE_CHECKING:
     from sidecar.config import Config, JobConfig
@@ -46,16 +46,15 @@ log = logging.getLogger(__name__)
 # A ping body carries at most this much of the app's answer.
 PING_ANSWER = 10 * 1024
 AUTO_BY = "auto"
-RUN_STATUSES = ("succeeded", "failed", "lost")
 
 
 def anomaly_of(job: JobConfig, status: str, duration_ms: int) -> str | None:
     """``short``: succeeded faster than expect.min; ``long``: ended slower than expect.max."""
     expect = job.expect
-    if expect is None or status not in ("succeeded", "failed"):
+    if expect is None or status not in (SUCCEEDED, FAILED):
         return None
     seconds = duration_ms / 1000
-    if status == "succeeded" and expect.min is not None and seconds < expect.min:
+    if status == SUCCEEDED and expect.min is not None and seconds < expect.min:
         return "short"
     if expect.max is not None and seconds > expect.max:
         return "long"
@@ -243,14 +242,14 @@ class Aftermath:
             if fired[0] and self.metrics is not None:
                 self.metrics.runs_overdue.labels(job=job.name).dec()
         start = self._starts.pop(record.token, None)
-        if record.status not in RUN_STATUSES:
+        if record.status not in RAN_STATUSES:
             return  # skipped: nothing ran, nobody is told
         kind = trigger_kind(record.manual, record.attempt, trigger)
         if record.anomaly and self.metrics is not None:
             self.metrics.runs_anomalous_total.labels(job=job.name, kind=record.anomaly).inc()
         ping = job.ping
         if ping is not None:
-            ok = record.status == "succeeded"
+            ok = record.status == SUCCEEDED
             self._ping(
                 job,
                 ping.url if ok else f"{ping.url}/fail",
@@ -423,7 +422,7 @@ class Aftermath:
             f"{job.name} run",
             start,
             end,
-            record.status == "succeeded",
+            record.status == SUCCEEDED,
             attrs,
             record.error,
         )

@@ -34,12 +34,12 @@ from sidecar.config import Config, JobConfig
 from sidecar.describe import describe, schedule_lines
 from sidecar.due import lease_job
 from sidecar.orphans import run_by
-from sidecar.runs import FAILED, LOST, RUNNING, attempt_of, join_runs
+from sidecar.runs import attempt_of, join_runs
 from sidecar.skips import pause_active, pending
 from sidecar.state import View, mismatched_jobs
 from sidecar.stream import StreamState
 from sidecar.values import redact_url
-from sidecar.wire import skip_key
+from sidecar.wire import FAILED, LOST, RUNNING, skip_key
 
 STRIP = 20  # runs in a job's strip of status marks
 NEXT_RUNS = 3

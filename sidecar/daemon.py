@@ -172,9 +172,9 @@ class Daemon:
                 await self.stopping.wait()
                 # A claim still waiting for an answer (NATS down, say) gets a
                 # moment, then is abandoned: the slot is skipped, never run.
-                claiming = [*loops, *jobs.side_tasks]
+                claiming = [*loops, *jobs.background()]
                 await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
-                await cancel_all([*claiming, *jobs.side_tasks])
+                await cancel_all([*claiming, *jobs.background()])
                 if self.page is not None:
                     await self.page.live.stop()
                 await self.drain()

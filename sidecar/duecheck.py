@@ -31,14 +31,13 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from sidecar.bounds import attempt_no, epoch_s, seq_no, slot_ms
-from sidecar.due import LOST, RETRY, DueKey, retry_due_at
-from sidecar.runs import result_subject
+from sidecar.due import LOST as DUE_LOST
+from sidecar.due import RETRY, DueKey, retry_due_at
+from sidecar.wire import FAILED_STATUSES, LOST, results_subject
 
 if TYPE_CHECKING:
     from sidecar.config import JobConfig
     from sidecar.stream import StreamSpec
-
-FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ def judge_result(
     if value.get("manual"):
         raise Hostile("the result it names is of a manual run (never retried)")
     status = value.get("status")
-    if status not in (FAILED, LOST):
+    if status not in FAILED_STATUSES:
         raise Hostile(f"attempt {due.attempt - 1} ended {status!r}, not failed or lost")
     if status == LOST and job.on_lost != "rerun":
         raise Hostile(f"attempt {due.attempt - 1} was lost and the job does not rerun lost runs")
@@ -94,7 +93,7 @@ def judge_result(
     if at is None:
         raise Hostile("the result it names has no usable time")
     if status == LOST:
-        return at, LOST
+        return at, DUE_LOST
     return retry_due_at(at, job.retry.backoff, due.attempt - 1), RETRY
 
 
@@ -105,7 +104,7 @@ async def backing(
 
     NATS errors other than "no such message" propagate: nothing was judged.
     """
-    subject = result_subject(spec.prefix, job.name)
+    subject = results_subject(spec.prefix, job.name)
     hint = seq_no(value.get("result"))
     try:
         if hint is not None:

@@ -22,7 +22,7 @@ from sidecar import __version__
 from sidecar.backoff import Backoff
 from sidecar.bucketcheck import check_bucket, needs_leases
 from sidecar.clock import Clock, rfc3339
-from sidecar.lease import Keys
+from sidecar.kv import Keys, put_with_ttl
 from sidecar.natspy import connection_of
 from sidecar.orphans import Orphans
 from sidecar.servers import version_problem
@@ -37,7 +37,6 @@ from sidecar.state import (
     ensure_bucket,
     job_hash,
     mismatched_jobs,
-    put_with_ttl,
     state_spec,
 )
 from sidecar.tasks import cancel_all

@@ -29,10 +29,13 @@ from nats.js.errors import APIError
 
 from sidecar.backoff import Backoff
 from sidecar.claim import new_token
-from sidecar.lease import WRITE_TIMEOUT, KeyHeld, Keys
+from sidecar.kv import WRITE_TIMEOUT, KeyHeld, Keys
 from sidecar.wire import (
     CAS_CONFLICT,
     EXPECTED_LAST_SUBJECT_SEQ,
+    FAILED_STATUSES,
+    LOST,
+    SUCCEEDED,
     TRANSIENT,
     compact,
     event_key,
@@ -43,7 +46,6 @@ log = logging.getLogger(__name__)
 
 OK = "ok"
 FAILING = "failing"
-FAILED_STATUSES = ("failed", "lost")
 # An event key lives this long: far longer than any retry of its outcome.
 EVENT_TTL = 3600.0
 CAS_TRIES = 20
@@ -73,7 +75,7 @@ def transition(
         failures += 1
         if state != FAILING:
             events.append("failing")
-        if status == "lost":
+        if status == LOST:
             events.append("lost")
         if pause_after is not None and failures >= pause_after:
             # Every failure from the N-th on asks for the pause: the pause key's
@@ -82,7 +84,7 @@ def transition(
             events.append("auto_paused")
         state = FAILING
     value: dict[str, Any] = {}
-    if status == "succeeded":
+    if status == SUCCEEDED:
         if state == FAILING:
             events.append("recovered")
             value["recovered_after"] = failures

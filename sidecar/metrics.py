@@ -16,6 +16,7 @@ from prometheus_client.utils import INF, floatToGoString
 
 from sidecar import __version__
 from sidecar.metric_series import CounterSeries, GaugeSeries, HistogramSeries, Labelled
+from sidecar.wire import RESULT_STATUSES
 
 PREFIX = "anarchon"
 
@@ -41,7 +42,7 @@ HOSTILE_KINDS = ("due_key", "value")
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
-RUN_STATUSES = ("succeeded", "failed", "skipped", "lost")
+RUN_STATUSES = RESULT_STATUSES  # runs_total{status}: the stored statuses (sidecar/wire.py)
 RUN_SKIP_REASONS = ("overlap", "late", "bucket", "paused", "excluded", "skip")
 DUE_REASONS = ("retry", "lost")
 NOTIFY_EVENTS = ("failing", "recovered", "lost", "auto_paused", "anomaly")

@@ -34,15 +34,10 @@ from sidecar.config import Config, Secrets
 from sidecar.connection import Client, Connection, jetstream
 from sidecar.errors import StreamError, StreamNotFound, UnknownJob
 from sidecar.health import reset
-from sidecar.lease import Keys
+from sidecar.kv import Keys
 from sidecar.natspy import api_prefix
-from sidecar.runs import (
-    History,
-    ResultRecord,
-    publish_result,
-    read_history,
-    stream_job_names,
-)
+from sidecar.record import Recorder, sent
+from sidecar.runs import History, read_history, stream_job_names
 from sidecar.signing import signer_for
 from sidecar.since import since_key
 from sidecar.skips import pause_active
@@ -212,12 +207,11 @@ async def run_now(
                 on_retry=on_retry,
                 why=why_of(job, slot, MANUAL),
             )
-        record = ResultRecord.of(
-            job.name, slot, claim.token, config.instance_id, result, True, trigger=MANUAL
+        # Not counted, not logged (run-now prints the outcome), told (sidecar/record.py).
+        recorder = Recorder(
+            js, spec.name, spec.prefix, config.instance_id, None, after, publish_tries=5, say=False
         )
-        record = after.marked(job, record)
-        recorded = bool(await publish_result(js, spec.name, spec.prefix, record, attempts=5))
-        after.after_outcome(job, record, result.answer, "manual")
+        recorded = bool(await recorder.record(job, sent(claim, result)))
         await after.drain()  # its ping and notifications, bounded
         return ManualRun(claim.token, slot, result, recorded)
 

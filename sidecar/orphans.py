@@ -28,7 +28,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from sidecar.clock import Clock
-from sidecar.lease import CasConflict, Keys
+from sidecar.kv import CasConflict, Keys
 from sidecar.state import PRESENCE_TTL, Removal, View
 from sidecar.wire import instance_key
 

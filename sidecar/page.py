@@ -16,12 +16,14 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from sidecar.wire import FAILED, LOST, RUNNING, SKIPPED, SUCCEEDED
+
 MARKS = {
-    "succeeded": ("✓", "ok"),
-    "failed": ("✗", "bad"),
-    "running": ("▶", "run"),
-    "skipped": ("↷", "skip"),
-    "lost": ("?", "bad"),
+    SUCCEEDED: ("✓", "ok"),
+    FAILED: ("✗", "bad"),
+    RUNNING: ("▶", "run"),
+    SKIPPED: ("↷", "skip"),
+    LOST: ("?", "bad"),
 }
 DASH = '<span class="none">&#8211;</span>'
 ACTIVE = '<span class="tag ok">active</span>'

@@ -1,15 +1,15 @@
-"""Run records: results written after a trigger, history read back from the stream.
+"""Run history: a job's claims and results read back from the stream and joined.
 
-``<prefix><job>.results`` carries one JSON message per finished run with at
-least ``job, slot, token, instance, status, started_at, finished_at,
-duration_ms, http_status, error``. History joins a job's claims and results
-by token, newest first; a claim without a result reads as ``running``. It is
-read in one batch through an ordered consumer filtered on ``<prefix><job>.*``
-(the job's two subjects, nothing of other jobs). Anything on those subjects
-that is not a well-formed claim or result is skipped and counted, and so is a
-claim whose slot lies further ahead than the duplicate window: no instance
-claims a slot that early, so it is forged (or its clock is far off), and taken
-as the newest run it would hide every real one from ``last-run`` for good.
+``<prefix><job>.results`` carries one JSON message per finished run, a
+``ResultRecord`` (sidecar/wire.py; written only by sidecar/record.py).
+History joins a job's claims and results by token, newest first; a claim
+without a result reads as ``running``. It is read in one batch through an
+ordered consumer filtered on ``<prefix><job>.*`` (the job's two subjects,
+nothing of other jobs). Anything on those subjects that is not a well-formed
+claim or result is skipped and counted, and so is a claim whose slot lies
+further ahead than the duplicate window: no instance claims a slot that
+early, so it is forged (or its clock is far off), and taken as the newest run
+it would hide every real one from ``last-run`` for good.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -26,136 +26,11 @@ from nats.js.api import DeliverPolicy
 from nats.js.errors import APIError
 
 from sidecar.bounds import slot_ms
-from sidecar.claim import MSG_ID, TRANSIENT
-from sidecar.clock import rfc3339
-from sidecar.due import lost_msg_id
-from sidecar.tracing import trace_id_of
-from sidecar.trigger import TriggerResult
-from sidecar.wire import ERR_NO_MESSAGE, ERR_STREAM_NOT_FOUND
+from sidecar.wire import ERR_NO_MESSAGE, ERR_STREAM_NOT_FOUND, LOST, RESULT_STATUSES, RUNNING
 from sidecar.wire import claims_subject as wire_claims_subject
+from sidecar.wire import results_subject as result_subject
 
 log = logging.getLogger(__name__)
-
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-RUNNING = "running"
-SKIPPED = "skipped"  # won, not run: error says why (``overlap``)
-LOST = "lost"  # its lease expired: the runner stopped renewing (FLEET.md)
-RESULT_STATUSES = (SUCCEEDED, FAILED, SKIPPED, LOST)
-
-
-@dataclass(frozen=True)
-class ResultRecord:
-    """The body of a result message."""
-
-    job: str
-    slot: int
-    token: str
-    instance: str
-    status: str
-    started_at: str
-    finished_at: str
-    duration_ms: int
-    http_status: int | None
-    error: str | None
-    manual: bool = False
-    attempt: int = 1
-    trigger: str | None = None  # X-Anarchon-Trigger of the run; None: no request (skipped)
-    anomaly: str | None = None  # short or long: outside the job's expect (min, max)
-
-    def to_json(self) -> bytes:
-        """The body; ``attempt`` only after the first (absent means 1), ``trigger`` and
-        ``anomaly`` only when set; ``trace_id`` always (sidecar/tracing.py)."""
-        data = asdict(self)
-        if self.attempt <= 1:
-            del data["attempt"]
-        if self.trigger is None:
-            del data["trigger"]
-        if self.anomaly is None:
-            del data["anomaly"]
-        data["trace_id"] = trace_id_of(self.token)
-        return json.dumps(data, separators=(",", ":")).encode()
-
-    @property
-    def msg_id(self) -> str:
-        """One stored result per run, and one ``lost`` result per attempt fleet-wide."""
-        if self.status == LOST:
-            return lost_msg_id(self.job, self.slot, self.attempt)
-        return f"{self.job}:result:{self.token}"
-
-    @classmethod
-    def of(
-        cls,
-        job: str,
-        slot: int,
-        token: str,
-        instance: str,
-        result: TriggerResult,
-        manual: bool = False,
-        attempt: int = 1,
-        trigger: str | None = None,
-    ) -> ResultRecord:
-        """The record of a finished trigger."""
-        return cls(
-            job=job,
-            slot=slot,
-            token=token,
-            instance=instance,
-            status=SUCCEEDED if result.ok else FAILED,
-            started_at=rfc3339(result.started_at),
-            finished_at=rfc3339(result.finished_at),
-            duration_ms=round((result.finished_at - result.started_at) * 1000),
-            http_status=result.http_status,
-            error=result.error,
-            manual=manual,
-            attempt=attempt,
-            trigger=trigger,
-        )
-
-
-def result_subject(prefix: str, job: str) -> str:
-    return f"{prefix}{job}.results"
-
-
-async def publish_result(
-    js: JetStreamContext,
-    stream: str,
-    prefix: str,
-    record: ResultRecord,
-    timeout: float = 2.0,
-    attempts: int = 30,
-) -> int:
-    """Record a run's result; retried (de-duplicated by a msg id per token).
-
-    Returns the stored result's sequence (a due key of the next attempt names
-    it), or 0 when it could not be recorded; the run then reads as
-    ``running`` in history, which is what a lost result means.
-    """
-    headers_id = record.msg_id
-    payload = record.to_json()
-    backoff = 0.05
-    for attempt in range(1, attempts + 1):
-        try:
-            ack = await js.publish(
-                result_subject(prefix, record.job),
-                payload,
-                timeout=timeout,
-                stream=stream,
-                headers={MSG_ID: headers_id},
-            )
-            return int(ack.seq)
-        except (*TRANSIENT, APIError) as exc:
-            log.warning(
-                "job %s slot %s: recording the result failed (attempt %d): %r",
-                record.job,
-                record.slot,
-                attempt,
-                exc,
-            )
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, 2.0)
-    return 0
-
 
 # ---------------------------------------------------------------------------- history
 

@@ -36,8 +36,7 @@ from nats.js.kv import KeyValue
 
 from sidecar.bucketcheck import facts_of
 from sidecar.errors import StreamError
-from sidecar.natspy import jetstream_of
-from sidecar.wire import compact, kv_stream, kv_subject, paused_key
+from sidecar.wire import compact, kv_stream, paused_key
 from sidecar.wire import decode as decode  # re-exported
 
 if TYPE_CHECKING:
@@ -321,14 +320,3 @@ async def put_json(kv: KeyValue, key: str, value: dict[str, Any]) -> int:
         return int(await kv.put(key, compact(value)))
     except Exception as exc:
         raise StreamError(f"cannot write {key} in state bucket: {exc!r}") from exc
-
-
-async def put_with_ttl(bucket: Bucket, key: str, value: dict[str, Any], ttl: float) -> None:
-    """A plain put that expires ``ttl`` seconds after it was written (a MaxAge marker)."""
-    js = jetstream_of(bucket.kv)
-    await js.publish(
-        kv_subject(bucket.spec.bucket, key),
-        compact(value),
-        stream=bucket.spec.stream,
-        msg_ttl=ttl,
-    )

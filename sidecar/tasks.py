@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -44,3 +44,22 @@ async def cancel_all(tasks: Iterable[asyncio.Task[Any]], timeout: float = 5.0) -
     for task in pending:
         log.warning("task %s still running %gs after it was cancelled", task.get_name(), timeout)
     return pending
+
+
+class TaskSet(set[asyncio.Task[Any]]):
+    """The tasks a module started, for the drain: each is removed when it ends, and
+    one that ended with an exception is logged (never "never retrieved")."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("%s failed", self.what, exc_info=exc)

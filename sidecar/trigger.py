@@ -116,6 +116,19 @@ class TriggerResult:
     answer: bytes = b""  # at most MAX_ANSWER_KEPT bytes of the app's answer
 
 
+def interrupted(started_at: float, ran: float, grace: float) -> TriggerResult:
+    """A run cut off by the drain after `ran` seconds: failed, outcome unknown."""
+    return TriggerResult(
+        False,
+        started_at,
+        started_at + ran,
+        ran,
+        None,
+        f"interrupted: still running after the {grace:g}s shutdown grace period; outcome unknown",
+        1,
+    )
+
+
 @dataclass(frozen=True)
 class Address:
     """Where a request goes: a unix socket, or a host and port; parsed once per URL."""

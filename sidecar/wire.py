@@ -1,17 +1,19 @@
 """The wire, in one pure module: what other programs see of the sidecar.
 
 Subjects, message ids, state-bucket key names, NATS and trigger headers, the
-compact JSON every record is written in, and the NATS error codes and
-transient errors every caller tells apart. Nothing here does I/O or holds a
-connection: names and values only, so that a change to the wire is a change
-to this file (SPEC.md and FLEET.md are the contract it follows).
+compact JSON every record is written in, the result record and its
+statuses, and the NATS error codes and transient errors every caller tells
+apart. Nothing here does I/O or holds a connection: names and values only,
+so that a change to the wire is a change to this file (SPEC.md and FLEET.md
+are the contract it follows).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Literal
 
 from nats.errors import ConnectionReconnectingError, NoRespondersError
 from nats.js.errors import (
@@ -20,6 +22,8 @@ from nats.js.errors import (
     NoStreamResponseError,
     ServiceUnavailableError,
 )
+
+from sidecar.tracing import trace_id_of
 
 # --- subjects, ids, keys, headers ---
 
@@ -171,3 +175,64 @@ def cas_conflict(exc: BaseException) -> bool:
     return isinstance(exc, KeyWrongLastSequenceError) or (
         isinstance(exc, APIError) and exc.err_code in CAS_CONFLICT
     )
+
+
+# --- records and statuses ---
+#
+# A result message (``<prefix><job>.results``) is one ``ResultRecord``; its
+# ``status`` is one of RESULT_STATUSES. A claim without a result reads as
+# RUNNING in history (never stored). The kinds of a run's ``Outcome``
+# (sidecar/record.py) are exactly the stored statuses.
+
+SUCCEEDED: Final = "succeeded"
+FAILED: Final = "failed"
+SKIPPED: Final = "skipped"  # won or kept from running, nothing sent: error says why
+LOST: Final = "lost"  # its lease expired: the runner stopped renewing (FLEET.md)
+RUNNING: Final = "running"  # history only: a claim with no result yet
+RESULT_STATUSES: Final = (SUCCEEDED, FAILED, SKIPPED, LOST)
+# The statuses of a run whose request went out, or may have (pings, notify).
+RAN_STATUSES: Final = (SUCCEEDED, FAILED, LOST)
+# The statuses a further attempt may follow (retry, on_lost: rerun).
+FAILED_STATUSES: Final = (FAILED, LOST)
+
+OutcomeKind = Literal["succeeded", "failed", "skipped", "lost"]
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """The body of a result message. Built only by sidecar/record.py."""
+
+    job: str
+    slot: int
+    token: str
+    instance: str
+    status: str
+    started_at: str
+    finished_at: str
+    duration_ms: int
+    http_status: int | None
+    error: str | None
+    manual: bool = False
+    attempt: int = 1
+    trigger: str | None = None  # X-Anarchon-Trigger of the run; None: no request (skipped)
+    anomaly: str | None = None  # short or long: outside the job's expect (min, max)
+
+    def to_json(self) -> bytes:
+        """The body; ``attempt`` only after the first (absent means 1), ``trigger`` and
+        ``anomaly`` only when set; ``trace_id`` always (sidecar/tracing.py)."""
+        data = asdict(self)
+        if self.attempt <= 1:
+            del data["attempt"]
+        if self.trigger is None:
+            del data["trigger"]
+        if self.anomaly is None:
+            del data["anomaly"]
+        data["trace_id"] = trace_id_of(self.token)
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    @property
+    def msg_id(self) -> str:
+        """One stored result per run, and one ``lost`` result per attempt fleet-wide."""
+        if self.status == LOST:
+            return lost_msg_id(self.job, self.slot, self.attempt)
+        return f"{self.job}:result:{self.token}"

@@ -20,11 +20,11 @@ from sidecar.alerting_config import EVENTS, mask_url
 from sidecar.config import parse_config
 from sidecar.errors import ConfigError
 from sidecar.health import apply, claim_event, reset, transition
-from sidecar.lease import Keys
+from sidecar.kv import Keys
 from sidecar.outbound import Outbox
-from sidecar.runs import ResultRecord
 from sidecar.state import StateSpec, ensure_bucket
 from sidecar.tracing import run_uuid, span_id_of, trace_id_of, traceparent
+from sidecar.wire import ResultRecord
 from tests.receivers import Receiver, receiver
 from tests.support import run_cli, write_config
 

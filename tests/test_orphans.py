@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from nats.js.errors import NoKeysError
 
 from sidecar.config import parse_config
 from sidecar.orphans import Orphans, grace, job_of, jobs_run, run_by
@@ -153,7 +154,7 @@ async def live_keys(url: str, bucket: str = "CRON_STATE") -> list[str]:
         kv = await nc.jetstream().key_value(bucket)
         try:
             return sorted(await kv.keys())
-        except Exception:  # nats-py: NoKeysError when the bucket holds none
+        except NoKeysError:  # the bucket holds none; anything else must not read as "none"
             return []
     finally:
         await nc.close()

@@ -11,13 +11,13 @@ from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
 
 from sidecar import watch as watching
+from sidecar.kv import put_with_ttl
 from sidecar.state import (
     StateSpec,
     View,
     ensure_bucket,
     mismatched_jobs,
     put_json,
-    put_with_ttl,
 )
 from sidecar.watch import Watch
 from tests.support import until

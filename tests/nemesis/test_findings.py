@@ -18,7 +18,8 @@ from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
 
 from sidecar.clock import Clock
-from sidecar.lease import RUN_LEASE_WAIT, Keys, Lease
+from sidecar.kv import Keys
+from sidecar.lease import RUN_LEASE_WAIT, Lease
 from sidecar.metrics import Metrics
 from sidecar.state import Bucket, StateSpec, ensure_bucket
 from tests.reliability.proxy import AckProxy
