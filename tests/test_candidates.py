@@ -19,8 +19,9 @@ from sidecar.clock import Clock
 from sidecar.config import parse_config
 from sidecar.errors import ConfigError
 from sidecar.fleet import Fleet
+from sidecar.kv import put_with_ttl
 from sidecar.metrics import Metrics
-from sidecar.state import PRESENCE_TTL, put_with_ttl
+from sidecar.state import PRESENCE_TTL
 from tests.support import NatsServer, run_cli, until, write_config
 
 ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=20)
