@@ -12,7 +12,16 @@ import time
 
 from tests.support import ROOT
 
-BENCHMARKS = ("claim_latency", "leases", "fleet", "footprint", "history", "state_view", "page")
+BENCHMARKS = (
+    "claim_latency",
+    "leases",
+    "fleet",
+    "footprint",
+    "history",
+    "state_view",
+    "page",
+    "candidates",
+)
 
 
 def main() -> None:

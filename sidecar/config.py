@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sidecar.alerting_config import parse_notify, parse_tracing
+from sidecar.candidates import check_fit
 from sidecar.config_jobs import (
     CATCHUP,
     JOB_KEYS,
@@ -177,7 +178,7 @@ def _parse(data: dict[Any, Any]) -> Config:
             "admin.token_file", "must not be empty (leave it out for a read-only page)"
         )
     target = _parse_target(data.get("target"))
-    defaults = ConfigSection(data.get("defaults"), "defaults", ("ping",))
+    defaults = ConfigSection(data.get("defaults"), "defaults", ("ping", "claim"))
     raw_jobs = data.get("jobs")
     if not isinstance(raw_jobs, list) or not raw_jobs:
         got = "none" if raw_jobs is None else type_name(raw_jobs)
@@ -204,6 +205,7 @@ def _parse(data: dict[Any, Any]) -> Config:
     size = config.effective_history_size  # once, not once per job
     for index, job in enumerate(config.jobs):
         check_windows(config, job, f"jobs[{index}]", size)
+        check_fit(job, nats.ack_timeout, f"jobs[{index}]")
     return config
 
 

@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo
 
 from sidecar.alerting_config import PingConfig, parse_expect, parse_pause_after, parse_ping
 from sidecar.calendar import Calendar, parse_calendar
+from sidecar.candidates import parse_claim
 from sidecar.config_keys import JOB_NAME, ConfigSection, one_of
 from sidecar.config_model import Config, JobConfig, RequestConfig, RetryConfig, TargetConfig
 from sidecar.errors import ConfigError
@@ -44,6 +45,7 @@ JOB_KEYS = (
     "ping",
     "pause_after",
     "expect",
+    "claim",
 )
 _REQUEST_KEYS = ("method", "path", "headers", "body", "timeout", "url")
 
@@ -113,6 +115,7 @@ def parse_job(sec: ConfigSection, target: TargetConfig, defaults: ConfigSection)
         ping=_job_ping(sec, defaults, name),
         pause_after=parse_pause_after(sec),
         expect=parse_expect(sec.data["expect"], sec.key("expect")) if sec.has("expect") else None,
+        claim=parse_claim(sec, defaults),
     )
 
 

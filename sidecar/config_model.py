@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 
 from sidecar.alerting_config import ExpectConfig, NotifyConfig, PingConfig, TracingConfig
 from sidecar.calendar import Calendar
+from sidecar.candidates import ClaimConfig
 from sidecar.errors import ConfigError
 
 
@@ -167,6 +168,7 @@ class JobConfig:
     ping: PingConfig | None = None  # Healthchecks-style pings by the runner
     pause_after: int | None = None  # consecutive failed or lost runs, fleet-wide
     expect: ExpectConfig | None = None  # duration expectations (anomalies)
+    claim: ClaimConfig = field(default_factory=ClaimConfig)  # candidates (sidecar/candidates.py)
 
 
 @dataclass(frozen=True)

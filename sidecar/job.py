@@ -30,6 +30,7 @@ from sidecar import failpoints
 from sidecar.aftermath import Aftermath
 from sidecar.backfill import Backfills
 from sidecar.bucketcheck import needs_leases
+from sidecar.candidates import Candidates
 from sidecar.catchup import CatchUp
 from sidecar.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
 from sidecar.clock import Clock, rfc3339
@@ -125,6 +126,16 @@ class Jobs:
             self.sleep_until,
             stopping,
         )
+        # claim.candidates: only k instances claim a slot at its time (sidecar/candidates.py).
+        self.candidates = Candidates(
+            config.instance_id,
+            metrics,
+            clock,
+            fleet,
+            spawn,
+            self.sleep_until,
+            lambda job, slot: self.attempt(job, slot, self.clock.wall(), deferred=True),
+        )
 
     def _next_slot(self, job: JobConfig) -> int:
         """The slot the job's loop handles next: catch-up claims only before it."""
@@ -174,6 +185,7 @@ class Jobs:
         number: int = 1,
         due_at: float | None = None,
         trigger: str = SCHEDULED,
+        deferred: bool = False,
     ) -> None:
         """Claim attempt `number` of `slot` unless something forbids it now; run it when won.
 
@@ -197,6 +209,8 @@ class Jobs:
         if number == 1 and (skipped := self.fleet.skipped(name, slot)) is not None:
             self.unclaimed.kept(job, slot, *skipped)
             return
+        if not deferred and self.candidates.defer(job, slot, number, trigger):
+            return  # not a candidate: claimed after claim.fallback unless its run is seen
         start = slot / 1000 if due_at is None else due_at
         deadline = self.clock.monotonic() + (start + job.max_late - now)
         try:

@@ -81,6 +81,12 @@ class Metrics:
         self.claim_errors_total = counter(
             "claim_errors", "Claims that got no definite answer (timeout, no stream)."
         )
+        # claim.candidates (sidecar/candidates.py): slots left to their candidates.
+        self.claims_deferred_total = counter(
+            "claims_deferred",
+            "Slots this instance left to their claim candidates, by outcome.",
+            ("job", "outcome"),
+        )
         self.claim_ack_seconds = histogram(
             "claim_ack_seconds", "Time from publishing a claim to its ack.", ACK_BUCKETS
         )
@@ -255,6 +261,8 @@ class Metrics:
             self.attempts_due_total.labels(job=job, reason=reason)
         for reason in SKIP_REASONS:
             self.claims_skipped_total.labels(job=job, reason=reason)
+        for outcome in ("seen", "fallback"):  # candidates.DEFERRED_OUTCOMES
+            self.claims_deferred_total.labels(job=job, outcome=outcome)
         for status in RUN_STATUSES:
             self.runs_total.labels(job=job, status=status)
         self.claim_ack_seconds.labels(job=job)

@@ -44,6 +44,8 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_claim_duplicate_acks_total": ("counter", frozenset({"job"})),
     "anarchon_claims_skipped_total": ("counter", frozenset({"job", "reason"})),
     "anarchon_claim_errors_total": ("counter", frozenset({"job"})),
+    # claim.candidates (docs/METRICS.md): slots left to their candidates.
+    "anarchon_claims_deferred_total": ("counter", frozenset({"job", "outcome"})),
     "anarchon_claim_ack_seconds": ("histogram", frozenset({"job"})),
     "anarchon_runs_total": ("counter", frozenset({"job", "status"})),
     "anarchon_run_duration_seconds": ("histogram", frozenset({"job"})),
@@ -293,6 +295,8 @@ def test_metrics_of_a_job_exist_at_zero_before_anything_happens() -> None:
             extra = [{"status": s} for s in SPEC_LABEL_VALUES["status"]]
         if "kind" in labels:
             extra = [{"kind": k} for k in KINDS[name]]
+        if name == "anarchon_claims_deferred_total":
+            extra = [{"outcome": o} for o in ("seen", "fallback")]
         for more in extra:
             assert registry.get_sample_value(sample, {"job": "j", **more}) == 0.0, (name, more)
 

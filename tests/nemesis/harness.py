@@ -232,9 +232,13 @@ class Apps:
         loop.close()
 
 
-def job_configs(max_late: str) -> list[dict[str, Any]]:
-    """Two jobs: `tick` every second, and `lease` every 2 s whose app takes 2 s (leases)."""
-    return [
+def job_configs(max_late: str, candidates: int = 0) -> list[dict[str, Any]]:
+    """Two jobs: `tick` every second, and `lease` every 2 s whose app takes 2 s (leases).
+
+    With `candidates` (``NEMESIS_CANDIDATES``), both claim with ``claim.candidates``.
+    """
+    claim = {"claim": {"candidates": candidates, "fallback": "1s"}} if candidates else {}
+    jobs = [
         {"name": "tick", "schedule": "* * * * * *", "jitter": "300ms", "max_late": max_late},
         {
             "name": "lease",
@@ -245,6 +249,7 @@ def job_configs(max_late: str) -> list[dict[str, Any]]:
             "on_lost": "rerun",
         },
     ]
+    return [{**job, **claim} for job in jobs]
 
 
 LEASE_APP_DELAY = 2.0
@@ -254,7 +259,9 @@ LEASE_TTL = 3.0
 class System:
     """The cluster, the sidecars, the apps and the network they share."""
 
-    def __init__(self, workdir: Path, sidecars: int = 5, max_late: float = 4.0) -> None:
+    def __init__(
+        self, workdir: Path, sidecars: int = 5, max_late: float = 4.0, candidates: int = 0
+    ) -> None:
         self.workdir = workdir
         self.node_names = ["n1", "n2", "n3"]
         self.sidecar_names = [f"s{i}" for i in range(1, sidecars + 1)]
@@ -266,7 +273,7 @@ class System:
         appdir = workdir / "apps"
         appdir.mkdir(parents=True, exist_ok=True)
         sockets = {s: str(appdir / f"{s}.sock") for s in self.sidecar_names}
-        self.jobs = job_configs(f"{int(max_late * 1000)}ms")
+        self.jobs = job_configs(f"{int(max_late * 1000)}ms", candidates)
         self.sidecars = {
             s: SidecarNode(
                 s,

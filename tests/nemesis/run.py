@@ -44,6 +44,12 @@ def seed_from_env() -> int:
     return int(text) if text else random.SystemRandom().randrange(1, 10**6)
 
 
+def candidates_from_env() -> int:
+    """``NEMESIS_CANDIDATES=k``: the jobs claim with ``claim.candidates: k`` (0: off)."""
+    text = os.environ.get("NEMESIS_CANDIDATES", "").strip()
+    return int(text) if text else 0
+
+
 def seconds_from_env(default: float = 60.0) -> float:
     text = os.environ.get("NEMESIS_SECONDS", "").strip()
     return float(text) if text else default
@@ -58,25 +64,29 @@ class Outcome:
     directory: Path
     took: float
     errors: list[str]
+    candidates: int = 0
 
     def line(self) -> str:
-        return f"NEMESIS seed={self.seed} seconds={self.seconds:g} " + summary(self.report)
+        k = f" candidates={self.candidates}" if self.candidates else ""
+        return f"NEMESIS seed={self.seed} seconds={self.seconds:g}{k} " + summary(self.report)
 
     def explain(self) -> str:
         plan_text = "\n".join("  " + f.describe() for f in self.faults)
         fails = "\n".join("  " + f for f in self.report.failures + self.errors)
         notes = "".join(f"\n  {n}" for n in self.report.notes)
         return (
-            f"{self.line()}\nreplay: NEMESIS_SEED={self.seed} NEMESIS_SECONDS={self.seconds:g}\n"
+            f"{self.line()}\nreplay: NEMESIS_SEED={self.seed} NEMESIS_SECONDS={self.seconds:g}"
+            f"{f' NEMESIS_CANDIDATES={self.candidates}' if self.candidates else ''}\n"
             f"history and logs: {self.directory}\nfailures:\n{fails}\nnotes:{notes}\n"
             f"fault schedule:\n{plan_text}"
         )
 
 
-def run(workdir: Path, seed: int, seconds: float) -> Outcome:
+def run(workdir: Path, seed: int, seconds: float, candidates: int | None = None) -> Outcome:
     began = time.monotonic()
     sweep_leftovers()
-    system = System(workdir, max_late=MAX_LATE)
+    candidates = candidates_from_env() if candidates is None else candidates
+    system = System(workdir, max_late=MAX_LATE, candidates=candidates)
     fault_seconds = max(5.0, seconds - QUIET_TAIL)
     faults = plan(seed, fault_seconds, system.node_names, system.sidecar_names)
     (workdir / "plan.txt").write_text("\n".join(f.describe() for f in faults) + "\n")
@@ -127,6 +137,7 @@ def run(workdir: Path, seed: int, seconds: float) -> Outcome:
             "nodes": system.node_names,
             "raft_groups": system.raft_groups(),
             "sidecars": system.sidecar_names,
+            "candidates": candidates,
             "jobs": {
                 "tick": {"period_s": 1, "max_late": MAX_LATE},
                 "lease": {"period_s": 2, "max_late": MAX_LATE},
@@ -139,7 +150,9 @@ def run(workdir: Path, seed: int, seconds: float) -> Outcome:
         system.stop()
     report = check(History.load(workdir))
     report.figures.update(log_figures(workdir))
-    outcome = Outcome(seed, seconds, report, faults, workdir, time.monotonic() - began, errors)
+    outcome = Outcome(
+        seed, seconds, report, faults, workdir, time.monotonic() - began, errors, candidates
+    )
     keep(outcome)
     return outcome
 
@@ -186,6 +199,7 @@ def keep(outcome: Outcome) -> None:
     record = {
         "seed": outcome.seed,
         "seconds": outcome.seconds,
+        "candidates": outcome.candidates,
         "figures": outcome.report.figures,
         "failures": outcome.report.failures + outcome.errors,
         "notes": outcome.report.notes,
