@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from nats.js.errors import NoKeysError
+from nats.js.errors import KeyNotFoundError, NoKeysError
 
 from sidecar.config import parse_config
 from sidecar.orphans import Orphans, grace, job_of, jobs_run, run_by
@@ -160,6 +160,23 @@ async def live_keys(url: str, bucket: str = "CRON_STATE") -> list[str]:
         await nc.close()
 
 
+async def present(url: str, keys: list[str], bucket: str = "CRON_STATE") -> list[bool]:
+    """Whether each key holds a value now (read one by one, not by a listing)."""
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(bucket)
+        out = []
+        for key in keys:
+            try:
+                await kv.get(key)
+                out.append(True)
+            except KeyNotFoundError:  # also KeyDeletedError: a delete marker
+                out.append(False)
+        return out
+    finally:
+        await nc.close()
+
+
 def keys_now(url: str) -> list[str]:
     return asyncio.run(live_keys(url))
 
@@ -253,9 +270,22 @@ def test_jobs_removed_from_the_fleet_while_running_retrying_locked_and_paused(
             )
             # Pause and due attempt: removed once nobody has run the jobs for the grace
             # (old-1's presence lingers up to 15 s, then 30 s, then a sweep every 5 s).
-            wait_for(lambda: has("health.flaky"), 10, interval=0.2, what="flaky's failure counted")
+            # nats-py's key listing is a watch that may end early while the
+            # bucket is written (a partial list): the keys to see go are
+            # taken from a listing that has all three, then read one by one.
+            held: list[str] = []
+
+            def listed() -> bool:
+                held[:] = [k for k in keys_now(nats_server.url) if job_of(k) in removed]
+                return {k.split(".")[0] + "." + k.split(".")[1] for k in held} >= {
+                    "paused.quiet",
+                    "due.flaky",
+                    "health.flaky",
+                }
+
+            wait_for(listed, 10, interval=0.2, what="the pause, due attempt and health listed")
             wait_for(
-                lambda: not [k for k in keys_now(nats_server.url) if job_of(k) in removed],
+                lambda: not any(asyncio.run(present(nats_server.url, held))),
                 15 + 30 + 5 + 10,
                 interval=1.0,
                 what="the removed jobs' pause, due attempt and health gone",
