@@ -18,20 +18,23 @@ cost stop growing with N".
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import math
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import nats
-from nats.aio.msg import Msg
-
 from bench import runtime
-from bench.common import cpu_seconds, machine, nats_server, summary_ms, workdir, write_result
+from bench.common import (
+    SubjectCounter,
+    cpu_seconds,
+    machine,
+    nats_server,
+    summary_ms,
+    workdir,
+    write_result,
+)
 from bench.fleet import App, sleep_until
 from bench.wire import PREFIX, STREAM
 from tests.support import NatsServer, Sidecar, wait_for
@@ -39,7 +42,7 @@ from tests.support import NatsServer, Sidecar, wait_for
 STATE = f"{STREAM}_STATE"
 
 
-class Wire:
+class Wire(SubjectCounter):
     """Counts, on the server's side, what the sidecars publish and request, per kind."""
 
     SUBJECTS = (
@@ -49,45 +52,12 @@ class Wire:
         f"$KV.{STATE}.>",
     )
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.counts: Counter[str] = Counter()
-        self.counting = False
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("wire counter did not connect")
-
-    async def _run(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        nc = await nats.connect(self.url)
-
-        async def count(msg: Msg) -> None:
-            if not self.counting:
-                return
-            subject = msg.subject
-            if subject.startswith("$JS.API"):
-                self.counts["api"] += 1
-            elif subject.startswith("$KV."):
-                self.counts["kv_" + subject.split(".")[2]] += 1
-            else:
-                self.counts[subject.rsplit(".", 1)[1]] += 1
-
-        for subject in self.SUBJECTS:
-            await nc.subscribe(subject, cb=count)
-        await nc.flush()
-        self._ready.set()
-        await self._stop.wait()
-        await nc.close()
-
-    def close(self) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+    def kind(self, subject: str) -> str | None:
+        if subject.startswith("$JS.API"):
+            return "api"
+        if subject.startswith("$KV."):
+            return "kv_" + subject.split(".")[2]
+        return subject.rsplit(".", 1)[1]
 
 
 def config(app: App, url: str, label: str, jobs: int, k: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ app, all on 127.0.0.1.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -17,9 +18,14 @@ import platform
 import statistics
 import subprocess
 import tempfile
+import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import nats
+from nats.aio.msg import Msg
 
 from tests.support import NatsServer, nats_server_binary
 
@@ -171,3 +177,51 @@ def nats_server(work: Path, name: str = "n") -> Iterator[NatsServer]:
 
 def ratio(value: float, baseline: float) -> float:
     return value / baseline if baseline else float("nan")
+
+
+class SubjectCounter:
+    """Counts, on the server's side, messages on ``SUBJECTS`` by the kind ``kind`` names.
+
+    A core subscription in a thread of its own sees every message published on
+    those subjects (a duplicate claim too: it is published, only not stored)
+    while ``counting`` is set; ``kind`` returns the counter's key, or None to
+    leave a message out.
+    """
+
+    SUBJECTS: tuple[str, ...] = ()
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.counts: Counter[str] = Counter()
+        self.counting = False
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError(f"{type(self).__name__} did not connect")
+
+    def kind(self, subject: str) -> str | None:
+        raise NotImplementedError
+
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        nc = await nats.connect(self.url)
+
+        async def count(msg: Msg) -> None:
+            if self.counting and (kind := self.kind(msg.subject)) is not None:
+                self.counts[kind] += 1
+
+        for subject in self.SUBJECTS:
+            await nc.subscribe(subject, cb=count)
+        await nc.flush()
+        self._ready.set()
+        await self._stop.wait()
+        await nc.close()
+
+    def close(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)

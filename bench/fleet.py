@@ -24,26 +24,21 @@ app.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import concurrent.futures
 import contextlib
 import json
 import math
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections import Counter
 from pathlib import Path
 from typing import Any
-
-import nats
-from nats.aio.msg import Msg
 
 from bench import runtime
 from bench.app import fetch_records
 from bench.common import (
+    SubjectCounter,
     cpu_seconds,
     machine,
     nats_server,
@@ -101,12 +96,11 @@ def fleet_config(
     }
 
 
-class RequestCounter:
+class RequestCounter(SubjectCounter):
     """Counts, on the server's side, the JetStream requests the sidecars make for slots.
 
-    A core subscription in a thread of its own sees every claim publish (a
-    duplicate too: it is published, only not stored), every read of a stored
-    claim and every result publish, while ``counting`` is set.
+    Every claim publish (a duplicate too), every read of a stored claim and
+    every result publish of this run's jobs (``bench.common.SubjectCounter``).
     """
 
     SUBJECTS = (
@@ -117,42 +111,15 @@ class RequestCounter:
     )
 
     def __init__(self, url: str, label: str) -> None:
-        self.url = url
         self.label = label
-        self.counts: Counter[str] = Counter()
-        self.counting = False
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("request counter did not connect")
+        super().__init__(url)
 
-    async def _run(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        nc = await nats.connect(self.url)
-
-        async def count(msg: Msg) -> None:
-            if not self.counting:
-                return
-            if msg.subject.startswith("$JS.API"):
-                self.counts["reads"] += 1
-            elif msg.subject.startswith(f"{PREFIX}{self.label}-"):
-                self.counts[msg.subject.rsplit(".", 1)[1]] += 1
-
-        for subject in self.SUBJECTS:
-            await nc.subscribe(subject, cb=count)
-        await nc.flush()
-        self._ready.set()
-        await self._stop.wait()
-        await nc.close()
-
-    def close(self) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+    def kind(self, subject: str) -> str | None:
+        if subject.startswith("$JS.API"):
+            return "reads"
+        if subject.startswith(f"{PREFIX}{self.label}-"):
+            return subject.rsplit(".", 1)[1]
+        return None
 
 
 def sleep_until(wall: float) -> None:
