@@ -26,10 +26,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from sidecar.backoff import Backoff
 from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.kv import CasConflict, create_or_update, delete_at
 
@@ -48,6 +48,8 @@ MAX_SLOTS = 1000
 # A running entry whose instance has left the fleet is cleared after this long.
 STALE_AFTER = 20.0
 RECHECK_EVERY = 5.0
+# The wait before reading the key again after losing a compare-and-set (mean, s).
+CONTENDED_WAIT = 0.125
 
 
 def backfill_key(job: str) -> str:
@@ -174,6 +176,9 @@ class Backfills:
         kv = bucket.kv
         key = backfill_key(job.name)
         me = self.config.instance_id
+        # Another sidecar changed the key between our read and our write: read again
+        # after a short random wait (0.05 to 0.2 s), so that the racers spread out.
+        contended = Backoff(start=CONTENDED_WAIT, cap=CONTENDED_WAIT, jitter=0.6)
         while not self.stopping.is_set():
             try:  # read, not the view: it may not show our own last write yet
                 entry = await kv.get(key)
@@ -195,7 +200,7 @@ class Backfills:
                     running.get("instance"),
                 )
                 if not await self._cas(kv, key, {**value, "running": None}, revision):
-                    await asyncio.sleep(random.uniform(0.05, 0.2))
+                    await contended.sleep()
                 continue
             if not pending:
                 if running is None:
@@ -213,7 +218,7 @@ class Backfills:
                 "running": {"slot": slot, "instance": me, "at": rfc3339(self.clock.wall())},
             }
             if not await self._cas(kv, key, taken, revision):
-                await asyncio.sleep(random.uniform(0.05, 0.2))  # another took it
+                await contended.sleep()  # another took it
                 continue
             await self._run_one(job, slot, str(value.get("tag") or "b"), value)
             await self._finish(kv, key, slot)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats.js import JetStreamContext
 
+from sidecar.backoff import Backoff
 from sidecar.claim import new_token
 from sidecar.clock import Clock, rfc3339
 from sidecar.due import LOST as DUE_LOST
@@ -55,6 +56,10 @@ if TYPE_CHECKING:
     from sidecar.stream import StreamSpec
 
 log = logging.getLogger(__name__)
+
+# Between the three reads of the stream that back a due key (s, not growing:
+# the key waits meanwhile, and a stream that does not answer leaves it).
+DUE_CHECK_RETRY = 0.5
 
 #: ``attempt(job, slot, now, number, due_at, trigger)``: compete for an attempt now.
 Attempt = Callable[["JobConfig", int, float, int, float | None, str], Awaitable[None]]
@@ -203,6 +208,7 @@ class DueAttempts:
         (a hostile key: counted, logged, deleted) or the stream did not answer."""
         why = config_problem(job, due, self.clock.wall())
         if why is None:
+            retry = Backoff(start=DUE_CHECK_RETRY, cap=DUE_CHECK_RETRY)
             for tries in range(3):
                 try:
                     return await backing(self.js, self.spec, job, due, value)
@@ -215,7 +221,7 @@ class DueAttempts:
                             "due key %s not checked (the stream did not answer): %r", key, exc
                         )
                         return None
-                    await asyncio.sleep(0.5)
+                    await retry.sleep()
         if why is not None:
             await self._hostile_due(key, revision, why)
         return None

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from sidecar import failpoints
+from sidecar.backoff import Backoff
 from sidecar.bounds import slot_ms
 from sidecar.clock import Clock, rfc3339
 from sidecar.due import lock_key, renew_every, run_key
@@ -189,7 +190,8 @@ class Lease:
     async def _renew(self) -> None:
         every = renew_every(self.ttl)
         wait = every
-        spurious = 0  # spurious conflicts in a row
+        # Spurious conflicts in a row: renew again soon, backing off while they repeat.
+        spurious = Backoff(start=min(SPURIOUS_WAIT, every), cap=every)
         while True:
             await asyncio.sleep(wait)
             wait = every
@@ -198,7 +200,7 @@ class Lease:
                 self.revision = await self.keys.renew(self.key, self.value, self.revision, self.ttl)
                 self.renewed_at = sent
                 self.renewals += 1
-                spurious = 0
+                spurious.reset()
             except CasConflict:
                 ours = await self._still_ours()
                 if ours is None:
@@ -207,8 +209,7 @@ class Lease:
                     # A spurious conflict: renew soon with the revision read. Right
                     # after a leader change that read can be stale and conflict
                     # again: back off while they repeat (it spun at 1,000 a second).
-                    wait = min(every, SPURIOUS_WAIT * 2**spurious)
-                    spurious += 1
+                    wait = spurious.next()
                 else:
                     self._failed("the key was taken over or expired")
                     self.lost = True
