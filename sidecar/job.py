@@ -156,13 +156,17 @@ class Jobs:
         name = job.name
         slot = job.schedule.next_slot(self.clock.wall_ms())
         self._next[name] = slot
-        previous = job.schedule.previous_slot(slot)
+        # The first slot's previous instant is found by the run that needs it
+        # (_why): finding it here for every job took a fifth of the time to
+        # ready with 1,000 jobs, most of them never due before the next one.
+        previous: int | None = None
+        known = False
         if job.catchup != "none":
             self.side_tasks.spawn(self.catch_up(job))
         while not self.stopping.is_set():
             self._next[name] = slot
-            # X-Anarchon-Previous-Scheduled-At, known before the slot's time.
-            self._previous[name] = (slot, previous)
+            if known:  # X-Anarchon-Previous-Scheduled-At, known before the slot's time
+                self._previous[name] = (slot, previous)
             m.job_next_run_timestamp_seconds.labels(job=name).set(slot / 1000)
             fire_at = slot / 1000 + random.uniform(0.0, job.jitter)
             if await self.sleep_until(fire_at):
@@ -172,10 +176,10 @@ class Jobs:
             now = self.clock.wall()
             if now - slot / 1000 > job.max_late:
                 slot = self.unclaimed.late(job, slot, now)
-                previous = job.schedule.previous_slot(slot)
+                previous, known = job.schedule.previous_slot(slot), True
                 continue
             await self.attempt(job, slot, now)
-            previous, slot = slot, job.schedule.next_slot(slot)
+            previous, slot, known = slot, job.schedule.next_slot(slot), True
 
     async def attempt(
         self,

@@ -254,30 +254,33 @@ class Metrics:
             self.retries_exhausted_total,
             self.lease_renewal_failures_total,
         ):
-            c.labels(job=job)
+            c.add(job)
         for reason in RUN_SKIP_REASONS:
-            self.runs_skipped_total.labels(job=job, reason=reason)
+            self.runs_skipped_total.add(job, reason)
         for reason in DUE_REASONS:
-            self.attempts_due_total.labels(job=job, reason=reason)
+            self.attempts_due_total.add(job, reason)
         for reason in SKIP_REASONS:
-            self.claims_skipped_total.labels(job=job, reason=reason)
+            self.claims_skipped_total.add(job, reason)
         for outcome in ("seen", "fallback"):  # candidates.DEFERRED_OUTCOMES
-            self.claims_deferred_total.labels(job=job, outcome=outcome)
+            self.claims_deferred_total.add(job, outcome)
         for status in RUN_STATUSES:
-            self.runs_total.labels(job=job, status=status)
-        self.claim_ack_seconds.labels(job=job)
-        self.run_duration_seconds.labels(job=job)
-        self.run_start_delay_seconds.labels(job=job)
-        self.runs_in_progress.labels(job=job)
-        self.job_next_run_timestamp_seconds.labels(job=job)
-        self.job_last_success_timestamp_seconds.labels(job=job)
-        self.stream_covers_job.labels(job=job)
-        self.job_paused.labels(job=job)
-        self.job_paused_until_timestamp_seconds.labels(job=job)
-        self.job_skips_pending.labels(job=job)
-        self.job_backfill_pending.labels(job=job)
+            self.runs_total.add(job, status)
+        for single in (
+            self.claim_ack_seconds,
+            self.run_duration_seconds,
+            self.run_start_delay_seconds,
+            self.runs_in_progress,
+            self.job_next_run_timestamp_seconds,
+            self.job_last_success_timestamp_seconds,
+            self.stream_covers_job,
+            self.job_paused,
+            self.job_paused_until_timestamp_seconds,
+            self.job_skips_pending,
+            self.job_backfill_pending,
+        ):
+            single.add(job)
         for kind in ("short", "long"):
-            self.runs_anomalous_total.labels(job=job, kind=kind)
-        self.runs_overdue.labels(job=job)
-        self.job_consecutive_failures.labels(job=job)
-        self.job_auto_paused.labels(job=job)
+            self.runs_anomalous_total.add(job, kind)
+        self.runs_overdue.add(job)
+        self.job_consecutive_failures.add(job)
+        self.job_auto_paused.add(job)

@@ -147,7 +147,10 @@ def parse_schedule(expr: str, tz: ZoneInfo) -> Schedule:
     return Schedule(" ".join(expr.split()), tz)
 
 
+@lru_cache(maxsize=4096)
 def _validate(expr: str) -> None:
+    """Raise ScheduleError unless ``expr`` is valid; a valid one is checked once
+    (a config parses each job's expressions more than once, and jobs share them)."""
     parts = expr.split()
     if len(parts) not in (5, 6):
         raise ScheduleError(

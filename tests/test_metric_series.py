@@ -6,6 +6,7 @@ import asyncio
 import functools
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sidecar.exposition import render
@@ -78,3 +79,34 @@ def test_series_of_many_jobs_expose_what_prometheus_client_does() -> None:
 
     # The admin server's rendering, piece by piece, writes the same bytes.
     assert asyncio.run(render(ours_registry)) == generate_latest(ours_registry)
+
+
+def test_series_made_by_add_are_those_labels_makes() -> None:
+    """``add`` (the start's way, label values in order) makes what ``labels`` would."""
+    ours_registry, ref_registry = CollectorRegistry(), CollectorRegistry()
+    ours, ref = lean(ours_registry), reference(ref_registry)
+    for job in (f"job-{i}" for i in range(3)):
+        ours["runs"].add(job, "ok")
+        ours["runs"].add(job, "failed")
+        ref["runs"].labels(job=job, status="ok")
+        ref["runs"].labels(job=job, status="failed")
+        for name in ("late", "busy", "delay", "took"):
+            ours[name].add(job)
+            ref[name].labels(job=job)
+    assert text(ours_registry) == text(ref_registry)
+
+    # labels() finds the series add made; add again leaves a moved one as it is.
+    ours["runs"].labels(job="job-1", status="failed").inc(3)
+    ours["runs"].add("job-1", "failed")
+    ours["delay"].labels(job="job-2").observe(0.05)
+    ours["delay"].add("job-2")
+    ref["runs"].labels(job="job-1", status="failed").inc(3)
+    ref["delay"].labels(job="job-2").observe(0.05)
+    ours_text = text(ours_registry)
+    assert ours_text == text(ref_registry)
+    assert b't_runs_total{job="job-1",status="failed"} 3.0' in ours_text
+    assert len(ours["runs"]._series) == 6
+
+    for bad in ((), ("job-1",), ("job-1", "ok", "extra")):
+        with pytest.raises(ValueError, match="Incorrect label names"):
+            ours["runs"].add(*bad)

@@ -269,6 +269,20 @@ def test_direct_construction_validates_too() -> None:
         Schedule("61 * * * *", ZoneInfo("UTC"))
 
 
+def test_an_expression_is_checked_once_and_a_bad_one_every_time() -> None:
+    """A config parses a job's expressions more than once: only the first check costs."""
+    expr = "17 3 * * 2"  # in no other test
+    before = schedule_module._validate.cache_info()
+    parse_schedule(expr, ZoneInfo("UTC"))
+    parse_schedule(expr, ZoneInfo("Asia/Kolkata"))
+    Schedule(expr, ZoneInfo("UTC"))
+    after = schedule_module._validate.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 2)
+    for _ in range(2):  # an error is never remembered as a pass
+        with pytest.raises(ScheduleError, match="bad hour field '25'"):
+            parse_schedule("0 25 * * *", ZoneInfo("UTC"))
+
+
 def test_whitespace_is_normalised() -> None:
     sched = parse_schedule("  */5\t*  * * *\n", ZoneInfo("UTC"))
     assert sched.expr == "*/5 * * * *"
