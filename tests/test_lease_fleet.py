@@ -422,8 +422,12 @@ async def test_lease_traffic_per_run_is_a_create_its_renewals_and_a_delete(
     print(f"lease writes per run of 2.3 s with lease_ttl 3s: {sorted(per_run)}")
     for ops in done.values():
         assert ops[0] == "PUT" and ops.count("DEL") == 1
-    # One renewal per lease_ttl / 3 of the run: 2 for a 2.3 s run (3 on a slow machine).
-    assert all(2 <= n <= 3 for n in renewals), renewals
+    # One renewal per lease_ttl / 3 of the lease's life: 2 for a 2.3 s run, 3 on
+    # a slow machine. Each renewal waits lease_ttl / 3 from the one before, so a
+    # first renewal that a loaded machine makes 0.3 s late leaves room for only
+    # one before the run ends: 1 now and then, never more than 3, never 1 for all.
+    assert all(1 <= n <= 3 for n in renewals), renewals
+    assert max(renewals) >= 2, renewals
 
 
 def test_a_killed_runner_holding_the_overlap_lock_is_lost_and_the_job_runs_again(
