@@ -430,6 +430,22 @@ def sidecars(
             p.kill()
 
 
+def slow_run(
+    app: RecordingApp, procs: list[Sidecar], path: str, delay: float
+) -> tuple[Request, Sidecar]:
+    """Make `path` answer after `delay` from now on: the first run that starts
+    slow, and the sidecar that runs it (to kill or freeze mid-run)."""
+    app.delay[path] = delay
+    slow_from = time.time()
+    first: Request = wait_for(
+        lambda: next((r for r in app.requests_for(path) if r.at > slow_from), None),
+        10,
+        what="a slow run",
+    )
+    runner = next(p for p in procs if p.name == first.headers["X-Anarchon-Instance"])
+    return first, runner
+
+
 # --------------------------------------------------------------------------- stream
 
 

@@ -30,6 +30,7 @@ from tests.support import (
     results,
     run_cli,
     sidecars,
+    slow_run,
     wait_for,
     write_config,
 )
@@ -226,14 +227,7 @@ def test_a_runner_killed_mid_run_gives_one_fail_ping_and_one_lost_notification(
     )
     with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
         wait_for(lambda: len(http_app.requests_for(path)) >= 2, 20, what="healthy runs")
-        http_app.delay[path] = 8.0
-        slow_from = time.time()
-        first = wait_for(
-            lambda: next((r for r in http_app.requests_for(path) if r.at > slow_from), None),
-            10,
-            what="a slow run",
-        )
-        victim = next(p for p in procs if p.name == first.headers["X-Anarchon-Instance"])
+        first, victim = slow_run(http_app, procs, path, 8.0)
         time.sleep(0.5)
         victim.kill()  # SIGKILL
         http_app.delay[path] = 0.0

@@ -28,6 +28,7 @@ from tests.support import (
     results,
     run_cli,
     sidecars,
+    slow_run,
     wait_for,
     write_config,
 )
@@ -137,14 +138,7 @@ def test_killed_runner_is_recorded_lost_once_and_rerun_once_elsewhere(
     path = "/jobs/work"
     with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
         wait_for(lambda: len(http_app.requests_for(path)) >= 2, 20, what="first runs")
-        http_app.delay[path] = 4.0
-        slow_from = time.time()
-        first = wait_for(
-            lambda: next((r for r in http_app.requests_for(path) if r.at > slow_from), None),
-            10,
-            what="a slow run",
-        )
-        victim = next(p for p in procs if p.name == first.headers["X-Anarchon-Instance"])
+        first, victim = slow_run(http_app, procs, path, 4.0)
         time.sleep(0.3)  # its lease is created and renewed
         assert victim.proc is not None
         victim.proc.send_signal(signal.SIGKILL)
@@ -261,14 +255,7 @@ def test_a_runner_stopped_past_its_lease_is_recorded_lost_rerun_once_and_its_lat
     config = base([nats_server.url], http_app, [rerun])
     with sidecars(tmp_path, [("s0", config, {}), ("s1", config, {})]) as procs:
         wait_for(lambda: len(http_app.requests_for(path)) >= 2, 20, what="first runs")
-        http_app.delay[path] = 1.0
-        slow_from = time.time()
-        first = wait_for(
-            lambda: next((r for r in http_app.requests_for(path) if r.at > slow_from), None),
-            10,
-            what="a slow run",
-        )
-        victim = next(p for p in procs if p.name == first.headers["X-Anarchon-Instance"])
+        first, victim = slow_run(http_app, procs, path, 1.0)
         assert victim.proc is not None
         victim.proc.send_signal(signal.SIGSTOP)
         stopped_at = time.time()
