@@ -79,6 +79,17 @@ async def until(condition: Callable[[], Any], timeout: float = 10.0, what: str =
         await asyncio.sleep(0.01)
 
 
+def anonymous_connect(host: str, port: int) -> str:
+    """What NATS answers a client that connects without credentials (protocol level:
+    nats-py leaves its socket open when refused)."""
+    with socket.create_connection((host, port), timeout=5) as sock:
+        reader = sock.makefile("rb")
+        info = reader.readline()
+        assert info.startswith(b"INFO "), info
+        sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
+        return reader.readline().decode(errors="replace").strip()
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -34,7 +33,7 @@ import yaml
 
 import sidecar
 from sidecar.config import Config, load_config
-from tests.support import free_port, wait_for
+from tests.support import anonymous_connect, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -590,17 +589,6 @@ def nats_password_for(conf: Path) -> str:
         return (COMPOSE_DIR / secret["file"]).read_text().removesuffix("\n")
     (secret,) = docs_of_kind(K8S / "base" / "nats-auth-secret.yaml", "Secret")
     return str(secret["stringData"][password_file.name])
-
-
-def anonymous_connect(host: str, port: int) -> str:
-    """What NATS answers a client that connects without credentials (protocol level:
-    nats-py leaves its socket open when refused)."""
-    with socket.create_connection((host, port), timeout=5) as sock:
-        reader = sock.makefile("rb")
-        info = reader.readline()
-        assert info.startswith(b"INFO "), info
-        sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
-        return reader.readline().decode(errors="replace").strip()
 
 
 async def _nats_answers(url: str, password: str) -> dict[str, Any]:

@@ -48,7 +48,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -272,17 +271,6 @@ async def read_stream(url: str) -> list[tuple[str, dict[str, str], Any]]:
         return msgs
     finally:
         await nc.close()
-
-
-def anonymous_connect(host: str, port: int) -> str:
-    """What NATS answers a client that connects without credentials (protocol level:
-    nats-py leaves its socket open when refused)."""
-    with socket.create_connection((host, port), timeout=5) as sock:
-        reader = sock.makefile("rb")
-        info = reader.readline()
-        assert info.startswith(b"INFO "), info
-        sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
-        return reader.readline().decode(errors="replace").strip()
 
 
 async def try_forbidden(url: str) -> list[str]:
@@ -633,7 +621,7 @@ def test_nats_admits_only_the_restricted_sidecar_user(stack: Stack) -> None:
     with PHASES("NATS users and permissions"):
         assert NATS_LOGIN, "the compose sidecar.yaml connects without a user"
         port = stack.port("nats", 4222)
-        refused = anonymous_connect("127.0.0.1", port)
+        refused = support.anonymous_connect("127.0.0.1", port)
         assert refused == "-ERR 'Authorization Violation'", refused
         errors = asyncio.run(try_forbidden(f"nats://127.0.0.1:{port}"))
         denied = f'permissions violation for publish to "{FORBIDDEN.lower()}"'
