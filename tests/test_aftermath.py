@@ -15,12 +15,12 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from sidecar import outbound
-from sidecar.aftermath import anomaly_of, event_payload, ping_body, trigger_kind
 from sidecar.alerting_config import EVENTS, mask_url
 from sidecar.config import parse_config
 from sidecar.errors import ConfigError
 from sidecar.health import apply, claim_event, reset, transition
 from sidecar.kv import Keys
+from sidecar.notices import anomaly_of, event_payload, ping_body, trigger_kind
 from sidecar.outbound import Outbox
 from sidecar.state import StateSpec, ensure_bucket
 from sidecar.tracing import run_uuid, span_id_of, trace_id_of, traceparent
