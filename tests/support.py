@@ -49,6 +49,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the TCP socket listening on `port` (Linux /proc).
+
+    free_port() only finds a port that was free a moment ago: with many processes
+    starting at once, another may take it first, and then its /readyz answers for
+    a process that is about to exit on "address already in use".
+    """
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    return True
+    return False
+
+
 def wait_for(
     condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, what: str = ""
 ) -> Any:
@@ -388,7 +410,9 @@ class Sidecar:
         def check() -> bool:
             if self.proc and self.proc.poll() is not None:
                 raise AssertionError(f"sidecar {self.name} exited:\n{self.log()}")
-            return self.ready()
+            # Its own port: another process's /readyz must not answer for it.
+            mine = self.proc is None or listens(self.proc.pid, self.metrics_port)
+            return mine and self.ready()
 
         wait_for(check, timeout, what=f"sidecar {self.name} ready")
         return self

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import http.server
 import random
 import re
+import socketserver
 import statistics
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from sidecar.config import Secrets, parse_config
 from sidecar.daemon import Daemon
@@ -238,3 +243,36 @@ async def test_slot_wake_up_is_never_early_and_precise() -> None:
         late.append(time.time() - target)
     assert min(late) >= 0
     assert statistics.median(late) < 0.0004, sorted(late)
+
+
+def test_ready_means_this_sidecar_answers_not_another_process_on_its_port(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """A sidecar that lost its metrics port to another process exits; the harness must
+    see that, not take the other process's /readyz for it (100 sidecars starting at
+    once in the fleet benchmarks lose free_port()'s race now and then)."""
+    with socketserver.TCPServer(("127.0.0.1", 0), AlwaysReady) as other:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        port = other.server_address[1]
+        config = {**base_config(nats_server, http_app, [job("alpha")])}
+        config["metrics"] = {"listen": f"127.0.0.1:{port}"}
+        proc = Sidecar(tmp_path, "taken", config, {})
+        assert proc.ready()  # the other process answers on its port
+        proc.start()
+        try:
+            with pytest.raises(AssertionError, match="exited"):
+                proc.wait_ready(30)
+        finally:
+            proc.kill()
+            other.shutdown()
+    assert "address already in use" in proc.log()
+
+
+class AlwaysReady(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ready\n")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
