@@ -1,9 +1,9 @@
 """The state bucket's watch: keeps one sidecar's View in step with the bucket.
 
 One watch of the whole bucket feeds the View (sidecar/state.py). It is
-restarted (a full re-sync) after a reconnect and whenever the watchdog sees
-the bucket's last sequence ahead of what the watch delivered for two checks
-in a row: nats-py's ordered consumer can stall without noticing
+restarted (a full re-sync) after a reconnect and whenever the watchdog finds
+the watch still short of the sequence the bucket had at the previous check,
+two checks in a row: nats-py's ordered consumer can stall without noticing
 (nats-io/nats.py#510). The watchdog also tells the Fleet when the bucket's
 settings change, or when the bucket is deleted or made again.
 """
@@ -32,6 +32,25 @@ WATCHDOG_EVERY = 3.0
 WATCH_RETRY = 1.0
 
 
+class Stall:
+    """The watchdog's verdict: the watch is stalled when, two looks in a row, it has
+    not delivered what the bucket held at the look before.
+
+    Not "the bucket is ahead of the view now": a bucket written all the time (a
+    hundred sidecars' presence and leases) nearly always has its newest write on
+    the way, and every sidecar would re-read the whole bucket every few seconds.
+    """
+
+    def __init__(self, delivered: int) -> None:
+        self.target = delivered  # the bucket's last sequence at the previous look
+        self.behind = 0
+
+    def look(self, last_seq: int, delivered: int) -> bool:
+        self.behind = self.behind + 1 if delivered < self.target else 0
+        self.target = last_seq
+        return self.behind >= 2
+
+
 class Watch:
     """Keeps a View in step with the bucket: one watch, re-synced when it may be stale."""
 
@@ -55,12 +74,11 @@ class Watch:
 
     async def run(self) -> None:
         """Watch until cancelled; the watchdog restarts a silent or stale watch."""
-        behind = 0
         backoff = Backoff(WATCH_RETRY, WATCH_RETRY)
         while True:
             try:
                 await self._start()
-                behind = 0
+                stall = Stall(self.view.last_revision)
                 while not self._resync.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._resync.wait(), WATCHDOG_EVERY)
@@ -71,13 +89,9 @@ class Watch:
                     if facts != self._facts:
                         self._bucket_changed(facts)
                         break
-                    if int(info.state.last_seq) > self.view.last_revision:
-                        behind += 1
-                        if behind >= 2:
-                            log.warning("state bucket watch fell behind; re-reading the bucket")
-                            break
-                    else:
-                        behind = 0
+                    if stall.look(int(info.state.last_seq), self.view.last_revision):
+                        log.warning("state bucket watch fell behind; re-reading the bucket")
+                        break
             except asyncio.CancelledError:
                 await self._stop()
                 raise
@@ -148,6 +162,8 @@ class Watch:
             ]
         self.view.keys = fresh.keys
         self.view._jobs_seen = fresh._jobs_seen
+        self.view._presence_hash = fresh._presence_hash
+        self.view.presence_generation += 1
         self.view.lock_markers = fresh.lock_markers
         self.view.last_revision = fresh.last_revision
         self.view.synced = True

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 
+import nats
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
@@ -18,8 +19,8 @@ from sidecar.state import (
     ensure_bucket,
     mismatched_jobs,
 )
-from sidecar.watch import Watch
-from tests.support import until
+from sidecar.watch import Stall, Watch
+from tests.support import NatsServer, until
 
 SPEC = StateSpec("CRON_STATE", 1, 60.0)
 
@@ -86,6 +87,60 @@ async def test_a_watch_that_misses_updates_is_caught_by_the_watchdog(
             await task
 
 
+def test_the_watchdog_calls_a_watch_stalled_only_when_it_misses_an_old_write() -> None:
+    busy = Stall(delivered=10)
+    # Always a write or two on the way, but each look's writes delivered by the next.
+    for last_seq, delivered in [(12, 11), (15, 14), (19, 17), (25, 24), (30, 29)]:
+        assert not busy.look(last_seq, delivered)
+    silent = Stall(delivered=10)
+    assert not silent.look(12, 10)  # nothing old missed yet
+    assert not silent.look(13, 10)  # 12 not delivered a look later: behind once
+    assert silent.look(14, 10)  # twice in a row: stalled
+    caught_up = Stall(delivered=10)
+    assert not caught_up.look(12, 10)
+    assert not caught_up.look(13, 10)
+    assert not caught_up.look(14, 13)  # it delivered what the bucket had: not stalled
+
+
+async def test_a_busy_bucket_is_not_taken_for_a_stalled_watch(
+    nc: NATS,
+    nats_server: NatsServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bucket written all the time (a hundred sidecars' presence and leases) always
+    has a newest write still on its way to the watch; that is not a stall, and a
+    re-read of the whole bucket by every sidecar every few seconds costs."""
+    monkeypatch.setattr(watching, "WATCHDOG_EVERY", 0.2)
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    view = View()
+    watch = Watch(bucket, view)
+    task = asyncio.create_task(watch.run())
+    writer = await nats.connect(nats_server.url)  # the other sidecars
+    other = await writer.jetstream().key_value(SPEC.bucket)
+    written = 0
+    try:
+        await until(lambda: view.synced and watch._pump is not None, 10)
+        pump = watch._pump
+        end = asyncio.get_running_loop().time() + 3.0
+        while asyncio.get_running_loop().time() < end:
+            # Ten in flight at a time, as from many writers at once.
+            batch = [
+                put_json(other, f"instance.i{(written + i) % 50}", {"n": i}) for i in range(10)
+            ]
+            await asyncio.gather(*batch)
+            written += len(batch)
+        await until(lambda: view.last_revision >= written, 5)
+        assert watch._pump is pump  # the same watch all along: never re-read
+    finally:
+        await writer.close()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert written > 300
+    assert "fell behind" not in caplog.text
+
+
 async def test_resync_drops_keys_deleted_while_the_watch_was_away(nc: NATS) -> None:
     bucket = await ensure_bucket(nc.jetstream(), SPEC)
     await put_json(bucket.kv, "paused.sync", {"by": "ops"})
@@ -136,3 +191,28 @@ def test_instances_with_the_same_settings_share_one_jobs_mapping() -> None:
     view.apply("instance.odd", json.dumps({"jobs": odd}).encode(), 200, False)
     assert mismatched_jobs(view.instances()) == {"job-7"}
     assert len({id(v["jobs"]) for v in view.instances().values()}) == 2
+
+
+def test_a_renewed_presence_is_not_decoded_or_counted_again() -> None:
+    """Each of a hundred replicas renews its presence every 5 s; only an instance
+    that comes, goes or changes its presence changes the fleet."""
+    view = View()
+    presence = json.dumps({"version": "1", "jobs": {"a": "1"}}).encode()
+    view.apply("instance.r1", presence, 1, False)
+    view.apply("instance.r2", presence, 2, False)
+    generation = view.presence_generation
+    decoded = view.instances()["r1"]
+    view.apply("instance.r1", presence, 3, False)  # a renewal
+    assert view.presence_generation == generation
+    assert view.instances()["r1"] is decoded  # the same object: not decoded again
+    assert view.keys["instance.r1"].revision == 3
+    changed = json.dumps({"version": "2", "jobs": {"a": "1"}}).encode()
+    view.apply("instance.r1", changed, 4, False)
+    assert view.presence_generation == generation + 1
+    assert view.instances()["r1"]["version"] == "2"
+    view.apply("instance.r2", None, 5, True)  # gone
+    assert view.presence_generation == generation + 2
+    view.apply("instance.r2", presence, 6, False)  # back
+    assert view.presence_generation == generation + 3
+    view.apply("paused.a", b"{}", 7, False)  # not an instance
+    assert view.presence_generation == generation + 3
