@@ -192,8 +192,10 @@ class Candidates:
         self._sleep_until = sleep_until
         self._claim_later = claim_later
         self._seen: dict[str, tuple[set[int], deque[int]]] = {}
-        # Per job: its live instances, until an instance key changes (many jobs due at once).
+        # Per job: its live instances, until an instance comes, goes or changes
+        # (the view's presence_generation): many jobs due at once.
         self._live: dict[str, list[str]] = {}
+        self._live_generation = -1
         self.warnings = RateLimitedLog(log)
         fleet.key_listeners.append(self.key_seen)
 
@@ -202,6 +204,9 @@ class Candidates:
         fleet = self.fleet
         if not fleet.view.synced or fleet.problem is not None or not fleet.leases_ok:
             return None
+        if self._live_generation != fleet.view.presence_generation:
+            self._live.clear()
+            self._live_generation = fleet.view.presence_generation
         live = self._live.get(job)
         if live is None:
             live = self._live[job] = [
@@ -260,11 +265,7 @@ class Candidates:
         return seen is not None and slot in seen[0]
 
     def key_seen(self, key: str) -> None:
-        """A key the watch delivered: a run lease marks its slot as taken; an instance
-        key (or a re-read, "") changes who is live."""
-        if not key or key.startswith("instance."):
-            self._live.clear()
-            return
+        """A key the watch delivered: a run lease marks its slot as taken."""
         if not key.startswith(("run.", "lock.")):
             return
         entry = self.fleet.view.keys.get(key)

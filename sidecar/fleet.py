@@ -82,6 +82,7 @@ class Fleet:
         self._lease_jobs = frozenset(job.name for job in config.jobs if needs_leases(job))
         self._tasks: list[asyncio.Task[None]] = []
         self._mismatch: set[str] = set()
+        self._counted = -1  # the view's presence_generation last counted
         self._pause_timers: dict[str, asyncio.TimerHandle] = {}
         self._started_at = rfc3339(clock.wall())
         self._jobs = frozenset(job.name for job in config.jobs)
@@ -319,6 +320,9 @@ class Fleet:
                 m.job_skips_pending.labels(job=job).set(pending(value, self.clock.wall_ms()))
         if key and not key.startswith("instance."):
             return  # leases and due attempts change often; instances did not
+        if key and self.view.presence_generation == self._counted:
+            return  # an instance renewed the same presence
+        self._counted = self.view.presence_generation
         instances = self.view.instances()
         m.fleet_instances.set(len(instances))
         mismatch = mismatched_jobs(instances)

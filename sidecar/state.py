@@ -215,6 +215,12 @@ class View:
     lock_markers: dict[str, int] = field(default_factory=dict)
     # One ``jobs`` mapping per distinct setting, shared by the instances (_shared_jobs).
     _jobs_seen: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Changes when an instance appears, leaves or changes its presence; not when
+    # it renews the same presence (every 5 s each): what is counted from the
+    # instances is counted again only then.
+    presence_generation: int = 0
+    # hash() of each instance key's last value: a renewal is not decoded again.
+    _presence_hash: dict[str, int] = field(default_factory=dict)
 
     def paused(self, job: str) -> Entry | None:
         return self.keys.get(paused_key(job))
@@ -251,15 +257,32 @@ class View:
             old = self.keys.pop(key, None)
             if old is None:
                 return
+            if self._presence_hash.pop(key, None) is not None:
+                self.presence_generation += 1
             if self.on_removed is not None:
                 self.on_removed(Removal(key, old, how, at))
+        elif key.startswith("instance."):
+            self._apply_presence(key, value or b"", revision)
         else:
-            data = decode(value)
-            if key.startswith("instance."):
-                data = self._shared_jobs(data)
-            self.keys[key] = Entry(data, revision)
+            self.keys[key] = Entry(decode(value), revision)
         if self.on_change is not None:
             self.on_change(key)
+
+    def _apply_presence(self, key: str, value: bytes, revision: int) -> None:
+        """An instance key: a renewal of the same presence keeps the decoded one.
+
+        A hundred replicas renew every 5 s: each sidecar would otherwise decode
+        twenty presences a second, each as long as its list of jobs (about 5 ms
+        with 10,000 jobs), and count the fleet again after each.
+        """
+        digest = hash(value)
+        old = self.keys.get(key)
+        if old is not None and self._presence_hash.get(key) == digest:
+            self.keys[key] = Entry(old.value, revision)
+            return
+        self.keys[key] = Entry(self._shared_jobs(decode(value)), revision)
+        self._presence_hash[key] = digest
+        self.presence_generation += 1
 
     def _shared_jobs(self, data: dict[str, Any]) -> dict[str, Any]:
         """Instances with the same job settings share one ``jobs`` mapping.
