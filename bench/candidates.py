@@ -133,6 +133,8 @@ def run(
             with contextlib.suppress(Exception):
                 p.terminate(30)
             p.kill()
+    # Whole-bucket re-reads by the watchdog (a stalled watch, or one it took for stalled).
+    rereads = sum(p.log().count("state bucket watch fell behind") for p in procs)
     lo, hi = first * 1000, (first + seconds - 1) * 1000
     seen: Counter[tuple[str, int]] = Counter()
     delays: list[float] = []
@@ -164,6 +166,7 @@ def run(
         "sidecar_cpu_ms_per_slot_per_instance": 1000 * sum(cpu) / len(cpu) / expected,
         "start_delay": summary_ms(delays),
         "ready_seconds": round(ready_s, 1),
+        "watch_rereads": rereads,
     }
 
 
@@ -191,7 +194,8 @@ def main() -> None:
                         f"{r['server_cpu_ms_per_slot']:.2f} CPU ms/slot, sidecar "
                         f"{r['sidecar_cpu_ms_per_slot_per_instance']:.3f} CPU ms/slot/instance, "
                         f"start delay p50 {d.get('p50_ms', 0):.1f} p99 {d.get('p99_ms', 0):.1f} "
-                        f"ms, doubles {r['doubles']}, misses {r['misses']}",
+                        f"ms, doubles {r['doubles']}, misses {r['misses']}, "
+                        f"watch re-reads {r['watch_rereads']}",
                         flush=True,
                     )
                     # After each run: a fleet too large for the machine keeps the others.
