@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import http.server
 import random
 import re
@@ -22,9 +24,11 @@ from tests.support import (
     NatsServer,
     RecordingApp,
     Sidecar,
+    free_port,
     read_stream,
     run_cli,
     sidecars,
+    until,
     wait_for,
     write_config,
 )
@@ -243,6 +247,30 @@ async def test_slot_wake_up_is_never_early_and_precise() -> None:
         late.append(time.time() - target)
     assert min(late) >= 0
     assert statistics.median(late) < 0.0004, sorted(late)
+
+
+async def test_the_collector_is_off_until_ready_then_on_with_the_start_frozen(
+    nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """`run` turns the collector off while it starts; once ready, the daemon collects,
+    freezes what start-up made and turns it on again (the time to ready with 1,000
+    jobs, docs/PERFORMANCE.md)."""
+    raw = base_config(nats_server, http_app, [job("yearly", schedule="0 0 1 1 *")])
+    raw["metrics"] = {"listen": f"127.0.0.1:{free_port()}"}
+    daemon = Daemon(parse_config(raw, {}), Secrets())
+    frozen = gc.get_freeze_count()
+    gc.disable()  # as `run` does
+    try:
+        task = asyncio.create_task(daemon.run())
+        await asyncio.sleep(0)
+        assert daemon.not_ready() is not None and not gc.isenabled()
+        await until(lambda: daemon.not_ready() is None, 20)
+        await until(gc.isenabled, 5)
+        assert gc.get_freeze_count() > frozen
+        daemon.stopping.set()
+        assert await asyncio.wait_for(task, 30) == 0
+    finally:
+        gc.enable()
 
 
 def test_ready_means_this_sidecar_answers_not_another_process_on_its_port(
