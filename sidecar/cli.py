@@ -81,9 +81,13 @@ def run(config_path: str | None) -> None:
     # growing heap only slow the start. The daemon collects, freezes and turns
     # it on again once ready (Daemon._settle_memory).
     gc.disable()
-    ld = load(config_path)
-    offset = float(os.environ.get("ANARCHON_CLOCK_OFFSET", "0") or 0)
-    sys.exit(call(start(ld.config, ld.secrets, Clock(offset))))
+    try:
+        ld = load(config_path)
+        offset = float(os.environ.get("ANARCHON_CLOCK_OFFSET", "0") or 0)
+        code = call(start(ld.config, ld.secrets, Clock(offset)))
+    finally:
+        gc.enable()  # for whoever called `run` in-process
+    sys.exit(code)
 
 
 @main.command()

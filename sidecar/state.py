@@ -215,11 +215,13 @@ class View:
     lock_markers: dict[str, int] = field(default_factory=dict)
     # One ``jobs`` mapping per distinct setting, shared by the instances (_shared_jobs).
     _jobs_seen: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Changes when an instance appears, leaves or changes its presence; not when
-    # it renews the same presence (every 5 s each): what is counted from the
-    # instances is counted again only then.
+    # Changes when an instance appears, leaves or changes its presence, and on a
+    # full re-read (watch.py); not when it renews the same presence (every 5 s
+    # each): what is counted from the instances is counted again only then.
     presence_generation: int = 0
     # hash() of each instance key's last value: a renewal is not decoded again.
+    # (64 bits: a change colliding with the old bytes is not a practical risk,
+    # and whoever can write the bucket can write any presence anyway.)
     _presence_hash: dict[str, int] = field(default_factory=dict)
 
     def paused(self, job: str) -> Entry | None:
