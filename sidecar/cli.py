@@ -11,7 +11,6 @@ call(oneshot.something(ld.config, ld.secrets, ...))`` and
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import time
@@ -75,18 +74,12 @@ def main(log_level: str, log_format: str) -> None:
 @config_option
 def run(config_path: str | None) -> None:
     """Run the daemon: claim each slot, trigger the app when won, record the result."""
-    from sidecar.daemon import start
+    from sidecar.daemon import collector_off, start
 
-    # Off while the config is loaded and the jobs are made: its passes over the
-    # growing heap only slow the start. The daemon collects, freezes and turns
-    # it on again once ready (Daemon._settle_memory).
-    gc.disable()
-    try:
+    with collector_off():
         ld = load(config_path)
         offset = float(os.environ.get("ANARCHON_CLOCK_OFFSET", "0") or 0)
         code = call(start(ld.config, ld.secrets, Clock(offset)))
-    finally:
-        gc.enable()  # for whoever called `run` in-process
     sys.exit(code)
 
 

@@ -12,10 +12,11 @@ never leaves a run in flight unrecorded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -198,7 +199,7 @@ class Daemon:
         Everything made so far lives as long as the process: frozen, it stays out
         of the collector's full passes, which would otherwise walk all of it
         (about 8 ms) and now and then land on a slot's start. `run` turned the
-        collector off while it loaded the config and made the jobs (its passes
+        collector off (collector_off) while it loaded the config and made the jobs (its passes
         over the growing heap took about 20 ms of the time to ready with 1,000
         jobs), and this pass (20-30 ms) comes after ready, not before.
         """
@@ -223,6 +224,19 @@ class Daemon:
         log.info("waiting up to %.3gs for %d running trigger(s)", left, len(self.runs))
         _, pending = await asyncio.wait(set(self.runs), timeout=left)
         await cancel_all(pending)
+
+
+@contextlib.contextmanager
+def collector_off() -> Iterator[None]:
+    """The collector off while `run` loads the config and makes the jobs: its passes
+    over the growing heap only slow the start. The daemon collects, freezes and
+    turns it on again once ready (Daemon._settle_memory); on again here whatever
+    happens, for whoever calls `run` in-process."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _tracker(jobs: Jobs) -> Callable[[asyncio.Task[None]], None]:

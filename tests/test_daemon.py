@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sidecar.config import Secrets, parse_config
-from sidecar.daemon import Daemon
+from sidecar.daemon import Daemon, collector_off
 from sidecar.job import Jobs
 from tests.support import (
     NatsServer,
@@ -259,8 +259,7 @@ async def test_the_collector_is_off_until_ready_then_on_with_the_start_frozen(
     raw["metrics"] = {"listen": f"127.0.0.1:{free_port()}"}
     daemon = Daemon(parse_config(raw, {}), Secrets())
     frozen = gc.get_freeze_count()
-    gc.disable()  # as `run` does
-    try:
+    with collector_off():  # as `run` does
         task = asyncio.create_task(daemon.run())
         await asyncio.sleep(0)
         assert daemon.not_ready() is not None and not gc.isenabled()
@@ -269,8 +268,6 @@ async def test_the_collector_is_off_until_ready_then_on_with_the_start_frozen(
         assert gc.get_freeze_count() > frozen
         daemon.stopping.set()
         assert await asyncio.wait_for(task, 30) == 0
-    finally:
-        gc.enable()
 
 
 def test_ready_means_this_sidecar_answers_not_another_process_on_its_port(
