@@ -164,7 +164,9 @@ class Calendar:
 
     def next_slot(self, after_ms: int) -> int:
         """The smallest slot (moved, excluded ones included) strictly after ``after_ms``."""
-        return next(self._iter(after_ms))
+        # The first of _iter's merge, from each schedule's own (often known) answer.
+        base = after_ms - self.offset_ms
+        return min(s.next_slot(base) for s in self.schedules) + self.offset_ms
 
     def slots(self, after_ms: int, count: int) -> list[int]:
         return list(itertools.islice(self._iter(after_ms), count))

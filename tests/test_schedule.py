@@ -272,15 +272,51 @@ def test_direct_construction_validates_too() -> None:
 def test_an_expression_is_checked_once_and_a_bad_one_every_time() -> None:
     """A config parses a job's expressions more than once: only the first check costs."""
     expr = "17 3 * * 2"  # in no other test
-    before = schedule_module._validate.cache_info()
-    parse_schedule(expr, ZoneInfo("UTC"))
+    before = parse_schedule.cache_info()
+    first = parse_schedule(expr, ZoneInfo("UTC"))
+    assert parse_schedule(expr, ZoneInfo("UTC")) is first
     parse_schedule(expr, ZoneInfo("Asia/Kolkata"))
-    Schedule(expr, ZoneInfo("UTC"))
-    after = schedule_module._validate.cache_info()
-    assert (after.misses - before.misses, after.hits - before.hits) == (1, 2)
+    after = parse_schedule.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (2, 1)
     for _ in range(2):  # an error is never remembered as a pass
         with pytest.raises(ScheduleError, match="bad hour field '25'"):
             parse_schedule("0 25 * * *", ZoneInfo("UTC"))
+
+
+def test_the_check_leaves_the_next_slot_known(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job loop's first step (the next slot after now) costs no cron arithmetic:
+    the check at parse time found it (with 1,000 jobs, a tenth of the time to ready)."""
+    sched = Schedule("*/5 * * * *", ZoneInfo("Europe/Berlin"))
+    walked: list[int] = []
+    real = Schedule._iter_slots
+
+    def counting(self: Schedule, after_ms: int) -> Iterator[int]:
+        walked.append(after_ms)
+        return real(self, after_ms)
+
+    monkeypatch.setattr(Schedule, "_iter_slots", counting)
+    now = time.time_ns() // 1_000_000
+    slot = sched.next_slot(now)
+    assert walked == [] or slot - now < 1000  # computed only if a slot passed meanwhile
+    assert sched.next_slot(slot) > slot  # after the known slot: computed
+    assert walked[-1] == slot
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    expr=st.sampled_from(["*/15 * * * *", "30 2 * * *", "*/7 * * * * *", "0 9 * * 1-5"]),
+    zone=st.sampled_from(["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]),
+    first=st.integers(1_767_225_600_000, 1_830_297_600_000),
+    delta_ms=st.integers(-2 * 86_400_000, 2 * 86_400_000),
+)
+def test_a_known_answer_is_the_computed_one(
+    expr: str, zone: str, first: int, delta_ms: int
+) -> None:
+    """Whatever was asked before, next_slot answers what a fresh walk finds."""
+    sched = Schedule(expr, ZoneInfo(zone))
+    sched.next_slot(first)
+    for after in (first + delta_ms, sched.next_slot(first) - 1, sched.next_slot(first)):
+        assert sched.next_slot(after) == sched.slots(after, 1)[0]
 
 
 def test_whitespace_is_normalised() -> None:
