@@ -148,6 +148,10 @@ class Labelled(Generic[S]):
         self.labelnames = labelnames
         self._new_series: Callable[[], S] = new_series
         self._series: dict[tuple[str, ...], S] = {}
+        # What `add` stores: one series at zero that every label set not yet
+        # written shares (nothing but `labels` hands a series out, and it makes
+        # the label set its own first). A job's 47 series were 47 objects each.
+        self._zero: S = new_series()
         registry.register(self)
 
     def label_text(self, key: tuple[str, ...]) -> str:
@@ -163,22 +167,24 @@ class Labelled(Generic[S]):
         except KeyError:
             raise ValueError("Incorrect label names") from None
         series = self._series.get(key)
-        if series is None:
+        if series is None or series is self._zero:
             key = _KEYS.setdefault(key, key)
             series = self._series[key] = self._new_series()
         return series
 
     def add(self, *values: str) -> None:
-        """Create the series of these label values (in ``labelnames`` order) at zero.
+        """Expose the series of these label values (in ``labelnames`` order) at zero."""
+        self.add_all((values,))
 
-        What ``labels(...)`` does for a new series, without its keyword checks:
-        the start creates about 47 series a job.
-        """
-        if len(values) != len(self.labelnames):
-            raise ValueError("Incorrect label names")
-        if values not in self._series:
-            key = _KEYS.setdefault(values, values)
-            self._series[key] = self._new_series()
+    def add_all(self, keys: Iterable[tuple[str, ...]]) -> None:
+        """Expose these label sets at zero, without the keyword checks of ``labels``
+        (the start adds about 47 a job): the shared zero series until written."""
+        series, zero, width = self._series, self._zero, len(self.labelnames)
+        for key in keys:
+            if len(key) != width:
+                raise ValueError("Incorrect label names")
+            if key not in series:
+                series[_KEYS.setdefault(key, key)] = zero
 
     def describe(self) -> list[Metric]:
         return [Metric(self.name, self.documentation, self.kind)]

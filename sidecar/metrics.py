@@ -10,6 +10,7 @@ ones of ``sidecar.metric_series``.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 from prometheus_client.utils import INF, floatToGoString
@@ -240,12 +241,12 @@ class Metrics:
         for event in NOTIFY_EVENTS:  # at 0 from the start, like the per-job series
             for outcome in ("sent", "failed"):
                 self.notifications_total.labels(event=event, outcome=outcome)
-        for name in jobs:
-            self.add_job(name)
+        self.add_jobs(jobs)
 
-    def add_job(self, job: str) -> None:
-        """Create the job's labelled series at zero so that rates and alerts see them."""
-        for c in (
+    def add_jobs(self, jobs: Iterable[str]) -> None:
+        """Expose the jobs' labelled series at zero so that rates and alerts see them."""
+        alone = [(job,) for job in jobs]
+        for metric in (
             self.claims_won_total,
             self.claims_lost_total,
             self.claim_duplicate_acks_total,
@@ -253,19 +254,6 @@ class Metrics:
             self.runs_lost_total,
             self.retries_exhausted_total,
             self.lease_renewal_failures_total,
-        ):
-            c.add(job)
-        for reason in RUN_SKIP_REASONS:
-            self.runs_skipped_total.add(job, reason)
-        for reason in DUE_REASONS:
-            self.attempts_due_total.add(job, reason)
-        for reason in SKIP_REASONS:
-            self.claims_skipped_total.add(job, reason)
-        for outcome in ("seen", "fallback"):  # candidates.DEFERRED_OUTCOMES
-            self.claims_deferred_total.add(job, outcome)
-        for status in RUN_STATUSES:
-            self.runs_total.add(job, status)
-        for single in (
             self.claim_ack_seconds,
             self.run_duration_seconds,
             self.run_start_delay_seconds,
@@ -277,10 +265,17 @@ class Metrics:
             self.job_paused_until_timestamp_seconds,
             self.job_skips_pending,
             self.job_backfill_pending,
+            self.runs_overdue,
+            self.job_consecutive_failures,
+            self.job_auto_paused,
         ):
-            single.add(job)
-        for kind in ("short", "long"):
-            self.runs_anomalous_total.add(job, kind)
-        self.runs_overdue.add(job)
-        self.job_consecutive_failures.add(job)
-        self.job_auto_paused.add(job)
+            metric.add_all(alone)
+        for labelled, values in (
+            (self.runs_skipped_total, RUN_SKIP_REASONS),
+            (self.attempts_due_total, DUE_REASONS),
+            (self.claims_skipped_total, SKIP_REASONS),
+            (self.claims_deferred_total, ("seen", "fallback")),  # candidates.DEFERRED_OUTCOMES
+            (self.runs_total, RUN_STATUSES),
+            (self.runs_anomalous_total, ("short", "long")),
+        ):
+            labelled.add_all((job, value) for (job,) in alone for value in values)

@@ -110,3 +110,30 @@ def test_series_made_by_add_are_those_labels_makes() -> None:
     for bad in ((), ("job-1",), ("job-1", "ok", "extra")):
         with pytest.raises(ValueError, match="Incorrect label names"):
             ours["runs"].add(*bad)
+
+
+def test_label_sets_added_at_zero_stay_apart_once_written() -> None:
+    """``add`` lets the label sets not yet written share one zero series: writing
+    one through ``labels`` never moves another, of any kind."""
+    ours_registry, ref_registry = CollectorRegistry(), CollectorRegistry()
+    ours, ref = lean(ours_registry), reference(ref_registry)
+    jobs = [f"job-{i}" for i in range(4)]
+    for name in ("late", "busy", "delay", "took"):
+        ours[name].add_all((job,) for job in jobs)
+        for job in jobs:
+            ref[name].labels(job=job)
+    ours["runs"].add_all((job, status) for job in jobs for status in ("ok", "failed"))
+    for job in jobs:
+        for status in ("ok", "failed"):
+            ref["runs"].labels(job=job, status=status)
+    for reg in (ours, ref):
+        reg["late"].labels(job="job-1").inc(2)
+        reg["busy"].labels(job="job-2").set(5)
+        reg["busy"].labels(job="job-3").dec(1)
+        reg["delay"].labels(job="job-0").observe(0.05)
+        reg["took"].labels(job="job-0").observe(7)
+        reg["runs"].labels(job="job-3", status="failed").inc()
+    assert text(ours_registry) == text(ref_registry)
+    assert ours["late"].labels(job="job-1") is ours["late"].labels(job="job-1")
+    assert ours["late"].labels(job="job-0") is not ours["late"].labels(job="job-2")
+    assert list(ours["late"]._series) == [(job,) for job in jobs]  # the order they were added
