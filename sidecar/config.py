@@ -58,13 +58,13 @@ from sidecar.values import (
     nats_url,
     read_file,
     read_text_file,
-    read_yaml,
     short,
     subject_name,
     subject_prefix,
     target_url,
     type_name,
 )
+from sidecar.yamlfile import read_yaml
 
 __all__ = [
     "BUCKET_NAME",

@@ -3,9 +3,9 @@
 ``sidecar.config`` knows the schema (which keys, which rules); this module
 knows single values and files. Each check takes a raw YAML value and its
 key's path and returns the normalised value or raises :class:`ConfigError`
-naming that key. Here too: :class:`Section` (a map with its allowed keys),
-``read_yaml`` (the config file, errors with file and line) and ``read_file``
-(secret files, never echoed).
+naming that key. Here too: :class:`Section` (a map with its allowed keys)
+and ``read_file`` (secret files, never echoed); the config file's YAML is
+``sidecar.yamlfile``'s.
 
 A duration is a string with units, largest first, each at most once
 (``250ms``, ``2s``, ``5m``, ``1h``, ``1m30s``, ``1.5s``), or a plain integer
@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
-
-import yaml
-from yaml.constructor import ConstructorError
 
 from sidecar.errors import ConfigError
 
@@ -368,50 +365,6 @@ class Section:
             return value
 
         return self.get(name, default, convert)
-
-
-# libyaml's parser when PyYAML has it: a seventh of the time and a third of the
-# memory of the pure-Python one for a large config (1,000 jobs: 31 vs 226 ms).
-if TYPE_CHECKING:
-    _SafeLoader = yaml.SafeLoader
-else:
-    _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _Loader(_SafeLoader):
-    """The safe loader, refusing a key given twice in one map."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: set[str] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.value != "<<":
-                if key_node.value in seen:
-                    raise ConstructorError(
-                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
-                    )
-                seen.add(key_node.value)
-        return super().construct_mapping(node, deep)
-
-
-def read_yaml(path: str) -> object:
-    """The YAML document in the file ``path``; ConfigError("config", ...) with its line."""
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError("config", f"{path}: no such file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError("config", f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError("config", f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else path
-        problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
-        raise ConfigError("config", f"{where}: {problem}") from None
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise ConfigError("config", f"{path}: invalid YAML ({type(exc).__name__})") from None
 
 
 def read_file(path: str, key: str) -> bytes:
