@@ -163,7 +163,7 @@ class Labelled(Generic[S]):
         if len(labels) != len(self.labelnames):
             raise ValueError("Incorrect label names")
         try:
-            key = tuple(str(labels[name]) for name in self.labelnames)
+            key = tuple([str(labels[name]) for name in self.labelnames])
         except KeyError:
             raise ValueError("Incorrect label names") from None
         series = self._series.get(key)
@@ -178,13 +178,18 @@ class Labelled(Generic[S]):
 
     def add_all(self, keys: Iterable[tuple[str, ...]]) -> None:
         """Expose these label sets at zero, without the keyword checks of ``labels``
-        (the start adds about 47 a job): the shared zero series until written."""
-        series, zero, width = self._series, self._zero, len(self.labelnames)
+        (the start adds about 47 a job): the shared zero series until written.
+
+        The tuples are kept as given: the caller shares them between metrics.
+        """
+        keys = list(keys)
+        if not set(map(len, keys)) <= {len(self.labelnames)}:
+            raise ValueError("Incorrect label names")
+        if not self._series:  # the start: at C speed
+            self._series = dict.fromkeys(keys, self._zero)
+            return
         for key in keys:
-            if len(key) != width:
-                raise ValueError("Incorrect label names")
-            if key not in series:
-                series[_KEYS.setdefault(key, key)] = zero
+            self._series.setdefault(key, self._zero)
 
     def describe(self) -> list[Metric]:
         return [Metric(self.name, self.documentation, self.kind)]

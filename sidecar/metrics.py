@@ -244,8 +244,12 @@ class Metrics:
         self.add_jobs(jobs)
 
     def add_jobs(self, jobs: Iterable[str]) -> None:
-        """Expose the jobs' labelled series at zero so that rates and alerts see them."""
-        alone = [(job,) for job in jobs]
+        """Expose the jobs' labelled series at zero so that rates and alerts see them.
+
+        One label tuple per distinct label set, shared by every metric that has it.
+        """
+        names = list(jobs)
+        alone = [(job,) for job in names]
         for metric in (
             self.claims_won_total,
             self.claims_lost_total,
@@ -270,6 +274,7 @@ class Metrics:
             self.job_auto_paused,
         ):
             metric.add_all(alone)
+        pairs: dict[str, list[tuple[str, str]]] = {}
         for labelled, values in (
             (self.runs_skipped_total, RUN_SKIP_REASONS),
             (self.attempts_due_total, DUE_REASONS),
@@ -278,4 +283,5 @@ class Metrics:
             (self.runs_total, RUN_STATUSES),
             (self.runs_anomalous_total, ("short", "long")),
         ):
-            labelled.add_all((job, value) for (job,) in alone for value in values)
+            columns = [pairs.setdefault(v, [(job, v) for job in names]) for v in values]
+            labelled.add_all(key for row in zip(*columns, strict=True) for key in row)

@@ -15,6 +15,7 @@ bare numeric strings, booleans) is refused. Durations become float seconds.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
@@ -281,6 +282,7 @@ def is_remote(url: str) -> bool:
     return not url.startswith("unix:") and not is_loopback(urlsplit(url).hostname or "")
 
 
+@functools.lru_cache(maxsize=64)  # every job of a config names the same few hosts
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is localhost, 127.0.0.0/8 or ::1."""
     if host.lower() == "localhost":

@@ -9,7 +9,6 @@ the cursor or recolour the operator's terminal): it goes through
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 import time
@@ -77,6 +76,8 @@ def closest_name(name: str, known: Sequence[str]) -> str | None:
     for candidate in known:
         if candidate.casefold() == name.casefold():
             return candidate
+    import difflib  # only for a name that is not known: not on the way to ready
+
     matches = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     return matches[0] if matches else None
 
