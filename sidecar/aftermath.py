@@ -338,8 +338,13 @@ class Aftermath:
                 continue
             health = keys.get(f"health.{name}")
             failures = health.value.get("failures", 0) if health is not None else 0
-            if isinstance(failures, int) and not isinstance(failures, bool):
-                self.metrics.job_consecutive_failures.labels(job=name).set(failures)
+            # A zero still at zero is left alone: the start's read of the bucket
+            # would otherwise give 2,000 series of 1,000 jobs their own zero.
+            counted = self.metrics.job_consecutive_failures
+            number = isinstance(failures, int) and not isinstance(failures, bool)
+            if number and (failures or counted.written(name)):
+                counted.labels(job=name).set(failures)
             paused = keys.get(f"paused.{name}")
             auto = paused is not None and paused.value.get("by") == AUTO_BY
-            self.metrics.job_auto_paused.labels(job=name).set(1 if auto else 0)
+            if auto or self.metrics.job_auto_paused.written(name):
+                self.metrics.job_auto_paused.labels(job=name).set(1 if auto else 0)

@@ -172,6 +172,10 @@ class Labelled(Generic[S]):
             series = self._series[key] = self._new_series()
         return series
 
+    def written(self, *values: str) -> bool:
+        """Whether the series of these label values has its own value (not the zero)."""
+        return self._series.get(values, self._zero) is not self._zero
+
     def add(self, *values: str) -> None:
         """Expose the series of these label values (in ``labelnames`` order) at zero."""
         self.add_all((values,))

@@ -137,3 +137,5 @@ def test_label_sets_added_at_zero_stay_apart_once_written() -> None:
     assert ours["late"].labels(job="job-1") is ours["late"].labels(job="job-1")
     assert ours["late"].labels(job="job-0") is not ours["late"].labels(job="job-2")
     assert list(ours["late"]._series) == [(job,) for job in jobs]  # the order they were added
+    assert [ours["busy"].written(job) for job in jobs] == [False, False, True, True]
+    assert not ours["busy"].written("never-added")
