@@ -159,7 +159,8 @@ def run_fleet(
     procs: list[Sidecar] = []
     for i in range(instances):
         proc = runtime.RuntimeSidecar(work, f"{label}-s{i}", config, env or {})
-        proc.venv = venv
+        if venv is not None:
+            proc.venv = venv
         procs.append(proc)
     pool = concurrent.futures.ThreadPoolExecutor(max(instances, 1))
     counter = RequestCounter(server.url, label)

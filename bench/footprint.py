@@ -62,9 +62,10 @@ def floor(venv: Path | None = None) -> dict[str, float]:
     code = (
         f"import {', '.join(DEPENDENCIES)}, sys\nprint('imported', flush=True)\nsys.stdin.read()\n"
     )
+    python = str(venv / "bin" / "python") if venv else runtime.python()
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [str(venv / "bin" / "python") if venv else runtime.python(), "-c", code],
+        [python, "-c", code],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -92,7 +93,8 @@ def sidecar(
 ) -> dict[str, float]:
     """Time to ready and RSS (2 s after ready) of a sidecar with `jobs` jobs."""
     proc = runtime.RuntimeSidecar(work, f"{name}{jobs}-{rep}", config(server, jobs), env or {})
-    proc.venv = venv
+    if venv is not None:
+        proc.venv = venv
     t0 = time.perf_counter()
     proc.start()
     try:

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.support import ROOT, Sidecar, sidecar_env
 
@@ -84,13 +85,16 @@ class RuntimeSidecar(Sidecar):
     `venv`: another runtime venv (``ensure(..., name=...)``), default the plain one.
     """
 
-    venv: Path | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Here, not in start(), which benches time: ensure() hashes the sources.
+        self.venv: Path = ensure()
 
     def start(self, *extra_args: str) -> RuntimeSidecar:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [
-                str((self.venv or ensure()) / "bin" / "anarchon-sidecar"),
+                str(self.venv / "bin" / "anarchon-sidecar"),
                 "run",
                 "-c",
                 str(self.config_path),
