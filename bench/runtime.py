@@ -89,21 +89,7 @@ class RuntimeSidecar(Sidecar):
         super().__init__(*args, **kwargs)
         # Here, not in start(), which benches time: ensure() hashes the sources.
         self.venv: Path = ensure()
+        self.cwd = self.workdir  # outside the source tree
 
-    def start(self, *extra_args: str) -> RuntimeSidecar:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                str(self.venv / "bin" / "anarchon-sidecar"),
-                "run",
-                "-c",
-                str(self.config_path),
-                *extra_args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=sidecar_env(self.env),
-            cwd=self.workdir,
-        )
-        log.close()
-        return self
+    def command(self) -> list[str]:
+        return [str(self.venv / "bin" / "anarchon-sidecar")]

@@ -370,6 +370,8 @@ class Sidecar:
         self.workdir = workdir
         self.config = dict(config)
         self.config.setdefault("instance_id", name)
+        # A port the harness chose (not the test): moved when lost (wait_ready).
+        self.own_port = "metrics" not in self.config and "ANARCHON_METRICS_LISTEN" not in env
         self.metrics_port = free_port()
         self.config.setdefault("metrics", {"listen": f"127.0.0.1:{self.metrics_port}"})
         listen = self.config["metrics"]["listen"]
@@ -378,15 +380,25 @@ class Sidecar:
         self.log_path = workdir / f"{name}.log"
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
+        self._args: tuple[str, ...] = ()
+        self._log_from = 0
+
+    # The command and its directory: `python -m sidecar` from the source tree.
+    cwd = ROOT
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "sidecar"]
 
     def start(self, *extra_args: str) -> Sidecar:
+        self._args = extra_args
+        self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "run", "-c", str(self.config_path), *extra_args],
+            [*self.command(), "run", "-c", str(self.config_path), *extra_args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=sidecar_env(self.env),
-            cwd=ROOT,
+            cwd=self.cwd,
         )
         log.close()
         return self
@@ -409,8 +421,15 @@ class Sidecar:
             return False
 
     def wait_ready(self, timeout: float = 20.0) -> Sidecar:
+        moves = 3
+
         def check() -> bool:
+            nonlocal moves
             if self.proc and self.proc.poll() is not None:
+                if moves and self._lost_own_port():
+                    moves -= 1
+                    self._move_port()
+                    return False
                 raise AssertionError(f"sidecar {self.name} exited:\n{self.log()}")
             # Its own port: another process's /readyz must not answer for it.
             mine = self.proc is None or listens(self.proc.pid, self.metrics_port)
@@ -418,6 +437,23 @@ class Sidecar:
 
         wait_for(check, timeout, what=f"sidecar {self.name} ready")
         return self
+
+    def _lost_own_port(self) -> bool:
+        """Whether the last start exited because another process held the port the
+        harness chose: free_port() only finds a port free a moment before, and on a
+        busy machine another test's outgoing connection can take it (a restart)."""
+        if not self.own_port:
+            return False
+        with self.log_path.open("rb") as f:
+            f.seek(self._log_from)
+            tail = f.read().decode(errors="replace")
+        return f":{self.metrics_port} (metrics.listen): address already in use" in tail
+
+    def _move_port(self) -> None:
+        self.metrics_port = free_port()
+        self.config["metrics"] = {"listen": f"127.0.0.1:{self.metrics_port}"}
+        write_config(self.config_path, self.config)
+        self.start(*self._args)
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         """One sample value from /metrics, None when absent."""

@@ -293,6 +293,26 @@ def test_ready_means_this_sidecar_answers_not_another_process_on_its_port(
     assert "address already in use" in proc.log()
 
 
+def test_the_harness_moves_a_sidecar_whose_own_port_was_taken(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """A port the harness chose and lost (to another test's connection, on a restart)
+    is chosen again; a port the test set is not (the test above)."""
+    proc = Sidecar(tmp_path, "moved", base_config(nats_server, http_app, [job("alpha")]), {})
+    lost = proc.metrics_port
+    with socketserver.TCPServer(("127.0.0.1", lost), AlwaysReady) as other:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        proc.start()
+        try:
+            proc.wait_ready(30)
+            assert proc.metrics_port != lost
+            assert f":{lost} (metrics.listen): address already in use" in proc.log()
+            assert proc.get("/healthz")[0] == 200
+        finally:
+            proc.kill()
+            other.shutdown()
+
+
 class AlwaysReady(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.send_response(200)

@@ -108,17 +108,12 @@ class OldSidecar(Sidecar):
 
     python: Path
 
-    def start(self, *extra_args: str) -> Sidecar:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [str(self.python), "-m", "sidecar", "run", "-c", str(self.config_path), *extra_args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=sidecar_env(self.env),
-            cwd=self.workdir,
-        )
-        log.close()
-        return self
+    def command(self) -> list[str]:
+        return [str(self.python), "-m", "sidecar"]
+
+    @property
+    def cwd(self) -> Path:  # type: ignore[override]
+        return self.workdir  # outside the checkout
 
 
 def cli(python: Path | None, workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
