@@ -14,12 +14,12 @@ from types import MappingProxyType
 from zoneinfo import ZoneInfo
 
 from sidecar.alerting_config import PingConfig, parse_expect, parse_pause_after, parse_ping
-from sidecar.calendar import Calendar, parse_calendar
+from sidecar.calendar import Calendar, parse_calendar, parse_exclusion
 from sidecar.candidates import parse_claim
 from sidecar.config_keys import JOB_NAME, ConfigSection, one_of
 from sidecar.config_model import Config, JobConfig, RequestConfig, RetryConfig, TargetConfig
 from sidecar.errors import ConfigError
-from sidecar.schedule import ScheduleError
+from sidecar.schedule import ScheduleError, parse_schedule
 from sidecar.values import CONTROL_RE, format_duration, headers, short, string, target_url, zone
 
 CATCHUP = ("none", "latest", "all")
@@ -134,7 +134,7 @@ def _parse_calendar(sec: ConfigSection, name: str, timezone: ZoneInfo) -> Calend
         keys = [sec.key("schedule")]
     for expr, key in zip(exprs, keys, strict=True):
         try:
-            parse_calendar(expr, timezone)
+            parse_schedule(expr, timezone)
         except ScheduleError as exc:
             raise ConfigError(key, " ".join(str(exc).split())) from exc
     spread = sec.duration("spread", 0.0)
@@ -146,7 +146,7 @@ def _parse_calendar(sec: ConfigSection, name: str, timezone: ZoneInfo) -> Calend
     for i, text in enumerate(excludes):
         key = f"{sec.key('exclude')}[{i}]"
         try:
-            parse_calendar(exprs, timezone, exclude=[string(text, key)])
+            parse_exclusion(string(text, key), timezone)
         except ValueError as exc:
             raise ConfigError(key, str(exc)) from exc
     calendar = parse_calendar(exprs, timezone, name, spread, [str(t) for t in excludes])
