@@ -383,8 +383,11 @@ def test_backfill_runs_each_slot_once_by_the_fleet_one_at_a_time(
         ordered = sorted(runs, key=lambda r: r.at)
         for before, after in itertools.pairwise(ordered):
             assert after.at >= before.finished - 0.01, "two backfill runs overlapped"
-        assert (
-            max(p.metric("anarchon_job_backfill_pending", {"job": "bf"}) or 0 for p in procs) == 0
+        pending = "anarchon_job_backfill_pending"
+        wait_for(  # each sidecar's view follows the bucket by its watch
+            lambda: all(not p.metric(pending, {"job": "bf"}) for p in procs),
+            5,
+            what="every sidecar's backfill_pending at 0",
         )
         ids = {m.headers.get("Nats-Msg-Id") for m in read_stream(nats_server.url)}
         assert {f"bf:{s}:b" for s in wanted} <= ids
