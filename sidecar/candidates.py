@@ -71,19 +71,15 @@ class ClaimConfig:
     fallback: float = DEFAULT_FALLBACK  # after jitter: the others claim unless the run was seen
 
 
-def parse_claim(job: Section, defaults: Section) -> ClaimConfig:
-    """A job's ``claim``: its own keys over ``defaults.claim``'s."""
-    base = Section(defaults.data.get("claim"), defaults.key("claim"), CLAIM_KEYS)
-    own = Section(job.data.get("claim"), job.key("claim"), CLAIM_KEYS)
-    candidates = own.integer("candidates", None, 0, MAX_CANDIDATES)
-    if candidates is None:
-        candidates = base.integer("candidates", 0, 0, MAX_CANDIDATES)
-    fallback = (
-        own.duration("fallback", 0.0, minimum_ms=100)
-        if own.has("fallback")
-        else base.duration("fallback", DEFAULT_FALLBACK, minimum_ms=100)
+def parse_claim(sec: Section, base: ClaimConfig = ClaimConfig()) -> ClaimConfig:
+    """``claim`` of the section ``sec`` (a job, or ``defaults``): its keys over ``base``'s."""
+    if sec.data.get("claim") is None:
+        return base  # most jobs: the defaults' as they are
+    own = Section(sec.data["claim"], sec.key("claim"), CLAIM_KEYS)
+    return ClaimConfig(
+        own.integer("candidates", base.candidates, 0, MAX_CANDIDATES),
+        own.duration("fallback", base.fallback, minimum_ms=100),
     )
-    return ClaimConfig(candidates, fallback)
 
 
 def check_fit(job: JobConfig, ack_timeout: float, path: str) -> None:

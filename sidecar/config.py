@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sidecar.alerting_config import parse_notify, parse_tracing
-from sidecar.candidates import check_fit
+from sidecar.candidates import check_fit, parse_claim
 from sidecar.config_jobs import (
     CATCHUP,
     JOB_KEYS,
@@ -185,8 +185,9 @@ def _parse(data: dict[Any, Any]) -> Config:
         raise ConfigError("jobs", f"expected a list of at least one job, got {got}")
     jobs: list[JobConfig] = []
     names: set[str] = set()  # a set: comparing with every earlier job took 0.14 s at 1,000
+    claim = parse_claim(defaults)
     for index, raw in enumerate(raw_jobs):
-        job = parse_job(ConfigSection(raw, f"jobs[{index}]", JOB_KEYS), target, defaults)
+        job = parse_job(ConfigSection(raw, f"jobs[{index}]", JOB_KEYS), target, defaults, claim)
         if job.name in names:
             raise ConfigError(f"jobs[{index}].name", f"duplicate job name {job.name!r}")
         names.add(job.name)

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 
 from sidecar.alerting_config import PingConfig, parse_expect, parse_pause_after, parse_ping
 from sidecar.calendar import Calendar, parse_calendar, parse_exclusion
-from sidecar.candidates import parse_claim
+from sidecar.candidates import ClaimConfig, parse_claim
 from sidecar.config_keys import JOB_NAME, ConfigSection, one_of
 from sidecar.config_model import Config, JobConfig, RequestConfig, RetryConfig, TargetConfig
 from sidecar.errors import ConfigError
@@ -57,7 +57,10 @@ def _merge_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> Mapping
     return MappingProxyType({**merged, **extra})
 
 
-def parse_job(sec: ConfigSection, target: TargetConfig, defaults: ConfigSection) -> JobConfig:
+def parse_job(
+    sec: ConfigSection, target: TargetConfig, defaults: ConfigSection, claim: ClaimConfig
+) -> JobConfig:
+    """A job; `claim`: ``defaults.claim``, parsed once for every job."""
     name = sec.get("name", None, string)
     if name is None:
         raise ConfigError(sec.key("name"), "required: letters, digits, _ and - only")
@@ -115,7 +118,7 @@ def parse_job(sec: ConfigSection, target: TargetConfig, defaults: ConfigSection)
         ping=_job_ping(sec, defaults, name),
         pause_after=parse_pause_after(sec),
         expect=parse_expect(sec.data["expect"], sec.key("expect")) if sec.has("expect") else None,
-        claim=parse_claim(sec, defaults),
+        claim=parse_claim(sec, claim),
     )
 
 

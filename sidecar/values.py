@@ -105,7 +105,11 @@ def type_name(value: object) -> str:
 
 def key_text(name: object) -> str:
     """A map key as a path part: plain names as they are, anything else quoted."""
-    return name if isinstance(name, str) and _PLAIN_KEY_RE.fullmatch(name) else short(name, 40)
+    if isinstance(name, str) and (
+        (name.isidentifier() and name.isascii()) or _PLAIN_KEY_RE.fullmatch(name)
+    ):
+        return name  # an ASCII identifier (every key of the schema) is plain: no regex
+    return short(name, 40)
 
 
 def short(value: object, limit: int = 60) -> str:
