@@ -16,7 +16,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created
 from prometheus_client.utils import INF, floatToGoString
 
 from sidecar import __version__
-from sidecar.metric_series import CounterSeries, GaugeSeries, HistogramSeries, Labelled
+from sidecar.metric_series import (
+    CounterSeries,
+    Declared,
+    GaugeSeries,
+    HistogramSeries,
+    Labelled,
+)
 from sidecar.wire import RESULT_STATUSES
 
 PREFIX = "anarchon"
@@ -244,12 +250,10 @@ class Metrics:
         self.add_jobs(jobs)
 
     def add_jobs(self, jobs: Iterable[str]) -> None:
-        """Expose the jobs' labelled series at zero so that rates and alerts see them.
-
-        One label tuple per distinct label set, shared by every metric that has it.
-        """
-        names = list(jobs)
-        alone = [(job,) for job in names]
+        """Expose the jobs' labelled series at zero so that rates and alerts see them
+        (each job once: call it once, as the constructor does)."""
+        names = tuple(jobs)
+        alone = Declared(names)  # one for every metric labelled by the job alone
         for metric in (
             self.claims_won_total,
             self.claims_lost_total,
@@ -273,8 +277,7 @@ class Metrics:
             self.job_consecutive_failures,
             self.job_auto_paused,
         ):
-            metric.add_all(alone)
-        pairs: dict[str, list[tuple[str, str]]] = {}
+            metric.declare(alone)
         for labelled, values in (
             (self.runs_skipped_total, RUN_SKIP_REASONS),
             (self.attempts_due_total, DUE_REASONS),
@@ -283,5 +286,4 @@ class Metrics:
             (self.runs_total, RUN_STATUSES),
             (self.runs_anomalous_total, ("short", "long")),
         ):
-            columns = [pairs.setdefault(v, [(job, v) for job in names]) for v in values]
-            labelled.add_all(key for row in zip(*columns, strict=True) for key in row)
+            labelled.declare(Declared(names, tuple(values)))

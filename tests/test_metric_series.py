@@ -10,7 +10,14 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sidecar.exposition import render
-from sidecar.metric_series import CounterSeries, GaugeSeries, HistogramSeries, Labelled
+from sidecar.metric_series import (
+    CounterSeries,
+    Declared,
+    GaugeSeries,
+    HistogramSeries,
+    Labelled,
+)
+from sidecar.metrics import Metrics
 
 BUCKETS = (0.01, 0.1, 1.0, 10.0)
 
@@ -112,17 +119,27 @@ def test_series_made_by_add_are_those_labels_makes() -> None:
             ours["runs"].add(*bad)
 
 
-def test_label_sets_added_at_zero_stay_apart_once_written() -> None:
-    """``add`` lets the label sets not yet written share one zero series: writing
-    one through ``labels`` never moves another, of any kind."""
+@pytest.mark.parametrize("how", ["add_all", "declare"])
+def test_label_sets_at_zero_stay_apart_once_written(how: str) -> None:
+    """Label sets not yet written share one zero series, whether added one by one
+    (``add_all``) or declared for every metric at once (``declare``, the start's way,
+    with no entry of their own): writing one never moves another, of any kind; a label
+    set never declared comes after the declared ones, as it was made."""
     ours_registry, ref_registry = CollectorRegistry(), CollectorRegistry()
     ours, ref = lean(ours_registry), reference(ref_registry)
     jobs = [f"job-{i}" for i in range(4)]
+    alone = Declared(tuple(jobs))
     for name in ("late", "busy", "delay", "took"):
-        ours[name].add_all((job,) for job in jobs)
+        if how == "declare":
+            ours[name].declare(alone)
+        else:
+            ours[name].add_all((job,) for job in jobs)
         for job in jobs:
             ref[name].labels(job=job)
-    ours["runs"].add_all((job, status) for job in jobs for status in ("ok", "failed"))
+    if how == "declare":
+        ours["runs"].declare(Declared(tuple(jobs), ("ok", "failed")))
+    else:
+        ours["runs"].add_all((job, status) for job in jobs for status in ("ok", "failed"))
     for job in jobs:
         for status in ("ok", "failed"):
             ref["runs"].labels(job=job, status=status)
@@ -133,9 +150,30 @@ def test_label_sets_added_at_zero_stay_apart_once_written() -> None:
         reg["delay"].labels(job="job-0").observe(0.05)
         reg["took"].labels(job="job-0").observe(7)
         reg["runs"].labels(job="job-3", status="failed").inc()
+        reg["runs"].labels(job="job-3", status="lost").inc()  # a status never declared
+        reg["late"].labels(job="other").inc()  # a job never declared
     assert text(ours_registry) == text(ref_registry)
     assert ours["late"].labels(job="job-1") is ours["late"].labels(job="job-1")
     assert ours["late"].labels(job="job-0") is not ours["late"].labels(job="job-2")
-    assert list(ours["late"]._series) == [(job,) for job in jobs]  # the order they were added
+    assert [key for key, _ in ours["late"].items()] == [(job,) for job in [*jobs, "other"]]
     assert [ours["busy"].written(job) for job in jobs] == [False, False, True, True]
     assert not ours["busy"].written("never-added")
+    if how == "declare":  # nothing stored for what was never written
+        assert len(ours["busy"]._series) == 2 and len(ours["runs"]._series) == 2
+        with pytest.raises(ValueError, match="Incorrect label names"):
+            ours["runs"].declare(alone)
+
+
+def test_the_jobs_series_are_exposed_from_the_start_and_stored_once_written() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, tuple(f"job-{i}" for i in range(1000)))
+    assert metrics.claims_won_total._series == {} and metrics.runs_total._series == {}
+    assert registry.get_sample_value("anarchon_claims_won_total", {"job": "job-999"}) == 0.0
+    labels = {"job": "job-7", "status": "failed"}
+    assert registry.get_sample_value("anarchon_runs_total", labels) == 0.0
+    metrics.runs_total.labels(**labels).inc()
+    assert registry.get_sample_value("anarchon_runs_total", labels) == 1.0
+    assert len(metrics.runs_total._series) == 1
+    exposed = text(registry).decode()
+    assert exposed.count('anarchon_runs_total{job="job-7",status="failed"}') == 1
+    assert exposed.count("anarchon_claims_won_total{") == 1000
