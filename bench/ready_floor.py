@@ -107,14 +107,16 @@ def main() -> None:
             path = write_config(work / "c.yaml", cfg)
             floor_cmd = [python, "-c", FLOOR, str(path), str(port)]
             sidecar_cmd = [str(venv / "bin" / "anarchon-sidecar"), "run", "-c", str(path)]
-            times["floor"].append(timed(floor_cmd, port, work))
-            times["sidecar"].append(timed(sidecar_cmd, port, work))
+            order = [("floor", floor_cmd), ("sidecar", sidecar_cmd)]
+            for name, cmd in order if r % 2 == 0 else order[::-1]:  # neither always first
+                times[name].append(timed(cmd, port, work))
     result = {
         "rounds": rounds,
         "jobs": JOBS,
         "machine": machine(),
         **{f"{k}_s": statistics.median(v) for k, v in times.items()},
         **{f"{k}_min_s": min(v) for k, v in times.items()},
+        "runs_s": times,
         "sidecar_over_floor_s": statistics.median(
             s - f for s, f in zip(times["sidecar"], times["floor"], strict=True)
         ),
