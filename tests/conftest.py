@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -10,6 +11,20 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from tests.support import NatsServer, RecordingApp
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions() -> Iterator[None]:
+    """Each test ends with the stop signals as it found them. A daemon run in-process
+    ignores them once it stopped (a second Ctrl-C must not kill its exit); left so,
+    every process a later test starts in the same worker inherits the ignoring, and
+    `make` then shrugs off Ctrl-C (test_demo failed after test_daemon that way)."""
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved = {sig: signal.getsignal(sig) for sig in stops}
+    yield
+    for sig, handler in saved.items():
+        if handler is not None:  # None: not set from Python, nothing to put back
+            signal.signal(sig, handler)
 
 
 @pytest.fixture
