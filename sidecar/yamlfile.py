@@ -29,6 +29,11 @@ _MAP = "tag:yaml.org,2002:map"
 _SEQ = "tag:yaml.org,2002:seq"
 _STR = "tag:yaml.org,2002:str"
 _MERGE = "tag:yaml.org,2002:merge"
+# The scalars built here, by PyYAML's own constructors (not !!set, !!omap,
+# !!pairs: theirs build a value in steps, for PyYAML's constructor alone).
+_SCALARS = frozenset(
+    f"tag:yaml.org,2002:{name}" for name in ("null", "bool", "int", "float", "binary", "timestamp")
+)
 
 
 class _Loader(_SafeLoader):
@@ -59,16 +64,15 @@ class _Plain:
 
     def __init__(self, loader: _Loader) -> None:
         self.loader = loader
-        self.scalars = loader.yaml_constructors
         self.seen: set[int] = set()
 
     def build(self, node: yaml.Node) -> Any:
         if isinstance(node, yaml.ScalarNode):
             if node.tag == _STR:
                 return node.value
-            if node.tag not in self.scalars or node.tag in (_MAP, _SEQ):
+            if node.tag not in _SCALARS:
                 raise _Unusual
-            return self.scalars[node.tag](self.loader, node)
+            return self.loader.yaml_constructors[node.tag](self.loader, node)
         if id(node) in self.seen:  # an alias: shared values, and no blow-up
             raise _Unusual
         self.seen.add(id(node))
@@ -117,5 +121,5 @@ def read_yaml(path: str) -> object:
         where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else path
         problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
         raise ConfigError("config", f"{where}: {problem}") from None
-    except (yaml.YAMLError, RecursionError) as exc:
+    except Exception as exc:  # PyYAML's own slips too (`!!int ''`: IndexError)
         raise ConfigError("config", f"{path}: invalid YAML ({type(exc).__name__})") from None

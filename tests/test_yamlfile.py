@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar import yamlfile
+from sidecar.errors import ConfigError
 
 
 def typed(value: Any) -> Any:
@@ -90,6 +92,13 @@ UNUSUAL = [
     "a: !!map {x: 1}\nb: !!seq [1]\n",
     "a: !!map 1\n",
     "x: {y: {z: [" + "[" * 200 + "]" * 200 + "]}}\n",
+    "a: !!set x\n",  # PyYAML's constructors of these build in steps: never called here
+    "a: !!omap x\n",
+    "a: !!pairs x\n",
+    "a: !!set\n",
+    "? !!set x\n: 1\n",
+    "a: !!int ''\n",  # PyYAML itself slips: IndexError
+    "a: !!timestamp 2026-12-04\nb: !!null ''\nc: !!bool yes\n",
 ]
 
 
@@ -135,3 +144,18 @@ def test_a_plain_config_never_reaches_pyyamls_constructor(
             }
         ],
     }
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [("a: !!set x\n", "ValueError"), ("a: !!int ''\n", "IndexError"), ("a: [\n", "line 2")],
+)
+def test_any_error_of_the_yaml_is_a_config_error_naming_the_file(
+    tmp_path: Path, text: str, kind: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        yamlfile.read_yaml(str(path))
+    assert info.value.key == "config" and str(path) in info.value.message
+    assert kind in info.value.message
