@@ -451,7 +451,8 @@ class Sidecar:
 
     def _move_port(self) -> None:
         self.metrics_port = free_port()
-        self.config["metrics"] = {"listen": f"127.0.0.1:{self.metrics_port}"}
+        listen = f"127.0.0.1:{self.metrics_port}"
+        self.config["metrics"] = {**self.config["metrics"], "listen": listen}
         write_config(self.config_path, self.config)
         self.start(*self._args)
 
