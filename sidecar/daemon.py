@@ -62,6 +62,10 @@ class Daemon:
     secrets: Secrets
     clock: Clock = field(default_factory=Clock)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    # The process is this daemon's (`start`): once stopped, it ignores the stop
+    # signals until it exits. A daemon run in someone else's process (a test)
+    # leaves them as it found them.
+    owns_process: bool = False
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.registry, tuple(j.name for j in self.config.jobs))
@@ -189,8 +193,8 @@ class Daemon:
             await self.conn.close(drain=False)
             for sig in STOP_SIGNALS:
                 loop.remove_signal_handler(sig)
-                # Stopping already: a second signal must not kill the exit.
-                signal.signal(sig, signal.SIG_IGN)
+                if self.owns_process:  # stopping already: a second signal must not kill the exit
+                    signal.signal(sig, signal.SIG_IGN)
 
     async def _settle_memory(self) -> None:
         """Once ready (at most SETTLE_AFTER seconds after connecting): collect, freeze
@@ -278,4 +282,4 @@ async def start(config: Config, secrets: Secrets, clock: Clock) -> int:
     loop = type(asyncio.get_running_loop())
     if not loop.__module__.startswith("asyncio"):  # ANARCHON_EVENT_LOOP
         log.info("event loop: %s.%s", loop.__module__, loop.__name__)
-    return await Daemon(config, secrets, clock).run()
+    return await Daemon(config, secrets, clock, owns_process=True).run()

@@ -15,10 +15,9 @@ from tests.support import NatsServer, RecordingApp
 
 @pytest.fixture(autouse=True)
 def _signal_dispositions() -> Iterator[None]:
-    """Each test ends with the stop signals as it found them. A daemon run in-process
-    ignores them once it stopped (a second Ctrl-C must not kill its exit); left so,
-    every process a later test starts in the same worker inherits the ignoring, and
-    `make` then shrugs off Ctrl-C (test_demo failed after test_daemon that way)."""
+    """Each test ends with the stop signals as it found them: every process a later
+    test starts in the same worker inherits them. (A daemon run in-process once left
+    them ignored, and `make demo` then shrugged off test_demo's Ctrl-C.)"""
     stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     saved = {sig: signal.getsignal(sig) for sig in stops}
     yield

@@ -7,6 +7,7 @@ import gc
 import http.server
 import random
 import re
+import signal
 import socketserver
 import statistics
 import threading
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from sidecar.config import Secrets, parse_config
-from sidecar.daemon import Daemon, collector_off
+from sidecar.daemon import STOP_SIGNALS, Daemon, collector_off
 from sidecar.job import Jobs
 from tests.support import (
     NatsServer,
@@ -268,6 +269,9 @@ async def test_the_collector_is_off_until_ready_then_on_with_the_start_frozen(
         assert gc.get_freeze_count() > frozen
         daemon.stopping.set()
         assert await asyncio.wait_for(task, 30) == 0
+    # Not its process: no stop signal left ignored (every process a later test
+    # started in this worker inherited the ignoring, and make then shrugged off Ctrl-C).
+    assert [signal.getsignal(sig) for sig in STOP_SIGNALS].count(signal.SIG_IGN) == 0
 
 
 def test_ready_means_this_sidecar_answers_not_another_process_on_its_port(
