@@ -76,6 +76,14 @@ STOP_BOUND = 12.0
 ROUNDS = int(os.environ.get("CTRL_C_ROUNDS", "2"))
 
 
+def _foreground() -> None:
+    """Ctrl-C and Ctrl-\\ as a terminal's foreground job has them, whatever this test
+    inherited: a suite started in the background (`make test &`) ignores SIGINT, every
+    process it starts inherits that, and `make` then never hears the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 class Demo:
     """The demo as a terminal runs it: a process group of its own, its lines timed."""
 
@@ -90,6 +98,7 @@ class Demo:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,  # its own process group, as a shell's job is
+            preexec_fn=_foreground,
         )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
