@@ -217,23 +217,13 @@ class Labelled(Generic[S]):
         return self._series.get(values, self._zero) is not self._zero
 
     def add(self, *values: str) -> None:
-        """Expose the series of these label values (in ``labelnames`` order) at zero."""
-        self.add_all((values,))
-
-    def add_all(self, keys: Iterable[tuple[str, ...]]) -> None:
-        """Expose these label sets at zero, without the keyword checks of ``labels``
-        (the start adds about 47 a job): the shared zero series until written.
-
-        The tuples are kept as given: the caller shares them between metrics.
-        """
-        keys = list(keys)
-        if not set(map(len, keys)) <= {len(self.labelnames)}:
+        """Expose the series of these label values (in ``labelnames`` order) at zero,
+        without the keyword checks of ``labels``: the shared zero series until written.
+        (The jobs' label sets are declared instead, all at once: ``declare``.)"""
+        if len(values) != len(self.labelnames):
             raise ValueError("Incorrect label names")
-        if not self._series:  # the start: at C speed
-            self._series = dict.fromkeys(keys, self._zero)
-            return
-        for key in keys:
-            self._series.setdefault(key, self._zero)
+        if values not in self._series:
+            self._series[_KEYS.setdefault(values, values)] = self._zero
 
     def describe(self) -> list[Metric]:
         return [Metric(self.name, self.documentation, self.kind)]
