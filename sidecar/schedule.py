@@ -191,7 +191,7 @@ def unportable(expr: str) -> list[str]:
 
 @lru_cache(maxsize=4096)
 def _min_interval_ms(expr: str, tz: ZoneInfo) -> int:
-    sched = Schedule(expr, tz)
+    sched = parse_schedule(expr, tz)  # checked already: no second walk from now
     floor = _interval_floor_ms(expr)  # no gap can be shorter
     sample: list[int] = []
     for slot in sched._iter_slots(_REFERENCE_MS - 1):
