@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -11,19 +10,6 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from tests.support import NatsServer, RecordingApp
-
-
-@pytest.fixture(autouse=True)
-def _signal_dispositions() -> Iterator[None]:
-    """Each test ends with the stop signals as it found them: every process a later
-    test starts in the same worker inherits them. (A daemon run in-process once left
-    them ignored, and `make demo` then shrugged off test_demo's Ctrl-C.)"""
-    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    saved = {sig: signal.getsignal(sig) for sig in stops}
-    yield
-    for sig, handler in saved.items():
-        if handler is not None:  # None: not set from Python, nothing to put back
-            signal.signal(sig, handler)
 
 
 @pytest.fixture
