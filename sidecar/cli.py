@@ -277,6 +277,14 @@ def pause(
     say([views.paused(job, done.value), effect.format(job=job)])
 
 
+def _instant(option: str, text: str, now: float) -> float:
+    """--from/--to of backfill: RFC 3339 or a duration back from now, else exit 2."""
+    try:
+        return ops.instant_of(text, now, back=True)
+    except ValueError as exc:
+        fail(EXIT_USAGE, f"{option}: {exc}")
+
+
 def _until(text: str | None) -> float | None:
     if text is None:
         return None
@@ -352,8 +360,17 @@ def unskip(job: str, config_path: str | None) -> None:
 @main.command()
 @job_argument
 @config_option
-@click.option("--from", "from_text", help="RFC 3339: the first instant (included).")
-@click.option("--to", "to_text", help="RFC 3339: the last instant (included).")
+@click.option(
+    "--from",
+    "from_text",
+    help="The first instant (included): RFC 3339 (2026-12-24T08:00:00Z) or a duration "
+    "back from now (2h, 24h).",
+)
+@click.option(
+    "--to",
+    "to_text",
+    help="The last instant (included), as --from (default: now).",
+)
 @click.option("--dry-run", is_flag=True, help="List the slots; run nothing.")
 @click.option("--again", is_flag=True, help="Run slots a backfill ran before, anew.")
 @click.option("--cancel", is_flag=True, help="Drop the slots of JOB's backfill not run yet.")
@@ -377,12 +394,13 @@ def backfill(
         left = call(ops.cancel_backfill(ld.config, ld.secrets, job))
         say(f"{job}: backfill cancelled, {left} slot(s) not run")
         return
-    if not from_text or not to_text:
-        fail(EXIT_USAGE, "backfill needs --from and --to (RFC 3339), or --cancel")
-    try:
-        start, end = (round(parse_rfc3339(t) * 1000) for t in (from_text, to_text))
-    except ValueError as exc:
-        fail(EXIT_USAGE, f"--from/--to: not RFC 3339 ({exc})")
+    if not from_text:
+        fail(EXIT_USAGE, "backfill needs --from (RFC 3339, or a duration back: 2h), or --cancel")
+    now = time.time()
+    start, end = (
+        round(_instant(name, text, now) * 1000)
+        for name, text in (("--from", from_text), ("--to", to_text or "0s"))
+    )
     if end < start:
         fail(EXIT_USAGE, "--to is before --from")
     if end > Clock().wall_ms():

@@ -35,33 +35,43 @@ COUNT_LIMIT = 100_000
 SKIP_MARGIN_MS = 500
 
 
+def instant_of(text: str, now: float, back: bool = False) -> float:
+    """An RFC 3339 time or a duration from now (``30m``, ``2h``), epoch s: ahead of
+    `now`, or back from it when `back` (``backfill --from 2h``); a signed one
+    (``-5m``, ``+1h``) says its way itself. Raises ValueError saying what it expected."""
+    text = text.strip()
+    sign = -1.0 if back else 1.0
+    body = text
+    if body[:1] in "+-" and body[1:2].isdigit():
+        sign, body = (-1.0 if body[0] == "-" else 1.0), body[1:]
+    if body[:1].isdigit() and "T" not in body:
+        try:
+            return now + sign * parse_duration(body, "")
+        except ConfigError:
+            pass
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        way = "back from now" if back else "from now"
+        raise ValueError(
+            f"{text!r} is neither an RFC 3339 time (2026-12-24T08:00:00Z) "
+            f"nor a duration {way} (30m, 2h)"
+        ) from None
+    if value.tzinfo is None:
+        raise ValueError(f"{text!r} has no offset: add Z or +01:00")
+    return value.astimezone(UTC).timestamp()
+
+
 def until_of(text: str, now: float) -> float:
     """``--until``: an RFC 3339 time, or a duration from now (``30m``, ``2h``); epoch s.
 
     Raises ValueError saying what it expected; a time in the past is refused.
     """
-    text = text.strip()
-    try:
-        at = (
-            now + parse_duration(text, "--until")
-            if text[:1].isdigit() and "T" not in text
-            else None
-        )
-    except ConfigError:
-        at = None
-    if at is None:
-        try:
-            value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            raise ValueError(
-                f"{text!r} is neither an RFC 3339 time (2026-12-24T08:00:00Z) "
-                "nor a duration (30m, 2h)"
-            ) from None
-        if value.tzinfo is None:
-            raise ValueError(f"{text!r} has no offset: add Z or +01:00")
-        at = value.astimezone(UTC).timestamp()
-    if at <= now:
-        raise ValueError(f"{text!r} is not in the future ({rfc3339(at)})")
+    at = instant_of(text, now)
+    if at < now:
+        raise ValueError(f"{text.strip()!r} is in the past ({rfc3339(at)})")
+    if at == now:
+        raise ValueError(f"{text.strip()!r} is not in the future ({rfc3339(at)})")
     return at
 
 

@@ -166,13 +166,21 @@ def stream_check_lines(name: str, before: StreamState | None, after: StreamState
 # ---------------------------------------------------------------------- history, last-run
 
 
+def run_marks(r: Run) -> str:
+    """What a run was besides a plain scheduled one: its trigger (manual, backfill,
+    catchup, retry, rerun) and its attempt after the first; "" for a scheduled run."""
+    kind = r.trigger or ("manual" if r.manual else "scheduled")
+    marks = [kind] if kind != "scheduled" else []
+    if r.attempt > 1:
+        marks.append(f"attempt {r.attempt}")
+    return f" ({', '.join(marks)})" if marks else ""
+
+
 def runs_table(runs: list[Run], tz: ZoneInfo) -> list[str]:
     header = ("SCHEDULED", "INSTANCE", "STATUS", "HTTP", "DURATION", "ERROR")
     rows = [
         (
-            local_time(r.scheduled_at, tz)
-            + (" (manual)" if r.manual else "")
-            + (f" (attempt {r.attempt})" if r.attempt > 1 else ""),
+            local_time(r.scheduled_at, tz) + run_marks(r),
             r.instance,
             r.status,
             str(r.http_status) if r.http_status is not None else "-",

@@ -192,7 +192,7 @@ def test_killed_runner_is_recorded_lost_once_and_rerun_once_elsewhere(
     for slot in lost_slots:
         assert rows[(slot, 1)]["status"] == "lost"
         assert rows[(slot, 2)]["status"] == "succeeded"
-    assert " lost " in table.stdout and "(attempt 2)" in table.stdout, table.stdout
+    assert " lost " in table.stdout and "(rerun, attempt 2)" in table.stdout, table.stdout
     # Attempt 1 claims are the reference's: no attempt field, id <job>:<slot>.
     first_claims = [m for m in claims(nats_server.url, "work") if "attempt" not in m.data]
     assert all(m.headers["Nats-Msg-Id"] == f"work:{m.data['slot']}" for m in first_claims)

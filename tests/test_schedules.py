@@ -394,6 +394,10 @@ def test_backfill_runs_each_slot_once_by_the_fleet_one_at_a_time(
         hist = [r for r in history(cfg, "bf") if r.get("trigger") == "backfill"]
         assert sorted(r["slot"] for r in hist) == wanted
         assert all(r["status"] == "succeeded" for r in hist)
+        # The table marks them as it marks manual runs.
+        table = run_cli("history", "bf", "-c", cfg, "--limit", "200")
+        marked = [line for line in table.stdout.splitlines() if "(backfill)" in line]
+        assert len(marked) == 6, table.stdout
         # The same backfill again runs nothing again; --again runs them anew.
         same = run_cli(*args)
         assert same.returncode == 0, same.stderr
@@ -424,6 +428,25 @@ def test_backfill_refuses_too_many_slots_naming_the_count(tmp_path: Path) -> Non
     assert "7200 slots in that range; a backfill runs at most 1000" in done.stderr
     future = run_cli("backfill", "x", "-c", cfg, "--from", iso(now), "--to", iso(now + 60))
     assert future.returncode == 2 and "in the future" in future.stderr
+    # Durations back from now, as pause --until takes them ahead; --to defaults to now.
+    back = run_cli("backfill", "x", "-c", cfg, "--from", "2h", "--to", "1s")
+    assert back.returncode == 2 and " slots in that range; a backfill runs at" in back.stderr
+    words = run_cli("backfill", "x", "-c", cfg, "--from", "yesterday")
+    assert words.returncode == 2, words.stderr
+    assert words.stderr.strip() == (
+        "anarchon-sidecar: --from: 'yesterday' is neither an RFC 3339 time "
+        "(2026-12-24T08:00:00Z) nor a duration back from now (30m, 2h)"
+    )
+    ahead = run_cli("backfill", "x", "-c", cfg, "--from", "2h", "--to", "+1m")
+    assert ahead.returncode == 2 and "--to is in the future" in ahead.stderr, ahead.stderr
+
+
+def test_pause_until_in_the_past_says_so(tmp_path: Path) -> None:
+    config = {"nats": {"servers": "nats://127.0.0.1:1"}, "jobs": [job("x")]}
+    cfg = cli_config(tmp_path, config)
+    done = run_cli("pause", "x", "-c", cfg, "--until", "-5m")
+    assert done.returncode == 2, done.stderr
+    assert "--until: '-5m' is in the past (" in done.stderr, done.stderr
 
 
 def test_resume_never_bursts_the_paused_slots_even_after_a_restart(

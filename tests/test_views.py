@@ -55,3 +55,30 @@ def test_closest_name_prefers_case_then_spelling() -> None:
     assert views.closest_name("zzz", ["sync", "report"]) is None
     message = views.unknown_job("synk", ("sync", "report"), "in the config")
     assert message == "no job named 'synk' in the config; did you mean 'sync'? (jobs: sync, report)"
+
+
+def test_history_marks_every_trigger_kind_but_scheduled() -> None:
+    from sidecar.runs import Run
+    from sidecar.wire import TRIGGERS
+
+    def run(trigger: str | None, attempt: int = 1, manual: bool = False) -> Run:
+        return Run(
+            "j", 1000, "t", "web-1", manual, "succeeded", "2026-12-02T16:13:00.000Z",
+            "2026-12-02T16:13:00.000Z", None, None, 3, 200, None,
+            attempt=attempt, trigger=trigger,
+        )  # fmt: skip
+
+    marks = {
+        t: views.run_marks(run(t, attempt=2 if t in ("retry", "rerun") else 1)) for t in TRIGGERS
+    }
+    assert marks == {
+        "scheduled": "",
+        "catchup": " (catchup)",
+        "manual": " (manual)",
+        "retry": " (retry, attempt 2)",
+        "rerun": " (rerun, attempt 2)",
+        "backfill": " (backfill)",
+    }
+    # A skipped slot has no trigger; a reference claim says only `manual`.
+    assert views.run_marks(run(None)) == ""
+    assert views.run_marks(run(None, manual=True)) == " (manual)"
