@@ -22,6 +22,7 @@ from sidecar.clock import Clock, parse_rfc3339
 from sidecar.command import (
     EXIT_FAILED,
     EXIT_USAGE,
+    Commands,
     Loaded,
     call,
     config_job,
@@ -46,7 +47,7 @@ from sidecar.stream import Lowering, stream_spec
 from sidecar.streamfit import coverage, placement_problem
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="anarchon-sidecar")
 @click.option(
     "--log-level",

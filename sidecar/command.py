@@ -20,6 +20,7 @@ show, warnings and errors go to stderr. The exit codes (docs/CLI.md):
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -62,8 +63,32 @@ def note(text: str) -> None:
 
 
 def fail(code: int, message: str) -> NoReturn:
+    """Say what failed on stderr and exit `code`; under --json also the error object."""
     click.echo(f"anarchon-sidecar: {message}", err=True)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.params.get("as_json"):
+        say(json_error(code, message))
     sys.exit(code)
+
+
+def json_error(code: int, message: str) -> str:
+    """What --json prints on stdout when the command fails: one line, one object,
+    ``{"error": "<the message of stderr>", "exit": <the exit code>}`` (docs/CLI.md)."""
+    return json.dumps({"error": message, "exit": code})
+
+
+class Commands(click.Group):
+    """The command group; a usage error of a command given --json (an unknown
+    option, a bad value) also prints the JSON error object on stdout."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        given = [*ctx.args]  # the command's own arguments: invoke empties ctx.args
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            if "--json" in given:
+                say(json_error(exc.exit_code, exc.format_message()))
+            raise
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,42 @@ def test_json_is_always_json_on_stdout(tmp_path: Path, http_app: RecordingApp) -
         server.stop()
 
 
+JSON_COMMANDS = (["history", "sync"], ["last-run", "sync"], ["stream"], ["status"])
+
+
+def error_object(res: subprocess.CompletedProcess[str], code: int) -> str:
+    """The one JSON error object --json prints on stdout on failure; its message."""
+    assert res.returncode == code, res
+    (line,) = res.stdout.splitlines()
+    obj = json.loads(line)
+    assert set(obj) == {"error", "exit"} and obj["exit"] == code, obj
+    assert res.stderr.strip().splitlines()[-1].endswith(obj["error"]), res.stderr
+    return str(obj["error"])
+
+
+def test_json_prints_one_error_object_on_stdout_when_the_command_fails(
+    tmp_path: Path, cfg: str
+) -> None:
+    down = {
+        "nats": {"servers": "nats://127.0.0.1:1", "connect_timeout": "200ms"},
+        "jobs": [{"name": "sync", "schedule": "0 0 1 1 *"}],
+    }
+    unreachable = str(write_config(tmp_path / "down.yaml", down))
+    for args in JSON_COMMANDS:
+        assert "cannot connect to NATS" in error_object(
+            run_cli(*args, "-c", unreachable, "--json"), 3
+        )
+        # A config error, an unknown job, a bad option: exit 2, the same object.
+        broken = tmp_path / "broken.yaml"
+        broken.write_text("jobs: 3\n")
+        assert error_object(run_cli(*args, "-c", str(broken), "--json"), 2).startswith(
+            "config error: jobs"
+        )
+        assert "--nosuch" in error_object(run_cli(*args, "-c", cfg, "--json", "--nosuch"), 2)
+    for cmd in ("history", "last-run"):
+        assert "no job named 'synk'" in error_object(run_cli(cmd, "synk", "-c", cfg, "--json"), 2)
+
+
 def test_a_second_pause_keeps_the_first_and_force_says_what_it_replaced(cfg: str) -> None:
     first = run_cli("pause", "sync", "--reason", "db migration", "-c", cfg)
     assert first.returncode == 0, first
