@@ -78,7 +78,7 @@ def run(config_path: str | None) -> None:
     from sidecar.daemon import collector_off, start
 
     with collector_off():
-        ld = load(config_path)
+        ld = load(config_path, every_file=True)
         offset = float(os.environ.get("ANARCHON_CLOCK_OFFSET", "0") or 0)
         code = call(start(ld.config, ld.secrets, Clock(offset)))
     sys.exit(code)
@@ -92,12 +92,19 @@ def run(config_path: str | None) -> None:
     help="Also connect to NATS and check the stream: exit 2 when another stream captures "
     "our subjects or `run` could not make the stream hold every job's claims.",
 )
-def check(config_path: str | None, connect: bool) -> None:
-    """Validate the config and print the jobs with their next runs.
+@click.option(
+    "--no-files",
+    is_flag=True,
+    help="Leave the files the config names (secrets, tokens, TLS) unread: for a CI "
+    "without them. By default they are read as `run` reads them.",
+)
+def check(config_path: str | None, connect: bool, no_files: bool) -> None:
+    """Validate the config as `run` does and print the jobs with their next runs.
 
-    Connects to nothing unless --connect is given.
+    Reads the files the config names as `run` does (exit 2 when `run` would
+    refuse one); connects to nothing unless --connect is given.
     """
-    ld = load(config_path, secrets=connect)
+    ld = load(config_path, secrets=connect, every_file=not no_files)
     say(views.check_lines(ld.config, Clock().wall_ms()))
     if not connect:
         return

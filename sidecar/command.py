@@ -41,6 +41,7 @@ from sidecar.errors import (
     StreamNotFound,
     UnknownJob,
 )
+from sidecar.tokens import TokenFile
 from sidecar.values import parse_duration
 
 T = TypeVar("T")
@@ -97,11 +98,21 @@ class Loaded:
     secrets: Secrets
 
 
-def load(path: str | None, secrets: bool = True) -> Loaded:
-    """The config (and its secret files) or exit 2 naming the key."""
+def load(path: str | None, secrets: bool = True, every_file: bool = False) -> Loaded:
+    """The config (and its secret files) or exit 2 naming the key.
+
+    `every_file`: also every other file `run` reads at start (``admin.token_file``),
+    so that `check` refuses what `run` refuses; the one-shot commands leave it
+    alone (an operator may not be allowed to read it, and they do not need it).
+    """
     try:
         config = load_config(path, os.environ)
-        return Loaded(config, load_secrets(config, os.environ) if secrets else Secrets())
+        if not (secrets or every_file):
+            return Loaded(config, Secrets())
+        read = load_secrets(config, os.environ)
+        if every_file and config.admin.page:
+            TokenFile(config.admin.token_file).load()
+        return Loaded(config, read)
     except ConfigError as exc:
         fail(EXIT_USAGE, f"config error: {exc}")
 

@@ -127,15 +127,21 @@ def test_check_prints_every_job_with_three_next_runs(tmp_path: Path) -> None:
 
 
 def test_check_connects_to_nothing(tmp_path: Path) -> None:
-    # nothing listens there, and the secret files do not exist: check still passes
+    # nothing listens there: check still passes; with --no-files the secret files
+    # need not exist either (a CI without them)
     port = free_port()
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
     cfg = config(
-        nats={"servers": f"nats://127.0.0.1:{port}", "user": "u", "password_file": "/nonexistent"},
-        target={"signing_secret_file": str(tmp_path / "missing")},
+        nats={"servers": f"nats://127.0.0.1:{port}", "user": "u", "password_file": str(secret)},
+        target={"signing_secret_file": str(secret)},
     )
     res = run_cli("check", "-c", str(write_config(tmp_path / "c.yaml", cfg)))
     assert res.returncode == 0, res.stderr
     assert f"on nats://127.0.0.1:{port}" in res.stdout
+    secret.unlink()
+    res = run_cli("check", "--no-files", "-c", str(tmp_path / "c.yaml"))
+    assert res.returncode == 0, res.stderr
 
 
 # ------------------------------------------------------------------ config errors
@@ -305,7 +311,7 @@ def test_metrics_listen_from_env_is_where_run_serves(
         ),
     ],
 )
-def test_run_with_a_missing_secret_file_exits_2(
+def test_check_and_run_refuse_a_missing_secret_file_alike(
     tmp_path: Path, section: dict[str, dict[str, str]], key: str
 ) -> None:
     missing = str(tmp_path / "no-such-secret")
@@ -315,10 +321,30 @@ def test_run_with_a_missing_secret_file_exits_2(
             for name, value in part.items():
                 if value == "MISSING":
                     part[name] = missing
-    res = run_cli("run", "-c", str(write_config(tmp_path / "c.yaml", data)))
-    assert res.returncode == 2, res.stderr
-    line = one_error_line(res)
-    assert line == f"{key}: file {missing} does not exist"
+    for cmd, res in both("-c", str(write_config(tmp_path / "c.yaml", data))).items():
+        assert (cmd, res.returncode, res.stdout) == (cmd, 2, ""), res.stderr
+        assert one_error_line(res) == f"{key}: file {missing} does not exist", cmd
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "admin.token_file: cannot read {path}: No such file or directory"),
+        ("short\n", "admin.token_file: line 1: a token needs at least 16 characters"),
+        ("# none\n", "admin.token_file: the file holds no token"),
+    ],
+    ids=["missing", "short token", "empty"],
+)
+def test_check_and_run_refuse_an_unusable_admin_token_file_alike(
+    tmp_path: Path, content: str | None, says: str
+) -> None:
+    tokens = tmp_path / "tokens"
+    if content is not None:
+        tokens.write_text(content)
+    path = write_config(tmp_path / "c.yaml", config(admin={"token_file": str(tokens)}))
+    for cmd, res in both("-c", str(path)).items():
+        assert (cmd, res.returncode, res.stdout) == (cmd, 2, ""), res.stderr
+        assert one_error_line(res) == says.format(path=tokens), cmd
 
 
 def test_run_with_the_metrics_port_in_use_exits_4_naming_the_port(tmp_path: Path) -> None:

@@ -259,14 +259,14 @@ def assert_installed_sidecar_works(venv: Path, tmp_path: Path) -> None:
     assert sidecar.__version__ in version.stdout, output(version)
 
     compose_config = COMPOSE_DIR / "sidecar.yaml"
-    check = run([str(exe), "check", "-c", str(compose_config)], cwd=tmp_path)
+    check = run([str(exe), "check", "--no-files", "-c", str(compose_config)], cwd=tmp_path)
     assert check.returncode == 0, output(check)
     for job in config_of(compose_config).jobs:
         assert job.name in check.stdout, output(check)
 
     broken = tmp_path / "broken.yaml"
     broken.write_text(compose_config.read_text().replace("max_late: 5s", "max_late: 10m"))
-    refused = run([str(exe), "check", "-c", str(broken)], cwd=tmp_path)
+    refused = run([str(exe), "check", "--no-files", "-c", str(broken)], cwd=tmp_path)
     assert refused.returncode == 2, output(refused)
     assert "max_late" in refused.stdout + refused.stderr, output(refused)
 
@@ -769,7 +769,9 @@ def test_kustomization_lists_exactly_its_files(kdir: Path) -> None:
 
 @pytest.mark.parametrize("config", sidecar_configs(), ids=lambda p: str(p.relative_to(DEPLOY)))
 def test_sidecar_config_passes_check(config: Path) -> None:
-    proc = run([sys.executable, "-m", "sidecar", "check", "-c", str(config)], cwd=ROOT)
+    proc = run(
+        [sys.executable, "-m", "sidecar", "check", "--no-files", "-c", str(config)], cwd=ROOT
+    )
     assert proc.returncode == 0, output(proc)
 
 
@@ -930,7 +932,9 @@ def test_overlay_builds_into_valid_manifests(rendered: Path, tmp_path: Path) -> 
     ]
     config = tmp_path / "sidecar.yaml"
     config.write_text(configmap["data"]["sidecar.yaml"])
-    check = run([sys.executable, "-m", "sidecar", "check", "-c", str(config)], cwd=ROOT)
+    check = run(
+        [sys.executable, "-m", "sidecar", "check", "--no-files", "-c", str(config)], cwd=ROOT
+    )
     assert check.returncode == 0, output(check)
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     names = {
