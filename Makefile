@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all install test lint typecheck prometheus verifiers netns-tools chromium rules unit demo bench bench.scale bench-year reliability nemesis e2e hosts clean
+.PHONY: all install test lint typecheck prometheus verifiers git-tool netns-tools chromium rules unit demo bench bench.scale bench-year reliability nemesis e2e hosts clean
 
 all: test
 
@@ -35,7 +35,7 @@ typecheck: $(STAMP)
 # the reliability scenarios and the nemesis alone, since their figures and
 # margins are about timing. The second pass runs even when the first failed:
 # one run shows every failure. Skips say why at the end of each pass.
-unit: $(STAMP) prometheus verifiers netns-tools chromium
+unit: $(STAMP) prometheus verifiers git-tool netns-tools chromium
 	status=0; \
 	$(BIN)/pytest -m "not slow" -n 2 --dist loadfile -p no:cacheprovider \
 	  --ignore=tests/reliability --ignore=tests/nemesis || status=$$?; \
@@ -58,6 +58,13 @@ $(BIN)/promtool: | $(BIN)/pip
 verifiers:
 	@sh tests/install-missing.sh "signature verifiers" "their verifier tests skip" \
 	  go:golang-go node:nodejs
+
+# git for the upgrade test (tests/test_upgrade.py), which builds the previous
+# release from its commit: Debian's git, installed when missing where that can
+# be done (root, apt). Without it that test skips, saying so; under CI it fails.
+git-tool:
+	@sh tests/install-missing.sh "the upgrade test" "tests/test_upgrade.py skips" \
+	  git:git
 
 # ip (iproute2) and iptables-restore for the nemesis's network namespaces
 # (tests/nemesis), installed when missing where that can be done (root, apt).

@@ -13,8 +13,10 @@ done
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "installing Debian's$missing ($purpose)"
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  here=$(dirname "$0")  # apt-wait.sh: apt-get that waits for a held lock
+  DEBIAN_FRONTEND=noninteractive sh "$here/apt-wait.sh" update -qq &&
+    DEBIAN_FRONTEND=noninteractive sh "$here/apt-wait.sh" install -y -qq \
+      --no-install-recommends $missing >/dev/null
 else
   echo "missing:$missing (apt-get install$missing as root); $without"
 fi

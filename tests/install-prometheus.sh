@@ -36,7 +36,7 @@ echo "install-prometheus: apt-get download prometheus (unpacked into $bin, not i
 # shellcheck disable=SC2086
 if ! (cd "$work" && apt-get download -qq $opts prometheus >/dev/null 2>&1); then
     if [ "$(id -u)" = 0 ]; then
-        apt-get update -qq
+        sh "$(dirname "$0")/apt-wait.sh" update -qq
         # shellcheck disable=SC2086
         (cd "$work" && apt-get download -qq $opts prometheus >/dev/null)
     else

@@ -17,9 +17,11 @@ done
 if [ -n "$missing" ]; then
     echo "install-deps: apt-get install$missing"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
+    # tests/apt-wait.sh: apt-get that waits for a held lock instead of failing
+    apt_wait="$(dirname "$0")/../../tests/apt-wait.sh"
+    sh "$apt_wait" update -qq
     # shellcheck disable=SC2086
-    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    sh "$apt_wait" install -y -qq --no-install-recommends $missing >/dev/null
 fi
 
 if [ ! -x "$bin/podman-compose" ]; then
