@@ -184,7 +184,7 @@ class PageApp:
 
     def _wrap(self, req: Request, title: str, body: str) -> str:
         who = self.sessions.who(req)
-        csrf = self.sessions.csrf(req) if who else None
+        csrf = self.sessions.csrf(req) if who else self.sessions.login_csrf()
         return page.layout(title, body, who, csrf, self.tokens.enabled)
 
     async def _index(self, req: Request) -> str:
@@ -197,11 +197,20 @@ class PageApp:
                 await asyncio.sleep(0)
                 since = time.perf_counter()
         body = page.jobs_table(rows, len(jobs)) + page.fleet_section(await self.data.fleet_data())
+        if not self.guard.connected.is_set():
+            body = page.UNREACHABLE + body
         return self._wrap(req, f"Fleet · {self.config.instance_id}", body)
 
     async def _job_page(self, req: Request, name: str, q: dict[str, list[str]]) -> str:
         limit, before = _paging(q)
-        return self._wrap(req, f"{name} · fleet", await self._job_body(req, name, limit, before))
+        title = f"{name} · fleet"
+        if self.guard.connected.is_set():
+            return self._wrap(req, title, await self._job_body(req, name, limit, before))
+        try:  # NATS down: the runs read last, else none; at once either way
+            body = await self._job_body(req, name, limit, before)
+        except SidecarError:
+            body = page.message(name, "Its runs are read from the stream, out of reach now.")
+        return self._wrap(req, title, page.UNREACHABLE + body)
 
     async def _job_body(self, req: Request, name: str, limit: int, before: int | None) -> str:
         runs = await self.data.runs_data(name, limit, before)
@@ -245,6 +254,11 @@ class PageApp:
         if parts == ["login"]:
             return self._login(req, form)
         if parts == ["logout"]:
+            if not (
+                self.sessions.same_origin(req)
+                and hmac.compare_digest(form.get("csrf", ""), self.sessions.csrf(req))
+            ):
+                return _json(403, {"error": "bad or missing CSRF token; reload the page"})
             return self._logout()
         api = parts[:2] == ["api", "v1"]
         rest = parts[2:] if api else parts
@@ -343,10 +357,14 @@ class PageApp:
     def _login(self, req: Request, form: dict[str, str]) -> Answer:
         if not self.sessions.same_origin(req):
             return _json(403, {"error": "cross-site sign-in refused"})
+        # As every form: the sign-in form's CSRF token, curl or browser alike.
+        if not self.sessions.login_csrf_ok(form.get("csrf", "")):
+            return _json(403, {"error": "bad or missing CSRF token; reload the page"})
         name = self.tokens.who(form.get("token", ""))
         if name is None:
             body = page.message("Sign-in refused", "That token is not in admin.token_file.")
-            return _html(401, page.layout("Sign-in refused", body, None, None, True))
+            login = self.sessions.login_csrf()
+            return _html(401, page.layout("Sign-in refused", body, None, login, True))
         cookie = self.sessions.set_cookie(name)
         log.info("fleet page: %s signed in from %s", name, req.peer)
         return Answer(

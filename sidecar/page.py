@@ -83,6 +83,7 @@ def layout(title: str, body: str, who: str | None, csrf: str | None, can_act: bo
     elif can_act:
         session = (
             '<form method="post" action="/login" class="inline login">'
+            f'<input type="hidden" name="csrf" value="{e(csrf)}">'
             '<label for="token">Token</label> '
             '<input id="token" name="token" type="password" autocomplete="off" required> '
             '<button type="submit">sign in</button></form>'
@@ -156,6 +157,14 @@ def job_row(job: dict[str, Any]) -> str:
         f'<td data-label="last run">{last_text}</td>'
         f'<td data-label="next runs">{nexts}</td></tr>'
     )
+
+
+# Above the jobs while this sidecar is not connected to NATS.
+UNREACHABLE = (
+    '<p class="warn" role="alert">⚠ NATS is unreachable: this sidecar is not connected '
+    "(nats.servers). What the page shows is what it last knew; it runs no slot and "
+    "takes no action until it is connected again.</p>"
+)
 
 
 def jobs_table(rows: list[str], count: int, heading: str = "") -> str:

@@ -85,8 +85,9 @@ class PageData:
     async def _build_jobs(self) -> list[dict[str, Any]]:
         try:
             self.live.ensure_started()
-            if not self.live.loaded.is_set():
+            if not self.live.loaded.is_set() and self.guard.connected.is_set():
                 # Shown with what is known after that; events fill in the rest.
+                # Not connected: at once (the page says NATS is unreachable).
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.live.loaded.wait(), 5.0)
             view = self.fleet.view
@@ -161,7 +162,9 @@ class PageData:
 
     async def _stream_state(self) -> StreamState | None:
         """The stream's state, read at most every STREAM_REUSE seconds (else the guard's)."""
-        if self.js is not None and time.monotonic() - self._stream_at > STREAM_REUSE:
+        # Not connected: no request to wait out its timeout (the page answers at once).
+        connected = self.guard.connected.is_set()
+        if self.js is not None and connected and time.monotonic() - self._stream_at > STREAM_REUSE:
             self._stream_at = time.monotonic()
             try:
                 info = await self.js.stream_info(self.guard.spec.name)
@@ -185,11 +188,12 @@ class PageData:
 
     async def runs_data(self, name: str, limit: int, before: int | None) -> dict[str, Any]:
         cached = self._history.get(name)
-        if cached is not None and time.monotonic() - cached[0] < HISTORY_REUSE:
-            runs = cached[1]
+        connected = self.js is not None and self.guard.connected.is_set()
+        if cached is not None and (time.monotonic() - cached[0] < HISTORY_REUSE or not connected):
+            runs = cached[1]  # not connected: what was read last, at once
         else:
-            if self.js is None:
-                raise SidecarError("not connected to NATS yet")
+            if self.js is None or not connected:
+                raise SidecarError("NATS is unreachable: this sidecar is not connected")
             spec = self.guard.spec
             latest = self.clock.wall_ms() + round(self.config.nats.duplicate_window * 1000)
             hist = await read_history(self.js, spec.name, spec.prefix, name, latest)

@@ -4,7 +4,8 @@
 the token (never holds it), expires after ``SESSION_TTL`` and is signed with
 a key made at start, so a restart signs everyone out; a name removed from the
 file signs its sessions out at their next request. A form's CSRF token is
-the session cookie signed again; a browser's ``Origin`` must be this host.
+the session cookie signed again; the sign-in form's, made before there is a
+session, an expiry signed; a browser's ``Origin`` must be this host.
 """
 
 from __future__ import annotations
@@ -59,6 +60,18 @@ class Sessions:
     def csrf(self, req: Request) -> str:
         """The CSRF token of the request's session: its cookie, signed again."""
         return self._sign("csrf|" + (self._cookie(req) or ""))
+
+    def login_csrf(self) -> str:
+        """The sign-in form's CSRF token (no session yet): signed, good for SESSION_TTL."""
+        expires = str(int(time.time()) + SESSION_TTL)
+        return f"{expires}.{self._sign('login|' + expires)}"
+
+    def login_csrf_ok(self, given: str) -> bool:
+        """Whether `given` is a sign-in CSRF token of this process, not expired."""
+        expires, _, sig = given.partition(".")
+        if not expires.isdigit() or int(expires) <= time.time():
+            return False
+        return hmac.compare_digest(sig, self._sign("login|" + expires))
 
     @staticmethod
     def same_origin(req: Request) -> bool:

@@ -333,3 +333,23 @@ def test_pause_until_ends_by_itself_and_skip_records_the_next_slot(
     assert [r["slot"] for r in records] == chosen
     assert records[0]["error"].startswith("skip by alice") and "holiday" in records[0]["error"]
     assert max(Counter(slots(http_app, "/jobs/c")).values()) == 1
+
+
+def test_with_nats_down_the_page_answers_at_once_saying_so(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base(nats_server, http_app, [job("a")])
+    with sidecars(tmp_path, [("s0", config, {})]) as (sc,):
+        nats_server.stop()
+        wait_for(lambda: sc.get("/readyz")[0] == 503, 10, what="/readyz says not connected")
+        for _ in range(2):  # the first load (nothing known yet) and the next
+            started = time.monotonic()
+            code, _, html = request(sc, "/")
+            took = time.monotonic() - started
+            assert code == 200 and took < 1.0, (code, took)
+            assert b"NATS is unreachable: this sidecar is not connected" in html, html[:2000]
+            started = time.monotonic()
+            code, _, html = request(sc, "/jobs/a")
+            took = time.monotonic() - started
+            assert code == 200 and took < 1.0, (code, took)
+            assert b"NATS is unreachable: this sidecar is not connected" in html, html[:2000]
