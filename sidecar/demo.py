@@ -242,10 +242,11 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
         say(f"job {JOB!r} runs every {period} s; each line is one slot. Ctrl-C stops.\n")
 
         slots: dict[int, Slot] = {}
+        stopping = False  # once said, no slot line follows (the summary counts them)
 
         def report(slot_ms: int) -> None:
             entry = slots[slot_ms]
-            if entry.printed or entry.result is None or slot_ms < first_slot_ms:
+            if stopping or entry.printed or entry.result is None or slot_ms < first_slot_ms:
                 return
             entry.printed = True
             r = entry.result
@@ -279,13 +280,16 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
 
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), duration)
+        for slot_ms in sorted(slots):  # every slot finished so far, before the stop's line
+            report(slot_ms)
+        stopping = True
         say("\nstopping: SIGTERM to the sidecars (they drain), then the app and nats-server")
         codes = await _stop_all(procs[1:])
-        await asyncio.sleep(0.2)  # the last results reach the watcher
-        for slot_ms in sorted(slots):
-            report(slot_ms)
         ran = {s: n for s, n in app.requests.items() if s.isdigit() and int(s) >= first_slot_ms}
         doubles = sum(1 for n in ran.values() if n > 1)
+        shown = sum(1 for s, e in slots.items() if e.printed and s >= first_slot_ms)
+        if len(ran) > shown:
+            say(f"({len(ran) - shown} slot(s) in flight finished while the sidecars drained)")
         say(f"{len(ran)} slot(s) triggered, {doubles} more than once; sidecars exited with {codes}")
         return 0 if doubles == 0 and all(c == 0 for c in codes) else 1
     except Stopped:

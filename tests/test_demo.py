@@ -42,7 +42,8 @@ def test_demo_shows_each_slot_won_exactly_once_and_cleans_up() -> None:
     lines = re.findall(pattern, out, re.M)
     # Slots reported before the stop were claimed by all three; at the stop,
     # the others may already have been draining.
-    running_part = out.split("stopping:")[0]
+    running_part, stopping_part = out.split("stopping:")
+    assert "won by" not in stopping_part, f"a slot printed after the stop's line: {out}"
     complete = re.findall(pattern, running_part, re.M)
     assert len(lines) >= 4, out
     slots = Counter(when for when, _, _ in lines)
@@ -175,6 +176,7 @@ def stop_and_check(demo: Demo, moment: str, twice: bool = False) -> tuple[int, f
     demo.proc.stdout.close()
     out = demo.output()
     assert took < STOP_BOUND, f"Ctrl-C {moment}: {took:.1f}s\n{out}"
+    assert "won by" not in out.partition("stopping:")[2], f"Ctrl-C {moment}: slot after stop\n{out}"
     assert "Traceback" not in out and "Error" not in out, f"Ctrl-C {moment}:\n{out}"
     assert not demo.left_running(), f"Ctrl-C {moment}: {demo.left_running()}\n{out}"
     store = re.search(r"JetStream store in (\S+)\)", out)
