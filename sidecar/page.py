@@ -5,16 +5,21 @@ that comes from the config, the stream or the state bucket goes through
 ``e()`` (HTML escaping, quotes included): stream data is written by whoever
 can publish, and is treated as hostile. No inline script or style (the
 Content-Security-Policy forbids both): page.js and page.css come from
-``/static/``. Times are ``<time datetime=UTC>`` elements showing UTC; page.js
-rewrites them into the viewer's local time and keeps the UTC instant in the
-title. Status marks carry a symbol and a word, never colour alone.
+``/static/``. Times are ``<time datetime=UTC>`` elements; page.js rewrites
+them into the viewer's local time with its zone's name and keeps the UTC
+instant in the title. A job's own times (its next runs, its runs' scheduled
+and start times) are in its schedule's timezone instead (``data-tz``), shown
+so by the server too, zone name included, so they read as the schedule does.
+Status marks carry a symbol and a word, never colour alone.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from html import escape
 from typing import Any
 from urllib.parse import quote
+from zoneinfo import ZoneInfo
 
 from sidecar.wire import FAILED, LOST, RUNNING, SKIPPED, SUCCEEDED
 
@@ -34,12 +39,20 @@ def e(value: object) -> str:
     return escape("" if value is None else str(value), quote=True)
 
 
-def when(text: object) -> str:
-    """A ``<time>`` for an RFC 3339 UTC instant; a dash for none."""
+def when(text: object, tz: object = None) -> str:
+    """A ``<time>`` for an RFC 3339 UTC instant; a dash for none. With `tz` (a job's
+    IANA timezone), shown in that zone with its name, for page.js too (``data-tz``)."""
     if not text:
         return '<span class="none">&#8211;</span>'
     t = e(text)
-    return f'<time datetime="{t}" title="{t}">{t}</time>'
+    if not tz:
+        return f'<time datetime="{t}" title="{t}">{t}</time>'
+    try:
+        at = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+        shown = e(at.astimezone(ZoneInfo(str(tz))).strftime("%Y-%m-%d %H:%M:%S %Z"))
+    except (ValueError, KeyError):  # not a time or not a zone: as it is
+        return f'<time datetime="{t}" title="{t}">{t}</time>'
+    return f'<time datetime="{t}" data-tz="{e(tz)}" title="UTC {t}">{shown}</time>'
 
 
 def mark(status: object, title: str = "") -> str:
@@ -61,6 +74,8 @@ def seconds(value: object) -> str:
     if not isinstance(value, int | float):
         return "&#8211;"
     v = float(value)
+    if v < 1:  # a run of 2 ms is 2 ms, not "0.0 s"
+        return f"{round(v * 1000)} ms"
     if v < 60:
         return f"{v:.1f} s"
     if v < 3600:
@@ -104,7 +119,8 @@ def layout(title: str, body: str, who: str | None, csrf: str | None, can_act: bo
         '<span id="live" class="live" aria-live="polite">static</span></nav>'
         f'<div class="session">{session}</div></header>'
         f'<main id="main">{body}</main>'
-        "<footer>Times in your local time; hover for UTC. "
+        "<footer>A job's times are in its schedule's timezone, the others in yours; "
+        "each names its zone, and hovering shows UTC. "
         '<a href="/api/v1/jobs">JSON API</a></footer></body></html>\n'
     )
 
@@ -144,9 +160,10 @@ def job_row(job: dict[str, Any]) -> str:
         for r in reversed(job.get("recent") or [])
     )
     fails = job.get("consecutive_failures") or 0
-    nexts = "<br>".join(when(s) for s in job.get("next_slots") or [])
+    tz = job.get("timezone")
+    nexts = "<br>".join(when(s, tz) for s in job.get("next_slots") or [])
     last = job.get("last_run") or {}
-    last_text = f"{mark(last['status'])} {when(last.get('scheduled_at'))}" if last else DASH
+    last_text = f"{mark(last['status'])} {when(last.get('scheduled_at'), tz)}" if last else DASH
     return (
         f'<tr id="job-{e(name)}" data-job="{e(name)}">'
         f'<th scope="row"><a href="{e(job_href(name))}">{e(name)}</a></th>'
@@ -249,7 +266,7 @@ def fleet_section(fleet: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------- one job
 
 
-def run_row(run: dict[str, Any]) -> str:
+def run_row(run: dict[str, Any], tz: object = None) -> str:
     trigger = "manual" if run.get("manual") else "schedule"
     error = run.get("error")
     answer = run.get("answer")  # the start of the app's answer, when a result records it
@@ -261,12 +278,13 @@ def run_row(run: dict[str, Any]) -> str:
     return (
         f"<tr><td>{mark(run.get('status'))} {e(run.get('status'))}</td><td>{trigger}</td>"
         f"<td class='num'>{e(run.get('attempt', 1))}</td><td>{e(run.get('instance'))}</td>"
-        f"<td>{when(run.get('scheduled_at'))}</td><td>{when(run.get('started_at'))}</td>"
+        f"<td>{when(run.get('scheduled_at'), tz)}</td><td>{when(run.get('started_at'), tz)}</td>"
         f"<td class='num'>{seconds(late / 1000) if isinstance(late, int) else DASH}</td>"
         f"<td class='num'>{seconds(took / 1000) if isinstance(took, int) else DASH}</td>"
         f"<td class='num'>{e(run.get('http_status') or '') or DASH}</td>"
         f"<td class='err'>{detail or DASH}</td>"
-        f"<td>{ident(run.get('token'))}</td><td>{ident(run.get('fence'))}</td></tr>"
+        f"<td class='id'>{ident(run.get('token'))}</td>"
+        f"<td class='id'>{ident(run.get('fence'))}</td></tr>"
     )
 
 
@@ -305,7 +323,9 @@ def job_page(
 ) -> str:
     name = str(job["name"])
     head = jobs_table([job_row(job)], 1, '<h2 id="jobs-h" class="vh">Now</h2>')
-    rows = "".join(run_row(r) for r in runs) or "<tr><td colspan='12'>No runs recorded.</td></tr>"
+    tz = job.get("timezone")
+    none = "<tr><td colspan='12'>No runs recorded.</td></tr>"
+    rows = "".join(run_row(r, tz) for r in runs) or none
     more = (
         f'<p><a href="{e(job_href(name))}?before={next_before}&amp;limit={limit}" rel="next">'
         "Older runs →</a></p>"

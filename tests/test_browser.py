@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +37,20 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> int:
 
 
 ROWS = "document.querySelectorAll('#jobs-body tr').length"
+NEXT_RUNS = "document.querySelector('#job-{job} td[data-label=\"next runs\"]').innerText"
+# The Duration column of the job page's runs, and how many lines each run id takes.
+DURATIONS = (
+    "Array.from(document.querySelectorAll('#runs-body tr')).map(r => r.children[7].innerText)"
+)
+# For each run id and fence (the last two columns): 1 when it is one line box and its
+# copy button sits on that line.
+ID_LINES = (
+    "Array.from(document.querySelectorAll('#runs-body td:nth-child(n+11)')).map(td => {"
+    " const code = td.querySelector('code'), b = td.querySelector('button');"
+    " const r = code.getBoundingClientRect(), m = b ? b.getBoundingClientRect() : r;"
+    " const mid = (m.top + m.bottom) / 2;"
+    " return code.getClientRects().length + (mid >= r.top && mid <= r.bottom ? 0 : 1); })"
+)
 
 
 def marks(job_name: str) -> str:
@@ -63,8 +78,14 @@ async def test_the_page_in_chromium(
         url = procs[0].base_url
         async with chromium(binary) as page:
             await page.size(1440, 900, mobile=False)
+            # A viewer far from the schedules' zones: a job's times stay in its own.
+            await page.send("Emulation.setTimezoneOverride", timezoneId="America/New_York")
             await page.goto(url + "/")
             assert await page.js(ROWS) == 4
+            berlin = await page.js(NEXT_RUNS.format(job="nightly-export"))
+            assert "02:30:00" in berlin and ("GMT+1" in berlin or "CET" in berlin), berlin
+            utc = await page.js(NEXT_RUNS.format(job="backup"))
+            assert "03:00:00" in utc and "UTC" in utc, utc
             await page.until(f"{marks('sync')} >= 2", what="sync's runs in its strip")
             # Marks say what they mean in words, not colour alone.
             label = await page.js(
@@ -118,6 +139,13 @@ async def test_the_page_in_chromium(
             session = await page.js("document.querySelector('.session').textContent")
             assert "signed in as alice" in session, session
             await page.goto(url + "/jobs/sync")
+            # A run of a few ms reads in ms; a run id stays on one line with its button.
+            durations = await page.js(DURATIONS)
+            assert any(d.endswith(" ms") for d in durations), durations
+            assert all(re.fullmatch(r"\d+ ms|\d+\.\d s", d) for d in durations), durations
+            assert "0.0 s" not in durations, durations
+            lines = await page.js(ID_LINES)
+            assert lines and set(lines) == {1}, lines
             csrf = await page.js("document.querySelector('input[name=csrf]').value")
             # The same POST without the token (no session cookie) is refused.
             form = f"csrf={csrf}&reason=x".encode()

@@ -6,10 +6,13 @@
     root.querySelectorAll("time[datetime]").forEach(function (el) {
       var d = new Date(el.getAttribute("datetime"));
       if (isNaN(d)) return;
-      el.textContent = d.toLocaleString(undefined, {
+      // Always with the zone's name; a job's own times in its schedule's zone.
+      var opts = {
         year: "numeric", month: "short", day: "2-digit",
-        hour: "2-digit", minute: "2-digit", second: "2-digit"
-      });
+        hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short"
+      };
+      if (el.dataset.tz) opts.timeZone = el.dataset.tz;
+      try { el.textContent = d.toLocaleString(undefined, opts); } catch (e) { return; }
       el.title = "UTC " + el.getAttribute("datetime");
     });
   }
