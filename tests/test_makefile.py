@@ -269,6 +269,8 @@ def test_make_unit_runs_the_second_pass_after_a_failed_first(
         "-o",
         "verifiers",
         "-o",
+        "git-tool",
+        "-o",
         "netns-tools",
         "-o",
         "chromium",
