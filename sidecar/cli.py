@@ -469,7 +469,7 @@ def demo(duration: float | None, period: int) -> None:
     """
     from sidecar.demo import run_demo
 
-    sys.exit(run_demo(duration, period))
+    sys.exit(run_demo(duration, period, owns_process=True))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -156,7 +156,9 @@ async def _wait_ready(
             await asyncio.sleep(0.1)
 
 
-async def _demo(duration: float | None, period: int, workdir: Path) -> int:
+async def _demo(
+    duration: float | None, period: int, workdir: Path, owns_process: bool = False
+) -> int:
     binary = nats_server_path()
     if binary is None:
         print(
@@ -309,6 +311,8 @@ async def _demo(duration: float | None, period: int, workdir: Path) -> int:
         await _stop_all(procs[:1])
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
+            if owns_process:  # stopped: another Ctrl-C while it exits is no new interrupt
+                signal.signal(sig, signal.SIG_IGN)
 
 
 async def _stop_all(procs: list[asyncio.subprocess.Process]) -> list[int]:
@@ -327,11 +331,16 @@ async def _stop_all(procs: list[asyncio.subprocess.Process]) -> list[int]:
     return [await proc.wait() for proc in procs]
 
 
-def run_demo(duration: float | None, period: int = 2) -> int:
-    """Run the demo until Ctrl-C or `duration` seconds; leave nothing behind."""
+def run_demo(duration: float | None, period: int = 2, owns_process: bool = False) -> int:
+    """Run the demo until Ctrl-C or `duration` seconds; leave nothing behind.
+
+    `owns_process` (the `demo` command): once stopped, the stop signals are
+    ignored until the process exits; a call in someone else's process leaves
+    them as it found them.
+    """
     workdir = Path(tempfile.mkdtemp(prefix="anarchon-demo-"))
     try:
-        return asyncio.run(_demo(duration, period, workdir))
+        return asyncio.run(_demo(duration, period, workdir, owns_process))
     except KeyboardInterrupt:  # before the demo's own handler was installed; it cleaned up
         return INTERRUPTED
     finally:
