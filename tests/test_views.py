@@ -82,3 +82,30 @@ def test_history_marks_every_trigger_kind_but_scheduled() -> None:
     # A skipped slot has no trigger; a reference claim says only `manual`.
     assert views.run_marks(run(None)) == ""
     assert views.run_marks(run(None, manual=True)) == " (manual)"
+
+
+def test_the_attempt_table_of_docs_cli_is_the_codes() -> None:
+    """docs/CLI.md's table of a lost run and its rerun is what runs_table prints."""
+    from pathlib import Path
+    from zoneinfo import ZoneInfo
+
+    from sidecar.runs import Run
+
+    text = (Path(__file__).parent.parent / "docs" / "CLI.md").read_text()
+    start = text.index("Each attempt of a slot is a row of its own:")
+    block = text[
+        text.index("```text\n", start) + 8 : text.index("```", text.index("```text\n", start) + 8)
+    ]
+    slot = 1796228040000
+    error = (
+        f"lease run.sync.{slot} expired: instance web-1 stopped renewing it (lease_ttl 30s); "
+        "recorded by web-3"
+    )
+    at = "2026-12-02T16:14:00.000Z"
+    runs = [
+        Run("sync", slot, "b", "web-2", False, "succeeded", at, at, at, at, 12, 200, None,
+            attempt=2, trigger="rerun"),
+        Run("sync", slot, "a", "web-1", False, "lost", at, at, at, at, 31020, None, error,
+            attempt=1, trigger="scheduled"),
+    ]  # fmt: skip
+    assert views.runs_table(runs, ZoneInfo("Europe/Berlin")) == block.splitlines()
