@@ -57,27 +57,28 @@ def git(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[b
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, input=stdin)
 
 
-def git_or_skip() -> None:
-    """Skip (fail under CI) when git or the repository's history is not here."""
-    why = None
-    if shutil.which("git") is None:
-        why = "git is not installed (make git-tool installs it, as root on Debian)"
-    elif not (ROOT / ".git").exists():
-        why = "not a git checkout: the previous release is built from its commit"
-    if why is None:
-        return
+def cannot_run(why: str) -> None:
+    """Skip saying why; under CI, where it must run, fail."""
     if os.environ.get("CI"):
         pytest.fail(f"the upgrade test cannot run under CI: {why}")
     pytest.skip(f"the upgrade test needs git: {why}")
 
 
+def git_or_skip() -> None:
+    """Skip (fail under CI) when git or the previous release's commit is not here."""
+    if shutil.which("git") is None:
+        cannot_run("git is not installed (make git-tool installs it, as root on Debian)")
+    elif not (ROOT / ".git").exists():
+        cannot_run("not a git checkout: the previous release is built from its commit")
+    elif git("cat-file", "-e", f"{PREVIOUS_COMMIT}^{{commit}}").returncode != 0:
+        cannot_run(
+            f"commit {PREVIOUS_COMMIT} ({PREVIOUS_TAG}) is not in this clone; "
+            "a shallow clone needs `git fetch --unshallow`"
+        )
+
+
 def previous_tree(dest: Path) -> None:
     """The previous release's files in `dest`, from its commit (checked against the tag)."""
-    if git("cat-file", "-e", f"{PREVIOUS_COMMIT}^{{commit}}").returncode != 0:
-        raise AssertionError(
-            f"commit {PREVIOUS_COMMIT} ({PREVIOUS_TAG}) is not in this clone; "
-            "a shallow clone needs `git fetch --unshallow` for the upgrade test"
-        )
     tagged = git("rev-parse", "--verify", "--quiet", f"refs/tags/{PREVIOUS_TAG}^{{commit}}")
     if tagged.returncode == 0:
         assert tagged.stdout.decode().strip() == PREVIOUS_COMMIT, (
