@@ -58,6 +58,29 @@ def test_under_ci_an_upgrade_test_without_git_fails(tmp_path: Path) -> None:
     assert "the upgrade test cannot run under CI: git is not installed" in done.stdout
 
 
+def test_in_a_shallow_clone_the_upgrade_test_skips_saying_why(tmp_path: Path) -> None:
+    clone = tmp_path / "clone"
+    cloned = subprocess.run(
+        ["git", "clone", "-q", "--depth", "1", "--no-local", str(ROOT), str(clone)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cloned.returncode == 0, cloned.stderr
+    env = {k: v for k, v in sidecar_env().items() if k != "CI"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *PYTEST_ARGS, UPGRADE_TEST],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 skipped" in done.stdout and "is not in this clone" in done.stdout, done.stdout
+    assert "git fetch --unshallow" in done.stdout, done.stdout
+
+
 def test_make_test_installs_git_when_missing() -> None:
     """`make unit` asks for git as it asks for Go and Node.js (tests/install-missing.sh)."""
     make = (ROOT / "Makefile").read_text()
