@@ -29,6 +29,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from sidecar.backfill import backfill_key, running_of, slot_list
 from sidecar.bounds import attempt_no, slot_ms
+from sidecar.calendar import utc_text
 from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.describe import describe, schedule_lines
@@ -345,7 +346,7 @@ def job_object(
 def no_more_runs(job: JobConfig, view: View, now_ms: int) -> str | None:
     """Why the job claims no more slots (end_at passed, max_runs reached); None if it does."""
     if job.schedule.ended(now_ms):
-        return f"end_at {_utc(job.schedule.end_ms)} passed"
+        return f"end_at {utc_text(job.schedule.end_ms or 0)} passed"
     if job.max_runs is not None and (runs := counted(view, job.name)) >= job.max_runs:
         return f"max_runs {job.max_runs} reached ({runs} runs counted in count.{job.name})"
     return None

@@ -165,9 +165,9 @@ class Calendar:
     def outside(self, slot_ms: int) -> str | None:
         """Why ``slot_ms`` is not claimed by start_at/end_at (None: it is inside)."""
         if self.start_ms is not None and slot_ms < self.start_ms:
-            return f"before start_at {_rfc3339(self.start_ms)}"
+            return f"before start_at {utc_text(self.start_ms)}"
         if self.end_ms is not None and slot_ms > self.end_ms:
-            return f"after end_at {_rfc3339(self.end_ms)}"
+            return f"after end_at {utc_text(self.end_ms)}"
         return None
 
     def ended(self, now_ms: int) -> bool:
@@ -296,5 +296,6 @@ def parse_calendar(
     return Calendar(tuple(schedules), tz, spread, offset, exclusions, start_ms, end_ms)
 
 
-def _rfc3339(epoch_ms: int) -> str:
+def utc_text(epoch_ms: int) -> str:
+    """``2026-01-01T09:00:00Z``: a bound as people read it (whole seconds)."""
     return datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -12,11 +12,13 @@ describing is for display.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from cronsim import CronSim
+
+from sidecar.calendar import utc_text
 
 if TYPE_CHECKING:
     from sidecar.calendar import Calendar
@@ -87,16 +89,12 @@ def schedule_lines(calendar: Calendar) -> list[str]:
         )
     lines += [f"excluded: {e.text}" for e in calendar.exclusions]
     if calendar.start_ms is not None:
-        lines.append(f"start_at {_utc(calendar.start_ms)}: no slot before it")
+        lines.append(f"start_at {utc_text(calendar.start_ms)}: no slot before it")
     if calendar.end_ms is not None:
-        lines.append(f"end_at {_utc(calendar.end_ms)}: no slot after it is claimed")
+        lines.append(f"end_at {utc_text(calendar.end_ms)}: no slot after it is claimed")
     if found := calendar.unportable():
         lines.append(
             f"uses {', '.join(found)}: a scheduler of the reference backend sharing the "
             "stream cannot run this job"
         )
     return lines
-
-
-def _utc(epoch_ms: int) -> str:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
