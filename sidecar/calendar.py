@@ -247,11 +247,21 @@ class Calendar:
         own = min(s.min_interval_ms() for s in self.schedules)
         if len(self.schedules) == 1:
             return own
-        # Two expressions can fire close together: compare the union's slots too.
-        sample = list(itertools.islice(self._iter(_REFERENCE_MS - 1), _UNION_SAMPLE))
+        # Two expressions can fire close together: compare the union's slots too,
+        # from where every interval with ``from`` has begun.
+        begin = max(
+            [_REFERENCE_MS]
+            + [s.anchor_ms for s in self.schedules if isinstance(s, Interval) and s.first]
+        )
+        sample = list(itertools.islice(self._iter(begin - 1), _UNION_SAMPLE))
         return min([own, *(b - a for a, b in itertools.pairwise(sample))])
 
     def interval_floor_ms(self) -> int:
+        """A lower bound of ``min_interval_ms()``, without computing it."""
+        if len(self.schedules) > 1 and any(isinstance(s, Interval) for s in self.schedules):
+            # An interval's grid need not fall on a cron's whole minutes: only whole
+            # seconds are certain between the slots of a union.
+            return 1000
         return min(s.interval_floor_ms() for s in self.schedules)
 
     def _base(self, after_ms: int) -> int:

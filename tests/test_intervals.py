@@ -202,3 +202,18 @@ def test_catchup_latest_runs_a_missed_interval_slot_once(
         request = http_app.requests_for("/jobs/hourly")[0]
         assert request.headers["X-Anarchon-Trigger"] == "catchup"
     assert slots(http_app, "/jobs/hourly") == [anchor * 1000]
+
+
+def test_the_history_rule_sees_a_union_gap_shorter_than_either_schedule() -> None:
+    # :00 of every hour and 30 s after it: 30 s apart, though neither repeats within a minute.
+    cal = parse_calendar(["0 * * * *", "@every 1h offset 30s"], UTC_ZONE)
+    assert cal.interval_floor_ms() <= cal.min_interval_ms() == 30_000
+    with pytest.raises(ConfigError) as info:
+        parse(
+            [{"name": "a", "schedule": ["0 * * * *", "@every 1h offset 30s"], "max_late": "1m"}],
+            history_size=2,
+        )
+    assert info.value.key == "nats.history_size" and "shortest interval 30s" in str(info.value)
+    # A union with an interval that begins later is sampled from its beginning.
+    late = parse_calendar(["0 * * * *", "@every 1h from 2031-01-01T00:00:10Z"], UTC_ZONE)
+    assert late.min_interval_ms() == 10_000
