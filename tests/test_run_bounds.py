@@ -187,3 +187,40 @@ def test_three_sidecars_run_only_inside_start_and_end_and_never_past_max_runs(
     assert sorted(window) == [(start + i) * 1000 for i in range(4)], window
     capped = slots(http_app, "/jobs/capped")
     assert len(capped) == 4 and max(Counter(capped).values()) == 1, capped
+
+
+def test_a_catch_up_burst_of_three_sidecars_runs_exactly_max_runs(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Missed slots caught up by three sidecars at once: winners of different slots
+    count concurrently, and the fleet still runs exactly max_runs of them."""
+    with sidecars(tmp_path, [("first", base(nats_server, http_app, [job("warm")]), {})]):
+        wait_for(lambda: slots(http_app, "/jobs/warm"), 20, what="the stream in use")
+    gone = datetime.now(UTC).timestamp()
+    wait_for(lambda: datetime.now(UTC).timestamp() > gone + 8, 10, what="slots missed")
+    burst = job("burst", catchup="all", max_late="20s", max_runs=5)
+    config = base(nats_server, http_app, [burst, job("tick")])
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        wait_for(
+            lambda: all(_next_run(p, "burst") == 0 for p in procs),
+            40,
+            what="burst done on every sidecar",
+        )
+        seen = len(set(slots(http_app, "/jobs/tick")))
+        wait_for(lambda: len(set(slots(http_app, "/jobs/tick"))) >= seen + 3, 20, what="ticks")
+        caught_up = sum("catching up" in p.log() and "job burst" in p.log() for p in procs)
+        won = sum(p.metric("anarchon_claims_won_total", {"job": "burst"}) or 0 for p in procs)
+        capped = sum(
+            p.metric("anarchon_runs_skipped_total", {"job": "burst", "reason": "max_runs"}) or 0
+            for p in procs
+        )
+        print(f"burst: {won:g} claims won, {capped:g} refused by the count")
+    runs = slots(http_app, "/jobs/burst")
+    assert caught_up >= 1
+    assert len(runs) == 5 and max(Counter(runs).values()) == 1, runs
+    triggers = Counter(
+        r.headers["X-Anarchon-Trigger"] for r in http_app.requests_for("/jobs/burst")
+    )
+    assert triggers["catchup"] >= 1, triggers
+    # Every slot won past the cap was refused by the count, none ran.
+    assert won == 5 + capped and capped >= 1, (won, capped)
