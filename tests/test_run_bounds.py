@@ -224,3 +224,22 @@ def test_a_catch_up_burst_of_three_sidecars_runs_exactly_max_runs(
     assert triggers["catchup"] >= 1, triggers
     # Every slot won past the cap (if the view lagged) was refused by the count.
     assert won == 5 + capped, (won, capped)
+
+
+def test_check_says_a_job_has_ended_and_where_its_runs_are_counted(tmp_path: Path) -> None:
+    cfg = cli_config(
+        tmp_path,
+        {
+            "nats": {"servers": "nats://127.0.0.1:1"},  # check connects to nothing
+            "jobs": [
+                {"name": "over", "schedule": "@every 1h", "end_at": "2026-01-01T00:00:00Z"},
+                {"name": "capped", "schedule": "0 3 * * *", "max_runs": 10},
+            ],
+        },
+    )
+    done = run_cli("check", "-c", cfg)
+    assert done.returncode == 0, done.stderr
+    over = done.stdout.split("over:", 1)[1].split("capped:", 1)[0]
+    assert "runs no more: end_at 2026-01-01T00:00:00Z passed" in over
+    assert "next:" not in over
+    assert "max_runs 10: counted fleet-wide in count.capped" in done.stdout
