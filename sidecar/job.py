@@ -292,7 +292,11 @@ class Jobs:
                 log.debug("job %s: run %d of %d", job.name, number, job.max_runs)
                 return True
             error, reason = f"not run: max_runs {job.max_runs} reached", "max_runs"
-        await self.recorder.record(job, not_sent(claim, SKIPPED, error, self.clock.wall(), reason))
+        try:
+            outcome = not_sent(claim, SKIPPED, error, self.clock.wall(), reason)
+            await self.recorder.record(job, outcome)
+        except Exception as exc:  # not recorded (NATS away): still not run, the loop goes on
+            log.warning("job %s slot %s: %s; not recorded: %r", job.name, claim.slot, error, exc)
         return False
 
     # ------------------------------------------------------------------ catch-up
