@@ -269,7 +269,7 @@ class Jobs:
         """Why `slot` is not claimed by end_at or max_runs (None: it may be)."""
         if (outside := job.schedule.outside(slot)) is not None:
             return outside
-        if runcap.spent(self.fleet.view, job.name, job.max_runs):
+        if job.max_runs is not None and runcap.spent(self.fleet.view, job.name, job.max_runs):
             return f"max_runs {job.max_runs} reached ({runcap.count_key(job.name)})"
         return None
 
