@@ -45,7 +45,7 @@ from sidecar.record import Outcome, Recorder, not_sent, sent
 from sidecar.skips import EXCLUDED, PAUSED, SkipRecorder, Unclaimed
 from sidecar.sleeper import Sleeper
 from sidecar.tasks import TaskSet
-from sidecar.trigger import SCHEDULED, Trigger, Why, interrupted, why_of
+from sidecar.trigger import CATCHUP, SCHEDULED, Trigger, Why, interrupted, why_of
 from sidecar.wire import FAILED, SKIPPED
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,18 @@ def _secret(trigger: Trigger) -> bytes | None:
     """The current signing secret: webhooks are signed like triggers."""
     signer = getattr(trigger, "signer", None)  # tests drive Jobs without a trigger
     return signer.secrets[0] if signer is not None else None
+
+
+def counts(job: JobConfig, claim: Claim) -> bool:
+    """Whether this run is one that ``max_runs`` counts: attempt 1 of a slot of the
+    schedule (on time or caught up); not a retry or rerun of a counted slot, a
+    backfill or a manual run."""
+    return (
+        job.max_runs is not None
+        and claim.attempt == 1
+        and not claim.manual
+        and claim.trigger in (SCHEDULED, CATCHUP)
+    )
 
 
 class Jobs:
@@ -253,9 +265,6 @@ class Jobs:
             if claim.won:
                 if failpoints.ENABLED:
                     await failpoints.hit("claim.won")
-                if number == 1 and job.max_runs is not None and not await self._count(job, claim):
-                    self.unclaimed.count(claim)
-                    return
                 if number > 1:
                     self.due.claimed(name, slot, number)
                 self._start_run(job, claim, start)
@@ -274,7 +283,8 @@ class Jobs:
         return None
 
     async def _count(self, job: JobConfig, claim: Claim) -> bool:
-        """max_runs: count the won slot fleet-wide before it runs (sidecar/runcap.py).
+        """max_runs: count the slot fleet-wide just before its request (sidecar/runcap.py),
+        after the overlap lock: a slot that does not run is not counted.
         False: not run, recorded skipped (the count is full, or unknown)."""
         assert job.max_runs is not None
         keys = self.keys()
@@ -395,6 +405,8 @@ class Jobs:
 
     async def _run(self, job: JobConfig, claim: Claim, deadline: float) -> None:
         """Trigger the app for a won claim and record the result."""
+        if counts(job, claim) and not await self._count(job, claim):
+            return
         m = self.metrics
         slot_time = claim.slot / 1000
         m.runs_in_progress.labels(job=job.name).inc()

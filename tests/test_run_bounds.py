@@ -243,3 +243,23 @@ def test_check_says_a_job_has_ended_and_where_its_runs_are_counted(tmp_path: Pat
     assert "runs no more: end_at 2026-01-01T00:00:00Z passed" in over
     assert "next:" not in over
     assert "max_runs 10: counted fleet-wide in count.capped" in done.stdout
+
+
+def test_slots_skipped_for_overlap_do_not_use_up_max_runs(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """max_runs counts runs that reach the app: a slot kept from running by
+    ``overlap: skip`` (its run lease held) is not one of them."""
+    http_app.delay["/jobs/long"] = 2.5  # each run spans the next two slots
+    config = base(nats_server, http_app, [job("long", overlap="skip", max_runs=3)])
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        wait_for(
+            lambda: all(_next_run(p, "long") == 0 for p in procs), 60, what="long done everywhere"
+        )
+        overlapped = sum(
+            p.metric("anarchon_runs_skipped_total", {"job": "long", "reason": "overlap"}) or 0
+            for p in procs
+        )
+    runs = slots(http_app, "/jobs/long")
+    assert len(runs) == 3 and max(Counter(runs).values()) == 1, runs
+    assert overlapped >= 2, overlapped
