@@ -1,12 +1,11 @@
 """``jobs[].max_runs``: a fleet-wide count of a job's runs, kept in the state bucket.
 
 The key ``count.<job>`` holds ``{"runs": N, "slots": [...], "max_runs", "by", "at"}``.
-The one sidecar that won a slot's claim (attempt 1) takes the slot's number by
-compare-and-set on that key just *before* it triggers the app, once it holds
-the run's lease (so a slot ``overlap: skip`` keeps from running is not
-counted) (``take``): it
-reads the key, and when ``runs`` is below ``max_runs`` writes ``runs + 1``
-with the slot appended, expecting the revision it read. Two winners of two
+The one sidecar that won a slot's claim (attempt 1) takes the slot's number
+(``take``) by compare-and-set on that key just *before* it triggers the app,
+once it holds the run's lease (a slot ``overlap: skip`` keeps from running is
+not counted): it reads the key, and when ``runs`` is below ``max_runs`` writes
+``runs + 1`` with the slot appended, expecting the revision it read. Two winners of two
 slots racing (catch-up, a slow replica) conflict; the loser reads again. So:
 
 * each slot is counted at most once (only its claim's winner counts it, and
