@@ -20,8 +20,8 @@ The map naive -> UTC is therefore monotonic non-decreasing, and the slots are
 its distinct values. They depend only on (expression, timezone, ``after_ms``):
 never on the process ``TZ`` or the current time, and always whole seconds.
 
-An interval, ``@every <duration>`` (``90m``, ``1h30m``, ``1d``; whole seconds, at
-least 1s), is absolute time (no DST rule applies): its slots are the instants
+An interval, ``@every <duration>`` (``90m``, ``1h30m``, ``1d``; whole seconds,
+1s to 365d), is absolute time (no DST rule applies): its slots are the instants
 ``anchor + n * every``, the anchor being the Unix epoch plus ``offset <duration>``
 (Temporal's interval with offset; ``@every 1h offset 15m`` runs at :15 each
 hour), or ``from <instant>`` (ISO 8601; without an offset a wall time in the
@@ -60,8 +60,9 @@ _MAX_SAMPLES = 1000
 _EVERY = re.compile(r"@every\s+(?P<every>\S+)(?:\s+(?P<how>offset|from)\s+(?P<anchor>\S+))?")
 _EVERY_DURATION = re.compile(r"(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?")
 _EVERY_UNITS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
-# An interval's longest period (a decade), as the config's longest duration.
-_EVERY_MAX_MS = 10 * 365 * 86_400_000
+# An interval's longest period: a year (the previous slot, X-Anarchon-Previous-
+# Scheduled-At, is looked for at most 9 years back, from twice the period).
+_EVERY_MAX_MS = 365 * 86_400_000
 
 
 class ScheduleError(ValueError):
@@ -240,7 +241,7 @@ def _parse_interval(expr: str, tz: ZoneInfo) -> Interval:
     if every < 1000:
         raise ScheduleError(f"@every {match['every']}: the interval must be at least 1s")
     if every > _EVERY_MAX_MS:
-        raise ScheduleError(f"@every {match['every']}: the interval must be at most 3650d")
+        raise ScheduleError(f"@every {match['every']}: the interval must be at most 365d")
     if match["how"] == "offset":
         offset = every_duration_ms(match["anchor"])
         if offset >= every:

@@ -88,6 +88,9 @@ def test_intervals_mix_with_cron_exclusions_spread_and_previous_slot() -> None:
     assert cal.slots(REF - 1, 4) == [REF, REF + 1_200_000, REF + 2_400_000, REF + 3_600_000]
     assert cal.runs(REF - 1, 3) == [REF, REF + 1_200_000, REF + 3_600_000]
     assert cal.previous_slot(REF + 1_200_000) == REF
+    yearly = parse_calendar("@every 365d", UTC_ZONE)
+    first = yearly.next_slot(REF)
+    assert yearly.previous_slot(first) == first - 365 * 86_400_000
     assert cal.min_interval_ms() == 1_200_000
     assert "'@every' (an interval)" in cal.unportable()
     spread = parse_calendar("@every 10m", UTC_ZONE, job="s", spread=60.0)
@@ -101,6 +104,7 @@ def test_intervals_mix_with_cron_exclusions_spread_and_previous_slot() -> None:
         ("@every 90", "not an interval"),
         ("@every 500ms", "not an interval"),
         ("@every 0s", "at least 1s"),
+        ("@every 366d", "at most 365d"),
         ("@every 1h offset 1h", "shorter than the interval"),
         ("@every 1h from yesterday", "not an ISO 8601"),
         ("@every 1h from 2026-01-01T00:00:00.5Z", "whole seconds"),
