@@ -174,6 +174,12 @@ def test_three_sidecars_run_only_inside_start_and_end_and_never_past_max_runs(
         view = json.loads(run_cli("status", "-c", cfg, "--json").stdout)
         table = run_cli("status", "-c", cfg).stdout
         said = [p.log() for p in procs]
+        # The fleet page and its API, served by a sidecar, say the same.
+        code, body = procs[1].get("/api/v1/jobs")
+        assert code == 200, body
+        served = {j["name"]: j for j in json.loads(body)["jobs"]}
+        code, html = procs[1].get("/")
+        assert code == 200
     jobs = {j["name"]: j for j in view["jobs"]}
     assert jobs["window"]["ended"] == f"end_at {iso(end)} passed"
     assert jobs["window"]["next_slot"] is None and jobs["window"]["next_slots"] == []
@@ -181,6 +187,9 @@ def test_three_sidecars_run_only_inside_start_and_end_and_never_past_max_runs(
     assert jobs["capped"]["runs_counted"] == 4 and jobs["capped"]["max_runs"] == 4
     assert jobs["tick"]["ended"] is None and jobs["tick"]["next_slot"]
     assert f"window runs no more: end_at {iso(end)} passed" in table
+    assert served["window"]["ended"] == jobs["window"]["ended"]
+    assert served["capped"]["ended"] == jobs["capped"]["ended"]
+    assert f'<span class="tag warn">ended</span> runs no more: end_at {iso(end)} passed' in html
     assert "capped runs no more: max_runs 4 reached" in table
     assert all("job capped: no more runs: max_runs 4 reached" in log for log in said)
     window = slots(http_app, "/jobs/window")
