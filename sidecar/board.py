@@ -29,11 +29,13 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from sidecar.backfill import backfill_key, running_of, slot_list
 from sidecar.bounds import attempt_no, slot_ms
+from sidecar.calendar import utc_text
 from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.describe import describe, schedule_lines
 from sidecar.due import lease_job
 from sidecar.orphans import run_by
+from sidecar.runcap import counted
 from sidecar.runs import attempt_of, join_runs
 from sidecar.skips import pause_active, pending
 from sidecar.state import View, mismatched_jobs
@@ -301,6 +303,9 @@ def job_object(
     """
     if upcoming is None:
         upcoming = job.schedule.runs(now_ms, NEXT_RUNS)  # exclusions applied
+    over = no_more_runs(job, view, now_ms)
+    if over is not None:
+        upcoming = []
     paused = view.paused(job.name)
     # A timed pause whose end has passed is over (sidecar/skips.py).
     pause = paused.value if paused is not None and pause_active(paused.value, now_ms) else {}
@@ -317,7 +322,7 @@ def job_object(
         **schedule_fields(job, view, now_ms, upcoming),
         "running": running(view, job.name, now_ms),
         "last_run": recent.last_run(job.name),
-        "next_slot": rfc3339(upcoming[0] / 1000),
+        "next_slot": rfc3339(upcoming[0] / 1000) if upcoming else None,
         "next_slots": [rfc3339(s / 1000) for s in upcoming],
         "schedules": schedules_of(job),
         "timezone": job.timezone.key,
@@ -329,7 +334,26 @@ def job_object(
         "stream_problem": held.get(job.name),
         # Which live instances run the job (drift: not every one, or only others).
         "run_by": (runners or {}).get(job.name, []),
+        # start_at, end_at, max_runs (docs/SCHEDULES.md): why the job runs no more.
+        "ended": over,
+        "start_at": _utc(job.schedule.start_ms),
+        "end_at": _utc(job.schedule.end_ms),
+        "max_runs": job.max_runs,
+        "runs_counted": counted(view, job.name) if job.max_runs is not None else None,
     }
+
+
+def no_more_runs(job: JobConfig, view: View, now_ms: int) -> str | None:
+    """Why the job claims no more slots (end_at passed, max_runs reached); None if it does."""
+    if job.schedule.ended(now_ms):
+        return f"end_at {utc_text(job.schedule.end_ms or 0)} passed"
+    if job.max_runs is not None and (runs := counted(view, job.name)) >= job.max_runs:
+        return f"max_runs {job.max_runs} reached ({runs} runs counted in count.{job.name})"
+    return None
+
+
+def _utc(epoch_ms: int | None) -> str | None:
+    return rfc3339(epoch_ms / 1000) if epoch_ms is not None else None
 
 
 def stream_object(state: StreamState, domain: str | None) -> dict[str, Any]:

@@ -59,8 +59,14 @@ def facts_of(info: StreamInfo) -> BucketFacts:
 
 
 def needs_leases(job: JobConfig) -> bool:
-    """Whether a job cannot run as configured without working leases."""
-    return job.overlap == "skip" or job.on_lost == "rerun" or job.retry.max >= 1
+    """Whether a job cannot run as configured without working leases (max_runs: without
+    the state bucket's compare-and-set, which the same check vouches for)."""
+    return (
+        job.overlap == "skip"
+        or job.on_lost == "rerun"
+        or job.retry.max >= 1
+        or getattr(job, "max_runs", None) is not None
+    )
 
 
 def lacks(facts: BucketFacts, lease_ttl: float) -> list[str]:

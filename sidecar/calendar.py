@@ -10,7 +10,10 @@ A job's ``schedule`` is one cron expression or a list of them (each a
    the same on every replica, restart and version;
 3. of those, the ones inside an *exclusion* (a date, the whole day in the
    job's timezone, or an ISO 8601 interval ``start/end``, end excluded) are
-   not run: the fleet records them ``skipped`` (reason ``excluded``).
+   not run: the fleet records them ``skipped`` (reason ``excluded``);
+4. none before ``start_at`` (those slots do not exist: nothing walks them), and
+   none after ``end_at`` (``outside``: never claimed; ``runs`` and ``between``
+   stop there). Both bound the moved slots, both ends included.
 
 ``next_slot`` walks every slot, excluded ones included (the job loop records
 those), ``next_run`` only the ones that run. Nothing here does I/O or reads the
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from sidecar.schedule import Schedule, ScheduleError, parse_schedule, unportable
+from sidecar.schedule import Interval, Schedule, ScheduleError, parse_schedule, unportable
 
 # Exclusions: a date, or an ISO 8601 interval start/end or start/duration.
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -127,11 +130,13 @@ def _ms(aware: datetime) -> int:
 class Calendar:
     """The slots of one job. Build it with ``parse_calendar``."""
 
-    schedules: tuple[Schedule, ...]
+    schedules: tuple[Schedule | Interval, ...]
     tz: ZoneInfo
     spread: float = 0.0  # seconds
     offset_ms: int = 0  # this job's spread offset
     exclusions: tuple[Exclusion, ...] = field(default=())
+    start_ms: int | None = None  # ``start_at``: no slot before it
+    end_ms: int | None = None  # ``end_at``: no slot after it is claimed
 
     @property
     def exprs(self) -> tuple[str, ...]:
@@ -151,7 +156,23 @@ class Calendar:
             text += f" spread={self.spread!r}"
         if self.exclusions:
             text += " exclude=" + ",".join(e.text for e in self.exclusions)
+        if self.start_ms is not None:
+            text += f" start_at={self.start_ms}"
+        if self.end_ms is not None:
+            text += f" end_at={self.end_ms}"
         return text
+
+    def outside(self, slot_ms: int) -> str | None:
+        """Why ``slot_ms`` is not claimed by start_at/end_at (None: it is inside)."""
+        if self.start_ms is not None and slot_ms < self.start_ms:
+            return f"before start_at {utc_text(self.start_ms)}"
+        if self.end_ms is not None and slot_ms > self.end_ms:
+            return f"after end_at {utc_text(self.end_ms)}"
+        return None
+
+    def ended(self, now_ms: int) -> bool:
+        """Whether no slot after ``now_ms`` is inside end_at: the job has no more runs."""
+        return self.end_ms is not None and self.next_slot(now_ms) > self.end_ms
 
     def unportable(self) -> list[str]:
         """What a scheduler of the reference backend sharing the stream cannot run."""
@@ -165,7 +186,7 @@ class Calendar:
     def next_slot(self, after_ms: int) -> int:
         """The smallest slot (moved, excluded ones included) strictly after ``after_ms``."""
         # The first of _iter's merge, from each schedule's own (often known) answer.
-        base = after_ms - self.offset_ms
+        base = self._base(after_ms)
         return min(s.next_slot(base) for s in self.schedules) + self.offset_ms
 
     def slots(self, after_ms: int, count: int) -> list[int]:
@@ -178,14 +199,20 @@ class Calendar:
                 return exclusion
         return None
 
-    def next_run(self, after_ms: int) -> int:
-        """The smallest slot after ``after_ms`` that is not excluded."""
-        return next(s for s in self._iter(after_ms) if self.excluded(s) is None)
+    def next_run(self, after_ms: int) -> int | None:
+        """The smallest slot after ``after_ms`` that runs (None: none before end_at)."""
+        return next(self._running(after_ms), None)
 
     def runs(self, after_ms: int, count: int) -> list[int]:
-        """The next ``count`` slots that run (exclusions applied)."""
-        it = (s for s in self._iter(after_ms) if self.excluded(s) is None)
-        return list(itertools.islice(it, count))
+        """The next ``count`` slots that run (exclusions, start_at and end_at applied)."""
+        return list(itertools.islice(self._running(after_ms), count))
+
+    def _running(self, after_ms: int) -> Iterator[int]:
+        for s in self._iter(after_ms):
+            if self.end_ms is not None and s > self.end_ms:
+                return
+            if self.excluded(s) is None:
+                yield s
 
     def previous_slot(self, slot_ms: int) -> int | None:
         """The schedule's slot just before ``slot_ms`` (excluded ones count), or None."""
@@ -209,11 +236,10 @@ class Calendar:
     def between(self, from_ms: int, to_ms: int, limit: int) -> list[int]:
         """The slots that run in [from_ms, to_ms], at most ``limit + 1`` of them."""
         out: list[int] = []
-        for s in self._iter(from_ms - 1):
+        for s in self._running(from_ms - 1):
             if s > to_ms or len(out) > limit:
                 break
-            if self.excluded(s) is None:
-                out.append(s)
+            out.append(s)
         return out
 
     def min_interval_ms(self) -> int:
@@ -221,15 +247,31 @@ class Calendar:
         own = min(s.min_interval_ms() for s in self.schedules)
         if len(self.schedules) == 1:
             return own
-        # Two expressions can fire close together: compare the union's slots too.
-        sample = list(itertools.islice(self._iter(_REFERENCE_MS - 1), _UNION_SAMPLE))
+        # Two expressions can fire close together: compare the union's slots too,
+        # from where every interval with ``from`` has begun.
+        begin = max(
+            [_REFERENCE_MS]
+            + [s.anchor_ms for s in self.schedules if isinstance(s, Interval) and s.first]
+        )
+        sample = list(itertools.islice(self._iter(begin - 1), _UNION_SAMPLE))
         return min([own, *(b - a for a, b in itertools.pairwise(sample))])
 
     def interval_floor_ms(self) -> int:
+        """A lower bound of ``min_interval_ms()``, without computing it."""
+        if len(self.schedules) > 1 and any(isinstance(s, Interval) for s in self.schedules):
+            # An interval's grid need not fall on a cron's whole minutes: only whole
+            # seconds are certain between the slots of a union.
+            return 1000
         return min(s.interval_floor_ms() for s in self.schedules)
 
+    def _base(self, after_ms: int) -> int:
+        """``after_ms`` in the schedules' own time (before spread), start_at applied."""
+        if self.start_ms is not None:
+            after_ms = max(after_ms, self.start_ms - 1)
+        return after_ms - self.offset_ms
+
     def _iter(self, after_ms: int) -> Iterator[int]:
-        base = after_ms - self.offset_ms
+        base = self._base(after_ms)
         if len(self.schedules) == 1:
             for s in self.schedules[0]._iter_slots(base):
                 yield s + self.offset_ms
@@ -247,15 +289,23 @@ def parse_calendar(
     job: str = "",
     spread: float = 0.0,
     exclude: tuple[str, ...] | list[str] = (),
+    start_ms: int | None = None,
+    end_ms: int | None = None,
 ) -> Calendar:
     """Validate the expressions and exclusions; ScheduleError/ValueError name the bad one."""
     texts = [exprs] if isinstance(exprs, str) else list(exprs)
     if not texts:
         raise ScheduleError("expected at least one cron expression")
-    schedules: list[Schedule] = []
+    schedules: list[Schedule | Interval] = []
     for text in texts:
         sched = parse_schedule(text, tz)
         if sched not in schedules:
             schedules.append(sched)
     exclusions = tuple(parse_exclusion(text, tz) for text in exclude)
-    return Calendar(tuple(schedules), tz, spread, spread_offset_ms(job, spread), exclusions)
+    offset = spread_offset_ms(job, spread)
+    return Calendar(tuple(schedules), tz, spread, offset, exclusions, start_ms, end_ms)
+
+
+def utc_text(epoch_ms: int) -> str:
+    """``2026-01-01T09:00:00Z``: a bound as people read it (whole seconds)."""
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -10,6 +10,7 @@ key's path (``jobs[1].jitter``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, date, datetime
 from types import MappingProxyType
 from zoneinfo import ZoneInfo
 
@@ -46,7 +47,12 @@ JOB_KEYS = (
     "pause_after",
     "expect",
     "claim",
+    "start_at",
+    "end_at",
+    "max_runs",
 )
+# max_runs: at most this many runs (any more would not be a cap).
+MAX_RUNS = 2**31 - 1
 _REQUEST_KEYS = ("method", "path", "headers", "body", "timeout", "url")
 
 
@@ -119,6 +125,7 @@ def parse_job(
         pause_after=parse_pause_after(sec),
         expect=parse_expect(sec.data["expect"], sec.key("expect")) if sec.has("expect") else None,
         claim=parse_claim(sec, claim),
+        max_runs=sec.integer("max_runs", None, 1, MAX_RUNS),
     )
 
 
@@ -152,7 +159,13 @@ def _parse_calendar(sec: ConfigSection, name: str, timezone: ZoneInfo) -> Calend
             parse_exclusion(string(text, key), timezone)
         except ValueError as exc:
             raise ConfigError(key, str(exc)) from exc
-    calendar = parse_calendar(exprs, timezone, name, spread, [str(t) for t in excludes])
+    start_ms = _instant_ms(sec, "start_at", timezone)
+    end_ms = _instant_ms(sec, "end_at", timezone)
+    if start_ms is not None and end_ms is not None and end_ms < start_ms:
+        raise ConfigError(sec.key("end_at"), "must not be before start_at")
+    calendar = parse_calendar(
+        exprs, timezone, name, spread, [str(t) for t in excludes], start_ms, end_ms
+    )
     if spread and spread * 1000 >= (interval := calendar.min_interval_ms()):
         # A slot moved past the next one's time would blur which slot is which.
         raise ConfigError(
@@ -161,6 +174,35 @@ def _parse_calendar(sec: ConfigSection, name: str, timezone: ZoneInfo) -> Calend
             f"shortest interval ({format_duration(interval / 1000)})",
         )
     return calendar
+
+
+def _instant_ms(sec: ConfigSection, name: str, timezone: ZoneInfo) -> int | None:
+    """``start_at``/``end_at``: an ISO 8601 instant (without an offset: a wall time in
+    the job's timezone; a date alone: its midnight there), whole seconds, epoch ms."""
+    value = sec.data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day)
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError(
+                sec.key(name),
+                f"{short(sec.data[name])} is not an ISO 8601 date and time "
+                "(2026-01-01T09:00:00Z, or without an offset a wall time in the job's timezone)",
+            ) from None
+    if not isinstance(value, datetime):
+        raise ConfigError(
+            sec.key(name), "expected an ISO 8601 date and time, e.g. 2026-01-01T09:00:00Z"
+        )
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone)
+    ms = round(value.astimezone(UTC).timestamp() * 1000)
+    if ms % 1000:
+        raise ConfigError(sec.key(name), "whole seconds only (slots are whole seconds)")
+    return ms
 
 
 def _job_ping(sec: ConfigSection, defaults: ConfigSection, name: str) -> PingConfig | None:

@@ -169,6 +169,9 @@ class JobConfig:
     pause_after: int | None = None  # consecutive failed or lost runs, fleet-wide
     expect: ExpectConfig | None = None  # duration expectations (anomalies)
     claim: ClaimConfig = field(default_factory=ClaimConfig)  # candidates (sidecar/candidates.py)
+    # At most this many slots run, fleet-wide (a counter in the state bucket:
+    # sidecar/runcap.py); None: no cap.
+    max_runs: int | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from cronsim import CronSim
 
+from sidecar.calendar import utc_text
+
 if TYPE_CHECKING:
     from sidecar.calendar import Calendar
 
@@ -54,6 +56,9 @@ def describe(expr: str, timezone: str = "UTC") -> str:
     """``"0 3 * * 1-5"`` -> ``"At 03:00 on Monday through Friday (UTC)"``."""
     fields = expr.split()
     text = " ".join(fields)
+    if text.startswith("@every "):
+        # Absolute time: the timezone does not move an interval's slots.
+        return _interval_words(fields)
     words = _period(fields) if len(fields) in (5, 6) else None
     if words is None:
         try:
@@ -61,6 +66,16 @@ def describe(expr: str, timezone: str = "UTC") -> str:
         except Exception:  # cronsim raises its own errors and, on odd input, others
             return text
     return f"{words} ({timezone})" if timezone else words
+
+
+def _interval_words(fields: list[str]) -> str:
+    """``@every 90m offset 15m`` -> ``Every 90m, counted from the Unix epoch + 15m``."""
+    every = f"Every {fields[1]}" if len(fields) > 1 else " ".join(fields)
+    if len(fields) == 4 and fields[2] == "offset":
+        return f"{every}, counted from the Unix epoch + {fields[3]}"
+    if len(fields) == 4 and fields[2] == "from":
+        return f"{every} from {fields[3]}"
+    return f"{every}, counted from the Unix epoch"
 
 
 def schedule_lines(calendar: Calendar) -> list[str]:
@@ -73,6 +88,10 @@ def schedule_lines(calendar: Calendar) -> list[str]:
             "(from the job name)"
         )
     lines += [f"excluded: {e.text}" for e in calendar.exclusions]
+    if calendar.start_ms is not None:
+        lines.append(f"start_at {utc_text(calendar.start_ms)}: no slot before it")
+    if calendar.end_ms is not None:
+        lines.append(f"end_at {utc_text(calendar.end_ms)}: no slot after it is claimed")
     if found := calendar.unportable():
         lines.append(
             f"uses {', '.join(found)}: a scheduler of the reference backend sharing the "

@@ -26,7 +26,7 @@ import random
 
 from nats.js import JetStreamContext
 
-from sidecar import failpoints
+from sidecar import failpoints, runcap
 from sidecar.aftermath import Aftermath
 from sidecar.backfill import Backfills
 from sidecar.bucketcheck import needs_leases
@@ -45,7 +45,7 @@ from sidecar.record import Outcome, Recorder, not_sent, sent
 from sidecar.skips import EXCLUDED, PAUSED, SkipRecorder, Unclaimed
 from sidecar.sleeper import Sleeper
 from sidecar.tasks import TaskSet
-from sidecar.trigger import SCHEDULED, Trigger, Why, interrupted, why_of
+from sidecar.trigger import CATCHUP, SCHEDULED, Trigger, Why, interrupted, why_of
 from sidecar.wire import FAILED, SKIPPED
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,18 @@ def _secret(trigger: Trigger) -> bytes | None:
     """The current signing secret: webhooks are signed like triggers."""
     signer = getattr(trigger, "signer", None)  # tests drive Jobs without a trigger
     return signer.secrets[0] if signer is not None else None
+
+
+def counts(job: JobConfig, claim: Claim) -> bool:
+    """Whether this run is one that ``max_runs`` counts: attempt 1 of a slot of the
+    schedule (on time or caught up); not a retry or rerun of a counted slot, a
+    backfill or a manual run."""
+    return (
+        job.max_runs is not None
+        and claim.attempt == 1
+        and not claim.manual
+        and claim.trigger in (SCHEDULED, CATCHUP)
+    )
 
 
 class Jobs:
@@ -85,6 +97,8 @@ class Jobs:
         self._next: dict[str, int] = {}
         # Per job: (slot, the schedule's slot before it), computed before the slot's time.
         self._previous: dict[str, tuple[int, int | None]] = {}
+        # Per job: why its loop said it claims no more slots (end_at, max_runs).
+        self._said_over: dict[str, str] = {}
         self.spec = guard.spec
         self.connected = connected
         self.stopping = stopping
@@ -165,6 +179,22 @@ class Jobs:
             self.side_tasks.spawn(self.catch_up(job))
         while not self.stopping.is_set():
             self._next[name] = slot
+            if (over := self._over(job, slot)) is not None:
+                # end_at passed, or max_runs reached: no slot is claimed (nor counted
+                # skipped: the job is done, not failing). Said once; no next run.
+                m.job_next_run_timestamp_seconds.labels(job=name).set(0)
+                if self._said_over.get(name) != over:
+                    self._said_over[name] = over
+                    log.info("job %s: no more runs: %s", name, over)
+                if job.schedule.outside(slot) is not None:
+                    await self.stopping.wait()  # end_at: nothing after it ever runs
+                    return
+                # max_runs: the slots pass unclaimed (deleting count.<job> resets it).
+                if await self.sleep_until(slot / 1000):
+                    return
+                previous, slot, known = slot, job.schedule.next_slot(slot), True
+                continue
+            self._said_over.pop(name, None)
             if known:  # X-Anarchon-Previous-Scheduled-At, known before the slot's time
                 self._previous[name] = (slot, previous)
             m.job_next_run_timestamp_seconds.labels(job=name).set(slot / 1000)
@@ -200,6 +230,9 @@ class Jobs:
         name = job.name
         if why := self.guard.blocked(job, slot):
             self.unclaimed.skip(job, slot, "stream", why)
+            return
+        if number == 1 and (over := self._over(job, slot)) is not None:
+            log.debug("job %s slot %s not claimed: %s", name, slot, over)
             return
         if number == 1 and (excluded := job.schedule.excluded(slot)) is not None:
             self.unclaimed.kept(job, slot, EXCLUDED, f"excluded: {excluded.text}")
@@ -240,6 +273,41 @@ class Jobs:
                 # Let the trigger reach the app before this loop computes the
                 # next slot and sets its timer: about 0.2 ms of its start delay.
                 await asyncio.sleep(0)
+
+    def _over(self, job: JobConfig, slot: int) -> str | None:
+        """Why `slot` is not claimed by end_at or max_runs (None: it may be)."""
+        if (outside := job.schedule.outside(slot)) is not None:
+            return outside
+        if job.max_runs is not None and runcap.spent(self.fleet.view, job.name, job.max_runs):
+            return f"max_runs {job.max_runs} reached ({runcap.count_key(job.name)})"
+        return None
+
+    async def _count(self, job: JobConfig, claim: Claim) -> bool:
+        """max_runs: count the slot fleet-wide just before its request (sidecar/runcap.py),
+        after the overlap lock: a slot that does not run is not counted.
+        False: not run, recorded skipped (the count is full, or unknown)."""
+        assert job.max_runs is not None
+        keys = self.keys()
+        try:
+            if keys is None:
+                why = self.fleet.bucket_problem or "the state bucket cannot be written now"
+                raise runcap.CountUnavailable(why)
+            number = await runcap.take(
+                keys, job.name, claim.slot, job.max_runs, self.config.instance_id, self.clock.wall()
+            )
+        except runcap.CountUnavailable as exc:
+            error, reason = f"not run: its run count (max_runs) is unknown: {exc}", "bucket"
+        else:
+            if number is not None:
+                log.debug("job %s: run %d of %d", job.name, number, job.max_runs)
+                return True
+            error, reason = f"not run: max_runs {job.max_runs} reached", "max_runs"
+        try:
+            outcome = not_sent(claim, SKIPPED, error, self.clock.wall(), reason)
+            await self.recorder.record(job, outcome)
+        except Exception as exc:  # not recorded (NATS away): still not run, the loop goes on
+            log.warning("job %s slot %s: %s; not recorded: %r", job.name, claim.slot, error, exc)
+        return False
 
     # ------------------------------------------------------------------ catch-up
 
@@ -337,6 +405,8 @@ class Jobs:
 
     async def _run(self, job: JobConfig, claim: Claim, deadline: float) -> None:
         """Trigger the app for a won claim and record the result."""
+        if counts(job, claim) and not await self._count(job, claim):
+            return
         m = self.metrics
         slot_time = claim.slot / 1000
         m.runs_in_progress.labels(job=job.name).inc()

@@ -50,7 +50,7 @@ HOSTILE_KINDS = ("due_key", "value")
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 RUN_STATUSES = RESULT_STATUSES  # runs_total{status}: the stored statuses (sidecar/wire.py)
-RUN_SKIP_REASONS = ("overlap", "late", "bucket", "paused", "excluded", "skip")
+RUN_SKIP_REASONS = ("overlap", "late", "bucket", "paused", "excluded", "skip", "max_runs")
 DUE_REASONS = ("retry", "lost")
 NOTIFY_EVENTS = ("failing", "recovered", "lost", "auto_paused", "anomaly")
 

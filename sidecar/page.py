@@ -141,6 +141,10 @@ def job_row(job: dict[str, Any]) -> str:
         state.append(
             f'<span class="tag paused">paused</span> by {e(job.get("paused_by"))}{why}{until}'
         )
+    if job.get("ended"):
+        state.append(f'<span class="tag warn">ended</span> runs no more: {e(job["ended"])}')
+    elif job.get("max_runs") is not None:
+        state.append(f"{e(job.get('runs_counted') or 0)} of max_runs {e(job['max_runs'])} runs")
     if job.get("skip_pending"):
         state.append(
             f'<span class="tag skip">skip</span> next {e(job["skip_pending"])} run(s) skipped'

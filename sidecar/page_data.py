@@ -135,7 +135,8 @@ class PageData:
     ) -> dict[str, Any]:
         job = self.config.job(name)
         upcoming = job.schedule.runs(now_ms, NEXT_RUNS)  # exclusions applied
-        self._next_ms[name] = upcoming[0]
+        # None left (end_at passed): rebuilt only when its keys change.
+        self._next_ms[name] = upcoming[0] if upcoming else 2**62
         return job_object(job, view, self.live.recent, now_ms, mismatch, held, upcoming, runners)
 
     def row(self, job: dict[str, Any]) -> str:

@@ -19,6 +19,14 @@ contract, which every instance (in any language) must apply identically:
 The map naive -> UTC is therefore monotonic non-decreasing, and the slots are
 its distinct values. They depend only on (expression, timezone, ``after_ms``):
 never on the process ``TZ`` or the current time, and always whole seconds.
+
+An interval, ``@every <duration>`` (``90m``, ``1h30m``, ``1d``; whole seconds,
+1s to 365d), is absolute time (no DST rule applies): its slots are the instants
+``anchor + n * every``, the anchor being the Unix epoch plus ``offset <duration>``
+(Temporal's interval with offset; ``@every 1h offset 15m`` runs at :15 each
+hour), or ``from <instant>`` (ISO 8601; without an offset a wall time in the
+job's timezone), the first slot then being the instant itself. Every replica
+computes the same slots whenever it started (never counted from process start).
 """
 
 from __future__ import annotations
@@ -48,6 +56,13 @@ _SECOND = timedelta(seconds=1)
 _REFERENCE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 _YEAR_MS = 366 * 86_400_000
 _MAX_SAMPLES = 1000
+# ``@every <duration> [offset <duration> | from <instant>]``
+_EVERY = re.compile(r"@every\s+(?P<every>\S+)(?:\s+(?P<how>offset|from)\s+(?P<anchor>\S+))?")
+_EVERY_DURATION = re.compile(r"(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?")
+_EVERY_UNITS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
+# An interval's longest period: a year (the previous slot, X-Anarchon-Previous-
+# Scheduled-At, is looked for at most 9 years back, from twice the period).
+_EVERY_MAX_MS = 365 * 86_400_000
 
 
 class ScheduleError(ValueError):
@@ -169,19 +184,109 @@ class Schedule:
         return _offset((_EPOCH_UTC + epoch_s * _SECOND).astimezone(self.tz))
 
 
+@dataclass(frozen=True)
+class Interval:
+    """``@every <duration>``: the slots ``anchor_ms + n * every_ms``. Build it with
+    ``parse_schedule``. With ``from`` (``first``) there is no slot before the anchor."""
+
+    expr: str
+    tz: ZoneInfo
+    every_ms: int
+    anchor_ms: int = 0
+    first: bool = False  # ``from <instant>``: the anchor is the first slot
+
+    def next_slot(self, after_ms: int) -> int:
+        """The smallest slot (epoch ms, UTC) strictly greater than ``after_ms``."""
+        if self.first and after_ms < self.anchor_ms:
+            return self.anchor_ms
+        n = (after_ms - self.anchor_ms) // self.every_ms + 1
+        return self.anchor_ms + n * self.every_ms
+
+    def slots(self, after_ms: int, count: int) -> list[int]:
+        first = self.next_slot(after_ms)
+        return [first + i * self.every_ms for i in range(count)]
+
+    def min_interval_ms(self) -> int:
+        return self.every_ms
+
+    def interval_floor_ms(self) -> int:
+        return self.every_ms
+
+    def _iter_slots(self, after_ms: int) -> Iterator[int]:
+        slot = self.next_slot(after_ms)
+        while True:
+            yield slot
+            slot += self.every_ms
+
+
+def every_duration_ms(text: str) -> int:
+    """``90m``, ``1h30m``, ``1d``, ``45s`` as whole milliseconds; ScheduleError otherwise."""
+    match = _EVERY_DURATION.fullmatch(text)
+    if not text or match is None:
+        raise ScheduleError(
+            f"'{text}' is not an interval: whole days, hours, minutes and seconds "
+            "such as 90m, 1h30m, 1d or 45s"
+        )
+    return sum(int(n) * _EVERY_UNITS[u] for u, n in match.groupdict().items() if n)
+
+
+def _parse_interval(expr: str, tz: ZoneInfo) -> Interval:
+    match = _EVERY.fullmatch(expr)
+    if match is None:
+        raise ScheduleError(
+            f"expected '@every <interval>', optionally followed by 'offset <interval>' or "
+            f"'from <ISO 8601 instant>', got '{expr}'"
+        )
+    every = every_duration_ms(match["every"])
+    if every < 1000:
+        raise ScheduleError(f"@every {match['every']}: the interval must be at least 1s")
+    if every > _EVERY_MAX_MS:
+        raise ScheduleError(f"@every {match['every']}: the interval must be at most 365d")
+    if match["how"] == "offset":
+        offset = every_duration_ms(match["anchor"])
+        if offset >= every:
+            raise ScheduleError(
+                f"offset {match['anchor']} must be shorter than the interval {match['every']}"
+            )
+        return Interval(expr, tz, every, offset)
+    if match["how"] == "from":
+        text = match["anchor"]
+        try:
+            value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ScheduleError(f"from '{text}' is not an ISO 8601 date and time") from None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=tz)  # a wall time in the job's timezone
+        anchor = round(value.astimezone(UTC).timestamp() * 1000)
+        if anchor % 1000:
+            raise ScheduleError(f"from '{text}': slots are whole seconds")
+        return Interval(expr, tz, every, anchor, first=True)
+    return Interval(expr, tz, every)
+
+
+def is_interval(expr: str) -> bool:
+    return expr.split()[:1] == ["@every"]
+
+
 @lru_cache(maxsize=4096)
-def parse_schedule(expr: str, tz: ZoneInfo) -> Schedule:
-    """Validate ``expr`` (5 fields, or 6 with seconds first) and return its Schedule.
+def parse_schedule(expr: str, tz: ZoneInfo) -> Schedule | Interval:
+    """Validate ``expr`` (5 fields, or 6 with seconds first, or ``@every ...``) and
+    return its Schedule (or Interval).
 
     Raises ScheduleError with a message naming the bad field. A config parses
     each job's expressions more than once, and jobs share them: the same
     Schedule comes back, checked once (an error is never remembered).
     """
-    return Schedule(" ".join(expr.split()), tz)
+    text = " ".join(expr.split())
+    if is_interval(text):
+        return _parse_interval(text, tz)
+    return Schedule(text, tz)
 
 
 def unportable(expr: str) -> list[str]:
     """The Quartz extensions ``expr`` uses (``'L' (last)`` ...), in field order, once each."""
+    if is_interval(expr):
+        return ["'@every' (an interval)"]
     found: list[str] = []
     for part in expr.split():
         letters = re.sub("[A-Z]{3}", "", part.upper())  # month and day names may hold L, W
@@ -192,6 +297,8 @@ def unportable(expr: str) -> list[str]:
 @lru_cache(maxsize=4096)
 def _min_interval_ms(expr: str, tz: ZoneInfo) -> int:
     sched = parse_schedule(expr, tz)  # checked already: no second walk from now
+    if isinstance(sched, Interval):
+        return sched.every_ms
     floor = _interval_floor_ms(expr)  # no gap can be shorter
     sample: list[int] = []
     for slot in sched._iter_slots(_REFERENCE_MS - 1):

@@ -162,6 +162,8 @@ def job_hash(job: JobConfig) -> str:
         parts.append(f"pause_after={job.pause_after}")
     if getattr(job, "expect", None) is not None:
         parts.append(f"expect={job.expect}")
+    if getattr(job, "max_runs", None) is not None:
+        parts.append(f"max_runs={job.max_runs}")
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
 
 

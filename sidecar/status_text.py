@@ -46,6 +46,8 @@ def status_lines(view: dict[str, Any]) -> list[str]:
     for job in view["jobs"]:
         last = job["last_run"] or {}
         state = "PAUSED" if job["paused"] else "active"
+        if job.get("ended"):
+            state = "ENDED"
         if job.get("stream_problem"):
             state = "NOT HELD" if not job["paused"] else "PAUSED, NOT HELD"
         if job["settings_differ"]:
@@ -59,7 +61,7 @@ def status_lines(view: dict[str, Any]) -> list[str]:
                     last.get("scheduled_at") or "-",
                     last.get("status") or "-",
                     last.get("instance") or "-",
-                    job["next_slot"],
+                    job["next_slot"] or "-",
                 )
             )
         )
@@ -85,6 +87,11 @@ def status_lines(view: dict[str, Any]) -> list[str]:
                     f"{job['name']} paused by {job['paused_by']} at {job['paused_at']}{until}{why}"
                 )
             )
+        if job.get("ended"):
+            lines.append(printable(f"{job['name']} runs no more: {job['ended']}"))
+        elif job.get("max_runs") is not None:
+            runs = job.get("runs_counted") or 0
+            lines.append(printable(f"{job['name']}: {runs} of max_runs {job['max_runs']} runs"))
         lines += schedule_status_lines(job)
     return lines + drift_lines(view)
 

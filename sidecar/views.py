@@ -18,6 +18,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from sidecar.alerting_config import describe_job, describe_notify
+from sidecar.calendar import utc_text
 from sidecar.clock import parse_rfc3339
 from sidecar.config import Config, JobConfig
 from sidecar.describe import schedule_lines
@@ -145,8 +146,12 @@ def check_lines(config: Config, now_ms: int) -> list[str]:
         ]
         if told := describe_job(job.ping, job.pause_after, job.expect):
             lines.append(told)
-        # The next runs: spread moved, exclusions left out.
+        if job.max_runs is not None:
+            lines.append(f"  max_runs {job.max_runs}: counted fleet-wide in count.{job.name}")
+        # The next runs: spread moved, exclusions, start_at and end_at applied.
         lines += [f"  next: {when(slot, job.timezone)}" for slot in job.schedule.runs(now_ms, 3)]
+        if job.schedule.ended(now_ms):
+            lines.append(f"  runs no more: end_at {utc_text(job.schedule.end_ms or 0)} passed")
     return lines
 
 

@@ -105,6 +105,7 @@ SPEC_LABEL_VALUES = {
         "lost",
         "excluded",
         "skip",
+        "max_runs",
     },
     "status": {"succeeded", "failed", "skipped", "lost"},
     "what": {"due_key", "value"},
