@@ -7,25 +7,28 @@ what it is said to do:
 
 - the server runs under ``strace``, which logs every fsync-family system call
   it makes (``fsync``, ``fdatasync``, ``sync_file_range``, ``syncfs``,
-  ``sync``), so the test knows how many it made and when;
-- its store is on a tmpfs (``/dev/shm`` when there is one), so a snapshot is
-  a fast copy; each snapshot is taken with the server stopped (SIGSTOP), so
-  it is one moment of the store;
-- ``mark()`` takes a snapshot: a moment the disk might be left at;
-- ``power_cut()`` stops the server, takes one more snapshot, kills it
-  (SIGKILL) and puts back the **oldest snapshot after which the server made no
-  fsync**: the oldest state a power cut can leave (the disk holds at least
-  what was fsynced, and possibly anything written later). Then it starts the
-  server again on that store.
+  ``sync``), so the test knows how many it made;
+- its store is best on a tmpfs (``/dev/shm``), so a snapshot is a fast copy;
+  each snapshot is taken with the server stopped (SIGSTOP), so it is one
+  moment of the store;
+- a *mark* takes a snapshot: a moment the disk might be left at;
+- the *cut* stops the server, takes one more snapshot, kills it (SIGKILL) and
+  puts back the **oldest snapshot after which the server made no fsync**: the
+  oldest state a power cut can leave (the disk holds at least what was
+  fsynced, and possibly anything written later). Then the server starts again
+  on that store.
 
 With ``sync_interval: always`` the server fsyncs every write before it
-acknowledges it, so the snapshot of the cut itself is the one put back and
-nothing acknowledged is lost. With the default (every 2 minutes) and a stream
-younger than that, no fsync falls between an earlier mark and the cut, so the
-mark's snapshot is put back and everything acknowledged after it is gone: what
+acknowledges it, so the cut's own snapshot is put back and nothing
+acknowledged is lost. With the default (every 2 minutes) and a stream younger
+than that, no fsync falls between an earlier mark and the cut, so the mark's
+snapshot is put back and everything acknowledged after it is gone: what
 Jepsen's NATS 2.12.1 analysis found. What the model leaves out: fsyncs are
 per file, and one fsync here counts for the whole store; a real disk may also
-keep a part of the unsynced writes (any of the snapshots in between).
+keep part of the unsynced writes (a state between two snapshots).
+
+Used by tests/reliability/test_power_loss.py (one server) and the nemesis's
+``power-node`` and ``power-all`` faults (tests/nemesis/faults.py).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support import NatsServer, nats_server_binary, port_open, wait_for
@@ -48,6 +51,36 @@ TMPFS = Path("/dev/shm")
 
 def strace_binary() -> str | None:
     return shutil.which("strace")
+
+
+def traced(argv: list[str], trace_log: Path) -> list[str]:
+    """`argv` run under strace, its fsync-family calls logged to `trace_log`."""
+    strace = strace_binary()
+    assert strace, "strace is needed to see the server's fsyncs"
+    return [strace, "-f", "-qq", "-ttt", "-e", f"trace={SYNC_CALLS}", "-o", str(trace_log), *argv]
+
+
+def count_syncs(trace_log: Path) -> int:
+    if not trace_log.exists():
+        return 0
+    return len(SYNC_LINE.findall(trace_log.read_text()))
+
+
+def only_child(pid: int) -> int:
+    """The one child of `pid` (strace's tracee)."""
+    (child,) = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(child)
+
+
+def is_stopped(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    state = re.search(r"^State:\s+(\S)", status, re.M)
+    return bool(state and state.group(1) in "tT")
+
+
+def stop_and_wait(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: is_stopped(pid), 5, interval=0.005, what=f"process {pid} stopped")
 
 
 def tmpfs_dir(fallback: Path, name: str) -> Path:
@@ -67,12 +100,42 @@ class Snapshot:
 
 @dataclass
 class Cut:
-    """What one power cut did."""
+    """What one power cut did to one server."""
 
     at: float
     restored_from: float  # the time of the snapshot put back
     syncs_since_mark: int  # fsync-family calls between the last mark and the cut
-    down_s: float
+
+
+@dataclass
+class Snapshots:
+    """Snapshots of one server's store directory (taken while the server is stopped)."""
+
+    store: Path
+    taken: list[Snapshot] = field(default_factory=list)
+
+    def take(self, syncs: int) -> Snapshot:
+        target = self.store.parent / f"{self.store.name}.snap{len(self.taken)}"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(self.store, target, symlinks=True)
+        snap = Snapshot(target, time.time(), syncs)
+        self.taken.append(snap)
+        return snap
+
+    def lose_unsynced(self, now: Snapshot) -> Cut:
+        """Put back the oldest snapshot with as many fsyncs as `now`; forget them all."""
+        assert len(self.taken) >= 2, "mark first: a power cut goes back to a snapshot"
+        mark = self.taken[-2]
+        durable = next(s for s in self.taken if s.syncs == now.syncs)
+        shutil.rmtree(self.store)
+        shutil.copytree(durable.path, self.store, symlinks=True)
+        self.clear()  # the next start's fsyncs are counted afresh
+        return Cut(now.taken_at, durable.taken_at, now.syncs - mark.syncs)
+
+    def clear(self) -> None:
+        for snap in self.taken:
+            shutil.rmtree(snap.path, ignore_errors=True)
+        self.taken = []
 
 
 class PowerLossServer(NatsServer):
@@ -82,11 +145,8 @@ class PowerLossServer(NatsServer):
         super().__init__(store_dir, name=name)
         # None: nats-server's default (2 minutes); "always": fsync before every ack.
         self.sync_interval = sync_interval
-        self.snapshots: list[Snapshot] = []
+        self.snapshots = Snapshots(store_dir / "js")
         self.trace_logs: list[Path] = []
-        self._server_pid: int | None = None
-
-    # -- running under strace ------------------------------------------------
 
     def config_text(self) -> str:
         sync = f"sync_interval: {self.sync_interval}" if self.sync_interval else ""
@@ -98,8 +158,6 @@ class PowerLossServer(NatsServer):
         )
 
     def start(self, timeout: float = 10.0) -> None:
-        strace = strace_binary()
-        assert strace, "strace is needed to see the server's fsyncs"
         conf = self.store_dir / f"{self.name}.conf"
         self.store_dir.mkdir(parents=True, exist_ok=True)
         conf.write_text(self.config_text())
@@ -107,38 +165,29 @@ class PowerLossServer(NatsServer):
         self.trace_logs.append(trace)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [
-                    *(strace, "-f", "-qq", "-ttt", "-e", f"trace={SYNC_CALLS}", "-o", str(trace)),
-                    *(self.binary or nats_server_binary(), "-c", str(conf)),
-                ],
+                traced([self.binary or nats_server_binary(), "-c", str(conf)], trace),
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        self._server_pid = None
         wait_for(lambda: port_open(self.port), timeout, what=f"nats-server on {self.port}")
         wait_for(self.jetstream_ready, timeout, what="JetStream ready")
 
     @property
     def server_pid(self) -> int:
-        """The nats-server process (strace's child)."""
-        if self._server_pid is None:
-            assert self.proc is not None
-            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
-            (pid,) = children.read_text().split()
-            self._server_pid = int(pid)
-        return self._server_pid
+        assert self.proc is not None
+        return only_child(self.proc.pid)
 
     def syncs(self) -> int:
         """fsync-family calls the server made since it was last started."""
-        if not self.trace_logs or not self.trace_logs[-1].exists():
-            return 0
-        return len(SYNC_LINE.findall(self.trace_logs[-1].read_text()))
+        return count_syncs(self.trace_logs[-1]) if self.trace_logs else 0
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Signal the server itself (not strace) and wait for both."""
         if self.proc and self.proc.poll() is None:
             try:
-                os.kill(self.server_pid, signal.SIGCONT)
-                os.kill(self.server_pid, sig)
+                pid = self.server_pid
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, sig)
             except (ProcessLookupError, ValueError, OSError):
                 pass
             try:
@@ -147,59 +196,26 @@ class PowerLossServer(NatsServer):
                 self.proc.kill()
                 self.proc.wait(5)
         self.proc = None
-        self._server_pid = None
-
-    # -- the fault -------------------------------------------------------------
-
-    def _stopped(self) -> bool:
-        status = Path(f"/proc/{self.server_pid}/status").read_text()
-        state = re.search(r"^State:\s+(\S)", status, re.M)
-        return bool(state and state.group(1) in "tT")
-
-    def _snapshot(self) -> Snapshot:
-        """With the server stopped: copy the store as it is now."""
-        target = self.store_dir.parent / f"{self.store_dir.name}.snap{len(self.snapshots)}"
-        shutil.copytree(self.store_dir / "js", target / "js", symlinks=True)
-        snap = Snapshot(target, time.time(), self.syncs())
-        self.snapshots.append(snap)
-        return snap
 
     def mark(self) -> Snapshot:
         """A moment the disk may be left at: the store copied with the server stopped."""
-        os.kill(self.server_pid, signal.SIGSTOP)
+        pid = self.server_pid
+        stop_and_wait(pid)
         try:
-            wait_for(self._stopped, 5, interval=0.005, what="nats-server stopped")
-            return self._snapshot()
+            return self.snapshots.take(self.syncs())
         finally:
-            os.kill(self.server_pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGCONT)
 
     def power_cut(self, down_s: float = 0.5) -> Cut:
         """Stop, kill, put back the oldest snapshot no fsync came after, start again."""
-        assert self.snapshots, "mark() first: a power cut goes back to a snapshot"
-        mark = self.snapshots[-1]
-        os.kill(self.server_pid, signal.SIGSTOP)
-        wait_for(self._stopped, 5, interval=0.005, what="nats-server stopped")
-        now = self._snapshot()
-        at = now.taken_at
-        # SIGKILL while stopped: nothing more is written.
-        self.stop(signal.SIGKILL)
-        durable = next(s for s in self.snapshots if s.syncs == now.syncs)
-        shutil.rmtree(self.store_dir / "js")
-        shutil.copytree(durable.path / "js", self.store_dir / "js", symlinks=True)
-        for snap in self.snapshots:
-            shutil.rmtree(snap.path, ignore_errors=True)
-        # The next start's fsyncs are counted afresh: older snapshots no longer compare.
-        self.snapshots = []
+        stop_and_wait(self.server_pid)
+        now = self.snapshots.take(self.syncs())
+        self.stop(signal.SIGKILL)  # while stopped: nothing more is written
+        cut = self.snapshots.lose_unsynced(now)
         time.sleep(down_s)
         self.start()
-        return Cut(
-            at=at,
-            restored_from=durable.taken_at,
-            syncs_since_mark=now.syncs - mark.syncs,
-            down_s=time.time() - at,
-        )
+        return cut
 
     def cleanup(self) -> None:
         self.stop(signal.SIGKILL)
-        for snap in self.snapshots:
-            shutil.rmtree(snap.path, ignore_errors=True)
+        self.snapshots.clear()
