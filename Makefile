@@ -60,11 +60,13 @@ verifiers:
 	  go:golang-go node:nodejs
 
 # ip (iproute2) and iptables-restore for the nemesis's network namespaces
-# (tests/nemesis), installed when missing where that can be done (root, apt).
-# Without them, or without root, the nemesis skips, saying so; under CI it fails.
+# (tests/nemesis), and strace for the power cuts (tests/power.py), installed
+# when missing where that can be done (root, apt). Without them, or without
+# root, the nemesis and the power-loss scenario skip, saying so; under CI they fail.
 netns-tools:
-	@sh tests/install-missing.sh "the nemesis's network namespaces" "the nemesis skips" \
-	  ip:iproute2 iptables-restore:iptables
+	@sh tests/install-missing.sh "the nemesis's network namespaces and power cuts" \
+	  "the nemesis and the power-loss scenario skip" \
+	  ip:iproute2 iptables-restore:iptables strace:strace
 
 # Debian's chromium for the fleet page's browser test (tests/test_browser.py,
 # driven over the DevTools protocol), installed when missing where that can be
