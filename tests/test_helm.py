@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from sidecar.config import load_config
+from tests.support import NatsServer, Sidecar, free_port
 from tests.test_deploy import (
     CONFIG_IN_IMAGE,
     K8S,
@@ -459,3 +460,60 @@ def test_monitors_scrape_the_sidecars_as_the_rules_expect(rendered: dict[str, Pa
         assert endpoint["port"] == "metrics" and endpoint["honorLabels"] is True
         job = {r["targetLabel"]: r["replacement"] for r in endpoint["relabelings"]}["job"]
         assert f'job="{job}"' in rules
+
+
+def test_rendered_pod_runs_against_nats_with_the_rendered_permissions(
+    rendered: dict[str, Path], tmp_path: Path
+) -> None:
+    """The chart's parts together, for real: the rendered config, its Secrets laid out
+    as the pod mounts them, a nats-server with the rendered permissions.conf and the
+    Secret's password; the sidecar gets ready (stream and state bucket made under
+    those permissions) and the server logs no permissions violation."""
+    path = rendered["everything"]
+    pod = pod_of(path)
+    container = sidecar_container(pod)
+    secrets = {d["metadata"]["name"]: d for d in docs(path) if d["kind"] == "Secret"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    config_text = one(path, "ConfigMap", "-config")["data"]["sidecar.yaml"]
+    # Each Secret as the kubelet mounts it: a directory with one file per key.
+    for mount in container["volumeMounts"]:
+        secret_name = volumes[mount["name"]].get("secret", {}).get("secretName")
+        if not secret_name:
+            continue
+        directory = tmp_path / "mounts" / mount["name"]
+        directory.mkdir(parents=True)
+        for key, value in secrets[secret_name]["stringData"].items():
+            (directory / key).write_text(value)
+        config_text = config_text.replace(mount["mountPath"] + "/", f"{directory}/")
+    config = yaml.safe_load(config_text)
+    config["nats"]["servers"] = []  # set below, once the server has its port
+    config["nats"]["replicas"] = 1  # one server here
+    config["metrics"] = {"listen": f"127.0.0.1:{free_port()}"}
+
+    store = tmp_path / "nats"
+    store.mkdir()
+    permissions = one(path, "ConfigMap", "-nats-permissions")["data"]["permissions.conf"]
+    (store / "permissions.conf").write_text(permissions)
+    password = secrets["anarchon-nats-auth"]["stringData"]["password"]
+    server = NatsServer(
+        store,
+        extra_conf='include "permissions.conf"\n'
+        "authorization { users: [\n"
+        f"  {{user: anarchon, password: {json.dumps(password)}, "
+        "permissions: $ANARCHON_SIDECAR_PERMISSIONS}\n] }\n",
+    )
+    server.start()
+    try:
+        config["nats"]["servers"] = [server.url]
+        sidecar = Sidecar(tmp_path, "helm-pod", config, {})
+        sidecar.start()
+        try:
+            sidecar.wait_ready(30)
+        finally:
+            code = sidecar.terminate()
+    finally:
+        server.stop()
+    assert code == 0, sidecar.log()
+    log = server.log_path.read_text()
+    assert "Permissions Violation" not in log, log[-3000:]
+    assert "Authorization Violation" not in log, log[-3000:]
