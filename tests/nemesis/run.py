@@ -50,6 +50,11 @@ def candidates_from_env() -> int:
     return int(text) if text else 0
 
 
+def power_from_env() -> bool:
+    """``NEMESIS_POWER=1``: power cuts too (tests/power.py; needs strace)."""
+    return os.environ.get("NEMESIS_POWER", "").strip() == "1"
+
+
 def seconds_from_env(default: float = 60.0) -> float:
     text = os.environ.get("NEMESIS_SECONDS", "").strip()
     return float(text) if text else default
@@ -65,9 +70,12 @@ class Outcome:
     took: float
     errors: list[str]
     candidates: int = 0
+    power: bool = False
+    sync: str = "default"
 
     def line(self) -> str:
         k = f" candidates={self.candidates}" if self.candidates else ""
+        k += f" power=1 sync={self.sync}" if self.power else ""
         return f"NEMESIS seed={self.seed} seconds={self.seconds:g}{k} " + summary(self.report)
 
     def explain(self) -> str:
@@ -76,7 +84,9 @@ class Outcome:
         notes = "".join(f"\n  {n}" for n in self.report.notes)
         return (
             f"{self.line()}\nreplay: NEMESIS_SEED={self.seed} NEMESIS_SECONDS={self.seconds:g}"
-            f"{f' NEMESIS_CANDIDATES={self.candidates}' if self.candidates else ''}\n"
+            f"{f' NEMESIS_CANDIDATES={self.candidates}' if self.candidates else ''}"
+            f"{' NEMESIS_POWER=1' if self.power else ''}"
+            f"{f' NEMESIS_SYNC={self.sync}' if self.sync != 'default' else ''}\n"
             f"history and logs: {self.directory}\nfailures:\n{fails}\nnotes:{notes}\n"
             f"fault schedule:\n{plan_text}"
         )
@@ -86,9 +96,10 @@ def run(workdir: Path, seed: int, seconds: float, candidates: int | None = None)
     began = time.monotonic()
     sweep_leftovers()
     candidates = candidates_from_env() if candidates is None else candidates
-    system = System(workdir, max_late=MAX_LATE, candidates=candidates)
+    power = power_from_env()
+    system = System(workdir, max_late=MAX_LATE, candidates=candidates, power=power)
     fault_seconds = max(5.0, seconds - QUIET_TAIL)
-    faults = plan(seed, fault_seconds, system.node_names, system.sidecar_names)
+    faults = plan(seed, fault_seconds, system.node_names, system.sidecar_names, power)
     (workdir / "plan.txt").write_text("\n".join(f.describe() for f in faults) + "\n")
     nemesis = Nemesis(system, faults, workdir / "faults.jsonl")
     errors: list[str] = []
@@ -138,6 +149,8 @@ def run(workdir: Path, seed: int, seconds: float, candidates: int | None = None)
             "raft_groups": system.raft_groups(),
             "sidecars": system.sidecar_names,
             "candidates": candidates,
+            "power": power,
+            "sync": os.environ.get("NEMESIS_SYNC", "") or "default",
             "jobs": {
                 "tick": {"period_s": 1, "max_late": MAX_LATE},
                 "lease": {"period_s": 2, "max_late": MAX_LATE},
@@ -151,7 +164,16 @@ def run(workdir: Path, seed: int, seconds: float, candidates: int | None = None)
     report = check(History.load(workdir))
     report.figures.update(log_figures(workdir))
     outcome = Outcome(
-        seed, seconds, report, faults, workdir, time.monotonic() - began, errors, candidates
+        seed,
+        seconds,
+        report,
+        faults,
+        workdir,
+        time.monotonic() - began,
+        errors,
+        candidates,
+        power,
+        os.environ.get("NEMESIS_SYNC", "") or "default",
     )
     keep(outcome)
     return outcome
@@ -200,6 +222,8 @@ def keep(outcome: Outcome) -> None:
         "seed": outcome.seed,
         "seconds": outcome.seconds,
         "candidates": outcome.candidates,
+        "power": outcome.power,
+        "sync": outcome.sync,
         "figures": outcome.report.figures,
         "failures": outcome.report.failures + outcome.errors,
         "notes": outcome.report.notes,
