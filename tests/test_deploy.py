@@ -897,9 +897,11 @@ def test_nats_cluster_overlay() -> None:
 
 
 def kustomize_command() -> list[str] | None:
+    """kustomize, else kubectl (on PATH or in the venv: `make helm` puts one there)."""
+    venv_bin = str(Path(sys.executable).parent)
     if found := shutil.which("kustomize"):
         return [found, "build"]
-    if found := shutil.which("kubectl"):
+    if found := shutil.which("kubectl") or shutil.which("kubectl", path=venv_bin):
         return [found, "kustomize"]
     return None
 
