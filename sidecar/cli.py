@@ -18,7 +18,7 @@ import time
 import click
 
 from sidecar import __version__, oneshot, ops, status_text, views
-from sidecar.clock import Clock, parse_rfc3339
+from sidecar.clock import Clock, parse_instant, parse_rfc3339
 from sidecar.command import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -332,7 +332,10 @@ def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
     """Skip the next COUNT runs of JOB on every replica (recorded skipped, reason skip)."""
     ld = load(config_path)
     spec = config_job(ld.config, job)
-    added, left = call(ops.skip(ld.config, ld.secrets, spec, count, who(), reason))
+    try:
+        added, left = call(ops.skip(ld.config, ld.secrets, spec, count, who(), reason))
+    except ValueError as exc:  # e.g. fewer runs left before the year 10000
+        fail(EXIT_USAGE, f"--count: {exc}")
     say(views.skipping(spec, added, left))
 
 
@@ -380,9 +383,9 @@ def backfill(
     if not from_text or not to_text:
         fail(EXIT_USAGE, "backfill needs --from and --to (RFC 3339), or --cancel")
     try:
-        start, end = (round(parse_rfc3339(t) * 1000) for t in (from_text, to_text))
+        start, end = (round(parse_instant(t) * 1000) for t in (from_text, to_text))
     except ValueError as exc:
-        fail(EXIT_USAGE, f"--from/--to: not RFC 3339 ({exc})")
+        fail(EXIT_USAGE, f"--from/--to: {exc}")
     if end < start:
         fail(EXIT_USAGE, "--to is before --from")
     if end > Clock().wall_ms():

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from nats.js.errors import KeyNotFoundError
 
 from sidecar.backfill import MAX_SLOTS, backfill_key, backfilled_slots, running_of, slot_list
-from sidecar.clock import rfc3339
+from sidecar.clock import INSTANT_RANGE, in_range, parse_instant, rfc3339
 from sidecar.config import Config, JobConfig, Secrets
 from sidecar.errors import ConfigError
 from sidecar.kv import CasConflict, create_or_update, delete_at
 from sidecar.oneshot import _js, connected
 from sidecar.runs import read_job_messages
+from sidecar.schedule import ScheduleError
 from sidecar.since import RESUMED, schedule_hash
 from sidecar.skips import MAX_SKIP, new_skip_value, pending, skip_slots
 from sidecar.state import decode, ensure_bucket, state_spec
@@ -38,7 +38,8 @@ SKIP_MARGIN_MS = 500
 def until_of(text: str, now: float) -> float:
     """``--until``: an RFC 3339 time, or a duration from now (``30m``, ``2h``); epoch s.
 
-    Raises ValueError saying what it expected; a time in the past is refused.
+    Raises ValueError saying what it expected; a time in the past, or one past
+    the last instant the sidecar can name (9999-12-31T23:59:59.999Z), is refused.
     """
     text = text.strip()
     try:
@@ -51,15 +52,16 @@ def until_of(text: str, now: float) -> float:
         at = None
     if at is None:
         try:
-            value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
+            at = parse_instant(text)
+        except ValueError as exc:
+            if "out of range" in str(exc) or "no offset" in str(exc):
+                raise
             raise ValueError(
                 f"{text!r} is neither an RFC 3339 time (2026-12-24T08:00:00Z) "
                 "nor a duration (30m, 2h)"
             ) from None
-        if value.tzinfo is None:
-            raise ValueError(f"{text!r} has no offset: add Z or +01:00")
-        at = value.astimezone(UTC).timestamp()
+    if not in_range(at):
+        raise ValueError(f"{text!r} is out of range: the sidecar names {INSTANT_RANGE}")
     if at <= now:
         raise ValueError(f"{text!r} is not in the future ({rfc3339(at)})")
     return at
@@ -85,7 +87,13 @@ async def skip(
             old, revision = await _get(kv, key)
             ahead = [s for s in skip_slots(old) if s > now_ms]
             start = max([now_ms + SKIP_MARGIN_MS, *ahead])
-            runs = job.schedule.runs(start, count)
+            try:
+                runs = job.schedule.runs(start, count)
+            except ScheduleError:
+                raise ValueError(
+                    f"the schedule has fewer than {count} runs left to skip before "
+                    "10000-01-01 (the sidecar names 9999-12-31T23:59:59.999Z at most)"
+                ) from None
             # Slots already in the past are of no use to anyone.
             kept = {"slots": ahead} if old is not None else None
             value = new_skip_value(kept, runs, by, rfc3339(now_ms / 1000), reason)
