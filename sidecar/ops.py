@@ -13,7 +13,14 @@ from typing import Any
 
 from nats.js.errors import KeyNotFoundError
 
-from sidecar.backfill import MAX_SLOTS, backfill_key, backfilled_slots, running_of, slot_list
+from sidecar.backfill import (
+    MAX_SLOTS,
+    backfill_key,
+    backfilled_slots,
+    done_of,
+    running_of,
+    slot_list,
+)
 from sidecar.clock import INSTANT_RANGE, in_range, parse_instant, rfc3339
 from sidecar.config import Config, JobConfig, Secrets
 from sidecar.errors import ConfigError
@@ -194,15 +201,19 @@ async def backfill(
                     f"wait for it, or cancel it with `backfill {job.name} --cancel`"
                 )
             pending = sorted(set(slot_list(old)) | set(todo))
+            if len(pending) > MAX_SLOTS:  # the sidecars refuse a key holding more
+                raise ValueError(
+                    f"the backfill of {job.name} would then hold {len(pending)} slots; at "
+                    f"most {MAX_SLOTS} wait at once: wait for it, or ask for fewer"
+                )
             value = {
-                **(old or {}),
                 "pending": pending,
                 "running": running_of(old),
                 "tag": tag,
                 "trigger": trigger,
                 "by": by,
                 "at": rfc3339(time.time()),
-                "done": int((old or {}).get("done") or 0),
+                "done": done_of(old),
             }
             try:
                 await create_or_update(kv, key, _encode(value), revision)
