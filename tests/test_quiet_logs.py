@@ -55,3 +55,43 @@ def test_a_malformed_token_file_is_warned_about_once_per_change(
     assert len([x for x in log.splitlines() if "admin.token_file: keeping" in x]) == 3, log
     assert "admin.token_file changed: 2 token(s)" in log
     assert TOKEN not in log
+
+
+def test_missing_permissions_are_said_once_naming_the_subject_and_the_file(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    # The user may publish claims and results, and nothing of the JetStream API.
+    nats_server.stop()
+    nats_server.extra_conf = (
+        "authorization { users = [{user: anarchon, password: pw, permissions: {"
+        ' publish: {allow: ["cron.>", "_INBOX.>"]}, subscribe: {allow: [">"]}}}] }\n'
+    )
+    nats_server.start()
+    config = base(nats_server, http_app, [job("a")])
+    config["nats"]["user"] = "anarchon"
+    proc = Sidecar(tmp_path, "s0", config, {"ANARCHON_NATS_PASSWORD": "pw"}).start()
+    try:
+
+        def refused() -> float:
+            try:
+                return (
+                    proc.metric("anarchon_nats_permission_denied_total", {"operation": "publish"})
+                    or 0
+                )
+            except OSError:
+                return 0
+
+        # Both the stream and the bucket refused, each tried again and again (20 s).
+        wait_for(lambda: refused() >= 6, 40, what="the refusals repeated")
+        code, body = proc.get("/readyz")
+    finally:
+        proc.terminate()
+    assert code == 503, body
+    assert "permissions violation" in body and "deploy/nats/permissions.conf" in body, body
+    assert "$JS.API.STREAM.INFO." in body, body
+    log = proc.log()
+    said = [x for x in log.splitlines() if "NATS refused" in x]
+    assert len(said) == 1, said
+    assert "$JS.API.STREAM.INFO." in said[0] and "deploy/nats/permissions.conf" in said[0]
+    for noise in ("cannot open state bucket", "stream not available", "TimeoutError"):
+        assert noise not in log, (noise, log)
