@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 # The command refuses more; a value holding more was not written by it.
 MAX_SLOTS = 1000
-# A command on a host whose clock runs this far ahead is still believed.
+# A command on a host whose clock runs this far ahead is still believed (NTP-kept
+# fleets are within a second; one further ahead has its backfill refused, said in the log).
 CLOCK_SLACK = 5.0
 FIELDS = frozenset({"pending", "running", "tag", "trigger", "by", "at", "done"})
 RUNNING_FIELDS = frozenset({"slot", "instance", "at"})
