@@ -1,14 +1,28 @@
 """What the fleet page and its API do to a job, and the record of each act.
 
 Every act (run-now, pause, resume, skip) is written to the state bucket under
-``actions.<job>``: a JSON object ``{"actions": [...]}``, newest last, the last
-``ACTIONS_KEPT`` kept, each ``{"at", "by", "action", "from", "via",
-"instance", "detail"}``. ``by`` is the token's name (never the token), ``from``
-the address the request came from. The key is updated by compare-and-set, so
-acts from two replicas at once are both kept. A reference implementation
-sharing the stream never reads the state bucket, and nothing of ours reads
-``actions.*`` but the page: the claim and result subjects stay exactly as they
-were. Every act is also logged at info.
+``actions.<job>``: a JSON object ``{"actions": [...]}``, newest last, each
+``{"id", "at", "by", "action", "from", "via", "instance", "detail"}``. ``by``
+is the token's name (never the token), ``from`` the address the request came
+from. The key is updated by compare-and-set, so acts from two replicas at once
+are both kept. A reference implementation sharing the stream never reads the
+state bucket, and nothing of ours reads ``actions.*`` but the page: the claim
+and result subjects stay exactly as they were. Every act is also logged at
+info.
+
+The trail cannot overflow: each field is cut to a bounded length (a skip of
+1,000 runs is summed up as its count, first and last slot, not listed), and
+the last ``ACTIONS_KEPT`` entries are kept only while the value stays under
+``MAX_BYTES`` (older ones go first), whatever the key held before. Forty page
+skips of 1,000 runs passed NATS's 1 MiB limit: the 41st took effect and was
+answered 503 "cannot record the action", and an operator who tried again
+skipped another 1,000.
+
+An act is either done and recorded, or neither (sidecar/api.py): it is
+recorded first (``record_action``), then done; one that cannot be done is
+taken out of the record again (``drop_action``), and the detail that only
+the act knows (the slots skipped, the run id) is filled in after
+(``complete_action``). The answer says ``done`` and ``recorded``.
 
 A manual run from the page is claimed, triggered and recorded by the sidecar
 that serves the page, like ``anarchon-sidecar run-now`` on that host; it runs
@@ -19,6 +33,7 @@ waits for it like for any run.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -48,6 +63,12 @@ log = logging.getLogger(__name__)
 
 CAS_TRIES = 8
 CLAIM_WAIT = 10.0
+# The whole ``actions.<job>`` value stays under this (NATS refuses 1 MiB).
+MAX_BYTES = 64 * 1024
+# Each field of an entry is cut to this many characters (detail: DETAIL_CHARS).
+FIELD_CHARS = 128
+DETAIL_CHARS = 400
+FIELDS = ("id", "at", "by", "action", "from", "via", "instance", "detail")
 
 
 def actions_key(job: str) -> str:
@@ -62,8 +83,41 @@ def actions_of(value: dict[str, Any]) -> list[dict[str, Any]]:
     return [item for item in reversed(items) if isinstance(item, dict)]
 
 
-async def record_action(kv: KeyValue, job: str, entry: dict[str, Any]) -> None:
-    """Append `entry` to ``actions.<job>`` by compare-and-set; StreamError when it cannot."""
+def bounded_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """`entry` with only the known fields, each text cut to its bound."""
+    out: dict[str, Any] = {}
+    for name in FIELDS:
+        value = entry.get(name)
+        if value is None:
+            continue
+        text = value if isinstance(value, str) else json.dumps(value)[:FIELD_CHARS]
+        limit = DETAIL_CHARS if name == "detail" else FIELD_CHARS
+        out[name] = text if len(text) <= limit else text[: limit - 3] + "..."
+    return out
+
+
+def bounded_actions(items: list[Any]) -> list[dict[str, Any]]:
+    """The newest ACTIONS_KEPT entries of `items` (oldest first), bounded each, as
+    many as fit in MAX_BYTES."""
+    kept = [bounded_entry(i) for i in items[-ACTIONS_KEPT:] if isinstance(i, dict)]
+    size = len(json.dumps({"actions": kept}, separators=(",", ":")).encode())
+    while kept and size > MAX_BYTES:
+        size -= len(json.dumps(kept.pop(0), separators=(",", ":")).encode()) + 1
+    return kept
+
+
+def skip_detail(added: list[int], reason: str) -> str:
+    """A skip in a line, whatever its count: the slots when a few, else the range."""
+    if len(added) <= 3:
+        said = ", ".join(rfc3339(s / 1000) for s in added)
+    else:
+        said = f"{len(added)} runs, {rfc3339(added[0] / 1000)} to {rfc3339(added[-1] / 1000)}"
+    return f"skip {said}" + (f": {reason}" if reason else "")
+
+
+async def _change(kv: KeyValue, job: str, change: Callable[[list[Any]], list[Any] | None]) -> None:
+    """Apply `change` to the entries of ``actions.<job>`` by compare-and-set (None: no
+    write); StreamError when it cannot."""
     key = actions_key(job)
     for _ in range(CAS_TRIES):
         try:
@@ -73,15 +127,46 @@ async def record_action(kv: KeyValue, job: str, entry: dict[str, Any]) -> None:
                 revision: int | None = int(current.revision or 0)
             except KeyNotFoundError:
                 items, revision = [], None
-            items = [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
-            items = [*items, entry][-ACTIONS_KEPT:]
-            await create_or_update(kv, key, {"actions": items}, revision)
+            items = items if isinstance(items, list) else []
+            changed = change(items)
+            if changed is None:
+                return
+            await create_or_update(kv, key, {"actions": bounded_actions(changed)}, revision)
             return
         except CasConflict:  # another replica wrote at the same moment: read again
             continue
         except Exception as exc:
             raise StreamError(f"cannot record the action on {job}: {exc!r}") from exc
     raise StreamError(f"cannot record the action on {job}: {CAS_TRIES} conflicting writes")
+
+
+async def record_action(kv: KeyValue, job: str, entry: dict[str, Any]) -> None:
+    """Append `entry` to ``actions.<job>``; StreamError when it cannot."""
+    await _change(kv, job, lambda items: [*items, entry])
+
+
+async def drop_action(kv: KeyValue, job: str, entry_id: str) -> None:
+    """Take the entry `entry_id` out again (its act was not done); StreamError."""
+
+    def without(items: list[Any]) -> list[Any] | None:
+        kept = [i for i in items if not (isinstance(i, dict) and i.get("id") == entry_id)]
+        return kept if len(kept) != len(items) else None
+
+    await _change(kv, job, without)
+
+
+async def complete_action(kv: KeyValue, job: str, entry_id: str, detail: str) -> None:
+    """Set the detail of entry `entry_id` to what the act found; StreamError."""
+
+    def with_detail(items: list[Any]) -> list[Any] | None:
+        if not any(isinstance(i, dict) and i.get("id") == entry_id for i in items):
+            return None
+        return [
+            {**i, "detail": detail} if isinstance(i, dict) and i.get("id") == entry_id else i
+            for i in items
+        ]
+
+    await _change(kv, job, with_detail)
 
 
 async def pause(kv: KeyValue, job: str, by: str, reason: str, until: str | None) -> dict[str, Any]:

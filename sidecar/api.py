@@ -26,6 +26,7 @@ import gzip
 import hmac
 import json
 import logging
+import secrets
 import time
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -34,10 +35,18 @@ from urllib.parse import parse_qs, unquote
 from nats.js import JetStreamContext
 
 from sidecar import page
-from sidecar.actions import ManualRuns, pause, record_action, resume
+from sidecar.actions import (
+    ManualRuns,
+    complete_action,
+    drop_action,
+    pause,
+    record_action,
+    resume,
+    skip_detail,
+)
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, Secrets
-from sidecar.errors import SidecarError
+from sidecar.errors import SidecarError, StreamError
 from sidecar.exposition import RENDER_SLICE
 from sidecar.live import Live
 from sidecar.ops import skip as skip_runs
@@ -293,66 +302,104 @@ class PageApp:
     async def _act(
         self, job: str, action: str, who: str, peer: str, form: dict[str, str], via: str
     ) -> tuple[int, dict[str, Any]]:
+        """Check the request, record the act, do it; an act is either done and recorded,
+        or neither, and the answer says which (``done``, ``recorded``)."""
+        not_done = {"done": False, "recorded": False}
         bucket = self.fleet.bucket
         if bucket is None:
-            return 503, {"error": "the state bucket is not open yet"}
-        detail = ""
-        result: dict[str, Any] = {"job": job, "action": action, "by": who}
+            return 503, {"error": "the state bucket is not open yet", **not_done}
+        reason = form.get("reason", "")[:200]
+        until: str | None = None
+        count = 1
+        # What is asked is checked before anything is written.
         if action == "pause":
-            reason = form.get("reason", "")[:200]
-            until = form.get("until", "").strip() or None
-            if until is not None:  # parsed as `pause --until` does: a time or a duration
+            asked = form.get("until", "").strip() or None
+            if asked is not None:  # parsed as `pause --until` does: a time or a duration
                 try:
-                    until = rfc3339(until_of(until, time.time()))
+                    until = rfc3339(until_of(asked, time.time()))
                 except ValueError as exc:
-                    return 400, {"error": f"until: {exc}"}
-            value = await pause(bucket.kv, job, who, reason, until)
-            detail = reason + (f" (until {until})" if until else "")
-            result["pause"] = value
-        elif action == "resume":
-            was = await resume(bucket.kv, job)
-            if was is None:
-                return 409, {"error": f"{job} was not paused"}
-            detail = f"paused by {was.get('by', '?')} at {was.get('at', '?')}"
-        elif action == "run-now":
-            if self.runs is None:
-                return 503, {"error": "not connected to NATS yet"}
-            token = await self.runs.start(job)
-            detail = f"run {token}"
-            result["run_id"] = token
-        else:
+                    return 400, {"error": f"until: {exc}", **not_done}
+            intent = reason + (f" (until {until})" if until else "")
+        elif action == "skip":
             if self.secrets is None:
-                return 503, {"error": "skip is not available on this sidecar"}
+                return 503, {"error": "skip is not available on this sidecar", **not_done}
             try:
                 count = int(form.get("count", "1") or "1")
             except ValueError:
-                return 400, {"error": f"count: a whole number 1 to {MAX_SKIP}"}
-            reason = form.get("reason", "")[:200]
-            try:  # the same write as `anarchon-sidecar skip`
-                added, left = await skip_runs(
-                    self.config, self.secrets, self.config.job(job), count, who, reason
-                )
-            except ValueError as exc:
-                return 400, {"error": f"count: {exc}"}
-            detail = f"skip {', '.join(rfc3339(s / 1000) for s in added)}" + (
-                f": {reason}" if reason else ""
-            )
-            result["skipped"] = added  # the slots' ids (epoch ms), as ``skip.<job>`` holds them
-            result["skip_pending"] = left
+                return 400, {"error": f"count: a whole number 1 to {MAX_SKIP}", **not_done}
+            if not 1 <= count <= MAX_SKIP:
+                return 400, {"error": f"count: must be 1 to {MAX_SKIP}, got {count}", **not_done}
+            intent = f"skip {count} run(s)" + (f": {reason}" if reason else "")
+        elif action == "run-now":
+            if self.runs is None:
+                return 503, {"error": "not connected to NATS yet", **not_done}
+            intent = "run"
+        else:
+            intent = "resume"
         at = rfc3339(time.time())
         entry = {
+            "id": secrets.token_hex(8),
             "at": at,
             "by": who,
             "action": action,
             "from": peer,
             "via": via,
             "instance": self.config.instance_id,
-            "detail": detail,
+            "detail": intent,
         }
-        await record_action(bucket.kv, job, entry)
+        try:
+            await record_action(bucket.kv, job, entry)
+        except StreamError as exc:
+            return 503, {"error": f"not done: {exc}", **not_done}
+        try:
+            status, detail, answer = await self._do(job, action, who, reason, until, count)
+        except Exception as exc:  # NATS away, a conflict: not done
+            log.warning("fleet page: %s %s by %s not done: %r", action, job, who, exc)
+            status, detail, answer = 503, intent, {"error": f"not done: {exc!r}"}
+        if status != 200:
+            try:
+                await drop_action(bucket.kv, job, entry["id"])
+            except StreamError as exc:
+                log.warning("fleet page: the record of %s %s not taken back: %s", action, job, exc)
+                answer["error"] += " (recorded as asked: its record could not be taken back)"
+                return status, {**answer, "done": False, "recorded": True}
+            return status, {**answer, **not_done}
+        if detail != intent:
+            try:
+                await complete_action(bucket.kv, job, entry["id"], detail)
+            except StreamError as exc:  # recorded as asked: the detail is what is missing
+                log.warning("fleet page: detail of %s %s not recorded: %s", action, job, exc)
         log.info("fleet page: %s %s by %s from %s: %s", action, job, who, peer, detail)
-        result["at"] = at
-        return 200, result
+        result = {"job": job, "action": action, "by": who, **answer, "at": at}
+        return 200, {**result, "done": True, "recorded": True}
+
+    async def _do(
+        self, job: str, action: str, who: str, reason: str, until: str | None, count: int
+    ) -> tuple[int, str, dict[str, Any]]:
+        """Do the act: (status, the record's detail, the answer's fields)."""
+        bucket = self.fleet.bucket
+        assert bucket is not None
+        if action == "pause":
+            value = await pause(bucket.kv, job, who, reason, until)
+            return 200, reason + (f" (until {until})" if until else ""), {"pause": value}
+        if action == "resume":
+            was = await resume(bucket.kv, job)
+            if was is None:
+                return 409, "", {"error": f"{job} was not paused"}
+            return 200, f"paused by {was.get('by', '?')} at {was.get('at', '?')}", {}
+        if action == "run-now":
+            assert self.runs is not None
+            token = await self.runs.start(job)
+            return 200, f"run {token}", {"run_id": token}
+        assert self.secrets is not None
+        try:  # the same write as `anarchon-sidecar skip`
+            added, left = await skip_runs(
+                self.config, self.secrets, self.config.job(job), count, who, reason
+            )
+        except ValueError as exc:
+            return 400, "", {"error": f"count: {exc}"}
+        # The slots' ids (epoch ms), as ``skip.<job>`` holds them.
+        return 200, skip_detail(added, reason), {"skipped": added, "skip_pending": left}
 
     def _login(self, req: Request, form: dict[str, str]) -> Answer:
         if not self.sessions.same_origin(req):

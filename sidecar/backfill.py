@@ -19,6 +19,11 @@ is lost, as any run of a dead runner, not repeated) and goes on.
 The CLI leaves out slots that already have a backfill claim in the stream
 (the same backfill asked again runs nothing again); ``--again`` uses a new
 tag, hence new claim ids, and runs them anew.
+
+The key is input like any other (SECURITY.md): before a slot is taken the
+whole value is checked (sidecar/backfillcheck.py); one the command would not
+write is counted (``anarchon_hostile_input_total{what="backfill_key"}``),
+logged once, deleted, and nothing of it is run.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from sidecar.backfillcheck import MAX_SLOTS, HostileBackfill, check_backfill, decode_backfill
 from sidecar.backoff import Backoff
+from sidecar.bounds import slot_ms
 from sidecar.clock import parse_rfc3339, rfc3339
 from sidecar.kv import CasConflict, create_or_update, delete_at
 
@@ -44,7 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_SLOTS = 1000
 # A running entry whose instance has left the fleet is cleared after this long.
 STALE_AFTER = 20.0
 RECHECK_EVERY = 5.0
@@ -81,15 +87,23 @@ def backfilled_slots(messages: list[tuple[int, str, bytes]], prefix: str, job: s
 
 
 def slot_list(value: dict[str, Any] | None, name: str = "pending") -> list[int]:
-    items = (value or {}).get(name)
+    """The slots of `value` (a ``backfill.<job>``), in range only: whatever else the
+    key holds, what is shown or counted of it can be formatted."""
+    items = value.get(name) if isinstance(value, dict) else None
     if not isinstance(items, list):
         return []
-    return sorted({s for s in items if isinstance(s, int) and not isinstance(s, bool)})
+    return sorted({s for s in items if slot_ms(s) is not None})
 
 
 def running_of(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    run = (value or {}).get("running")
-    return run if isinstance(run, dict) and isinstance(run.get("slot"), int) else None
+    run = value.get("running") if isinstance(value, dict) else None
+    return run if isinstance(run, dict) and slot_ms(run.get("slot")) is not None else None
+
+
+def done_of(value: dict[str, Any] | None) -> int:
+    """How many slots the backfill ran (0 for anything but a count)."""
+    done = value.get("done") if isinstance(value, dict) else None
+    return done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else 0
 
 
 def encode(value: dict[str, Any]) -> bytes:
@@ -121,6 +135,8 @@ class Backfills:
         self._jobs = {job.name: job for job in config.jobs}
         self._busy: set[str] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        # Hostile values said already, by (key, revision): said once, however often seen.
+        self._refused: set[tuple[str, int]] = set()
 
     def changed(self, key: str) -> None:
         """A key the watch delivered ("" after a re-sync: look at every job)."""
@@ -184,8 +200,13 @@ class Backfills:
                 entry = await kv.get(key)
             except Exception:  # gone (done or cancelled), or NATS away: the watch tells
                 return
-            value = json.loads(entry.value or b"{}")
             revision = int(entry.revision or 0)
+            try:
+                value = decode_backfill(entry.value)
+                check_backfill(job, value, self.clock.wall())
+            except HostileBackfill as exc:
+                await self._hostile(kv, key, revision, str(exc))
+                return
             pending = slot_list(value)
             running = running_of(value)
             if running is not None:
@@ -209,9 +230,12 @@ class Backfills:
                         await delete_at(kv, key, revision)
                     except Exception as exc:  # someone added more, or deleted it: fine
                         log.debug("backfill key %s kept: %r", key, exc)
-                    log.info("job %s: backfill done (%s slot(s))", job.name, value.get("done", 0))
+                    log.info("job %s: backfill done (%d slot(s))", job.name, done_of(value))
                 return
             slot = pending[0]
+            if slot > self.clock.wall_ms():  # written by a clock a little ahead: not yet
+                self._later(job)
+                return
             taken = {
                 **value,
                 "pending": pending[1:],
@@ -222,6 +246,26 @@ class Backfills:
                 continue
             await self._run_one(job, slot, str(value.get("tag") or "b"), value)
             await self._finish(kv, key, slot)
+
+    async def _hostile(self, kv: KeyValue, key: str, revision: int, why: str) -> None:
+        """A value the command would not write: counted, said once, deleted; nothing run."""
+        if (key, revision) in self._refused:
+            return
+        if len(self._refused) >= 1000:
+            self._refused.clear()
+        self._refused.add((key, revision))
+        self.metrics.hostile_input_total.labels(what="backfill_key").inc()
+        log.error(
+            "state bucket: %s refused: %s; it is hostile input (the backfill command does not "
+            "write it; whoever may write the state bucket did) and is deleted, nothing of it "
+            "is run",
+            key[:200],
+            why,
+        )
+        try:
+            await delete_at(kv, key, revision)
+        except Exception as exc:  # another sidecar deleted it first, or it changed
+            log.debug("backfill key %s not deleted: %r", key, exc)
 
     def _stale(self, running: dict[str, Any], me: str) -> bool:
         holder = running.get("instance")
@@ -262,11 +306,14 @@ class Backfills:
                 entry = await kv.get(key)
             except Exception:
                 return  # cancelled meanwhile
-            value = json.loads(entry.value or b"{}")
+            try:
+                value = decode_backfill(entry.value)
+            except HostileBackfill:
+                return  # the next step says so
             running = running_of(value)
             if running is None or running["slot"] != slot:
                 return
-            value = {**value, "running": None, "done": int(value.get("done") or 0) + 1}
+            value = {**value, "running": None, "done": done_of(value) + 1}
             if await self._cas(kv, key, value, int(entry.revision or 0)):
                 return
         log.warning("backfill key %s not updated after slot %s", key, slot)
@@ -279,4 +326,11 @@ class Backfills:
         return True
 
 
-__all__ = ["MAX_SLOTS", "Backfills", "backfill_key", "backfilled_slots", "claim_id"]
+__all__ = [
+    "MAX_SLOTS",
+    "Backfills",
+    "backfill_key",
+    "backfilled_slots",
+    "claim_id",
+    "done_of",
+]

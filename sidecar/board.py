@@ -27,7 +27,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from sidecar.backfill import backfill_key, running_of, slot_list
+from sidecar.backfill import backfill_key, done_of, running_of, slot_list
 from sidecar.bounds import attempt_no, slot_ms
 from sidecar.calendar import utc_text
 from sidecar.clock import parse_rfc3339, rfc3339
@@ -275,7 +275,7 @@ def schedule_fields(job: JobConfig, view: View, now_ms: int, upcoming: list[int]
         "skip_pending": pending(skip.value if skip is not None else None, now_ms),
         "backfill_pending": len(slot_list(backfill)),
         "backfill_running": running_of(backfill),
-        "backfill_done": int((backfill or {}).get("done") or 0),
+        "backfill_done": done_of(backfill),
         "schedule_lines": schedule_lines(job.schedule),
         "next_run_local": local_time(upcoming[0], job.timezone) if upcoming else None,
     }

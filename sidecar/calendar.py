@@ -43,6 +43,8 @@ _LOOK_BACK_MS = 9 * 366 * 86_400_000
 # min_interval_ms of a union compares at most this many slots of the union.
 _UNION_SAMPLE = 2000
 _REFERENCE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, as in schedule.py
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
 
 
 def spread_offset_ms(job: str, spread_s: float) -> int:
@@ -81,8 +83,11 @@ def parse_exclusion(text: str, tz: ZoneInfo) -> Exclusion:
     if _DATE.fullmatch(text):
         day = _date(text)
         start = datetime(day.year, day.month, day.day, tzinfo=tz)
-        end = start.replace(tzinfo=None) + timedelta(days=1)
-        return Exclusion(text, _ms(start), _ms(end.replace(tzinfo=tz)))
+        if day < date.max:
+            end_ms = _ms((start.replace(tzinfo=None) + timedelta(days=1)).replace(tzinfo=tz))
+        else:  # no day after 9999-12-31 for datetime: the end of its last millisecond
+            end_ms = _ms(start.replace(hour=23, minute=59, second=59, microsecond=999_000)) + 1
+        return Exclusion(text, _ms(start), end_ms)
     if text.count("/") != 1:
         raise ValueError(
             f"{text!r} is neither a date (2026-12-24) nor an ISO 8601 interval "
@@ -123,7 +128,8 @@ def _duration_ms(text: str) -> int:
 
 
 def _ms(aware: datetime) -> int:
-    return round(aware.astimezone(UTC).timestamp() * 1000)
+    # By subtraction: astimezone(UTC) overflows at both ends (0001-01-01 in +14:00).
+    return round((aware - _EPOCH_UTC) / _ONE_MS)
 
 
 @dataclass(frozen=True)

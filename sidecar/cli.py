@@ -348,7 +348,10 @@ def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
     """Skip the next COUNT runs of JOB on every replica (recorded skipped, reason skip)."""
     ld = load(config_path)
     spec = config_job(ld.config, job)
-    added, left = call(ops.skip(ld.config, ld.secrets, spec, count, who(), reason))
+    try:
+        added, left = call(ops.skip(ld.config, ld.secrets, spec, count, who(), reason))
+    except ValueError as exc:  # e.g. fewer runs left before the year 10000
+        fail(EXIT_USAGE, f"--count: {exc}")
     say(views.skipping(spec, added, left))
 
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from datetime import date as date_type
+
+from sidecar.bounds import MAX_TIME_S
 
 _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
 # Seconds of simulated suspend (failpoint ``suspend``): added to both clocks
@@ -100,3 +102,41 @@ def _rfc3339_datetime(epoch_seconds: float) -> str:
 def parse_rfc3339(text: str) -> float:
     """Epoch seconds of an RFC 3339 string (``Z`` or an offset)."""
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_SECOND = timedelta(seconds=1)
+# What a person is told the sidecar can name: the epoch to the end of year 9999.
+INSTANT_RANGE = "1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z"
+
+
+def epoch_of(value: datetime) -> float:
+    """Epoch seconds of an aware datetime, any datetime can hold: no conversion to
+    UTC (``astimezone``), which overflows at both ends of the range
+    (``9999-12-31T23:59:59-14:00`` is in year 10000 in UTC)."""
+    return (value - _EPOCH_UTC) / _ONE_SECOND
+
+
+def in_range(epoch_seconds: float) -> bool:
+    """Whether `epoch_seconds` is an instant the sidecar can name (INSTANT_RANGE)."""
+    return 0.0 <= epoch_seconds <= MAX_TIME_S
+
+
+def parse_instant(text: str) -> float:
+    """Epoch seconds of an RFC 3339 time a person gave (an option, a form field).
+
+    ValueError, saying why, when it is not one, has no offset, or is outside
+    INSTANT_RANGE: every string is either an instant or a usage error, never
+    an OverflowError.
+    """
+    text = text.strip()
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not an RFC 3339 time (2026-12-24T08:00:00Z)") from None
+    if value.tzinfo is None:
+        raise ValueError(f"{text!r} has no offset: add Z or +01:00")
+    at = epoch_of(value)
+    if not in_range(at):
+        raise ValueError(f"{text!r} is out of range: the sidecar names {INSTANT_RANGE}")
+    return at

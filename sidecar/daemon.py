@@ -75,6 +75,8 @@ class Daemon:
         self.guard = StreamGuard(self.config, self.metrics, self.clock, self.conn.connected)
         self.fleet = Fleet(self.config, self.metrics, self.clock)
         self.fleet.denied = self.conn.denials.denied
+        self.fleet.refused = self.conn.denials.about
+        self.guard.refused = self.conn.denials.about
         self.conn.denials.known(
             self.spec.name,
             self.spec.prefix,
@@ -106,7 +108,8 @@ class Daemon:
             return "shutting down"
         if not self.conn.connected.is_set():
             return "not connected to NATS"
-        return self.guard.not_ready() or self.conn.denials.not_ready() or self.fleet.not_ready()
+        # A permissions refusal first: it is why the stream or the bucket is not there.
+        return self.conn.denials.not_ready() or self.guard.not_ready() or self.fleet.not_ready()
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if not self.stopping.is_set():

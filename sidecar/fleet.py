@@ -25,6 +25,7 @@ from sidecar.clock import Clock, rfc3339
 from sidecar.kv import Keys, delete_at, put_with_ttl
 from sidecar.natspy import connection_of
 from sidecar.orphans import Orphans
+from sidecar.ratelog import RateLimitedLog
 from sidecar.servers import version_problem
 from sidecar.skips import PAUSED, SKIP, pause_active, pending, skip_slots, until_ms
 from sidecar.state import (
@@ -46,6 +47,7 @@ from sidecar.wire import instance_key, skip_key
 if TYPE_CHECKING:
     from sidecar.config import Config
     from sidecar.metrics import Metrics
+    from sidecar.permissions import Denial
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,9 @@ class Fleet:
         self._recheck = asyncio.Event()
         # Whether NATS refused a subject to this user lately (the daemon's Denials).
         self.denied: Callable[[str], bool] | None = None
+        # The last refusal of a subject naming the bucket or its stream (Denials.about).
+        self.refused: Callable[..., Denial | None] | None = None
+        self._said = RateLimitedLog(log)
         self._lease_jobs = frozenset(job.name for job in config.jobs if needs_leases(job))
         self._tasks: list[asyncio.Task[None]] = []
         self._mismatch: set[str] = set()
@@ -145,8 +150,7 @@ class Fleet:
             try:
                 self.bucket = await ensure_bucket(js, self.spec)
             except Exception as exc:  # not ready yet, or refused: say so, try again
-                self.problem = f"cannot open state bucket {self.spec.bucket}: {exc!r}"
-                log.warning("%s", self.problem)
+                self._cannot_open(exc)
                 await backoff.sleep()
         await self._check(js)
         if too_old := version_problem(str(connection_of(js).connected_server_version)):
@@ -162,6 +166,21 @@ class Fleet:
                 await asyncio.wait_for(self._recheck.wait(), BUCKET_REFRESH)
             await asyncio.sleep(0.2)  # a burst of changes is one check
             await self._check(js)
+
+    def _cannot_open(self, exc: Exception) -> None:
+        """The reason for /readyz, said once: a refusal by NATS's permissions is said
+        by its own line (sidecar/permissions.py), not again as this timeout; any
+        other failure once a minute while it lasts."""
+        refusal = self.refused(self.spec.bucket, self.spec.stream) if self.refused else None
+        if refusal is not None:
+            self.problem = (
+                f"cannot open state bucket {self.spec.bucket}: NATS refused "
+                f"{refusal.operation} to {refusal.subject!r} (a permissions violation; see "
+                "deploy/nats/permissions.conf)"
+            )
+            return
+        self.problem = f"cannot open state bucket {self.spec.bucket}: {exc!r}"
+        self._said.warning(f"open:{type(exc).__name__}", "%s", self.problem)
 
     async def _watch_advisories(self, js: JetStreamContext) -> None:
         """The bucket's stream deleted, made or changed: re-read it at once, not at the

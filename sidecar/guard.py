@@ -24,6 +24,7 @@ from sidecar.config import Config, JobConfig
 from sidecar.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
 from sidecar.metrics import Metrics
 from sidecar.natspy import connection_of
+from sidecar.permissions import Denial
 from sidecar.stream import StreamState, ensure_stream, stream_spec
 from sidecar.streamfit import coverage, placement_problem
 from sidecar.wire import TRANSIENT
@@ -60,6 +61,8 @@ class StreamGuard:
         self.spec = stream_spec(config)
         self.stream_ready = False
         self.stream_problem = "stream not checked yet"
+        # The last refusal of a subject naming the stream (Denials.about; set by the daemon).
+        self.refused: Callable[..., Denial | None] | None = None
         self._stream_logged = 0.0  # monotonic time of the last stream problem line
         self._raise_problem = ""
         self._raise_logged = 0.0
@@ -127,7 +130,16 @@ class StreamGuard:
                 self._stream_down("stream missing; creating it again", forget=True)
                 continue
             except (*TRANSIENT, StreamError) as exc:
-                self._stream_down(f"stream not available: {exc!r}", forget=False)
+                refusal = self.refused(self.spec.name) if self.refused else None
+                if refusal is not None:  # said by the refusal's own line: not again
+                    problem = (
+                        f"stream not available: NATS refused {refusal.operation} to "
+                        f"{refusal.subject!r} (a permissions violation; see "
+                        "deploy/nats/permissions.conf)"
+                    )
+                    self._stream_down(problem, forget=False, quiet=True)
+                else:
+                    self._stream_down(f"stream not available: {exc!r}", forget=False)
             except Exception as exc:  # never let readiness die silently
                 log.exception("checking the stream failed")
                 self._stream_down(f"stream check failed: {exc!r}", forget=False)
@@ -207,10 +219,11 @@ class StreamGuard:
         if self.stream_state is not None and before is not None:
             self.metrics.stream_raised_total.inc()
 
-    def _stream_down(self, problem: str, forget: bool) -> None:
-        """Not ready; with `forget`, no job may claim until the stream is seen again."""
+    def _stream_down(self, problem: str, forget: bool, quiet: bool = False) -> None:
+        """Not ready; with `forget`, no job may claim until the stream is seen again.
+        `quiet`: the problem was said already (a permissions refusal)."""
         now = self.clock.monotonic()
-        if (
+        if not quiet and (
             self.stream_ready
             or problem != self.stream_problem
             or now - self._stream_logged > REPEAT_LOG

@@ -45,7 +45,7 @@ SKIP_REASONS = (
     "skip",
 )
 # What hostile input from NATS was refused (hostile_input_total{what}).
-HOSTILE_KINDS = ("due_key", "value")
+HOSTILE_KINDS = ("due_key", "backfill_key", "value")
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -169,7 +169,8 @@ class Metrics:
         self.hostile_input_total = Counter(
             "hostile_input",
             "Values read from NATS that this instance refused: due_key (a due attempt that "
-            "the job's schedule, retry budget and the stream do not back), value (a number "
+            "the job's schedule, retry budget and the stream do not back), backfill_key (a "
+            "backfill.<job> value the backfill command would not write), value (a number "
             "out of range, e.g. an absurd slot).",
             ("what",),
             namespace=PREFIX,

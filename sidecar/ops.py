@@ -7,20 +7,28 @@ running sidecar sees the key through its watch within about a second.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from nats.js.errors import KeyNotFoundError
 
-from sidecar.backfill import MAX_SLOTS, backfill_key, backfilled_slots, running_of, slot_list
-from sidecar.clock import rfc3339
+from sidecar.backfill import (
+    MAX_SLOTS,
+    backfill_key,
+    backfilled_slots,
+    done_of,
+    running_of,
+    slot_list,
+)
+from sidecar.clock import INSTANT_RANGE, in_range, parse_instant, rfc3339
 from sidecar.config import Config, JobConfig, Secrets
 from sidecar.errors import ConfigError
 from sidecar.kv import CasConflict, create_or_update, delete_at
 from sidecar.oneshot import _js, connected
 from sidecar.runs import read_job_messages
+from sidecar.schedule import ScheduleError
 from sidecar.since import RESUMED, schedule_hash
 from sidecar.skips import MAX_SKIP, new_skip_value, pending, skip_slots
 from sidecar.state import decode, ensure_bucket, state_spec
@@ -44,28 +52,31 @@ def instant_of(text: str, now: float, back: bool = False) -> float:
     body = text
     if body[:1] in "+-" and body[1:2].isdigit():
         sign, body = (-1.0 if body[0] == "-" else 1.0), body[1:]
+    at: float | None = None
     if body[:1].isdigit() and "T" not in body:
+        with contextlib.suppress(ConfigError):
+            at = now + sign * parse_duration(body, "")
+    if at is None:
         try:
-            return now + sign * parse_duration(body, "")
-        except ConfigError:
-            pass
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        way = "back from now" if back else "from now"
-        raise ValueError(
-            f"{text!r} is neither an RFC 3339 time (2026-12-24T08:00:00Z) "
-            f"nor a duration {way} (30m, 2h)"
-        ) from None
-    if value.tzinfo is None:
-        raise ValueError(f"{text!r} has no offset: add Z or +01:00")
-    return value.astimezone(UTC).timestamp()
+            at = parse_instant(text)
+        except ValueError as exc:
+            if "out of range" in str(exc) or "no offset" in str(exc):
+                raise
+            way = "back from now" if back else "from now"
+            raise ValueError(
+                f"{text!r} is neither an RFC 3339 time (2026-12-24T08:00:00Z) "
+                f"nor a duration {way} (30m, 2h)"
+            ) from None
+    if not in_range(at):
+        raise ValueError(f"{text!r} is out of range: the sidecar names {INSTANT_RANGE}")
+    return at
 
 
 def until_of(text: str, now: float) -> float:
     """``--until``: an RFC 3339 time, or a duration from now (``30m``, ``2h``); epoch s.
 
-    Raises ValueError saying what it expected; a time in the past is refused.
+    Raises ValueError saying what it expected; a time in the past, or one past
+    the last instant the sidecar can name (9999-12-31T23:59:59.999Z), is refused.
     """
     at = instant_of(text, now)
     if at < now:
@@ -95,7 +106,13 @@ async def skip(
             old, revision = await _get(kv, key)
             ahead = [s for s in skip_slots(old) if s > now_ms]
             start = max([now_ms + SKIP_MARGIN_MS, *ahead])
-            runs = job.schedule.runs(start, count)
+            try:
+                runs = job.schedule.runs(start, count)
+            except ScheduleError:
+                raise ValueError(
+                    f"the schedule has fewer than {count} runs left to skip before "
+                    "10000-01-01 (the sidecar names 9999-12-31T23:59:59.999Z at most)"
+                ) from None
             # Slots already in the past are of no use to anyone.
             kept = {"slots": ahead} if old is not None else None
             value = new_skip_value(kept, runs, by, rfc3339(now_ms / 1000), reason)
@@ -196,15 +213,19 @@ async def backfill(
                     f"wait for it, or cancel it with `backfill {job.name} --cancel`"
                 )
             pending = sorted(set(slot_list(old)) | set(todo))
+            if len(pending) > MAX_SLOTS:  # the sidecars refuse a key holding more
+                raise ValueError(
+                    f"the backfill of {job.name} would then hold {len(pending)} slots; at "
+                    f"most {MAX_SLOTS} wait at once: wait for it, or ask for fewer"
+                )
             value = {
-                **(old or {}),
                 "pending": pending,
                 "running": running_of(old),
                 "tag": tag,
                 "trigger": trigger,
                 "by": by,
                 "at": rfc3339(time.time()),
-                "done": int((old or {}).get("done") or 0),
+                "done": done_of(old),
             }
             try:
                 await create_or_update(kv, key, _encode(value), revision)

@@ -4,7 +4,16 @@
 from the standard library for ``https://``) and returns the status.
 ``Outbox`` runs such sends in the background with bounded retries and
 backoff: nothing here ever delays a trigger, and the daemon's drain waits for
-what is still queued for a bounded time. Every URL here is a secret (it holds
+what is still queued for a bounded time.
+
+Sends are bounded per receiver (scheme, host, port), not only in number: at
+most MAX_CONNECTIONS of them hold a connection to one receiver at once (the
+rest wait without a socket), at most MAX_QUEUED_PER_RECEIVER wait for one
+receiver (more are dropped, said once a minute), and each send ends within
+its `give_up` seconds, waits included. A receiver that accepts connections
+and never answers cost one file descriptor per send until the queue's cap
+(1,000): under a 256-file limit the app's triggers then failed with "Too
+many open files". Now it costs MAX_CONNECTIONS. Every URL here is a secret (it holds
 the check's or channel's key): messages name it only through ``mask_url``.
 """
 
@@ -22,6 +31,7 @@ import h11
 from sidecar import __version__
 from sidecar.alerting_config import mask_url
 from sidecar.backoff import Backoff
+from sidecar.ratelog import RateLimitedLog
 from sidecar.tasks import cancel_all
 
 log = logging.getLogger(__name__)
@@ -33,6 +43,9 @@ MAX_ANSWER = 512
 DRAIN_TIMEOUT = 5.0
 # At most this many sends wait at once; more are dropped (receivers that hang).
 MAX_QUEUED = 1000
+# Per receiver: connections open at once, and sends waiting (more are dropped).
+MAX_CONNECTIONS = 4
+MAX_QUEUED_PER_RECEIVER = 200
 # Each wait between two tries of a send is its doubled backoff times 0.8 to 1.2.
 SEND_RETRY_JITTER = 0.2
 
@@ -114,6 +127,17 @@ async def _dropped(done: Callable[[bool], None] | None) -> bool:
     return False
 
 
+def receiver_of(url: str) -> str:
+    """Who answers `url`: scheme, host and port (never the path, which holds the key)."""
+    parts = urlsplit(url)
+    tls = parts.scheme == "https"
+    try:
+        port = parts.port or (443 if tls else 80)
+    except ValueError:
+        port = 0
+    return f"{parts.scheme}://{parts.hostname or 'localhost'}:{port}"
+
+
 def retryable(status: int) -> bool:
     """Whether an answer with this status may be asked again (5xx, 408, 429)."""
     return status >= 500 or status in (408, 429)
@@ -135,6 +159,10 @@ class Outbox:
         self.give_up = give_up
         self.timeout = timeout
         self.tasks: set[asyncio.Task[bool]] = set()
+        # Per receiver: the connections it may hold, and how many sends are queued for it.
+        self._gates: dict[str, asyncio.Semaphore] = {}
+        self._queued: dict[str, int] = {}
+        self._said = RateLimitedLog(log)
 
     def send(
         self,
@@ -149,15 +177,67 @@ class Outbox:
 
         With MAX_QUEUED sends waiting already, it is dropped (`done(False)`).
         """
-        if len(self.tasks) >= MAX_QUEUED:
-            log.warning("%s to %s dropped: %d sends waiting", what, mask_url(url), MAX_QUEUED)
+        receiver = receiver_of(url)
+        queued = self._queued.get(receiver, 0)
+        if len(self.tasks) >= MAX_QUEUED or queued >= MAX_QUEUED_PER_RECEIVER:
+            self._said.warning(
+                f"dropped:{receiver}",
+                "%s to %s dropped: %d sends waiting (%d for that receiver)",
+                what,
+                mask_url(url),
+                len(self.tasks),
+                queued,
+            )
             coro: Awaitable[bool] = _dropped(done)
         else:
-            coro = self._deliver(what, url, body, headers, done, after)
+            self._queued[receiver] = queued + 1
+            coro = self._bounded(receiver, what, url, body, headers, done, after)
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
+
+    async def _bounded(
+        self,
+        receiver: str,
+        what: str,
+        url: str,
+        body: bytes | Callable[[], bytes],
+        headers: Mapping[str, str] | Callable[[bytes], Mapping[str, str]],
+        done: Callable[[bool], None] | None,
+        after: Awaitable[object] | None,
+    ) -> bool:
+        """``_deliver`` within `give_up` seconds in all, through the receiver's gate."""
+        gate = self._gates.get(receiver)
+        if gate is None:
+            gate = self._gates[receiver] = asyncio.Semaphore(MAX_CONNECTIONS)
+        told: list[bool] = []
+
+        def tell(sent: bool) -> None:
+            told.append(sent)
+            if done is not None:
+                done(sent)
+
+        try:
+            async with asyncio.timeout(self.give_up):
+                return await self._deliver(what, url, body, headers, tell, after, gate)
+        except TimeoutError:
+            log.warning(
+                "%s to %s not delivered: not done within %gs (gave up)",
+                what,
+                mask_url(url),
+                self.give_up,
+            )
+            if not told:
+                tell(False)
+            return False
+        finally:
+            left = self._queued.get(receiver, 1) - 1
+            if left > 0:
+                self._queued[receiver] = left
+            else:  # nothing queued for it: forget the receiver
+                self._queued.pop(receiver, None)
+                self._gates.pop(receiver, None)
 
     async def _deliver(
         self,
@@ -167,6 +247,7 @@ class Outbox:
         headers: Mapping[str, str] | Callable[[bytes], Mapping[str, str]],
         done: Callable[[bool], None] | None,
         after: Awaitable[object] | None,
+        gate: asyncio.Semaphore,
     ) -> bool:
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -184,8 +265,9 @@ class Outbox:
         for attempt in range(1, self.attempts + 1):
             try:
                 # Signed per attempt: a signature's time is when it was sent.
-                fields = headers(data) if callable(headers) else headers
-                status, answer = await post(url, data, fields, self.timeout)
+                async with gate:  # a connection of the receiver's few, or wait for one
+                    fields = headers(data) if callable(headers) else headers
+                    status, answer = await post(url, data, fields, self.timeout)
             except SendError as exc:
                 why = str(exc)
             else:

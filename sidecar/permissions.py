@@ -9,9 +9,17 @@ leases). ``Denials`` takes those errors from the connection's ``error_cb``:
 nats-py hands the text over in lower case; the subject's case is restored
 from the names the sidecar uses (``known``), so the line names the subject as
 it is. It counts them (``nats_permission_denied_total{operation}``), logs one line
-per minute naming the subject, makes ``/readyz`` answer 503 with the reason
-while violations keep coming, and lets a writer stop retrying at once when its
-own subject was refused (``denied(subject)``).
+naming the subject and the permissions file, makes ``/readyz`` answer 503
+with the reason while violations keep coming, and lets a writer stop retrying
+at once when its own subject was refused (``denied(subject)``).
+
+Refusals are said once, not once a minute or once per subject: the first
+one names its subject and the permissions file; the line comes again only
+when refusals had stopped for HOLD seconds and start again (something
+changed). The metric counts every one, and /readyz names the latest. Whoever fails because
+of a refusal asks ``about(name)`` and says the refusal, not its own timeout
+(the state bucket said ``cannot open state bucket CRON_STATE: TimeoutError()``
+every few seconds).
 """
 
 from __future__ import annotations
@@ -76,6 +84,9 @@ class Denials:
     clock: Callable[[], float] = time.monotonic
     last: Denial | None = None
     _subjects: dict[tuple[str, str], float] = field(default_factory=dict)
+    # Monotonic time of the last refusal: a refusal is said when there was none
+    # within HOLD seconds before it (a new episode), else only counted.
+    _episode: float | None = None
     _log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
     _case: dict[str, str] = field(default_factory=lambda: {t.lower(): t for t in API_TOKENS})
 
@@ -115,16 +126,29 @@ class Denials:
         self._subjects[(op, subject.lower())] = now
         if self.metrics is not None:
             self.metrics.nats_permission_denied_total.labels(operation=op).inc()
-        self._log.log(
-            logging.ERROR,
-            "denied",
-            "NATS refused to let %s %s %s: a permissions violation; give the sidecar's "
-            "user the permissions of deploy/nats/permissions.conf",
-            self.user or "this user",
-            op,
-            subject,
-        )
+        said, self._episode = self._episode, now
+        if said is None or now - said >= HOLD:
+            log.error(
+                "NATS refused to let %s %s %s: a permissions violation; give the sidecar's "
+                "user the permissions of deploy/nats/permissions.conf (said once; "
+                "anarchon_nats_permission_denied_total counts every refusal)",
+                self.user or "this user",
+                op,
+                subject,
+            )
         return True
+
+    def about(self, *names: str) -> Denial | None:
+        """The latest refusal within HOLD seconds of a subject holding any of `names`
+        (a bucket, a stream) as one of its tokens; None when there is none."""
+        now = self.clock()
+        wanted = {n.lower() for n in names}
+        found: Denial | None = None
+        for (op, subject), at in self._subjects.items():
+            recent = now - at < HOLD and wanted & set(subject.split("."))
+            if recent and (found is None or at > found.at):
+                found = Denial(op, self.spelt(subject), at)
+        return found
 
     def denied(self, subject: str, operation: str = "publish") -> bool:
         """Whether `subject` was refused within HOLD seconds."""

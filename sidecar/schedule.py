@@ -136,7 +136,20 @@ class Schedule:
         return _interval_floor_ms(self.expr)
 
     def _iter_slots(self, after_ms: int) -> Iterator[int]:
-        """Yield the distinct slots after ``after_ms`` in order (endless)."""
+        """Yield the distinct slots after ``after_ms`` in order (endless).
+
+        ScheduleError when the walk leaves the range of datetime (years 1 to
+        9999): ``skip --count`` near the end, or an instant out of range, is
+        then a usage error, not an OverflowError.
+        """
+        try:
+            yield from self._walk(after_ms)
+        except OverflowError:
+            raise ScheduleError(
+                f"schedule '{self.expr}' has no more slots before 10000-01-01"
+            ) from None
+
+    def _walk(self, after_ms: int) -> Iterator[int]:
         local = (_EPOCH_UTC + timedelta(milliseconds=after_ms)).astimezone(self.tz)
         start = local.replace(tzinfo=None, fold=0)
         if local.fold:

@@ -53,18 +53,29 @@ class TokenFile:
     def __init__(self, path: str | None) -> None:
         self.path = path
         self.tokens: dict[str, str] = {}
-        self._stamp: tuple[float, int] | None = None
+        # What the file was when last read (or found unusable): read again when it changes.
+        self._stamp: tuple[object, ...] | None = None
 
     @property
     def enabled(self) -> bool:
         return self.path is not None
 
+    def _stamp_now(self) -> tuple[object, ...]:
+        """The file's identity and version: a rotated secret (a new inode behind the
+        same name), an edit (time, size); or the error that stat gives."""
+        assert self.path is not None
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            return ("error", exc.errno)
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
     def load(self) -> None:
         """Read the file; ConfigError (exit 2 at start) when it cannot be used."""
         if self.path is None:
             return
+        stamp = self._stamp_now()
         try:
-            st = os.stat(self.path)
             with open(self.path, encoding="utf-8") as f:
                 text = f.read()
         except OSError as exc:
@@ -72,20 +83,23 @@ class TokenFile:
         except UnicodeDecodeError:
             raise ConfigError(KEY, f"file {self.path} is not UTF-8 text") from None
         self.tokens = parse_tokens(text)
-        self._stamp = (st.st_mtime, st.st_size)
+        self._stamp = stamp
 
     def _refresh(self) -> None:
+        """Read the file again when it changed. A file that cannot be used keeps the
+        tokens read before, said once per change of the file, not once per request:
+        anyone who reaches the port can send requests."""
         if self.path is None:
             return
+        stamp = self._stamp_now()
+        if stamp == self._stamp:
+            return
         try:
-            st = os.stat(self.path)
-            if (st.st_mtime, st.st_size) != self._stamp:
-                self.load()
-                log.info("admin.token_file changed: %d token(s)", len(self.tokens))
-        except (OSError, ConfigError) as exc:
+            self.load()
+            log.info("admin.token_file changed: %d token(s)", len(self.tokens))
+        except ConfigError as exc:
+            self._stamp = stamp  # not again until the file changes
             log.warning("admin.token_file: keeping the tokens read before: %s", exc)
-            if self.path is not None:
-                self._stamp = None
 
     def who(self, presented: str) -> str | None:
         """The name of `presented` when it is one of the tokens (constant time each)."""

@@ -5,6 +5,9 @@ The whole behaviour, with sidecar processes, is in tests/test_alerts.py."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -26,7 +29,17 @@ from sidecar.state import StateSpec, ensure_bucket
 from sidecar.tracing import run_uuid, span_id_of, trace_id_of, traceparent
 from sidecar.wire import ResultRecord
 from tests.receivers import Receiver, receiver
-from tests.support import run_cli, write_config
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    base,
+    job,
+    run_cli,
+    sidecars,
+    slots,
+    wait_for,
+    write_config,
+)
 
 SECRET = "abc123-key"
 
@@ -321,3 +334,86 @@ def test_check_shows_pings_webhooks_and_expectations_with_their_urls_masked(
         res.stdout
     )
     assert SECRET not in res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------------- hung receivers
+
+
+class Hung:
+    """A receiver that accepts every connection and never answers; counts the open ones."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1024)
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self.accepted = 0
+        self.most_open = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.sock.accept()
+                conn.setblocking(False)
+                self.conns.append(conn)
+                self.accepted += 1
+            except TimeoutError:
+                pass
+            for conn in list(self.conns):  # closed by the sender: forgotten
+                try:
+                    while conn.recv(65536):  # the request: read, never answered
+                        pass
+                    conn.close()
+                    self.conns.remove(conn)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    self.conns.remove(conn)
+            self.most_open = max(self.most_open, len(self.conns))
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(5)
+        for conn in self.conns:
+            conn.close()
+        self.sock.close()
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_hung_ping_receiver_costs_a_few_connections_and_never_a_trigger(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    hung = Hung()
+    url = f"http://127.0.0.1:{hung.port}/ping/{{job}}"
+    jobs = [job(f"j{i}", jitter="100ms") for i in range(3)]
+    config = {
+        **base(nats_server, http_app, jobs),
+        "defaults": {"ping": {"url": url, "start": True}},
+    }
+    try:
+        with sidecars(tmp_path, [("s0", config, {})]) as procs:
+            pid = procs[0].proc.pid if procs[0].proc else 0
+            wait_for(lambda: hung.accepted >= 1, 10, what="the first ping")
+            first = open_fds(pid)
+            most = first
+            started = time.monotonic()
+            while time.monotonic() - started < 12:  # 6 pings a second, 10 s send timeout
+                most = max(most, open_fds(pid))
+                time.sleep(0.1)
+            runs = {name: slots(http_app, f"/jobs/{name}") for name in ("j0", "j1", "j2")}
+            late = [r.at - int(r.headers["X-Anarchon-Slot"]) / 1000 for r in http_app.requests]
+    finally:
+        hung.stop()
+    assert hung.most_open <= outbound.MAX_CONNECTIONS, hung.most_open
+    assert most - first <= outbound.MAX_CONNECTIONS + 2, (first, most)
+    for name, ran in runs.items():  # the slots of the 12 s reached the app, on time
+        assert len(ran) >= 10 and len(set(ran)) == len(ran), (name, ran)
+    assert max(late) < 2.0, max(late)

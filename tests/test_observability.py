@@ -108,7 +108,7 @@ SPEC_LABEL_VALUES = {
         "max_runs",
     },
     "status": {"succeeded", "failed", "skipped", "lost"},
-    "what": {"due_key", "value"},
+    "what": {"due_key", "backfill_key", "value"},
     "operation": {"publish", "subscribe"},
 }
 # The reasons of each metric with a reason label.

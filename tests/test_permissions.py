@@ -6,7 +6,7 @@ results, leases, `overlap: skip`, retries, pause, presence, raising the
 stream back) and every CLI command works, with no permissions violation in
 the server's log; the app user is refused the state bucket and the claims. A
 user missing a permission gets one clear reason: `/readyz` 503 naming the
-denied subject, a metric, one log line a minute, and no retry until the
+denied subject, a metric, one log line, and no retry until the
 slot's deadline.
 """
 
