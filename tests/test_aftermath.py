@@ -14,17 +14,18 @@ from typing import Any
 import pytest
 from nats.aio.client import Client as NATS
 
-from sidecar import outbound
-from sidecar.alerting_config import EVENTS, mask_url
-from sidecar.config import parse_config
-from sidecar.errors import ConfigError
-from sidecar.health import apply, claim_event, reset, transition
-from sidecar.kv import Keys
-from sidecar.notices import anomaly_of, event_payload, ping_body, trigger_kind
-from sidecar.outbound import Outbox
-from sidecar.state import StateSpec, ensure_bucket
-from sidecar.tracing import run_uuid, span_id_of, trace_id_of, traceparent
-from sidecar.wire import ResultRecord
+from sidecar.after.health import apply, claim_event, reset, transition
+from sidecar.after.notices import anomaly_of, event_payload, ping_body, trigger_kind
+from sidecar.config.alerting import EVENTS, mask_url
+from sidecar.config.load import parse_config
+from sidecar.core.errors import ConfigError
+from sidecar.core.wire import ResultRecord, span_id_of, trace_id_of, traceparent
+from sidecar.obs import outbound
+from sidecar.obs.outbound import Outbox
+from sidecar.obs.tracing import run_uuid
+from sidecar.store.bucketcheck import StateSpec
+from sidecar.store.kv import Keys
+from sidecar.store.state import ensure_bucket
 from tests.receivers import Receiver, receiver
 from tests.support import run_cli, write_config
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sidecar.backoff import Backoff
+from sidecar.core.backoff import Backoff
 
 
 def waits(backoff: Backoff, n: int, at_most: float | None = None) -> list[float]:

@@ -12,8 +12,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from sidecar.calendar import parse_calendar, parse_exclusion, spread_offset_ms
-from sidecar.schedule import ScheduleError
+from sidecar.when.calendar import parse_calendar, parse_exclusion, spread_offset_ms
+from sidecar.when.schedule import ScheduleError
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -218,7 +218,7 @@ NOW = 1_796_227_910.0
     ],
 )
 def test_until_takes_a_duration_or_an_rfc3339_time(text: str, expected: float) -> None:
-    from sidecar.ops import until_of
+    from sidecar.admin.ops import until_of
 
     assert until_of(text, NOW) == expected
 
@@ -233,15 +233,15 @@ def test_until_takes_a_duration_or_an_rfc3339_time(text: str, expected: float) -
     ],
 )
 def test_until_refuses_what_it_cannot_use(text: str, fragment: str) -> None:
-    from sidecar.ops import until_of
+    from sidecar.admin.ops import until_of
 
     with pytest.raises(ValueError, match=fragment):
         until_of(text, NOW)
 
 
 def test_pause_skip_and_since_values() -> None:
-    from sidecar.since import floor_ms
-    from sidecar.skips import new_skip_value, pause_active, pending, skip_slots
+    from sidecar.run.since import floor_ms
+    from sidecar.when.pauses import new_skip_value, pause_active, pending, skip_slots
 
     now = 1_000_000
     assert pause_active({"by": "x"}, now)  # no end: until resumed

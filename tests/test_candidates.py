@@ -14,14 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from sidecar.candidates import Candidates, ClaimConfig, decide, lease_slot, rank, score
-from sidecar.clock import Clock
-from sidecar.config import parse_config
-from sidecar.errors import ConfigError
-from sidecar.fleet import Fleet
-from sidecar.kv import put_with_ttl
-from sidecar.metrics import Metrics
-from sidecar.state import PRESENCE_TTL
+from sidecar.config.load import parse_config
+from sidecar.config.model import ClaimConfig
+from sidecar.core.clock import Clock
+from sidecar.core.errors import ConfigError
+from sidecar.fleet.candidates import Candidates, decide, lease_slot, rank, score
+from sidecar.fleet.member import Fleet
+from sidecar.obs.metrics import Metrics
+from sidecar.store.kv import put_with_ttl
+from sidecar.store.state import PRESENCE_TTL
 from tests.support import NatsServer, run_cli, until, write_config
 
 ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=20)

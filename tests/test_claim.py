@@ -20,22 +20,22 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from sidecar import claim as claim_module
-from sidecar.claim import (
+from sidecar.config.load import Secrets, parse_config
+from sidecar.core.clock import Clock, parse_rfc3339
+from sidecar.core.errors import ClaimError
+from sidecar.core.wire import new_token
+from sidecar.run import claim as claim_module
+from sidecar.run.claim import (
     Claim,
     ClaimDisconnected,
     Claimer,
     claim_msg_id,
     decide,
     must_read_stored,
-    new_token,
     token_of,
 )
-from sidecar.clock import Clock, parse_rfc3339
-from sidecar.config import Secrets, parse_config
-from sidecar.connection import Connection
-from sidecar.errors import ClaimError
-from sidecar.stream import StreamSpec, ensure_stream
+from sidecar.store.connection import Connection
+from sidecar.store.stream import StreamSpec, ensure_stream
 from tests.support import NatsServer, until
 
 OURS = "a" * 32

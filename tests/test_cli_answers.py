@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sidecar import command
+from sidecar.cli import command
 from tests.support import ROOT, NatsServer, RecordingApp, run_cli, write_config
 
 JOB_COMMANDS = ("history", "last-run", "run-now", "pause", "resume")

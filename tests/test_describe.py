@@ -1,5 +1,5 @@
 """The schedule in words: a table of expressions and what people read (``check``,
-``status``, the fleet page and the API all use sidecar.describe)."""
+``status``, the fleet page and the API all use sidecar.when.describe)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from sidecar.calendar import parse_calendar
-from sidecar.describe import describe, schedule_lines
+from sidecar.when.calendar import parse_calendar
+from sidecar.when.describe import describe, schedule_lines
 
 
 @pytest.mark.parametrize(

@@ -12,13 +12,13 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
 
-from sidecar.bounds import MAX_SLOT_MS, attempt_no, epoch_s, seq_no, slot_ms
-from sidecar.bucketcheck import check_bucket
-from sidecar.config import JobConfig, Secrets, parse_config
-from sidecar.due import DueKey
-from sidecar.duecheck import Hostile, config_problem, judge_result
-from sidecar.permissions import Denials, parse_violation
-from sidecar.state import StateSpec, job_hash
+from sidecar.config.load import JobConfig, Secrets, parse_config
+from sidecar.core.bounds import MAX_SLOT_MS, attempt_no, epoch_s, seq_no, slot_ms
+from sidecar.run.duecheck import Hostile, config_problem, judge_result
+from sidecar.store.bucketcheck import StateSpec, check_bucket
+from sidecar.store.permissions import Denials, parse_violation
+from sidecar.store.state import job_hash
+from sidecar.when.due import DueKey
 from tests.support import NatsServer, run_cli, write_config
 
 NOW = 1_796_400_000.0  # a whole minute
@@ -178,10 +178,10 @@ async def test_a_run_that_ends_with_an_exception_is_logged_and_recorded(
     """A bug (or hostile input) in a run's task: a failed result, not `running` for ever."""
     import asyncio
 
-    from sidecar.claim import Claim
-    from sidecar.daemon import Daemon
-    from sidecar.job import Jobs
-    from sidecar.stream import ensure_stream, stream_spec
+    from sidecar.cli.daemon import Daemon
+    from sidecar.run.claim import Claim
+    from sidecar.run.job import Jobs
+    from sidecar.store.stream import ensure_stream, stream_spec
 
     config = parse_config(
         {

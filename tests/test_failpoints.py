@@ -23,12 +23,12 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from sidecar import clock as clock_module
-from sidecar import failpoints
-from sidecar.clock import Clock
-from sidecar.failpoints import Failpoint, FailpointError, parse
-from sidecar.signing import Signer
-from sidecar.trigger import Trigger
+from sidecar.after.signing import Signer
+from sidecar.core import clock as clock_module
+from sidecar.core import failpoints
+from sidecar.core.clock import Clock
+from sidecar.core.failpoints import Failpoint, FailpointError, parse
+from sidecar.run.trigger import Trigger
 from tests.support import (
     ROOT,
     NatsServer,
@@ -84,7 +84,7 @@ def test_parse_refuses_naming_the_entry(text: str, named: str) -> None:
 def test_inert_without_the_variable() -> None:
     """Production: nothing armed, every point's branch is never taken."""
     code = (
-        "import sidecar.daemon, sidecar.failpoints as f; "
+        "import sidecar.cli.daemon, sidecar.core.failpoints as f; "
         "print(f.ENABLED, f.ARMED, sorted(f.POINTS))"
     )
     out = subprocess.run(
@@ -101,7 +101,7 @@ def test_inert_without_the_variable() -> None:
 
 def test_every_point_is_in_the_code() -> None:
     """A documented point that no code reaches would arm nothing."""
-    source = "".join(p.read_text() for p in (ROOT / "sidecar").glob("*.py"))
+    source = "".join(p.read_text() for p in (ROOT / "sidecar").rglob("*.py"))
     for name in failpoints.POINTS:
         assert f'failpoints.hit("{name}")' in source, name
 

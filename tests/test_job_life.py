@@ -1,4 +1,4 @@
-"""A job's life (sidecar/job.py) built without the daemon, against a real nats-server
+"""A job's life (sidecar/run/job.py) built without the daemon, against a real nats-server
 and a real HTTP app: its parts wired as the daemon wires them, nothing mocked.
 
 Each ending of a won claim (succeeded, failed then retried, cut off by the
@@ -23,19 +23,19 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry
 
-from sidecar.claim import Claimer
-from sidecar.clock import Clock
-from sidecar.config import Config, JobConfig, parse_config
-from sidecar.due import due_key, run_key
-from sidecar.fleet import Fleet
-from sidecar.guard import StreamGuard
-from sidecar.job import Jobs
-from sidecar.kv import Keys
-from sidecar.metrics import Metrics
-from sidecar.state import EXPIRED, Entry, Removal
-from sidecar.tasks import cancel_all
-from sidecar.trigger import Trigger
-from sidecar.wire import FAILED, LOST, SKIPPED, SUCCEEDED, ResultRecord, results_subject
+from sidecar.config.load import Config, JobConfig, parse_config
+from sidecar.core.clock import Clock
+from sidecar.core.tasks import cancel_all
+from sidecar.core.wire import FAILED, LOST, SKIPPED, SUCCEEDED, ResultRecord, results_subject
+from sidecar.fleet.member import Fleet
+from sidecar.obs.metrics import Metrics
+from sidecar.run.claim import Claimer
+from sidecar.run.job import Jobs
+from sidecar.run.trigger import Trigger
+from sidecar.store.guard import StreamGuard
+from sidecar.store.kv import Keys
+from sidecar.store.state import EXPIRED, Entry, Removal
+from sidecar.when.due import due_key, run_key
 from tests.support import NatsServer, RecordingApp, job, until
 
 
@@ -249,10 +249,10 @@ async def test_an_expired_lease_is_recorded_lost_once_and_judging_is_part_of_the
 
 
 def test_result_records_are_built_in_one_place() -> None:
-    """Every ending goes through sidecar/record.py: no other module builds a record."""
+    """Every ending goes through sidecar/run/record.py: no other module builds a record."""
     package = Path(__file__).resolve().parent.parent / "sidecar"
     builders = set()
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
                 name = getattr(node.func, "id", getattr(node.func, "attr", None))

@@ -1,4 +1,4 @@
-"""The state bucket's one writer (sidecar/kv.py) for keys without a TTL, against a
+"""The state bucket's one writer (sidecar/store/kv.py) for keys without a TTL, against a
 real nats-server: compare-and-set steps, plain puts, deletes by revision, the
 pause written by the CLI and by the page; and a source check that no other
 module writes the bucket.
@@ -16,11 +16,12 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from sidecar.clock import rfc3339
-from sidecar.errors import StreamError
-from sidecar.kv import CasConflict, create_or_update, delete_at, put_json, store_pause
-from sidecar.state import StateSpec, ensure_bucket
-from sidecar.wire import paused_key
+from sidecar.core.clock import rfc3339
+from sidecar.core.errors import StreamError
+from sidecar.core.wire import paused_key
+from sidecar.store.bucketcheck import StateSpec
+from sidecar.store.kv import CasConflict, create_or_update, delete_at, put_json, store_pause
+from sidecar.store.state import ensure_bucket
 from tests.support import NatsServer
 
 SPEC = StateSpec("T_STATE", 1, 60.0)
@@ -146,11 +147,11 @@ def bucket_receiver(node: ast.expr) -> bool:
 
 
 def test_only_kv_py_writes_the_state_bucket() -> None:
-    """Every write of the state bucket is in sidecar/kv.py (``Keys`` or the functions
+    """Every write of the state bucket is in sidecar/store/kv.py (``Keys`` or the functions
     beside it): no other module calls a KeyValue's create/update/put/delete."""
     package = Path(__file__).resolve().parent.parent / "sidecar"
     writers: dict[str, set[str]] = {}
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Call)

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from sidecar.clock import parse_rfc3339
+from sidecar.core.clock import parse_rfc3339
 from tests.support import (
     NatsCluster,
     NatsServer,

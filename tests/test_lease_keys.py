@@ -1,4 +1,4 @@
-"""Leases (sidecar/lease.py) and the state bucket's writer (sidecar/kv.py) against a
+"""Leases (sidecar/run/lease.py) and the state bucket's writer (sidecar/store/kv.py) against a
 real nats-server; the pure arithmetic of attempts and due keys.
 
 Create over an expired key (nats-py's own create refuses it), renewals past
@@ -18,9 +18,16 @@ import pytest
 from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
 
-from sidecar import watch as watching
-from sidecar.clock import Clock
-from sidecar.due import (
+from sidecar.core.clock import Clock
+from sidecar.obs.metrics import Metrics
+from sidecar.run.followup import parse_due
+from sidecar.run.lease import Lease
+from sidecar.store import watch as watching
+from sidecar.store.bucketcheck import StateSpec
+from sidecar.store.kv import CasConflict, KeyHeld, Keys
+from sidecar.store.state import DELETED, EXPIRED, Removal, View, ensure_bucket
+from sidecar.store.watch import Watch
+from sidecar.when.due import (
     claim_msg_id,
     due_key,
     due_key_ttl,
@@ -32,12 +39,6 @@ from sidecar.due import (
     retry_due_at,
     run_key,
 )
-from sidecar.followup import parse_due
-from sidecar.kv import CasConflict, KeyHeld, Keys
-from sidecar.lease import Lease
-from sidecar.metrics import Metrics
-from sidecar.state import DELETED, EXPIRED, Removal, StateSpec, View, ensure_bucket
-from sidecar.watch import Watch
 from tests.support import until
 
 # Markers live 1 s here, so that delete markers can be seen to go away.

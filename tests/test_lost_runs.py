@@ -1,4 +1,4 @@
-"""Lost runs (sidecar/followup.py) against a real nats-server, and how history reads them.
+"""Lost runs (sidecar/run/followup.py) against a real nats-server, and how history reads them.
 
 A lease that expired after its result is not lost (though later results hide
 it); a result stored between the check and the lost record wins; an expiry
@@ -14,16 +14,16 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
 
-from sidecar import state
-from sidecar.clock import Clock
-from sidecar.config import Config, parse_config
-from sidecar.lostruns import LostRuns
-from sidecar.metrics import Metrics
-from sidecar.record import publish_result
-from sidecar.runs import join_runs
-from sidecar.state import EXPIRED, Removal, View
-from sidecar.stream import StreamSpec, ensure_stream, stream_spec
-from sidecar.wire import LOST, SKIPPED, SUCCEEDED, ResultRecord
+from sidecar.config.load import Config, parse_config
+from sidecar.core.clock import Clock
+from sidecar.core.wire import LOST, SKIPPED, SUCCEEDED, ResultRecord
+from sidecar.obs.metrics import Metrics
+from sidecar.run.lostruns import LostRuns
+from sidecar.run.record import publish_result
+from sidecar.store import state
+from sidecar.store.runs import join_runs
+from sidecar.store.state import EXPIRED, Removal, View
+from sidecar.store.stream import StreamSpec, ensure_stream, stream_spec
 
 
 def lease_value(token: str = "t1", instance: str = "me") -> dict[str, object]:

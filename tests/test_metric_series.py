@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from sidecar.exposition import render
-from sidecar.metric_series import (
+from sidecar.obs.exposition import render
+from sidecar.obs.metric_series import (
     CounterSeries,
     Declared,
     GaugeSeries,
     HistogramSeries,
     Labelled,
 )
-from sidecar.metrics import Metrics
+from sidecar.obs.metrics import Metrics
 
 BUCKETS = (0.01, 0.1, 1.0, 10.0)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
 
-from sidecar import natspy
+from sidecar.core import natspy
 from tests.support import NatsServer, until
 
 

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from sidecar.metrics import Metrics
+from sidecar.obs.metrics import Metrics
 from tests.support import ROOT, NatsServer, RecordingApp, free_port, sidecars, wait_for
 
 DASHBOARD = ROOT / "grafana" / "dashboards" / "anarchon-sidecar.json"

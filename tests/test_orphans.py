@@ -21,9 +21,9 @@ from typing import Any
 import nats
 from nats.js.errors import KeyNotFoundError, NoKeysError
 
-from sidecar.config import parse_config
-from sidecar.orphans import Orphans, grace, job_of, jobs_run, run_by
-from sidecar.state import Entry, Removal, View
+from sidecar.config.load import parse_config
+from sidecar.fleet.orphans import Orphans, grace, job_of, jobs_run, run_by
+from sidecar.store.state import Entry, Removal, View
 from tests.support import (
     NatsServer,
     RecordingApp,

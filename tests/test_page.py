@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.clock import parse_rfc3339
+from sidecar.core.clock import parse_rfc3339
 from tests.support import NatsServer, RecordingApp, Sidecar, run_cli, sidecars, wait_for
 from tests.test_fleet import base, cli_config, job, slots
 from tests.test_schedules import history

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-import sidecar.server as server_module
-from sidecar.server import AdminServer, Answer, Request, Stream
+import sidecar.admin.server as server_module
+from sidecar.admin.server import AdminServer, Answer, Request, Stream
 from tests.support import free_port, until
 
 

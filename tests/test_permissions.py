@@ -23,7 +23,7 @@ from typing import Any
 import nats
 import pytest
 
-from sidecar.clock import parse_rfc3339
+from sidecar.core.clock import parse_rfc3339
 from tests.support import (
     ROOT,
     NatsServer,

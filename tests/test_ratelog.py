@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from sidecar.ratelog import RateLimitedLog
+from sidecar.obs.ratelog import RateLimitedLog
 
 
 class FakeClock:

@@ -14,9 +14,9 @@ from typing import Any
 import nats
 import pytest
 
-from sidecar.clock import rfc3339
-from sidecar.runs import RUN_FIELDS, join_runs, loads, read_history, read_job_messages
-from sidecar.stream import StreamSpec, ensure_stream
+from sidecar.core.clock import rfc3339
+from sidecar.store.runs import RUN_FIELDS, join_runs, loads, read_history, read_job_messages
+from sidecar.store.stream import StreamSpec, ensure_stream
 from tests.support import (
     NatsServer,
     RecordingApp,

@@ -25,8 +25,8 @@ from cronsim import CronSim
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sidecar.schedule as schedule_module
-from sidecar.schedule import Schedule, ScheduleError, parse_schedule
+import sidecar.when.schedule as schedule_module
+from sidecar.when.schedule import Schedule, ScheduleError, parse_schedule
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BERLIN, NEW_YORK, LORD_HOWE = "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"

@@ -19,10 +19,10 @@ from typing import Any
 import nats
 import pytest
 
-from sidecar.calendar import spread_offset_ms
-from sidecar.clock import parse_rfc3339, rfc3339
-from sidecar.config import parse_config
-from sidecar.errors import ConfigError
+from sidecar.config.load import parse_config
+from sidecar.core.clock import parse_rfc3339, rfc3339
+from sidecar.core.errors import ConfigError
+from sidecar.when.calendar import spread_offset_ms
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -92,7 +92,7 @@ def test_config_errors_name_the_key(extra: dict[str, Any], key: str, fragment: s
 
 def test_a_plain_job_keeps_its_identity() -> None:
     """A job without the new keys hashes (config mismatch) and claims as before."""
-    from sidecar.state import job_hash
+    from sidecar.store.state import job_hash
 
     plain = parse([{"name": "a", "schedule": "*/5 * * * *"}]).jobs[0]
     assert plain.schedule.identity == "*/5 * * * *"

@@ -25,11 +25,11 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from sidecar import oneshot
-from sidecar.claim import MSG_ID, Claimer
-from sidecar.clock import Clock
-from sidecar.config import Config, Secrets, load_secrets, parse_config
-from sidecar.stream import ensure_stream, stream_spec
+from sidecar.admin import oneshot
+from sidecar.config.load import Config, Secrets, load_secrets, parse_config
+from sidecar.core.clock import Clock
+from sidecar.run.claim import MSG_ID, Claimer
+from sidecar.store.stream import ensure_stream, stream_spec
 from tests.support import ROOT, NatsServer, RecordingApp, free_port, run_cli, until
 
 SLOT = 1_796_227_920_000

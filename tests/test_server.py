@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-import sidecar.server as server_module
-from sidecar.errors import ConfigError, ListenError
-from sidecar.metrics import Metrics
-from sidecar.server import MAX_CONNECTIONS, AdminServer
+import sidecar.admin.server as server_module
+from sidecar.admin.server import MAX_CONNECTIONS, AdminServer
+from sidecar.core.errors import ConfigError, ListenError
+from sidecar.obs.metrics import Metrics
 from tests.support import free_port
 
 

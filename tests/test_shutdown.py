@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sidecar.clock import parse_rfc3339
+from sidecar.core.clock import parse_rfc3339
 from tests.support import (
     NatsServer,
     RecordingApp,

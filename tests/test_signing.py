@@ -1,7 +1,7 @@
-"""Trigger signatures (sidecar/signing.py), the test vectors and the sample verifiers.
+"""Trigger signatures (sidecar/after/signing.py), the test vectors and the sample verifiers.
 
 docs/signing/vectors.json was computed with hmac/hashlib directly, not with
-sidecar.signing; the sidecar must reproduce it, and the Python, Go and
+sidecar.after.signing; the sidecar must reproduce it, and the Python, Go and
 JavaScript verifiers of docs/signing must reach its expected verdicts. The
 verifiers are also fed requests exactly as a real sidecar sent them over a
 socket (a raw recording server, so the request target is the one on the wire).
@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 
-from sidecar.clock import Clock
-from sidecar.config import ConfigError, load_secrets, parse_config
-from sidecar.signing import SignedFields, Signer, canonical_v2, canonical_v3, signature
-from sidecar.trigger import Trigger, Why
+from sidecar.after.signing import SignedFields, Signer, canonical_v2, canonical_v3, signature
+from sidecar.config.load import ConfigError, load_secrets, parse_config
+from sidecar.core.clock import Clock
+from sidecar.run.trigger import Trigger, Why
 from tests.support import ROOT, free_port, run_cli, wait_for
 
 SIGNING_DOCS = ROOT / "docs" / "signing"

@@ -11,15 +11,11 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
 
-from sidecar import watch as watching
-from sidecar.kv import put_json, put_with_ttl
-from sidecar.state import (
-    StateSpec,
-    View,
-    ensure_bucket,
-    mismatched_jobs,
-)
-from sidecar.watch import Stall, Watch
+from sidecar.store import watch as watching
+from sidecar.store.bucketcheck import StateSpec
+from sidecar.store.kv import put_json, put_with_ttl
+from sidecar.store.state import View, ensure_bucket, mismatched_jobs
+from sidecar.store.watch import Stall, Watch
 from tests.support import NatsServer, until
 
 SPEC = StateSpec("CRON_STATE", 1, 60.0)

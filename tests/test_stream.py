@@ -11,10 +11,10 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
-from sidecar.config import parse_config
-from sidecar.daemon import stream_spec
-from sidecar.errors import StreamError, StreamNotFound
-from sidecar.stream import StreamSpec, StreamState, ensure_stream, read_stream
+from sidecar.cli.daemon import stream_spec
+from sidecar.config.load import parse_config
+from sidecar.core.errors import StreamError, StreamNotFound
+from sidecar.store.stream import StreamSpec, StreamState, ensure_stream, read_stream
 from tests.support import NatsServer
 
 SPEC = StreamSpec("CRON", "cron.", 300.0, 1000, None)

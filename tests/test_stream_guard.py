@@ -27,19 +27,20 @@ from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 from prometheus_client import CollectorRegistry
 
-from sidecar.clock import Clock
-from sidecar.config import parse_config
-from sidecar.errors import StreamConflict
-from sidecar.guard import StreamGuard
-from sidecar.metrics import Metrics
-from sidecar.stream import (
+from sidecar.config.load import parse_config
+from sidecar.core.clock import Clock
+from sidecar.core.errors import StreamConflict
+from sidecar.obs.metrics import Metrics
+from sidecar.store.guard import StreamGuard
+from sidecar.store.stream import (
     StreamSpec,
     StreamState,
+    desired_update,
     ensure_stream,
     read_stream,
     stream_spec,
 )
-from sidecar.streamfit import coverage, desired_update
+from sidecar.store.streamfit import coverage
 from tests.support import (
     NatsServer,
     RecordingApp,

@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from sidecar.tasks import cancel_all
+from sidecar.core.tasks import cancel_all
 
 
 async def _loses_one_cancel(answer: asyncio.Future[None]) -> None:

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from sidecar.clock import Clock
-from sidecar.config import JobConfig, parse_config
-from sidecar.signing import Signer
-from sidecar.trigger import Trigger, TriggerResult
+from sidecar.after.signing import Signer
+from sidecar.config.load import JobConfig, parse_config
+from sidecar.core.clock import Clock
+from sidecar.run.trigger import Trigger, TriggerResult
 from tests.support import RecordingApp, free_port, until
 
 SLOT = 1_791_633_610_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar import status_text, views
+from sidecar.cli import status_text, views
 
 
 def instance(id_: str, version: str = "0.1.0") -> dict[str, Any]:

@@ -17,7 +17,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from sidecar import wire
+from sidecar.core import wire
 
 
 @pytest.mark.parametrize(
@@ -53,13 +53,18 @@ def test_subjects_keys_and_ids() -> None:
 
 
 def test_the_modules_that_name_the_wire_use_it() -> None:
-    from sidecar import claim, due, signing, state, trigger
+    from sidecar.after import signing
+    from sidecar.run import claim, trigger
+    from sidecar.store import state
+    from sidecar.when import due
 
     assert claim.MSG_ID == wire.MSG_ID == "Nats-Msg-Id"
     assert claim.TRANSIENT is wire.TRANSIENT
     assert due.claim_msg_id is wire.claim_msg_id
     assert signing.SIGNATURE_HEADER == "X-Anarchon-Signature"
-    assert trigger.TRIGGERS == ("scheduled", "catchup", "manual", "retry", "rerun", "backfill")
+    assert wire.TRIGGERS == ("scheduled", "catchup", "manual", "retry", "rerun", "backfill")
+    assert trigger.traceparent is wire.traceparent
+    assert due.DUE_REASONS == (wire.RETRY, wire.LOST)  # one "retry", one "lost"
     assert state.decode is wire.decode
 
 

@@ -16,8 +16,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar import yamlfile
-from sidecar.errors import ConfigError
+from sidecar.config import yamlfile
+from sidecar.core.errors import ConfigError
 
 
 def typed(value: Any) -> Any:
