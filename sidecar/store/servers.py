@@ -1,6 +1,6 @@
 """What a nats-server version can do for the sidecar (docs/DEPLOY.md, supported range).
 
-The supported range is the range the tests run (tests/test_nats_versions.py):
+The supported range is the range the tests run (tests/store/test_nats_versions.py):
 2.11.2 to 2.15.1. The lower end is not 2.11.0: until 2.11.2 a key whose
 per-message TTL ran out vanished without the ``MaxAge`` marker, so a lease
 that expired was seen by nobody and the run of a runner that died was never

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.browser import chromium, chromium_or_skip
+from tests.fleet.test_fleet import base, job, slots
 from tests.support import ROOT, NatsServer, RecordingApp, sidecars, wait_for
-from tests.test_fleet import base, job, slots
 
 TOKEN = "alice-token-0123456789abcdef"
 SHOTS = Path(os.environ.get("PAGE_SCREENSHOTS") or ROOT / "build" / "screenshots")

@@ -250,7 +250,7 @@ async def test_an_expired_lease_is_recorded_lost_once_and_judging_is_part_of_the
 
 def test_result_records_are_built_in_one_place() -> None:
     """Every ending goes through sidecar/run/record.py: no other module builds a record."""
-    package = Path(__file__).resolve().parent.parent / "sidecar"
+    package = Path(__file__).resolve().parents[2] / "sidecar"
     builders = set()
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

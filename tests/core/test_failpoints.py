@@ -29,6 +29,7 @@ from sidecar.core import failpoints
 from sidecar.core.clock import Clock
 from sidecar.core.failpoints import Failpoint, FailpointError, parse
 from sidecar.run.trigger import Trigger
+from tests.run.test_trigger import SLOT, TOKEN, job_for
 from tests.support import (
     ROOT,
     NatsServer,
@@ -40,7 +41,6 @@ from tests.support import (
     wait_for,
     write_config,
 )
-from tests.test_trigger import SLOT, TOKEN, job_for
 
 
 @pytest.mark.parametrize(

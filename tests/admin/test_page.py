@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from sidecar.core.clock import parse_rfc3339
+from tests.fleet.test_fleet import base, cli_config, job, slots
+from tests.run.test_schedules import history
 from tests.support import NatsServer, RecordingApp, Sidecar, run_cli, sidecars, wait_for
-from tests.test_fleet import base, cli_config, job, slots
-from tests.test_schedules import history
 
 TOKEN = "s3cret-token-for-the-page-0123"
 

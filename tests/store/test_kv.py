@@ -149,7 +149,7 @@ def bucket_receiver(node: ast.expr) -> bool:
 def test_only_kv_py_writes_the_state_bucket() -> None:
     """Every write of the state bucket is in sidecar/store/kv.py (``Keys`` or the functions
     beside it): no other module calls a KeyValue's create/update/put/delete."""
-    package = Path(__file__).resolve().parent.parent / "sidecar"
+    package = Path(__file__).resolve().parents[2] / "sidecar"
     writers: dict[str, set[str]] = {}
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,6 +1,6 @@
 """The pieces of telling people: the health rule, anomalies, the config, masking,
 bounded background sends, and the compare-and-set count against a real nats-server.
-The whole behaviour, with sidecar processes, is in tests/test_alerts.py."""
+The whole behaviour, with sidecar processes, is in tests/after/test_alerts.py."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def error_of(**top: Any) -> ConfigError:
         ({"failures": 1, "state": "failing"}, "lost", None, 2, "failing", ("lost",)),
         ({"failures": 0, "state": "ok"}, "lost", None, 1, "failing", ("failing", "lost")),
         ({"failures": 2, "state": "failing"}, "failed", 3, 3, "failing", ("auto_paused",)),
-        # Asked again: the pause key's create makes it once (tests/test_alerts.py).
+        # Asked again: the pause key's create makes it once (tests/after/test_alerts.py).
         ({"failures": 3, "state": "failing"}, "failed", 3, 4, "failing", ("auto_paused",)),
         (None, "failed", 1, 1, "failing", ("failing", "auto_paused")),
         ({"failures": 4, "state": "failing"}, "succeeded", 3, 0, "ok", ("recovered",)),
