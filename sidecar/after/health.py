@@ -25,22 +25,17 @@ import logging
 import re
 from typing import Any
 
-from nats.js.errors import APIError
-
 from sidecar.core.backoff import Backoff
 from sidecar.core.wire import (
-    CAS_CONFLICT,
-    EXPECTED_LAST_SUBJECT_SEQ,
     FAILED_STATUSES,
     LOST,
     SUCCEEDED,
     TRANSIENT,
-    compact,
     event_key,
     new_token,
 )
 from sidecar.core.wire import health_key as health_key  # re-exported
-from sidecar.store.kv import WRITE_TIMEOUT, CasConflict, KeyHeld, Keys, create_or_update
+from sidecar.store.kv import CasConflict, KeyHeld, Keys, create_or_update
 
 log = logging.getLogger("sidecar.health")
 
@@ -96,18 +91,9 @@ def transition(
 
 async def _cas(keys: Keys, key: str, value: dict[str, Any], expected: int) -> int:
     try:
-        ack = await keys.js.publish(
-            keys.subject(key),
-            compact(value),
-            timeout=WRITE_TIMEOUT,
-            stream=keys.stream,
-            headers={EXPECTED_LAST_SUBJECT_SEQ: str(expected)},
-        )
-    except APIError as exc:
-        if exc.err_code in CAS_CONFLICT:
-            raise KeyHeld(key, {}) from exc
-        raise
-    return int(ack.seq)
+        return await keys.update(key, value, expected)
+    except CasConflict as exc:
+        raise KeyHeld(key, {}) from exc
 
 
 async def apply(

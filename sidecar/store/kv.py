@@ -180,6 +180,11 @@ class Keys:
         """Compare-and-set with a fresh TTL; CasConflict when the key moved on."""
         return await self._publish(key, _json(value), {EXPECTED_LAST: str(revision)}, ttl)
 
+    async def update(self, key: str, value: dict[str, Any], revision: int) -> int:
+        """Compare-and-set without a TTL (0: the key must have no message yet);
+        CasConflict when the key moved on."""
+        return await self._publish(key, _json(value), {EXPECTED_LAST: str(revision)}, None)
+
     async def put(self, key: str, value: dict[str, Any], ttl: float) -> int:
         """A plain put that expires ``ttl`` seconds after it was written (a MaxAge marker)."""
         return await self._publish(key, _json(value), {}, ttl)

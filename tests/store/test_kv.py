@@ -146,19 +146,33 @@ def bucket_receiver(node: ast.expr) -> bool:
     return False
 
 
+def bucket_subject(node: ast.expr) -> bool:
+    """Whether a publish's subject is a state bucket key's: ``kv_subject(...)`` or
+    ``keys.subject(...)`` (a ``Keys``, however it is reached)."""
+    if not isinstance(node, ast.Call):
+        return False
+    if isinstance(node.func, ast.Name):
+        return node.func.id == "kv_subject"
+    if isinstance(node.func, ast.Attribute) and node.func.attr == "subject":
+        receiver = node.func.value
+        name = getattr(receiver, "id", getattr(receiver, "attr", ""))
+        return name == "keys" or name.endswith("_keys")
+    return False
+
+
 def test_only_kv_py_writes_the_state_bucket() -> None:
     """Every write of the state bucket is in sidecar/store/kv.py (``Keys`` or the functions
-    beside it): no other module calls a KeyValue's create/update/put/delete."""
+    beside it): no other module calls a KeyValue's create/update/put/delete, nor
+    publishes on a key's subject itself (as health.<job>'s writes once did)."""
     package = Path(__file__).resolve().parents[2] / "sidecar"
     writers: dict[str, set[str]] = {}
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in WRITES
-                and bucket_receiver(node.func.value)
-            ):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr in WRITES and bucket_receiver(node.func.value):
                 writers.setdefault(path.name, set()).add(node.func.attr)
+            if node.func.attr == "publish" and node.args and bucket_subject(node.args[0]):
+                writers.setdefault(path.name, set()).add("publish")
     assert set(writers) == {"kv.py"}, writers
     assert writers["kv.py"] >= {"create", "update", "put", "delete"}  # the check sees them
