@@ -32,12 +32,12 @@ from sidecar.admin.board import ACTIONS_KEPT
 from sidecar.after.health import reset_kv
 from sidecar.config.load import Config
 from sidecar.core.clock import Clock, rfc3339
-from sidecar.core.errors import StreamError
+from sidecar.core.errors import CasConflict, StreamError
 from sidecar.core.wire import FAILED, SUCCEEDED, paused_key
 from sidecar.run.claim import Claimer
 from sidecar.run.record import Outcome, Recorder
 from sidecar.run.trigger import Trigger
-from sidecar.store.kv import CasConflict, create_or_update, delete_at, store_pause
+from sidecar.store.kv import create_or_update, delete_at, store_pause
 from sidecar.store.state import decode
 from sidecar.store.stream import stream_spec
 

@@ -18,11 +18,11 @@ from sidecar.admin.oneshot import _js, connected
 from sidecar.config.load import Config, JobConfig, Secrets
 from sidecar.config.values import parse_duration
 from sidecar.core.clock import rfc3339
-from sidecar.core.errors import ConfigError
+from sidecar.core.errors import CasConflict, ConfigError
 from sidecar.core.wire import compact, skip_key
 from sidecar.run.backfill import MAX_SLOTS, backfill_key, backfilled_slots, running_of, slot_list
 from sidecar.run.since import RESUMED, schedule_hash
-from sidecar.store.kv import CasConflict, create_or_update, delete_at
+from sidecar.store.kv import create_or_update, delete_at
 from sidecar.store.runs import read_job_messages
 from sidecar.store.state import decode, ensure_bucket, state_spec
 from sidecar.store.stream import stream_spec

@@ -31,10 +31,11 @@ from sidecar.after.signing import SIGNATURE_HEADER, signature
 from sidecar.config.alerting import NotifyConfig, mask_url
 from sidecar.config.values import format_duration
 from sidecar.core.clock import Clock, rfc3339
+from sidecar.core.errors import KeyHeld
 from sidecar.core.wire import RAN_STATUSES, SUCCEEDED, ResultRecord, new_token
 from sidecar.obs.outbound import Outbox
 from sidecar.obs.tracing import RunSpan, SpanExporter, run_uuid, span_attributes
-from sidecar.store.kv import KeyHeld, Keys
+from sidecar.store.kv import Keys
 
 if TYPE_CHECKING:
     from sidecar.config.load import Config, JobConfig

@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 from sidecar.core.backoff import Backoff
+from sidecar.core.errors import CasConflict, KeyHeld
 from sidecar.core.wire import (
     FAILED_STATUSES,
     LOST,
@@ -35,7 +36,7 @@ from sidecar.core.wire import (
     new_token,
 )
 from sidecar.core.wire import health_key as health_key  # re-exported
-from sidecar.store.kv import CasConflict, KeyHeld, Keys, create_or_update
+from sidecar.store.kv import Keys, create_or_update
 
 log = logging.getLogger("sidecar.health")
 

@@ -34,9 +34,9 @@ from sidecar.config.values import (
     target_url,
     zone,
 )
-from sidecar.core.errors import ConfigError
+from sidecar.core.errors import ConfigError, ScheduleError
 from sidecar.when.calendar import Calendar, parse_calendar, parse_exclusion
-from sidecar.when.schedule import ScheduleError, parse_schedule
+from sidecar.when.schedule import parse_schedule
 
 CATCHUP = ("none", "latest", "all")
 OVERLAP = ("allow", "skip")

@@ -10,12 +10,26 @@
      │    ├── StreamConflict    another stream captures our subjects (final; exit 2)
      │    └── StreamNotRaised   the stream could not be raised; it is used as it is
      ├── ClaimError             no definite claim answer before the slot's deadline
+     │    ├── ClaimDisconnected NATS was disconnected for the whole time the claim could be made
+     │    └── ClaimForeign      the ack names another stream or JetStream domain
      ├── PermissionDenied       the NATS server refused a subject to this user
+     ├── PlaintextRefused       TLS asked for, the server spoke in clear (sidecar/core/natspy.py:
+     │                          also a nats-py NatsError, raised inside its connect)
+     ├── KeyHeld                a state bucket key is live: someone else holds it
+     ├── CasConflict            a state bucket key moved past the expected revision
+     ├── Hostile                a due key not backed by the job's config or the stream
+     ├── SendError              a ping, webhook or span send failed (``retry``: worth another)
+     ├── ScheduleError          a cron expression is invalid (also a ValueError)
+     ├── FailpointError         ANARCHON_FAILPOINTS cannot be parsed (also a ValueError)
      └── TriggerError           the app was not triggered successfully
           ├── TriggerUndelivered  the request provably never reached the app (retryable)
           ├── TriggerLate         past the last instant it could go out: nothing sent
           ├── TriggerTimeout      the app did not answer within the timeout
           └── TriggerFailed       the app answered, but not with 2xx
+
+Two private signals never leave their module and are not errors: ``Stopped``
+(sidecar/cli/demo.py, Ctrl-C) and ``_Unusual`` (sidecar/config/yamlfile.py, "let
+PyYAML read this one").
 
 Third-party exceptions (nats-py, h11, OSError, yaml) are translated where they cross
 into our code, with ``raise ... from exc``. Losing a claim is not an error.
@@ -25,6 +39,7 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import Any
 
 
 class SidecarError(Exception):
@@ -131,3 +146,43 @@ class StreamNotRaised(StreamError):
     def __init__(self, message: str, state: object) -> None:
         super().__init__(message)
         self.state = state
+
+
+class ClaimDisconnected(ClaimError):
+    """NATS was disconnected for the whole time the claim could be made."""
+
+
+class ClaimForeign(ClaimError):
+    """The ack names another stream or JetStream domain than the fleet's."""
+
+
+class KeyHeld(SidecarError):
+    """The key exists and is live: someone else holds it."""
+
+    def __init__(self, key: str, value: dict[str, Any]) -> None:
+        super().__init__(key)
+        self.value = value
+
+
+class CasConflict(SidecarError):
+    """The key's last revision was not the expected one."""
+
+
+class Hostile(SidecarError):
+    """The due key is not backed by the job's config or by the stream."""
+
+
+class SendError(SidecarError):
+    """A send failed; `retry` says whether asking again could help. Never names the URL."""
+
+    def __init__(self, message: str, retry: bool = True) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
+class ScheduleError(SidecarError, ValueError):
+    """The cron expression is invalid; the message says which part and why."""
+
+
+class FailpointError(SidecarError, ValueError):
+    """ANARCHON_FAILPOINTS cannot be parsed."""

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from sidecar.core import clock
+from sidecar.core.errors import FailpointError
 
 log = logging.getLogger("sidecar.failpoints")
 
@@ -73,10 +74,6 @@ _ENTRY = re.compile(
     r"^(?P<name>[a-z._]+)=(?:(?P<count>\d+)\*)?"
     r"(?P<action>sigstop|ackloss|off|(?:sleep|suspend|timeout)\((?P<seconds>\d+(?:\.\d+)?)\))$"
 )
-
-
-class FailpointError(ValueError):
-    """ANARCHON_FAILPOINTS cannot be parsed."""
 
 
 @dataclass

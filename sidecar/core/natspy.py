@@ -18,6 +18,8 @@ from nats.errors import StaleConnectionError
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from sidecar.core.errors import SidecarError
+
 # ---------------------------------------------------------------------- JetStream contexts
 
 
@@ -98,7 +100,7 @@ def force_reconnect(nc: NATS) -> asyncio.Future[None]:
     return hop
 
 
-class PlaintextRefused(NatsError):
+class PlaintextRefused(SidecarError, NatsError):
     """TLS is configured but the server's connection was not encrypted; nothing was sent."""
 
     def __str__(self) -> str:

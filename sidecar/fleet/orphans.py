@@ -28,8 +28,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from sidecar.core.clock import Clock
+from sidecar.core.errors import CasConflict
 from sidecar.core.wire import instance_key
-from sidecar.store.kv import CasConflict, Keys
+from sidecar.store.kv import Keys
 from sidecar.store.state import PRESENCE_TTL, Removal, View
 
 if TYPE_CHECKING:

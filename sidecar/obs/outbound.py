@@ -22,6 +22,7 @@ import h11
 from sidecar import __version__
 from sidecar.config.alerting import mask_url
 from sidecar.core.backoff import Backoff
+from sidecar.core.errors import SendError
 from sidecar.core.tasks import cancel_all
 
 log = logging.getLogger("sidecar.outbound")
@@ -44,14 +45,6 @@ def _ssl_context() -> ssl.SSLContext:
     if _ssl is None:
         _ssl = ssl.create_default_context()
     return _ssl
-
-
-class SendError(Exception):
-    """A send failed; `retry` says whether asking again could help. Never names the URL."""
-
-    def __init__(self, message: str, retry: bool = True) -> None:
-        super().__init__(message)
-        self.retry = retry
 
 
 async def post(

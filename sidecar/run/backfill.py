@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import parse_rfc3339, rfc3339
-from sidecar.store.kv import CasConflict, create_or_update, delete_at
+from sidecar.core.errors import CasConflict
+from sidecar.store.kv import create_or_update, delete_at
 
 if TYPE_CHECKING:
     from nats.js.kv import KeyValue

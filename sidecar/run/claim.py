@@ -37,7 +37,7 @@ from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
-from sidecar.core.errors import ClaimError
+from sidecar.core.errors import ClaimDisconnected, ClaimError, ClaimForeign
 from sidecar.core.natspy import api_prefix, request_timeout
 from sidecar.core.wire import ERR_DUPLICATE_IN_PROCESS, claims_subject, msg_get_subject, new_token
 from sidecar.core.wire import MSG_ID as MSG_ID  # re-exported: the run's ending uses it
@@ -51,14 +51,6 @@ log = logging.getLogger("sidecar.claim")
 PUBLISH_RETRY_START = 0.02
 PUBLISH_RETRY_CAP = 1.0
 PUBLISH_RETRY_JITTER = 0.5
-
-
-class ClaimDisconnected(ClaimError):
-    """NATS was disconnected for the whole time the claim could be made."""
-
-
-class ClaimForeign(ClaimError):
-    """The ack names another stream or JetStream domain than the fleet's."""
 
 
 @functools.lru_cache(maxsize=1024)

@@ -31,6 +31,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from sidecar.core.bounds import attempt_no, epoch_s, seq_no, slot_ms
+from sidecar.core.errors import Hostile
 from sidecar.core.wire import FAILED_STATUSES, LOST, RETRY, results_subject
 from sidecar.when.due import DueKey, retry_due_at
 
@@ -46,10 +47,6 @@ class Backed:
     due_at: float
     reason: str  # retry (attempt N-1 failed) or lost
     result_seq: int
-
-
-class Hostile(Exception):
-    """The due key is not backed by the job's config or by the stream."""
 
 
 def config_problem(job: JobConfig, due: DueKey, now: float) -> str | None:

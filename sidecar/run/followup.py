@@ -28,12 +28,13 @@ from nats.js import JetStreamContext
 
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
+from sidecar.core.errors import Hostile, KeyHeld
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import LOST, RERUN, RETRY, new_token
-from sidecar.run.duecheck import Backed, Hostile, backing, config_problem
+from sidecar.run.duecheck import Backed, backing, config_problem
 from sidecar.run.lostruns import LostRuns
 from sidecar.run.record import Recorder
-from sidecar.store.kv import KeyHeld, Keys, until_answered
+from sidecar.store.kv import Keys, until_answered
 from sidecar.when.due import (
     DueKey,
     due_key,

@@ -30,6 +30,7 @@ from sidecar.after.aftermath import Aftermath
 from sidecar.config.load import Config, JobConfig
 from sidecar.core import failpoints
 from sidecar.core.clock import Clock, rfc3339
+from sidecar.core.errors import ClaimDisconnected, ClaimForeign, KeyHeld
 from sidecar.core.sleeper import Sleeper
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import FAILED, SCHEDULED, SKIPPED
@@ -38,7 +39,7 @@ from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
 from sidecar.run.backfill import Backfills
 from sidecar.run.catchup import CatchUp
-from sidecar.run.claim import Claim, ClaimDisconnected, Claimer, ClaimForeign
+from sidecar.run.claim import Claim, Claimer
 from sidecar.run.followup import follow
 from sidecar.run.lease import RUN_LEASE_WAIT, overlap_error, run_lease
 from sidecar.run.record import Outcome, Recorder, not_sent, sent
@@ -46,7 +47,7 @@ from sidecar.run.skips import EXCLUDED, SkipRecorder, Unclaimed
 from sidecar.run.trigger import Trigger, Why, interrupted, why_of
 from sidecar.store.bucketcheck import needs_leases
 from sidecar.store.guard import StreamGuard
-from sidecar.store.kv import KeyHeld, Keys
+from sidecar.store.kv import Keys
 from sidecar.when.pauses import PAUSED
 
 log = logging.getLogger("sidecar.job")

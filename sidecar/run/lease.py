@@ -27,8 +27,9 @@ from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import Clock, rfc3339
+from sidecar.core.errors import CasConflict, KeyHeld
 from sidecar.core.tasks import cancel_all
-from sidecar.store.kv import CasConflict, KeyHeld, Keys, same_owner, until_answered
+from sidecar.store.kv import Keys, same_owner, until_answered
 from sidecar.when.due import lock_key, renew_every, run_key
 
 if TYPE_CHECKING:

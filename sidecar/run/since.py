@@ -26,9 +26,10 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from sidecar.core.errors import CasConflict
 from sidecar.core.wire import compact
 from sidecar.core.wire import since_key as since_key  # re-exported
-from sidecar.store.kv import CasConflict, create_or_update
+from sidecar.store.kv import create_or_update
 from sidecar.when.pauses import until_ms
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from nats.js.kv import KeyValue
 
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock
-from sidecar.core.errors import PermissionDenied, StreamError
+from sidecar.core.errors import CasConflict, KeyHeld, PermissionDenied, StreamError
 from sidecar.core.natspy import jetstream_of
 from sidecar.core.wire import (
     CAS_CONFLICT,
@@ -84,18 +84,6 @@ async def last_msg(js: JetStreamContext, stream: str, subject: str) -> RawStream
 def same_owner(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two lease values are of one holder: the same instance and token."""
     return a.get("instance") == b.get("instance") and a.get("token") == b.get("token")
-
-
-class KeyHeld(Exception):
-    """The key exists and is live: someone else holds it."""
-
-    def __init__(self, key: str, value: dict[str, Any]) -> None:
-        super().__init__(key)
-        self.value = value
-
-
-class CasConflict(Exception):
-    """The key's last revision was not the expected one."""
 
 
 class Keys:

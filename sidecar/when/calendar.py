@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from sidecar.when.schedule import Schedule, ScheduleError, parse_schedule, unportable
+from sidecar.core.errors import ScheduleError
+from sidecar.when.schedule import Schedule, parse_schedule, unportable
 
 # Exclusions: a date, or an ISO 8601 interval start/end or start/duration.
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")

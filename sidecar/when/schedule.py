@@ -34,6 +34,8 @@ from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
 
+from sidecar.core.errors import ScheduleError
+
 _FIELDS_5 = ("minute", "hour", "day-of-month", "month", "day-of-week")
 _FIELDS_6 = ("second", *_FIELDS_5)
 # Quartz extensions cronsim accepts but other cron implementations (the
@@ -48,10 +50,6 @@ _SECOND = timedelta(seconds=1)
 _REFERENCE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 _YEAR_MS = 366 * 86_400_000
 _MAX_SAMPLES = 1000
-
-
-class ScheduleError(ValueError):
-    """The cron expression is invalid; the message says which part and why."""
 
 
 @dataclass(frozen=True)

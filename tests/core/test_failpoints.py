@@ -27,7 +27,8 @@ from sidecar.after.signing import Signer
 from sidecar.core import clock as clock_module
 from sidecar.core import failpoints
 from sidecar.core.clock import Clock
-from sidecar.core.failpoints import Failpoint, FailpointError, parse
+from sidecar.core.errors import FailpointError
+from sidecar.core.failpoints import Failpoint, parse
 from sidecar.run.trigger import Trigger
 from tests.run.test_trigger import SLOT, TOKEN, job_for
 from tests.support import (

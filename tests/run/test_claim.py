@@ -22,18 +22,10 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from sidecar.config.load import Secrets, parse_config
 from sidecar.core.clock import Clock, parse_rfc3339
-from sidecar.core.errors import ClaimError
+from sidecar.core.errors import ClaimDisconnected, ClaimError
 from sidecar.core.wire import new_token
 from sidecar.run import claim as claim_module
-from sidecar.run.claim import (
-    Claim,
-    ClaimDisconnected,
-    Claimer,
-    claim_msg_id,
-    decide,
-    must_read_stored,
-    token_of,
-)
+from sidecar.run.claim import Claim, Claimer, claim_msg_id, decide, must_read_stored, token_of
 from sidecar.store.connection import Connection
 from sidecar.store.stream import StreamSpec, ensure_stream
 from tests.support import NatsServer, until

@@ -14,7 +14,8 @@ from nats.js.api import KeyValueConfig
 
 from sidecar.config.load import JobConfig, Secrets, parse_config
 from sidecar.core.bounds import MAX_SLOT_MS, attempt_no, epoch_s, seq_no, slot_ms
-from sidecar.run.duecheck import Hostile, config_problem, judge_result
+from sidecar.core.errors import Hostile
+from sidecar.run.duecheck import config_problem, judge_result
 from sidecar.store.bucketcheck import StateSpec, check_bucket
 from sidecar.store.permissions import Denials, parse_violation
 from sidecar.store.state import job_hash

@@ -17,10 +17,10 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from sidecar.core.clock import rfc3339
-from sidecar.core.errors import StreamError
+from sidecar.core.errors import CasConflict, StreamError
 from sidecar.core.wire import paused_key
 from sidecar.store.bucketcheck import StateSpec
-from sidecar.store.kv import CasConflict, create_or_update, delete_at, put_json, store_pause
+from sidecar.store.kv import create_or_update, delete_at, put_json, store_pause
 from sidecar.store.state import ensure_bucket
 from tests.support import NatsServer
 

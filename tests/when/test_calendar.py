@@ -12,8 +12,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from sidecar.core.errors import ScheduleError
 from sidecar.when.calendar import parse_calendar, parse_exclusion, spread_offset_ms
-from sidecar.when.schedule import ScheduleError
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BERLIN = ZoneInfo("Europe/Berlin")

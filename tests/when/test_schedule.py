@@ -26,7 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sidecar.when.schedule as schedule_module
-from sidecar.when.schedule import Schedule, ScheduleError, parse_schedule
+from sidecar.core.errors import ScheduleError
+from sidecar.when.schedule import Schedule, parse_schedule
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BERLIN, NEW_YORK, LORD_HOWE = "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"
