@@ -18,12 +18,11 @@ import logging
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
-from sidecar.admin.actions import ManualRuns
-from sidecar.admin.api import PageApp
 from sidecar.admin.server import AdminServer
 from sidecar.after.signing import signer_for
 from sidecar.config.load import Config, Secrets
@@ -39,6 +38,9 @@ from sidecar.run.trigger import Trigger
 from sidecar.store.connection import Connection, jetstream
 from sidecar.store.guard import StreamGuard
 from sidecar.store.stream import stream_spec
+
+if TYPE_CHECKING:
+    from sidecar.admin.api import PageApp
 
 __all__ = ["Daemon", "start", "stream_spec"]
 
@@ -92,6 +94,9 @@ class Daemon:
         # The fleet page and its API beside /metrics (admin.page).
         self.page: PageApp | None = None
         if self.config.admin.page:
+            # Imported only when the page is on: its code is not loaded otherwise.
+            from sidecar.admin.api import PageApp
+
             self.page = PageApp(self.config, self.fleet, self.guard, self.clock, self.secrets)
             self.admin.app = self.page
 
@@ -161,6 +166,8 @@ class Daemon:
                 self.jobs = jobs
                 jobs.aftermath.exporter = span_exporter(self.config)
                 if self.page is not None:
+                    from sidecar.admin.actions import ManualRuns
+
                     manual = ManualRuns(
                         self.config, js, claimer, trigger, self.clock, _tracker(jobs)
                     )

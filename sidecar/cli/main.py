@@ -18,8 +18,7 @@ import time
 import click
 
 from sidecar import __version__
-from sidecar.admin import oneshot, ops
-from sidecar.cli import status_text, views
+from sidecar.cli import views
 from sidecar.cli.command import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -98,6 +97,8 @@ def check(config_path: str | None, connect: bool) -> None:
 
     Connects to nothing unless --connect is given.
     """
+    from sidecar.admin import oneshot
+
     ld = load(config_path, secrets=connect)
     say(views.check_lines(ld.config, Clock().wall_ms()))
     if not connect:
@@ -112,6 +113,8 @@ def check(config_path: str | None, connect: bool) -> None:
 
 def read_runs(ld: Loaded, job: str) -> list[Run] | None:
     """The runs of `job`, newest first; None when there is no stream yet (said on stderr)."""
+    from sidecar.admin import oneshot
+
     config = ld.config
     try:
         hist = call(oneshot.history(config, ld.secrets, job))
@@ -174,6 +177,8 @@ def last_run(job: str, config_path: str | None, as_json: bool) -> None:
 )
 def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
     """Claim a manual run of JOB, trigger it from here and record it; exit 0 or 1."""
+    from sidecar.admin import oneshot
+
     ld = load(config_path)
     retry_for = config_job(ld.config, job).max_late if timeout is None else timeout
     progress = views.RetryProgress(job, retry_for, note)
@@ -197,6 +202,8 @@ def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
 @click.option("--yes", is_flag=True, help="With --lower: do not ask.")
 def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> None:
     """The stream's settings and state (and, with --lower, the one way to lower them)."""
+    from sidecar.admin import oneshot
+
     ld = load(config_path)
     if lower:
         _lower(ld, yes)
@@ -221,6 +228,8 @@ def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> No
 
 def _lower(ld: Loaded, yes: bool) -> None:
     """`stream --lower`: say what lowering deletes, ask, then lower (one connection)."""
+    from sidecar.admin import oneshot
+
     refused: list[str] = []
 
     def confirm(plan: Lowering) -> bool:
@@ -265,6 +274,8 @@ def pause(
 ) -> None:
     """Pause JOB on every sidecar until `resume` or --until; a pause in force is kept
     (--force replaces)."""
+    from sidecar.admin import oneshot
+
     ld = load(config_path)
     config_job(ld.config, job)
     until = _until(until_text)
@@ -280,6 +291,8 @@ def pause(
 
 
 def _until(text: str | None) -> float | None:
+    from sidecar.admin import ops
+
     if text is None:
         return None
     try:
@@ -303,6 +316,8 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
     The slots that fell during the pause are not run (not even by sidecars
     that were down and catch up on start), unless --catchup asks for them.
     """
+    from sidecar.admin import oneshot, ops
+
     ld = load(config_path)
     spec = ld.config.job(job) if job in ld.config.job_names else None
     bound = ops.resume_bound(spec) if spec is not None else None
@@ -332,6 +347,8 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
 @click.option("--reason", default="", help="Why: shown in history and the logs.")
 def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
     """Skip the next COUNT runs of JOB on every replica (recorded skipped, reason skip)."""
+    from sidecar.admin import ops
+
     ld = load(config_path)
     spec = config_job(ld.config, job)
     added, left = call(ops.skip(ld.config, ld.secrets, spec, count, who(), reason))
@@ -343,6 +360,8 @@ def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
 @config_option
 def unskip(job: str, config_path: str | None) -> None:
     """Cancel the skips of JOB still ahead; exit 1 when there were none."""
+    from sidecar.admin import ops
+
     ld = load(config_path)
     config_job(ld.config, job)
     left = call(ops.unskip(ld.config, ld.secrets, job))
@@ -373,6 +392,8 @@ def backfill(
     Any healthy replica takes each slot, one at a time, with its own claim id
     (<job>:<slot>:b) and trigger backfill; at most 1000 slots.
     """
+    from sidecar.admin import ops
+
     ld = load(config_path)
     spec = config_job(ld.config, job)
     if cancel:
@@ -401,6 +422,8 @@ def _queue_backfill(
     dry_run: bool = False,
     again: bool = False,
 ) -> None:
+    from sidecar.admin import ops
+
     try:
         slots = ops.backfill_slots(job, start, end)
     except ValueError as exc:
@@ -417,6 +440,9 @@ def _queue_backfill(
 @json_option("The fleet view as one JSON object")
 def status(config_path: str | None, as_json: bool) -> None:
     """The fleet at a glance: live instances, paused jobs, last runs, config mismatches."""
+    from sidecar.admin import oneshot
+    from sidecar.cli import status_text
+
     ld = load(config_path)
     view = call(oneshot.status(ld.config, ld.secrets, Clock().wall_ms()))
     say(views.as_json(view) if as_json else status_text.status_lines(view))
