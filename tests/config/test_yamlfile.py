@@ -1,4 +1,4 @@
-"""sidecar.yamlfile: the config's YAML, built directly when plain, by PyYAML otherwise.
+"""sidecar/config/yamlfile.py: the config's YAML, built directly when plain, by PyYAML otherwise.
 
 The direct way must give exactly what ``yaml.load(text, Loader=_Loader)``
 gives (values and their types) or the very same error, for any document.

@@ -1,4 +1,4 @@
-"""Tables for sidecar.calendar: unions, spread, exclusions, L/W/# (words: test_describe.py).
+"""Tables for sidecar/when/calendar.py: unions, spread, exclusions, L/W/# (words: test_describe.py).
 
 DST instants as in test_schedule.py: Europe/Berlin springs forward on
 2026-03-29 at 01:00Z (local 02:00-03:00 missing, a 23-hour day) and falls

@@ -1,4 +1,4 @@
-"""Tables for sidecar.schedule: plain crons, DST days, errors, min_interval_ms.
+"""Tables for sidecar/when/schedule.py: plain crons, DST days, errors, min_interval_ms.
 
 Every expected slot is written as a UTC datetime worked out by hand from the
 2026 transitions asserted in ``test_transitions_2026``:
