@@ -26,6 +26,7 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -52,7 +53,7 @@ $(BIN)/promtool: | $(BIN)/pip
 	sh tests/install-prometheus.sh $(BIN)
 
 # Go and Node.js for the sample signature verifiers of docs/signing, which
-# tests/test_signing.py runs against the test vectors: Debian's golang-go and
+# tests/after/test_signing.py runs against the test vectors: Debian's golang-go and
 # nodejs, installed when missing where that can be done (root, apt). Without
 # them those tests skip, saying so.
 verifiers:
@@ -75,11 +76,11 @@ netns-tools:
 	  "the nemesis and the power-loss scenario skip" \
 	  ip:iproute2 iptables-restore:iptables strace:strace
 
-# Debian's chromium for the fleet page's browser test (tests/test_browser.py,
+# Debian's chromium for the fleet page's browser test (tests/admin/test_browser.py,
 # driven over the DevTools protocol), installed when missing where that can be
 # done (root, apt). Without it that test skips, saying so; under CI it fails.
 chromium:
-	@sh tests/install-missing.sh "the fleet page's browser test" "tests/test_browser.py skips" \
+	@sh tests/install-missing.sh "the fleet page's browser test" "tests/admin/test_browser.py skips" \
 	  chromium:chromium
 
 # Helm for the chart's tests (tests/test_helm.py: helm lint and helm template,

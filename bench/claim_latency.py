@@ -22,9 +22,9 @@ import nats
 
 from bench.common import machine, nats_server, ratio, summary_ms, workdir, write_result
 from bench.wire import PREFIX, STREAM, claim_body
-from sidecar.claim import MSG_ID, Claimer
-from sidecar.clock import Clock
-from sidecar.stream import StreamSpec, ensure_stream
+from sidecar.core.clock import Clock
+from sidecar.run.claim import MSG_ID, Claimer
+from sidecar.store.stream import StreamSpec, ensure_stream
 
 SLOT0 = 1_900_000_000_000
 

@@ -29,10 +29,10 @@ from nats.js.api import DeliverPolicy
 
 from bench import runtime
 from bench.common import machine, nats_server, ratio, workdir, write_result
-from sidecar.claim import MSG_ID
-from sidecar.clock import rfc3339
-from sidecar.runs import read_history
-from sidecar.stream import StreamSpec, ensure_stream
+from sidecar.core.clock import rfc3339
+from sidecar.run.claim import MSG_ID
+from sidecar.store.runs import read_history
+from sidecar.store.stream import StreamSpec, ensure_stream
 from tests.support import ROOT, sidecar_env, write_config
 
 STREAM = "CRON"
@@ -40,7 +40,7 @@ PREFIX = "cron."
 JOB = "hist"
 RUNS = 1000
 # In the past: `history` leaves out claims for slots beyond now + duplicate_window
-# (sidecar/bounds.py: forged, or from a clock far off).
+# (sidecar/core/bounds.py: forged, or from a clock far off).
 SLOT0 = 1_700_000_000_000
 REPEATS = 15
 CLI_REPEATS = 7

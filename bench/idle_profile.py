@@ -26,11 +26,11 @@ from nats.js import JetStreamContext
 
 from bench.common import machine, nats_server, summary_ms, workdir, write_result
 from bench.fleet import App
-from sidecar import trigger as trigger_module
-from sidecar.claim import Claimer
-from sidecar.config import Secrets, parse_config
-from sidecar.daemon import Daemon
-from sidecar.trigger import Trigger
+from sidecar.cli.daemon import Daemon
+from sidecar.config.load import Secrets, parse_config
+from sidecar.run import trigger as trigger_module
+from sidecar.run.claim import Claimer
+from sidecar.run.trigger import Trigger
 from tests.support import ROOT, free_port, sidecar_env
 
 STEPS = (

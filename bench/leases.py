@@ -25,14 +25,15 @@ import nats
 from prometheus_client import CollectorRegistry
 
 from bench.common import machine, nats_server, ratio, summary_ms, workdir, write_result
-from sidecar.claim import Claimer
-from sidecar.clock import Clock
-from sidecar.due import lock_key, run_key
-from sidecar.kv import Keys
-from sidecar.lease import Lease
-from sidecar.metrics import Metrics
-from sidecar.state import StateSpec, ensure_bucket
-from sidecar.stream import StreamSpec, ensure_stream
+from sidecar.core.clock import Clock
+from sidecar.obs.metrics import Metrics
+from sidecar.run.claim import Claimer
+from sidecar.run.lease import Lease
+from sidecar.store.bucketcheck import StateSpec
+from sidecar.store.kv import Keys
+from sidecar.store.state import ensure_bucket
+from sidecar.store.stream import StreamSpec, ensure_stream
+from sidecar.when.due import lock_key, run_key
 
 STREAM = "CRON"
 PREFIX = "cron."

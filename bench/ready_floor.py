@@ -39,8 +39,8 @@ from datetime import datetime
 import nats
 from cronsim import CronSim
 
-import sidecar.cli, sidecar.daemon  # loading the code is part of the floor
-from sidecar.yamlfile import read_yaml
+import sidecar.cli.main, sidecar.cli.daemon  # loading the code is part of the floor
+from sidecar.config.yamlfile import read_yaml
 
 data = read_yaml(sys.argv[1])
 now = datetime.now().replace(microsecond=0)

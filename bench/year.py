@@ -43,10 +43,11 @@ import nats
 
 from bench import runtime
 from bench.common import machine, workdir, write_result
-from sidecar.clock import rfc3339
-from sidecar.kv import Keys
-from sidecar.state import StateSpec, ensure_bucket
-from sidecar.stream import StreamSpec, ensure_stream
+from sidecar.core.clock import rfc3339
+from sidecar.store.bucketcheck import StateSpec
+from sidecar.store.kv import Keys
+from sidecar.store.state import ensure_bucket
+from sidecar.store.stream import StreamSpec, ensure_stream
 from tests.support import NatsServer, free_port, sidecar_env, write_config
 
 JOBS = 1000

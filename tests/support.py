@@ -132,7 +132,7 @@ class NatsServer:
         binary: str | None = None,
     ) -> None:
         self.store_dir = store_dir
-        # Another nats-server than this venv's (tests/test_nats_versions.py); may change
+        # Another nats-server than this venv's (tests/store/test_nats_versions.py); may change
         # between a stop() and the next start(), as in a rolling upgrade.
         self.binary = binary
         self.port = port or free_port()

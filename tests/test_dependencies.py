@@ -50,10 +50,10 @@ def test_every_module_imports_without_aiohttp() -> None:
         "import sys, pkgutil, importlib\n"
         "sys.modules['aiohttp'] = None\n"
         "import sidecar\n"
-        "for m in pkgutil.iter_modules(sidecar.__path__):\n"
-        "    if m.name == '__main__': continue\n"
-        "    importlib.import_module('sidecar.' + m.name)\n"
-        "import sidecar.trigger, sidecar.server, h11\n"
+        "for m in pkgutil.walk_packages(sidecar.__path__, 'sidecar.'):\n"
+        "    if m.name == 'sidecar.__main__': continue\n"
+        "    importlib.import_module(m.name)\n"
+        "import sidecar.run.trigger, sidecar.admin.server, h11\n"
         "print('ok')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -70,9 +70,9 @@ def test_the_otel_extra_is_optional_and_never_imported_without_an_endpoint() -> 
     assert [requirement_name(r) for r in otel] == ["opentelemetry-proto"]
     code = (
         "import sys\n"
-        "import sidecar.cli, sidecar.daemon, sidecar.job, sidecar.aftermath\n"
-        "from sidecar.config import parse_config\n"
-        "from sidecar.tracing import span_exporter\n"
+        "import sidecar.cli.main, sidecar.cli.daemon, sidecar.run.job, sidecar.after.aftermath\n"
+        "from sidecar.config.load import parse_config\n"
+        "from sidecar.obs.spans import span_exporter\n"
         "jobs = [{'name': 'a', 'schedule': '* * * * *'}]\n"
         "assert span_exporter(parse_config({'jobs': jobs}, {})) is None\n"
         "assert not [m for m in sys.modules if m.startswith(('opentelemetry', 'google'))]\n"
@@ -96,7 +96,7 @@ def test_the_uvloop_extra_is_optional_and_only_used_when_asked_for(tmp_path: Pat
     assert [requirement_name(r) for r in extra] == ["uvloop"]
     code = (
         "import os, sys\n"
-        "from sidecar.command import loop_factory\n"
+        "from sidecar.cli.command import loop_factory\n"
         "os.environ.pop('ANARCHON_EVENT_LOOP', None)\n"
         "assert loop_factory() is None\n"
         "os.environ['ANARCHON_EVENT_LOOP'] = 'asyncio'\n"

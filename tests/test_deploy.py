@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 import sidecar
-from sidecar.config import Config, load_config
+from sidecar.config.load import Config, load_config
 from tests.support import anonymous_connect, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -438,7 +438,7 @@ def test_compose_prometheus_config_loads_the_shipped_rules(
 
 # deploy/nats/permissions.conf and app-permissions.conf (and the Kubernetes overlays'
 # copies) are fragments to include, not server configs: they are loaded by the
-# servers of tests/test_permissions.py and tests/test_security.py, and below.
+# servers of tests/store/test_permissions.py and tests/store/test_security.py, and below.
 PERMISSIONS = DEPLOY / "nats" / "permissions.conf"
 FRAGMENTS = ("permissions.conf", "app-permissions.conf")
 NATS_CONFS = sorted(p for p in DEPLOY.rglob("*.conf") if p.name not in FRAGMENTS)

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sidecar.config import load_config
+from sidecar.config.load import load_config
 from tests.support import NatsServer, Sidecar, free_port
 from tests.test_deploy import (
     CONFIG_IN_IMAGE,

@@ -236,7 +236,7 @@ def test_make_clean_removes_what_runs_made_and_keeps_the_source(
         ".pytest_cache/v",
         "anarchon_sidecar.egg-info/PKG-INFO",
     ]
-    kept = ["sidecar/cli.py", "bench/runtime.py", "tests/test_x.py", "docs/CLI.md"]
+    kept = ["sidecar/cli/main.py", "bench/runtime.py", "tests/test_x.py", "docs/CLI.md"]
     for name in made + kept:
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text("x")

@@ -2,7 +2,7 @@
 
 The version is `sidecar.__version__`. It must agree with the image label and
 the changelog, and show in a running sidecar's `/metrics`, in the fleet view
-(`status`) and in the trigger's `User-Agent` (`--version`: tests/test_cli.py).
+(`status`) and in the trigger's `User-Agent` (`--version`: tests/cli/test_cli.py).
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ import nats
 import pytest
 from nats.js.api import StreamConfig
 
-from sidecar.claim import Claimer, ClaimError
-from sidecar.clock import Clock
+from sidecar.core.clock import Clock
+from sidecar.run.claim import Claimer, ClaimError
 from tests.support import (
     NatsServer,
     RecordingApp,

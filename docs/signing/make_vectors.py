@@ -2,7 +2,7 @@
 
 Computed here with hashlib and hmac directly, from the README's description
 of the scheme, not with the sidecar's code, so that the sidecar reproducing
-them (tests/test_signing.py) means something. Add a case here, regenerate,
+them (tests/after/test_signing.py) means something. Add a case here, regenerate,
 and every verifier's test runs it.
 """
 

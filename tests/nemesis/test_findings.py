@@ -17,11 +17,12 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
 
-from sidecar.clock import Clock
-from sidecar.kv import Keys
-from sidecar.lease import RUN_LEASE_WAIT, Lease
-from sidecar.metrics import Metrics
-from sidecar.state import Bucket, StateSpec, ensure_bucket
+from sidecar.core.clock import Clock
+from sidecar.obs.metrics import Metrics
+from sidecar.run.lease import RUN_LEASE_WAIT, Lease
+from sidecar.store.bucketcheck import StateSpec
+from sidecar.store.kv import Keys
+from sidecar.store.state import Bucket, ensure_bucket
 from tests.reliability.proxy import AckProxy
 from tests.support import (
     NatsServer,

@@ -22,7 +22,7 @@ from typing import Any
 import nats
 import pytest
 
-from sidecar.candidates import rank
+from sidecar.fleet.candidates import rank
 from tests.reliability.conftest import Figures
 from tests.reliability.helpers import (
     config,

@@ -17,9 +17,9 @@ from typing import Any
 import nats
 import pytest
 
-from sidecar.claim import Claimer
-from sidecar.clock import Clock
-from sidecar.stream import StreamSpec, ensure_stream
+from sidecar.core.clock import Clock
+from sidecar.run.claim import Claimer
+from sidecar.store.stream import StreamSpec, ensure_stream
 from tests.reliability.conftest import Figures
 from tests.reliability.helpers import (
     config,

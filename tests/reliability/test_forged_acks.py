@@ -26,9 +26,9 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from sidecar.claim import Claimer
-from sidecar.clock import Clock
-from sidecar.stream import StreamSpec, ensure_stream
+from sidecar.core.clock import Clock
+from sidecar.run.claim import Claimer
+from sidecar.store.stream import StreamSpec, ensure_stream
 from tests.reliability.conftest import Figures
 from tests.support import ROOT, NatsServer
 

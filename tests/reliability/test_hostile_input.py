@@ -23,8 +23,8 @@ import nats
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.config import load_config
-from sidecar.errors import ConfigError
+from sidecar.config.load import load_config
+from sidecar.core.errors import ConfigError
 from tests.reliability.conftest import Figures
 from tests.reliability.helpers import (
     config,

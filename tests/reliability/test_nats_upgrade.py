@@ -1,6 +1,6 @@
 """A rolling upgrade of a 3-node R3 NATS cluster from the oldest supported server to the newest.
 
-The cluster starts on the oldest supported nats-server (tests/test_nats_versions.py's
+The cluster starts on the oldest supported nats-server (tests/store/test_nats_versions.py's
 OLDEST) with the stream and the state bucket at replicas 3; three sidecars
 claim five per-second jobs. One node at a time is stopped (SIGTERM, as a
 package upgrade or a pod replacement does), started again on the newest
@@ -25,8 +25,8 @@ from tests.reliability.helpers import (
     unclaimed_runs,
     wait_all_ran,
 )
+from tests.store.test_nats_versions import NEWEST, OLDEST, nats_server_of
 from tests.support import NatsCluster, RecordingApp, read_stream, sidecars
-from tests.test_nats_versions import NEWEST, OLDEST, nats_server_of
 
 JOBS = ["a", "b", "c", "d", "e"]
 MAX_LATE = 5.0

@@ -1,0 +1,1 @@
+"""The HTTP side: metrics server, API, fleet page and the actions behind them."""

@@ -1,0 +1,460 @@
+"""The fleet page's routes: HTML pages, ``/api/v1/...`` JSON, events, and actions.
+
+Read (GET, anyone who reaches the admin port):
+  ``/``, ``/jobs/<job>[?before=&limit=]``: the pages (sidecar/admin/page.py);
+  ``/api/v1/jobs``, ``/api/v1/jobs/<job>``, ``/api/v1/jobs/<job>/runs?limit=&before=``,
+  ``/api/v1/fleet``: JSON built by sidecar/admin/board.py, as ``status --json``;
+  ``/api/v1/events``: server-sent events (sidecar/admin/live.py);
+  ``/fragment/...``: pieces of the pages that page.js swaps in on an event.
+Act (POST, only with ``admin.token_file``; without it every POST is 403):
+  ``/api/v1/jobs/<job>/{run-now,pause,resume,skip}`` with
+  ``Authorization: Bearer <token>``; the same from the page's forms at
+  ``/jobs/<job>/<action>`` with the session cookie that ``/login`` gives for a
+  token, and the form's CSRF token. Sessions are signed with a key made at
+  start (a restart signs everyone out) and name the token, never hold it.
+
+What is shown is built and kept current by sidecar/admin/page_data.py, who is
+signed in is sidecar/admin/sessions.py's business; this module routes, acts and
+answers. Big answers are compressed in a thread for the browsers that
+accept gzip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import hmac
+import json
+import logging
+import secrets
+import time
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, unquote
+
+from nats.js import JetStreamContext
+
+from sidecar.admin import page
+from sidecar.admin.actions import (
+    ManualRuns,
+    complete_action,
+    drop_action,
+    pause,
+    record_action,
+    resume,
+    skip_detail,
+)
+from sidecar.admin.live import Live
+from sidecar.admin.ops import skip as skip_runs
+from sidecar.admin.ops import until_of
+from sidecar.admin.page_data import PageData
+from sidecar.admin.server import Answer, Request, Stream
+from sidecar.admin.sessions import Sessions
+from sidecar.admin.tokens import TokenFile
+from sidecar.config.load import Config, Secrets
+from sidecar.core.clock import Clock, rfc3339
+from sidecar.core.errors import SidecarError, StreamError
+from sidecar.obs.exposition import RENDER_SLICE
+from sidecar.when.pauses import MAX_SKIP
+
+if TYPE_CHECKING:
+    from sidecar.fleet.member import Fleet
+    from sidecar.store.guard import StreamGuard
+
+log = logging.getLogger("sidecar.api")
+
+RUNS_LIMIT = 50
+RUNS_MAX = 200
+COMPRESS_OVER = 16 * 1024
+JSON = "application/json"
+HTML = "text/html; charset=utf-8"
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY = (
+    ("Content-Security-Policy", CSP),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "same-origin"),
+    ("X-Frame-Options", "DENY"),
+    ("Cache-Control", "no-store"),
+)
+STATIC = {
+    "page.css": "text/css; charset=utf-8",
+    "page.js": "text/javascript; charset=utf-8",
+    "icon.svg": "image/svg+xml",
+}
+ACTIONS = ("run-now", "pause", "resume", "skip")
+
+
+def _json(status: int, data: object) -> Answer:
+    return Answer(status, JSON, json.dumps(data).encode(), SECURITY)
+
+
+def _html(status: int, text: str, extra: tuple[tuple[str, str], ...] = ()) -> Answer:
+    return Answer(status, HTML, text.encode(), (*SECURITY, *extra))
+
+
+class PageApp:
+    """The routes above for one sidecar."""
+
+    def __init__(
+        self,
+        config: Config,
+        fleet: Fleet,
+        guard: StreamGuard,
+        clock: Clock | None = None,
+        job_secrets: Secrets | None = None,
+    ) -> None:
+        self.config = config
+        self.fleet = fleet
+        self.guard = guard
+        self.clock = clock or Clock()
+        self.live = Live(config, fleet)
+        self.tokens = TokenFile(config.admin.token_file)
+        self.sessions = Sessions(self.tokens)
+        self.data = PageData(config, fleet, guard, self.clock, self.live)
+        self.runs: ManualRuns | None = None
+        # ``skip`` writes with the CLI's own function, on its own connection.
+        self.secrets = job_secrets
+        self._static = {
+            name: (resources.files("sidecar").joinpath("static", name).read_bytes(), ctype)
+            for name, ctype in STATIC.items()
+        }
+
+    def attach(self, js: JetStreamContext, runs: ManualRuns | None) -> None:
+        self.data.js = js
+        self.runs = runs
+        self.live.attach(js)
+
+    # ------------------------------------------------------------------ routes
+
+    async def __call__(self, req: Request) -> Answer | Stream | None:
+        if not self.config.admin.page:
+            return None
+        parts = [unquote(p) for p in req.path.split("/")[1:]]
+        try:
+            if req.method == "POST":
+                return await self._post(req, parts)
+            if req.method not in ("GET", "HEAD"):
+                return _json(405, {"error": "method not allowed"})
+            answer = await self._get(req, parts)
+        except SidecarError as exc:
+            return _json(503, {"error": str(exc)})
+        if (
+            isinstance(answer, Answer)
+            and len(answer.body) > COMPRESS_OVER
+            and "gzip" in req.headers.get("accept-encoding", "")
+        ):
+            # zlib lets go of the GIL: the loop goes on while a big page is packed.
+            body = await asyncio.to_thread(gzip.compress, answer.body, 1, mtime=0)
+            extra = (("Content-Encoding", "gzip"), ("Vary", "Accept-Encoding"))
+            return Answer(answer.status, answer.ctype, body, (*answer.headers, *extra))
+        return answer
+
+    async def _get(self, req: Request, parts: list[str]) -> Answer | Stream | None:
+        q = parse_qs(req.query)
+        if parts == [""]:
+            return _html(200, await self._index(req))
+        if parts == ["favicon.ico"]:
+            parts = ["static", "icon.svg"]
+        if parts[:1] == ["static"] and len(parts) == 2 and parts[1] in self._static:
+            body, ctype = self._static[parts[1]]
+            return Answer(200, ctype, body, (*SECURITY[:-1], ("Cache-Control", "max-age=300")))
+        if parts[:1] == ["jobs"] and len(parts) == 2:
+            if parts[1] not in self.config.job_names:
+                return _html(404, self._wrap(req, "Not found", page.message("No such job", "")))
+            return _html(200, await self._job_page(req, parts[1], q))
+        if parts[:1] == ["fragment"]:
+            return await self._fragment(req, parts[1:], q)
+        if parts[:2] != ["api", "v1"]:
+            return None
+        rest = parts[2:]
+        if rest == ["jobs"]:
+            return _json(200, {"jobs": await self.data.jobs_data()})
+        if rest == ["fleet"]:
+            return _json(200, await self.data.fleet_data())
+        if rest == ["events"]:
+            return Stream(self.live.events(), headers=SECURITY)
+        if rest[:1] == ["jobs"] and len(rest) in (2, 3):
+            name = rest[1]
+            if name not in self.config.job_names:
+                return _json(404, {"error": f"no job named {name!r} in this sidecar's config"})
+            limit, before = _paging(q)
+            if len(rest) == 3 and rest[2] == "runs":
+                return _json(200, await self.data.runs_data(name, limit, before))
+            if len(rest) == 2:
+                data = self.data.job_data(name)
+                data["actions"] = self.data.actions_data(name)
+                return _json(200, data)
+        return _json(404, {"error": "not found"})
+
+    # ------------------------------------------------------------------ pages
+
+    def _wrap(self, req: Request, title: str, body: str) -> str:
+        who = self.sessions.who(req)
+        csrf = self.sessions.csrf(req) if who else self.sessions.login_csrf()
+        return page.layout(title, body, who, csrf, self.tokens.enabled)
+
+    async def _index(self, req: Request) -> str:
+        jobs = await self.data.jobs_data()
+        rows = []
+        since = time.perf_counter()
+        for job in jobs:
+            rows.append(self.data.row(job))
+            if time.perf_counter() - since > RENDER_SLICE:
+                await asyncio.sleep(0)
+                since = time.perf_counter()
+        body = page.jobs_table(rows, len(jobs)) + page.fleet_section(await self.data.fleet_data())
+        if not self.guard.connected.is_set():
+            body = page.UNREACHABLE + body
+        return self._wrap(req, f"Fleet · {self.config.instance_id}", body)
+
+    async def _job_page(self, req: Request, name: str, q: dict[str, list[str]]) -> str:
+        limit, before = _paging(q)
+        title = f"{name} · fleet"
+        if self.guard.connected.is_set():
+            return self._wrap(req, title, await self._job_body(req, name, limit, before))
+        try:  # NATS down: the runs read last, else none; at once either way
+            body = await self._job_body(req, name, limit, before)
+        except SidecarError:
+            body = page.message(name, "Its runs are read from the stream, out of reach now.")
+        return self._wrap(req, title, page.UNREACHABLE + body)
+
+    async def _job_body(self, req: Request, name: str, limit: int, before: int | None) -> str:
+        runs = await self.data.runs_data(name, limit, before)
+        who = self.sessions.who(req)
+        forms = ""
+        if who:
+            forms = page.action_forms(name, self.sessions.csrf(req), self.secrets is not None)
+        return page.job_page(
+            self.data.job_data(name),
+            runs["runs"],
+            runs["next_before"],
+            self.data.actions_data(name),
+            forms,
+            limit,
+        )
+
+    async def _fragment(
+        self, req: Request, rest: list[str], q: dict[str, list[str]]
+    ) -> Answer | None:
+        if rest == ["jobs"]:
+            # jobs_data() builds again what changed (the event that asks came
+            # after the change): every viewer asking at once shares one build.
+            wanted = set(",".join(q.get("names", [])).split(","))
+            rows = [
+                self.data.row(job) for job in await self.data.jobs_data() if job["name"] in wanted
+            ]
+            return _html(200, "".join(rows))
+        if rest == ["fleet"]:
+            return _html(200, page.fleet_section(await self.data.fleet_data()))
+        if len(rest) == 2 and rest[0] == "job" and rest[1] in self.config.job_names:
+            limit, before = _paging(q)
+            return _html(200, await self._job_body(req, rest[1], limit, before))
+        return None
+
+    # ------------------------------------------------------------------ acting
+
+    async def _post(self, req: Request, parts: list[str]) -> Answer:
+        if not self.tokens.enabled:
+            return _json(403, {"error": "read-only: this sidecar has no admin.token_file"})
+        form = _form(req)
+        if parts == ["login"]:
+            return self._login(req, form)
+        if parts == ["logout"]:
+            if not (
+                self.sessions.same_origin(req)
+                and hmac.compare_digest(form.get("csrf", ""), self.sessions.csrf(req))
+            ):
+                return _json(403, {"error": "bad or missing CSRF token; reload the page"})
+            return self._logout()
+        api = parts[:2] == ["api", "v1"]
+        rest = parts[2:] if api else parts
+        if len(rest) != 3 or rest[0] != "jobs" or rest[2] not in ACTIONS:
+            return _json(404, {"error": "not found"})
+        job, action = rest[1], rest[2]
+        if api:
+            auth = req.headers.get("authorization", "")
+            scheme, _, presented = auth.partition(" ")
+            who = self.tokens.who(presented.strip()) if scheme.lower() == "bearer" else None
+            if who is None:
+                return _json(401, {"error": "a valid Authorization: Bearer <token> is needed"})
+        else:
+            who = self.sessions.who(req)
+            if who is None:
+                return _json(401, {"error": "sign in with a token first"})
+            given = form.get("csrf", "")
+            if not (
+                self.sessions.same_origin(req)
+                and hmac.compare_digest(given, self.sessions.csrf(req))
+            ):
+                return _json(403, {"error": "bad or missing CSRF token; reload the page"})
+        if job not in self.config.job_names:
+            return _json(404, {"error": f"no job named {job!r} in this sidecar's config"})
+        via = "api" if api else "page"
+        status, result = await self._act(job, action, who, req.peer, form, via)
+        if api:
+            return _json(status, result)
+        location = page.job_href(job) + ("" if status < 300 else "?error=1")
+        return Answer(303, "text/plain; charset=utf-8", b"", (*SECURITY, ("Location", location)))
+
+    async def _act(
+        self, job: str, action: str, who: str, peer: str, form: dict[str, str], via: str
+    ) -> tuple[int, dict[str, Any]]:
+        """Check the request, record the act, do it; an act is either done and recorded,
+        or neither, and the answer says which (``done``, ``recorded``)."""
+        not_done = {"done": False, "recorded": False}
+        bucket = self.fleet.bucket
+        if bucket is None:
+            return 503, {"error": "the state bucket is not open yet", **not_done}
+        reason = form.get("reason", "")[:200]
+        until: str | None = None
+        count = 1
+        # What is asked is checked before anything is written.
+        if action == "pause":
+            asked = form.get("until", "").strip() or None
+            if asked is not None:  # parsed as `pause --until` does: a time or a duration
+                try:
+                    until = rfc3339(until_of(asked, time.time()))
+                except ValueError as exc:
+                    return 400, {"error": f"until: {exc}", **not_done}
+            intent = reason + (f" (until {until})" if until else "")
+        elif action == "skip":
+            if self.secrets is None:
+                return 503, {"error": "skip is not available on this sidecar", **not_done}
+            try:
+                count = int(form.get("count", "1") or "1")
+            except ValueError:
+                return 400, {"error": f"count: a whole number 1 to {MAX_SKIP}", **not_done}
+            if not 1 <= count <= MAX_SKIP:
+                return 400, {"error": f"count: must be 1 to {MAX_SKIP}, got {count}", **not_done}
+            intent = f"skip {count} run(s)" + (f": {reason}" if reason else "")
+        elif action == "run-now":
+            if self.runs is None:
+                return 503, {"error": "not connected to NATS yet", **not_done}
+            intent = "run"
+        else:
+            intent = "resume"
+        at = rfc3339(time.time())
+        entry = {
+            "id": secrets.token_hex(8),
+            "at": at,
+            "by": who,
+            "action": action,
+            "from": peer,
+            "via": via,
+            "instance": self.config.instance_id,
+            "detail": intent,
+        }
+        try:
+            await record_action(bucket.kv, job, entry)
+        except StreamError as exc:
+            return 503, {"error": f"not done: {exc}", **not_done}
+        try:
+            status, detail, answer = await self._do(job, action, who, reason, until, count)
+        except Exception as exc:  # NATS away, a conflict: not done
+            log.warning("fleet page: %s %s by %s not done: %r", action, job, who, exc)
+            status, detail, answer = 503, intent, {"error": f"not done: {exc!r}"}
+        if status != 200:
+            try:
+                await drop_action(bucket.kv, job, entry["id"])
+            except StreamError as exc:
+                log.warning("fleet page: the record of %s %s not taken back: %s", action, job, exc)
+                answer["error"] += " (recorded as asked: its record could not be taken back)"
+                return status, {**answer, "done": False, "recorded": True}
+            return status, {**answer, **not_done}
+        if detail != intent:
+            try:
+                await complete_action(bucket.kv, job, entry["id"], detail)
+            except StreamError as exc:  # recorded as asked: the detail is what is missing
+                log.warning("fleet page: detail of %s %s not recorded: %s", action, job, exc)
+        log.info("fleet page: %s %s by %s from %s: %s", action, job, who, peer, detail)
+        result = {"job": job, "action": action, "by": who, **answer, "at": at}
+        return 200, {**result, "done": True, "recorded": True}
+
+    async def _do(
+        self, job: str, action: str, who: str, reason: str, until: str | None, count: int
+    ) -> tuple[int, str, dict[str, Any]]:
+        """Do the act: (status, the record's detail, the answer's fields)."""
+        bucket = self.fleet.bucket
+        assert bucket is not None
+        if action == "pause":
+            value = await pause(bucket.kv, job, who, reason, until)
+            return 200, reason + (f" (until {until})" if until else ""), {"pause": value}
+        if action == "resume":
+            was = await resume(bucket.kv, job)
+            if was is None:
+                return 409, "", {"error": f"{job} was not paused"}
+            return 200, f"paused by {was.get('by', '?')} at {was.get('at', '?')}", {}
+        if action == "run-now":
+            assert self.runs is not None
+            token = await self.runs.start(job)
+            return 200, f"run {token}", {"run_id": token}
+        assert self.secrets is not None
+        try:  # the same write as `anarchon-sidecar skip`
+            added, left = await skip_runs(
+                self.config, self.secrets, self.config.job(job), count, who, reason
+            )
+        except ValueError as exc:
+            return 400, "", {"error": f"count: {exc}"}
+        # The slots' ids (epoch ms), as ``skip.<job>`` holds them.
+        return 200, skip_detail(added, reason), {"skipped": added, "skip_pending": left}
+
+    def _login(self, req: Request, form: dict[str, str]) -> Answer:
+        if not self.sessions.same_origin(req):
+            return _json(403, {"error": "cross-site sign-in refused"})
+        # As every form: the sign-in form's CSRF token, curl or browser alike.
+        if not self.sessions.login_csrf_ok(form.get("csrf", "")):
+            return _json(403, {"error": "bad or missing CSRF token; reload the page"})
+        name = self.tokens.who(form.get("token", ""))
+        if name is None:
+            body = page.message("Sign-in refused", "That token is not in admin.token_file.")
+            login = self.sessions.login_csrf()
+            return _html(401, page.layout("Sign-in refused", body, None, login, True))
+        cookie = self.sessions.set_cookie(name)
+        log.info("fleet page: %s signed in from %s", name, req.peer)
+        return Answer(
+            303,
+            "text/plain; charset=utf-8",
+            b"",
+            (*SECURITY, ("Set-Cookie", cookie), ("Location", "/")),
+        )
+
+    def _logout(self) -> Answer:
+        cookie = self.sessions.clear_cookie()
+        return Answer(
+            303,
+            "text/plain; charset=utf-8",
+            b"",
+            (*SECURITY, ("Set-Cookie", cookie), ("Location", "/")),
+        )
+
+
+def _form(req: Request) -> dict[str, str]:
+    """The fields of a form or JSON body (first value of each)."""
+    ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
+    if not req.body:
+        return {}
+    if ctype == "application/json":
+        try:
+            data = json.loads(req.body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {str(k): str(v) for k, v in data.items() if isinstance(v, str | int | float)}
+    fields = parse_qs(req.body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {k: v[0] for k, v in fields.items() if v}
+
+
+def _paging(q: dict[str, list[str]]) -> tuple[int, int | None]:
+    try:
+        limit = max(1, min(RUNS_MAX, int(q.get("limit", [RUNS_LIMIT])[0])))
+    except ValueError:
+        limit = RUNS_LIMIT
+    try:
+        before = int(q["before"][0]) if "before" in q else None
+    except ValueError:
+        before = None
+    return limit, before

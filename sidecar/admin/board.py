@@ -1,0 +1,446 @@
+"""The fleet's data for people: one builder behind ``status --json``, the API and the page.
+
+``job_object`` and ``fleet_object`` build the objects both the CLI's
+``status --json`` and ``/api/v1/...`` print, from the same inputs: the state
+bucket's view, the stream's state and a ``Recent`` record of each job's
+newest runs. The CLI fills ``Recent`` with ``read_recent`` (two bounded passes
+over the stream); a running sidecar keeps one up to date from one ordered
+consumer (sidecar/admin/live.py). Values that come from the stream or the bucket are
+data anyone with publish rights could have written: they are returned as they
+are and escaped where they are shown.
+
+``Recent`` keeps, per job, the newest claim and the newest result as stored
+(the last run is their join, as ``status`` always did) and a strip of the last
+``STRIP`` runs as small tuples, so that 1,000 jobs cost well under a MiB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from sidecar.config.load import Config, JobConfig
+from sidecar.config.values import redact_url
+from sidecar.core.bounds import attempt_no, slot_ms
+from sidecar.core.clock import parse_rfc3339, rfc3339
+from sidecar.core.wire import FAILED, LOST, RUNNING, skip_key
+from sidecar.fleet.orphans import run_by
+from sidecar.run.backfill import backfill_key, done_of, running_of, slot_list
+from sidecar.run.runcap import counted
+from sidecar.store.runs import attempt_of, join_runs
+from sidecar.store.state import View, config_hash, mismatched_jobs
+from sidecar.store.stream import StreamState
+from sidecar.when.calendar import utc_text
+from sidecar.when.describe import describe, schedule_lines
+from sidecar.when.due import lease_job
+from sidecar.when.pauses import pause_active, pending
+
+STRIP = 20  # runs in a job's strip of status marks
+NEXT_RUNS = 3
+ACTIONS_KEPT = 50  # entries of ``actions.<job>`` (sidecar/admin/actions.py)
+# The newest messages read to fill the strips: about two per run and job, bounded.
+TAIL_PER_JOB = 2 * STRIP + 4
+TAIL_MAX = 50_000
+READ_TIMEOUT = 10.0
+
+
+@dataclass
+class JobRecent:
+    """One job's newest claim and result (raw) and its last runs' marks."""
+
+    claim: tuple[int, bytes] | None = None
+    result: tuple[int, bytes] | None = None
+    # token -> [slot, seq, status, attempt, manual]
+    marks: dict[str, list[Any]] = field(default_factory=dict)
+
+
+class Recent:
+    """Per job: what ``status`` and the page show of its runs, fed message by message."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.jobs: dict[str, JobRecent] = {}
+        self.last_seq = 0
+
+    def job_of(self, subject: str) -> tuple[str, str] | None:
+        """(job, "claims"|"results") of a stream subject under the prefix, else None."""
+        if not subject.startswith(self.prefix):
+            return None
+        job, _, kind = subject[len(self.prefix) :].rpartition(".")
+        if not job or "." in job or kind not in ("claims", "results"):
+            return None
+        return job, kind
+
+    def add(self, seq: int, subject: str, data: bytes) -> str | None:
+        """Take one stored message; the job it concerns, None when it is none of ours."""
+        self.last_seq = max(self.last_seq, seq)
+        found = self.job_of(subject)
+        if found is None:
+            return None
+        name, kind = found
+        rec = self.jobs.setdefault(name, JobRecent())
+        try:
+            body = json.loads(data)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return None
+        if not isinstance(body, dict) or body.get("job") != name:
+            return None
+        token = body.get("token")
+        if not isinstance(token, str):
+            return None
+        if kind == "claims":
+            slot = slot_ms(body.get("slot"))
+            if slot is None:  # not a slot any schedule can name: hostile, skipped
+                return None
+            if rec.claim is None or seq >= rec.claim[0]:
+                rec.claim = (seq, data)
+            if token not in rec.marks:
+                rec.marks[token] = [
+                    slot,
+                    seq,
+                    RUNNING,
+                    attempt_of(body),
+                    body.get("manual") is True,
+                ]
+                if len(rec.marks) > STRIP:  # the oldest goes (reads may come out of order)
+                    oldest = min(rec.marks.items(), key=lambda item: (item[1][0], item[1][1]))
+                    del rec.marks[oldest[0]]
+        else:
+            mark = rec.marks.get(token)
+            status = body.get("status")
+            # A real result wins over ``lost`` (its runner came back), as in history.
+            late_lost = status == LOST and mark is not None and mark[2] not in (RUNNING, LOST)
+            if (rec.result is None or seq >= rec.result[0]) and not late_lost:
+                rec.result = (seq, data)
+            if (
+                mark is not None
+                and isinstance(status, str)
+                and not (status == LOST and mark[2] != RUNNING)
+            ):
+                mark[2] = status
+        return name
+
+    def last_run(self, job: str) -> dict[str, Any] | None:
+        rec = self.jobs.get(job)
+        if rec is None:
+            return None
+        messages = [
+            (seq, f"{self.prefix}{job}.{kind}", data)
+            for kind, got in (("claims", rec.claim), ("results", rec.result))
+            if got is not None
+            for seq, data in [got]
+        ]
+        runs = join_runs(job, messages, self.prefix).runs
+        return runs[0].as_dict() if runs else None
+
+    def strip(self, job: str) -> list[dict[str, Any]]:
+        """The last runs, newest first: slot, status, token, attempt, manual, fence."""
+        rec = self.jobs.get(job)
+        if rec is None:
+            return []
+        marks = sorted(rec.marks.items(), key=lambda item: (item[1][0], item[1][1]), reverse=True)
+        return [
+            {
+                "slot": rfc3339(m[0] / 1000),
+                "status": m[2],
+                "token": token,
+                "attempt": m[3],
+                "manual": m[4],
+                "fence": m[1],
+            }
+            for token, m in marks
+        ]
+
+
+def consecutive_failures(strip: list[dict[str, Any]]) -> int:
+    """Finished runs that failed (or were lost) in a row, newest first; running ones skipped."""
+    count = 0
+    for run in strip:
+        if run["status"] == RUNNING:
+            continue
+        if run["status"] not in (FAILED, LOST):
+            break
+        count += 1
+    return count
+
+
+async def read_recent(js: JetStreamContext, stream: str, prefix: str, jobs: int) -> Recent:
+    """A Recent filled from the stream: the newest message of every subject, then a tail."""
+    recent = Recent(prefix)
+    info = await js.stream_info(stream)
+    last, first = int(info.state.last_seq), int(info.state.first_seq)
+    if not info.state.messages:
+        return recent
+    await read_pass(
+        js, stream, prefix, recent, ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+    )
+    start = max(first, last - min(TAIL_MAX, TAIL_PER_JOB * max(1, jobs)) + 1)
+    await read_pass(
+        js,
+        stream,
+        prefix,
+        recent,
+        ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start),
+    )
+    return recent
+
+
+async def read_pass(
+    js: JetStreamContext, stream: str, prefix: str, recent: Recent, config: ConsumerConfig
+) -> None:
+    done = asyncio.get_running_loop().create_future()
+
+    async def on_msg(msg: Msg) -> None:
+        meta = msg.metadata
+        recent.add(meta.sequence.stream, msg.subject, msg.data)
+        if meta.num_pending == 0 and not done.done():
+            done.set_result(None)
+
+    sub = await js.subscribe(
+        f"{prefix}>", stream=stream, cb=on_msg, ordered_consumer=True, config=config
+    )
+    try:
+        if await nothing_to_read(sub) and not done.done():
+            done.set_result(None)
+        await asyncio.wait_for(done, READ_TIMEOUT)
+    except TimeoutError:
+        pass  # what was read in that time is shown; the rest is missing, not wrong
+    finally:
+        await sub.unsubscribe()
+
+
+async def nothing_to_read(sub: Any) -> bool:
+    """True when a new consumer has no message to deliver: none on our subjects.
+
+    (The stream may hold messages of other subjects only: no callback then
+    ever says "nothing pending".)
+    """
+    info = await sub.consumer_info()
+    return int(info.num_pending or 0) == 0 and int(info.delivered.stream_seq or 0) == 0
+
+
+# ---------------------------------------------------------------------- objects
+
+
+def running(view: View, job: str, now_ms: int) -> list[dict[str, Any]]:
+    """The runs of `job` holding a lease now (``run.*`` and ``lock.*`` keys), oldest first."""
+    out = []
+    for key, entry in view.leases().items():
+        if lease_job(key) != job:
+            continue
+        v = entry.value
+        since = v.get("started_at")
+        try:
+            seconds = (
+                max(0.0, now_ms / 1000 - parse_rfc3339(since)) if isinstance(since, str) else None
+            )
+        except (ValueError, OverflowError, OSError):  # hostile input: not shown
+            seconds = None
+        out.append(
+            {
+                "slot": rfc3339(slot / 1000) if (slot := slot_ms(v.get("slot"))) else None,
+                "attempt": attempt_no(v.get("attempt"), 1),
+                "instance": v.get("instance"),
+                "since": since,
+                "seconds": round(seconds, 1) if seconds is not None else None,
+                "key": key,
+                "token": v.get("token"),
+                "fence": v.get("fence"),
+            }
+        )
+    return sorted(out, key=lambda run: str(run["since"]))
+
+
+def schedules_of(job: JobConfig) -> list[dict[str, str]]:
+    """The job's schedule(s) with their words. Several schedules per job, when the
+    config gives them (``job.schedules``), are listed each; today there is one."""
+    tz = job.timezone.key
+    return [{"cron": expr, "text": describe(expr, tz)} for expr in job.schedule.exprs]
+
+
+def schedule_fields(job: JobConfig, view: View, now_ms: int, upcoming: list[int]) -> dict[str, Any]:
+    """``skip``, backfill and schedule-in-words fields of a job (docs/SCHEDULES.md)."""
+    skip = view.keys.get(skip_key(job.name))
+    entry = view.keys.get(backfill_key(job.name))
+    backfill = entry.value if entry is not None else None
+    return {
+        "skip_pending": pending(skip.value if skip is not None else None, now_ms),
+        "backfill_pending": len(slot_list(backfill)),
+        "backfill_running": running_of(backfill),
+        "backfill_done": done_of(backfill),
+        "schedule_lines": schedule_lines(job.schedule),
+        "next_run_local": local_time(upcoming[0], job.timezone) if upcoming else None,
+    }
+
+
+def local_time(epoch_ms: int, tz: ZoneInfo) -> str:
+    """``2026-12-24 09:00:00 CET``: a slot as the job's timezone reads it."""
+    return f"{datetime.fromtimestamp(epoch_ms / 1000, tz):%Y-%m-%d %H:%M:%S %Z}"
+
+
+def job_object(
+    job: JobConfig,
+    view: View,
+    recent: Recent,
+    now_ms: int,
+    mismatch: set[str],
+    held: dict[str, str | None],
+    upcoming: list[int] | None = None,
+    runners: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """One entry of ``jobs``, alike in ``status --json`` and ``/api/v1/jobs``.
+
+    `upcoming`: the job's next ``NEXT_RUNS`` slots after `now_ms` when the
+    caller has them (computing them is most of the cost of a job's object).
+    """
+    if upcoming is None:
+        upcoming = job.schedule.runs(now_ms, NEXT_RUNS)  # exclusions applied
+    over = no_more_runs(job, view, now_ms)
+    if over is not None:
+        upcoming = []
+    paused = view.paused(job.name)
+    # A timed pause whose end has passed is over (sidecar/run/skips.py).
+    pause = paused.value if paused is not None and pause_active(paused.value, now_ms) else {}
+    active = bool(pause)
+    strip = recent.strip(job.name)
+    return {
+        "name": job.name,
+        "paused": active,
+        "paused_by": pause.get("by"),
+        "paused_at": pause.get("at"),
+        "paused_reason": pause.get("reason"),
+        # A pause with an end (``pause --until``): it ends by itself then.
+        "paused_until": pause.get("until"),
+        **schedule_fields(job, view, now_ms, upcoming),
+        "running": running(view, job.name, now_ms),
+        "last_run": recent.last_run(job.name),
+        "next_slot": rfc3339(upcoming[0] / 1000) if upcoming else None,
+        "next_slots": [rfc3339(s / 1000) for s in upcoming],
+        "schedules": schedules_of(job),
+        "timezone": job.timezone.key,
+        "recent": strip,
+        "consecutive_failures": consecutive_failures(strip),
+        "target": f"{job.request.method} {redact_url(job.request.url)}{job.request.path}",
+        "settings_differ": job.name in mismatch,
+        # Why the stream cannot hold this job's claims (its slots are skipped).
+        "stream_problem": held.get(job.name),
+        # Which live instances run the job (drift: not every one, or only others).
+        "run_by": (runners or {}).get(job.name, []),
+        # start_at, end_at, max_runs (docs/SCHEDULES.md): why the job runs no more.
+        "ended": over,
+        "start_at": _utc(job.schedule.start_ms),
+        "end_at": _utc(job.schedule.end_ms),
+        "max_runs": job.max_runs,
+        "runs_counted": counted(view, job.name) if job.max_runs is not None else None,
+    }
+
+
+def no_more_runs(job: JobConfig, view: View, now_ms: int) -> str | None:
+    """Why the job claims no more slots (end_at passed, max_runs reached); None if it does."""
+    if job.schedule.ended(now_ms):
+        return f"end_at {utc_text(job.schedule.end_ms or 0)} passed"
+    if job.max_runs is not None and (runs := counted(view, job.name)) >= job.max_runs:
+        return f"max_runs {job.max_runs} reached ({runs} runs counted in count.{job.name})"
+    return None
+
+
+def _utc(epoch_ms: int | None) -> str | None:
+    return rfc3339(epoch_ms / 1000) if epoch_ms is not None else None
+
+
+def stream_object(state: StreamState, domain: str | None) -> dict[str, Any]:
+    return {
+        "name": state.name,
+        "domain": domain,
+        "cluster": state.cluster,
+        "leader": state.leader,
+        "replicas": state.replicas,
+        "duplicate_window_seconds": state.duplicate_window,
+        "history_size": state.history_size,
+        "messages": state.messages,
+        "last_seq": state.last_seq,
+    }
+
+
+def instances_of(view: View, seen: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """The live instances; `seen`: when each one's presence was last written (epoch s)."""
+    seen = seen or {}
+    instances = view.instances()
+    mismatch = mismatched_jobs(instances)
+    out = []
+    for instance, value in sorted(instances.items()):
+        jobs = value.get("jobs")
+        differ = isinstance(jobs, dict) and any(name in mismatch for name in jobs)
+        out.append(
+            {
+                "id": instance,
+                "version": value.get("version"),
+                "started_at": value.get("started_at"),
+                "config_hash": config_hash(jobs),
+                "metrics": value.get("metrics"),
+                "settings_differ": differ,
+                "last_seen": rfc3339(seen[instance]) if instance in seen else None,
+            }
+        )
+    return out
+
+
+def fleet_part(
+    config: Config,
+    view: View,
+    stream: dict[str, Any] | None,
+    bucket: dict[str, Any] | None,
+    now_ms: int,
+    seen: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """``status --json`` without its ``jobs``: ``/api/v1/fleet``."""
+    instances = view.instances()
+    mismatch = mismatched_jobs(instances)
+    runners = run_by(instances)
+    mine = set(config.job_names)
+    return {
+        "stream": stream,
+        "state_bucket": bucket,
+        "instances": instances_of(view, seen),
+        "config_mismatch": bool(mismatch),
+        "mismatched_jobs": sorted(mismatch),
+        # Jobs live instances run that this config does not have (removed,
+        # renamed or added on part of the fleet), with their leftover state.
+        "other_jobs": [
+            {
+                "name": name,
+                "run_by": runners.get(name, []),
+                "paused": view.paused(name) is not None,
+                "running": running(view, name, now_ms),
+            }
+            for name in sorted(set(runners) - mine)
+        ],
+    }
+
+
+def fleet_object(
+    config: Config,
+    view: View,
+    recent: Recent,
+    stream: dict[str, Any] | None,
+    held: dict[str, str | None],
+    now_ms: int,
+    bucket: dict[str, Any] | None = None,
+    seen: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """The object of ``status --json``: stream, instances, mismatches and every job."""
+    mismatch = mismatched_jobs(view.instances())
+    runners = run_by(view.instances())
+    jobs = [
+        job_object(job, view, recent, now_ms, mismatch, held, runners=runners)
+        for job in config.jobs
+    ]
+    return {**fleet_part(config, view, stream, bucket, now_ms, seen), "jobs": jobs}

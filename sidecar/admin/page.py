@@ -1,0 +1,364 @@
+"""The fleet page as HTML: server-rendered, readable without JavaScript.
+
+Pure functions from the objects of sidecar/admin/board.py to strings. Every value
+that comes from the config, the stream or the state bucket goes through
+``e()`` (HTML escaping, quotes included): stream data is written by whoever
+can publish, and is treated as hostile. No inline script or style (the
+Content-Security-Policy forbids both): page.js and page.css come from
+``/static/``. Times are ``<time datetime=UTC>`` elements; page.js rewrites
+them into the viewer's local time with its zone's name and keeps the UTC
+instant in the title. A job's own times (its next runs, its runs' scheduled
+and start times) are in its schedule's timezone instead (``data-tz``), shown
+so by the server too, zone name included, so they read as the schedule does.
+Status marks carry a symbol and a word, never colour alone.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from html import escape
+from typing import Any
+from urllib.parse import quote
+from zoneinfo import ZoneInfo
+
+from sidecar.core.wire import FAILED, LOST, RUNNING, SKIPPED, SUCCEEDED
+
+MARKS = {
+    SUCCEEDED: ("✓", "ok"),
+    FAILED: ("✗", "bad"),
+    RUNNING: ("▶", "run"),
+    SKIPPED: ("↷", "skip"),
+    LOST: ("?", "bad"),
+}
+DASH = '<span class="none">&#8211;</span>'
+ACTIVE = '<span class="tag ok">active</span>'
+DIFFERS = '<span class="tag warn">⚠ differs</span>'
+
+
+def e(value: object) -> str:
+    return escape("" if value is None else str(value), quote=True)
+
+
+def when(text: object, tz: object = None) -> str:
+    """A ``<time>`` for an RFC 3339 UTC instant; a dash for none. With `tz` (a job's
+    IANA timezone), shown in that zone with its name, for page.js too (``data-tz``)."""
+    if not text:
+        return '<span class="none">&#8211;</span>'
+    t = e(text)
+    if not tz:
+        return f'<time datetime="{t}" title="{t}">{t}</time>'
+    try:
+        at = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+        shown = e(at.astimezone(ZoneInfo(str(tz))).strftime("%Y-%m-%d %H:%M:%S %Z"))
+    except (ValueError, KeyError):  # not a time or not a zone: as it is
+        return f'<time datetime="{t}" title="{t}">{t}</time>'
+    return f'<time datetime="{t}" data-tz="{e(tz)}" title="UTC {t}">{shown}</time>'
+
+
+def mark(status: object, title: str = "") -> str:
+    symbol, css = MARKS.get(str(status), ("·", "unk"))
+    label = e(f"{status} {title}".strip())
+    return (
+        f'<span class="mark {css}" title="{label}" role="img" aria-label="{label}">{symbol}</span>'
+    )
+
+
+def ident(value: object) -> str:
+    """A run id or fence: monospaced and copyable (page.js adds the button)."""
+    if value is None or value == "":
+        return '<span class="none">&#8211;</span>'
+    return f'<code class="copy">{e(value)}</code>'
+
+
+def seconds(value: object) -> str:
+    if not isinstance(value, int | float):
+        return "&#8211;"
+    v = float(value)
+    if v < 1:  # a run of 2 ms is 2 ms, not "0.0 s"
+        return f"{round(v * 1000)} ms"
+    if v < 60:
+        return f"{v:.1f} s"
+    if v < 3600:
+        return f"{int(v // 60)} min {int(v % 60)} s"
+    return f"{int(v // 3600)} h {int(v % 3600 // 60)} min"
+
+
+def job_href(name: str) -> str:
+    return "/jobs/" + quote(name, safe="")
+
+
+def layout(title: str, body: str, who: str | None, csrf: str | None, can_act: bool) -> str:
+    if who:
+        session = (
+            f'<form method="post" action="/logout" class="inline">'
+            f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+            f"signed in as <strong>{e(who)}</strong> "
+            f'<button type="submit">sign out</button></form>'
+        )
+    elif can_act:
+        session = (
+            '<form method="post" action="/login" class="inline login">'
+            f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+            '<label for="token">Token</label> '
+            '<input id="token" name="token" type="password" autocomplete="off" required> '
+            '<button type="submit">sign in</button></form>'
+        )
+    else:
+        session = '<span class="note">read-only (no admin.token_file)</span>'
+    return (
+        "<!doctype html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="color-scheme" content="light dark">'
+        f"<title>{e(title)}</title>"
+        '<link rel="icon" href="/static/icon.svg" type="image/svg+xml">'
+        '<link rel="stylesheet" href="/static/page.css">'
+        '<script src="/static/page.js" defer></script></head><body>'
+        '<a class="skip-link" href="#main">Skip to content</a>'
+        '<header><nav><a href="/" class="brand">anarchon-sidecar</a> '
+        '<span id="live" class="live" aria-live="polite">static</span></nav>'
+        f'<div class="session">{session}</div></header>'
+        f'<main id="main">{body}</main>'
+        "<footer>A job's times are in its schedule's timezone, the others in yours; "
+        "each names its zone, and hovering shows UTC. "
+        '<a href="/api/v1/jobs">JSON API</a></footer></body></html>\n'
+    )
+
+
+# ---------------------------------------------------------------------- the fleet
+
+
+def job_row(job: dict[str, Any]) -> str:
+    name = str(job["name"])
+    scheds = "".join(
+        f'<div><code>{e(s["cron"])}</code><br><span class="words">{e(s["text"])}</span></div>'
+        for s in job.get("schedules") or []
+    )
+    state = []
+    if job.get("paused"):
+        why = f": {e(job.get('paused_reason'))}" if job.get("paused_reason") else ""
+        until = f", until {when(job['paused_until'])}" if job.get("paused_until") else ""
+        state.append(
+            f'<span class="tag paused">paused</span> by {e(job.get("paused_by"))}{why}{until}'
+        )
+    if job.get("ended"):
+        state.append(f'<span class="tag warn">ended</span> runs no more: {e(job["ended"])}')
+    elif job.get("max_runs") is not None:
+        state.append(f"{e(job.get('runs_counted') or 0)} of max_runs {e(job['max_runs'])} runs")
+    if job.get("skip_pending"):
+        state.append(
+            f'<span class="tag skip">skip</span> next {e(job["skip_pending"])} run(s) skipped'
+        )
+    if job.get("stream_problem"):
+        state.append(f'<span class="tag bad">not held</span> {e(job["stream_problem"])}')
+    if job.get("settings_differ"):
+        state.append('<span class="tag warn">settings differ</span>')
+    for run in job.get("running") or []:
+        attempt = f", attempt {e(run.get('attempt'))}" if run.get("attempt", 1) != 1 else ""
+        state.append(
+            f'<span class="tag run">▶ running</span> on {e(run.get("instance"))} for '
+            f"{seconds(run.get('seconds'))}{attempt}"
+        )
+    strip = "".join(
+        mark(r["status"], f"{r['slot']}{' manual' if r.get('manual') else ''}")
+        for r in reversed(job.get("recent") or [])
+    )
+    fails = job.get("consecutive_failures") or 0
+    tz = job.get("timezone")
+    nexts = "<br>".join(when(s, tz) for s in job.get("next_slots") or [])
+    last = job.get("last_run") or {}
+    last_text = f"{mark(last['status'])} {when(last.get('scheduled_at'), tz)}" if last else DASH
+    return (
+        f'<tr id="job-{e(name)}" data-job="{e(name)}">'
+        f'<th scope="row"><a href="{e(job_href(name))}">{e(name)}</a></th>'
+        f"<td>{scheds}</td>"
+        f"<td>{' <br>'.join(state) or ACTIVE}</td>"
+        f'<td class="strip" data-label="last runs">{strip or "&#8211;"}</td>'
+        f'<td class="num{" bad" if fails else ""}" data-label="consecutive failures">{fails}</td>'
+        f'<td data-label="last run">{last_text}</td>'
+        f'<td data-label="next runs">{nexts}</td></tr>'
+    )
+
+
+# Above the jobs while this sidecar is not connected to NATS.
+UNREACHABLE = (
+    '<p class="warn" role="alert">⚠ NATS is unreachable: this sidecar is not connected '
+    "(nats.servers). What the page shows is what it last knew; it runs no slot and "
+    "takes no action until it is connected again.</p>"
+)
+
+
+def jobs_table(rows: list[str], count: int, heading: str = "") -> str:
+    heading = heading or f'<h1 id="jobs-h">Jobs <small>({count})</small></h1>'
+    return (
+        f'<section aria-labelledby="jobs-h">{heading}'
+        '<div class="scroll"><table class="jobs"><caption class="vh">Every job of this '
+        "sidecar's config</caption><thead><tr>"
+        '<th scope="col">Job</th><th scope="col">Schedule</th><th scope="col">State</th>'
+        '<th scope="col">Last runs (oldest → newest)</th>'
+        '<th scope="col" title="consecutive failures">Fails</th>'
+        '<th scope="col">Last run</th><th scope="col">Next runs</th></tr></thead>'
+        f'<tbody id="jobs-body">{"".join(rows)}</tbody></table></div></section>'
+    )
+
+
+def fleet_section(fleet: dict[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><th scope='row'>{e(i['id'])}</th><td>{e(i.get('version'))}</td>"
+        f"<td>{ident(i.get('config_hash'))}</td>"
+        f"<td>{DIFFERS if i.get('settings_differ') else '&#8211;'}</td>"
+        f"<td>{when(i.get('started_at'))}</td><td>{when(i.get('last_seen'))}</td>"
+        f"<td>{e(i.get('metrics'))}</td></tr>"
+        for i in fleet.get("instances") or []
+    )
+    stream = fleet.get("stream") or {}
+    bucket = fleet.get("state_bucket") or {}
+    warn = ""
+    others = fleet.get("other_jobs") or []
+    if others:
+        listed = ", ".join(
+            f"{o.get('name')} (run by {', '.join(map(str, o.get('run_by') or []))})" for o in others
+        )
+        warn += (
+            '<p class="warn" role="alert">⚠ Live instances run jobs this sidecar\'s config '
+            f"does not have: {e(listed)}</p>"
+        )
+    if fleet.get("config_mismatch"):
+        warn += (
+            '<p class="warn" role="alert">⚠ Live instances run these jobs with different '
+            f"settings: {e(', '.join(fleet.get('mismatched_jobs') or []))}</p>"
+        )
+
+    def dl(pairs: list[tuple[str, object]]) -> str:
+        return "<dl>" + "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in pairs) + "</dl>"
+
+    stream_dl = (
+        dl(
+            [
+                ("name", stream.get("name")),
+                ("JetStream domain", stream.get("domain") or "(none)"),
+                ("cluster", stream.get("cluster") or "(none)"),
+                ("leader", stream.get("leader") or "-"),
+                ("replicas", stream.get("replicas")),
+                ("duplicate window", f"{stream.get('duplicate_window_seconds')} s"),
+                ("history size", stream.get("history_size")),
+                ("messages", stream.get("messages")),
+            ]
+        )
+        if stream
+        else "<p>No stream yet, or it does not answer.</p>"
+    )
+    bucket_dl = dl(
+        [
+            ("name", bucket.get("name")),
+            ("live keys", bucket.get("keys")),
+            ("problem", bucket.get("problem") or "none"),
+        ]
+    )
+    return (
+        '<section id="fleet" aria-labelledby="fleet-h"><h2 id="fleet-h">Fleet</h2>'
+        f"{warn}<h3>Live instances ({len(fleet.get('instances') or [])})</h3>"
+        '<div class="scroll"><table><thead><tr><th scope="col">Instance</th>'
+        '<th scope="col">Version</th><th scope="col">Config digest</th>'
+        '<th scope="col">Drift</th><th scope="col">Up since</th><th scope="col">Last seen</th>'
+        f'<th scope="col">Metrics</th></tr></thead><tbody>{rows}</tbody></table></div>'
+        f'<div class="cols"><div><h3>Stream</h3>{stream_dl}</div>'
+        f"<div><h3>State bucket</h3>{bucket_dl}</div></div></section>"
+    )
+
+
+# ---------------------------------------------------------------------- one job
+
+
+def run_row(run: dict[str, Any], tz: object = None) -> str:
+    trigger = "manual" if run.get("manual") else "schedule"
+    error = run.get("error")
+    answer = run.get("answer")  # the start of the app's answer, when a result records it
+    detail = e(error) if error else ""
+    if answer:
+        detail += f'<pre class="answer">{e(answer)}</pre>'
+    late = run.get("late_ms")
+    took = run.get("duration_ms")
+    return (
+        f"<tr><td>{mark(run.get('status'))} {e(run.get('status'))}</td><td>{trigger}</td>"
+        f"<td class='num'>{e(run.get('attempt', 1))}</td><td>{e(run.get('instance'))}</td>"
+        f"<td>{when(run.get('scheduled_at'), tz)}</td><td>{when(run.get('started_at'), tz)}</td>"
+        f"<td class='num'>{seconds(late / 1000) if isinstance(late, int) else DASH}</td>"
+        f"<td class='num'>{seconds(took / 1000) if isinstance(took, int) else DASH}</td>"
+        f"<td class='num'>{e(run.get('http_status') or '') or DASH}</td>"
+        f"<td class='err'>{detail or DASH}</td>"
+        f"<td class='id'>{ident(run.get('token'))}</td>"
+        f"<td class='id'>{ident(run.get('fence'))}</td></tr>"
+    )
+
+
+def action_forms(job: str, csrf: str, skip: bool) -> str:
+    base = e(job_href(job))
+    token = f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+    skip_form = (
+        f'<form method="post" action="{base}/skip" class="skip">{token}'
+        '<label for="count">Runs</label> <input id="count" name="count" type="number" min="1" '
+        'max="1000" value="1" inputmode="numeric"> '
+        '<button type="submit">Skip next runs everywhere</button></form>'
+        if skip
+        else ""
+    )
+    return (
+        '<section aria-labelledby="act-h" class="actions"><h2 id="act-h">Act</h2>'
+        f'<form method="post" action="{base}/run-now">{token}'
+        '<button type="submit">Run now (from this sidecar)</button></form>'
+        f'<form method="post" action="{base}/pause" class="pause">{token}'
+        '<label for="reason">Reason</label> <input id="reason" name="reason" maxlength="200"> '
+        '<label for="until">Until</label> <input id="until" name="until" maxlength="40" '
+        'placeholder="30m, 2h or 2026-12-24T08:00:00Z"> '
+        '<button type="submit">Pause everywhere</button></form>'
+        f'<form method="post" action="{base}/resume">{token}'
+        f'<button type="submit">Resume</button></form>{skip_form}</section>'
+    )
+
+
+def job_page(
+    job: dict[str, Any],
+    runs: list[dict[str, Any]],
+    next_before: int | None,
+    actions: list[dict[str, Any]],
+    forms: str,
+    limit: int,
+) -> str:
+    name = str(job["name"])
+    head = jobs_table([job_row(job)], 1, '<h2 id="jobs-h" class="vh">Now</h2>')
+    tz = job.get("timezone")
+    none = "<tr><td colspan='12'>No runs recorded.</td></tr>"
+    rows = "".join(run_row(r, tz) for r in runs) or none
+    more = (
+        f'<p><a href="{e(job_href(name))}?before={next_before}&amp;limit={limit}" rel="next">'
+        "Older runs →</a></p>"
+        if next_before
+        else ""
+    )
+    acts = "".join(
+        f"<tr><td>{when(a.get('at'))}</td><td>{e(a.get('action'))}</td><td>{e(a.get('by'))}</td>"
+        f"<td>{e(a.get('from'))}</td><td>{e(a.get('instance'))}</td><td>{e(a.get('detail'))}</td></tr>"
+        for a in actions
+    )
+    return (
+        f'<h1 id="job-title" data-job="{e(name)}">{e(name)} <small>{e(job.get("target"))}</small>'
+        f"</h1>{head}{forms}"
+        '<section aria-labelledby="runs-h"><h2 id="runs-h">Runs</h2><div class="scroll">'
+        '<table class="runs"><thead><tr><th scope="col">Status</th><th scope="col">Trigger</th>'
+        '<th scope="col">Attempt</th><th scope="col">Instance</th><th scope="col">Scheduled</th>'
+        '<th scope="col">Started</th><th scope="col">Late</th><th scope="col">Duration</th>'
+        '<th scope="col">HTTP</th><th scope="col">Error</th><th scope="col">Run id</th>'
+        f'<th scope="col">Fence</th></tr></thead><tbody id="runs-body">{rows}</tbody></table>'
+        f"</div>{more}</section>"
+        '<section aria-labelledby="acts-h"><h2 id="acts-h">Actions on this job</h2>'
+        '<div class="scroll"><table><thead><tr><th scope="col">When</th>'
+        '<th scope="col">What</th><th scope="col">By</th><th scope="col">From</th>'
+        '<th scope="col">Served by</th><th scope="col">Detail</th></tr></thead>'
+        f'<tbody id="acts-body">{acts or "<tr><td colspan=6>None recorded.</td></tr>"}'
+        "</tbody></table></div></section>"
+    )
+
+
+def message(title: str, text: str) -> str:
+    return f"<h1>{e(title)}</h1><p>{e(text)}</p><p><a href='/'>Back to the fleet</a></p>"

@@ -1,0 +1,90 @@
+"""The fleet view behind ``status``: read from the state bucket and the stream.
+
+No running sidecar's admin port is needed: live instances are the
+``instance.<id>`` keys (each kept alive with a TTL), pauses the
+``paused.<job>`` keys, and each job's last run is joined from its newest claim
+and result; the objects are built by sidecar/admin/board.py, as the fleet page's
+API builds them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError, NotFoundError
+
+from sidecar.admin.board import Recent, fleet_object, read_recent, running, stream_object
+from sidecar.config.load import Config
+from sidecar.store.bucketcheck import check_bucket
+from sidecar.store.state import View, state_spec
+from sidecar.store.stream import answering_domain, state_of, stream_spec
+from sidecar.store.streamfit import coverage
+
+READ_TIMEOUT = 10.0
+
+__all__ = ["fleet_status", "read_view", "running"]
+
+
+async def read_view(
+    js: JetStreamContext, config: Config, seen: dict[str, float] | None = None
+) -> View | None:
+    """Every live key of the state bucket; None when the bucket does not exist yet.
+
+    `seen` gets when each ``instance.<id>`` key was last written (epoch s).
+    """
+    try:
+        kv = await js.key_value(state_spec(config).bucket)
+    except (BucketNotFoundError, NotFoundError):
+        return None
+    view = View()
+    watcher = await kv.watchall()
+    try:
+        while True:
+            entry = await watcher.updates(timeout=READ_TIMEOUT)  # type: ignore[no-untyped-call]
+            if entry is None:
+                break
+            view.apply_entry(entry)
+            created = getattr(entry, "created", None)
+            if seen is not None and str(entry.key).startswith("instance.") and created:
+                seen[str(entry.key)[len("instance.") :]] = created.timestamp()
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
+    view.synced = True
+    return view
+
+
+async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dict[str, Any]:
+    """The object of FLEET.md's ``status --json``."""
+    seen: dict[str, float] = {}
+    view = await read_view(js, config, seen) or View()
+    spec = stream_spec(config)
+    stream: dict[str, Any] | None = None
+    held: dict[str, str | None] = {}
+    try:
+        info = await js.stream_info(spec.name)
+        state = state_of(info)
+        held = coverage(state, spec, config.jobs)
+        domain = await answering_domain(js)
+        stream = stream_object(state, domain)
+    except Exception:  # no stream yet, or no answer: status still shows the rest
+        stream = None
+    recent = Recent(spec.prefix)
+    if stream is not None:
+        try:
+            recent = await read_recent(js, spec.name, spec.prefix, len(config.jobs))
+        except Exception:  # the stream does not answer: no runs shown
+            recent = Recent(spec.prefix)
+    bucket: dict[str, Any] = {
+        "name": state_spec(config).bucket,
+        "problem": None,
+        "keys": len(view.keys),
+    }
+    try:
+        check = await check_bucket(js, state_spec(config), config.nats.lease_ttl, fix=False)
+        bucket["problem"] = check.problem
+    except NotFoundError:
+        bucket["problem"] = "the state bucket does not exist (a running sidecar creates it)"
+    except Exception:  # no answer: the rest is still shown
+        pass
+    return fleet_object(config, view, recent, stream, held, now_ms, bucket, seen)

@@ -1,0 +1,1 @@
+"""What follows a run: notices, pings, health events, request signing."""

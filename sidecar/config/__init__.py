@@ -1,0 +1,1 @@
+"""The config of SPEC.md: YAML and env in, frozen dataclasses out."""

@@ -1,0 +1,299 @@
+"""The ``jobs:`` entries: one YAML map -> :class:`JobConfig`, and the rules between keys.
+
+``parse_job`` reads a job's keys (its schedule with ``spread`` and
+``exclude``, its request with the target's defaults applied, retries, pings
+and expectations); ``check_windows`` holds the two timing rules that need the
+whole config (the duplicate window and the history size). Errors name the
+key's path (``jobs[1].jitter``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, date, datetime
+from types import MappingProxyType
+from zoneinfo import ZoneInfo
+
+from sidecar.config.alerting import PingConfig, parse_expect, parse_pause_after, parse_ping
+from sidecar.config.keys import JOB_NAME, ConfigSection, one_of
+from sidecar.config.model import (
+    MAX_CANDIDATES,
+    ClaimConfig,
+    Config,
+    JobConfig,
+    RequestConfig,
+    RetryConfig,
+    TargetConfig,
+)
+from sidecar.config.values import (
+    CONTROL_RE,
+    Section,
+    format_duration,
+    headers,
+    short,
+    string,
+    target_url,
+    zone,
+)
+from sidecar.core.errors import ConfigError, ScheduleError
+from sidecar.when.calendar import Calendar, parse_calendar, parse_exclusion
+from sidecar.when.schedule import parse_schedule
+
+CATCHUP = ("none", "latest", "all")
+OVERLAP = ("allow", "skip")
+ON_LOST = ("record", "rerun")
+MAX_RETRIES = 10
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+# The keys of one entry of ``jobs:``.
+JOB_KEYS = (
+    "name",
+    "schedule",
+    "timezone",
+    "jitter",
+    "max_late",
+    "history_size",
+    "request",
+    "catchup",
+    "overlap",
+    "on_lost",
+    "retry",
+    "spread",
+    "exclude",
+    "ping",
+    "pause_after",
+    "expect",
+    "claim",
+    "start_at",
+    "end_at",
+    "max_runs",
+)
+# max_runs: at most this many runs (any more would not be a cap).
+MAX_RUNS = 2**31 - 1
+_REQUEST_KEYS = ("method", "path", "headers", "body", "timeout", "url")
+
+
+def _merge_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> Mapping[str, str]:
+    """``base`` overridden by ``extra``, header names compared case-insensitively."""
+    lowered = {name.lower() for name in extra}
+    merged = {name: text for name, text in base.items() if name.lower() not in lowered}
+    return MappingProxyType({**merged, **extra})
+
+
+def parse_job(
+    sec: ConfigSection, target: TargetConfig, defaults: ConfigSection, claim: ClaimConfig
+) -> JobConfig:
+    """A job; `claim`: ``defaults.claim``, parsed once for every job."""
+    name = sec.get("name", None, string)
+    if name is None:
+        raise ConfigError(sec.key("name"), "required: letters, digits, _ and - only")
+    if not JOB_NAME.fullmatch(name):
+        raise ConfigError(
+            sec.key("name"),
+            f"{short(name)} is not a job name: letters, digits, _ and - only "
+            "(it is a token of the NATS subjects)",
+        )
+    timezone = sec.get("timezone", ZoneInfo("UTC"), zone)
+    schedule = _parse_calendar(sec, name, timezone)
+    req = ConfigSection(sec.data.get("request"), sec.key("request"), _REQUEST_KEYS)
+    method = req.text("method", "POST").upper()
+    if method not in _METHODS:
+        raise ConfigError(req.key("method"), f"expected one of {', '.join(_METHODS)}")
+    path = req.text("path", f"/jobs/{name}")
+    if not path.startswith("/") or CONTROL_RE.search(path) or " " in path:
+        raise ConfigError(
+            req.key("path"), "must start with / and contain no spaces or control chars"
+        )
+    # Sent and signed (v2) exactly as written: only what HTTP allows in a
+    # request target as is, so nothing on the way re-encodes it.
+    if not path.isascii() or "#" in path:
+        raise ConfigError(
+            req.key("path"),
+            "ASCII only and no '#': percent-encode other characters (e.g. %C3%A4 for ä)",
+        )
+    request = RequestConfig(
+        method=method,
+        path=path,
+        headers=_merge_headers(target.headers, req.get("headers", {}, headers)),
+        body=req.text("body", ""),
+        timeout=req.duration("timeout", target.timeout, minimum_ms=1),
+        url=req.get("url", target.url, lambda v, k: target_url(v, k, target.allow_remote)),
+    )
+    retry = _parse_retry(ConfigSection(sec.data.get("retry"), sec.key("retry"), ("max", "backoff")))
+    on_lost = sec.get("on_lost", "record", one_of(ON_LOST))
+    if on_lost == "rerun" and retry.max < 1:
+        raise ConfigError(
+            sec.key("on_lost"),
+            "rerun needs retry.max of at least 1 (the rerun is the next attempt)",
+        )
+    return JobConfig(
+        name=name,
+        schedule=schedule,
+        timezone=timezone,
+        jitter=sec.duration("jitter", 2.0),
+        max_late=sec.duration("max_late", 60.0),
+        history_size=sec.integer("history_size", None, 1, 2**63 - 1),
+        request=request,
+        catchup=sec.get("catchup", "none", one_of(CATCHUP)),
+        overlap=sec.get("overlap", "allow", one_of(OVERLAP)),
+        on_lost=on_lost,
+        retry=retry,
+        ping=_job_ping(sec, defaults, name),
+        pause_after=parse_pause_after(sec),
+        expect=parse_expect(sec.data["expect"], sec.key("expect")) if sec.has("expect") else None,
+        claim=parse_claim(sec, claim),
+        max_runs=sec.integer("max_runs", None, 1, MAX_RUNS),
+    )
+
+
+def _parse_calendar(sec: ConfigSection, name: str, timezone: ZoneInfo) -> Calendar:
+    """``schedule`` (one expression or a list), ``spread`` and ``exclude`` of a job."""
+    raw = sec.data.get("schedule")
+    if raw is None:
+        raise ConfigError(sec.key("schedule"), "required, e.g. '*/5 * * * *'")
+    if isinstance(raw, list):
+        if not raw:
+            raise ConfigError(sec.key("schedule"), "expected one expression or a list of them")
+        exprs = [string(v, f"{sec.key('schedule')}[{i}]") for i, v in enumerate(raw)]
+        keys = [f"{sec.key('schedule')}[{i}]" for i in range(len(raw))]
+    else:
+        exprs = [string(raw, sec.key("schedule"))]
+        keys = [sec.key("schedule")]
+    for expr, key in zip(exprs, keys, strict=True):
+        try:
+            parse_schedule(expr, timezone)
+        except ScheduleError as exc:
+            raise ConfigError(key, " ".join(str(exc).split())) from exc
+    spread = sec.duration("spread", 0.0)
+    if 0 < spread < 1:
+        raise ConfigError(sec.key("spread"), "0, or at least 1s (offsets are whole seconds)")
+    excludes = sec.data.get("exclude") or []
+    if not isinstance(excludes, list):
+        raise ConfigError(sec.key("exclude"), "expected a list of dates and ISO 8601 intervals")
+    for i, text in enumerate(excludes):
+        key = f"{sec.key('exclude')}[{i}]"
+        try:
+            parse_exclusion(string(text, key), timezone)
+        except ValueError as exc:
+            raise ConfigError(key, str(exc)) from exc
+    start_ms = _instant_ms(sec, "start_at", timezone)
+    end_ms = _instant_ms(sec, "end_at", timezone)
+    if start_ms is not None and end_ms is not None and end_ms < start_ms:
+        raise ConfigError(sec.key("end_at"), "must not be before start_at")
+    calendar = parse_calendar(
+        exprs, timezone, name, spread, [str(t) for t in excludes], start_ms, end_ms
+    )
+    if spread and spread * 1000 >= (interval := calendar.min_interval_ms()):
+        # A slot moved past the next one's time would blur which slot is which.
+        raise ConfigError(
+            sec.key("spread"),
+            f"spread ({format_duration(spread)}) must be shorter than the schedule's "
+            f"shortest interval ({format_duration(interval / 1000)})",
+        )
+    return calendar
+
+
+def _instant_ms(sec: ConfigSection, name: str, timezone: ZoneInfo) -> int | None:
+    """``start_at``/``end_at``: an ISO 8601 instant (without an offset: a wall time in
+    the job's timezone; a date alone: its midnight there), whole seconds, epoch ms."""
+    value = sec.data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day)
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError(
+                sec.key(name),
+                f"{short(sec.data[name])} is not an ISO 8601 date and time "
+                "(2026-01-01T09:00:00Z, or without an offset a wall time in the job's timezone)",
+            ) from None
+    if not isinstance(value, datetime):
+        raise ConfigError(
+            sec.key(name), "expected an ISO 8601 date and time, e.g. 2026-01-01T09:00:00Z"
+        )
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone)
+    ms = round(value.astimezone(UTC).timestamp() * 1000)
+    if ms % 1000:
+        raise ConfigError(sec.key(name), "whole seconds only (slots are whole seconds)")
+    return ms
+
+
+def _job_ping(sec: ConfigSection, defaults: ConfigSection, name: str) -> PingConfig | None:
+    """The job's own ``ping``, else ``defaults.ping`` with ``{job}`` filled in."""
+    if sec.has("ping"):
+        return parse_ping(sec.data["ping"], sec.key("ping"), name)
+    if defaults.has("ping"):
+        return parse_ping(defaults.data["ping"], "defaults.ping", name)
+    return None
+
+
+def _parse_retry(sec: ConfigSection) -> RetryConfig:
+    return RetryConfig(
+        max=sec.integer("max", 0, 0, MAX_RETRIES),
+        backoff=sec.duration("backoff", 30.0, minimum_ms=1000),
+    )
+
+
+def check_windows(config: Config, job: JobConfig, path: str, size: int) -> None:
+    """The two timing rules that keep a slot from running twice; `size`: the history size."""
+    late = job.jitter + job.max_late
+    late_ms = round(late * 1000)
+    window = config.nats.duplicate_window
+    if late_ms >= round(window * 1000):
+        raise ConfigError(
+            f"{path}.jitter",
+            f"jitter ({format_duration(job.jitter)}) + max_late ({format_duration(job.max_late)})"
+            f" must be shorter than nats.duplicate_window ({format_duration(window)})",
+        )
+    # Every attempt of a slot is a claim on the job's subject (retry).
+    per_slot = 1 + job.retry.max
+    if size * job.schedule.interval_floor_ms() > late_ms * per_slot:
+        # Even the shortest interval any schedule can have is enough: skip
+        # min_interval_ms(), which walks a year of slots (10-15 ms a job).
+        return
+    interval_ms = job.schedule.min_interval_ms()
+    if size * interval_ms <= late_ms * per_slot:
+        attempts = f" / {per_slot} claims a slot (1 + retry.max)" if per_slot > 1 else ""
+        raise ConfigError(
+            f"{path}.history_size" if job.history_size is not None else "nats.history_size",
+            f"history_size {size} x the shortest interval {format_duration(interval_ms / 1000)}"
+            f"{attempts} = {format_duration(size * interval_ms / 1000 / per_slot)} does not "
+            f"cover jitter + max_late ({format_duration(late)}): after a restart JetStream "
+            "rebuilds its duplicate memory only from the claims still stored, so a late "
+            "instance could claim an already trimmed slot again; raise history_size",
+        )
+
+
+CLAIM_KEYS = ("candidates", "fallback")
+
+
+def parse_claim(sec: Section, base: ClaimConfig = ClaimConfig()) -> ClaimConfig:
+    """``claim`` of the section ``sec`` (a job, or ``defaults``): its keys over ``base``'s."""
+    if sec.data.get("claim") is None:
+        return base  # most jobs: the defaults' as they are
+    own = Section(sec.data["claim"], sec.key("claim"), CLAIM_KEYS)
+    return ClaimConfig(
+        own.integer("candidates", base.candidates, 0, MAX_CANDIDATES),
+        own.duration("fallback", base.fallback, minimum_ms=100),
+    )
+
+
+def check_fit(job: JobConfig, ack_timeout: float, path: str) -> None:
+    """``jitter + claim.fallback + nats.ack_timeout`` must be shorter than ``max_late``:
+    a slot whose candidates died is claimed by the others in time."""
+    claim = job.claim
+    if claim.candidates < 1:
+        return
+    need = job.jitter + claim.fallback + ack_timeout
+    if round(need * 1000) >= round(job.max_late * 1000):
+        raise ConfigError(
+            f"{path}.claim.fallback",
+            f"jitter ({format_duration(job.jitter)}) + claim.fallback "
+            f"({format_duration(claim.fallback)}) + nats.ack_timeout "
+            f"({format_duration(ack_timeout)}) must be shorter than max_late "
+            f"({format_duration(job.max_late)}): when the candidates are gone the others "
+            "claim after the fallback, and that claim must still be in time",
+        )

@@ -1,0 +1,237 @@
+"""What a valid config is: the frozen dataclasses ``parse_config`` builds.
+
+Every section of SPEC.md has its dataclass here, with units already
+normalised (durations float seconds, timezones ``ZoneInfo``, schedules
+:class:`Calendar`), and :class:`Secrets`, the values ``load_secrets`` reads.
+No parsing here: the rules live in ``sidecar.config.load`` (top level, ``nats``,
+``target``) and ``sidecar.config.jobs`` (``jobs:``). Import these names from
+``sidecar.config.load``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
+
+from sidecar.config.alerting import ExpectConfig, NotifyConfig, PingConfig, TracingConfig
+from sidecar.core.errors import ConfigError
+from sidecar.when.calendar import Calendar
+
+
+def _no_headers() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+# ``claim``: at most this many candidates; the others claim after the fallback (s).
+MAX_CANDIDATES = 1000
+DEFAULT_FALLBACK = 1.0
+
+
+@dataclass(frozen=True)
+class ClaimConfig:
+    """``jobs[].claim`` (or ``defaults.claim``): who claims a slot at its time. Seconds."""
+
+    candidates: int = 0  # 0: every live instance claims (the reference's behaviour)
+    fallback: float = DEFAULT_FALLBACK  # after jitter: the others claim unless the run was seen
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """TLS files for the NATS connection; all unset means TLS with system CAs."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """``nats.placement``: where a new stream's replicas go in a supercluster."""
+
+    cluster: str | None = None
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NatsConfig:
+    """``nats:``: where the stream lives and how to reach it. Durations in seconds."""
+
+    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    stream: str = "CRON"
+    prefix: str = "cron."
+    duplicate_window: float = 300.0
+    history_size: int = 1000
+    replicas: int | None = None
+    user: str | None = None
+    password_file: str | None = None
+    token: str | None = field(default=None, repr=False)
+    token_file: str | None = None
+    nkey_seed_file: str | None = None
+    creds_file: str | None = None
+    tls: TLSConfig | None = None
+    connect_timeout: float = 5.0
+    ack_timeout: float = 2.0
+    state_bucket: str = "CRON_STATE"  # parsed default: "<stream>_STATE"
+    lease_ttl: float = 30.0
+    domain: str | None = None  # the JetStream domain of the stream and the state bucket
+    placement: PlacementConfig | None = None
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``metrics.listen`` split into host (IPv6 without brackets) and port."""
+
+    host: str = "0.0.0.0"
+    port: int = 9464
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    """``admin:``: the fleet page on the admin port, and who may act through it."""
+
+    page: bool = True  # GET /, /jobs/<job> and /api/v1/... beside /metrics
+    token_file: str | None = None  # without it the page is read-only (every POST 403)
+
+
+def unix_socket_of(url: str) -> str | None:
+    """The socket path of a ``unix:///path`` URL, else None."""
+    return urlsplit(url).path if url.startswith("unix:") else None
+
+
+def base_url_of(url: str) -> str:
+    """``http://host:port`` for a TCP URL, ``http://localhost`` for a unix socket."""
+    if unix_socket_of(url) is not None:
+        return "http://localhost"
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{parts.port or 80}"
+
+
+class _Addressed:
+    """``unix_socket`` and ``base_url`` of a config that has a ``url``."""
+
+    url: str
+
+    @property
+    def unix_socket(self) -> str | None:
+        """The socket path when ``url`` is ``unix:///path``, else None."""
+        return unix_socket_of(self.url)
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` for TCP, ``http://localhost`` for a unix socket."""
+        return base_url_of(self.url)
+
+
+@dataclass(frozen=True)
+class TargetConfig(_Addressed):
+    """``target:``: the app every job's request goes to, and request defaults."""
+
+    url: str = "http://127.0.0.1:8080"
+    timeout: float = 30.0
+    # Not in repr: a header may carry the app's credentials (Authorization).
+    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False, repr=False)
+    signing_secret_file: str | None = None
+    signing_secret_next_file: str | None = None
+    signing_v1: bool = True
+    allow_remote: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestConfig(_Addressed):
+    """One job's trigger request, with the target's defaults already applied."""
+
+    method: str = "POST"
+    path: str
+    # Not in repr: a header may carry the app's credentials (Authorization).
+    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False, repr=False)
+    body: str = ""
+    timeout: float = 30.0
+    url: str = TargetConfig.url  # the job's own ``request.url``, else ``target.url``
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """``jobs[].retry``: extra attempts after a failed (or lost) one. Seconds."""
+
+    max: int = 0
+    backoff: float = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """One entry of ``jobs:``. Durations in seconds."""
+
+    name: str
+    schedule: Calendar  # one expression or several, spread and exclusions applied
+    timezone: ZoneInfo
+    jitter: float = 2.0
+    max_late: float = 60.0
+    history_size: int | None = None
+    request: RequestConfig
+    catchup: str = "none"  # none, latest or all (FLEET.md)
+    overlap: str = "allow"  # or skip: no run while one of this job is alive
+    on_lost: str = "record"  # or rerun: a lost run's next attempt is due at once
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    ping: PingConfig | None = None  # Healthchecks-style pings by the runner
+    pause_after: int | None = None  # consecutive failed or lost runs, fleet-wide
+    expect: ExpectConfig | None = None  # duration expectations (anomalies)
+    claim: ClaimConfig = field(
+        default_factory=ClaimConfig
+    )  # candidates (sidecar/fleet/candidates.py)
+    # At most this many slots run, fleet-wide (a counter in the state bucket:
+    # sidecar/run/runcap.py); None: no cap.
+    max_runs: int | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole config, valid by construction through ``parse_config``."""
+
+    instance_id: str
+    nats: NatsConfig
+    metrics: MetricsConfig
+    target: TargetConfig
+    jobs: tuple[JobConfig, ...]
+    shutdown_grace: float = 25.0
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    notify: tuple[NotifyConfig, ...] = ()
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+
+    @property
+    def effective_history_size(self) -> int:
+        """The stream's per-subject limit: the largest of all history sizes."""
+        sizes = [job.history_size for job in self.jobs if job.history_size is not None]
+        return max([self.nats.history_size, *sizes])
+
+    @property
+    def job_names(self) -> tuple[str, ...]:
+        return tuple(job.name for job in self.jobs)
+
+    def job(self, name: str) -> JobConfig:
+        """The job called ``name``; ConfigError("jobs", ...) when there is none."""
+        for job in self.jobs:
+            if job.name == name:
+                return job
+        raise ConfigError("jobs", f"no job named {name!r}")
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """Secret values read by ``load_secrets``; never shown by ``repr``."""
+
+    nats_password: str | None = field(default=None, repr=False)
+    nats_token: str | None = field(default=None, repr=False)
+    signing_secret: bytes | None = field(default=None, repr=False)
+    signing_secret_next: bytes | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{name}={'<set>' if getattr(self, name) is not None else None}"
+            for name in ("nats_password", "nats_token", "signing_secret", "signing_secret_next")
+        )
+        return f"Secrets({shown})"

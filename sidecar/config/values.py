@@ -1,0 +1,395 @@
+"""Reading raw config input: durations first, and every other schema-free check.
+
+``sidecar.config.load`` knows the schema (which keys, which rules); this module
+knows single values and files. Each check takes a raw YAML value and its
+key's path and returns the normalised value or raises :class:`ConfigError`
+naming that key. Here too: :class:`Section` (a map with its allowed keys)
+and ``read_file`` (secret files, never echoed); the config file's YAML is
+``sidecar.config.yamlfile``'s.
+
+A duration is a string with units, largest first, each at most once
+(``250ms``, ``2s``, ``5m``, ``1h``, ``1m30s``, ``1.5s``), or a plain integer
+meaning milliseconds. Everything else (negatives, floats without a unit,
+bare numeric strings, booleans) is refused. Durations become float seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
+
+from sidecar.core.errors import ConfigError
+
+_T = TypeVar("_T")
+_V = TypeVar("_V")
+
+#: Ten years: far beyond any sensible timeout or window, and well inside
+#: what JetStream's nanosecond fields and a float can hold exactly enough.
+MAX_DURATION = 10 * 365 * 24 * 3600.0
+
+_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+_DURATION_RE = re.compile(
+    r"(?:(?P<h>\d+(?:\.\d+)?)h)?"
+    r"(?:(?P<m>\d+(?:\.\d+)?)m(?!s))?"
+    r"(?:(?P<s>\d+(?:\.\d+)?)s)?"
+    r"(?:(?P<ms>\d+(?:\.\d+)?)ms)?"
+)
+_PLAIN_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
+_EXAMPLES = "e.g. 250ms, 2s, 5m, 1h, 1m30s, or an integer in milliseconds"
+
+
+def parse_duration(value: object, key: str) -> float:
+    """Return ``value`` as float seconds, or raise ``ConfigError(key, ...)``."""
+    if isinstance(value, bool):
+        raise ConfigError(key, f"expected a duration ({_EXAMPLES}), got a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(key, f"must not be negative, got {value}")
+        if value > MAX_DURATION * 1000:  # exact int/float comparison, no overflow
+            raise ConfigError(key, f"too long: at most {format_duration(MAX_DURATION)}")
+        return value / 1000
+    if isinstance(value, float):
+        raise ConfigError(key, "a number without a unit means milliseconds and must be whole")
+    if not isinstance(value, str):
+        raise ConfigError(key, f"expected a duration ({_EXAMPLES}), got {type_name(value)}")
+    text = value.strip()
+    match = _DURATION_RE.fullmatch(text)
+    if not text or match is None:
+        raise ConfigError(key, f"not a duration: {short(value)} ({_EXAMPLES})")
+    seconds = sum(
+        float(amount) * _UNITS[unit] for unit, amount in match.groupdict().items() if amount
+    )
+    if seconds > MAX_DURATION:
+        raise ConfigError(key, f"too long: at most {format_duration(MAX_DURATION)}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Render float seconds the way the config writes them (``1m30s``, ``250ms``)."""
+    total_ms = round(seconds * 1000)
+    if total_ms == 0:
+        return "0s"
+    parts = []
+    hours, rest = divmod(total_ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs, millis = divmod(rest, 1000)
+    for amount, unit in ((hours, "h"), (minutes, "m"), (secs, "s"), (millis, "ms")):
+        if amount:
+            parts.append(f"{amount}{unit}")
+    return "".join(parts)
+
+
+def type_name(value: object) -> str:
+    """Describe a YAML value's type in the config's words ("a list", "a map", ...)."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, dict):
+        return "a map"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def key_text(name: object) -> str:
+    """A map key as a path part: plain names as they are, anything else quoted."""
+    if isinstance(name, str) and (
+        (name.isidentifier() and name.isascii()) or _PLAIN_KEY_RE.fullmatch(name)
+    ):
+        return name  # an ASCII identifier (every key of the schema) is plain: no regex
+    return short(name, 40)
+
+
+def short(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to one short line, for echoing a bad value."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: ASCII control characters, which no name, path or header value may contain.
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_HOST_RE = re.compile(r"[A-Za-z0-9.-]+")
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def string(value: object, key: str) -> str:
+    """A string; numbers and booleans are refused with a hint to quote them."""
+    if not isinstance(value, str):
+        hint = " (quote it)" if isinstance(value, int | float) else ""
+        raise ConfigError(key, f"expected a string, got {type_name(value)}{hint}")
+    return value
+
+
+def boolean(value: object, key: str) -> bool:
+    """``true`` or ``false``, nothing that merely looks like one."""
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"expected true or false, got {type_name(value)}")
+    return value
+
+
+def headers(value: object, key: str) -> dict[str, str]:
+    """A map of HTTP header names to string values; ``X-Anarchon-*`` is reserved."""
+    if not isinstance(value, dict):
+        raise ConfigError(key, f"expected a map of header names to strings, got {type_name(value)}")
+    result: dict[str, str] = {}
+    for name, text in value.items():
+        name_key = f"{key}.{key_text(name)}"
+        if not isinstance(name, str) or not _HEADER_NAME_RE.fullmatch(name):
+            raise ConfigError(name_key, "not a valid header name")
+        if name.lower().startswith("x-anarchon-"):
+            raise ConfigError(name_key, "X-Anarchon-* headers are reserved for the sidecar")
+        if CONTROL_RE.search(string(text, name_key).replace("\t", "")):
+            raise ConfigError(name_key, "header values must not contain control characters")
+        result[name] = text
+    return result
+
+
+#: What a URL's password (or a userinfo that is all token) reads as when echoed.
+MASK = "***"
+_PLAIN_USER_RE = re.compile(r"[A-Za-z0-9._~-]+")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its credentials masked, for every message, log line and output.
+
+    ``nats://admin:pw@host`` reads ``nats://admin:***@host``; a userinfo
+    without a password (``nats://tok@host``, a token to nats-py) reads
+    ``nats://***@host``. Made for malformed URLs too (they are what config
+    errors echo): everything up to the last ``@`` counts as userinfo, so a
+    password holding ``/``, ``:`` or ``@`` is masked whole, at the price of
+    masking too much of an odd URL rather than too little.
+    """
+    head, sep, rest = url.partition("//")
+    if not sep or "@" in head:  # no authority marker: the userinfo starts the text
+        head, sep, rest = "", "", url
+    if "@" not in rest or (head.lower() == "unix:" and rest.startswith("/")):
+        return url  # unix:///run/a@b.sock has no authority, only a path
+    userinfo, _, host = rest.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    shown = f"{user}:{MASK}" if colon and _PLAIN_USER_RE.fullmatch(user) else MASK
+    return f"{head}{sep}{shown}@{host}"
+
+
+def nats_url(value: object, key: str) -> str:
+    """A ``nats://`` or ``tls://`` server URL with a host and no credentials."""
+    text = string(value, key).strip()
+    expected = f"expected nats://HOST:PORT or tls://HOST:PORT, got {short(redact_url(text))}"
+    try:
+        parts = urlsplit(text)
+        _ = parts.port  # raises on a port that is not a number in 0..65535
+    except ValueError:
+        raise ConfigError(key, expected) from None
+    if parts.scheme not in ("nats", "tls") or not parts.hostname:
+        raise ConfigError(key, expected)
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(key, "no credentials in the URL: use nats.user / nats.password_file")
+    return text
+
+
+def subject_name(value: object, key: str, what: str, forbidden: str) -> str:
+    """A NATS name or subject token: not empty, no whitespace, none of ``forbidden``."""
+    text = string(value, key)
+    if not text or any(char in forbidden or char.isspace() for char in text):
+        raise ConfigError(key, f"{what} must not be empty or contain whitespace or {forbidden}")
+    if CONTROL_RE.search(text):
+        raise ConfigError(key, f"{what} must not contain control characters")
+    return text
+
+
+def subject_prefix(value: object, key: str) -> str:
+    """A subject prefix: valid tokens without wildcards, ending with ``.``."""
+    text = string(value, key)
+    if not text.endswith("."):
+        raise ConfigError(key, f"must end with '.', e.g. 'cron.', got {short(text)}")
+    for token in text[:-1].split("."):
+        subject_name(token, key, "each subject token of the prefix", "*>")
+    return text
+
+
+def listen_address(value: object, key: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[IPv6]:PORT`` as (host without brackets, port)."""
+    port_alone = str(value).strip().lstrip(":")
+    if not isinstance(value, bool) and port_alone.isascii() and port_alone.isdigit():
+        # Which interfaces to serve on is a choice to make, not to guess.
+        raise ConfigError(
+            key,
+            f"a port alone is not enough: write HOST:PORT, e.g. 0.0.0.0:{port_alone} "
+            f"(every interface) or 127.0.0.1:{port_alone} (this host only)",
+        )
+    text = string(value, key).strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            sep = ""
+    else:
+        host, sep, port = text.rpartition(":")
+        sep = sep if _HOST_RE.fullmatch(host) else ""
+    if not sep or not (port.isascii() and port.isdigit() and len(port) <= 5) or int(port) > 65535:
+        raise ConfigError(
+            key, f"expected HOST:PORT, e.g. 0.0.0.0:9464 or [::]:9464, got {short(text)}"
+        )
+    return host, int(port)
+
+
+def target_url(value: object, key: str, allow_remote: bool) -> str:
+    """``http://HOST:PORT`` (loopback unless ``allow_remote``) or ``unix:///path``."""
+    text = string(value, key).strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        raise ConfigError(key, f"not a valid URL: {short(redact_url(text))}") from None
+    if parts.scheme == "unix" and text.startswith("unix:///") and len(parts.path) > 1:
+        if parts.query or parts.fragment:
+            raise ConfigError(key, "a unix socket URL has no query or fragment")
+        return text
+    if parts.scheme != "http" or not parts.hostname:
+        raise ConfigError(
+            key,
+            f"expected http://HOST:PORT or unix:///absolute/path, got {short(redact_url(text))}",
+        )
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(
+            key, "no credentials in the URL: give only http://HOST:PORT, headers in target.headers"
+        )
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigError(
+            key, "give only http://HOST:PORT; paths belong in each job's request.path"
+        )
+    if port == 0:
+        raise ConfigError(key, "port 0 is not a port the app can listen on")
+    if not allow_remote and not is_loopback(parts.hostname):
+        raise ConfigError(
+            key,
+            f"host {parts.hostname!r} is not loopback (127.0.0.0/8, ::1, localhost); "
+            "set target.allow_remote: true to trigger a remote app",
+        )
+    return text
+
+
+def is_remote(url: str) -> bool:
+    """Whether a (valid) ``target.url`` names a host that is not loopback."""
+    return not url.startswith("unix:") and not is_loopback(urlsplit(url).hostname or "")
+
+
+@functools.lru_cache(maxsize=64)  # every job of a config names the same few hosts
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is localhost, 127.0.0.0/8 or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def zone(value: object, key: str) -> ZoneInfo:
+    """An IANA timezone name as ``ZoneInfo``."""
+    name = string(value, key)
+    try:
+        return ZoneInfo(name)
+    except (KeyError, ValueError, OSError):
+        raise ConfigError(key, f"unknown timezone {short(name)} (use an IANA name)") from None
+
+
+class Section:
+    """A map of the config at ``path``, with its allowed keys checked.
+
+    Keys in ``refused`` are errors with their own message, before the
+    unknown-key check; a YAML null counts as a key not given.
+    """
+
+    refused: ClassVar[Mapping[str, str]] = MappingProxyType({})
+
+    def __init__(self, data: object, path: str, allowed: tuple[str, ...]) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(path or "config", f"expected a map, got {type_name(data)}")
+        for key in data:
+            if key in self.refused:
+                raise ConfigError(self._join(path, key), self.refused[key])
+            if key not in allowed:
+                allowed_keys = ", ".join(allowed)
+                raise ConfigError(self._join(path, key), f"unknown key; allowed: {allowed_keys}")
+        self.data: dict[Any, Any] = data
+        self.path = path
+
+    @staticmethod
+    def _join(path: str, name: object) -> str:
+        name = key_text(name)
+        return f"{path}.{name}" if path else name
+
+    def key(self, name: str) -> str:
+        """The full path of ``name`` in this section."""
+        return self._join(self.path, name)
+
+    def has(self, name: str) -> bool:
+        """Whether ``name`` is given (a YAML null counts as not given)."""
+        return self.data.get(name) is not None
+
+    def get(self, name: str, default: _T, convert: Callable[[object, str], _V]) -> _V | _T:
+        """``convert(value, key)`` of the value, or ``default`` when not given."""
+        value = self.data.get(name)
+        return default if value is None else convert(value, self.key(name))
+
+    def text(self, name: str, default: _T) -> str | _T:
+        """A string value, or ``default``."""
+        return self.get(name, default, string)
+
+    def duration(self, name: str, default: float, minimum_ms: int = 0) -> float:
+        """A duration in float seconds, at least ``minimum_ms`` milliseconds."""
+        seconds = self.get(name, default, parse_duration)
+        if round(seconds * 1000) < minimum_ms:
+            raise ConfigError(
+                self.key(name), f"must be at least {format_duration(minimum_ms / 1000)}"
+            )
+        return seconds
+
+    def integer(self, name: str, default: _T, low: int, high: int) -> int | _T:
+        """An integer in ``low..high``, or ``default``."""
+
+        def convert(value: object, key: str) -> int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(key, f"expected a whole number, got {type_name(value)}")
+            if not low <= value <= high:
+                raise ConfigError(key, f"must be between {low} and {high}, got {value}")
+            return value
+
+        return self.get(name, default, convert)
+
+
+def read_file(path: str, key: str) -> bytes:
+    """A (secret) file named by ``key``, without one trailing newline; never echoes content."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(key, f"file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read file {path}: {exc.strerror or exc}") from None
+    raw = raw[:-2] if raw.endswith(b"\r\n") else raw.removesuffix(b"\n")
+    if not raw:
+        raise ConfigError(key, f"file {path} is empty")
+    return raw
+
+
+def read_text_file(path: str, key: str) -> str:
+    """``read_file`` decoded as UTF-8."""
+    try:
+        return read_file(path, key).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(key, f"file {path} is not UTF-8 text") from None

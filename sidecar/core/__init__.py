@@ -1,0 +1,1 @@
+"""The bottom: the wire format, errors, clocks, backoff, task sets; no sidecar import."""

@@ -1,0 +1,182 @@
+"""The one place that reaches into nats-py's private attributes.
+
+Every use says why nats-py (2.9 to 2.16, the range pyproject.toml allows)
+leaves no public way, and which upstream issue or change it waits for where
+one exists. A nats-py release that renames one of these fails here, in one
+module, and tests/test_connection*.py, test_claim.py, test_state.py and
+test_nats_versions.py show which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
+from nats.errors import StaleConnectionError
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from sidecar.core.errors import SidecarError
+
+# ---------------------------------------------------------------------- JetStream contexts
+
+
+def connection_of(js: JetStreamContext) -> NATS:
+    """The connection behind a JetStream context (``js._nc``).
+
+    JetStreamContext keeps its connection private and no upstream issue asks
+    for an accessor; the sidecar needs it for core requests beside the
+    context (advisories, STREAM.NAMES, the server's version) where the
+    caller was handed only the context.
+    """
+    nc: NATS = js._nc
+    return nc
+
+
+def api_prefix(js: JetStreamContext) -> str:
+    """The JetStream API prefix of a context (``$JS.API``, ``$JS.<domain>.API``).
+
+    nats-py derives it from ``domain=`` and keeps it private (``js._prefix``);
+    there is no upstream issue for a public one. The sidecar makes raw API
+    requests with it: STREAM.NAMES with a subject filter (no nats-py call
+    takes the filter) and the bare STREAM.MSG.GET of a stored claim.
+    """
+    prefix: str = js._prefix
+    return prefix
+
+
+def request_timeout(js: JetStreamContext) -> float:
+    """The timeout a context's API requests use (``js._timeout``; no accessor, no issue)."""
+    timeout: float = js._timeout
+    return timeout
+
+
+def jetstream_of(kv: KeyValue) -> JetStreamContext:
+    """The JetStream context behind a KV bucket (``kv._js``).
+
+    ``KeyValue.put`` takes no per-message TTL in nats-py (only ``create`` and
+    ``update`` do since nats-io/nats.py PR #783), and a plain put that expires
+    (presence, leases) is a publish with ``msg_ttl`` on the bucket's subject;
+    the stream info of the bucket's stream is read through it too.
+    """
+    js: JetStreamContext = kv._js
+    return js
+
+
+# ---------------------------------------------------------------------- the connection
+
+
+def rotate_to_next_server(nc: NATS) -> bool:
+    """Move the connected server to the end of the pool, so the next reconnect goes to
+    the next one; False when there is no other server (or the pool is not a list).
+
+    nats-py 2.9-2.16 picks the next server from its private ``_server_pool``
+    and ``_current_server``. Later nats-py adds a public
+    ``reconnect_to_server_handler`` and ``server_pool`` (nats-io/nats.py PR
+    #829, after nats.go's ReconnectToServer, ADR-40); this goes once the
+    oldest supported release has them.
+    """
+    current = getattr(nc, "_current_server", None)
+    pool = getattr(nc, "_server_pool", None)
+    if not isinstance(pool, list) or current not in pool or len(pool) < 2:
+        return False
+    pool.remove(current)
+    pool.append(current)
+    return True
+
+
+def force_reconnect(nc: NATS) -> asyncio.Future[None]:
+    """Leave the connected server now, reconnecting as after a stale connection.
+
+    ``force_reconnect`` is public from nats-py 2.10; on 2.9 the same is done
+    with the private ``_process_op_err`` (no issue: it is what 2.10 added).
+    """
+    force = getattr(nc, "force_reconnect", None)
+    hop: asyncio.Future[None] = asyncio.ensure_future(
+        force() if force is not None else nc._process_op_err(StaleConnectionError())
+    )
+    return hop
+
+
+class PlaintextRefused(SidecarError, NatsError):
+    """TLS is configured but the server's connection was not encrypted; nothing was sent."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Client(NATS):
+    """nats-py's client with guards on each connection attempt, reconnects included.
+
+    nats-py reads the server's INFO in clear, upgrades to TLS only when INFO
+    says ``tls_required``, then writes CONNECT. With ``require_tls`` (the
+    config asks for TLS) two hooks, present with this shape from nats-py 2.9
+    to 2.16, make that "only over TLS":
+
+    - ``_process_info(info, initial_connection=True)`` runs after INFO is read
+      and before the upgrade: a server that offers TLS without requiring it
+      (``tls_available``, nats-server's ``allow_non_tls``) is treated as
+      requiring it, so nats-py upgrades, as nats.go does for a secure client.
+      It is async from 2.10 and sync in 2.9: the override returns whatever
+      the parent returns, which the caller awaits or not.
+    - ``_connect_command()`` builds CONNECT right before it is written: it
+      raises PlaintextRefused unless the socket really is TLS. This is the
+      guarantee; if a nats-py release moved the socket, it fails closed.
+
+    Upstream, the client intent to use TLS is enforced only in the new client
+    (nats-io/nats.py PR #912, "Enforce TLS intent against server
+    capabilities", and PR #907 for reconnects); nats.aio.client of 2.x does
+    not, hence these private hooks.
+
+    Always: after a failed attempt the socket is closed and dropped here.
+    nats-py would wait forever for the plain socket to close after a failed
+    TLS handshake (its start_tls took the socket over; nats-py issue 718, as
+    first noted here and not re-checked since),
+    so a wrong CA hung the first connect instead of failing it.
+    """
+
+    def __init__(self, require_tls: bool) -> None:
+        super().__init__()
+        self.require_tls = require_tls
+
+    def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> Any:
+        if (
+            self.require_tls
+            and initial_connection
+            and info.get("tls_available")
+            and not info.get("tls_required")
+        ):
+            info["tls_required"] = True  # the same dict as self._server_info
+        return super()._process_info(info, initial_connection)
+
+    @property
+    def cluster(self) -> str | None:
+        """The cluster of the server connected to, from its INFO; None outside one.
+
+        nats-py parses INFO into the private ``_server_info`` and exposes no
+        field of it but a few (``connected_server_version``, ``client_id``,
+        ``max_payload``); no upstream issue asks for the cluster.
+        """
+        return (self._server_info or {}).get("cluster") or None
+
+    def _connect_command(self) -> bytes:
+        writer = getattr(self._transport, "_io_writer", None)
+        if self.require_tls and (writer is None or writer.get_extra_info("ssl_object") is None):
+            server = self._current_server.uri.netloc if self._current_server else "?"
+            raise PlaintextRefused(
+                f"server {server} did not offer TLS; refusing to send credentials or data in clear"
+            )
+        command: bytes = super()._connect_command()
+        return command
+
+    async def _process_connect_init(self) -> None:
+        try:
+            await super()._process_connect_init()
+        except BaseException:
+            writer = getattr(self._transport, "_io_writer", None)
+            if writer is not None:
+                writer.close()
+            self._transport = None  # the next attempt makes a new one
+            raise

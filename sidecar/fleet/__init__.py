@@ -1,0 +1,1 @@
+"""One sidecar's part in the fleet: presence, claim candidates, orphaned jobs."""

@@ -1,0 +1,1 @@
+"""What the sidecar tells operators: metrics, logs, run spans."""

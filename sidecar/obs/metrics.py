@@ -1,0 +1,290 @@
+"""Prometheus metrics of SPEC.md, on a registry that the caller injects.
+
+No global registry: tests create as many sidecars in one process as they like
+and read values with ``registry.get_sample_value``. Every name is prefixed
+``anarchon_``; the only labels are ``job`` (bounded by the config), ``status``
+and ``reason`` (fixed sets) and ``version``. The per-job series are the lean
+ones of ``sidecar.obs.metric_series``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+from prometheus_client.utils import INF, floatToGoString
+
+from sidecar import __version__
+from sidecar.core.wire import RESULT_STATUSES
+from sidecar.obs.metric_series import (
+    CounterSeries,
+    Declared,
+    GaugeSeries,
+    HistogramSeries,
+    Labelled,
+)
+
+PREFIX = "anarchon"
+
+# Claims are one JetStream round trip: sub-millisecond to seconds.
+ACK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# Trigger requests: milliseconds to the 30 s default timeout and beyond.
+RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# Start delay: the drawn jitter (default up to 2 s) plus the claim.
+DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60)
+
+SKIP_REASONS = (
+    "late",
+    "disconnected",
+    "shutdown",
+    "stream",
+    "paused",
+    "bucket",
+    "excluded",
+    "skip",
+)
+# What hostile input from NATS was refused (hostile_input_total{what}).
+HOSTILE_KINDS = ("due_key", "backfill_key", "value")
+
+# The ``_created`` series double every counter for no use here.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+RUN_STATUSES = RESULT_STATUSES  # runs_total{status}: the stored statuses (sidecar/core/wire.py)
+RUN_SKIP_REASONS = ("overlap", "late", "bucket", "paused", "excluded", "skip", "max_runs")
+DUE_REASONS = ("retry", "lost")
+NOTIFY_EVENTS = ("failing", "recovered", "lost", "auto_paused", "anomaly")
+
+
+class Metrics:
+    """Every metric of SPEC.md; attribute names are the metric names without prefix."""
+
+    def __init__(self, registry: CollectorRegistry, jobs: tuple[str, ...] = ()) -> None:
+        self.registry = registry
+        job = ("job",)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = job) -> Labelled[CounterSeries]:
+            return Labelled(registry, "counter", f"{PREFIX}_{name}", doc, labels, CounterSeries)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Labelled[HistogramSeries]:
+            bounds = (*buckets, INF)
+            les = tuple(floatToGoString(b) for b in bounds)  # type: ignore[no-untyped-call]
+            new = functools.partial(HistogramSeries, bounds, les)
+            return Labelled(registry, "histogram", f"{PREFIX}_{name}", doc, job, new)
+
+        def job_gauge(name: str, doc: str) -> Labelled[GaugeSeries]:
+            return Labelled(registry, "gauge", f"{PREFIX}_{name}", doc, job, GaugeSeries)
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(name, doc, labels, namespace=PREFIX, registry=registry)
+
+        self.claims_won_total = counter("claims_won", "Claims this instance won.")
+        self.claims_lost_total = counter("claims_lost", "Claims another instance won.")
+        self.claim_duplicate_acks_total = counter(
+            "claim_duplicate_acks", "Claim acks flagged duplicate (own retries included)."
+        )
+        self.claims_skipped_total = counter(
+            "claims_skipped", "Slots not claimed, by reason.", ("job", "reason")
+        )
+        self.claim_errors_total = counter(
+            "claim_errors", "Claims that got no definite answer (timeout, no stream)."
+        )
+        # claim.candidates (sidecar/fleet/candidates.py): slots left to their candidates.
+        self.claims_deferred_total = counter(
+            "claims_deferred",
+            "Slots this instance left to their claim candidates, by outcome.",
+            ("job", "outcome"),
+        )
+        self.claim_ack_seconds = histogram(
+            "claim_ack_seconds", "Time from publishing a claim to its ack.", ACK_BUCKETS
+        )
+        self.runs_total = counter("runs", "Finished runs, by status.", ("job", "status"))
+        self.run_duration_seconds = histogram(
+            "run_duration_seconds", "Time of the trigger request to the app.", RUN_BUCKETS
+        )
+        self.run_start_delay_seconds = histogram(
+            "run_start_delay_seconds",
+            "Time from the slot's scheduled instant to the trigger request's start.",
+            DELAY_BUCKETS,
+        )
+        self.runs_in_progress = job_gauge("runs_in_progress", "Trigger requests running now.")
+        self.job_next_run_timestamp_seconds = job_gauge(
+            "job_next_run_timestamp_seconds", "Unix time of the job's next slot."
+        )
+        self.job_last_success_timestamp_seconds = job_gauge(
+            "job_last_success_timestamp_seconds",
+            "Unix time at which the last successful run on this instance finished.",
+        )
+        self.stream_messages = gauge("stream_messages", "Messages in the stream.")
+        self.stream_bytes = gauge("stream_bytes", "Bytes in the stream.")
+        self.stream_history_size = gauge(
+            "stream_history_size", "Per-subject message limit of the stream (effective history)."
+        )
+        self.stream_duplicate_window_seconds = gauge(
+            "stream_duplicate_window_seconds", "Duplicate window of the stream."
+        )
+        self.stream_replicas = gauge("stream_replicas", "Replicas of the stream.")
+        self.stream_covers_job = job_gauge(
+            "stream_covers_job",
+            "1 while the stream's duplicate window and history hold the job's claims for "
+            "jitter + max_late; 0 while its slots are skipped (reason stream).",
+        )
+        self.job_paused = job_gauge("job_paused", "1 while the job is paused (state bucket).")
+        self.job_paused_until_timestamp_seconds = job_gauge(
+            "job_paused_until_timestamp_seconds",
+            "Unix time a timed pause ends (pause --until); 0 when not paused or paused "
+            "until resumed.",
+        )
+        self.job_skips_pending = job_gauge(
+            "job_skips_pending", "Slots of the job that `skip` chose and that are still ahead."
+        )
+        self.job_backfill_pending = job_gauge(
+            "job_backfill_pending", "Slots of a backfill of the job not run yet (running included)."
+        )
+        self.runs_skipped_total = counter(
+            "runs_skipped",
+            "Slots won but not run, by reason (overlap: a run of the job was still alive; "
+            "late: frozen past slot + max_late before the request went out; bucket: the job "
+            "needs a lease and the state bucket cannot hold one).",
+            ("job", "reason"),
+        )
+        self.runs_lost_total = counter(
+            "runs_lost", "Runs this instance recorded as lost (their lease expired)."
+        )
+        self.attempts_due_total = counter(
+            "attempts_due", "Further attempts this instance made due, by reason.", ("job", "reason")
+        )
+        self.retries_exhausted_total = counter(
+            "retries_exhausted",
+            "Failed or lost attempts after which no attempt was left (retry.max reached).",
+        )
+        self.lease_renewal_failures_total = counter(
+            "lease_renewal_failures", "Run lease renewals that failed (the run went on)."
+        )
+        self.fleet_instances = gauge(
+            "fleet_instances", "Live instances seen in the state bucket (this one included)."
+        )
+        self.fleet_config_mismatch = gauge(
+            "fleet_config_mismatch", "1 while live instances run a job with different settings."
+        )
+        self.hostile_input_total = Counter(
+            "hostile_input",
+            "Values read from NATS that this instance refused: due_key (a due attempt that "
+            "the job's schedule, retry budget and the stream do not back), backfill_key (a "
+            "backfill.<job> value the backfill command would not write), value (a number "
+            "out of range, e.g. an absurd slot).",
+            ("what",),
+            namespace=PREFIX,
+            registry=registry,
+        )
+        for what in HOSTILE_KINDS:
+            self.hostile_input_total.labels(what=what)
+        self.state_bucket_ok = gauge(
+            "state_bucket_ok",
+            "1 while the state bucket has the settings leases need (history 1, per-message "
+            "TTLs, a marker TTL); 0 while jobs that need leases are not claimed.",
+        )
+        self.state_bucket_checks_total = Counter(
+            "state_bucket_checks",
+            "Checks of the state bucket's settings (start, reconnect, change seen).",
+            namespace=PREFIX,
+            registry=registry,
+        )
+        self.state_bucket_fixed_total = Counter(
+            "state_bucket_fixed",
+            "Times this instance set the state bucket's history back to 1, or created the "
+            "bucket again after it was deleted.",
+            namespace=PREFIX,
+            registry=registry,
+        )
+        self.nats_permission_denied_total = Counter(
+            "nats_permission_denied",
+            "Permissions violations the NATS server reported to this instance, by operation.",
+            ("operation",),
+            namespace=PREFIX,
+            registry=registry,
+        )
+        for op in ("publish", "subscribe"):
+            self.nats_permission_denied_total.labels(operation=op)
+        self.stream_raised_total = Counter(
+            "stream_raised",
+            "Times this instance raised the stream back to what its config needs after "
+            "someone lowered it.",
+            namespace=PREFIX,
+            registry=registry,
+        )
+        self.nats_connected = gauge("nats_connected", "1 while connected to NATS, else 0.")
+        self.nats_reconnects_total = Counter(
+            "nats_reconnects", "Reconnections to NATS.", namespace=PREFIX, registry=registry
+        )
+        # Telling people (sidecar/after/aftermath.py).
+        self.pings_total = counter(
+            "pings", "Pings sent by this instance, by kind and outcome.", ("job", "kind", "outcome")
+        )
+        self.notifications_total = Counter(
+            "notifications",
+            "Notifications this instance sent (exactly one sidecar sends each event), "
+            "by event and outcome (sent, failed).",
+            ("event", "outcome"),
+            namespace=PREFIX,
+            registry=registry,
+        )
+        self.runs_anomalous_total = counter(
+            "runs_anomalous",
+            "Runs outside the job's expect: kind short (succeeded faster than min) or long "
+            "(ended slower than max).",
+            ("job", "kind"),
+        )
+        self.runs_overdue = job_gauge(
+            "runs_overdue", "Runs on this instance still running past the job's expect.max."
+        )
+        self.job_consecutive_failures = job_gauge(
+            "job_consecutive_failures", "Consecutive failed or lost runs, fleet-wide."
+        )
+        self.job_auto_paused = job_gauge(
+            "job_auto_paused", "1 while the job is paused by pause_after (fleet-wide)."
+        )
+        self.build_info = gauge("build_info", "Always 1; the version as a label.", ("version",))
+        self.build_info.labels(version=__version__).set(1)
+        for event in NOTIFY_EVENTS:  # at 0 from the start, like the per-job series
+            for outcome in ("sent", "failed"):
+                self.notifications_total.labels(event=event, outcome=outcome)
+        self.add_jobs(jobs)
+
+    def add_jobs(self, jobs: Iterable[str]) -> None:
+        """Expose the jobs' labelled series at zero so that rates and alerts see them
+        (each job once: call it once, as the constructor does)."""
+        names = tuple(jobs)
+        alone = Declared(names)  # one for every metric labelled by the job alone
+        for metric in (
+            self.claims_won_total,
+            self.claims_lost_total,
+            self.claim_duplicate_acks_total,
+            self.claim_errors_total,
+            self.runs_lost_total,
+            self.retries_exhausted_total,
+            self.lease_renewal_failures_total,
+            self.claim_ack_seconds,
+            self.run_duration_seconds,
+            self.run_start_delay_seconds,
+            self.runs_in_progress,
+            self.job_next_run_timestamp_seconds,
+            self.job_last_success_timestamp_seconds,
+            self.stream_covers_job,
+            self.job_paused,
+            self.job_paused_until_timestamp_seconds,
+            self.job_skips_pending,
+            self.job_backfill_pending,
+            self.runs_overdue,
+            self.job_consecutive_failures,
+            self.job_auto_paused,
+        ):
+            metric.declare(alone)
+        for labelled, values in (
+            (self.runs_skipped_total, RUN_SKIP_REASONS),
+            (self.attempts_due_total, DUE_REASONS),
+            (self.claims_skipped_total, SKIP_REASONS),
+            (self.claims_deferred_total, ("seen", "fallback")),  # candidates.DEFERRED_OUTCOMES
+            (self.runs_total, RUN_STATUSES),
+            (self.runs_anomalous_total, ("short", "long")),
+        ):
+            labelled.declare(Declared(names, tuple(values)))

@@ -1,0 +1,1 @@
+"""One job's life: claim, lease, trigger, record, retries and lost runs."""

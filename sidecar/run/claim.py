@@ -1,0 +1,318 @@
+"""Claim a slot in JetStream; decide won or lost.
+
+Every instance publishes ``<prefix><job>.claims`` with ``Nats-Msg-Id:
+<job>:<slot>``. The stream stores the first message with that id and answers
+every later one with ``duplicate: true`` and the original's sequence. An
+instance won when its ack is not a duplicate, or when it is a duplicate and the
+stored message carries its own token (its own retry).
+
+A claim is never decided by a guess: a publish that timed out may still have
+been stored (nats-py can flush a buffered publish after its timeout fired), so
+it is retried with the same token and id until a definite answer or the
+deadline. On a clustered stream a concurrent copy may be answered with API
+error 10158 ("duplicate message id is in process"); that too is retried.
+
+Only a retried claim reads the stored message: tokens are new per claim, so
+a duplicate answer to the first publish means the stored claim is somebody
+else's, and the claim is lost without a second request. N replicas cost N
+JetStream requests per slot (plus the winner's result), not 2N-1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
+
+from sidecar.core import failpoints
+from sidecar.core.backoff import Backoff
+from sidecar.core.clock import Clock, rfc3339
+from sidecar.core.errors import ClaimDisconnected, ClaimError, ClaimForeign
+from sidecar.core.natspy import api_prefix, request_timeout
+from sidecar.core.wire import ERR_DUPLICATE_IN_PROCESS, claims_subject, msg_get_subject, new_token
+from sidecar.core.wire import MSG_ID as MSG_ID  # re-exported: the run's ending uses it
+from sidecar.core.wire import TRANSIENT as TRANSIENT  # re-exported: the run's ending uses it
+from sidecar.core.wire import claim_msg_id as claim_msg_id  # re-exported
+
+log = logging.getLogger("sidecar.claim")
+
+# Between two publishes of one claim: short (a claim has a deadline of seconds),
+# jittered so that the replicas that timed out together do not ask together.
+PUBLISH_RETRY_START = 0.02
+PUBLISH_RETRY_CAP = 1.0
+PUBLISH_RETRY_JITTER = 0.5
+
+
+@functools.lru_cache(maxsize=1024)
+def _json_str(text: str) -> str:
+    """A string as a JSON string literal, as json.dumps writes it."""
+    return json.dumps(text)
+
+
+def decide(duplicate: bool | None, stored_token: str | None, token: str) -> bool:
+    """Won or lost, from the ack's duplicate flag and, for a duplicate, the stored token.
+
+    nats-py reports a first publish as ``duplicate=None``, not ``False``.
+    """
+    if not duplicate:
+        return True
+    return stored_token == token
+
+
+def must_read_stored(duplicate: bool | None, retried: bool) -> bool:
+    """Whether an ack leaves the claim open until the stored claim's token is read.
+
+    ============== ========================================= =========================
+    ack            an earlier attempt of this claim was sent  decision
+    ============== ========================================= =========================
+    not duplicate  either                                     won
+    duplicate      no                                         lost (the stored claim
+                                                              has another token)
+    duplicate      yes (a timeout, 10158, a reconnect)        read the stored claim:
+                                                              won if its token is ours
+    ============== ========================================= =========================
+    """
+    return bool(duplicate) and retried
+
+
+def token_of(data: bytes) -> str | None:
+    """The token of a stored claim, None for anything that is not one of ours."""
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # nesting too deep for json
+        return None
+    token = value.get("token") if isinstance(value, dict) else None
+    return token if isinstance(token, str) else None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What was claimed and how it was decided."""
+
+    job: str
+    slot: int
+    token: str
+    won: bool
+    seq: int
+    publish_tries: int  # publishes of this claim (1: answered at the first)
+    duplicate_acks: int
+    ack_seconds: float
+    manual: bool = False
+    attempt: int = 1
+    trigger: str = "scheduled"  # X-Anarchon-Trigger of its run
+
+
+@dataclass
+class Claimer:
+    """Publishes claims for one instance."""
+
+    nc: NATS
+    js: JetStreamContext
+    stream: str
+    prefix: str
+    instance: str
+    clock: Clock
+    ack_timeout: float = 2.0
+    # Awaited while disconnected; returns when connected (or raises on timeout).
+    wait_connected: Callable[[float], Awaitable[bool]] | None = None
+    # The JetStream domain every ack must name, once known (``check_domain``).
+    domain: str | None = None
+    check_domain: bool = False
+    # Told when a publish got no answer for the whole ack_timeout while connected
+    # (``Connection.unanswered``: the server may not reach the stream's leader).
+    on_unanswered: Callable[[], None] | None = None
+
+    def subject(self, job: str) -> str:
+        return claims_subject(self.prefix, job)
+
+    def body(
+        self,
+        job: str,
+        slot: int,
+        token: str,
+        now: float,
+        manual: bool,
+        attempt: int = 1,
+        extra: dict[str, str] | None = None,
+    ) -> bytes:
+        """The claim's JSON, byte for byte what ``json.dumps(..., separators=(",", ":"))``
+        gives for these fields, written out directly: it is built on every claim's
+        path, where the generic encoder cost about as much as a tenth of the
+        publish round trip. The strings that could need escaping (job, instance)
+        go through json.dumps (cached); the token is hex (``new_token``), the
+        times are RFC 3339. Attempt 1 is the reference's body; a later attempt
+        adds ``"attempt":N`` at the end, and ``extra`` (string fields: ``trigger``,
+        ``skipped``) follows.
+        """
+        more = f',"attempt":{attempt:d}' if attempt > 1 else ""
+        if extra:
+            more += "".join(f",{_json_str(k)}:{_json_str(v)}" for k, v in extra.items())
+        return (
+            f'{{"job":{_json_str(job)},"slot":{slot:d},"token":"{token}",'
+            f'"instance":{_json_str(self.instance)},"scheduled_at":"{rfc3339(slot / 1000)}",'
+            f'"claimed_at":"{rfc3339(now)}","manual":{"true" if manual else "false"}{more}}}'
+        ).encode()
+
+    async def claim(
+        self,
+        job: str,
+        slot: int,
+        deadline: float,
+        manual: bool = False,
+        attempt: int = 1,
+        msg_id: str | None = None,
+        extra: dict[str, str] | None = None,
+        trigger: str = "scheduled",
+    ) -> Claim:
+        """Claim attempt `attempt` of `slot` of `job`; `deadline` is on the clock's monotonic
+        scale, which counts suspended time: no publish goes out after it.
+
+        `msg_id` replaces the usual id (a skipped slot's record, a backfill);
+        `extra` adds string fields to the body. `trigger` says why the run is
+        made; the body carries it when it is not ``scheduled`` or ``manual``
+        (so a scheduled claim stays byte for byte the reference's).
+
+        Returns the decided Claim; raises ClaimDisconnected when NATS was down
+        the whole time, ClaimError when no definite answer came in time.
+        """
+        token = new_token()
+        if manual:
+            trigger = "manual"
+        elif trigger != "scheduled":
+            extra = {**(extra or {}), "trigger": trigger}
+        body = self.body(job, slot, token, self.clock.wall(), manual, attempt, extra)
+        msg_id = msg_id or claim_msg_id(job, slot, token, manual, attempt)
+        subject = self.subject(job)
+        publish_tries = 0
+        duplicate_acks = 0
+        backoff = Backoff(PUBLISH_RETRY_START, PUBLISH_RETRY_CAP, jitter=PUBLISH_RETRY_JITTER)
+        ever_connected = False
+        last_error = "no attempt"
+        while True:
+            remaining = deadline - self.clock.monotonic()
+            if remaining <= 0:
+                if not ever_connected:
+                    raise ClaimDisconnected(f"{msg_id}: NATS disconnected until the deadline")
+                raise ClaimError(f"{msg_id}: no definite answer before the deadline: {last_error}")
+            if (
+                not self.nc.is_connected
+                and self.wait_connected is not None
+                and not await self.wait_connected(remaining)
+            ):
+                continue
+            ever_connected = True
+            publish_tries += 1
+            started = self.clock.monotonic()
+            timeout = max(0.001, min(self.ack_timeout, remaining))
+            try:
+                ack = await self.js.publish(
+                    subject,
+                    body,
+                    timeout=timeout,
+                    stream=self.stream,
+                    headers={MSG_ID: msg_id},
+                )
+                if failpoints.ENABLED:
+                    await failpoints.hit("claim.after_publish")
+            except APIError as exc:
+                if exc.err_code != ERR_DUPLICATE_IN_PROCESS and not isinstance(exc, TRANSIENT):
+                    raise ClaimError(f"{msg_id}: JetStream refused the claim: {exc}") from exc
+                last_error = f"{type(exc).__name__} (err_code {exc.err_code})"
+            except TRANSIENT as exc:
+                last_error = type(exc).__name__
+                unanswered = isinstance(exc, (NatsTimeoutError, asyncio.TimeoutError))
+                if unanswered and timeout >= self.ack_timeout and self.on_unanswered is not None:
+                    self.on_unanswered()
+            else:
+                ack_seconds = self.clock.monotonic() - started
+                if foreign := self.foreign(ack.stream, ack.domain):
+                    raise ClaimForeign(f"{msg_id}: {foreign}; not run")
+                stored = None
+                if ack.duplicate:
+                    duplicate_acks += 1
+                # Any earlier attempt may have been stored (even one that failed:
+                # nats-py can send a buffered publish after giving up on it).
+                if must_read_stored(ack.duplicate, retried=publish_tries > 1):
+                    stored = await self._stored_token(ack.seq, deadline, msg_id)
+                won = decide(ack.duplicate, stored, token)
+                return Claim(
+                    job,
+                    slot,
+                    token,
+                    won,
+                    ack.seq,
+                    publish_tries,
+                    duplicate_acks,
+                    ack_seconds,
+                    manual,
+                    attempt,
+                    trigger,
+                )
+            log.debug("claim %s publish %d: %s; asking again", msg_id, publish_tries, last_error)
+            if failpoints.ENABLED:
+                await failpoints.hit("claim.before_retry")
+            await backoff.sleep(at_most=remaining)
+
+    def foreign(self, stream: str | None, domain: str | None) -> str | None:
+        """Why an ack shows another JetStream stored the claim; None when it is ours.
+
+        At a leaf node with a JetStream of its own, a stream of the same name
+        there can answer first: a win in it is no win in the fleet's stream.
+        """
+        if stream != self.stream:
+            return f"the claim was stored by stream {stream}, not {self.stream}"
+        if self.check_domain and (domain or None) != self.domain:
+            return (
+                f"the claim was stored in JetStream domain {domain or '(none)'}, "
+                f"not {self.domain or '(none)'}"
+            )
+        return None
+
+    async def _stored_token(self, seq: int, deadline: float, msg_id: str) -> str | None:
+        """The token of the stored claim at `seq`; retried until the deadline."""
+        backoff = Backoff(PUBLISH_RETRY_START, PUBLISH_RETRY_CAP)
+        while True:
+            remaining = deadline - self.clock.monotonic()
+            try:
+                data = await self._stored_data(seq)
+            except NotFoundError as exc:
+                # Trimmed or deleted: we cannot know who won, so we did not.
+                raise ClaimError(f"{msg_id}: stored claim {seq} is gone: {exc}") from exc
+            except (*TRANSIENT, APIError) as exc:
+                if remaining <= 0:
+                    raise ClaimError(f"{msg_id}: cannot read stored claim {seq}: {exc!r}") from exc
+                await backoff.sleep(at_most=remaining)
+                continue
+            return token_of(data)
+
+    async def _stored_data(self, seq: int) -> bytes:
+        """The data of the stored message at `seq`: the request ``js.get_msg`` makes.
+
+        Without get_msg's parsing of the stored headers (through the email
+        package) and timestamp, which the decision never reads and which took
+        about half of a lost claim's CPU time. Errors are get_msg's: the typed
+        APIError of the answer, ServiceUnavailableError for no responders, and
+        nats-py's TimeoutError after the JetStream context's timeout.
+        """
+        try:
+            reply = await self.nc.request(
+                msg_get_subject(api_prefix(self.js), self.stream),
+                f'{{"seq":{seq:d}}}'.encode(),
+                timeout=request_timeout(self.js),
+            )
+        except NoRespondersError as exc:
+            raise ServiceUnavailableError from exc
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            APIError.from_error(answer["error"])  # raises the typed error
+        return base64.b64decode(answer["message"].get("data") or "")

@@ -1,0 +1,349 @@
+"""What follows a failed or lost run (FLEET.md): retries, due attempts, lost runs.
+
+``DueAttempts.retry``: after a failed attempt whose result is stored, the
+next one is made due (``due.<job>.<slot>.<attempt>``, sidecar/when/due.py) while
+``retry.max`` allows. Every sidecar watches those keys (``due_changed``),
+checks them against its config and the stream (sidecar/run/duecheck.py) and
+competes for the attempt at its due time plus jitter (the replica whose app
+failed the previous one a little later), with the attempt's own claim id,
+through the `attempt` callback it was given (``Jobs.attempt``).
+
+``DueAttempts.rerun``: after a lost run was recorded here (sidecar/run/lostruns.py)
+and ``on_lost: rerun``, the next attempt is made due the same way.
+
+Every task started here is in ``tasks``: the daemon's drain awaits them,
+bounded, then cancels what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from nats.js import JetStreamContext
+
+from sidecar.core.backoff import Backoff
+from sidecar.core.clock import Clock, rfc3339
+from sidecar.core.errors import Hostile, KeyHeld
+from sidecar.core.tasks import TaskSet
+from sidecar.core.wire import LOST, RERUN, RETRY, new_token
+from sidecar.run.duecheck import Backed, backing, config_problem
+from sidecar.run.lostruns import LostRuns
+from sidecar.run.record import Recorder
+from sidecar.store.kv import Keys, until_answered
+from sidecar.when.due import (
+    DueKey,
+    due_key,
+    due_key_ttl,
+    failed_replica_wait,
+    may_follow,
+    parse_due_key,
+    retry_due_at,
+)
+
+if TYPE_CHECKING:
+    from sidecar.config.load import Config, JobConfig
+    from sidecar.fleet.member import Fleet
+    from sidecar.obs.metrics import Metrics
+    from sidecar.run.claim import Claim
+    from sidecar.store.stream import StreamSpec
+
+log = logging.getLogger("sidecar.followup")
+
+# Between the three reads of the stream that back a due key (s, not growing:
+# the key waits meanwhile, and a stream that does not answer leaves it).
+DUE_CHECK_RETRY = 0.5
+
+#: ``attempt(job, slot, now, number, due_at, trigger)``: compete for an attempt now.
+Attempt = Callable[["JobConfig", int, float, int, float | None, str], Awaitable[None]]
+
+
+class DueAttempts:
+    """Retries made due after a failure, and due attempts competed for (module doc)."""
+
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        clock: Clock,
+        js: JetStreamContext,
+        spec: StreamSpec,
+        fleet: Fleet,
+        keys: Callable[[], Keys | None],
+        attempt: Attempt,
+        sleep_until: Callable[[float], Awaitable[bool]],
+        stopping: asyncio.Event,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.js = js
+        self.spec = spec
+        self.fleet = fleet
+        self.keys = keys
+        self.attempt = attempt
+        self.sleep_until = sleep_until
+        self.stopping = stopping
+        self.by_name = {job.name: job for job in config.jobs}
+        self.tasks = TaskSet("a due-attempt task")
+        self._due: set[str] = set()  # due keys this sidecar waits for
+        self._refused: set[tuple[str, int]] = set()  # hostile due keys (key, revision) said
+
+    async def retry(self, job: JobConfig, claim: Claim, finished_at: float, seq: int) -> None:
+        """After a failed attempt (its result stored at `seq`): make the next one due,
+        while retry.max allows. Without a stored result no sidecar would act on it."""
+        if job.retry.max < 1 or claim.manual:
+            return
+        if not may_follow(claim.attempt, job.retry.max):
+            self.metrics.retries_exhausted_total.labels(job=job.name).inc()
+            log.error(
+                "job %s slot %s: attempt %d failed; no attempt left (retry.max %d)",
+                job.name,
+                rfc3339(claim.slot / 1000),
+                claim.attempt,
+                job.retry.max,
+            )
+            return
+        due_at = retry_due_at(finished_at, job.retry.backoff, claim.attempt)
+        await make_due(
+            self.keys(),
+            self.metrics,
+            self.clock,
+            job,
+            claim.slot,
+            claim.attempt + 1,
+            due_at,
+            RETRY,
+            self.config.instance_id,
+            seq,
+        )
+
+    async def rerun(
+        self, job: JobConfig, slot: int, attempt: int, lost_at: float, lost_seq: int
+    ) -> None:
+        """After attempt `attempt` was recorded lost here (``on_lost: rerun``): make the
+        next one due at once, while retry.max allows."""
+        if not may_follow(attempt, job.retry.max):
+            self.metrics.retries_exhausted_total.labels(job=job.name).inc()
+            return
+        await make_due(
+            self.keys(),
+            self.metrics,
+            self.clock,
+            job,
+            slot,
+            attempt + 1,
+            lost_at,
+            LOST,
+            "",
+            lost_seq,
+        )
+
+    def claimed(self, name: str, slot: int, number: int) -> None:
+        """Attempt `number` (2 or more) was won here: its due key is dropped."""
+        self.tasks.spawn(self._drop_due(due_key(name, slot, number)))
+
+    def due_changed(self, key: str) -> None:
+        """A key the watch delivered: a new ``due.*`` key of ours is checked, then waited for."""
+        if not key.startswith("due.") or key in self._due or self.stopping.is_set():
+            return
+        entry = self.fleet.view.keys.get(key)
+        parsed = parse_due_key(key)
+        job = self.by_name.get(parsed.job if parsed else key.split(".")[1])
+        if job is None or entry is None:
+            return  # not one of our jobs (another fleet may share the bucket), or gone
+        if (key, entry.revision) in self._refused:
+            return  # said once already (its delete may have failed)
+        self._due.add(key)
+        if parsed is None:
+            why = "not a due key: due.<job>.<slot>.<attempt> with an attempt of 2 or more"
+            self.tasks.spawn(self._hostile_due(key, entry.revision, why))
+            return
+        self.tasks.spawn(self._due_attempt(job, parsed, key, entry.value, entry.revision))
+
+    async def _due_attempt(
+        self, job: JobConfig, due: DueKey, key: str, value: dict[str, Any], revision: int
+    ) -> None:
+        """Check a due attempt (sidecar/run/duecheck.py), then compete for it at its time
+        (plus jitter; later where it failed)."""
+        try:
+            backed = await self._backed(job, due, key, value, revision)
+            if backed is None:
+                return
+            due_at = backed.due_at
+            wake = due_at + random.uniform(0.0, job.jitter)
+            if backed.reason == RETRY and value.get("instance") == self.config.instance_id:
+                wake += failed_replica_wait(job.jitter)
+            if await self.sleep_until(wake):
+                return
+            if key not in self.fleet.view.keys:
+                return  # claimed (its winner deleted the key) or expired
+            now = self.clock.wall()
+            if now - due_at > job.max_late:
+                self.metrics.claims_skipped_total.labels(job=job.name, reason="late").inc()
+                log.warning(
+                    "job %s slot %s: attempt %d skipped, later than max_late %gs",
+                    job.name,
+                    rfc3339(due.slot / 1000),
+                    due.attempt,
+                    job.max_late,
+                )
+                return
+            trigger = RERUN if backed.reason == LOST else RETRY
+            await self.attempt(job, due.slot, now, due.attempt, due_at, trigger)
+        finally:
+            self._due.discard(key)
+
+    async def _backed(
+        self, job: JobConfig, due: DueKey, key: str, value: dict[str, Any], revision: int
+    ) -> Backed | None:
+        """The due attempt as the config and the stream back it; None when they do not
+        (a hostile key: counted, logged, deleted) or the stream did not answer."""
+        why = config_problem(job, due, self.clock.wall())
+        if why is None:
+            retry = Backoff(start=DUE_CHECK_RETRY, cap=DUE_CHECK_RETRY)
+            for tries in range(3):
+                try:
+                    return await backing(self.js, self.spec, job, due, value)
+                except Hostile as exc:
+                    why = str(exc)
+                    break
+                except Exception as exc:  # no answer: nothing judged, the key is left
+                    if tries == 2 or self.stopping.is_set():
+                        log.warning(
+                            "due key %s not checked (the stream did not answer): %r", key, exc
+                        )
+                        return None
+                    await retry.sleep()
+        if why is not None:
+            await self._hostile_due(key, revision, why)
+        return None
+
+    async def _hostile_due(self, key: str, revision: int, why: str) -> None:
+        """A due key the config and the stream do not back: counted, said once, deleted."""
+        try:
+            if len(self._refused) >= 1000:
+                self._refused.clear()
+            self._refused.add((key, revision))
+            self.metrics.hostile_input_total.labels(what="due_key").inc()
+            log.error(
+                "state bucket: due key %s refused: %s; it is hostile input (whoever may write "
+                "the state bucket wrote it) and is deleted, nothing is claimed",
+                key[:200],
+                why,
+            )
+            keys = self.keys()
+            if keys is not None:
+                with contextlib.suppress(Exception):  # another sidecar deleted it first
+                    await keys.delete(key, revision)
+        finally:
+            self._due.discard(key)
+
+    async def _drop_due(self, key: str) -> None:
+        """The attempt is claimed: its due key is no longer needed by anyone."""
+        keys = self.keys()
+        entry = self.fleet.view.keys.get(key)
+        if keys is None:
+            return
+        try:
+            await keys.delete(key, entry.revision if entry is not None else None)
+        except Exception as exc:  # it expires on its own
+            log.debug("due key %s not deleted: %r", key, exc)
+
+
+async def make_due(
+    keys: Keys | None,
+    metrics: Metrics,
+    clock: Clock,
+    job: JobConfig,
+    slot: int,
+    attempt: int,
+    due_at: float,
+    reason: str,
+    failed_on: str,
+    result_seq: int = 0,
+) -> bool:
+    """Store ``due.<job>.<slot>.<attempt>``; True when this call made it due.
+
+    `result_seq`: the sequence of the stored result of the attempt before; the
+    other sidecars read it there before they act on the key (sidecar/run/duecheck.py).
+    """
+    if keys is None:
+        log.warning(
+            "job %s: attempt %d of slot %d not made due: no bucket", job.name, attempt, slot
+        )
+        return False
+    key = due_key(job.name, slot, attempt)
+    value = {
+        "due_at": due_at,
+        "reason": reason,
+        "instance": failed_on,
+        "token": new_token(),
+        "result": result_seq,
+    }
+    ttl = due_key_ttl(due_at, clock.wall(), job.jitter, job.max_late)
+    try:
+        await until_answered(
+            f"due key {key}",
+            lambda: keys.create(key, value, ttl),
+            clock,
+            clock.monotonic() + 10.0,
+        )
+    except KeyHeld:
+        return False
+    except Exception as exc:
+        log.error("job %s: attempt %d of slot %d not made due: %r", job.name, attempt, slot, exc)
+        return False
+    metrics.attempts_due_total.labels(job=job.name, reason=reason).inc()
+    log.info(
+        "job %s slot %s: attempt %d due at %s (%s)",
+        job.name,
+        rfc3339(slot / 1000),
+        attempt,
+        rfc3339(due_at),
+        reason,
+    )
+    return True
+
+
+def parse_due(entry_value: dict[str, Any]) -> tuple[float, str, str] | None:
+    """(due_at, reason, failed_on) of a due key's value; None when malformed."""
+    due_at = entry_value.get("due_at")
+    if not isinstance(due_at, int | float) or isinstance(due_at, bool):
+        return None
+    reason = entry_value.get("reason")
+    failed_on = entry_value.get("instance")
+    return (
+        float(due_at),
+        reason if isinstance(reason, str) else "",
+        failed_on if isinstance(failed_on, str) else "",
+    )
+
+
+def follow(
+    config: Config,
+    metrics: Metrics,
+    clock: Clock,
+    js: JetStreamContext,
+    spec: StreamSpec,
+    fleet: Fleet,
+    keys: Callable[[], Keys | None],
+    recorder: Recorder,
+    attempt: Attempt,
+    sleep_until: Callable[[float], Awaitable[bool]],
+    stopping: asyncio.Event,
+) -> tuple[DueAttempts, LostRuns]:
+    """The due attempts and lost-run judging of one sidecar, listening to the fleet's
+    watch of the state bucket."""
+    due = DueAttempts(config, metrics, clock, js, spec, fleet, keys, attempt, sleep_until, stopping)
+    lost = LostRuns(config, metrics, clock, js, spec, keys, recorder, stopping)
+    lost.judges_foreign = fleet.orphans.judges
+    lost.view = fleet.view  # leases of a replaced bucket are looked for again
+    lost.rerun = due.rerun
+    fleet.removal_listeners.append(lost.removed)
+    fleet.key_listeners.append(due.due_changed)
+    return due, lost

@@ -1,0 +1,460 @@
+"""A job's life: wait for its slot, check it may be claimed, claim, run, record.
+
+``Jobs.loop`` runs one job's schedule top-down: sleep until the slot plus a
+random jitter in [0, jitter] (sidecar/core/sleeper.py); skip it (counted, said:
+sidecar/run/skips.py) when the claim would start more than max_late after its
+time, when the stream guard says the stream cannot hold the claim, or when
+the fleet keeps it from running (paused, excluded, skip); claim it
+(``attempt``: the one place a slot is claimed); if won, take its lease
+(sidecar/run/lease.py), trigger the app in a task of its own (tracked in ``runs``
+for the drain), and end the run in one ``Outcome`` recorded by
+sidecar/run/record.py, then release the lease. A failed attempt is followed by
+the next one when ``retry`` allows (sidecar/run/followup.py).
+
+Around it: catch-up after a start or a reconnect (sidecar/run/catchup.py), due
+attempts and lost runs (sidecar/run/followup.py, sidecar/run/lostruns.py), each
+calling back into ``attempt``. Every task they start is in ``background()``
+for the daemon's drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+
+from nats.js import JetStreamContext
+
+from sidecar.after.aftermath import Aftermath
+from sidecar.config.load import Config, JobConfig
+from sidecar.core import failpoints
+from sidecar.core.clock import Clock, rfc3339
+from sidecar.core.errors import ClaimDisconnected, ClaimForeign, KeyHeld
+from sidecar.core.sleeper import Sleeper
+from sidecar.core.tasks import TaskSet
+from sidecar.core.wire import CATCHUP, FAILED, SCHEDULED, SKIPPED
+from sidecar.fleet.candidates import Candidates
+from sidecar.fleet.member import Fleet
+from sidecar.obs.metrics import Metrics
+from sidecar.run import runcap
+from sidecar.run.backfill import Backfills
+from sidecar.run.catchup import CatchUp
+from sidecar.run.claim import Claim, Claimer
+from sidecar.run.followup import follow
+from sidecar.run.lease import RUN_LEASE_WAIT, overlap_error, run_lease
+from sidecar.run.record import Outcome, Recorder, not_sent, sent
+from sidecar.run.skips import EXCLUDED, SkipRecorder, Unclaimed
+from sidecar.run.trigger import Trigger, Why, interrupted, why_of
+from sidecar.store.bucketcheck import needs_leases
+from sidecar.store.guard import StreamGuard
+from sidecar.store.kv import Keys
+from sidecar.when.pauses import PAUSED
+
+log = logging.getLogger("sidecar.job")
+
+
+def _secret(trigger: Trigger) -> bytes | None:
+    """The current signing secret: webhooks are signed like triggers."""
+    signer = getattr(trigger, "signer", None)  # tests drive Jobs without a trigger
+    return signer.secrets[0] if signer is not None else None
+
+
+def counts(job: JobConfig, claim: Claim) -> bool:
+    """Whether this run is one that ``max_runs`` counts: attempt 1 of a slot of the
+    schedule (on time or caught up); not a retry or rerun of a counted slot, a
+    backfill or a manual run."""
+    return (
+        job.max_runs is not None
+        and claim.attempt == 1
+        and not claim.manual
+        and claim.trigger in (SCHEDULED, CATCHUP)
+    )
+
+
+class Jobs:
+    """The job loops of one sidecar and the runs they started."""
+
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        clock: Clock,
+        js: JetStreamContext,
+        claimer: Claimer,
+        trigger: Trigger,
+        guard: StreamGuard,
+        fleet: Fleet,
+        connected: asyncio.Event,
+        stopping: asyncio.Event,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.js = js
+        self.claimer = claimer
+        self.trigger = trigger
+        self.guard = guard
+        self.fleet = fleet
+        # Per job: the slot its loop handles next; catch-up claims only before it.
+        self._next: dict[str, int] = {}
+        # Per job: (slot, the schedule's slot before it), computed before the slot's time.
+        self._previous: dict[str, tuple[int, int | None]] = {}
+        # Per job: why its loop said it claims no more slots (end_at, max_runs).
+        self._said_over: dict[str, str] = {}
+        self.spec = guard.spec
+        self.connected = connected
+        self.stopping = stopping
+        self.runs: set[asyncio.Task[None]] = set()
+        # Precise sleeps until a slot, woken at once on stop (sidecar/core/sleeper.py).
+        self.sleeper = Sleeper(clock, stopping)
+        self.sleep_until, self.wake = self.sleeper.until, self.sleeper.wake
+        self.side_tasks = TaskSet("a catch-up, skip or backfill task")
+        spawn = self.side_tasks.spawn
+        self._keys: Keys | None = None
+        self.skips = SkipRecorder(
+            claimer, metrics, clock, config.instance_id, self.spec.name, self.spec.prefix
+        )
+        # Slots not claimed: counted, said, recorded when kept from running.
+        self.unclaimed = Unclaimed(metrics, clock, connected, self.skips, spawn)
+        # Slots missed while this sidecar was away (sidecar/run/catchup.py).
+        self.catch_up = CatchUp(clock, js, guard, fleet, stopping, self.attempt, self._next_slot)
+        self.backfills = Backfills(
+            config, metrics, clock, claimer, fleet, self._run_tracked, spawn, stopping
+        )
+        fleet.key_listeners.append(self.backfills.changed)
+        # Pings, notifications, auto-pause, anomalies, spans (sidecar/after/aftermath.py).
+        self.aftermath = Aftermath(config, metrics, clock, self.keys, _secret(trigger), fleet)
+        # Every ending of a run is recorded there (sidecar/run/record.py).
+        self.recorder = Recorder(
+            js, self.spec.name, self.spec.prefix, config.instance_id, metrics, self.aftermath
+        )
+        # What follows a failed or lost run: retries, due attempts, lost runs.
+        self.due, self.lost = follow(
+            config,
+            metrics,
+            clock,
+            js,
+            self.spec,
+            fleet,
+            self.keys,
+            self.recorder,
+            self.attempt,
+            self.sleep_until,
+            stopping,
+        )
+        # claim.candidates: only k instances claim a slot at its time (sidecar/fleet/candidates.py).
+        self.candidates = Candidates(
+            config.instance_id,
+            metrics,
+            clock,
+            fleet,
+            spawn,
+            self.sleep_until,
+            lambda job, slot: self.attempt(job, slot, self.clock.wall(), deferred=True),
+        )
+
+    def _next_slot(self, job: JobConfig) -> int:
+        """The slot the job's loop handles next: catch-up claims only before it."""
+        return self._next.get(job.name, job.schedule.next_slot(self.clock.wall_ms()))
+
+    def keys(self) -> Keys | None:
+        """The state bucket's key writer; None while unknown or unfit for leases."""
+        bucket = self.fleet.bucket
+        if not self.fleet.leases_ok or bucket is None:
+            return None
+        if self._keys is None:
+            self._keys = Keys(bucket, self.fleet.denied)
+        return self._keys
+
+    async def loop(self, job: JobConfig) -> None:
+        """The job's schedule until stopping: wait, check, claim, run each slot."""
+        m = self.metrics
+        name = job.name
+        slot = job.schedule.next_slot(self.clock.wall_ms())
+        self._next[name] = slot
+        # The first slot's previous instant is found by the run that needs it
+        # (_why): finding it here for every job took a fifth of the time to
+        # ready with 1,000 jobs, most of them never due before the next one.
+        previous: int | None = None
+        known = False
+        if job.catchup != "none":
+            self.side_tasks.spawn(self.catch_up(job))
+        while not self.stopping.is_set():
+            self._next[name] = slot
+            if (over := self._over(job, slot)) is not None:
+                # end_at passed, or max_runs reached: no slot is claimed (nor counted
+                # skipped: the job is done, not failing). Said once; no next run.
+                m.job_next_run_timestamp_seconds.labels(job=name).set(0)
+                if self._said_over.get(name) != over:
+                    self._said_over[name] = over
+                    log.info("job %s: no more runs: %s", name, over)
+                if job.schedule.outside(slot) is not None:
+                    await self.stopping.wait()  # end_at: nothing after it ever runs
+                    return
+                # max_runs: the slots pass unclaimed (deleting count.<job> resets it).
+                if await self.sleep_until(slot / 1000):
+                    return
+                previous, slot, known = slot, job.schedule.next_slot(slot), True
+                continue
+            self._said_over.pop(name, None)
+            if known:  # X-Anarchon-Previous-Scheduled-At, known before the slot's time
+                self._previous[name] = (slot, previous)
+            m.job_next_run_timestamp_seconds.labels(job=name).set(slot / 1000)
+            fire_at = slot / 1000 + random.uniform(0.0, job.jitter)
+            if await self.sleep_until(fire_at):
+                if self.clock.wall() >= slot / 1000:
+                    m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
+                return
+            now = self.clock.wall()
+            if now - slot / 1000 > job.max_late:
+                slot = self.unclaimed.late(job, slot, now)
+                previous, known = job.schedule.previous_slot(slot), True
+                continue
+            await self.attempt(job, slot, now)
+            previous, slot, known = slot, job.schedule.next_slot(slot), True
+
+    async def attempt(
+        self,
+        job: JobConfig,
+        slot: int,
+        now: float,
+        number: int = 1,
+        due_at: float | None = None,
+        trigger: str = SCHEDULED,
+        deferred: bool = False,
+    ) -> None:
+        """Claim attempt `number` of `slot` unless something forbids it now; run it when won.
+
+        Attempt 1 is due at the slot's time, a later one at `due_at`; either
+        is claimed only within max_late of that.
+        """
+        m = self.metrics
+        name = job.name
+        if why := self.guard.blocked(job, slot):
+            self.unclaimed.skip(job, slot, "stream", why)
+            return
+        if number == 1 and (over := self._over(job, slot)) is not None:
+            log.debug("job %s slot %s not claimed: %s", name, slot, over)
+            return
+        if number == 1 and (excluded := job.schedule.excluded(slot)) is not None:
+            self.unclaimed.kept(job, slot, EXCLUDED, f"excluded: {excluded.text}")
+            return
+        if blocked := self.fleet.blocked(name):
+            if blocked[0] == PAUSED and number == 1:
+                self.unclaimed.kept(job, slot, *blocked)
+            else:
+                self.unclaimed.skip(job, slot, *blocked)
+            return
+        if number == 1 and (skipped := self.fleet.skipped(name, slot)) is not None:
+            self.unclaimed.kept(job, slot, *skipped)
+            return
+        if not deferred and self.candidates.defer(job, slot, number, trigger):
+            return  # not a candidate: claimed after claim.fallback unless its run is seen
+        start = slot / 1000 if due_at is None else due_at
+        deadline = self.clock.monotonic() + (start + job.max_late - now)
+        try:
+            claim = await self.claimer.claim(name, slot, deadline, attempt=number, trigger=trigger)
+        except asyncio.CancelledError:
+            m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
+            raise
+        except ClaimForeign as exc:
+            self.unclaimed.skip(job, slot, "stream", str(exc))
+        except ClaimDisconnected as exc:
+            self.unclaimed.disconnected(job, slot, exc)
+        except Exception as exc:  # ClaimError; a bug must not stop the job's schedule
+            self.unclaimed.failed(job, slot, exc)
+        else:
+            if claim.won:
+                if failpoints.ENABLED:
+                    await failpoints.hit("claim.won")
+                if number > 1:
+                    self.due.claimed(name, slot, number)
+                self._start_run(job, claim, start)
+            self.unclaimed.count(claim)
+            if claim.won:
+                # Let the trigger reach the app before this loop computes the
+                # next slot and sets its timer: about 0.2 ms of its start delay.
+                await asyncio.sleep(0)
+
+    def _over(self, job: JobConfig, slot: int) -> str | None:
+        """Why `slot` is not claimed by end_at or max_runs (None: it may be)."""
+        if (outside := job.schedule.outside(slot)) is not None:
+            return outside
+        if job.max_runs is not None and runcap.spent(self.fleet.view, job.name, job.max_runs):
+            return f"max_runs {job.max_runs} reached ({runcap.count_key(job.name)})"
+        return None
+
+    async def _count(self, job: JobConfig, claim: Claim) -> bool:
+        """max_runs: count the slot fleet-wide just before its request (sidecar/run/runcap.py),
+        after the overlap lock: a slot that does not run is not counted.
+        False: not run, recorded skipped (the count is full, or unknown)."""
+        assert job.max_runs is not None
+        keys = self.keys()
+        try:
+            if keys is None:
+                why = self.fleet.bucket_problem or "the state bucket cannot be written now"
+                raise runcap.CountUnavailable(why)
+            number = await runcap.take(
+                keys, job.name, claim.slot, job.max_runs, self.config.instance_id, self.clock.wall()
+            )
+        except runcap.CountUnavailable as exc:
+            error, reason = f"not run: its run count (max_runs) is unknown: {exc}", "bucket"
+        else:
+            if number is not None:
+                log.debug("job %s: run %d of %d", job.name, number, job.max_runs)
+                return True
+            error, reason = f"not run: max_runs {job.max_runs} reached", "max_runs"
+        try:
+            outcome = not_sent(claim, SKIPPED, error, self.clock.wall(), reason)
+            await self.recorder.record(job, outcome)
+        except Exception as exc:  # not recorded (NATS away): still not run, the loop goes on
+            log.warning("job %s slot %s: %s; not recorded: %r", job.name, claim.slot, error, exc)
+        return False
+
+    # ------------------------------------------------------------------ catch-up
+
+    def reconnected(self) -> None:
+        """After a reconnect, look again for slots nobody claimed (jobs with catch-up)."""
+        self.unclaimed.reconnected()
+        if self.stopping.is_set():
+            return
+        for job in self.config.jobs:
+            if job.catchup != "none":
+                self.side_tasks.spawn(self.catch_up(job))
+
+    def background(self) -> set[asyncio.Task[None]]:
+        """Every task started besides the runs (catch-up, skips, due attempts, lost-run
+        judging): the drain awaits them, bounded, then cancels the rest."""
+        return {*self.side_tasks, *self.due.tasks, *self.lost.tasks}
+
+    def _start_run(self, job: JobConfig, claim: Claim, start: float) -> asyncio.Task[None]:
+        """The run in a task of its own, in ``runs``: the drain waits for it."""
+        task = asyncio.create_task(self._guarded_run(job, claim, start))
+        self.runs.add(task)
+        task.add_done_callback(self.runs.discard)
+        return task
+
+    async def _run_tracked(self, job: JobConfig, claim: Claim, start: float) -> None:
+        """A run awaited (a backfill runs one slot at a time)."""
+        await asyncio.shield(self._start_run(job, claim, start))
+
+    async def _guarded_run(self, job: JobConfig, claim: Claim, start: float) -> None:
+        """``run_slot``; a run that ends with an exception (a bug, hostile input) is logged
+        and recorded ``failed`` (once: the result's msg id is the run's), never left
+        ``running`` with a "Task exception was never retrieved"."""
+        try:
+            await self.run_slot(job, claim, start)
+        except Exception as exc:
+            log.exception("job %s slot %s: the run ended with an error", job.name, claim.slot)
+            with contextlib.suppress(Exception):
+                error = f"internal error: {exc!r}"[:300]
+                await self.recorder.record(job, not_sent(claim, FAILED, error, self.clock.wall()))
+
+    async def run_slot(self, job: JobConfig, claim: Claim, start: float) -> None:
+        """Hold the run's lease, trigger the app, record the result, release the lease.
+
+        With ``overlap: skip`` the lease is ``lock.<job>``: when it is held, a
+        run of the job is alive somewhere and this one is recorded skipped.
+        `start` is when the attempt was due (the slot's time for attempt 1).
+        """
+        deadline = self.clock.monotonic() + max(0.0, start + job.max_late - self.clock.wall())
+        keys = self.keys()
+        if keys is None and needs_leases(job):
+            # The bucket turned unfit (or was replaced) between the check and the
+            # claim: never run such a job without its lease (overlap: skip as allow).
+            why = self.fleet.bucket_problem or "the state bucket cannot hold leases now"
+            error = f"not run without a lease: {why}"
+            await self._end(
+                job, claim, not_sent(claim, SKIPPED, error, self.clock.wall(), "bucket")
+            )
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            if keys is not None:
+                lease = run_lease(
+                    keys,
+                    job,
+                    claim,
+                    self.config.instance_id,
+                    self.config.nats.lease_ttl,
+                    self.metrics,
+                    self.clock,
+                    deadline,
+                    self.fleet.view.lock_markers,
+                )
+                if job.overlap != "skip":
+                    # A run lease only lets the fleet see a dead runner: the run
+                    # waits for it a moment at most (lease.RUN_LEASE_WAIT).
+                    stack.push_async_exit(lease)
+                    left = max(0.0, deadline - self.clock.monotonic())
+                    await lease.start(min(RUN_LEASE_WAIT, left / 2))
+                    await self._run(job, claim, deadline)
+                    return
+                try:
+                    await stack.enter_async_context(lease)
+                except KeyHeld as held:  # a run of the job is alive: nothing sent
+                    error, hostile = overlap_error(held.value)
+                    if hostile:
+                        self.metrics.hostile_input_total.labels(what="value").inc()
+                    outcome = not_sent(claim, SKIPPED, error, self.clock.wall(), "overlap")
+                    await self._end(job, claim, outcome)
+                    return
+                except Exception as exc:
+                    # Nothing sent, failed: a retry may follow.
+                    error = f"{lease.key} not taken: {exc!r}"
+                    await self._end(job, claim, not_sent(claim, FAILED, error, self.clock.wall()))
+                    return
+            await self._run(job, claim, deadline)
+
+    async def _run(self, job: JobConfig, claim: Claim, deadline: float) -> None:
+        """Trigger the app for a won claim and record the result."""
+        if counts(job, claim) and not await self._count(job, claim):
+            return
+        m = self.metrics
+        slot_time = claim.slot / 1000
+        m.runs_in_progress.labels(job=job.name).inc()
+        started_at = self.clock.wall()
+        started = self.clock.monotonic()
+        m.run_start_delay_seconds.labels(job=job.name).observe(max(0.0, started_at - slot_time))
+        self.aftermath.started(job, claim.token, started_at)
+        try:
+            result = await self.trigger.fire(
+                job,
+                claim.slot,
+                claim.token,
+                deadline,
+                attempt=claim.attempt,
+                fence=claim.seq,
+                send_by=deadline,
+                why=self._why(job, claim),
+            )
+        except asyncio.CancelledError:
+            # Cut off by the drain: the record keeps when the run really
+            # started and how long it had run until then.
+            ran = self.clock.monotonic() - started
+            result = interrupted(started_at, ran, self.config.shutdown_grace)
+            await self._end(job, claim, sent(claim, result))
+            raise
+        finally:
+            m.runs_in_progress.labels(job=job.name).dec()
+        if result.late:
+            # Frozen past slot + max_late before the request went out: skipped, not
+            # retried (the app did not fail, the run's time is over).
+            error = result.error or "late"
+            await self._end(job, claim, not_sent(claim, SKIPPED, error, self.clock.wall(), "late"))
+            return
+        await self._end(job, claim, sent(claim, result))
+
+    def _why(self, job: JobConfig, claim: Claim) -> Why:
+        """X-Anarchon-Trigger and -Previous-Scheduled-At; the loop's answer when it has one."""
+        known = self._previous.get(job.name)
+        if known is None or known[0] != claim.slot:
+            return why_of(job, claim.slot, claim.trigger)
+        previous = known[1]
+        return Why(claim.trigger, rfc3339(previous / 1000) if previous is not None else None)
+
+    async def _end(self, job: JobConfig, claim: Claim, outcome: Outcome) -> None:
+        """Record the run's outcome (sidecar/run/record.py); a failed attempt may be retried."""
+        seq = await self.recorder.record(job, outcome)
+        if outcome.kind == FAILED:
+            await self.due.retry(job, claim, outcome.finished_at, seq)

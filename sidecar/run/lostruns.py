@@ -1,0 +1,241 @@
+"""Lost runs (FLEET.md): a lease that expired is a run whose runner is gone.
+
+Every sidecar sees a lease expire (a ``MaxAge`` marker, not a delete) and
+publishes a ``lost`` result for that run with ``Nats-Msg-Id:
+<job>:<slot>:<attempt>:lost`` (sidecar/run/record.py); exactly one is stored and
+the sidecar whose copy was stored counts it and, with ``on_lost: rerun``,
+has the next attempt made due (``rerun``, sidecar/run/followup.py). A result of
+the run stored meanwhile wins: it is looked for before and after.
+
+Every task started here is in ``tasks``: the daemon's drain awaits them,
+bounded, then cancels what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from sidecar.core.bounds import attempt_no, epoch_s, seq_no, slot_ms
+from sidecar.core.clock import Clock, parse_rfc3339
+from sidecar.core.tasks import TaskSet
+from sidecar.core.wire import LOST, results_subject
+from sidecar.run.claim import token_of
+from sidecar.run.record import Outcome, Recorder
+from sidecar.store.kv import Keys, last_msg
+from sidecar.store.state import EXPIRED, REPLACED, Removal, View
+from sidecar.when.due import is_lease_key, lease_job, renew_every
+
+if TYPE_CHECKING:
+    from sidecar.config.load import Config, JobConfig
+    from sidecar.obs.metrics import Metrics
+    from sidecar.store.stream import StreamSpec
+
+log = logging.getLogger("sidecar.lostruns")
+
+# A lost record is checked against the results this often at most when results
+# keep coming in between the check and the record.
+RECHECKS = 5
+# A lease that vanished with its bucket is judged this long after lease_ttl and
+# a renewal have passed (a renewal's round trip and the watch's delivery).
+REPLACED_GRACE = 2.0
+# At most this many results of a job stored since a run's claim are read.
+MAX_RESULTS_READ = 10_000
+
+
+class LostRuns:
+    """Records a ``lost`` result for every lease that expired (see the module doc)."""
+
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        clock: Clock,
+        js: JetStreamContext,
+        spec: StreamSpec,
+        keys: Callable[[], Keys | None],
+        recorder: Recorder | None = None,
+        stopping: asyncio.Event | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.js = js
+        self.spec = spec
+        self.keys = keys
+        self.jobs = {job.name: job for job in config.jobs}
+        self.tasks = TaskSet("recording a lost run")
+        # Whether an expired lease of a job not in this config is judged here
+        # (sidecar/fleet/orphans.py: when no other live instance runs that job).
+        self.judges_foreign: Callable[[Removal], bool] = lambda removal: False
+        self.view: View | None = None  # the live view: leases of a replaced bucket
+        # Records, counts and says the lost outcome, tells the aftermath (sidecar/run/record.py).
+        self.recorder = recorder or Recorder(
+            js, spec.name, spec.prefix, config.instance_id, metrics
+        )
+        # on_lost: rerun: (job, slot, attempt, lost at, the lost record's seq) -> the
+        # next attempt made due (sidecar/run/followup.py).
+        self.rerun: Callable[[JobConfig, int, int, float, int], Awaitable[None]] | None = None
+        # Set: the sidecar drains, no new judging starts (the drain awaits ``tasks``).
+        self.stopping = stopping or asyncio.Event()
+
+    def removed(self, removal: Removal) -> None:
+        """The view lost `removal.key`; an expired lease of one of our jobs was lost."""
+        if not is_lease_key(removal.key) or self.stopping.is_set():
+            return
+        name = lease_job(removal.key) or ""
+        job = self.jobs.get(name)
+        if job is None:
+            # A job not in this config: only its expiry is judged, and only when
+            # no other live instance runs it (sidecar/fleet/orphans.py).
+            if removal.how != EXPIRED or not self.judges_foreign(removal):
+                return
+            coro = self.record(name, removal)
+        elif removal.how == REPLACED:
+            coro = self.replaced(job, removal)
+        elif removal.how != EXPIRED:
+            if removal.how is None:
+                log.debug("lease %s vanished between two reads; not judged", removal.key)
+            return
+        else:
+            coro = self.record(job, removal)
+        self.tasks.spawn(coro)
+
+    async def replaced(self, job: JobConfig, removal: Removal) -> None:
+        """A lease that vanished with its bucket (deleted, made again): a live runner
+        takes it again at its next renewal (Lease), a dead one cannot. Judged once
+        lease_ttl and a renewal have passed: still gone, it is recorded lost, like an
+        expired one (the result is looked for first), never left ``running``."""
+        ttl = self.config.nats.lease_ttl
+        await asyncio.sleep(ttl + renew_every(ttl) + REPLACED_GRACE)
+        view = self.view
+        if view is not None:
+            back = view.keys.get(removal.key)
+            if back is not None and back.value.get("token") == removal.entry.value.get("token"):
+                return  # its runner took it again: alive
+        log.warning(
+            "lease %s vanished with the state bucket and was not taken again within "
+            "lease_ttl: its runner is gone",
+            removal.key[:200],
+        )
+        await self.record(job, Removal(removal.key, removal.entry, EXPIRED, self.clock.wall()))
+
+    async def record(self, job: JobConfig | str, removal: Removal) -> None:
+        """Record the run of an expired lease lost; `job` is a name for a job not
+        in this config (recorded, never rerun)."""
+        name = job if isinstance(job, str) else job.name
+        value = removal.entry.value
+        # Read from NATS: every number is range-checked before it is used.
+        slot, attempt = slot_ms(value.get("slot")), attempt_no(value.get("attempt"), 1)
+        token = value.get("token")
+        if slot is None or attempt is None or not isinstance(token, str):
+            self.metrics.hostile_input_total.labels(what="value").inc()
+            log.warning(
+                "lease %s expired with a value that is not a lease (or out of range): ignored",
+                removal.key[:200],
+            )
+            return
+        at = epoch_s(removal.at) or self.clock.wall()
+        after = seq_no(value.get("fence"))
+        try:
+            for _ in range(RECHECKS):
+                recorded, last = await self._recorded(name, token, after)
+                if recorded:
+                    log.info("lease %s expired after its run was recorded", removal.key)
+                    return
+                stored = await self._publish(
+                    name, removal.key, value, slot, attempt, token, at, last
+                )
+                if stored is not None:
+                    break
+                # A result came in between the check and the lost record: look again.
+            else:
+                log.warning("lease %s expired; results kept coming in, not recorded", removal.key)
+                return
+        except Exception as exc:  # another sidecar records it; say so here
+            log.warning("lease %s expired; recording the run lost failed: %r", removal.key, exc)
+            return
+        if not stored:
+            return
+        if isinstance(job, str):
+            return  # a job this config does not have: nothing to rerun it with
+        if job.on_lost == "rerun" and self.rerun is not None:
+            await self.rerun(job, slot, attempt, at, stored)
+
+    async def _recorded(self, job: str, token: str, after: int | None) -> tuple[bool, int]:
+        """Whether this run has a result (its own, or a lost record), and the sequence
+        of the job's last result (0: none), which the lost record then expects.
+
+        The newest result alone is not enough: runs of a job overlap, and a later
+        slot's result hides this run's. With the run's claim sequence (`after`,
+        the lease's ``fence``) every result stored since is read; without it
+        (a lease written by another implementation) only the newest.
+        """
+        subject = results_subject(self.spec.prefix, job)
+        newest = await last_msg(self.js, self.spec.name, subject)
+        if newest is None:
+            return False, 0
+        last = int(newest.seq or 0)
+        if token_of(newest.data or b"") == token:
+            return True, last
+        seq = (after or last) + 1
+        for _ in range(MAX_RESULTS_READ):
+            if seq >= last:
+                break
+            try:
+                msg = await self.js.get_msg(self.spec.name, seq, subject=subject, next=True)
+            except NotFoundError:
+                break
+            if int(msg.seq or 0) >= last:
+                break
+            if token_of(msg.data or b"") == token:
+                return True, last
+            seq = int(msg.seq or 0) + 1
+        return False, last
+
+    async def _publish(
+        self,
+        job: JobConfig | str,
+        key: str,
+        value: dict[str, Any],
+        slot: int,
+        attempt: int,
+        token: str,
+        at: float,
+        last: int,
+    ) -> int | None:
+        """Publish the lost result, expecting `last` as the job's last result.
+
+        Its sequence when this copy was the one stored, 0 when another
+        sidecar's was; None when a result was stored since `last` was read
+        (perhaps this run's own): it is looked at again.
+        """
+        name = job if isinstance(job, str) else job.name
+        started = value.get("started_at")
+        try:
+            started_at = parse_rfc3339(started[:40]) if isinstance(started, str) else at
+        except (ValueError, OverflowError, OSError):
+            started_at = at
+        if not at >= started_at:
+            started_at = at
+        instance = value.get("instance")
+        outcome = Outcome(
+            kind=LOST,
+            job=name,
+            slot=slot,
+            token=token,
+            started_at=started_at,
+            finished_at=at,
+            attempt=attempt,
+            instance=str(instance if instance is not None else ""),
+            error=f"lease {key} expired: instance {instance} stopped renewing it "
+            f"(lease_ttl {self.config.nats.lease_ttl:g}s); recorded by {self.config.instance_id}",
+        )
+        # A job of this config (record passes its name): its pings, notifications.
+        ours = self.jobs.get(name) if isinstance(job, str) else job
+        return await self.recorder.record_lost(ours, outcome, last)

@@ -1,0 +1,205 @@
+"""Slots the fleet keeps from running, and their records: exclusions, ``skip``, pauses.
+
+What the state bucket's values say (a pause's end, the slots to skip) is
+pure and lives in sidecar/when/pauses.py. Here, the I/O: ``SkipRecorder.record``
+writes a skipped slot into the stream once for the whole fleet, so that
+``history`` has no silent hole: every replica publishes a claim with
+``Nats-Msg-Id: <job>:<slot>:s`` (never the slot's own id, which stays free)
+carrying ``"skipped": <reason>``; the one whose claim is stored publishes the
+result, status ``skipped``, its error saying why.
+Every replica counts ``claims_skipped_total{reason}``, the recorder
+``runs_skipped_total{reason}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from sidecar.core.clock import rfc3339
+from sidecar.core.errors import ClaimError
+from sidecar.core.wire import SKIPPED
+from sidecar.obs.ratelog import RateLimitedLog
+from sidecar.run.record import Outcome, Recorder
+from sidecar.store.guard import REPEAT_LOG
+
+if TYPE_CHECKING:
+    from sidecar.config.load import JobConfig
+    from sidecar.core.clock import Clock
+    from sidecar.obs.metrics import Metrics
+    from sidecar.run.claim import Claim, Claimer
+
+log = logging.getLogger("sidecar.skips")
+# The job loop's lines keep the logger operators filter on (docs/CLI.md).
+loop_log = logging.getLogger("sidecar.job")
+
+EXCLUDED = "excluded"
+# At most this many late slots are walked one by one after a stall.
+MAX_LATE_WALK = 10_000
+
+
+def skip_record_id(job: str, slot: int) -> str:
+    """The claim id of a skipped slot's record: one per slot fleet-wide."""
+    return f"{job}:{slot}:s"
+
+
+class SkipRecorder:
+    """Records skipped slots in the stream, once per slot for the whole fleet."""
+
+    def __init__(
+        self,
+        claimer: Claimer,
+        metrics: Metrics,
+        clock: Clock,
+        instance: str,
+        stream: str,
+        prefix: str,
+    ) -> None:
+        self.claimer = claimer
+        self.metrics = metrics
+        self.clock = clock
+        self.instance = instance
+        self.stream = stream
+        self.prefix = prefix
+
+    @property
+    def recorder(self) -> Recorder:
+        """Where the skipped slot's record is made (sidecar/run/record.py); no aftermath."""
+        return Recorder(self.claimer.js, self.stream, self.prefix, self.instance, self.metrics)
+
+    async def record(self, job: JobConfig, slot: int, reason: str, why: str) -> bool:
+        """Count the skip and record it once fleet-wide; True when this replica recorded it."""
+        m = self.metrics
+        m.claims_skipped_total.labels(job=job.name, reason=reason).inc()
+        deadline = self.clock.monotonic() + max(1.0, slot / 1000 + job.max_late - self.clock.wall())
+        try:
+            claim = await self.claimer.claim(
+                job.name,
+                slot,
+                deadline,
+                msg_id=skip_record_id(job.name, slot),
+                extra={"skipped": reason},
+            )
+        except Exception as exc:  # NATS away: counted, not recorded (said once here)
+            log.warning(
+                "job %s slot %s skipped (%s); not recorded: %s",
+                job.name,
+                rfc3339(slot / 1000),
+                why,
+                exc,
+            )
+            return False
+        if not claim.won:
+            return False
+        now = self.clock.wall()
+        outcome = Outcome(
+            kind=SKIPPED,
+            job=job.name,
+            slot=slot,
+            token=claim.token,
+            started_at=now,
+            finished_at=now,
+            error=why,
+            reason=reason,
+            run=False,  # kept from running: runs_skipped_total, no run
+        )
+        return bool(await self.recorder.record(job, outcome))
+
+
+class Unclaimed:
+    """Slots the job loop does not claim: counted, said at most once a minute a job,
+    and recorded (``kept``) when the fleet keeps them from running."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        clock: Clock,
+        connected: asyncio.Event,
+        recorder: SkipRecorder,
+        spawn: Callable[[Coroutine[Any, Any, Any]], None],
+    ) -> None:
+        self.metrics = metrics
+        self.clock = clock
+        self.connected = connected
+        self.recorder = recorder
+        self.spawn = spawn
+        self._said: dict[str, float] = {}  # per job: when a skip was last said
+        self.warnings = RateLimitedLog(loop_log)
+
+    def late(self, job: JobConfig, slot: int, now: float) -> int:
+        """Count every slot whose claim can no longer start in time; return the next one."""
+        skipped = 0
+        while now - slot / 1000 > job.max_late and skipped < MAX_LATE_WALK:
+            skipped += 1
+            slot = job.schedule.next_slot(slot)
+        if skipped >= MAX_LATE_WALK:
+            slot = job.schedule.next_slot(int((now - job.max_late) * 1000))
+        # Late because NATS was away: say so, it is what the operator must fix.
+        reason = "late" if self.connected.is_set() else "disconnected"
+        self.metrics.claims_skipped_total.labels(job=job.name, reason=reason).inc(skipped)
+        loop_log.warning(
+            "job %s: %d slot(s) skipped, later than max_late %gs%s",
+            job.name,
+            skipped,
+            job.max_late,
+            "" if reason == "late" else " while disconnected from NATS",
+        )
+        return slot
+
+    def skip(self, job: JobConfig, slot: int, reason: str, why: str) -> None:
+        """A slot not claimed (stream, paused): counted, said at most once a minute a job."""
+        self.metrics.claims_skipped_total.labels(job=job.name, reason=reason).inc()
+        self._say(job, slot, why)
+
+    def kept(self, job: JobConfig, slot: int, reason: str, why: str) -> None:
+        """A slot kept from running (excluded, skip, paused): counted, and recorded
+        ``skipped`` in the stream once for the fleet (``SkipRecorder``)."""
+        self._say(job, slot, why)
+        self.spawn(self.recorder.record(job, slot, reason, why))
+
+    def disconnected(self, job: JobConfig, slot: int, exc: Exception) -> None:
+        """Not claimed, NATS away: counted; said once a minute a job while it lasts,
+        with the count; all said on reconnect."""
+        self.metrics.claims_skipped_total.labels(job=job.name, reason="disconnected").inc()
+        self.warnings.warning(
+            f"disconnected:{job.name}",
+            "job %s slot %s skipped: %s",
+            job.name,
+            rfc3339(slot / 1000),
+            exc,
+        )
+
+    def reconnected(self) -> None:
+        self.warnings.clear_prefix("disconnected:")
+
+    def failed(self, job: JobConfig, slot: int, exc: Exception) -> None:
+        """No claim made (a ClaimError, or a bug): counted, said; nothing ran."""
+        self.metrics.claim_errors_total.labels(job=job.name).inc()
+        if isinstance(exc, ClaimError):
+            loop_log.warning("job %s slot %s not claimed: %s", job.name, rfc3339(slot / 1000), exc)
+        else:
+            loop_log.error(
+                "job %s slot %s: claim failed unexpectedly", job.name, slot, exc_info=exc
+            )
+
+    def count(self, claim: Claim) -> None:
+        """A claim decided: its ack time, duplicate acks, won or lost."""
+        m = self.metrics
+        m.claim_ack_seconds.labels(job=claim.job).observe(claim.ack_seconds)
+        if claim.duplicate_acks:
+            m.claim_duplicate_acks_total.labels(job=claim.job).inc(claim.duplicate_acks)
+        if claim.won:
+            m.claims_won_total.labels(job=claim.job).inc()
+            loop_log.debug("job %s slot %s won (seq %d)", claim.job, claim.slot, claim.seq)
+        else:
+            m.claims_lost_total.labels(job=claim.job).inc()
+            loop_log.debug("job %s slot %s lost (seq %d)", claim.job, claim.slot, claim.seq)
+
+    def _say(self, job: JobConfig, slot: int, why: str) -> None:
+        now = self.clock.monotonic()
+        last = self._said.get(job.name)
+        if last is None or now - last > REPEAT_LOG:
+            self._said[job.name] = now
+            loop_log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)

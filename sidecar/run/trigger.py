@@ -1,0 +1,405 @@
+"""The trigger request to the app, over TCP or a unix socket, through h11.
+
+One request per won claim. A request that provably never reached the app (the
+connection itself failed: refused, socket missing, no connection within the
+timeout) is retried with backoff until the slot's deadline; one that reached
+it is never resent, whatever happened next (timeout, reset, 5xx). Every
+request goes over a fresh connection, so a stale keep-alive connection can
+never blur that line.
+
+HTTP/1.1 framing and parsing are h11's; this module only moves bytes between
+h11 and an asyncio stream, bounded in time (the request's timeout covers
+connecting, sending, the answer and its whole body) and in memory: of the
+answer's body at most ``MAX_ERROR_BODY`` bytes are kept (for the message of a
+non-2xx answer), the rest is discarded as it arrives. Errors are translated
+where they cross into our code: ``OSError`` while connecting becomes
+TriggerUndelivered, the timeout TriggerTimeout, anything after the connection
+was made (reset, a malformed answer, an early close) a TriggerError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from urllib.parse import urlsplit
+
+import h11
+
+from sidecar import __version__
+from sidecar.after.signing import SIGNATURE_HEADER, SignedFields, Signer, signature
+from sidecar.config.load import JobConfig, RequestConfig, base_url_of, unix_socket_of
+from sidecar.core import failpoints
+from sidecar.core.backoff import Backoff
+from sidecar.core.clock import Clock, rfc3339
+from sidecar.core.errors import (
+    TriggerError,
+    TriggerFailed,
+    TriggerLate,
+    TriggerTimeout,
+    TriggerUndelivered,
+)
+from sidecar.core.wire import (
+    ATTEMPT_HEADER,
+    FENCE_HEADER,
+    INSTANCE_HEADER,
+    JOB_HEADER,
+    PREVIOUS_HEADER,
+    RUN_ID_HEADER,
+    SCHEDULED_AT_HEADER,
+    SLOT_HEADER,
+    TRACEPARENT,
+    TRIGGER_HEADER,
+    traceparent,
+)
+
+__all__ = ["Trigger", "TriggerResult", "signature"]
+
+log = logging.getLogger("sidecar.trigger")
+
+# Only this much of an answer's body goes into the message of a non-2xx answer.
+MAX_ERROR_BODY = 200
+# Only this much of an answer's body is kept at all (for the run's ping).
+MAX_ANSWER_KEPT = 10 * 1024
+# The answer is read in chunks of at most this many bytes.
+READ_CHUNK = 64 * 1024
+# Between two tries of a request the app did not receive (refused, no socket).
+UNDELIVERED_RETRY_START = 0.1
+UNDELIVERED_RETRY_CAP = 5.0
+USER_AGENT = f"anarchon-sidecar/{__version__}"
+# Framing headers are the sidecar's own; a configured one is dropped.
+FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
+
+
+@dataclass(frozen=True)
+class Why:
+    """Why a request is sent (``X-Anarchon-Trigger``) and the schedule's instant
+    before its slot (``X-Anarchon-Previous-Scheduled-At``, RFC 3339; None: none)."""
+
+    trigger: str
+    previous: str | None = None
+
+
+def why_of(job: JobConfig, slot: int, trigger: str) -> Why:
+    """The Why of a run of `slot`: its trigger and the schedule's previous instant."""
+    previous = job.schedule.previous_slot(slot)
+    return Why(trigger, rfc3339(previous / 1000) if previous is not None else None)
+
+
+#: ``on_retry(delivery tries so far, why, seconds left before giving up)``
+RetryReport = Callable[[int, TriggerUndelivered, float], None]
+
+
+@dataclass(frozen=True)
+class TriggerResult:
+    """How one run went; times are wall-clock epoch seconds."""
+
+    ok: bool
+    started_at: float
+    finished_at: float
+    duration: float
+    http_status: int | None
+    error: str | None
+    delivery_tries: int  # requests sent to deliver this run (1: delivered at the first)
+    late: bool = False  # nothing was sent: the last instant it could go out had passed
+    answer: bytes = b""  # at most MAX_ANSWER_KEPT bytes of the app's answer
+
+
+def interrupted(started_at: float, ran: float, grace: float) -> TriggerResult:
+    """A run cut off by the drain after `ran` seconds: failed, outcome unknown."""
+    return TriggerResult(
+        False,
+        started_at,
+        started_at + ran,
+        ran,
+        None,
+        f"interrupted: still running after the {grace:g}s shutdown grace period; outcome unknown",
+        1,
+    )
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where a request goes: a unix socket, or a host and port; parsed once per URL."""
+
+    socket: str | None
+    host: str
+    port: int
+    where: str  # for messages: the socket path or http://host:port
+    host_header: str  # ``host:port`` (no port for 80), ``localhost`` on a socket
+
+
+@functools.lru_cache(maxsize=256)
+def address_of(url: str) -> Address:
+    socket = unix_socket_of(url)
+    base = base_url_of(url)
+    if socket is not None:
+        return Address(socket, "localhost", 0, socket, "localhost")
+    parts = urlsplit(base)
+    host = parts.hostname or "localhost"
+    port = parts.port or 80
+    bracketed = f"[{host}]" if ":" in host else host
+    return Address(None, host, port, base, bracketed if port == 80 else f"{bracketed}:{port}")
+
+
+def host_header(req: RequestConfig) -> str:
+    """``Host`` as a browser sends it: ``host:port`` (no port for 80), ``localhost`` on a socket."""
+    return address_of(req.url).host_header
+
+
+def encode_request(req: RequestConfig, headers: Mapping[str, str], body: bytes) -> bytes:
+    """The whole request as bytes: h11's framing of `headers` plus the transport's own."""
+    lowered = {name.lower() for name in headers}
+    fields = [(name, value) for name, value in headers.items() if name.lower() not in FRAMING]
+    if "host" not in lowered:
+        fields.insert(0, ("Host", host_header(req)))
+    if "user-agent" not in lowered:
+        fields.append(("User-Agent", USER_AGENT))
+    fields += [("Content-Length", str(len(body))), ("Connection", "close")]
+    conn = h11.Connection(h11.CLIENT)
+    data = conn.send(h11.Request(method=req.method, target=req.path, headers=fields))
+    if body:
+        data += conn.send(h11.Data(data=body)) or b""
+    return data + (conn.send(h11.EndOfMessage()) or b"")
+
+
+async def read_answer(reader: asyncio.StreamReader, conn: h11.Connection) -> tuple[int, bytes]:
+    """The status and at most MAX_ANSWER_KEPT bytes of the body of the answer.
+
+    A 2xx answer's body is read to its end, the rest discarded as it arrives; for
+    any other status reading stops once MAX_ANSWER_KEPT bytes are kept. Raises
+    h11.RemoteProtocolError for a malformed answer or one cut short.
+    """
+    status = 0
+    kept = b""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await reader.read(READ_CHUNK))
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            if len(kept) < MAX_ANSWER_KEPT:
+                kept += bytes(event.data[: MAX_ANSWER_KEPT - len(kept)])
+            if not 200 <= status < 300 and len(kept) >= MAX_ANSWER_KEPT:
+                return status, kept
+        elif isinstance(event, h11.EndOfMessage):
+            return status, kept
+        elif isinstance(event, h11.ConnectionClosed):  # cannot come before EndOfMessage
+            raise h11.RemoteProtocolError("connection closed before the answer")
+        # h11.InformationalResponse (1xx): the real answer follows.
+
+
+class Trigger:
+    """Sends trigger requests to the app; use as ``async with Trigger(...)``."""
+
+    def __init__(self, signer: Signer | None, clock: Clock, instance: str = "") -> None:
+        self.signer = signer
+        self.clock = clock
+        self.instance = instance
+
+    async def __aenter__(self) -> Trigger:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None  # nothing is kept between requests
+
+    def headers(
+        self,
+        job: JobConfig,
+        slot: int,
+        token: str,
+        body: bytes,
+        attempt: int = 1,
+        fence: int | None = None,
+        why: Why | None = None,
+    ) -> dict[str, str]:
+        headers = dict(job.request.headers)
+        headers.update(
+            {
+                JOB_HEADER: job.name,
+                SLOT_HEADER: str(slot),
+                RUN_ID_HEADER: token,
+                SCHEDULED_AT_HEADER: rfc3339(slot / 1000),
+            }
+        )
+        if self.instance:
+            headers[INSTANCE_HEADER] = self.instance
+        headers[ATTEMPT_HEADER] = str(attempt)
+        # A trace per run (sidecar/obs/tracing.py); a configured tracestate passes as is.
+        headers[TRACEPARENT] = traceparent(token)
+        if fence is not None:
+            # The won claim's stream sequence: it grows with every claim on
+            # the stream, so an app can refuse a request older than one it ran.
+            headers[FENCE_HEADER] = str(fence)
+        if why is not None:
+            headers[TRIGGER_HEADER] = why.trigger
+            if why.previous is not None:
+                headers[PREVIOUS_HEADER] = why.previous
+        if self.signer is not None:
+            req = job.request
+            signed = SignedFields(
+                req.method,
+                req.path,
+                job.name,
+                slot,
+                token,
+                body,
+                attempt=attempt,
+                fence=fence,
+                trigger=why.trigger if why is not None else None,
+                previous=why.previous if why is not None else None,
+            )
+            headers[SIGNATURE_HEADER] = self.signer.header(int(self.clock.wall()), signed)
+        return headers
+
+    async def fire(
+        self,
+        job: JobConfig,
+        slot: int,
+        token: str,
+        deadline: float,
+        attempt: int = 1,
+        fence: int | None = None,
+        on_retry: RetryReport | None = None,
+        send_by: float | None = None,
+        why: Why | None = None,
+    ) -> TriggerResult:
+        """Run the job's request once; retry only while undelivered and before `deadline`.
+
+        `deadline` and `send_by` are on the clock's monotonic (suspend-aware)
+        scale. With `send_by` (a scheduled run: its slot + max_late) no
+        request goes out after it, the first one included: a winner frozen
+        between its claim and here (SIGSTOP, a long pause, a suspend) sends
+        nothing and gets a result with ``late`` set. Never raises for the
+        app's behaviour: the outcome is in the result. Each retry is logged
+        (the first as a warning), or given to `on_retry` instead when there is
+        one.
+        """
+        started_at = self.clock.wall()
+        t0 = time.perf_counter()
+        delivery_tries = 0
+        backoff = Backoff(UNDELIVERED_RETRY_START, UNDELIVERED_RETRY_CAP)
+        while True:
+            delivery_tries += 1
+            try:
+                status, answer = await self._send(job, slot, token, attempt, fence, send_by, why)
+            except TriggerLate as exc:
+                return self._result(started_at, t0, None, str(exc), delivery_tries, late=True)
+            except TriggerUndelivered as exc:
+                remaining = deadline - self.clock.monotonic()
+                if remaining <= backoff.current:
+                    return self._result(started_at, t0, None, f"{exc} (gave up)", delivery_tries)
+                if on_retry is not None:
+                    on_retry(delivery_tries, exc, remaining)
+                else:
+                    (log.warning if delivery_tries == 1 else log.debug)(
+                        "job %s slot %s: app not reachable (%s); retrying in %.1fs",
+                        job.name,
+                        slot,
+                        exc,
+                        backoff.current,
+                    )
+                await backoff.sleep()
+                continue
+            except TriggerError as exc:
+                return self._result(
+                    started_at, t0, exc.http_status, str(exc), delivery_tries, answer=exc.answer
+                )
+            return self._result(started_at, t0, status, None, delivery_tries, answer=answer)
+
+    def _result(
+        self,
+        started_at: float,
+        t0: float,
+        status: int | None,
+        error: str | None,
+        delivery_tries: int,
+        late: bool = False,
+        answer: bytes = b"",
+    ) -> TriggerResult:
+        duration = time.perf_counter() - t0
+        return TriggerResult(
+            ok=error is None,
+            started_at=started_at,
+            finished_at=started_at + duration,
+            duration=duration,
+            http_status=status,
+            error=error,
+            delivery_tries=delivery_tries,
+            late=late,
+            answer=answer,
+        )
+
+    def _too_late(self, send_by: float | None) -> None:
+        """TriggerLate when the last instant the request could go out has passed."""
+        if send_by is not None and (late := self.clock.monotonic() - send_by) >= 0:
+            raise TriggerLate(f"late: not sent, {late:.3f}s past slot + max_late")
+
+    async def _send(
+        self,
+        job: JobConfig,
+        slot: int,
+        token: str,
+        attempt: int,
+        fence: int | None,
+        send_by: float | None = None,
+        why: Why | None = None,
+    ) -> tuple[int, bytes]:
+        """One request over a fresh connection: the 2xx status and the start of the
+        answer, or a TriggerError."""
+        self._too_late(send_by)
+        req = job.request
+        body = req.body.encode()
+        try:
+            request = encode_request(
+                req, self.headers(job, slot, token, body, attempt, fence, why), body
+            )
+        except h11.LocalProtocolError as exc:  # config validation should make this unreachable
+            raise TriggerError(f"cannot build the request: {exc}") from exc
+        addr = address_of(req.url)
+        where = addr.where
+        writer: asyncio.StreamWriter | None = None
+        try:
+            async with asyncio.timeout(req.timeout):
+                try:
+                    if addr.socket is not None:
+                        reader, writer = await asyncio.open_unix_connection(addr.socket)
+                    else:
+                        reader, writer = await asyncio.open_connection(addr.host, addr.port)
+                except OSError as exc:
+                    # The connection was never made: nothing reached the app.
+                    raise TriggerUndelivered(f"cannot connect to {where}: {exc}") from exc
+                if failpoints.ENABLED:
+                    await failpoints.hit("trigger.before_send")
+                # The last look at the time before the first byte goes out.
+                self._too_late(send_by)
+                writer.write(request)
+                await writer.drain()
+                status, kept = await read_answer(reader, h11.Connection(h11.CLIENT))
+        except TimeoutError as exc:
+            if writer is None:
+                raise TriggerUndelivered(
+                    f"cannot connect to {where}: no connection within {req.timeout:g}s"
+                ) from exc
+            raise TriggerTimeout(f"no answer within {req.timeout:g}s") from exc
+        except (OSError, h11.RemoteProtocolError) as exc:
+            raise TriggerError(
+                f"request failed after connecting: {type(exc).__name__} {exc}"
+            ) from exc
+        finally:
+            if writer is not None:
+                writer.transport.abort()
+        if 200 <= status < 300:
+            return status, kept
+        detail = " ".join(kept[:MAX_ERROR_BODY].decode(errors="replace").split())
+        raise TriggerFailed(f"HTTP {status}" + (f": {detail}" if detail else ""), status, kept)

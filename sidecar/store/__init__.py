@@ -1,0 +1,1 @@
+"""NATS: the connection, the stream, the state bucket and its one writer."""

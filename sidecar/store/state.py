@@ -1,0 +1,333 @@
+"""The fleet's state bucket (FLEET.md) and one sidecar's in-memory view of it.
+
+The bucket is a NATS KV bucket, ``nats.state_bucket`` (default
+``<stream>_STATE``): history 1, file storage, replicas as the stream's, with
+``limit_marker_ttl`` so that keys written with a TTL leave a ``MaxAge``
+marker when they expire. It is created on start like the stream; an existing
+bucket is used as it is (FLEET.md: adding a marker TTL in place once stopped
+keys expiring), and one without TTL support turns off the features that need
+it with one clear line.
+
+Keys used here: ``paused.<job>`` (pause/resume) and ``instance.<id>``
+(presence, TTL). ``View`` is fed by one watch of the whole bucket
+(sidecar/store/watch.py, with its watchdog); every feature reads the view in
+memory, so a claim never waits for NATS because of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyValueLimitMarkerTTLNotSupportedError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
+
+from sidecar.core.wire import decode as decode  # re-exported
+from sidecar.core.wire import paused_key
+from sidecar.store.bucketcheck import StateSpec, facts_of
+
+if TYPE_CHECKING:
+    from sidecar.config.load import Config, JobConfig
+
+log = logging.getLogger("sidecar.state")
+
+# A key token: what an instance id or a job name may be inside a key.
+KEY_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
+# Presence: the key lives this long after its last renewal.
+PRESENCE_TTL = 15.0
+PRESENCE_RENEW = 5.0
+MIN_SERVER_FOR_TTL = "2.11"
+
+
+def state_spec(config: Config) -> StateSpec:
+    n = config.nats
+    return StateSpec(n.state_bucket, n.replicas or 1, max(60.0, n.duplicate_window))
+
+
+@dataclass
+class Bucket:
+    """The opened bucket and whether it gives per-message TTLs."""
+
+    kv: KeyValue
+    spec: StateSpec
+    ttl: bool
+    ttl_problem: str | None = None
+
+
+async def ensure_bucket(js: JetStreamContext, spec: StateSpec) -> Bucket:
+    """Open the bucket, creating it when missing; never changes an existing one."""
+    try:
+        kv = await js.key_value(spec.bucket)
+    except (BucketNotFoundError, NotFoundError):
+        return await _create(js, spec)
+    info = await js.stream_info(spec.stream)
+    facts = facts_of(info)
+    ttl = facts.msg_ttl and facts.marker_ttl is not None
+    problem = None
+    if not ttl:
+        # Only what is missing is named: the marker TTL alone, or both.
+        missing = [
+            name
+            for name, absent in (
+                ("per-message TTLs (allow_msg_ttl)", not facts.msg_ttl),
+                ("a marker TTL (subject_delete_marker_ttl)", facts.marker_ttl is None),
+            )
+            if absent
+        ]
+        problem = (
+            f"state bucket {spec.bucket} was made without {' and '.join(missing)}: instance "
+            "presence, run leases and retries are off, and jobs that need leases "
+            "(overlap: skip, retry, on_lost: rerun) are not claimed; delete the bucket "
+            f"(nats kv del {spec.bucket}) while no sidecar runs to let them create it right"
+        )
+    return Bucket(kv, spec, ttl, problem)
+
+
+async def _create(js: JetStreamContext, spec: StateSpec) -> Bucket:
+    config = KeyValueConfig(
+        bucket=spec.bucket,
+        history=1,
+        storage=StorageType.FILE,
+        replicas=spec.replicas,
+        limit_marker_ttl=spec.marker_ttl,
+    )
+    try:
+        kv = await js.create_key_value(config)
+    except KeyValueLimitMarkerTTLNotSupportedError:
+        kv = await js.create_key_value(
+            KeyValueConfig(
+                bucket=spec.bucket, history=1, storage=StorageType.FILE, replicas=spec.replicas
+            )
+        )
+        return Bucket(
+            kv,
+            spec,
+            False,
+            f"this NATS server has no per-message TTLs (needs nats-server "
+            f"{MIN_SERVER_FOR_TTL} or later): instance presence, run leases (overlap: skip "
+            "runs as allow, no lost runs) and retries are off; pause works",
+        )
+    log.info("created state bucket %s (replicas %d)", spec.bucket, spec.replicas)
+    return Bucket(kv, spec, True)
+
+
+def job_hash(job: JobConfig) -> str:
+    """A short hash of the settings that decide when and how a job runs.
+
+    Not the app's address (``target.url``, ``request.url``: host and port or
+    socket only): each replica calls its own app wherever it listens, and two
+    replicas that differed only in the app's port were flagged "settings
+    differ". Nor the instance's own ports (metrics): they are not hashed.
+    """
+    req = job.request
+    parts = [
+        job.schedule.identity,  # the expression alone for a plain job
+        job.timezone.key,
+        repr(job.jitter),
+        repr(job.max_late),
+        req.method,
+        req.path,
+        getattr(job, "catchup", "none"),
+    ]
+    # Leases and attempts (FLEET.md), only when not the defaults: a job left
+    # at the defaults hashes as it did before they existed.
+    extra = (job.overlap, job.on_lost, repr(job.retry.max), repr(job.retry.backoff))
+    if extra != ("allow", "record", "0", "30.0"):
+        parts.extend(extra)
+    # pause_after and expect decide what the fleet does after a run: only when set.
+    if getattr(job, "pause_after", None) is not None:
+        parts.append(f"pause_after={job.pause_after}")
+    if getattr(job, "expect", None) is not None:
+        parts.append(f"expect={job.expect}")
+    if getattr(job, "max_runs", None) is not None:
+        parts.append(f"max_runs={job.max_runs}")
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------- the view
+
+
+@dataclass
+class Entry:
+    value: dict[str, Any]
+    revision: int
+
+
+# How a key went away: an explicit delete, or its TTL ran out (a MaxAge
+# marker, which nats-py reports as a purge). None: not known (it vanished
+# between two re-syncs and its marker is gone).
+DELETED = "DEL"
+EXPIRED = "PURGE"
+# The bucket was deleted (and made again) under the watch: its keys vanished
+# without a marker. A lease gone so is judged after lease_ttl (LostRuns).
+REPLACED = "REPLACED"
+
+
+@dataclass(frozen=True)
+class Removal:
+    """A key that left the view: its last value, how it went and when (epoch s)."""
+
+    key: str
+    entry: Entry
+    how: str | None
+    at: float | None
+
+
+@dataclass
+class View:
+    """The bucket's live keys, as one watch delivered them."""
+
+    keys: dict[str, Entry] = field(default_factory=dict)
+    last_revision: int = 0
+    synced: bool = False
+    # Called with the key after every change the watch delivers.
+    on_change: Callable[[str], None] | None = None
+    # Called with every key that left the view, with its last value.
+    on_removed: Callable[[Removal], None] | None = None
+    # The markers (how, when) the watch delivered, by key: a re-sync tells
+    # from them whether a key that vanished expired or was deleted.
+    # Kept only by the fresh view of a re-sync (the live one would grow).
+    markers: dict[str, tuple[str | None, float | None]] = field(default_factory=dict)
+    keep_markers: bool = False
+    # The revision of the last marker of each ``lock.*`` key (one per job):
+    # taking the lock again expects it, one request instead of three.
+    lock_markers: dict[str, int] = field(default_factory=dict)
+    # One ``jobs`` mapping per distinct setting, shared by the instances (_shared_jobs).
+    _jobs_seen: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Changes when an instance appears, leaves or changes its presence, and on a
+    # full re-read (watch.py); not when it renews the same presence (every 5 s
+    # each): what is counted from the instances is counted again only then.
+    presence_generation: int = 0
+    # hash() of each instance key's last value: a renewal is not decoded again.
+    # (64 bits: a change colliding with the old bytes is not a practical risk,
+    # and whoever can write the bucket can write any presence anyway.)
+    _presence_hash: dict[str, int] = field(default_factory=dict)
+
+    def paused(self, job: str) -> Entry | None:
+        return self.keys.get(paused_key(job))
+
+    def instances(self) -> dict[str, dict[str, Any]]:
+        return {
+            key[len("instance.") :]: entry.value
+            for key, entry in self.keys.items()
+            if key.startswith("instance.")
+        }
+
+    def leases(self) -> dict[str, Entry]:
+        """The live ``run.*`` and ``lock.*`` keys: runs holding a lease now."""
+        return {k: e for k, e in self.keys.items() if k.startswith(("run.", "lock."))}
+
+    def apply(
+        self,
+        key: str,
+        value: bytes | None,
+        revision: int,
+        deleted: bool,
+        how: str | None = None,
+        at: float | None = None,
+    ) -> None:
+        self.last_revision = max(self.last_revision, revision)
+        if key.startswith("lock."):
+            if deleted:
+                self.lock_markers[key] = revision
+            else:
+                self.lock_markers.pop(key, None)
+        if deleted:
+            if self.keep_markers:
+                self.markers[key] = (how, at)
+            old = self.keys.pop(key, None)
+            if old is None:
+                return
+            if self._presence_hash.pop(key, None) is not None:
+                self.presence_generation += 1
+            if self.on_removed is not None:
+                self.on_removed(Removal(key, old, how, at))
+        elif key.startswith("instance."):
+            self._apply_presence(key, value or b"", revision)
+        else:
+            self.keys[key] = Entry(decode(value), revision)
+        if self.on_change is not None:
+            self.on_change(key)
+
+    def _apply_presence(self, key: str, value: bytes, revision: int) -> None:
+        """An instance key: a renewal of the same presence keeps the decoded one.
+
+        A hundred replicas renew every 5 s: each sidecar would otherwise decode
+        twenty presences a second, each as long as its list of jobs (about 5 ms
+        with 10,000 jobs), and count the fleet again after each.
+        """
+        digest = hash(value)
+        old = self.keys.get(key)
+        if old is not None and self._presence_hash.get(key) == digest:
+            self.keys[key] = Entry(old.value, revision)
+            return
+        self.keys[key] = Entry(self._shared_jobs(decode(value)), revision)
+        self._presence_hash[key] = digest
+        self.presence_generation += 1
+
+    def _shared_jobs(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Instances with the same job settings share one ``jobs`` mapping.
+
+        A hundred replicas of a thousand jobs would otherwise keep a hundred
+        copies of the same thousand hashes (about 15 MiB), and comparing them
+        would walk every copy.
+        """
+        jobs = data.get("jobs")
+        if isinstance(jobs, dict):
+            canon = json.dumps(jobs, sort_keys=True)
+            data["jobs"] = self._jobs_seen.setdefault(canon, jobs)
+            if len(self._jobs_seen) > 64:  # bounded: forget all but the ones in use
+                used = {id(e.value.get("jobs")) for e in self.keys.values()}
+                self._jobs_seen = {k: v for k, v in self._jobs_seen.items() if id(v) in used}
+                self._jobs_seen[canon] = data["jobs"]
+        return data
+
+    def apply_entry(self, entry: Any) -> None:
+        """Apply a nats-py ``KeyValue.Entry`` as a watch delivered it."""
+        created = getattr(entry, "created", None)
+        at = created.timestamp() if isinstance(created, datetime) else None
+        how = entry.operation
+        if how is None and not entry.value and str(entry.key).startswith(("run.", "lock.")):
+            # A lease is never written empty: a client that reports the
+            # server's MaxAge marker as a put (nats-io/nats.py#966) gives this.
+            how = EXPIRED
+        self.apply(entry.key, entry.value, int(entry.revision or 0), how is not None, how, at)
+
+
+# The kind of job hashes an instance publishes (its presence's ``digest``).
+# 0.1.0 published none and hashed the app's address too; hashes are compared
+# only with hashes of the same kind, so that a rolling update from 0.1.0 does
+# not show every job as "settings differ" (tests/test_upgrade.py).
+HASH_KIND = 2
+
+
+def config_hash(jobs: object) -> str:
+    """A short hash of an instance's job settings (names and per-job hashes)."""
+    text = json.dumps(jobs if isinstance(jobs, dict) else {}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def mismatched_jobs(instances: dict[str, dict[str, Any]]) -> set[str]:
+    """Jobs that two live instances (of the same kind of hash) run with different settings."""
+    seen: dict[tuple[str, str], set[str]] = {}
+    # One ``jobs`` mapping per distinct setting (shared by the View's instances).
+    distinct = {(id(v.get("jobs")), str(v.get("digest", 1))): v for v in instances.values()}
+    for (_, kind), value in distinct.items():
+        jobs = value.get("jobs")
+        if not isinstance(jobs, dict):
+            continue
+        for name, digest in jobs.items():
+            seen.setdefault((kind, str(name)), set()).add(str(digest))
+    return {name for (_, name), digests in seen.items() if len(digests) > 1}

@@ -1,0 +1,194 @@
+"""The state bucket's watch: keeps one sidecar's View in step with the bucket.
+
+One watch of the whole bucket feeds the View (sidecar/store/state.py). It is
+restarted (a full re-sync) after a reconnect and whenever the watchdog finds
+the watch still short of the sequence the bucket had at the previous check,
+two checks in a row: nats-py's ordered consumer can stall without noticing
+(nats-io/nats.py#510). The watchdog also tells the Fleet when the bucket's
+settings change, or when the bucket is deleted or made again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from nats.js.errors import NotFoundError
+
+from sidecar.core.backoff import Backoff
+from sidecar.core.natspy import jetstream_of
+from sidecar.core.tasks import cancel_all
+from sidecar.store.bucketcheck import BucketFacts, facts_of
+from sidecar.store.state import REPLACED, Bucket, Removal, View
+
+log = logging.getLogger("sidecar.watch")
+
+# Watchdog: how often the bucket's last sequence is compared with the view's.
+WATCHDOG_EVERY = 3.0
+# After the watch failed (NATS away or slow), it starts again this long after.
+WATCH_RETRY = 1.0
+
+
+class Stall:
+    """The watchdog's verdict: the watch is stalled when, two looks in a row, it has
+    not delivered what the bucket held at the look before.
+
+    Not "the bucket is ahead of the view now": a bucket written all the time (a
+    hundred sidecars' presence and leases) nearly always has its newest write on
+    the way, and every sidecar would re-read the whole bucket every few seconds.
+    """
+
+    def __init__(self, delivered: int) -> None:
+        self.target = delivered  # the bucket's last sequence at the previous look
+        self.behind = 0
+
+    def look(self, last_seq: int, delivered: int) -> bool:
+        self.behind = self.behind + 1 if delivered < self.target else 0
+        self.target = last_seq
+        return self.behind >= 2
+
+
+class Watch:
+    """Keeps a View in step with the bucket: one watch, re-synced when it may be stale."""
+
+    def __init__(
+        self, bucket: Bucket, view: View, on_changed: Callable[[], None] | None = None
+    ) -> None:
+        self.bucket = bucket
+        self.view = view
+        self._watcher: Any = None
+        self._pump: asyncio.Task[None] | None = None
+        self._resync = asyncio.Event()
+        # Called when the watchdog sees the bucket's settings change, or the bucket
+        # deleted or made again (its creation time changed): the Fleet checks it.
+        self.on_changed = on_changed
+        self._facts: BucketFacts | None = None
+        self.replaced = False  # the bucket went away since the last full read
+
+    def resync(self) -> None:
+        """Start a fresh watch (after a reconnect, or when the watchdog says so)."""
+        self._resync.set()
+
+    async def run(self) -> None:
+        """Watch until cancelled; the watchdog restarts a silent or stale watch."""
+        backoff = Backoff(WATCH_RETRY, WATCH_RETRY)
+        while True:
+            try:
+                await self._start()
+                stall = Stall(self.view.last_revision)
+                while not self._resync.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._resync.wait(), WATCHDOG_EVERY)
+                    if self._resync.is_set():
+                        break
+                    info = await self._info()
+                    facts = facts_of(info)
+                    if facts != self._facts:
+                        self._bucket_changed(facts)
+                        break
+                    if stall.look(int(info.state.last_seq), self.view.last_revision):
+                        log.warning("state bucket watch fell behind; re-reading the bucket")
+                        break
+            except asyncio.CancelledError:
+                await self._stop()
+                raise
+            except Exception as exc:  # NATS away or slow: try again shortly
+                log.debug("state bucket watch: %r", exc)
+                await backoff.sleep()
+            await self._stop()
+
+    async def _info(self) -> Any:
+        """The bucket's stream info; a missing bucket is a change the Fleet is told of."""
+        try:
+            return await jetstream_of(self.bucket.kv).stream_info(self.bucket.spec.stream)
+        except NotFoundError:
+            if not self.replaced:
+                log.warning("state bucket %s disappeared", self.bucket.spec.bucket)
+                self._bucket_changed(None)
+            raise
+
+    def _bucket_changed(self, facts: BucketFacts | None) -> None:
+        old = self._facts
+        if facts is None or (old is not None and facts.created != old.created):
+            self.replaced = True
+            if facts is not None:
+                log.warning(
+                    "state bucket %s was deleted and made again under this sidecar; "
+                    "re-reading it and checking its settings",
+                    self.bucket.spec.bucket,
+                )
+        self._facts = facts
+        if self.on_changed is not None:
+            self.on_changed()
+
+    async def _start(self) -> None:
+        self._resync.clear()
+        info = await self._info()
+        facts = facts_of(info)
+        if self._facts is not None and facts.created != self._facts.created:
+            self._bucket_changed(facts)
+        self._facts = facts
+        fresh = View(on_change=None, keep_markers=True)
+        watcher = await self.bucket.kv.watchall()
+        self._watcher = watcher
+        # The initial values up to the end marker (None) make the fresh view.
+        while True:
+            entry = await watcher.updates(timeout=10.0)  # type: ignore[no-untyped-call]
+            if entry is None:
+                break
+            fresh.apply_entry(entry)
+        info = await jetstream_of(self.bucket.kv).stream_info(self.bucket.spec.stream)
+        fresh.last_revision = max(fresh.last_revision, int(info.state.last_seq))
+        changed = set(self.view.keys) ^ set(fresh.keys) | {
+            k for k in fresh.keys if k in self.view.keys and self.view.keys[k] != fresh.keys[k]
+        }
+        replaced, self.replaced = self.replaced, False
+        gone = [
+            Removal(key, entry, *fresh.markers.get(key, (None, None)))
+            for key, entry in self.view.keys.items()
+            if key not in fresh.keys
+        ]
+        if replaced:
+            # Every key of the old bucket vanished without a marker; a key of the
+            # same name in the new one (another holder's lock) is not the old one.
+            gone = [
+                Removal(key, entry, REPLACED, None)
+                for key, entry in self.view.keys.items()
+                if key not in fresh.keys
+                or fresh.keys[key].value.get("token") != entry.value.get("token")
+            ]
+        self.view.keys = fresh.keys
+        self.view._jobs_seen = fresh._jobs_seen
+        self.view._presence_hash = fresh._presence_hash
+        self.view.presence_generation += 1
+        self.view.lock_markers = fresh.lock_markers
+        self.view.last_revision = fresh.last_revision
+        self.view.synced = True
+        if self.view.on_removed is not None:
+            for removal in gone:
+                self.view.on_removed(removal)
+        if self.view.on_change is not None:
+            # Instance keys are recounted once, by "": one at a time would
+            # compare every instance's jobs once per instance.
+            for key in sorted(k for k in changed if not k.startswith("instance.")):
+                self.view.on_change(key)
+            self.view.on_change("")
+        self._pump = asyncio.create_task(self._follow(watcher))
+
+    async def _follow(self, watcher: Any) -> None:
+        async for entry in watcher:
+            if entry is None:
+                continue
+            self.view.apply_entry(entry)
+
+    async def _stop(self) -> None:
+        if self._pump is not None:
+            await cancel_all([self._pump])
+            self._pump = None
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()
+            self._watcher = None

@@ -1,0 +1,1 @@
+"""Pure time: schedules, calendars, cron in words, due keys, pauses and skips."""

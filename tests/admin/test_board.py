@@ -1,0 +1,71 @@
+"""The fleet's data for people (sidecar/admin/board.py): the recent runs kept per job.
+
+Pure logic fed with stored messages as the stream gives them; the objects
+built from it are checked against real sidecars in test_page.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sidecar.admin.board import STRIP, Recent, consecutive_failures
+
+
+def claim(job: str, slot: int, token: str, **extra: Any) -> bytes:
+    body = {"job": job, "slot": slot, "token": token, "instance": "i1", **extra}
+    return json.dumps(body).encode()
+
+
+def result(job: str, token: str, status: str) -> bytes:
+    return json.dumps({"job": job, "token": token, "status": status, "instance": "i1"}).encode()
+
+
+def test_a_strip_keeps_the_newest_runs_whatever_order_they_are_read_in() -> None:
+    recent = Recent("cron.")
+    # The newest first (a last-per-subject read), then the tail from older ones.
+    recent.add(100, "cron.a.claims", claim("a", 100_000, "t100"))
+    for seq in range(1, 40):
+        recent.add(seq, "cron.a.claims", claim("a", seq * 1000, f"t{seq}"))
+    strip = recent.strip("a")
+    assert len(strip) == STRIP
+    assert strip[0]["token"] == "t100"  # newest first
+    assert [r["token"] for r in strip[1:4]] == ["t39", "t38", "t37"]
+    assert all(r["status"] == "running" for r in strip)
+
+
+def test_results_mark_their_runs_and_a_real_result_wins_over_lost() -> None:
+    recent = Recent("cron.")
+    recent.add(1, "cron.a.claims", claim("a", 1000, "x"))
+    recent.add(2, "cron.a.claims", claim("a", 2000, "y", attempt=2, manual=True))
+    recent.add(3, "cron.a.results", result("a", "x", "lost"))
+    recent.add(4, "cron.a.results", result("a", "x", "succeeded"))
+    recent.add(5, "cron.a.results", result("a", "y", "failed"))
+    recent.add(6, "cron.a.results", result("a", "y", "lost"))  # after the real one: ignored
+    strip = recent.strip("a")
+    assert [(r["token"], r["status"], r["attempt"], r["manual"]) for r in strip] == [
+        ("y", "failed", 2, True),
+        ("x", "succeeded", 1, False),
+    ]
+    assert strip[0]["fence"] == 2  # the claim's stream sequence
+    last = recent.last_run("a")
+    assert last is not None and last["token"] == "y" and last["status"] == "failed"
+
+
+def test_foreign_and_malformed_messages_are_skipped() -> None:
+    recent = Recent("cron.")
+    assert recent.add(1, "other.a.claims", claim("a", 1, "t")) is None
+    assert recent.add(2, "cron.a.claims", b"{not json") is None
+    assert recent.add(3, "cron.a.claims", claim("b", 1, "t")) is None  # body of another job
+    assert recent.add(4, "cron.a.claims", claim("a", True, "t")) is None  # type: ignore[arg-type]
+    assert recent.add(5, "cron.a.b.claims", claim("a.b", 1, "t")) is None
+    assert recent.add(6, "cron.a.actions", b"{}") is None
+    assert recent.strip("a") == [] and recent.last_run("a") is None
+    assert recent.last_seq == 6
+
+
+def test_consecutive_failures_count_finished_runs_newest_first() -> None:
+    runs = [{"status": s} for s in ("running", "failed", "lost", "failed", "succeeded", "failed")]
+    assert consecutive_failures(runs) == 3
+    assert consecutive_failures([{"status": "succeeded"}, {"status": "failed"}]) == 0
+    assert consecutive_failures([]) == 0

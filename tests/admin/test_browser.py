@@ -1,0 +1,198 @@
+"""The fleet page in a real headless Chromium, against real sidecars and a real nats-server.
+
+The jobs and their runs appear; a run appears live without a reload; a
+pause made with the token through the page's form stops the job on every
+replica; the same POST without the token is refused; the console has no
+error (a CSP violation would be one). Screenshots at a phone's and a desktop's
+width are written to ``$PAGE_SCREENSHOTS`` (default build/screenshots/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.browser import chromium, chromium_or_skip
+from tests.fleet.test_fleet import base, job, slots
+from tests.support import ROOT, NatsServer, RecordingApp, sidecars, wait_for
+
+TOKEN = "alice-token-0123456789abcdef"
+SHOTS = Path(os.environ.get("PAGE_SCREENSHOTS") or ROOT / "build" / "screenshots")
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> int:
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+ROWS = "document.querySelectorAll('#jobs-body tr').length"
+NEXT_RUNS = "document.querySelector('#job-{job} td[data-label=\"next runs\"]').innerText"
+# The Duration column of the job page's runs, and how many lines each run id takes.
+DURATIONS = (
+    "Array.from(document.querySelectorAll('#runs-body tr')).map(r => r.children[7].innerText)"
+)
+# For each run id and fence (the last two columns): 1 when it is one line box and its
+# copy button sits on that line.
+ID_LINES = (
+    "Array.from(document.querySelectorAll('#runs-body td:nth-child(n+11)')).map(td => {"
+    " const code = td.querySelector('code'), b = td.querySelector('button');"
+    " const r = code.getBoundingClientRect(), m = b ? b.getBoundingClientRect() : r;"
+    " const mid = (m.top + m.bottom) / 2;"
+    " return code.getClientRects().length + (mid >= r.top && mid <= r.bottom ? 0 : 1); })"
+)
+
+
+def marks(job_name: str) -> str:
+    return f"document.querySelectorAll('#job-{job_name} .strip .mark').length"
+
+
+async def test_the_page_in_chromium(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    binary = chromium_or_skip()
+    token_file = tmp_path / "tokens"
+    token_file.write_text(f"alice:{TOKEN}\n")
+    http_app.status["/jobs/report"] = 500
+    jobs: list[dict[str, Any]] = [
+        job("sync", schedule="*/2 * * * * *"),
+        job("report", schedule="*/3 * * * * *"),
+        job("backup", schedule="0 3 * * *"),
+        job("nightly-export", schedule="30 2 * * 1-5", timezone="Europe/Berlin"),
+    ]
+    config = base(nats_server, http_app, jobs)
+    config["admin"] = {"token_file": str(token_file)}
+    with sidecars(tmp_path, [(f"web-{i}", config, {}) for i in range(1, 4)]) as procs:
+        wait_for(lambda: len(slots(http_app, "/jobs/sync")) >= 3, 30, what="runs of sync")
+        wait_for(lambda: len(slots(http_app, "/jobs/report")) >= 2, 30, what="runs of report")
+        url = procs[0].base_url
+        async with chromium(binary) as page:
+            await page.size(1440, 900, mobile=False)
+            # A viewer far from the schedules' zones: a job's times stay in its own.
+            await page.send("Emulation.setTimezoneOverride", timezoneId="America/New_York")
+            await page.goto(url + "/")
+            assert await page.js(ROWS) == 4
+            berlin = await page.js(NEXT_RUNS.format(job="nightly-export"))
+            assert "02:30:00" in berlin and ("GMT+1" in berlin or "CET" in berlin), berlin
+            utc = await page.js(NEXT_RUNS.format(job="backup"))
+            assert "03:00:00" in utc and "UTC" in utc, utc
+            await page.until(f"{marks('sync')} >= 2", what="sync's runs in its strip")
+            # Marks say what they mean in words, not colour alone.
+            label = await page.js(
+                "document.querySelector('#job-report .mark.bad').getAttribute('aria-label')"
+            )
+            assert label.startswith("failed"), label
+            assert (
+                int(await page.js("document.querySelector('#job-report td.num').textContent")) >= 2
+            )
+            assert "03:00" in await page.js("document.getElementById('job-backup').innerText")
+            # Live: a manual run made elsewhere shows without a reload.
+            await page.until("document.getElementById('live').textContent === 'live'")
+            await page.js("window.notReloaded = 1")
+            assert await page.js(marks("backup")) == 0
+            started = time.monotonic()
+            code = post(
+                procs[1].base_url + "/api/v1/jobs/backup/run-now",
+                b"",
+                {"Authorization": f"Bearer {TOKEN}"},
+            )
+            assert code == 200
+            await page.until(f"{marks('backup')} >= 1", 10, what="the manual run, live")
+            appeared = time.monotonic() - started
+            assert await page.js("window.notReloaded") == 1
+            print(f"\na manual run showed on the page {appeared:.2f}s after the POST")
+            assert appeared < 5, appeared
+            await page.until("document.querySelector('#job-backup .mark.ok') !== null", 10)
+            await page.screenshot(SHOTS / "fleet-desktop.png")
+            await page.size(390, 844, mobile=True)
+            await page.goto(url + "/")
+            await page.until(f"{marks('sync')} >= 2")
+            await page.screenshot(SHOTS / "fleet-phone.png")
+            assert await page.js("document.documentElement.scrollWidth <= 400")
+            # Dark by the system's setting.
+            await page.send(
+                "Emulation.setEmulatedMedia",
+                features=[{"name": "prefers-color-scheme", "value": "dark"}],
+            )
+            background = await page.js("getComputedStyle(document.body).backgroundColor")
+            assert background == "rgb(21, 24, 27)", background
+            await page.screenshot(SHOTS / "fleet-phone-dark.png")
+            await page.send("Emulation.setEmulatedMedia", features=[])
+            # Sign in with the token, then pause through the job page's form.
+            await page.size(1440, 900, mobile=False)
+            await page.js(
+                "document.getElementById('token').value = "
+                + json.dumps(TOKEN)
+                + "; document.querySelector('form.login').requestSubmit()"
+            )
+            await page.wait_event("Page.loadEventFired")
+            session = await page.js("document.querySelector('.session').textContent")
+            assert "signed in as alice" in session, session
+            await page.goto(url + "/jobs/sync")
+            # A run of a few ms reads in ms; a run id stays on one line with its button.
+            durations = await page.js(DURATIONS)
+            assert any(d.endswith(" ms") for d in durations), durations
+            assert all(re.fullmatch(r"\d+ ms|\d+\.\d s", d) for d in durations), durations
+            assert "0.0 s" not in durations, durations
+            lines = await page.js(ID_LINES)
+            assert lines and set(lines) == {1}, lines
+            csrf = await page.js("document.querySelector('input[name=csrf]').value")
+            # The same POST without the token (no session cookie) is refused.
+            form = f"csrf={csrf}&reason=x".encode()
+            plain = {"Content-Type": "application/x-www-form-urlencoded"}
+            assert post(url + "/jobs/sync/pause", form, plain) == 401
+            assert post(url + "/api/v1/jobs/sync/pause", form, plain) == 401
+            await page.js(
+                "document.getElementById('reason').value = 'page test';"
+                "document.querySelector('form.pause').requestSubmit()"
+            )
+            await page.wait_event("Page.loadEventFired")
+            paused_at = time.time()
+            wait_for(
+                lambda: all(p.metric("anarchon_job_paused", {"job": "sync"}) == 1 for p in procs),
+                5,
+                what="sync paused on every replica",
+            )
+            body = await page.js("document.body.innerText")
+            assert "paused" in body and "page test" in body
+            await page.until(
+                "document.querySelector('#acts-body').innerText.includes('alice')",
+                5,
+                what="the pause in the job's actions",
+            )
+            # Skip through the job page's form (CSRF like the others): shown as pending.
+            await page.js(
+                "document.getElementById('count').value = '3';"
+                "document.querySelector('form.skip').requestSubmit()"
+            )
+            await page.wait_event("Page.loadEventFired")
+            await page.until(
+                "document.querySelector('#acts-body').innerText.includes('skip')",
+                5,
+                what="the skip in the job's actions",
+            )
+            assert "run(s) skipped" in await page.js("document.body.innerText")
+            # Run ids and fences are copyable; the keyboard reaches the content first.
+            assert (
+                await page.js("document.querySelectorAll('#runs-body button.copy-btn').length") >= 2
+            )
+            await page.send("Input.dispatchKeyEvent", type="keyDown", key="Tab", code="Tab")
+            await page.send("Input.dispatchKeyEvent", type="keyUp", key="Tab", code="Tab")
+            assert await page.js("document.activeElement.className") == "skip-link"
+            await page.screenshot(SHOTS / "job-desktop.png")
+            await asyncio.sleep(4)
+            late = [s for s in slots(http_app, "/jobs/sync") if s / 1000 > paused_at + 1]
+            assert late == [], "sync ran after the pause"
+            assert page.errors == [], page.errors
+    for name in ("fleet-desktop.png", "fleet-phone.png", "job-desktop.png"):
+        assert (SHOTS / name).stat().st_size > 10_000, name

@@ -1,0 +1,168 @@
+"""Lost runs (sidecar/run/followup.py) against a real nats-server, and how history reads them.
+
+A lease that expired after its result is not lost (though later results hide
+it); a result stored between the check and the lost record wins; an expiry
+reported as an empty put still reads as one; a real result wins over lost.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from prometheus_client import CollectorRegistry
+
+from sidecar.config.load import Config, parse_config
+from sidecar.core.clock import Clock
+from sidecar.core.wire import LOST, SKIPPED, SUCCEEDED, ResultRecord
+from sidecar.obs.metrics import Metrics
+from sidecar.run.lostruns import LostRuns
+from sidecar.run.record import publish_result
+from sidecar.store import state
+from sidecar.store.runs import join_runs
+from sidecar.store.state import EXPIRED, Removal, View
+from sidecar.store.stream import StreamSpec, ensure_stream, stream_spec
+
+
+def lease_value(token: str = "t1", instance: str = "me") -> dict[str, object]:
+    return {"job": "j", "slot": 1000, "attempt": 1, "token": token, "instance": instance}
+
+
+def test_history_shows_one_row_per_attempt_and_a_real_result_wins_over_lost() -> None:
+    def claim(token: str, attempt: int | None) -> bytes:
+        body: dict[str, object] = {"job": "j", "slot": 60000, "token": token, "instance": "a"}
+        if attempt is not None:
+            body["attempt"] = attempt
+        return json.dumps(body).encode()
+
+    def result(token: str, status: str) -> bytes:
+        return json.dumps({"job": "j", "token": token, "status": status}).encode()
+
+    c, r = "cron.j.claims", "cron.j.results"
+    messages = [
+        (1, c, claim("t1", None)),
+        (2, r, result("t1", LOST)),
+        (3, c, claim("t2", 2)),
+        (4, r, result("t2", SUCCEEDED)),
+        (5, r, result("t1", SUCCEEDED)),  # the stopped runner came back
+        (6, r, result("t1", LOST)),  # a lost copy after it changes nothing
+        (7, c, claim("t3", None)),
+        (8, r, result("t3", SKIPPED)),
+    ]
+    runs = join_runs("j", messages, "cron.").runs
+    assert [(run.token, run.attempt, run.status) for run in runs] == [
+        ("t3", 1, SKIPPED),
+        ("t2", 2, SUCCEEDED),
+        ("t1", 1, SUCCEEDED),
+    ]
+    only_lost = join_runs("j", messages[:2], "cron.").runs
+    assert only_lost[0].status == LOST
+
+
+def test_an_expiry_reported_as_an_empty_put_still_reads_as_an_expiry() -> None:
+    """nats-io/nats.py#966: one release gave TTL markers as plain puts."""
+    from nats.js.kv import KeyValue
+
+    removed: list[Removal] = []
+    view = View(on_removed=removed.append)
+    value = json.dumps(lease_value()).encode()
+
+    def entry(key: str, data: bytes, revision: int, op: str | None) -> KeyValue.Entry:
+        return KeyValue.Entry("T", key, data, revision, None, None, op)
+
+    view.apply_entry(entry("run.j.1000", value, 1, None))
+    view.apply_entry(entry("paused.j", b"", 2, None))  # not a lease: a value like any
+    view.apply_entry(entry("run.j.1000", b"", 3, None))
+    assert [(r.key, r.how) for r in removed] == [("run.j.1000", EXPIRED)]
+    assert "paused.j" in view.keys and "run.j.1000" not in view.keys
+
+
+# ---------------------------------------------------------------- lost records
+
+
+def lost_config() -> Config:
+    return parse_config(
+        {
+            "instance_id": "judge",
+            "jobs": [{"name": "j", "schedule": "* * * * * *", "max_late": "5s"}],
+        },
+        {},
+    )
+
+
+def result(slot: int, token: str) -> ResultRecord:
+    return ResultRecord(
+        job="j",
+        slot=slot,
+        token=token,
+        instance="runner",
+        status=SUCCEEDED,
+        started_at="2026-12-03T00:00:00.000Z",
+        finished_at="2026-12-03T00:00:01.000Z",
+        duration_ms=1000,
+        http_status=200,
+        error=None,
+    )
+
+
+async def lost_runs(nc: NATS) -> tuple[LostRuns, StreamSpec, Metrics]:
+    config = lost_config()
+    spec = stream_spec(config)
+    js = nc.jetstream()
+    await ensure_stream(js, spec)
+    metrics = Metrics(CollectorRegistry(), ("j",))
+    return LostRuns(config, metrics, Clock(), js, spec, lambda: None), spec, metrics
+
+
+def expired(slot: int, token: str, fence: int | None) -> Removal:
+    value: dict[str, Any] = {**lease_value(token, "runner"), "slot": slot}
+    if fence is not None:
+        value["fence"] = fence
+    return Removal(f"run.j.{slot}", state.Entry(value, 7), EXPIRED, time.time())
+
+
+async def lost_records(nc: NATS, spec: StreamSpec) -> list[dict[str, Any]]:
+    js = nc.jetstream()
+    info = await js.stream_info(spec.name)
+    out = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        data = json.loads((await js.get_msg(spec.name, seq)).data or b"{}")
+        if data.get("status") == LOST:
+            out.append(data)
+    return out
+
+
+async def test_a_lease_expiring_after_its_result_is_not_lost_though_later_results_hide_it(
+    nc: NATS,
+) -> None:
+    """Runs overlap: the expired run's result is not the job's newest one."""
+    runs, spec, metrics = await lost_runs(nc)
+    js = nc.jetstream()
+    claim = await js.publish("cron.j.claims", b'{"token":"t1"}', stream=spec.name)
+    await publish_result(js, spec.name, spec.prefix, result(1000, "t1"))
+    await publish_result(js, spec.name, spec.prefix, result(2000, "t2"))  # a later run's
+    await runs.record(runs.jobs["j"], expired(1000, "t1", claim.seq))
+    assert await lost_records(nc, spec) == []
+    # A run that has no result is recorded lost, once.
+    await runs.record(runs.jobs["j"], expired(3000, "t3", claim.seq))
+    lost = await lost_records(nc, spec)
+    assert [(r["slot"], r["token"]) for r in lost] == [(3000, "t3")]
+    assert metrics.registry.get_sample_value("anarchon_runs_lost_total", {"job": "j"}) == 1
+
+
+async def test_a_result_stored_between_the_check_and_the_lost_record_wins(nc: NATS) -> None:
+    """The lost record expects the job's last result as read: the run's own result
+    stored in between makes it look again, and refrain."""
+    runs, spec, _ = await lost_runs(nc)
+    js = nc.jetstream()
+    recorded, last = await runs._recorded("j", "t1", None)
+    assert (recorded, last) == (False, 0)
+    await publish_result(js, spec.name, spec.prefix, result(1000, "t1"))  # the runner, late
+    removal = expired(1000, "t1", None)
+    value = removal.entry.value
+    stored = await runs._publish(runs.jobs["j"], removal.key, value, 1000, 1, "t1", 0.0, last)
+    assert stored is None  # refused: a result came in
+    await runs.record(runs.jobs["j"], removal)
+    assert await lost_records(nc, spec) == []

@@ -1,0 +1,214 @@
+"""The state bucket and its view, against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js.api import KeyValueConfig
+
+from sidecar.store import watch as watching
+from sidecar.store.bucketcheck import StateSpec
+from sidecar.store.kv import put_json, put_with_ttl
+from sidecar.store.state import View, ensure_bucket, mismatched_jobs
+from sidecar.store.watch import Stall, Watch
+from tests.support import NatsServer, until
+
+SPEC = StateSpec("CRON_STATE", 1, 60.0)
+
+
+async def test_the_bucket_is_created_with_ttls_and_history_1(nc: NATS) -> None:
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    assert bucket.ttl and bucket.ttl_problem is None
+    info = await nc.jetstream().stream_info("KV_CRON_STATE")
+    assert info.config.max_msgs_per_subject == 1
+    assert info.config.allow_msg_ttl
+    # Opening it again changes nothing.
+    again = await ensure_bucket(nc.jetstream(), SPEC)
+    assert again.ttl
+
+
+async def test_a_bucket_without_ttls_is_used_and_says_so(nc: NATS) -> None:
+    await nc.jetstream().create_key_value(KeyValueConfig(bucket="CRON_STATE", history=1))
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    assert not bucket.ttl
+    assert bucket.ttl_problem is not None
+    # nats-py's defaults allow message TTLs but leave out the marker TTL: the line
+    # names what is missing, not allow_msg_ttl as well.
+    assert "without a marker TTL (subject_delete_marker_ttl)" in bucket.ttl_problem
+    assert "allow_msg_ttl" not in bucket.ttl_problem
+    await put_json(bucket.kv, "paused.sync", {"by": "me"})  # pause still works
+
+
+async def test_a_key_written_with_a_ttl_expires_and_the_view_drops_it(nc: NATS) -> None:
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    view = View()
+    watch = Watch(bucket, view)
+    task = asyncio.create_task(watch.run())
+    try:
+        await until(lambda: view.synced, 10)
+        await put_with_ttl(bucket, "instance.a", {"version": "1"}, 1.0)
+        await until(lambda: "a" in view.instances(), 5)
+        await until(lambda: "a" not in view.instances(), 8)  # the MaxAge marker
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_watch_that_misses_updates_is_caught_by_the_watchdog(
+    nc: NATS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watching, "WATCHDOG_EVERY", 0.3)
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    view = View()
+    watch = Watch(bucket, view)
+    task = asyncio.create_task(watch.run())
+    try:
+        await until(lambda: view.synced and watch._pump is not None, 10)
+        # The watch goes silent (as nats-py's ordered consumer can): updates
+        # stop reaching the view.
+        assert watch._pump is not None
+        watch._pump.cancel()
+        await put_json(bucket.kv, "paused.sync", {"by": "ops"})
+        await until(lambda: view.paused("sync") is not None, 5)
+        assert view.paused("sync").value == {"by": "ops"}  # type: ignore[union-attr]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def test_the_watchdog_calls_a_watch_stalled_only_when_it_misses_an_old_write() -> None:
+    busy = Stall(delivered=10)
+    # Always a write or two on the way, but each look's writes delivered by the next.
+    for last_seq, delivered in [(12, 11), (15, 14), (19, 17), (25, 24), (30, 29)]:
+        assert not busy.look(last_seq, delivered)
+    silent = Stall(delivered=10)
+    assert not silent.look(12, 10)  # nothing old missed yet
+    assert not silent.look(13, 10)  # 12 not delivered a look later: behind once
+    assert silent.look(14, 10)  # twice in a row: stalled
+    caught_up = Stall(delivered=10)
+    assert not caught_up.look(12, 10)
+    assert not caught_up.look(13, 10)
+    assert not caught_up.look(14, 13)  # it delivered what the bucket had: not stalled
+
+
+async def test_a_busy_bucket_is_not_taken_for_a_stalled_watch(
+    nc: NATS,
+    nats_server: NatsServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bucket written all the time (a hundred sidecars' presence and leases) always
+    has a newest write still on its way to the watch; that is not a stall, and a
+    re-read of the whole bucket by every sidecar every few seconds costs."""
+    monkeypatch.setattr(watching, "WATCHDOG_EVERY", 0.2)
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    view = View()
+    watch = Watch(bucket, view)
+    task = asyncio.create_task(watch.run())
+    writer = await nats.connect(nats_server.url)  # the other sidecars
+    other = await writer.jetstream().key_value(SPEC.bucket)
+    written = 0
+    try:
+        await until(lambda: view.synced and watch._pump is not None, 10)
+        pump = watch._pump
+        end = asyncio.get_running_loop().time() + 3.0
+        while asyncio.get_running_loop().time() < end:
+            # Ten in flight at a time, as from many writers at once.
+            batch = [
+                put_json(other, f"instance.i{(written + i) % 50}", {"n": i}) for i in range(10)
+            ]
+            await asyncio.gather(*batch)
+            written += len(batch)
+        await until(lambda: view.last_revision >= written, 5)
+        assert watch._pump is pump  # the same watch all along: never re-read
+    finally:
+        await writer.close()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert written > 300
+    assert "fell behind" not in caplog.text
+
+
+async def test_resync_drops_keys_deleted_while_the_watch_was_away(nc: NATS) -> None:
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    await put_json(bucket.kv, "paused.sync", {"by": "ops"})
+    changes: list[str] = []
+    view = View(on_change=changes.append)
+    watch = Watch(bucket, view)
+    task = asyncio.create_task(watch.run())
+    try:
+        await until(lambda: view.paused("sync") is not None, 10)
+        assert watch._pump is not None
+        watch._pump.cancel()  # away
+        await bucket.kv.delete("paused.sync")
+        watch.resync()  # what a reconnect does
+        await until(lambda: view.paused("sync") is None, 10)
+        assert "" in changes  # one recount after the re-sync
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def test_mismatched_jobs() -> None:
+    same = {"a": {"jobs": {"x": "1", "y": "2"}}, "b": {"jobs": {"x": "1"}}}
+    assert mismatched_jobs(same) == set()
+    odd = {**same, "c": {"jobs": {"x": "9", "y": "2"}}, "d": {"jobs": "junk"}}
+    assert mismatched_jobs(odd) == {"x"}
+
+
+def test_hostile_values_read_as_empty() -> None:
+    view = View()
+    view.apply("paused.x", b"[1,2]", 3, False)
+    view.apply("instance.y", b"\xff", 4, False)
+    view.apply("instance.z", json.dumps({"jobs": {}}).encode(), 5, False)
+    assert view.paused("x") is not None and view.paused("x").value == {}  # type: ignore[union-attr]
+    assert view.instances() == {"y": {}, "z": {"jobs": {}}}
+    assert view.last_revision == 5
+
+
+def test_instances_with_the_same_settings_share_one_jobs_mapping() -> None:
+    """A hundred replicas of a thousand jobs keep one copy, and compare in one pass."""
+    view = View()
+    jobs = {f"job-{i}": "abc" for i in range(1000)}
+    for i in range(100):
+        view.apply(f"instance.r{i}", json.dumps({"jobs": jobs}).encode(), i + 1, False)
+    values = view.instances()
+    assert len({id(v["jobs"]) for v in values.values()}) == 1
+    odd = {**jobs, "job-7": "def"}
+    view.apply("instance.odd", json.dumps({"jobs": odd}).encode(), 200, False)
+    assert mismatched_jobs(view.instances()) == {"job-7"}
+    assert len({id(v["jobs"]) for v in view.instances().values()}) == 2
+
+
+def test_a_renewed_presence_is_not_decoded_or_counted_again() -> None:
+    """Each of a hundred replicas renews its presence every 5 s; only an instance
+    that comes, goes or changes its presence changes the fleet."""
+    view = View()
+    presence = json.dumps({"version": "1", "jobs": {"a": "1"}}).encode()
+    view.apply("instance.r1", presence, 1, False)
+    view.apply("instance.r2", presence, 2, False)
+    generation = view.presence_generation
+    decoded = view.instances()["r1"]
+    view.apply("instance.r1", presence, 3, False)  # a renewal
+    assert view.presence_generation == generation
+    assert view.instances()["r1"] is decoded  # the same object: not decoded again
+    assert view.keys["instance.r1"].revision == 3
+    changed = json.dumps({"version": "2", "jobs": {"a": "1"}}).encode()
+    view.apply("instance.r1", changed, 4, False)
+    assert view.presence_generation == generation + 1
+    assert view.instances()["r1"]["version"] == "2"
+    view.apply("instance.r2", None, 5, True)  # gone
+    assert view.presence_generation == generation + 2
+    view.apply("instance.r2", presence, 6, False)  # back
+    assert view.presence_generation == generation + 3
+    view.apply("paused.a", b"{}", 7, False)  # not an instance
+    assert view.presence_generation == generation + 3
