@@ -91,7 +91,7 @@ def test_the_attempt_table_of_docs_cli_is_the_codes() -> None:
 
     from sidecar.store.runs import Run
 
-    text = (Path(__file__).parent.parent / "docs" / "CLI.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "CLI.md").read_text()
     start = text.index("Each attempt of a slot is a row of its own:")
     block = text[
         text.index("```text\n", start) + 8 : text.index("```", text.index("```text\n", start) + 8)
