@@ -18,6 +18,8 @@
      ├── KeyHeld                a state bucket key is live: someone else holds it
      ├── CasConflict            a state bucket key moved past the expected revision
      ├── Hostile                a due key not backed by the job's config or the stream
+     │    └── HostileBackfill   a backfill.<job> value the backfill command would not write
+     ├── CountUnavailable       a job's max_runs count could not be read or written
      ├── SendError              a ping, webhook or span send failed (``retry``: worth another)
      ├── ScheduleError          a cron expression is invalid (also a ValueError)
      ├── FailpointError         ANARCHON_FAILPOINTS cannot be parsed (also a ValueError)
@@ -170,6 +172,15 @@ class CasConflict(SidecarError):
 
 class Hostile(SidecarError):
     """The due key is not backed by the job's config or by the stream."""
+
+
+class HostileBackfill(Hostile):
+    """A ``backfill.<job>`` value is not one the backfill command (or a sidecar)
+    writes; says why."""
+
+
+class CountUnavailable(SidecarError):
+    """A job's ``max_runs`` count could not be read or written: the slot must not run."""
 
 
 class SendError(SidecarError):

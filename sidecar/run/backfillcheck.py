@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.core.bounds import is_int, slot_ms
 from sidecar.core.clock import in_range, parse_rfc3339
+from sidecar.core.errors import HostileBackfill
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -46,10 +47,6 @@ RUNNING_FIELDS = frozenset({"slot", "instance", "at"})
 TAG = re.compile(r"b(?:[0-9]{1,12})?")
 TRIGGERS = ("backfill", "catchup")
 MAX_TEXT = 256  # ``by``, ``instance``: a user@host, an instance id
-
-
-class HostileBackfill(Exception):
-    """The value is not one the backfill command (or a sidecar) writes; says why."""
 
 
 def decode_backfill(raw: bytes | None) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from sidecar.after.aftermath import Aftermath
 from sidecar.config.load import Config, JobConfig
 from sidecar.core import failpoints
 from sidecar.core.clock import Clock, rfc3339
-from sidecar.core.errors import ClaimDisconnected, ClaimForeign, KeyHeld
+from sidecar.core.errors import ClaimDisconnected, ClaimForeign, CountUnavailable, KeyHeld
 from sidecar.core.sleeper import Sleeper
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import CATCHUP, FAILED, SCHEDULED, SKIPPED
@@ -294,11 +294,11 @@ class Jobs:
         try:
             if keys is None:
                 why = self.fleet.bucket_problem or "the state bucket cannot be written now"
-                raise runcap.CountUnavailable(why)
+                raise CountUnavailable(why)
             number = await runcap.take(
                 keys, job.name, claim.slot, job.max_runs, self.config.instance_id, self.clock.wall()
             )
-        except runcap.CountUnavailable as exc:
+        except CountUnavailable as exc:
             error, reason = f"not run: its run count (max_runs) is unknown: {exc}", "bucket"
         else:
             if number is not None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sidecar.core.clock import rfc3339
-from sidecar.core.errors import CasConflict
+from sidecar.core.errors import CasConflict, CountUnavailable
 
 if TYPE_CHECKING:
     from sidecar.store.kv import Keys
@@ -70,10 +70,6 @@ def counted(view: View, job: str) -> int:
 def spent(view: View, job: str, max_runs: int | None) -> bool:
     """Whether the view says the job has had its ``max_runs`` runs."""
     return max_runs is not None and counted(view, job) >= max_runs
-
-
-class CountUnavailable(Exception):
-    """The count could not be read or written: the slot must not run."""
 
 
 async def take(
