@@ -7,7 +7,7 @@ Read (GET, anyone who reaches the admin port):
   ``/api/v1/events``: server-sent events (sidecar/live.py);
   ``/fragment/...``: pieces of the pages that page.js swaps in on an event.
 Act (POST, only with ``admin.token_file``; without it every POST is 403):
-  ``/api/v1/jobs/<job>/{run-now,pause,resume,skip}`` with
+  ``/api/v1/jobs/<job>/{run-now,pause,resume,skip,at,cancel-at}`` with
   ``Authorization: Bearer <token>``; the same from the page's forms at
   ``/jobs/<job>/<action>`` with the session cookie that ``/login`` gives for a
   token, and the form's CSRF token. Sessions are signed with a key made at
@@ -35,6 +35,7 @@ from nats.js import JetStreamContext
 
 from sidecar import page
 from sidecar.actions import ManualRuns, pause, record_action, resume
+from sidecar.atops import act as at_act
 from sidecar.clock import Clock, rfc3339
 from sidecar.config import Config, Secrets
 from sidecar.errors import SidecarError
@@ -75,7 +76,7 @@ STATIC = {
     "page.js": "text/javascript; charset=utf-8",
     "icon.svg": "image/svg+xml",
 }
-ACTIONS = ("run-now", "pause", "resume", "skip")
+ACTIONS = ("run-now", "pause", "resume", "skip", "at", "cancel-at")
 
 
 def _json(status: int, data: object) -> Answer:
@@ -314,6 +315,13 @@ class PageApp:
             if was is None:
                 return 409, {"error": f"{job} was not paused"}
             detail = f"paused by {was.get('by', '?')} at {was.get('at', '?')}"
+        elif action in ("at", "cancel-at"):  # one-off runs (sidecar/atops.py)
+            status, detail, answer = await at_act(
+                bucket.kv, self.config.job(job), action, form, who
+            )
+            if status != 200:
+                return status, answer
+            result.update(answer)
         elif action == "run-now":
             if self.runs is None:
                 return 503, {"error": "not connected to NATS yet"}

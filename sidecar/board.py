@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from sidecar.atkey import at_key, pending_of
 from sidecar.backfill import backfill_key, running_of, slot_list
 from sidecar.bounds import attempt_no, slot_ms
 from sidecar.clock import parse_rfc3339, rfc3339
@@ -269,11 +270,14 @@ def schedule_fields(job: JobConfig, view: View, now_ms: int, upcoming: list[int]
     skip = view.keys.get(skip_key(job.name))
     entry = view.keys.get(backfill_key(job.name))
     backfill = entry.value if entry is not None else None
+    at = view.keys.get(at_key(job.name))
     return {
         "skip_pending": pending(skip.value if skip is not None else None, now_ms),
         "backfill_pending": len(slot_list(backfill)),
         "backfill_running": running_of(backfill),
         "backfill_done": int((backfill or {}).get("done") or 0),
+        # One-off runs queued by `at` (sidecar/atkey.py), soonest first.
+        "at_pending": [r.as_dict() for r in pending_of(at.value if at else None, now_ms / 1000)],
         "schedule_lines": schedule_lines(job.schedule),
         "next_run_local": local_time(upcoming[0], job.timezone) if upcoming else None,
     }

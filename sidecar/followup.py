@@ -47,6 +47,7 @@ from sidecar.record import Recorder
 from sidecar.tasks import TaskSet
 from sidecar.trigger import RERUN
 from sidecar.trigger import RETRY as RETRY_TRIGGER
+from sidecar.wire import AT
 
 if TYPE_CHECKING:
     from sidecar.claim import Claim
@@ -99,8 +100,8 @@ class DueAttempts:
     async def retry(self, job: JobConfig, claim: Claim, finished_at: float, seq: int) -> None:
         """After a failed attempt (its result stored at `seq`): make the next one due,
         while retry.max allows. Without a stored result no sidecar would act on it."""
-        if job.retry.max < 1 or claim.manual:
-            return
+        if job.retry.max < 1 or claim.manual or claim.trigger == AT:
+            return  # a one-off (sidecar/atruns.py) is not retried, as run-now
         if not may_follow(claim.attempt, job.retry.max):
             self.metrics.retries_exhausted_total.labels(job=job.name).inc()
             log.error(
@@ -130,6 +131,8 @@ class DueAttempts:
     ) -> None:
         """After attempt `attempt` was recorded lost here (``on_lost: rerun``): make the
         next one due at once, while retry.max allows."""
+        if job.schedule.next_slot(slot - 1) != slot:
+            return  # a one-off's instant (sidecar/atruns.py): no due key can name it
         if not may_follow(attempt, job.retry.max):
             self.metrics.retries_exhausted_total.labels(job=job.name).inc()
             return

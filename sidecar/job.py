@@ -28,6 +28,7 @@ from nats.js import JetStreamContext
 
 from sidecar import failpoints
 from sidecar.aftermath import Aftermath
+from sidecar.atruns import AtRuns
 from sidecar.backfill import Backfills
 from sidecar.bucketcheck import needs_leases
 from sidecar.candidates import Candidates
@@ -92,7 +93,7 @@ class Jobs:
         # Precise sleeps until a slot, woken at once on stop (sidecar/sleeper.py).
         self.sleeper = Sleeper(clock, stopping)
         self.sleep_until, self.wake = self.sleeper.until, self.sleeper.wake
-        self.side_tasks = TaskSet("a catch-up, skip or backfill task")
+        self.side_tasks = TaskSet("a catch-up, skip, backfill or one-off task")
         spawn = self.side_tasks.spawn
         self._keys: Keys | None = None
         self.skips = SkipRecorder(
@@ -106,6 +107,12 @@ class Jobs:
             config, metrics, clock, claimer, fleet, self._run_tracked, spawn, stopping
         )
         fleet.key_listeners.append(self.backfills.changed)
+        # One-off runs at a set time (sidecar/atruns.py): claimed like slots.
+        self.at_runs = AtRuns(
+            config, metrics, clock, claimer, guard, fleet, self.unclaimed, self._start_run,
+            spawn, self.sleep_until, stopping,
+        )  # fmt: skip
+        fleet.key_listeners.append(self.at_runs.changed)
         # Pings, notifications, auto-pause, anomalies, spans (sidecar/aftermath.py).
         self.aftermath = Aftermath(config, metrics, clock, self.keys, _secret(trigger), fleet)
         # Every ending of a run is recorded there (sidecar/record.py).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sidecar.atkey import status_lines as at_status_lines
 from sidecar.clock import rfc3339
 from sidecar.views import printable, table
 
@@ -108,6 +109,7 @@ def schedule_status_lines(job: dict[str, Any]) -> list[str]:
                 f"{job.get('backfill_pending', 0)} pending{now}"
             )
         )
+    lines += [printable(line) for line in at_status_lines(name, job.get("at_pending") or [])]
     return lines
 
 

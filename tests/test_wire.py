@@ -59,7 +59,15 @@ def test_the_modules_that_name_the_wire_use_it() -> None:
     assert claim.TRANSIENT is wire.TRANSIENT
     assert due.claim_msg_id is wire.claim_msg_id
     assert signing.SIGNATURE_HEADER == "X-Anarchon-Signature"
-    assert trigger.TRIGGERS == ("scheduled", "catchup", "manual", "retry", "rerun", "backfill")
+    assert trigger.TRIGGERS == (
+        "scheduled",
+        "catchup",
+        "manual",
+        "retry",
+        "rerun",
+        "backfill",
+        "at",
+    )
     assert state.decode is wire.decode
 
 

@@ -1,0 +1,241 @@
+"""Queue, cancel and list one-off runs (``at.<job>``, sidecar/atkey.py), by CAS.
+
+Used by ``anarchon-sidecar at`` (on a connection of its own) and by the fleet
+page and its API (on the sidecar's own bucket). Each write is a
+compare-and-set of ``at.<job>``, so two operators, or an operator and the
+sidecar dropping an entry it ran, never lose each other's change. Each is
+also written to ``actions.<job>`` (sidecar/actions.py), as the page's acts
+are, with ``via`` ``cli``, ``page`` or ``api``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from sidecar.atkey import (
+    MAX_PENDING,
+    MAX_TEXT,
+    AtRun,
+    at_key,
+    encode,
+    instant_problem,
+    pending_of,
+)
+from sidecar.clock import rfc3339
+from sidecar.config import Config, JobConfig, Secrets
+from sidecar.kv import CasConflict, create_or_update, delete_at
+from sidecar.state import decode
+
+log = logging.getLogger(__name__)
+
+CAS_TRIES = 8
+
+
+@dataclass(frozen=True)
+class Queued:
+    """What ``at`` did: the run, whether it was new, and how many are pending now."""
+
+    run: AtRun
+    new: bool
+    pending: list[AtRun]
+
+
+async def _read(kv: KeyValue, key: str) -> tuple[list[AtRun], int | None]:
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return [], None
+    return pending_of(decode(entry.value), time.time()), int(entry.revision or 0)
+
+
+async def _write(kv: KeyValue, key: str, runs: list[AtRun], revision: int | None) -> None:
+    if runs:
+        await create_or_update(kv, key, encode(runs), revision)
+    elif revision is not None:
+        await delete_at(kv, key, revision)
+
+
+async def queue(kv: KeyValue, job: JobConfig, slot: int, by: str, reason: str) -> Queued:
+    """Add the one-off at `slot` (checked by the caller) to ``at.<job>``."""
+    key = at_key(job.name)
+    run = AtRun(slot, by[:MAX_TEXT], rfc3339(time.time()), reason[:MAX_TEXT])
+    for _ in range(CAS_TRIES):
+        runs, revision = await _read(kv, key)
+        held = next((r for r in runs if r.slot == slot), None)
+        if held is not None:
+            return Queued(held, False, runs)
+        if len(runs) >= MAX_PENDING:
+            raise ValueError(
+                f"{job.name} has {len(runs)} one-off runs pending already (at most "
+                f"{MAX_PENDING}); cancel some first"
+            )
+        try:
+            await _write(kv, key, [*runs, run], revision)
+        except CasConflict:
+            continue
+        return Queued(run, True, sorted([*runs, run], key=lambda r: r.slot))
+    raise RuntimeError(f"{key} kept changing under {CAS_TRIES} tries; try again")
+
+
+async def drop(kv: KeyValue, job: str, slots: set[int] | None) -> list[AtRun]:
+    """Remove the entries at `slots` (all when None) from ``at.<job>``; those removed."""
+    key = at_key(job)
+    for _ in range(CAS_TRIES):
+        runs, revision = await _read(kv, key)
+        if revision is None:
+            return []
+        gone = [r for r in runs if slots is None or r.slot in slots]
+        if not gone and runs:
+            return []
+        try:  # an empty or wholly hostile value goes too
+            await _write(kv, key, [r for r in runs if r not in gone], revision)
+        except CasConflict:
+            continue
+        return gone
+    raise RuntimeError(f"{key} kept changing under {CAS_TRIES} tries; try again")
+
+
+async def rewrite(kv: KeyValue, job: str) -> None:
+    """Write ``at.<job>`` again with its good entries only (hostile ones dropped)."""
+    key = at_key(job)
+    for _ in range(CAS_TRIES):
+        runs, revision = await _read(kv, key)
+        if revision is None:
+            return
+        try:
+            await _write(kv, key, runs, revision)
+        except CasConflict:
+            continue
+        return
+
+
+async def listing(kv: KeyValue, job: str) -> list[AtRun]:
+    return (await _read(kv, at_key(job)))[0]
+
+
+def action_entry(
+    action: str, by: str, where: str, via: str, instance: str, detail: str
+) -> dict[str, Any]:
+    """An ``actions.<job>`` entry (sidecar/actions.py)."""
+    return {
+        "at": rfc3339(time.time()),
+        "by": by,
+        "action": action,
+        "from": where,
+        "via": via,
+        "instance": instance,
+        "detail": detail,
+    }
+
+
+def queued_detail(run: AtRun) -> str:
+    return f"one-off run at {rfc3339(run.slot / 1000)}" + (f": {run.reason}" if run.reason else "")
+
+
+def cancelled_detail(gone: list[AtRun]) -> str:
+    return "cancelled one-off run(s) at " + ", ".join(rfc3339(r.slot / 1000) for r in gone)
+
+
+async def _audit(kv: KeyValue, job: str, entry: dict[str, Any]) -> None:
+    """Best effort from the CLI: the act is done; a lost audit line is said, not fatal."""
+    from sidecar.actions import record_action
+
+    try:
+        await record_action(kv, job, entry)
+    except Exception as exc:
+        log.warning("%s: the act was not written to actions.%s: %r", job, job, exc)
+
+
+# ---------------------------------------------------------------------- the CLI
+
+
+async def cli_queue(
+    config: Config, secrets: Secrets, job: JobConfig, slot: int, by: str, reason: str
+) -> Queued:
+    from sidecar.oneshot import _js, connected
+    from sidecar.state import ensure_bucket, state_spec
+
+    async with connected(config, secrets) as conn:
+        bucket = await ensure_bucket(_js(conn), state_spec(config))
+        done = await queue(bucket.kv, job, slot, by, reason)
+        if done.new:
+            entry = action_entry("at", by, "", "cli", config.instance_id, queued_detail(done.run))
+            await _audit(bucket.kv, job.name, entry)
+        return done
+
+
+async def cli_cancel(
+    config: Config, secrets: Secrets, job: str, slots: set[int] | None, by: str
+) -> list[AtRun]:
+    from sidecar.oneshot import _js, connected
+    from sidecar.state import ensure_bucket, state_spec
+
+    async with connected(config, secrets) as conn:
+        bucket = await ensure_bucket(_js(conn), state_spec(config))
+        gone = await drop(bucket.kv, job, slots)
+        if gone:
+            detail = cancelled_detail(gone)
+            entry = action_entry("cancel-at", by, "", "cli", config.instance_id, detail)
+            await _audit(bucket.kv, job, entry)
+        return gone
+
+
+async def cli_list(config: Config, secrets: Secrets, job: str) -> list[AtRun]:
+    from sidecar.oneshot import _js, connected
+    from sidecar.state import ensure_bucket, state_spec
+
+    async with connected(config, secrets) as conn:
+        bucket = await ensure_bucket(_js(conn), state_spec(config))
+        return await listing(bucket.kv, job)
+
+
+# ---------------------------------------------------------------------- the page and API
+
+
+def _slot_of(text: str, now: float) -> int:
+    """A one-off's instant from a form: epoch ms, RFC 3339, or a duration from now."""
+    from sidecar.ops import instant_of
+
+    text = text.strip()
+    if text.isdigit() and len(text) >= 12:  # epoch ms, as --list --json and the page give it
+        return int(text)
+    return round(instant_of(text, now) * 1000)
+
+
+async def act(
+    kv: KeyValue, job: JobConfig, action: str, form: dict[str, str], by: str
+) -> tuple[int, str, dict[str, Any]]:
+    """``POST .../jobs/<job>/at`` (fields ``time``, ``reason``) and ``.../cancel-at``
+    (``time``: the instant, or ``all``): (HTTP status, the action's detail, answer)."""
+    now = time.time()
+    text = form.get("time", "").strip()
+    if not text:
+        return 400, "", {"error": "time: RFC 3339 (2026-12-24T08:00:00Z) or a duration (30m)"}
+    if action == "cancel-at" and text == "all":
+        slots: set[int] | None = None
+    else:
+        try:
+            slot = _slot_of(text, now)
+        except ValueError as exc:
+            return 400, "", {"error": f"time: {exc}"}
+        slots = {slot}
+    if action == "cancel-at":
+        gone = await drop(kv, job.name, slots)
+        if not gone:
+            return 409, "", {"error": f"{job.name}: no one-off run pending at {text}"}
+        return 200, cancelled_detail(gone), {"cancelled": [r.as_dict() for r in gone]}
+    on_schedule = job.schedule.next_slot(slot - 1) == slot
+    if why := instant_problem(slot, now, on_schedule):
+        return 400, "", {"error": f"time: {why}"}
+    try:
+        done = await queue(kv, job, slot, by, form.get("reason", ""))
+    except ValueError as exc:
+        return 409, "", {"error": str(exc)}
+    detail = queued_detail(done.run) + ("" if done.new else " (queued already; kept)")
+    return 200, detail, {"queued": done.run.as_dict(), "new": done.new}
