@@ -143,7 +143,7 @@ def pending_of(value: Any, now: float) -> list[AtRun]:
 
 def instant_problem(slot: int, now: float, on_schedule: bool) -> str | None:
     """Why the CLI or the API refuses a one-off at `slot` (epoch ms); None when it may."""
-    if slot / 1000 <= now:
+    if slot <= round(now * 1000):
         return f"{rfc3339(slot / 1000)} is not in the future"
     if slot / 1000 > now + MAX_AHEAD:
         return f"{rfc3339(slot / 1000)} is more than {MAX_AHEAD / 86400:.0f} days ahead"

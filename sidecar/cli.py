@@ -476,7 +476,11 @@ def at_command(
             else views.at_lines(spec, runs, "pending"))  # fmt: skip
         return
     if cancel_text is not None:
-        slots = None if cancel_text.strip() == "all" else {_at_slot("--cancel", cancel_text)}
+        slots = (
+            None
+            if cancel_text.strip() == "all"
+            else {_at_slot("--cancel", cancel_text, time.time())}
+        )
         gone = call(atops.cli_cancel(ld.config, ld.secrets, job, slots, who()))
         if as_json:
             say(views.as_json({"job": job, "cancelled": [r.as_dict() for r in gone]}))
@@ -488,9 +492,10 @@ def at_command(
             note(f"{job}: its time had come: it may have been claimed already (see history)")
         return
     assert time_text is not None
-    slot = _at_slot("TIME", time_text)
+    now = time.time()
+    slot = _at_slot("TIME", time_text, now)
     on_schedule = spec.schedule.next_slot(slot - 1) == slot
-    if why := instant_problem(slot, time.time(), on_schedule):
+    if why := instant_problem(slot, now, on_schedule):
         fail(EXIT_USAGE, f"TIME: {why}")
     try:
         done = call(atops.cli_queue(ld.config, ld.secrets, spec, slot, who(), reason))
@@ -502,10 +507,10 @@ def at_command(
         say(views.at_queued(spec, done))
 
 
-def _at_slot(option: str, text: str) -> int:
+def _at_slot(option: str, text: str, now: float) -> int:
     """TIME of `at`: RFC 3339 or a duration from now, as epoch ms; else exit 2."""
     try:
-        return round(ops.instant_of(text, time.time()) * 1000)
+        return round(ops.instant_of(text, now) * 1000)
     except ValueError as exc:
         fail(EXIT_USAGE, f"{option}: {exc}")
 
