@@ -217,10 +217,13 @@ class PageApp:
         runs = await self.data.runs_data(name, limit, before)
         who = self.sessions.who(req)
         forms = ""
-        if who:
-            forms = page.action_forms(name, self.sessions.csrf(req), self.secrets is not None)
+        data = self.data.job_data(name)
+        csrf = self.sessions.csrf(req) if who else None
+        if csrf:
+            forms = page.action_forms(name, csrf, self.secrets is not None)
+        forms += page.at_section(name, data.get("at_pending") or [], csrf)
         return page.job_page(
-            self.data.job_data(name),
+            data,
             runs["runs"],
             runs["next_before"],
             self.data.actions_data(name),

@@ -90,6 +90,45 @@ def api_post(sc: Sidecar, path: str, body: dict[str, str], token: str | None = T
         return exc.code, json.loads(exc.read() or b"{}")
 
 
+def form_post(
+    sc: Sidecar, path: str, fields: dict[str, str], cookie: str = ""
+) -> tuple[int, dict[str, str], bytes]:
+    """A browser's form POST (no redirect followed)."""
+    import http.client
+    from urllib.parse import urlencode
+
+    conn = http.client.HTTPConnection("127.0.0.1", sc.metrics_port, timeout=10)
+    try:
+        headers = {"Content-Type": "application/x-www-form-urlencoded"}
+        if cookie:
+            headers["Cookie"] = cookie
+        conn.request("POST", path, urlencode(fields), headers)
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+def page_of(sc: Sidecar, path: str, cookie: str = "") -> str:
+    import urllib.request
+
+    req = urllib.request.Request(sc.base_url + path)
+    if cookie:
+        req.add_header("Cookie", cookie)
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def csrf_in(html: str, action: str) -> str:
+    import re
+
+    found = re.search(
+        f'action="{action}"[^>]*><input type="hidden" name="csrf" value="([^"]+)"', html
+    )
+    assert found, html[:3000]
+    return found[1]
+
+
 # ---------------------------------------------------------------- pure
 
 
@@ -274,12 +313,30 @@ def test_a_sidecar_killed_at_the_instant_still_gives_exactly_one_run(
     assert at_calls(http_app)[0].headers["X-Anarchon-Instance"] in ("s1", "s2")
 
 
-def test_hostile_at_keys_are_counted_and_never_run(
+def test_hostile_at_keys_are_counted_and_never_run_and_the_page_form_queues_one(
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
-    config = base(nats_server, http_app, [one_off("a")])
+    token_file = tmp_path / "tokens"
+    token_file.write_text(f"alice:{TOKEN}\n")
+    config = base(nats_server, http_app, [one_off("a"), one_off("b")])
+    config["admin"] = {"token_file": str(token_file)}
     cfg = cli_config(tmp_path, config)
     with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        # The page's form, signed in, with the session's CSRF token (and refused without).
+        login = csrf_in(page_of(procs[0], "/jobs/b"), "/login")
+        code, headers, _ = form_post(procs[0], "/login", {"token": TOKEN, "csrf": login})
+        assert code == 303
+        cookie = headers["Set-Cookie"].split(";")[0]
+        csrf = csrf_in(page_of(procs[0], "/jobs/b", cookie), "/jobs/b/at")
+        assert form_post(procs[0], "/jobs/b/at", {"time": "3s"}, cookie)[0] == 403
+        code, headers, _ = form_post(procs[0], "/jobs/b/at", {"time": "3s", "csrf": csrf}, cookie)
+        assert code == 303 and "error" not in headers["Location"]
+        wait_for(  # listed with its cancel button once the watch delivered it
+            lambda: "/jobs/b/cancel-at" in page_of(procs[0], "/jobs/b", cookie),
+            5,
+            what="the pending one-off on the page",
+        )
+        assert "One-off runs" in page_of(procs[1], "/jobs/b")
         soon = round((time.time() + 3) * 1000)
         far = round((time.time() + 10 * 365 * 86400) * 1000)
         good = {"slot": soon, "by": "x", "queued_at": "y"}
@@ -304,6 +361,8 @@ def test_hostile_at_keys_are_counted_and_never_run(
         wait_for(lambda: at_calls(http_app), 15, what="the good entry ran")
         wait_for(lambda: time.time() > soon / 1000 + 4, 10, what="its window passed")
         wait_for(lambda: not job_status(cfg, "a")["at_pending"], 10, what="the key cleaned")
+        wait_for(lambda: at_calls(http_app, "/jobs/b"), 10, what="the page's one-off ran")
         logs = "".join(p.log() for p in procs)
     assert [int(r.headers["X-Anarchon-Slot"]) for r in at_calls(http_app)] == [soon]
+    assert len(at_calls(http_app, "/jobs/b")) == 1
     assert "state bucket: at.a.1 refused" in logs and "hostile input" in logs
