@@ -178,7 +178,12 @@ class AtRuns:
     async def _due(self, job: JobConfig, slot: int) -> None:
         name = job.name
         if not await self._still_queued(job, slot):
-            log.info("job %s: one-off run at %s was cancelled", name, rfc3339(slot / 1000))
+            log.info(
+                "job %s: one-off run at %s is no longer queued (cancelled, or claimed by "
+                "another sidecar)",
+                name,
+                rfc3339(slot / 1000),
+            )
             return
         now = self.clock.wall()
         skip: tuple[str, str] | None = None

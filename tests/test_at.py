@@ -366,3 +366,27 @@ def test_hostile_at_keys_are_counted_and_never_run_and_the_page_form_queues_one(
     assert [int(r.headers["X-Anarchon-Slot"]) for r in at_calls(http_app)] == [soon]
     assert len(at_calls(http_app, "/jobs/b")) == 1
     assert "state bucket: at.a.1 refused" in logs and "hostile input" in logs
+
+
+def test_a_one_off_is_never_run_late_nor_while_its_job_is_paused(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base(nats_server, http_app, [one_off("a"), one_off("p")])
+    cfg = cli_config(tmp_path, config)
+    # No sidecar runs at the instant: the first one up after max_late drops it, late.
+    slot = at("a", "-c", cfg, "1s")["queued"]["slot"]
+    wait_for(lambda: time.time() > slot / 1000 + 3 + 0.5, 10, what="past max_late")
+    with sidecars(tmp_path, [("s0", config, {})]) as procs:
+        wait_for(lambda: not job_status(cfg, "a")["at_pending"], 10, what="the late one dropped")
+        late = {"job": "a", "reason": "late"}
+        wait_for(lambda: procs[0].metric("anarchon_claims_skipped_total", late) == 1, 5)
+        assert run_cli("pause", "p", "-c", cfg).returncode == 0
+        wait_for(lambda: procs[0].metric("anarchon_job_paused", {"job": "p"}) == 1, 5)
+        paused_at = at("p", "-c", cfg, "1s")["queued"]["slot"]
+        paused = {"job": "p", "reason": "paused"}
+        wait_for(lambda: procs[0].metric("anarchon_claims_skipped_total", paused) == 1, 10)
+        assert not job_status(cfg, "p")["at_pending"]
+        assert time.time() > paused_at / 1000
+        log = procs[0].log()
+    assert http_app.requests == []
+    assert "one-off run at" in log and "skipped: paused by" in log
