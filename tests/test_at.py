@@ -56,6 +56,12 @@ def job_status(cfg: str, name: str) -> dict[str, Any]:
     return next(j for j in json.loads(done.stdout)["jobs"] if j["name"] == name)
 
 
+def history_of(cfg: str, name: str) -> list[str]:
+    done = run_cli("history", name, "-c", cfg, "--json")
+    assert done.returncode == 0, done.stderr
+    return [line for line in done.stdout.splitlines() if line.strip()]
+
+
 def at_calls(app: RecordingApp, path: str = "/jobs/a") -> list[Any]:
     return [r for r in app.requests_for(path) if r.headers.get("X-Anarchon-Trigger") == "at"]
 
@@ -371,8 +377,10 @@ def test_hostile_at_keys_are_counted_and_never_run_and_the_page_form_queues_one(
 def test_a_one_off_is_never_run_late_nor_while_its_job_is_paused(
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
-    config = base(nats_server, http_app, [one_off("a"), one_off("p")])
+    retried = one_off("f", retry={"max": 2, "backoff": "1s"})
+    config = base(nats_server, http_app, [one_off("a"), one_off("p"), retried])
     cfg = cli_config(tmp_path, config)
+    http_app.status["/jobs/f"] = 500
     # No sidecar runs at the instant: the first one up after max_late drops it, late.
     slot = at("a", "-c", cfg, "1s")["queued"]["slot"]
     wait_for(lambda: time.time() > slot / 1000 + 3 + 0.5, 10, what="past max_late")
@@ -387,6 +395,15 @@ def test_a_one_off_is_never_run_late_nor_while_its_job_is_paused(
         wait_for(lambda: procs[0].metric("anarchon_claims_skipped_total", paused) == 1, 10)
         assert not job_status(cfg, "p")["at_pending"]
         assert time.time() > paused_at / 1000
+        # A failed one-off is not retried (as run-now): no due key, no second call.
+        failed = at("f", "-c", cfg, "1s")["queued"]["slot"]
+        wait_for(lambda: http_app.requests_for("/jobs/f"), 10, what="the failing one-off")
+        wait_for(lambda: time.time() > failed / 1000 + 1 + 3 + 1, 10, what="a retry's window")
         log = procs[0].log()
-    assert http_app.requests == []
+        due = procs[0].metric("anarchon_attempts_due_total", {"job": "f", "reason": "retry"})
+        hostile = procs[0].metric("anarchon_hostile_input_total", {"what": "due_key"})
+    assert len(http_app.requests_for("/jobs/f")) == 1
+    assert not due and not hostile
+    assert [r["status"] for r in json.loads(f"[{','.join(history_of(cfg, 'f'))}]")] == ["failed"]
+    assert [r.path for r in http_app.requests] == ["/jobs/f"]
     assert "one-off run at" in log and "skipped: paused by" in log
