@@ -286,7 +286,10 @@ def stopped(pid: int) -> bool:
 def test_a_sidecar_killed_at_the_instant_still_gives_exactly_one_run(
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
-    config = base(nats_server, http_app, [one_off("a", max_late="5s")])
+    # on_lost: rerun, lease_ttl 2s: the killed runner's run is recorded lost, not rerun.
+    lost = {"on_lost": "rerun", "retry": {"max": 1, "backoff": "1s"}}
+    config = base(nats_server, http_app, [one_off("a", max_late="5s", **lost)])
+    config["nats"]["lease_ttl"] = "2s"
     cfg = cli_config(tmp_path, config)
     # s0 stops itself at the instant (before it reads the key again and claims): killed then.
     frozen = {"ANARCHON_FAILPOINTS": "at.due=1*sigstop"}
@@ -314,8 +317,27 @@ def test_a_sidecar_killed_at_the_instant_still_gives_exactly_one_run(
         runner.kill()
         wait_for(lambda: time.time() > second / 1000 + 5 + 1.5, 20, what="its window passed")
         wait_for(lambda: not job_status(cfg, "a")["at_pending"], 10, what="none pending")
+        wait_for(
+            lambda: any(
+                json.loads(line)["status"] == "lost" and json.loads(line)["slot"] == second
+                for line in history_of(cfg, "a")
+            ),
+            15,
+            what="the killed run recorded lost",
+        )
+        wait_for(lambda: time.time() > second / 1000 + 5 + 3, 10, what="a rerun's window")
+        survivors = [p for p in procs if p.proc and p.proc.poll() is None]
+        hostile = sum(
+            p.metric("anarchon_hostile_input_total", {"what": "due_key"}) or 0 for p in survivors
+        )
+        due = sum(
+            p.metric("anarchon_attempts_due_total", {"job": "a", "reason": "lost"}) or 0
+            for p in survivors
+        )
     by_slot = [int(r.headers["X-Anarchon-Slot"]) for r in at_calls(http_app)]
     assert sorted(by_slot) == [slot, second]
+    assert len(http_app.requests_for("/jobs/a")) == 2  # no rerun either
+    assert hostile == 0 and due == 0
     assert at_calls(http_app)[0].headers["X-Anarchon-Instance"] in ("s1", "s2")
 
 
