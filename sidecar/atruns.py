@@ -33,6 +33,7 @@ from sidecar.atkey import KIND, at_key, at_msg_id, job_of_key, parse_value
 from sidecar.atops import drop, rewrite
 from sidecar.claim import ClaimDisconnected
 from sidecar.clock import rfc3339
+from sidecar.kv import delete_at
 from sidecar.state import decode
 from sidecar.wire import AT
 
@@ -140,7 +141,7 @@ class AtRuns:
             return
         with contextlib.suppress(Exception):  # another sidecar cleaned it first
             if slots is None:
-                await bucket.kv.delete(key)
+                await delete_at(bucket.kv, key)
             else:  # rewriting the key keeps only its good entries
                 await rewrite(bucket.kv, job.name)
 
