@@ -380,11 +380,13 @@ def test_hostile_at_keys_are_counted_and_never_run_and_the_page_form_queues_one(
         with_nats(nats_server.url, forge)
         hostile = {"what": "at_key"}
         wait_for(
-            lambda: all(
+            # Two hostile entries in at.a, one key at.a.1: counted by each sidecar that
+            # saw them before the first one to see them cleaned them up.
+            lambda: any(
                 (p.metric("anarchon_hostile_input_total", hostile) or 0) >= 3 for p in procs
             ),
             10,
-            what="every sidecar counted the hostile entries",
+            what="the hostile entries counted",
         )
         wait_for(lambda: at_calls(http_app), 15, what="the good entry ran")
         wait_for(lambda: time.time() > soon / 1000 + 4, 10, what="its window passed")
