@@ -231,6 +231,11 @@ def test_one_off_runs_once_at_its_instant_and_cancel_works(
         text = run_cli("status", "-c", cfg).stdout
         assert f"a: one-off run at {rfc3339(slot / 1000)}" in text
         listed = at("a", "-c", cfg, "--list")["pending"]
+        said = run_cli("at", "a", "-c", cfg, "--list").stdout.splitlines()
+        assert said[0].startswith(f"a: pending one-off run at {rfc3339(slot / 1000)} (")
+        assert said[0].endswith(": hotfix") and len(said) == 3
+        kept = run_cli("at", "a", "-c", cfg, rfc3339(slot / 1000))
+        assert kept.returncode == 0 and "was queued already by" in kept.stdout, kept
         assert [p["slot"] for p in listed] == [slot, cut_cli, cut_api]
         cancelled = at("a", "-c", cfg, "--cancel", rfc3339(cut_cli / 1000))["cancelled"]
         assert [c["slot"] for c in cancelled] == [cut_cli]
