@@ -436,3 +436,15 @@ def test_a_one_off_is_never_run_late_nor_while_its_job_is_paused(
     assert [r["status"] for r in json.loads(f"[{','.join(history_of(cfg, 'f'))}]")] == ["failed"]
     assert [r.path for r in http_app.requests] == ["/jobs/f"]
     assert "one-off run at" in log and "skipped: paused by" in log
+
+
+def test_catch_up_does_not_take_a_one_off_claim_for_the_schedule_s() -> None:
+    from sidecar.runs import last_scheduled_slot
+
+    def claim(slot: int, **extra: Any) -> tuple[int, str, bytes]:
+        body = {"job": "a", "slot": slot, "token": "t", "instance": "s0", "manual": False}
+        return (1, "cron.a.claims", json.dumps({**body, **extra}).encode())
+
+    # Newest first, as last_messages gives them.
+    assert last_scheduled_slot([claim(2000)], "cron.", "a") == 2000
+    assert last_scheduled_slot([claim(2500, trigger="at"), claim(2000)], "cron.", "a") is None
