@@ -88,10 +88,11 @@ class AtRuns:
         """A key the watch delivered ("" after a re-sync: every ``at.*`` key)."""
         if self.stopping.is_set():
             return
-        if key == "":
-            keys = [k for k in self.fleet.view.keys if k.startswith(f"{KIND}.")]
+        if key == "":  # every job's (its gauge too, when its key went meanwhile)
+            keys = {k for k in self.fleet.view.keys if k.startswith(f"{KIND}.")}
+            keys.update(at_key(name) for name in self._jobs)
         elif key.startswith(f"{KIND}."):
-            keys = [key]
+            keys = {key}
         else:
             return
         for k in keys:
@@ -101,6 +102,10 @@ class AtRuns:
         name = job_of_key(key)
         job = self._jobs.get(name or "")
         entry = self.fleet.view.keys.get(key)
+        if job is not None and key == at_key(job.name):
+            value = entry.value if entry is not None else None
+            count = len(parse_value(value, self.clock.wall()).runs) if value is not None else 0
+            self.metrics.job_at_pending.labels(job=job.name).set(count)
         if job is None or entry is None:
             return  # not one of our jobs (another fleet may share the bucket), or gone
         now = self.clock.wall()

@@ -140,6 +140,9 @@ class Metrics:
         self.job_backfill_pending = job_gauge(
             "job_backfill_pending", "Slots of a backfill of the job not run yet (running included)."
         )
+        self.job_at_pending = job_gauge(
+            "job_at_pending", "One-off runs of the job queued by `at` and not yet claimed."
+        )
         self.runs_skipped_total = counter(
             "runs_skipped",
             "Slots won but not run, by reason (overlap: a run of the job was still alive; "
@@ -274,6 +277,7 @@ class Metrics:
             self.job_paused_until_timestamp_seconds,
             self.job_skips_pending,
             self.job_backfill_pending,
+            self.job_at_pending,
             self.runs_overdue,
             self.job_consecutive_failures,
             self.job_auto_paused,

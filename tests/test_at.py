@@ -230,6 +230,8 @@ def test_one_off_runs_once_at_its_instant_and_cancel_works(
         assert pending[0]["reason"] == "hotfix"
         text = run_cli("status", "-c", cfg).stdout
         assert f"a: one-off run at {rfc3339(slot / 1000)}" in text
+        gauge = "anarchon_job_at_pending"
+        wait_for(lambda: all(p.metric(gauge, {"job": "a"}) == 3 for p in procs), 5)
         listed = at("a", "-c", cfg, "--list")["pending"]
         said = run_cli("at", "a", "-c", cfg, "--list").stdout.splitlines()
         assert said[0].startswith(f"a: pending one-off run at {rfc3339(slot / 1000)} (")
@@ -255,6 +257,7 @@ def test_one_off_runs_once_at_its_instant_and_cancel_works(
         # Past every cancelled instant plus jitter and max_late: nothing else ran.
         wait_for(lambda: time.time() > cut_api / 1000 + 4.5, 20, what="the windows passed")
         wait_for(lambda: not job_status(cfg, "a")["at_pending"], 10, what="none pending")
+        wait_for(lambda: all(p.metric(gauge, {"job": "a"}) == 0 for p in procs), 5)
         # One won; the others lost the claim, or found the entry gone (dropped by the
         # winner) when their jitter ended.
         won = sum(p.metric("anarchon_claims_won_total", {"job": "a"}) or 0 for p in procs)

@@ -67,6 +67,7 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_job_paused_until_timestamp_seconds": ("gauge", frozenset({"job"})),
     "anarchon_job_skips_pending": ("gauge", frozenset({"job"})),
     "anarchon_job_backfill_pending": ("gauge", frozenset({"job"})),
+    "anarchon_job_at_pending": ("gauge", frozenset({"job"})),
     "anarchon_fleet_instances": ("gauge", frozenset()),
     "anarchon_fleet_config_mismatch": ("gauge", frozenset()),
     "anarchon_runs_skipped_total": ("counter", frozenset({"job", "reason"})),
