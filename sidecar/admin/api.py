@@ -7,7 +7,7 @@ Read (GET, anyone who reaches the admin port):
   ``/api/v1/events``: server-sent events (sidecar/admin/live.py);
   ``/fragment/...``: pieces of the pages that page.js swaps in on an event.
 Act (POST, only with ``admin.token_file``; without it every POST is 403):
-  ``/api/v1/jobs/<job>/{run-now,pause,resume,skip}`` with
+  ``/api/v1/jobs/<job>/{run-now,pause,resume,skip,at,cancel-at}`` with
   ``Authorization: Bearer <token>``; the same from the page's forms at
   ``/jobs/<job>/<action>`` with the session cookie that ``/login`` gives for a
   token, and the form's CSRF token. Sessions are signed with a key made at
@@ -44,6 +44,7 @@ from sidecar.admin.actions import (
     resume,
     skip_detail,
 )
+from sidecar.admin.atops import act as at_act
 from sidecar.admin.live import Live
 from sidecar.admin.ops import skip as skip_runs
 from sidecar.admin.ops import until_of
@@ -84,7 +85,7 @@ STATIC = {
     "page.js": "text/javascript; charset=utf-8",
     "icon.svg": "image/svg+xml",
 }
-ACTIONS = ("run-now", "pause", "resume", "skip")
+ACTIONS = ("run-now", "pause", "resume", "skip", "at", "cancel-at")
 
 
 def _json(status: int, data: object) -> Answer:
@@ -225,10 +226,13 @@ class PageApp:
         runs = await self.data.runs_data(name, limit, before)
         who = self.sessions.who(req)
         forms = ""
-        if who:
-            forms = page.action_forms(name, self.sessions.csrf(req), self.secrets is not None)
+        data = self.data.job_data(name)
+        csrf = self.sessions.csrf(req) if who else None
+        if csrf:
+            forms = page.action_forms(name, csrf, self.secrets is not None)
+        forms += page.at_section(name, data.get("at_pending") or [], csrf)
         return page.job_page(
-            self.data.job_data(name),
+            data,
             runs["runs"],
             runs["next_before"],
             self.data.actions_data(name),
@@ -334,6 +338,11 @@ class PageApp:
             if self.runs is None:
                 return 503, {"error": "not connected to NATS yet", **not_done}
             intent = "run"
+        elif action in ("at", "cancel-at"):  # one-off runs (sidecar/admin/atops.py)
+            asked = form.get("time", "").strip()
+            intent = ("one-off run at " if action == "at" else "cancel one-off run(s) at ") + (
+                asked[:64] + (f": {reason}" if reason and action == "at" else "")
+            )
         else:
             intent = "resume"
         at = rfc3339(time.time())
@@ -352,7 +361,7 @@ class PageApp:
         except StreamError as exc:
             return 503, {"error": f"not done: {exc}", **not_done}
         try:
-            status, detail, answer = await self._do(job, action, who, reason, until, count)
+            status, detail, answer = await self._do(job, action, who, reason, until, count, form)
         except Exception as exc:  # NATS away, a conflict: not done
             log.warning("fleet page: %s %s by %s not done: %r", action, job, who, exc)
             status, detail, answer = 503, intent, {"error": f"not done: {exc!r}"}
@@ -374,11 +383,20 @@ class PageApp:
         return 200, {**result, "done": True, "recorded": True}
 
     async def _do(
-        self, job: str, action: str, who: str, reason: str, until: str | None, count: int
+        self,
+        job: str,
+        action: str,
+        who: str,
+        reason: str,
+        until: str | None,
+        count: int,
+        form: dict[str, str],
     ) -> tuple[int, str, dict[str, Any]]:
         """Do the act: (status, the record's detail, the answer's fields)."""
         bucket = self.fleet.bucket
         assert bucket is not None
+        if action in ("at", "cancel-at"):
+            return await at_act(bucket.kv, self.config.job(job), action, form, who)
         if action == "pause":
             value = await pause(bucket.kv, job, who, reason, until)
             return 200, reason + (f" (until {until})" if until else ""), {"pause": value}

@@ -38,6 +38,7 @@ from sidecar.run.runcap import counted
 from sidecar.store.runs import attempt_of, join_runs
 from sidecar.store.state import View, config_hash, mismatched_jobs
 from sidecar.store.stream import StreamState
+from sidecar.when.atkey import at_key, pending_of
 from sidecar.when.calendar import utc_text
 from sidecar.when.describe import describe, schedule_lines
 from sidecar.when.due import lease_job
@@ -271,11 +272,14 @@ def schedule_fields(job: JobConfig, view: View, now_ms: int, upcoming: list[int]
     skip = view.keys.get(skip_key(job.name))
     entry = view.keys.get(backfill_key(job.name))
     backfill = entry.value if entry is not None else None
+    at = view.keys.get(at_key(job.name))
     return {
         "skip_pending": pending(skip.value if skip is not None else None, now_ms),
         "backfill_pending": len(slot_list(backfill)),
         "backfill_running": running_of(backfill),
         "backfill_done": done_of(backfill),
+        # One-off runs queued by `at` (sidecar/when/atkey.py), soonest first.
+        "at_pending": [r.as_dict() for r in pending_of(at.value if at else None, now_ms / 1000)],
         "schedule_lines": schedule_lines(job.schedule),
         "next_run_local": local_time(upcoming[0], job.timezone) if upcoming else None,
     }

@@ -317,6 +317,46 @@ def action_forms(job: str, csrf: str, skip: bool) -> str:
     )
 
 
+def at_section(job: str, pending: list[dict[str, Any]], csrf: str | None) -> str:
+    """One-off runs (``at``): those pending, each with a cancel button, and a form to
+    queue one, when signed in (`csrf`); the list alone otherwise."""
+    base = e(job_href(job))
+    token = f'<input type="hidden" name="csrf" value="{e(csrf)}">' if csrf else ""
+    rows = "".join(
+        f"<tr><td>{when(run.get('at'))}</td><td>{e(run.get('by'))}</td>"
+        f"<td>{e(run.get('reason'))}</td><td>"
+        + (
+            f'<form method="post" action="{base}/cancel-at">{token}'
+            f'<input type="hidden" name="time" value="{e(run.get("slot"))}">'
+            '<button type="submit">Cancel</button></form>'
+            if csrf
+            else ""
+        )
+        + "</td></tr>"
+        for run in pending
+    )
+    table = (
+        '<div class="scroll"><table><thead><tr><th scope="col">At</th><th scope="col">By</th>'
+        f'<th scope="col">Reason</th><th scope="col"></th></tr></thead><tbody>{rows}'
+        "</tbody></table></div>"
+        if rows
+        else "<p>None pending.</p>"
+    )
+    form = (
+        f'<form method="post" action="{base}/at" class="at">{token}'
+        '<label for="at-time">At</label> <input id="at-time" name="time" maxlength="40" '
+        'required placeholder="30m, 2h or 2026-12-24T08:00:00Z"> '
+        '<label for="at-reason">Reason</label> <input id="at-reason" name="reason" '
+        'maxlength="200"> <button type="submit">Run once then, by the fleet</button></form>'
+        if csrf
+        else ""
+    )
+    return (
+        '<section aria-labelledby="at-h" class="at"><h2 id="at-h">One-off runs</h2>'
+        f"{table}{form}</section>"
+    )
+
+
 def job_page(
     job: dict[str, Any],
     runs: list[dict[str, Any]],

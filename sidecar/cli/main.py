@@ -45,6 +45,7 @@ from sidecar.obs.logs import setup_logging
 from sidecar.store.runs import Run
 from sidecar.store.stream import Lowering, stream_spec
 from sidecar.store.streamfit import coverage, placement_problem
+from sidecar.when.atkey import instant_problem
 from sidecar.when.pauses import MAX_SKIP
 
 
@@ -464,6 +465,88 @@ def _queue_backfill(
     except ValueError as exc:
         fail(EXIT_FAILED, str(exc))
     say(views.backfill_lines(job, plan, trigger, dry_run))
+
+
+@main.command("at")
+@job_argument
+@click.argument("time_text", metavar="[TIME]", required=False)
+@config_option
+@click.option("--reason", default="", help="Why: shown by status, --list and the page.")
+@click.option("--list", "listing", is_flag=True, help="List JOB's pending one-off runs.")
+@click.option(
+    "--cancel",
+    "cancel_text",
+    metavar="TIME|all",
+    help="Cancel JOB's one-off run at TIME (as --list prints it), or all of them.",
+)
+@json_option("The one-off runs (queued, pending or cancelled) as one JSON object")
+def at_command(
+    job: str,
+    time_text: str | None,
+    config_path: str | None,
+    reason: str,
+    listing: bool,
+    cancel_text: str | None,
+    as_json: bool,
+) -> None:
+    """Run JOB once at TIME, by the fleet: RFC 3339 (2026-12-24T08:00:00Z) or a
+    duration from now (30m, 2h).
+
+    Any healthy replica runs it, exactly once for the fleet, at TIME plus the
+    job's jitter, with claim id <job>:<ms>:at and trigger `at`; not retried.
+    --list shows those pending, --cancel TIME|all drops them.
+    """
+    from sidecar.admin import atops
+
+    ld = load(config_path)
+    spec = config_job(ld.config, job)
+    if sum((time_text is not None, listing, cancel_text is not None)) != 1:
+        fail(EXIT_USAGE, "at needs one of: TIME, --list, or --cancel TIME|all")
+    if listing:
+        runs = call(atops.cli_list(ld.config, ld.secrets, job))
+        say(views.as_json({"job": job, "pending": [r.as_dict() for r in runs]}) if as_json
+            else views.at_lines(spec, runs, "pending"))  # fmt: skip
+        return
+    if cancel_text is not None:
+        slots = (
+            None
+            if cancel_text.strip() == "all"
+            else {_at_slot("--cancel", cancel_text, time.time())}
+        )
+        gone = call(atops.cli_cancel(ld.config, ld.secrets, job, slots, who()))
+        if as_json:
+            say(views.as_json({"job": job, "cancelled": [r.as_dict() for r in gone]}))
+        else:
+            say(views.at_lines(spec, gone, "cancelled"))
+        if not gone:
+            fail(EXIT_FAILED, f"{job}: no one-off run pending at {cancel_text.strip()}")
+        if any(r.slot <= Clock().wall_ms() for r in gone):
+            note(f"{job}: its time had come: it may have been claimed already (see history)")
+        return
+    assert time_text is not None
+    now = time.time()
+    slot = _at_slot("TIME", time_text, now)
+    on_schedule = spec.schedule.next_slot(slot - 1) == slot
+    if why := instant_problem(slot, now, on_schedule):
+        fail(EXIT_USAGE, f"TIME: {why}")
+    try:
+        done = call(atops.cli_queue(ld.config, ld.secrets, spec, slot, who(), reason))
+    except ValueError as exc:
+        fail(EXIT_FAILED, str(exc))
+    if as_json:
+        say(views.as_json({"job": job, "queued": done.run.as_dict(), "new": done.new}))
+    else:
+        say(views.at_queued(spec, done))
+
+
+def _at_slot(option: str, text: str, now: float) -> int:
+    """TIME of `at`: RFC 3339 or a duration from now, as epoch ms; else exit 2."""
+    from sidecar.admin import ops
+
+    try:
+        return round(ops.instant_of(text, now) * 1000)
+    except ValueError as exc:
+        fail(EXIT_USAGE, f"{option}: {exc}")
 
 
 @main.command()

@@ -10,6 +10,7 @@ from typing import Any
 
 from sidecar.cli.views import printable, table
 from sidecar.core.clock import rfc3339
+from sidecar.when.atkey import status_lines as at_status_lines
 
 
 def status_lines(view: dict[str, Any]) -> list[str]:
@@ -115,6 +116,7 @@ def schedule_status_lines(job: dict[str, Any]) -> list[str]:
                 f"{job.get('backfill_pending', 0)} pending{now}"
             )
         )
+    lines += [printable(line) for line in at_status_lines(name, job.get("at_pending") or [])]
     return lines
 
 

@@ -29,6 +29,8 @@ from sidecar.when.describe import schedule_lines
 
 if TYPE_CHECKING:
     from sidecar.admin.oneshot import ManualRun
+from sidecar.admin.oneshot import ManualRun
+from sidecar.core.clock import rfc3339
 
 # Job names listed in full in an unknown-job error; more are counted.
 MAX_LISTED = 20
@@ -382,3 +384,39 @@ def backfill_lines(job: JobConfig, plan: Any, trigger: str, dry_run: bool) -> li
         "them one at a time: see `status` and `history`"
     )
     return lines
+
+
+# ---------------------------------------------------------------------- at
+
+
+def _local_ms(epoch_ms: int, tz: ZoneInfo) -> str:
+    return f"{datetime.fromtimestamp(epoch_ms / 1000, tz):%Y-%m-%d %H:%M:%S %Z}"
+
+
+def at_lines(job: JobConfig, runs: list[Any], what: str) -> list[str]:
+    """``at --list`` / ``at --cancel``: one line per one-off run, in UTC and the job's zone."""
+    if not runs:
+        return [f"{job.name}: no one-off run {what}"]
+    return [
+        printable(
+            f"{job.name}: {what} one-off run at {rfc3339(r.slot / 1000)} "
+            f"({_local_ms(r.slot, job.timezone)}) by {r.by}" + (f": {r.reason}" if r.reason else "")
+        )
+        for r in runs
+    ]
+
+
+def at_queued(job: JobConfig, done: Any) -> list[str]:
+    """``at JOB TIME``: what was queued, and what runs it."""
+    run = done.run
+    when = f"{rfc3339(run.slot / 1000)} ({_local_ms(run.slot, job.timezone)})"
+    if not done.new:
+        head = f"{job.name}: a one-off run at {when} was queued already by {run.by}; kept"
+    else:
+        head = f"{job.name}: one-off run queued at {when}"
+    return [
+        printable(head),
+        f"  claim id {job.name}:{run.slot}:at, run by one sidecar of the fleet within "
+        f"jitter {job.jitter:g}s (not later than max_late {job.max_late:g}s); "
+        f"{len(done.pending)} pending; cancel: at {job.name} --cancel {rfc3339(run.slot / 1000)}",
+    ]

@@ -26,6 +26,8 @@ fires (unlimited without it). Actions:
 
 Points (``POINTS``):
 
+- ``at.due``: a one-off run's time came (sidecar/run/atruns.py), before it is
+  read again and claimed.
 - ``claim.won``: a claim was won, before its run starts (lease, trigger).
 - ``claim.after_publish``: a claim's publish was answered, before the
   answer is read.
@@ -65,6 +67,7 @@ POINTS = frozenset(
     {
         "claim.won",
         "claim.after_publish",
+        "at.due",
         "claim.before_retry",
         "lease.create",
         "trigger.before_send",

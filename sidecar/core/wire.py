@@ -44,15 +44,16 @@ PREVIOUS_HEADER = "X-Anarchon-Previous-Scheduled-At"
 SIGNATURE_HEADER = "X-Anarchon-Signature"
 
 # X-Anarchon-Trigger (and a record's ``trigger``): why a request was sent.
-SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL = (
+SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL, AT = (
     "scheduled",
     "catchup",
     "manual",
     "retry",
     "rerun",
     "backfill",
+    "at",
 )
-TRIGGERS = (SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL)
+TRIGGERS = (SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL, AT)
 
 # W3C trace context, sent with every trigger (sidecar/obs/tracing.py exports the span).
 TRACEPARENT = "traceparent"

@@ -11,7 +11,7 @@ here is the part that needs code:
   once) when no live instance other than the lease's own holder runs the
   job: nobody else would (``judges``).
 - the other keys of a job (``paused.*``, ``due.*``, ``health.*``, ``skip.*``,
-  ``backfill.*``, ``since.*``, ``actions.*``, ``count.*``) that this sidecar saw a live
+  ``backfill.*``, ``since.*``, ``actions.*``, ``count.*``, ``at.*``) that this sidecar saw a live
   instance run, and that no live instance has listed since for ``grace``,
   are deleted by their revision (``Orphans.run``), so that renames and
   removals leave nothing behind; a pause written again meanwhile conflicts
@@ -42,7 +42,7 @@ log = logging.getLogger("sidecar.orphans")
 SWEEP_EVERY = 5.0
 # Key kinds removed when their job is run by no live instance (leases expire
 # by their TTL, ``event.*`` markers by theirs; these have none).
-SWEPT = ("paused", "due", "health", "skip", "backfill", "since", "actions", "count")
+SWEPT = ("paused", "due", "health", "skip", "backfill", "since", "actions", "count", "at")
 # Every key kind that belongs to one job: ``<kind>.<job>[.<more>]``.
 PER_JOB = (*SWEPT, "run", "lock")
 

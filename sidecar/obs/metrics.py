@@ -45,7 +45,7 @@ SKIP_REASONS = (
     "skip",
 )
 # What hostile input from NATS was refused (hostile_input_total{what}).
-HOSTILE_KINDS = ("due_key", "backfill_key", "value")
+HOSTILE_KINDS = ("due_key", "backfill_key", "value", "at_key")
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -140,6 +140,9 @@ class Metrics:
         self.job_backfill_pending = job_gauge(
             "job_backfill_pending", "Slots of a backfill of the job not run yet (running included)."
         )
+        self.job_at_pending = job_gauge(
+            "job_at_pending", "One-off runs of the job queued by `at` and not yet claimed."
+        )
         self.runs_skipped_total = counter(
             "runs_skipped",
             "Slots won but not run, by reason (overlap: a run of the job was still alive; "
@@ -171,7 +174,8 @@ class Metrics:
             "Values read from NATS that this instance refused: due_key (a due attempt that "
             "the job's schedule, retry budget and the stream do not back), backfill_key (a "
             "backfill.<job> value the backfill command would not write), value (a number "
-            "out of range, e.g. an absurd slot).",
+            "out of range, e.g. an absurd slot), at_key (an entry of a one-off run that the "
+            "`at` command would not have written).",
             ("what",),
             namespace=PREFIX,
             registry=registry,
@@ -274,6 +278,7 @@ class Metrics:
             self.job_paused_until_timestamp_seconds,
             self.job_skips_pending,
             self.job_backfill_pending,
+            self.job_at_pending,
             self.runs_overdue,
             self.job_consecutive_failures,
             self.job_auto_paused,

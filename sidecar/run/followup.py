@@ -30,7 +30,7 @@ from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import Hostile, KeyHeld
 from sidecar.core.tasks import TaskSet
-from sidecar.core.wire import LOST, RERUN, RETRY, new_token
+from sidecar.core.wire import AT, LOST, RERUN, RETRY, new_token
 from sidecar.run.duecheck import Backed, backing, config_problem
 from sidecar.run.lostruns import LostRuns
 from sidecar.run.record import Recorder
@@ -96,8 +96,8 @@ class DueAttempts:
     async def retry(self, job: JobConfig, claim: Claim, finished_at: float, seq: int) -> None:
         """After a failed attempt (its result stored at `seq`): make the next one due,
         while retry.max allows. Without a stored result no sidecar would act on it."""
-        if job.retry.max < 1 or claim.manual:
-            return
+        if job.retry.max < 1 or claim.manual or claim.trigger == AT:
+            return  # a one-off (sidecar/run/atruns.py) is not retried, as run-now
         if not may_follow(claim.attempt, job.retry.max):
             self.metrics.retries_exhausted_total.labels(job=job.name).inc()
             log.error(
@@ -127,6 +127,8 @@ class DueAttempts:
     ) -> None:
         """After attempt `attempt` was recorded lost here (``on_lost: rerun``): make the
         next one due at once, while retry.max allows."""
+        if job.schedule.next_slot(slot - 1) != slot:
+            return  # a one-off's instant (sidecar/run/atruns.py): no due key can name it
         if not may_follow(attempt, job.retry.max):
             self.metrics.retries_exhausted_total.labels(job=job.name).inc()
             return

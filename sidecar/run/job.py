@@ -38,6 +38,7 @@ from sidecar.fleet.candidates import Candidates
 from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
 from sidecar.run import runcap
+from sidecar.run.atruns import AtRuns
 from sidecar.run.backfill import Backfills
 from sidecar.run.catchup import CatchUp
 from sidecar.run.claim import Claim, Claimer
@@ -109,7 +110,7 @@ class Jobs:
         # Precise sleeps until a slot, woken at once on stop (sidecar/core/sleeper.py).
         self.sleeper = Sleeper(clock, stopping)
         self.sleep_until, self.wake = self.sleeper.until, self.sleeper.wake
-        self.side_tasks = TaskSet("a catch-up, skip or backfill task")
+        self.side_tasks = TaskSet("a catch-up, skip, backfill or one-off task")
         spawn = self.side_tasks.spawn
         self._keys: Keys | None = None
         self.skips = SkipRecorder(
@@ -123,6 +124,12 @@ class Jobs:
             config, metrics, clock, claimer, fleet, self._run_tracked, spawn, stopping
         )
         fleet.key_listeners.append(self.backfills.changed)
+        # One-off runs at a set time (sidecar/run/atruns.py): claimed like slots.
+        self.at_runs = AtRuns(
+            config, metrics, clock, claimer, guard, fleet, self.unclaimed, self._start_run,
+            spawn, self.sleep_until, stopping,
+        )  # fmt: skip
+        fleet.key_listeners.append(self.at_runs.changed)
         # Pings, notifications, auto-pause, anomalies, spans (sidecar/after/aftermath.py).
         self.aftermath = Aftermath(config, metrics, clock, self.keys, _secret(trigger), fleet)
         # Every ending of a run is recorded there (sidecar/run/record.py).

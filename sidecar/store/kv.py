@@ -9,8 +9,8 @@ bucket does not keep one marker per run for ever. A CAS conflict is
 Leases (sidecar/run/lease.py), due keys (sidecar/run/followup.py), health and
 presence all write through ``Keys``.
 
-Keys without a TTL (pauses, skips, backfills, since bounds, actions, the
-health reset) are written through nats-py's ``KeyValue`` by the functions at
+Keys without a TTL (pauses, skips, backfills, one-off runs, since bounds,
+actions, the health reset) are written through nats-py's ``KeyValue`` by the functions at
 the end of this module (``create_or_update``, ``put_json``, ``delete_at``,
 ``store_pause``): no other module writes the state bucket, and a lost
 compare-and-set is ``CasConflict`` whichever way the key was written.

@@ -290,7 +290,11 @@ async def last_messages(
 def last_scheduled_slot(
     messages: list[tuple[int, str, bytes]], prefix: str, job: str
 ) -> int | None:
-    """The slot of the newest claim when it is a scheduled (not manual) one, else None."""
+    """The slot of the newest claim when it is a scheduled (not manual) one, else None.
+
+    A one-off run's claim (trigger ``at``, sidecar/run/atruns.py) names an instant off the
+    schedule, maybe after a slot nobody claimed: it says nothing of the slots before it.
+    """
     for _seq, subject, raw in messages:
         if subject != wire_claims_subject(prefix, job):
             continue
@@ -299,7 +303,7 @@ def last_scheduled_slot(
         except (ValueError, UnicodeDecodeError, RecursionError):
             return None
         claim = _claim_of(data, job)
-        if claim is None or claim.get("manual") is True:
+        if claim is None or claim.get("manual") is True or data.get("trigger") == "at":
             return None
         return int(claim["slot"])
     return None

@@ -78,6 +78,7 @@ def test_history_marks_every_trigger_kind_but_scheduled() -> None:
         "retry": " (retry, attempt 2)",
         "rerun": " (rerun, attempt 2)",
         "backfill": " (backfill)",
+        "at": " (at)",
     }
     # A skipped slot has no trigger; a reference claim says only `manual`.
     assert views.run_marks(run(None)) == ""

@@ -62,7 +62,7 @@ def test_the_modules_that_name_the_wire_use_it() -> None:
     assert claim.TRANSIENT is wire.TRANSIENT
     assert due.claim_msg_id is wire.claim_msg_id
     assert signing.SIGNATURE_HEADER == "X-Anarchon-Signature"
-    assert wire.TRIGGERS == ("scheduled", "catchup", "manual", "retry", "rerun", "backfill")
+    assert wire.TRIGGERS == ("scheduled", "catchup", "manual", "retry", "rerun", "backfill", "at")
     assert trigger.traceparent is wire.traceparent
     assert due.DUE_REASONS == (wire.RETRY, wire.LOST)  # one "retry", one "lost"
     assert state.decode is wire.decode

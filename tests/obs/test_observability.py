@@ -67,6 +67,7 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_job_paused_until_timestamp_seconds": ("gauge", frozenset({"job"})),
     "anarchon_job_skips_pending": ("gauge", frozenset({"job"})),
     "anarchon_job_backfill_pending": ("gauge", frozenset({"job"})),
+    "anarchon_job_at_pending": ("gauge", frozenset({"job"})),
     "anarchon_fleet_instances": ("gauge", frozenset()),
     "anarchon_fleet_config_mismatch": ("gauge", frozenset()),
     "anarchon_runs_skipped_total": ("counter", frozenset({"job", "reason"})),
@@ -108,7 +109,7 @@ SPEC_LABEL_VALUES = {
         "max_runs",
     },
     "status": {"succeeded", "failed", "skipped", "lost"},
-    "what": {"due_key", "backfill_key", "value"},
+    "what": {"due_key", "backfill_key", "value", "at_key"},
     "operation": {"publish", "subscribe"},
 }
 # The reasons of each metric with a reason label.

@@ -1,0 +1,144 @@
+"""``anarchon-sidecar at``, and the page's and API's one-off run acts.
+
+The command works on a connection of its own, the page and its API on the
+sidecar's own bucket; both change ``at.<job>`` through sidecar/run/atqueue.py.
+Each act is also written to ``actions.<job>`` (sidecar/admin/actions.py), as the
+page's acts are, with ``via`` ``cli``, ``page`` or ``api``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from nats.js.kv import KeyValue
+
+from sidecar.config.load import Config, JobConfig, Secrets
+from sidecar.core.clock import rfc3339
+from sidecar.run.atqueue import Queued, drop, listing, queue
+from sidecar.when.atkey import AtRun, instant_problem
+
+log = logging.getLogger("sidecar.atops")
+
+
+def action_entry(
+    action: str, by: str, where: str, via: str, instance: str, detail: str
+) -> dict[str, Any]:
+    """An ``actions.<job>`` entry (sidecar/admin/actions.py)."""
+    return {
+        "at": rfc3339(time.time()),
+        "by": by,
+        "action": action,
+        "from": where,
+        "via": via,
+        "instance": instance,
+        "detail": detail,
+    }
+
+
+def queued_detail(run: AtRun) -> str:
+    return f"one-off run at {rfc3339(run.slot / 1000)}" + (f": {run.reason}" if run.reason else "")
+
+
+def cancelled_detail(gone: list[AtRun]) -> str:
+    return "cancelled one-off run(s) at " + ", ".join(rfc3339(r.slot / 1000) for r in gone)
+
+
+async def _audit(kv: KeyValue, job: str, entry: dict[str, Any]) -> None:
+    """Best effort from the CLI: the act is done; a lost audit line is said, not fatal."""
+    from sidecar.admin.actions import record_action
+
+    try:
+        await record_action(kv, job, entry)
+    except Exception as exc:
+        log.warning("%s: the act was not written to actions.%s: %r", job, job, exc)
+
+
+# ---------------------------------------------------------------------- the CLI
+
+
+async def cli_queue(
+    config: Config, secrets: Secrets, job: JobConfig, slot: int, by: str, reason: str
+) -> Queued:
+    from sidecar.admin.oneshot import _js, connected
+    from sidecar.store.state import ensure_bucket, state_spec
+
+    async with connected(config, secrets) as conn:
+        bucket = await ensure_bucket(_js(conn), state_spec(config))
+        done = await queue(bucket.kv, job, slot, by, reason)
+        if done.new:
+            entry = action_entry("at", by, "", "cli", config.instance_id, queued_detail(done.run))
+            await _audit(bucket.kv, job.name, entry)
+        return done
+
+
+async def cli_cancel(
+    config: Config, secrets: Secrets, job: str, slots: set[int] | None, by: str
+) -> list[AtRun]:
+    from sidecar.admin.oneshot import _js, connected
+    from sidecar.store.state import ensure_bucket, state_spec
+
+    async with connected(config, secrets) as conn:
+        bucket = await ensure_bucket(_js(conn), state_spec(config))
+        gone = await drop(bucket.kv, job, slots)
+        if gone:
+            detail = cancelled_detail(gone)
+            entry = action_entry("cancel-at", by, "", "cli", config.instance_id, detail)
+            await _audit(bucket.kv, job, entry)
+        return gone
+
+
+async def cli_list(config: Config, secrets: Secrets, job: str) -> list[AtRun]:
+    from sidecar.admin.oneshot import _js, connected
+    from sidecar.store.state import ensure_bucket, state_spec
+
+    async with connected(config, secrets) as conn:
+        bucket = await ensure_bucket(_js(conn), state_spec(config))
+        return await listing(bucket.kv, job)
+
+
+# ---------------------------------------------------------------------- the page and API
+
+
+def _slot_of(text: str, now: float) -> int:
+    """A one-off's instant from a form: epoch ms, RFC 3339, or a duration from now."""
+    from sidecar.admin.ops import instant_of
+
+    text = text.strip()
+    if text.isdigit() and len(text) >= 12:  # epoch ms, as --list --json and the page give it
+        return int(text)
+    return round(instant_of(text, now) * 1000)
+
+
+async def act(
+    kv: KeyValue, job: JobConfig, action: str, form: dict[str, str], by: str
+) -> tuple[int, str, dict[str, Any]]:
+    """``POST .../jobs/<job>/at`` (fields ``time``, ``reason``) and ``.../cancel-at``
+    (``time``: the instant, or ``all``): (HTTP status, the action's detail, answer)."""
+    now = time.time()
+    text = form.get("time", "").strip()
+    if not text:
+        return 400, "", {"error": "time: RFC 3339 (2026-12-24T08:00:00Z) or a duration (30m)"}
+    if action == "cancel-at" and text == "all":
+        slots: set[int] | None = None
+    else:
+        try:
+            slot = _slot_of(text, now)
+        except ValueError as exc:
+            return 400, "", {"error": f"time: {exc}"}
+        slots = {slot}
+    if action == "cancel-at":
+        gone = await drop(kv, job.name, slots)
+        if not gone:
+            return 409, "", {"error": f"{job.name}: no one-off run pending at {text}"}
+        return 200, cancelled_detail(gone), {"cancelled": [r.as_dict() for r in gone]}
+    on_schedule = job.schedule.next_slot(slot - 1) == slot
+    if why := instant_problem(slot, now, on_schedule):
+        return 400, "", {"error": f"time: {why}"}
+    try:
+        done = await queue(kv, job, slot, by, form.get("reason", ""))
+    except ValueError as exc:
+        return 409, "", {"error": str(exc)}
+    detail = queued_detail(done.run) + ("" if done.new else " (queued already; kept)")
+    return 200, detail, {"queued": done.run.as_dict(), "new": done.new}

@@ -1,0 +1,235 @@
+"""One sidecar's part in the fleet's one-off runs (``at.<job>``, sidecar/when/atkey.py).
+
+Every sidecar watches ``at.*``. For each entry of one of its jobs it waits
+until the instant plus a random jitter in [0, jitter] (as for a slot), reads
+the key again (a cancel is seen up to that moment), checks what a slot is
+checked for (later than ``max_late``, the stream guard, a pause), and claims
+``<job>:<ms>:at`` with trigger ``at``: the duplicate window makes exactly one
+sidecar win, whichever of them are alive then. The winner runs it like any
+won slot (lease, trigger, record; sidecar/run/job.py); the claim's deciders drop
+the entry from the key. A one-off is not retried and not rerun when lost (as
+``run-now``): its instant is not a slot of the schedule, and a retry's due
+key names a slot of the schedule (sidecar/run/duecheck.py).
+
+An entry found after its window (every sidecar was down) is dropped and
+counted late by the sidecar whose compare-and-set removed it. Hostile
+entries are counted (``hostile_input_total{what="at_key"}``), said once,
+dropped and never run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from nats.js.errors import KeyNotFoundError
+
+from sidecar.core import failpoints
+from sidecar.core.clock import rfc3339
+from sidecar.core.errors import ClaimDisconnected
+from sidecar.core.wire import AT
+from sidecar.run.atqueue import drop, rewrite
+from sidecar.store.kv import delete_at
+from sidecar.store.state import decode
+from sidecar.when.atkey import KIND, at_key, at_msg_id, job_of_key, parse_value
+
+if TYPE_CHECKING:
+    from sidecar.config.load import Config, JobConfig
+    from sidecar.core.clock import Clock
+    from sidecar.fleet.member import Fleet
+    from sidecar.obs.metrics import Metrics
+    from sidecar.run.claim import Claim, Claimer
+    from sidecar.run.skips import Unclaimed
+    from sidecar.store.guard import StreamGuard
+
+log = logging.getLogger("sidecar.atruns")
+
+#: ``start(job, claim, start)``: run a won claim (sidecar/run/job.py ``_start_run``).
+Start = Callable[["JobConfig", "Claim", float], Any]
+
+
+class AtRuns:
+    """The one-off runs this sidecar waits for (module doc)."""
+
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        clock: Clock,
+        claimer: Claimer,
+        guard: StreamGuard,
+        fleet: Fleet,
+        unclaimed: Unclaimed,
+        start: Start,
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+        sleep_until: Callable[[float], Awaitable[bool]],
+        stopping: asyncio.Event,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.claimer = claimer
+        self.guard = guard
+        self.fleet = fleet
+        self.unclaimed = unclaimed
+        self.start = start
+        self.spawn = spawn
+        self.sleep_until = sleep_until
+        self.stopping = stopping
+        self._jobs = {job.name: job for job in config.jobs}
+        self._waiting: set[tuple[str, int]] = set()  # (job, slot) waited for here
+        self._refused: set[tuple[str, int]] = set()  # hostile (key, revision) said
+
+    def changed(self, key: str) -> None:
+        """A key the watch delivered ("" after a re-sync: every ``at.*`` key)."""
+        if self.stopping.is_set():
+            return
+        if key == "":  # every job's (its gauge too, when its key went meanwhile)
+            keys = {k for k in self.fleet.view.keys if k.startswith(f"{KIND}.")}
+            keys.update(at_key(name) for name in self._jobs)
+        elif key.startswith(f"{KIND}."):
+            keys = {key}
+        else:
+            return
+        for k in keys:
+            self._look(k)
+
+    def _look(self, key: str) -> None:
+        name = job_of_key(key)
+        job = self._jobs.get(name or "")
+        entry = self.fleet.view.keys.get(key)
+        if job is not None and key == at_key(job.name):
+            value = entry.value if entry is not None else None
+            count = len(parse_value(value, self.clock.wall()).runs) if value is not None else 0
+            self.metrics.job_at_pending.labels(job=job.name).set(count)
+        if job is None or entry is None:
+            return  # not one of our jobs (another fleet may share the bucket), or gone
+        now = self.clock.wall()
+        if key != at_key(job.name):
+            self._hostile(key, entry.revision, ["not a one-off key: at.<job>"], job, None)
+            return
+        parsed = parse_value(entry.value, now)
+        if parsed.hostile:
+            self._hostile(key, entry.revision, parsed.hostile, job, set())
+        for slot in parsed.runs:
+            if (job.name, slot) in self._waiting:
+                continue
+            self._waiting.add((job.name, slot))
+            self.spawn(self._wait(job, slot))
+
+    def _hostile(
+        self, key: str, revision: int, why: list[str], job: JobConfig, slots: set[int] | None
+    ) -> None:
+        """Counted and said once per (key, revision); the bad entries dropped (the good
+        ones kept: `slots` empty), or the whole key deleted (`slots` None)."""
+        if (key, revision) in self._refused:
+            return
+        if len(self._refused) >= 1000:
+            self._refused.clear()
+        self._refused.add((key, revision))
+        self.metrics.hostile_input_total.labels(what="at_key").inc(len(why))
+        log.error(
+            "state bucket: %s refused: %s; it is hostile input (whoever may write the state "
+            "bucket wrote it), nothing of it is run",
+            key[:200],
+            "; ".join(why)[:500],
+        )
+        self.spawn(self._clean(key, job, slots))
+
+    async def _clean(self, key: str, job: JobConfig, slots: set[int] | None) -> None:
+        bucket = self.fleet.bucket
+        if bucket is None:
+            return
+        with contextlib.suppress(Exception):  # another sidecar cleaned it first
+            if slots is None:
+                await delete_at(bucket.kv, key)
+            else:  # rewriting the key keeps only its good entries
+                await rewrite(bucket.kv, job.name)
+
+    async def _wait(self, job: JobConfig, slot: int) -> None:
+        try:
+            wake = slot / 1000 + random.uniform(0.0, job.jitter)
+            if await self.sleep_until(wake):
+                if self.clock.wall() >= slot / 1000:
+                    self.metrics.claims_skipped_total.labels(job=job.name, reason="shutdown").inc()
+                return
+            if failpoints.ENABLED:
+                await failpoints.hit("at.due")
+            await self._due(job, slot)
+        except Exception:  # a bug must not stop the others; said
+            log.exception("job %s: one-off run at %s failed", job.name, rfc3339(slot / 1000))
+        finally:
+            self._waiting.discard((job.name, slot))
+
+    async def _still_queued(self, job: JobConfig, slot: int) -> bool:
+        """Read the key itself (not the view, which may lag a cancel)."""
+        bucket = self.fleet.bucket
+        if bucket is None:
+            return False
+        try:
+            entry = await bucket.kv.get(at_key(job.name))
+        except KeyNotFoundError:
+            return False  # cancelled, or run already
+        except Exception:  # NATS away: the view says
+            view = self.fleet.view.keys.get(at_key(job.name))
+            if view is None or not self.fleet.view.synced:
+                return False
+            return slot in parse_value(view.value, self.clock.wall()).runs
+        return slot in parse_value(decode(entry.value), self.clock.wall()).runs
+
+    async def _due(self, job: JobConfig, slot: int) -> None:
+        name = job.name
+        if not await self._still_queued(job, slot):
+            log.info(
+                "job %s: one-off run at %s is no longer queued (cancelled, or claimed by "
+                "another sidecar)",
+                name,
+                rfc3339(slot / 1000),
+            )
+            return
+        now = self.clock.wall()
+        skip: tuple[str, str] | None = None
+        if now - slot / 1000 > job.max_late:
+            skip = "late", f"later than max_late {job.max_late:g}s"
+        elif why := self.guard.blocked(job, slot):
+            skip = "stream", why
+        elif blocked := self.fleet.blocked(name):
+            skip = blocked
+        if skip is not None:
+            if await self._drop(name, slot):  # counted once, by the one that dropped it
+                self.metrics.claims_skipped_total.labels(job=name, reason=skip[0]).inc()
+                log.warning(
+                    "job %s: one-off run at %s skipped: %s", name, rfc3339(slot / 1000), skip[1]
+                )
+            return
+        deadline = self.clock.monotonic() + (slot / 1000 + job.max_late - now)
+        try:
+            claim = await self.claimer.claim(
+                name, slot, deadline, msg_id=at_msg_id(name, slot), trigger=AT
+            )
+        except ClaimDisconnected as exc:
+            self.unclaimed.disconnected(job, slot, exc)
+            return
+        except Exception as exc:  # ClaimError: no definite answer; another may have won
+            self.unclaimed.failed(job, slot, exc)
+            return
+        if claim.won:
+            log.info("job %s: one-off run at %s won", name, rfc3339(slot / 1000))
+            self.start(job, claim, slot / 1000)
+        self.unclaimed.count(claim)
+        await self._drop(name, slot)
+
+    async def _drop(self, job: str, slot: int) -> bool:
+        """Remove the entry; True when this call removed it."""
+        bucket = self.fleet.bucket
+        if bucket is None:
+            return False
+        try:
+            return bool(await drop(bucket.kv, job, {slot}))
+        except Exception as exc:  # the next decider, or the late check, drops it
+            log.debug("one-off %s at %s not dropped: %r", job, slot, exc)
+            return False
