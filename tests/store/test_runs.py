@@ -420,11 +420,14 @@ def test_a_job_name_in_neither_config_nor_stream_exits_2_with_the_closest(
     for command in ("history", "last-run"):
         for args in ((), ("--json",)):
             res = run_cli(command, "Sync", "-c", str(path), *args)
-            assert (res.returncode, res.stdout) == (2, ""), res
-            assert error_line(res) == (
-                "anarchon-sidecar: no job named 'Sync' in the config or in stream CRON; "
+            said = (
+                "no job named 'Sync' in the config or in stream CRON; "
                 "did you mean 'sync'? (jobs: sync, report, foreign)"
             )
+            # --json prints the error as one JSON object on stdout too (docs/CLI.md).
+            shown = json.dumps({"error": said, "exit": 2}) + "\n" if args else ""
+            assert (res.returncode, res.stdout) == (2, shown), res
+            assert error_line(res) == f"anarchon-sidecar: {said}"
     res = run_cli("last-run", "reprot", "-c", str(path))
     assert res.returncode == 2 and "did you mean 'report'?" in res.stderr, res
     res = run_cli("history", "zzz", "-c", str(path))
