@@ -42,13 +42,16 @@ from sidecar.kv import KeyHeld, Keys
 from sidecar.lease import RUN_LEASE_WAIT, overlap_error, run_lease
 from sidecar.metrics import Metrics
 from sidecar.record import Outcome, Recorder, not_sent, sent
-from sidecar.skips import EXCLUDED, PAUSED, SkipRecorder, Unclaimed
+from sidecar.skips import EXCLUDED, PAUSED, SKIP, SkipRecorder, Unclaimed
 from sidecar.sleeper import Sleeper
 from sidecar.tasks import TaskSet
 from sidecar.trigger import SCHEDULED, Trigger, Why, interrupted, why_of
 from sidecar.wire import FAILED, SKIPPED
 
 log = logging.getLogger(__name__)
+
+# A slot is judged at most this long after its decider first looks (Fleet.caught_up).
+CAUGHT_UP_WAIT = 2.0
 
 
 def _secret(trigger: Trigger) -> bytes | None:
@@ -204,14 +207,24 @@ class Jobs:
         if number == 1 and (excluded := job.schedule.excluded(slot)) is not None:
             self.unclaimed.kept(job, slot, EXCLUDED, f"excluded: {excluded.text}")
             return
-        if blocked := self.fleet.blocked(name):
+        if number == 1:
+            # Judged against the slot's instant (docs/GUARANTEES.md): first make sure
+            # the view holds every pause/skip change stored before it.
+            wait = min(CAUGHT_UP_WAIT, max(0.0, slot / 1000 + job.max_late - now))
+            if not await self.fleet.caught_up(slot / 1000, self.clock.monotonic() + wait):
+                log.debug("job %s slot %s judged with the view as it is", name, slot)
+            now = self.clock.wall()
+        if blocked := self.fleet.blocked(name, slot if number == 1 else None):
             if blocked[0] == PAUSED and number == 1:
                 self.unclaimed.kept(job, slot, *blocked)
             else:
                 self.unclaimed.skip(job, slot, *blocked)
             return
         if number == 1 and (skipped := self.fleet.skipped(name, slot)) is not None:
-            self.unclaimed.kept(job, slot, *skipped)
+            if skipped[0] == SKIP:
+                self.unclaimed.kept(job, slot, *skipped)
+            else:
+                self.unclaimed.skip(job, slot, *skipped)
             return
         if not deferred and self.candidates.defer(job, slot, number, trigger):
             return  # not a candidate: claimed after claim.fallback unless its run is seen

@@ -8,9 +8,11 @@ skips exactly the same ones (``skip_slots``).
 
 I/O part: ``SkipRecorder.record`` writes a skipped slot into the stream once
 for the whole fleet, so that ``history`` has no silent hole: every replica
-publishes a claim with ``Nats-Msg-Id: <job>:<slot>:s`` (never the slot's own
-id, which stays free) carrying ``"skipped": <reason>``; the one whose claim is
-stored publishes the result, status ``skipped``, its error saying why.
+publishes a claim with the slot's own ``Nats-Msg-Id: <job>:<slot>`` carrying
+``"skipped": <reason>``; the one whose claim is stored publishes the result,
+status ``skipped``, its error saying why. The same id as a run's claim: a
+slot's skip record and its run exclude each other, the first stored is the
+slot's fate, and every other sidecar follows it.
 Every replica counts ``claims_skipped_total{reason}``, the recorder
 ``runs_skipped_total{reason}``.
 """
@@ -27,7 +29,7 @@ from sidecar.errors import ClaimError
 from sidecar.guard import REPEAT_LOG
 from sidecar.ratelog import RateLimitedLog
 from sidecar.record import Outcome, Recorder
-from sidecar.wire import SKIPPED
+from sidecar.wire import SKIPPED, claim_msg_id
 
 if TYPE_CHECKING:
     from sidecar.claim import Claim, Claimer
@@ -49,8 +51,12 @@ MAX_LATE_WALK = 10_000
 
 
 def skip_record_id(job: str, slot: int) -> str:
-    """The claim id of a skipped slot's record: one per slot fleet-wide."""
-    return f"{job}:{slot}:s"
+    """The claim id of a skipped slot's record: the slot's own claim id, ``<job>:<slot>``.
+
+    So a skip record and a run of one slot exclude each other in JetStream:
+    whichever is stored first is the slot's fate (docs/GUARANTEES.md).
+    """
+    return claim_msg_id(job, slot, "", manual=False)
 
 
 def until_ms(value: dict[str, Any]) -> int | None:
