@@ -214,25 +214,25 @@ def violations(app: RecordingApp, stored: list[StoredMsg], expect: Expect) -> li
     bad: list[str] = []
     for key, triggers in calls.items():
         if len(triggers) > 1:
-            bad.append(f"{key}: the app saw it {len(triggers)} times ({triggers})")
+            bad.append(f"twice {key}: the app saw it {len(triggers)} times ({triggers})")
     for key, msgs in fates.items():
         if len(msgs) > 1:
             ids = [m.headers.get("Nats-Msg-Id") for m in msgs]
-            bad.append(f"{key}: {len(msgs)} fate messages {ids}")
+            bad.append(f"fates {key}: {len(msgs)} fate messages {ids}")
         skip = next((m.data["skipped"] for m in msgs if "skipped" in m.data), None)
         runs = [t for t in calls.get(key, []) if t != "catchup"]
         if skip is not None and runs:
-            bad.append(f"{key}: a skip record ({skip}) and a run ({runs})")
+            bad.append(f"both {key}: a skip record ({skip}) and a run ({runs})")
         if "catchup" in calls.get(key, []) and (skip != "paused" or len(msgs) != 1):
-            bad.append(f"{key}: caught up though its fate is {[m.data for m in msgs]}")
+            bad.append(f"catchup {key}: caught up though its fate is {[m.data for m in msgs]}")
     for key, why in expect.skipped.items():
         msgs = fates.get(key, [])
         if calls.get(key) or not any("skipped" in m.data for m in msgs):
             note = expect.notes.get(key, "")
-            bad.append(f"{key}: not skipped ({why}, {note}): calls {calls.get(key)}")
+            bad.append(f"unskipped {key}: not skipped ({why}, {note}): calls {calls.get(key)}")
     for key, why in expect.ran.items():
         if [t for t in calls.get(key, []) if t == "scheduled"] != ["scheduled"]:
-            bad.append(f"{key}: not run once ({why}): calls {calls.get(key)}")
+            bad.append(f"unrun {key}: not run once ({why}): calls {calls.get(key)}")
     return bad
 
 
@@ -268,6 +268,7 @@ def test_operator_actions_around_the_instant_leave_one_fate_per_slot(
         runs=dict(calls),
         expected=len(expect.skipped) + len(expect.ran),
         violations=len(bad),
+        kinds=dict(Counter(v.split(" ", 1)[0] for v in bad)),
     )
     assert expect.rounds >= ROUNDS
     assert not bad, f"seed {seed}: {len(bad)} violation(s):\n" + "\n".join(bad[:30])
