@@ -439,7 +439,7 @@ def test_an_operated_slot_ends_as_one_run_or_one_skip_record() -> None:
     [
         # issue 39, item 3: one sidecar recorded it skipped, another ran it
         (
-            [ops_claim(1, T0, "a", skipped="paused")] + [ops_claim(9, T0, "b")],
+            [ops_claim(1, T0, "a", skipped="paused"), ops_claim(9, T0, "b")],
             [ops_call(T0, "b")],
             "fate messages",
         ),
