@@ -55,6 +55,8 @@ CONTENDED_WAIT = 0.125
 # resume --catchup: a slot is looked at this long after its decision window
 # (instant + jitter + max_late) closed: a claim sent before its deadline is stored.
 FATE_SETTLE = 2.0
+# ... and its fate is read again for this long while the stream does not answer.
+FATE_READ_FOR = 60.0
 
 
 def backfill_key(job: str) -> str:
@@ -319,8 +321,20 @@ class Backfills:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), left)
         claimer = self.claimer
-        messages = await read_job_messages(claimer.js, claimer.stream, claimer.prefix, job.name)
-        return fate_verdict(messages, claimer.prefix, job.name, slot)
+        backoff = Backoff(start=0.5, cap=5.0)
+        give_up = self.clock.monotonic() + FATE_READ_FOR
+        while True:
+            try:
+                messages = await read_job_messages(
+                    claimer.js, claimer.stream, claimer.prefix, job.name
+                )
+            except Exception as exc:  # NATS away or electing: read again, bounded
+                if self.stopping.is_set() or self.clock.monotonic() >= give_up:
+                    return f"its fate could not be read ({exc!r}); not run (at most once)"
+                log.debug("job %s: reading the fate of %s: %r", job.name, slot, exc)
+                await backoff.sleep()
+                continue
+            return fate_verdict(messages, claimer.prefix, job.name, slot)
 
     async def _finish(self, kv: KeyValue, key: str, slot: int) -> None:
         for _ in range(10):
