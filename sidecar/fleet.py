@@ -61,6 +61,7 @@ UNKNOWN_PAST = "the state bucket's state at the slot's time is not known here"
 # caught_up: one probe's bound, and the pause between two probes.
 PROBE_TIMEOUT = 2.0
 PROBE_PAUSE = 0.05
+PROBE_POLL = 0.002
 # The view keeps pause/skip changes this much longer than a job's jitter + max_late.
 TIMELINE_MARGIN = 30.0
 
@@ -322,34 +323,30 @@ class Fleet:
         return True
 
     async def _probe_once(self) -> float:
-        """One freshness probe; the local time up to which the view is known whole
-        (0 when only the watch's next delivery tells)."""
+        """One freshness probe: returns once the watch delivered everything the bucket
+        held when it was asked; the local time it was asked (0 after a presence
+        write: then the view's ``last_time``, the server's, says how far it is whole)."""
         bucket = self.bucket
         if bucket is None:
             return 0.0
         asked = self.clock.wall()
         if bucket.ttl:
-            await asyncio.wait_for(
-                put_with_ttl(
-                    bucket, instance_key(self.config.instance_id), self.presence, PRESENCE_TTL
-                ),
-                PROBE_TIMEOUT,
+            key = instance_key(self.config.instance_id)
+            target = await asyncio.wait_for(
+                Keys(bucket).put(key, self.presence, PRESENCE_TTL), PROBE_TIMEOUT
             )
-            target = 0
+            asked = 0.0
         else:
             info = await asyncio.wait_for(
                 jetstream_of(bucket.kv).stream_info(self.spec.stream), PROBE_TIMEOUT
             )
             target = int(info.state.last_seq)
         end = self.clock.monotonic() + PROBE_TIMEOUT
-        start_time = self.view.last_time
-        while self.clock.monotonic() < end:
-            if target and self.view.last_revision >= target:
-                return asked  # everything stored up to the question is in the view
-            if not target and self.view.last_time > start_time:
-                return 0.0  # our write came back: last_time says how far
-            await asyncio.sleep(0.005)
-        return 0.0
+        while self.view.last_revision < target:
+            if self.clock.monotonic() >= end:
+                raise TimeoutError(f"the watch did not deliver revision {target}")
+            await asyncio.sleep(PROBE_POLL)
+        return asked
 
     def _pause_changed(self, job: str, log_it: bool = True) -> None:
         """The pause gauges of `job` from the view; a timed pause ends by a timer."""
