@@ -318,8 +318,11 @@ class Fleet:
                 return self.view.last_time > instant
             if whole_at > instant:
                 return True  # the view holds all the bucket had when it was asked
-            if self.view.last_time <= instant:
-                await asyncio.sleep(PROBE_PAUSE)
+            if (behind := instant - self.view.last_time) >= 0:
+                # The server's clock has not reached the instant yet (this host's runs
+                # ahead): ask again when it should have, not in a tight loop.
+                left = max(0.0, deadline - self.clock.monotonic())
+                await asyncio.sleep(min(max(behind, PROBE_PAUSE), left))
         return True
 
     async def _probe_once(self) -> float:
