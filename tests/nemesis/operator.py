@@ -44,6 +44,7 @@ class Operator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.count = 0
+        self._last = ""
 
     def start(self, until: float) -> None:
         self._thread = threading.Thread(
@@ -60,7 +61,7 @@ class Operator:
         with self.log_path.open("a") as out:
             while not self._stop.is_set() and time.time() < until:
                 await asyncio.sleep(self.rng.uniform(0.3, 3.0))
-                action = self.rng.choice(ACTIONS)
+                action = self.next_action()
                 at = time.time()
                 try:
                     detail = await asyncio.wait_for(self._do(action), COMMAND_TIMEOUT)
@@ -71,6 +72,16 @@ class Operator:
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
                 self.count += 1
+
+    def next_action(self) -> str:
+        """Any command; after a pause, a resume (half of them --catchup) is likelier,
+        so that catch-ups of paused slots happen in a one-minute run too."""
+        if self._last in ("pause", "pause-until") and self.rng.random() < 0.6:
+            action = self.rng.choice(("resume", "resume-catchup", "resume-catchup"))
+        else:
+            action = self.rng.choice(ACTIONS)
+        self._last = action
+        return action
 
     async def _do(self, action: str) -> Any:
         c, s, job = self.config, self.secrets, self.config.job(OPERATED)
