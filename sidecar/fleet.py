@@ -62,6 +62,8 @@ UNKNOWN_PAST = "the state bucket's state at the slot's time is not known here"
 PROBE_TIMEOUT = 2.0
 PROBE_PAUSE = 0.05
 PROBE_POLL = 0.002
+# caught_up waits for a server clock behind this host's by at most this much.
+MAX_SERVER_BEHIND = 1.0
 # The view keeps pause/skip changes this much longer than a job's jitter + max_late.
 TIMELINE_MARGIN = 30.0
 
@@ -320,7 +322,10 @@ class Fleet:
                 return True  # the view holds all the bucket had when it was asked
             if (behind := instant - self.view.last_time) >= 0:
                 # The server's clock has not reached the instant yet (this host's runs
-                # ahead): ask again when it should have, not in a tight loop.
+                # ahead): ask again when it should have, not in a tight loop; far
+                # ahead (a suspend, a wrong clock), judge now, the fate message decides.
+                if behind > MAX_SERVER_BEHIND:
+                    return False
                 left = max(0.0, deadline - self.clock.monotonic())
                 await asyncio.sleep(min(max(behind, PROBE_PAUSE), left))
         return True

@@ -210,7 +210,8 @@ class Jobs:
         if number == 1:
             # Judged against the slot's instant (docs/GUARANTEES.md): first make sure
             # the view holds every pause/skip change stored before it.
-            wait = min(CAUGHT_UP_WAIT, max(0.0, slot / 1000 + job.max_late - now))
+            # At most half of what is left of the claim's window.
+            wait = min(CAUGHT_UP_WAIT, max(0.0, (slot / 1000 + job.max_late - now) / 2))
             if not await self.fleet.caught_up(slot / 1000, self.clock.monotonic() + wait):
                 log.debug("job %s slot %s judged with the view as it is", name, slot)
             now = self.clock.wall()
