@@ -4,7 +4,10 @@
 random jitter in [0, jitter] (sidecar/sleeper.py); skip it (counted, said:
 sidecar/skips.py) when the claim would start more than max_late after its
 time, when the stream guard says the stream cannot hold the claim, or when
-the fleet keeps it from running (paused, excluded, skip); claim it
+the fleet keeps it from running (paused, excluded, skip: judged against the
+state bucket as it was at the slot's instant, so every sidecar judges a slot
+alike; a kept slot's skip record takes the slot's own claim id, so a slot
+never has both a run and a skip record: docs/GUARANTEES.md); claim it
 (``attempt``: the one place a slot is claimed); if won, take its lease
 (sidecar/lease.py), trigger the app in a task of its own (tracked in ``runs``
 for the drain), and end the run in one ``Outcome`` recorded by
