@@ -73,6 +73,8 @@ class Expect:
     skipped: dict[tuple[str, int], str] = field(default_factory=dict)  # why
     ran: dict[tuple[str, int], str] = field(default_factory=dict)
     notes: dict[tuple[str, int], str] = field(default_factory=dict)
+    # Paused at the instant, then resume --catchup: skipped, then caught up once.
+    caught: dict[tuple[str, int], str] = field(default_factory=dict)
     rounds: int = 0
 
 
@@ -111,10 +113,18 @@ class Operator:
 async def catchup_round(op: Operator, job: str, expect: Expect, rng: random.Random) -> None:
     """pause; then resume --catchup at a random moment around a slot (issue 39, item 1)."""
     slot = next_slot(time.time() + 2.0)
+    instant = slot / 1000
     await op.pause(job)
-    await sleep_until(slot / 1000 + rng.uniform(-0.5, 1.0))
+    paused_by = time.time()
+    await sleep_until(instant + rng.uniform(-0.5, 1.0))
+    sent = time.time()
     await op.resume(job, catchup=True)
-    await sleep_until(slot / 1000 + 2.2)
+    done = time.time()
+    if paused_by < instant - 0.05 and sent > instant + 0.05:
+        expect.caught[(job, slot)] = f"resumed {sent - instant:.3f}s after the slot"
+    elif done < instant - 0.05:
+        expect.ran[(job, slot)] = "resumed before the slot"
+    await sleep_until(instant + 2.2)
 
 
 async def skip_round(op: Operator, job: str, expect: Expect, rng: random.Random) -> None:
@@ -230,6 +240,10 @@ def violations(app: RecordingApp, stored: list[StoredMsg], expect: Expect) -> li
         if calls.get(key) or not any("skipped" in m.data for m in msgs):
             note = expect.notes.get(key, "")
             bad.append(f"unskipped {key}: not skipped ({why}, {note}): calls {calls.get(key)}")
+    for key, why in expect.caught.items():
+        skipped = [m.data.get("skipped") for m in fates.get(key, [])]
+        if calls.get(key) != ["catchup"] or skipped != ["paused"]:
+            bad.append(f"uncaught {key}: not caught up once ({why}): {calls.get(key)} {skipped}")
     for key, why in expect.ran.items():
         if [t for t in calls.get(key, []) if t == "scheduled"] != ["scheduled"]:
             bad.append(f"unrun {key}: not run once ({why}): calls {calls.get(key)}")
@@ -266,7 +280,7 @@ def test_operator_actions_around_the_instant_leave_one_fate_per_slot(
         slots=len(fates),
         skip_records=sum(1 for ms in fates.values() if any("skipped" in m.data for m in ms)),
         runs=dict(calls),
-        expected=len(expect.skipped) + len(expect.ran),
+        expected=len(expect.skipped) + len(expect.ran) + len(expect.caught),
         violations=len(bad),
         kinds=dict(Counter(v.split(" ", 1)[0] for v in bad)),
     )
