@@ -40,6 +40,8 @@ CAS_TRIES = 5
 COUNT_LIMIT = 100_000
 # ``skip`` leaves a slot this close alone: its claim may be out already.
 SKIP_MARGIN_MS = 500
+# A skipped slot stays in ``skip.<job>`` this long after its decision window.
+SKIP_SETTLE = 5.0
 
 
 def instant_of(text: str, now: float, back: bool = False) -> float:
@@ -112,8 +114,9 @@ async def skip(
                     f"the schedule has fewer than {count} runs left to skip before "
                     "10000-01-01 (the sidecar names 9999-12-31T23:59:59.999Z at most)"
                 ) from None
-            # Slots already in the past are of no use to anyone.
-            kept = {"slots": ahead} if old is not None else None
+            # A past slot is dropped only once no sidecar can still be deciding it
+            # (its instant + jitter + max_late gone by): never one whose fate is pending.
+            kept = {"slots": undecided(old, job, now_ms)} if old is not None else None
             value = new_skip_value(kept, runs, by, rfc3339(now_ms / 1000), reason)
             try:
                 await create_or_update(kv, key, _encode(value), revision)
@@ -121,6 +124,13 @@ async def skip(
                 continue  # someone else changed it meanwhile: read again
             return runs, pending(value, now_ms)
         raise RuntimeError(f"{key} kept changing under {CAS_TRIES} tries; try again")
+
+
+def undecided(old: dict[str, Any] | None, job: JobConfig, now_ms: int) -> list[int]:
+    """The skipped slots a sidecar may still be deciding, or still ahead: those after
+    now - (jitter + max_late + SKIP_SETTLE)."""
+    since = now_ms - round((job.jitter + job.max_late + SKIP_SETTLE) * 1000)
+    return sorted(s for s in skip_slots(old) if s > since)
 
 
 async def unskip(config: Config, secrets: Secrets, job: str) -> int:

@@ -21,9 +21,9 @@ from nats.js.errors import NotFoundError
 from sidecar import __version__
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
-from sidecar.core.natspy import connection_of
+from sidecar.core.natspy import connection_of, jetstream_of
 from sidecar.core.tasks import cancel_all
-from sidecar.core.wire import instance_key, skip_key
+from sidecar.core.wire import instance_key, paused_key, skip_key
 from sidecar.fleet.orphans import Orphans
 from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.store.bucketcheck import check_bucket, needs_leases
@@ -57,6 +57,17 @@ BUCKET_RETRY_CAP = 30.0
 # The bucket's settings are checked this often, and at once after a reconnect or
 # when the watch sees them change or the bucket disappear.
 BUCKET_REFRESH = 30.0
+# A slot judged at its instant (``blocked``/``skipped`` with a slot) by a view that
+# cannot say what the bucket held then (re-read since, changed after): not claimed here.
+UNKNOWN_PAST = "the state bucket's state at the slot's time is not known here"
+# caught_up: one probe's bound, and the pause between two probes.
+PROBE_TIMEOUT = 2.0
+PROBE_PAUSE = 0.05
+PROBE_POLL = 0.002
+# caught_up waits for a server clock behind this host's by at most this much.
+MAX_SERVER_BEHIND = 1.0
+# The view keeps pause/skip changes this much longer than a job's jitter + max_late.
+TIMELINE_MARGIN = 30.0
 
 
 class Fleet:
@@ -68,6 +79,10 @@ class Fleet:
         self.clock = clock
         self.spec = state_spec(config)
         self.view = View(on_change=self._changed, on_removed=self._removed)
+        self.view.keep_seconds = TIMELINE_MARGIN + max(
+            (job.jitter + job.max_late for job in config.jobs), default=0.0
+        )
+        self._probe: asyncio.Future[float] | None = None
         # The keys of jobs that no live instance runs any more (sidecar/fleet/orphans.py).
         self.orphans = Orphans(config, self.view, clock)
         # Told of every key the watch delivers, and of every key that left the view.
@@ -109,6 +124,8 @@ class Fleet:
         `connected`; else its TTL removes it, and the exit does not wait for NATS)."""
         await cancel_all(self._tasks)
         self._tasks.clear()
+        if self._probe is not None:
+            self._probe.cancel()
         for timer in self._pause_timers.values():
             timer.cancel()
         if connected and self.bucket is not None and self.bucket.ttl:
@@ -248,8 +265,15 @@ class Fleet:
 
     # ------------------------------------------------------------------ reading
 
-    def blocked(self, job: str) -> tuple[str, str] | None:
-        """(reason, why) when `job` must not be claimed now; None when it may."""
+    def blocked(self, job: str, slot: int | None = None) -> tuple[str, str] | None:
+        """(reason, why) when `job` must not be claimed; None when it may.
+
+        With `slot` (epoch ms) the pause is the one the bucket held at the
+        slot's instant, by the server's time (``View.at_instant``): every
+        sidecar judges a slot alike, whenever its jitter ends. A pause stored
+        after the instant never applies to the slot, one ended (deleted, or
+        its ``until`` reached) at or before it never does.
+        """
         if not self.view.synced:
             return "stream", self.problem or "state bucket not read yet"
         if job in self._lease_jobs:
@@ -257,9 +281,17 @@ class Fleet:
                 return "bucket", self.bucket_problem
             if self.replaced:
                 return "bucket", f"state bucket {self.spec.bucket} was deleted; re-reading it"
-        entry = self.view.paused(job)
-        if entry is not None and pause_active(entry.value, self.clock.wall_ms()):
-            v = entry.value
+        if slot is None:
+            entry = self.view.paused(job)
+            value = entry.value if entry is not None else None
+            instant_ms = self.clock.wall_ms()
+        else:
+            known, value = self.view.at_instant(paused_key(job), slot / 1000)
+            if not known:
+                return "stream", UNKNOWN_PAST
+            instant_ms = slot
+        if value is not None and pause_active(value, instant_ms):
+            v = value
             why = f"paused by {v.get('by', '?')} at {v.get('at', '?')}"
             if v.get("until"):
                 why += f" until {v['until']}"
@@ -269,14 +301,79 @@ class Fleet:
         return None
 
     def skipped(self, job: str, slot: int) -> tuple[str, str] | None:
-        """(``skip``, why) when `skip` chose this slot of `job`; None otherwise."""
-        entry = self.view.keys.get(skip_key(job))
-        if entry is None or slot not in skip_slots(entry.value):
+        """(``skip``, why) when the skip the bucket held at the slot's instant chose it;
+        ("stream", why) when that is not known here; None otherwise."""
+        known, v = self.view.at_instant(skip_key(job), slot / 1000)
+        if not known:
+            return "stream", UNKNOWN_PAST
+        if v is None or slot not in skip_slots(v):
             return None
-        v = entry.value
         self.metrics.job_skips_pending.labels(job=job).set(pending(v, slot))
         why = f"skip by {v.get('by', '?')} at {v.get('at', '?')}"
         return SKIP, why + (f": {v['reason']}" if v.get("reason") else "")
+
+    async def caught_up(self, instant: float, deadline: float) -> bool:
+        """Whether the view holds every change the bucket stored before `instant`
+        (server time, epoch s), waiting for it until `deadline` (monotonic).
+
+        True at once when the watch delivered something stored after the instant
+        (the stream's order: all before it came first). Else one probe, shared
+        by every slot waiting meanwhile: this sidecar renews its presence (a
+        write the watch delivers with the server's time) or, on a bucket
+        without TTLs, asks the bucket's last sequence and waits for the watch to
+        deliver it. Costs nothing while the fleet writes presence more often
+        than slots come; at most one request in flight per sidecar otherwise.
+        """
+        while self.view.last_time <= instant:
+            if not self.view.synced or self.clock.monotonic() >= deadline:
+                return False
+            probe = self._probe
+            if probe is None or probe.done():
+                probe = self._probe = asyncio.ensure_future(self._probe_once())
+                probe.add_done_callback(_retrieved)
+            left = max(0.0, deadline - self.clock.monotonic())
+            try:
+                whole_at = await asyncio.wait_for(asyncio.shield(probe), left)
+            except Exception as exc:  # NATS slow or away: judged with the view as it is
+                log.debug("state bucket freshness probe: %r", exc)
+                return self.view.last_time > instant
+            if whole_at > instant:
+                return True  # the view holds all the bucket had when it was asked
+            if (behind := instant - self.view.last_time) >= 0:
+                # The server's clock has not reached the instant yet (this host's runs
+                # ahead): ask again when it should have, not in a tight loop; far
+                # ahead (a suspend, a wrong clock), judge now, the fate message decides.
+                if behind > MAX_SERVER_BEHIND:
+                    return False
+                left = max(0.0, deadline - self.clock.monotonic())
+                await asyncio.sleep(min(max(behind, PROBE_PAUSE), left))
+        return True
+
+    async def _probe_once(self) -> float:
+        """One freshness probe: returns once the watch delivered everything the bucket
+        held when it was asked; the local time it was asked (0 after a presence
+        write: then the view's ``last_time``, the server's, says how far it is whole)."""
+        bucket = self.bucket
+        if bucket is None:
+            return 0.0
+        asked = self.clock.wall()
+        if bucket.ttl:
+            key = instance_key(self.config.instance_id)
+            target = await asyncio.wait_for(
+                Keys(bucket).put(key, self.presence, PRESENCE_TTL), PROBE_TIMEOUT
+            )
+            asked = 0.0
+        else:
+            info = await asyncio.wait_for(
+                jetstream_of(bucket.kv).stream_info(self.spec.stream), PROBE_TIMEOUT
+            )
+            target = int(info.state.last_seq)
+        end = self.clock.monotonic() + PROBE_TIMEOUT
+        while self.view.last_revision < target:
+            if self.clock.monotonic() >= end:
+                raise TimeoutError(f"the watch did not deliver revision {target}")
+            await asyncio.sleep(PROBE_POLL)
+        return asked
 
     def _pause_changed(self, job: str, log_it: bool = True) -> None:
         """The pause gauges of `job` from the view; a timed pause ends by a timer."""
@@ -352,6 +449,12 @@ class Fleet:
                 ", ".join(sorted(mismatch)),
             )
         self._mismatch = mismatch
+
+
+def _retrieved(future: asyncio.Future[float]) -> None:
+    """A probe nobody waits for any more: its error is not "never retrieved"."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _log_pause(job: str, value: dict[str, Any] | None) -> None:

@@ -4,7 +4,10 @@
 random jitter in [0, jitter] (sidecar/core/sleeper.py); skip it (counted, said:
 sidecar/run/skips.py) when the claim would start more than max_late after its
 time, when the stream guard says the stream cannot hold the claim, or when
-the fleet keeps it from running (paused, excluded, skip); claim it
+the fleet keeps it from running (paused, excluded, skip: judged against the
+state bucket as it was at the slot's instant, so every sidecar judges a slot
+alike; a kept slot's skip record takes the slot's own claim id, so a slot
+never has both a run and a skip record: docs/GUARANTEES.md); claim it
 (``attempt``: the one place a slot is claimed); if won, take its lease
 (sidecar/run/lease.py), trigger the app in a task of its own (tracked in ``runs``
 for the drain), and end the run in one ``Outcome`` recorded by
@@ -50,9 +53,12 @@ from sidecar.run.trigger import Trigger, Why, interrupted, why_of
 from sidecar.store.bucketcheck import needs_leases
 from sidecar.store.guard import StreamGuard
 from sidecar.store.kv import Keys
-from sidecar.when.pauses import PAUSED
+from sidecar.when.pauses import PAUSED, SKIP
 
 log = logging.getLogger("sidecar.job")
+
+# A slot is judged at most this long after its decider first looks (Fleet.caught_up).
+CAUGHT_UP_WAIT = 2.0
 
 
 def _secret(trigger: Trigger) -> bytes | None:
@@ -247,14 +253,25 @@ class Jobs:
         if number == 1 and (excluded := job.schedule.excluded(slot)) is not None:
             self.unclaimed.kept(job, slot, EXCLUDED, f"excluded: {excluded.text}")
             return
-        if blocked := self.fleet.blocked(name):
+        if number == 1:
+            # Judged against the slot's instant (docs/GUARANTEES.md): first make sure
+            # the view holds every pause/skip change stored before it.
+            # At most half of what is left of the claim's window.
+            wait = min(CAUGHT_UP_WAIT, max(0.0, (slot / 1000 + job.max_late - now) / 2))
+            if not await self.fleet.caught_up(slot / 1000, self.clock.monotonic() + wait):
+                log.debug("job %s slot %s judged with the view as it is", name, slot)
+            now = self.clock.wall()
+        if blocked := self.fleet.blocked(name, slot if number == 1 else None):
             if blocked[0] == PAUSED and number == 1:
                 self.unclaimed.kept(job, slot, *blocked)
             else:
                 self.unclaimed.skip(job, slot, *blocked)
             return
         if number == 1 and (skipped := self.fleet.skipped(name, slot)) is not None:
-            self.unclaimed.kept(job, slot, *skipped)
+            if skipped[0] == SKIP:
+                self.unclaimed.kept(job, slot, *skipped)
+            else:
+                self.unclaimed.skip(job, slot, *skipped)
             return
         if not deferred and self.candidates.defer(job, slot, number, trigger):
             return  # not a candidate: claimed after claim.fallback unless its run is seen

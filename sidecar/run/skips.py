@@ -3,10 +3,12 @@
 What the state bucket's values say (a pause's end, the slots to skip) is
 pure and lives in sidecar/when/pauses.py. Here, the I/O: ``SkipRecorder.record``
 writes a skipped slot into the stream once for the whole fleet, so that
-``history`` has no silent hole: every replica publishes a claim with
-``Nats-Msg-Id: <job>:<slot>:s`` (never the slot's own id, which stays free)
-carrying ``"skipped": <reason>``; the one whose claim is stored publishes the
-result, status ``skipped``, its error saying why.
+``history`` has no silent hole: every replica publishes a claim with the
+slot's own ``Nats-Msg-Id: <job>:<slot>`` carrying ``"skipped": <reason>``; the
+one whose claim is stored publishes the result, status ``skipped``, its error
+saying why. The same id as a run's claim: a slot's skip record and its run
+exclude each other, the first stored is the slot's fate, and every other
+sidecar follows it.
 Every replica counts ``claims_skipped_total{reason}``, the recorder
 ``runs_skipped_total{reason}``.
 """
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimError
-from sidecar.core.wire import SKIPPED
+from sidecar.core.wire import SKIPPED, claim_msg_id
 from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.run.record import Outcome, Recorder
 from sidecar.store.guard import REPEAT_LOG
@@ -41,8 +43,12 @@ MAX_LATE_WALK = 10_000
 
 
 def skip_record_id(job: str, slot: int) -> str:
-    """The claim id of a skipped slot's record: one per slot fleet-wide."""
-    return f"{job}:{slot}:s"
+    """The claim id of a skipped slot's record: the slot's own claim id, ``<job>:<slot>``.
+
+    So a skip record and a run of one slot exclude each other in JetStream:
+    whichever is stored first is the slot's fate (docs/GUARANTEES.md).
+    """
+    return claim_msg_id(job, slot, "", manual=False)
 
 
 class SkipRecorder:

@@ -185,12 +185,26 @@ class Removal:
     at: float | None
 
 
+# Keys whose past values decide a slot (pause, skip): the view keeps a short
+# timeline of their changes, by the server's time (``View.at_instant``).
+TIMELINE_PREFIXES = ("paused.", "skip.")
+# A timeline keeps at most this many changes of one key.
+TIMELINE_MAX = 64
+
+
 @dataclass
 class View:
     """The bucket's live keys, as one watch delivered them."""
 
     keys: dict[str, Entry] = field(default_factory=dict)
     last_revision: int = 0
+    # The newest server timestamp (epoch s) of anything the watch delivered: every
+    # change stored before it has been delivered too (the stream's order).
+    last_time: float = 0.0
+    # Per ``paused.``/``skip.`` key: (server time, value or None when deleted), oldest
+    # first, for the last ``keep_seconds`` (and the last change before that).
+    timelines: dict[str, list[tuple[float, dict[str, Any] | None]]] = field(default_factory=dict)
+    keep_seconds: float = 120.0
     synced: bool = False
     # Called with the key after every change the watch delivers.
     on_change: Callable[[str], None] | None = None
@@ -214,9 +228,47 @@ class View:
     # (64 bits: a change colliding with the old bytes is not a practical risk,
     # and whoever can write the bucket can write any presence anyway.)
     _presence_hash: dict[str, int] = field(default_factory=dict)
+    # Timeline keys known absent before their first change (created while watched).
+    _absent_before: dict[str, bool] = field(default_factory=dict)
 
     def paused(self, job: str) -> Entry | None:
         return self.keys.get(paused_key(job))
+
+    def at_instant(self, key: str, instant: float) -> tuple[bool, dict[str, Any] | None]:
+        """(known, value) of `key` as the bucket held it at server time `instant`.
+
+        A change stored at or after `instant` does not apply; one stored before
+        does. Not known when the timeline starts after `instant` with a change
+        (what was there before it is forgotten): the caller decides then.
+        """
+        timeline = self.timelines.get(key)
+        if not timeline:
+            entry = self.keys.get(key)  # never changed while watched (or no time known)
+            return True, entry.value if entry is not None else None
+        value: dict[str, Any] | None = None
+        known = timeline[0][0] < instant or self._absent_before.get(key, False)
+        for at, v in timeline:
+            if at >= instant:
+                break
+            value = v
+        return known, value
+
+    def _note(self, key: str, at: float, value: dict[str, Any] | None) -> None:
+        """One change of a timeline key, at server time `at` (watch order)."""
+        timeline = self.timelines.setdefault(key, [])
+        if timeline and at < timeline[-1][0]:
+            return  # older than what is known (a re-read): already in the timeline
+        if timeline and timeline[-1] == (at, value):
+            return
+        timeline.append((at, value))
+        horizon = at - self.keep_seconds
+        drop = 0
+        while drop + 1 < len(timeline) and timeline[drop + 1][0] <= horizon:
+            drop += 1
+        drop = max(drop, len(timeline) - TIMELINE_MAX)
+        if drop:
+            del timeline[:drop]
+            self._absent_before.pop(key, None)
 
     def instances(self) -> dict[str, dict[str, Any]]:
         return {
@@ -239,6 +291,12 @@ class View:
         at: float | None = None,
     ) -> None:
         self.last_revision = max(self.last_revision, revision)
+        if at is not None:
+            self.last_time = max(self.last_time, at)
+            if key.startswith(TIMELINE_PREFIXES):
+                if key not in self.timelines and key not in self.keys and self.synced:
+                    self._absent_before[key] = True  # made while watched: nothing before
+                self._note(key, at, None if deleted else decode(value))
         if key.startswith("lock."):
             if deleted:
                 self.lock_markers[key] = revision

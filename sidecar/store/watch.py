@@ -160,6 +160,12 @@ class Watch:
                 if key not in fresh.keys
                 or fresh.keys[key].value.get("token") != entry.value.get("token")
             ]
+        # The timelines of pause and skip keys go on across a re-read: what the
+        # re-read shows is one more change, at its server time (View.at_instant).
+        for key, timeline in fresh.timelines.items():
+            for at, value in timeline:
+                self.view._note(key, at, value)
+        self.view.last_time = max(self.view.last_time, fresh.last_time)
         self.view.keys = fresh.keys
         self.view._jobs_seen = fresh._jobs_seen
         self.view._presence_hash = fresh._presence_hash

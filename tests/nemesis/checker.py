@@ -66,7 +66,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -92,6 +92,8 @@ class History:
     cpu: list[dict[str, Any]] = field(default_factory=list)
     # (start, end, what): the stream without a leader, from the servers' logs.
     leaderless: list[tuple[float, float, str]] = field(default_factory=list)
+    # The operator's commands (tests/nemesis/operator.py).
+    ops: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def load(cls, directory: Path) -> History:
@@ -113,6 +115,7 @@ class History:
                 "CRON",
                 (run.get("raft_groups") or {}).get("CRON"),
             ),
+            lines("ops.jsonl"),
         )
 
 
@@ -235,7 +238,13 @@ def check(history: History) -> Report:
     jobs: dict[str, dict[str, Any]] = run["jobs"]
     ts = touches(history.faults, nodes)
 
-    requests = [r for r in history.requests if r.get("slot") is not None]
+    operated: dict[str, dict[str, Any]] = run.get("operated") or {}
+    all_jobs = {**jobs, **operated}
+    # Runs of slots asked for again (backfill, resume --catchup) are checked by
+    # check_operated: they run a past slot by design, under their own claim id.
+    requests = [
+        r for r in history.requests if r.get("slot") is not None and r.get("trigger") not in AGAIN
+    ]
     by_run: dict[tuple[str, int, int], list[dict[str, Any]]] = defaultdict(list)
     for r in requests:
         by_run[(r["job"], int(r["slot"]), int(r.get("attempt") or 1))].append(r)
@@ -253,6 +262,8 @@ def check(history: History) -> Report:
         if not isinstance(data, dict) or data.get("manual"):
             continue
         if m["subject"].endswith(".claims"):
+            if "backfill" in data:
+                continue  # a run asked for again: its own id (check_operated)
             key = (data.get("job"), data.get("slot"), int(data.get("attempt") or 1))
             claims.setdefault(key, {**data, "_seq": m["seq"], "_time": m["time"]})  # type: ignore[arg-type]
         elif m["subject"].endswith(".results"):
@@ -292,7 +303,7 @@ def check(history: History) -> Report:
     # ---------------------------------------------------------------- late, early
     late, early = [], []
     for (job, slot, attempt), reqs in by_run.items():
-        max_late = float(jobs[job]["max_late"])
+        max_late = float(all_jobs[job]["max_late"])
         for r in reqs:
             offset = offsets_at(history.faults, r["app"], r["at"])
             delay = r["at"] - slot / 1000
@@ -430,7 +441,100 @@ def check(history: History) -> Report:
     fig["reruns_needless"] = needless
     fig["reruns_bad"] = reruns_bad
     fig["faults"] = len(history.faults)
+    check_operated(history, report, ts)
     return report
+
+
+# Triggers of a run asked for again (``backfill``, ``resume --catchup``).
+AGAIN = ("backfill", "catchup")
+
+
+def check_operated(
+    history: History,
+    report: Report,
+    ts: list[Touch],
+) -> None:
+    """The operated job (pause, skip, resume --catchup, backfill at random moments):
+
+    - each slot has at most one fate message (its claim or skip record, stored
+      under ``<job>:<slot>``; a ``<job>:<slot>:s`` record of an older sidecar
+      counts too), and never a run and a skip record both;
+    - the app sees each slot at most once as scheduled, at most once as
+      ``catchup`` and only when its fate is a skip record of a pause (never
+      with a scheduled run), and at most once per backfill tag;
+    - a slot in the window with no fault near has a fate (it ran or was skipped).
+    """
+    run = history.run
+    operated: dict[str, dict[str, Any]] = run.get("operated") or {}
+    fig, fails = report.figures, report.failures
+    settle = float(run["settle"])
+    start, end = float(run["window"][0]), float(run["window"][1])
+    violations: list[str] = []
+    for job, spec in operated.items():
+        fates: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        again_claims: dict[str, dict[str, Any]] = {}
+        for m in history.stream:
+            data = m.get("data") or {}
+            if not m["subject"].endswith(".claims") or not isinstance(data, dict):
+                continue
+            if data.get("job") != job or data.get("manual") or int(data.get("attempt") or 1) != 1:
+                continue
+            if "backfill" in data:
+                again_claims[str(data.get("token"))] = data
+            elif isinstance(data.get("slot"), int):
+                fates[int(data["slot"])].append(data)
+        calls: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for r in history.requests:
+            if r.get("job") == job and r.get("slot") is not None:
+                calls[int(r["slot"])].append(r)
+        skip_records = runs = catchups = backfills = undecided = 0
+        for slot in sorted(set(fates) | set(calls)):
+            msgs, reqs = fates.get(slot, []), calls.get(slot, [])
+            skipped = [d["skipped"] for d in msgs if "skipped" in d]
+            scheduled = [r for r in reqs if r.get("trigger") not in AGAIN]
+            caught = [r for r in reqs if r.get("trigger") == "catchup"]
+            filled = [r for r in reqs if r.get("trigger") == "backfill"]
+            skip_records += bool(skipped)
+            runs += len(scheduled)
+            catchups += len(caught)
+            backfills += len(filled)
+            where = f"{job} slot {slot}"
+            if len(msgs) > 1:
+                violations.append(f"{where}: {len(msgs)} fate messages")
+            if skipped and scheduled:
+                violations.append(f"{where}: a skip record ({skipped[0]}) and a run")
+            if len(scheduled) > 1:
+                violations.append(f"{where}: run {len(scheduled)} times as scheduled")
+            if caught and (len(caught) > 1 or scheduled or skipped not in ([], ["paused"])):
+                violations.append(
+                    f"{where}: caught up {len(caught)} time(s) though its fate is "
+                    f"{skipped or 'a run' if msgs else 'none'} ({len(scheduled)} scheduled run(s))"
+                )
+            tags = Counter(
+                str((again_claims.get(str(r.get("run_id"))) or {}).get("backfill")) for r in filled
+            )
+            if any(n > 1 for n in tags.values()):
+                violations.append(f"{where}: backfilled twice under one tag {dict(tags)}")
+            for r in caught + filled:
+                if str(r.get("run_id")) not in again_claims:
+                    violations.append(f"{where}: a {r.get('trigger')} run without its claim")
+        for slot in slots_of(int(spec["period_s"]), start, end):
+            if fates.get(slot) or calls.get(slot):
+                continue
+            near = _overlapping(ts, slot / 1000 - settle, slot / 1000 + float(spec["max_late"]))
+            if not near:
+                undecided += 1
+                violations.append(f"{job} slot {slot}: no fate though no fault was near")
+        fig[f"{job}_slots"] = len(slots_of(int(spec["period_s"]), start, end))
+        fig[f"{job}_runs"] = runs
+        fig[f"{job}_skip_records"] = skip_records
+        fig[f"{job}_catchups"] = catchups
+        fig[f"{job}_backfills"] = backfills
+        fig[f"{job}_undecided_quiet"] = undecided
+    fig["operator_actions"] = len(history.ops)
+    fig["operator_failed"] = sum(1 for o in history.ops if not o.get("ok"))
+    fig["fate_violations"] = len(violations)
+    fails.extend(violations[:20])
 
 
 def _starved(
@@ -514,6 +618,15 @@ def summary(report: Report) -> str:
         "reruns_needless",
         "reruns_bad",
         "faults",
+        "ops_slots",
+        "ops_runs",
+        "ops_skip_records",
+        "ops_catchups",
+        "ops_backfills",
+        "ops_undecided_quiet",
+        "operator_actions",
+        "operator_failed",
+        "fate_violations",
         "stream_msgs",
         "max_delay_s",
         "tracebacks",

@@ -31,6 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.nemesis.net import Network
+from tests.nemesis.operator import operated_job
 from tests.power import (
     Cut,
     Snapshot,
@@ -49,7 +50,16 @@ METRICS_PORT = 9464
 STREAM = "CRON"
 
 # Every request the apps record carries these (X-Anarchon-*).
-RECORDED = ("Job", "Slot", "Attempt", "Fence", "Run-Id", "Instance", "Scheduled-At")
+RECORDED = (
+    "Job",
+    "Slot",
+    "Attempt",
+    "Fence",
+    "Run-Id",
+    "Instance",
+    "Scheduled-At",
+    "Trigger",
+)
 
 
 def _get_json(url: str, timeout: float = 1.0) -> Any:
@@ -229,6 +239,7 @@ class NatsNode(Proc):
 class SidecarNode(Proc):
     def __init__(self, name: str, workdir: Path, config: dict[str, Any]) -> None:
         super().__init__(name, name, workdir / f"{name}.log")
+        self.config = config
         self.config_path = write_config(workdir / f"{name}.yaml", config)
         self.offset = 0.0  # ANARCHON_CLOCK_OFFSET of the running process
 
@@ -368,6 +379,8 @@ class System:
         appdir.mkdir(parents=True, exist_ok=True)
         sockets = {s: str(appdir / f"{s}.sock") for s in self.sidecar_names}
         self.jobs = job_configs(f"{int(max_late * 1000)}ms", candidates)
+        # The job the operator pauses, skips and backfills (tests/nemesis/operator.py).
+        self.jobs.append(operated_job(f"{int(max_late * 1000)}ms"))
         self.sidecars = {
             s: SidecarNode(
                 s,
@@ -492,6 +505,13 @@ class System:
                     if detail.get("stream_raft_group"):
                         groups.setdefault(detail["name"], detail["stream_raft_group"])
         return groups
+
+    def operator_config(self) -> Path:
+        """The config the operator's commands read: the sidecars' NATS and jobs."""
+        any_sidecar = next(iter(self.sidecars.values()))
+        config = {**any_sidecar.config, "instance_id": "operator"}
+        config.pop("metrics", None)
+        return write_config(self.workdir / "operator.yaml", config)
 
     def client_url(self, node: str) -> str:
         return f"nats://{self.net.addresses[node]}:{CLIENT_PORT}"

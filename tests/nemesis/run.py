@@ -28,6 +28,7 @@ from tests.nemesis.cpu import CpuWatch, loadavg
 from tests.nemesis.faults import Fault, Nemesis, plan
 from tests.nemesis.harness import STREAM, System
 from tests.nemesis.net import sweep_leftovers
+from tests.nemesis.operator import OPERATED, Operator
 from tests.support import ROOT, read_stream, wait_for
 
 # Seconds after every fault healed before a slot counts as "quiet" again
@@ -107,12 +108,16 @@ def run(workdir: Path, seed: int, seconds: float, candidates: int | None = None)
     cpu = CpuWatch(
         workdir / "cpu.jsonl", lambda: {s: system.pid_of(s) for s in system.sidecar_names}
     )
+    operator: Operator | None = None
     try:
         # NEMESIS_SYNC=always: every server fsyncs each write (what DEPLOY.md recommends).
         system.start(sync_always=os.environ.get("NEMESIS_SYNC", "") == "always")
         cpu.start()
         nemesis.start()
+        operator = Operator(system.operator_config(), workdir / "ops.jsonl", seed)
+        operator.start(until=nemesis.started + fault_seconds)
         nemesis.join(fault_seconds + 120)
+        operator.stop()
         heal_all(system)
         errors += nemesis.errors
         # The quiet tail: the experiment's own duration, not a wait for a condition.
@@ -155,9 +160,14 @@ def run(workdir: Path, seed: int, seconds: float, candidates: int | None = None)
                 "tick": {"period_s": 1, "max_late": MAX_LATE},
                 "lease": {"period_s": 2, "max_late": MAX_LATE},
             },
+            # Paused, skipped, caught up and backfilled by the operator (operator.py).
+            "operated": {OPERATED: {"period_s": 2, "max_late": MAX_LATE, "jitter": 1.0}},
+            "operator_actions": operator.count,
         }
         (workdir / "run.json").write_text(json.dumps(run_info, indent=1) + "\n")
     finally:
+        if operator is not None:
+            operator.stop()
         cpu.stop()
         nemesis.stop()
         system.stop()

@@ -372,3 +372,104 @@ def test_an_election_the_servers_logged_explains_a_miss_the_faults_did_not(
         pytest.approx(T0 + 3.0),
         pytest.approx(T0 + 6.6),
     )
+
+
+# ---------------------------------------------------------------- the operated job
+
+
+def ops_claim(seq: int, slot_s: float, token: str, **extra: Any) -> dict[str, Any]:
+    slot = int(slot_s * 1000)
+    tag = extra.get("backfill")
+    return {
+        "seq": seq,
+        "subject": "cron.ops.claims",
+        "headers": {"Nats-Msg-Id": f"ops:{slot}" + (f":{tag}" if tag else "")},
+        "data": {"job": "ops", "slot": slot, "token": token, "instance": "s1", **extra},
+        "time": slot_s + 0.5,
+    }
+
+
+def ops_call(slot_s: float, token: str, trigger: str = "scheduled") -> dict[str, Any]:
+    return {
+        "app": "s1",
+        "at": slot_s + 0.5,
+        "path": "/jobs/ops",
+        "job": "ops",
+        "slot": str(int(slot_s * 1000)),
+        "attempt": "1",
+        "fence": "1",
+        "run_id": token,
+        "instance": "s1",
+        "trigger": trigger,
+    }
+
+
+def operated_history(stream: list[dict[str, Any]], reqs: list[dict[str, Any]]) -> History:
+    """Slots T0, T0+2, ... T0+8 of `ops`: each given a fate by the caller."""
+    info = run_info(operated={"ops": {"period_s": 2, "max_late": 3.0, "jitter": 1.0}})
+    info["jobs"] = {}
+    return History(reqs, stream, [], info)
+
+
+def test_an_operated_slot_ends_as_one_run_or_one_skip_record() -> None:
+    stream = [
+        ops_claim(1, T0, "a"),
+        ops_claim(2, T0 + 2, "b", skipped="paused"),
+        ops_claim(3, T0 + 4, "c", skipped="skip"),
+        ops_claim(4, T0 + 6, "d"),
+        ops_claim(5, T0 + 8, "e", skipped="paused"),
+        ops_claim(6, T0 + 2, "f", backfill="b", trigger="catchup"),  # a paused slot caught up
+        ops_claim(7, T0, "g", backfill="b", trigger="backfill"),  # a backfill runs it anew
+    ]
+    reqs = [
+        ops_call(T0, "a"),
+        ops_call(T0 + 6, "d"),
+        ops_call(T0 + 2, "f", "catchup"),
+        ops_call(T0 + 0, "g", "backfill"),
+    ]
+    report = check(operated_history(stream, reqs))
+    assert report.ok, report.failures
+    fig = report.figures
+    assert (fig["ops_runs"], fig["ops_skip_records"], fig["ops_catchups"]) == (2, 3, 1)
+    assert fig["fate_violations"] == 0
+
+
+@pytest.mark.parametrize(
+    ("stream", "reqs", "says"),
+    [
+        # issue 39, item 3: one sidecar recorded it skipped, another ran it
+        (
+            [ops_claim(1, T0, "a", skipped="paused"), ops_claim(9, T0, "b")],
+            [ops_call(T0, "b")],
+            "fate messages",
+        ),
+        # a skip record (older sidecar's <job>:<slot>:s) and a run of the slot
+        (
+            [ops_claim(1, T0, "a")],
+            [ops_call(T0, "a"), ops_call(T0, "x", "catchup")],
+            "caught up",
+        ),
+        # issue 39, item 1: run as scheduled and caught up
+        (
+            [ops_claim(1, T0, "a"), ops_claim(2, T0, "x", backfill="b", trigger="catchup")],
+            [ops_call(T0, "a"), ops_call(T0, "x", "catchup")],
+            "caught up",
+        ),
+        # issue 39, item 2: a skipped slot triggered
+        (
+            [ops_claim(1, T0, "a", skipped="skip"), ops_claim(2, T0, "b")],
+            [ops_call(T0, "b")],
+            "a skip record",
+        ),
+        # nothing at all, no fault near
+        ([], [], "no fate"),
+    ],
+)
+def test_an_operated_slot_with_two_fates_or_none_is_a_failure(
+    stream: list[dict[str, Any]], reqs: list[dict[str, Any]], says: str
+) -> None:
+    rest = [ops_claim(10 + i, T0 + 2 * i, f"r{i}") for i in range(1, 5)]
+    calls = [ops_call(T0 + 2 * i, f"r{i}") for i in range(1, 5)]
+    report = check(operated_history(stream + rest, reqs + calls))
+    assert report.figures["fate_violations"] >= 1
+    assert any(says in f for f in report.failures), report.failures
