@@ -18,6 +18,7 @@ import time
 import click
 
 from sidecar import __version__, oneshot, ops, status_text, views
+from sidecar.cli_jobs import job_group
 from sidecar.clock import Clock, parse_rfc3339
 from sidecar.command import (
     EXIT_FAILED,
@@ -471,6 +472,8 @@ def demo(duration: float | None, period: int) -> None:
 
     sys.exit(run_demo(duration, period, owns_process=True))
 
+
+main.add_command(job_group)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

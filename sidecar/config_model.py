@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
@@ -23,6 +24,10 @@ from sidecar.errors import ConfigError
 
 
 def _no_headers() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+def _no_defaults() -> Mapping[str, Any]:
     return MappingProxyType({})
 
 
@@ -184,6 +189,11 @@ class Config:
     admin: AdminConfig = field(default_factory=AdminConfig)
     notify: tuple[NotifyConfig, ...] = ()
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    # ``defaults:`` as written: a job of the state bucket is parsed with it, as the
+    # file's jobs were (sidecar/bucket_jobs.py).
+    defaults: Mapping[str, Any] = field(
+        default_factory=_no_defaults, compare=False, hash=False, repr=False
+    )
 
     @property
     def effective_history_size(self) -> int:

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from sidecar import __version__
 from sidecar.actions import ManualRuns
 from sidecar.api import PageApp
+from sidecar.bucket_jobs import BucketJobs
 from sidecar.claim import Claimer
 from sidecar.clock import Clock
 from sidecar.config import Config, Secrets
@@ -84,6 +85,8 @@ class Daemon:
             *(job.name for job in self.config.jobs),
         )
         self.conn.on_reconnect.append(self.fleet.reconnected)
+        # Jobs added at run time (the state bucket's job.<name> keys), beside the file's.
+        self.bucket_jobs = BucketJobs(self.config, self.metrics, self.fleet)
         self.jobs: Jobs | None = None
         self.stop_asked = 0.0  # clock.monotonic() of the first stop
         self.admin = AdminServer(
@@ -94,6 +97,7 @@ class Daemon:
         if self.config.admin.page:
             self.page = PageApp(self.config, self.fleet, self.guard, self.clock, self.secrets)
             self.admin.app = self.page
+            self.bucket_jobs.listeners.append(self.page.live.jobs_changed)
 
     @property
     def runs(self) -> set[asyncio.Task[None]]:
@@ -167,6 +171,7 @@ class Daemon:
                     manual.aftermath = jobs.aftermath
                     self.page.attach(js, manual)
                 watcher = asyncio.create_task(self.guard.run(js))
+                self.bucket_jobs.start(jobs)
                 self.fleet.start(js)
                 self.conn.on_reconnect.append(jobs.reconnected)
                 loops = [asyncio.create_task(jobs.loop(job)) for job in self.config.jobs]
@@ -176,7 +181,8 @@ class Daemon:
                 await self.stopping.wait()
                 # A claim still waiting for an answer (NATS down, say) gets a
                 # moment, then is abandoned: the slot is skipped, never run.
-                claiming = [*loops, *jobs.background()]
+                await self.bucket_jobs.stop()
+                claiming = [*loops, *self.bucket_jobs.loops(), *jobs.background()]
                 await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
                 await cancel_all([*claiming, *jobs.background()])
                 if self.page is not None:

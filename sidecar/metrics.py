@@ -45,7 +45,7 @@ SKIP_REASONS = (
     "skip",
 )
 # What hostile input from NATS was refused (hostile_input_total{what}).
-HOSTILE_KINDS = ("due_key", "value")
+HOSTILE_KINDS = ("due_key", "value", "job")
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -170,7 +170,8 @@ class Metrics:
             "hostile_input",
             "Values read from NATS that this instance refused: due_key (a due attempt that "
             "the job's schedule, retry budget and the stream do not back), value (a number "
-            "out of range, e.g. an absurd slot).",
+            "out of range, e.g. an absurd slot), job (a job.<name> key of the state bucket "
+            "that is not a valid job).",
             ("what",),
             namespace=PREFIX,
             registry=registry,

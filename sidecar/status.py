@@ -17,6 +17,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from sidecar.board import Recent, fleet_object, read_recent, running, stream_object
+from sidecar.bucket_jobs import listing, with_bucket_jobs, with_sources
 from sidecar.bucketcheck import check_bucket
 from sidecar.config import Config
 from sidecar.state import View, state_spec
@@ -66,6 +67,9 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
     """The object of FLEET.md's ``status --json``."""
     seen: dict[str, float] = {}
     view = await read_view(js, config, seen) or View()
+    file_names = config.job_names
+    bucket_jobs = listing(config, view)
+    config = with_bucket_jobs(config, view)  # run beside the file's: shown as theirs
     spec = stream_spec(config)
     stream: dict[str, Any] | None = None
     held: dict[str, str | None] = {}
@@ -95,4 +99,8 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
         bucket["problem"] = "the state bucket does not exist (a running sidecar creates it)"
     except Exception:  # no answer: the rest is still shown
         pass
-    return fleet_object(config, view, recent, stream, held, now_ms, bucket, seen)
+    return with_sources(
+        fleet_object(config, view, recent, stream, held, now_ms, bucket, seen),
+        file_names,
+        bucket_jobs,
+    )

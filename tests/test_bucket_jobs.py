@@ -1,0 +1,211 @@
+"""Jobs added at run time (issue 42, item 5): ``job.<name>`` keys of the state bucket.
+
+Three real sidecar processes on a real nats-server: a job added with
+``job add`` is taken up by all three within about a second and each slot
+runs once; adding it again is idempotent; ``job update`` changes its
+schedule; ``job remove`` stops it while a run in flight finishes; a job of
+the file wins over a bucket job of the same name; a value that is not a
+valid job is counted as hostile input and not run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import nats
+import yaml
+
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    Sidecar,
+    base,
+    cli_config,
+    job,
+    results,
+    run_cli,
+    sidecars,
+    slots,
+    wait_for,
+)
+
+LEFT = "job dyn (id tenant-7/report) left the state bucket"
+# A file job that never comes due during a test: the config needs one.
+YEARLY = {"name": "keep", "schedule": "0 0 1 1 *"}
+
+
+def job_file(tmp_path: Path, name: str, data: dict[str, Any]) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def taken_up(procs: list[Sidecar], name: str) -> bool:
+    """Every sidecar has the job's loop running (its next slot is set)."""
+    return all(
+        (p.metric("anarchon_job_next_run_timestamp_seconds", {"job": name}) or 0) > 0 for p in procs
+    )
+
+
+def put_key(url: str, bucket: str, key: str, value: bytes) -> None:
+    """Write a key of the state bucket as anyone with write access could."""
+
+    async def put() -> None:
+        nc = await nats.connect(url)
+        try:
+            kv = await nc.jetstream().key_value(bucket)
+            await kv.put(key, value)
+        finally:
+            await nc.close()
+
+    asyncio.run(put())
+
+
+def test_add_update_remove_on_three_sidecars(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base(nats_server, http_app, [YEARLY])
+    cfg = cli_config(tmp_path, config)
+    dyn = job("dyn", id="tenant-7/report")
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        # add: every sidecar takes it up within about a second
+        added = run_cli("job", "add", job_file(tmp_path, "dyn", dyn), "-c", cfg)
+        assert added.returncode == 0, added.stderr
+        assert "dyn (id tenant-7/report): added to the state bucket" in added.stdout
+        at = time.time()
+        wait_for(lambda: taken_up(procs, "dyn"), 5, what="dyn taken up by all three")
+        took = time.time() - at
+        assert took < 2.5, f"taken up after {took:.2f}s"
+        for p in procs:
+            assert "job dyn (id tenant-7/report) taken up from the state bucket" in p.log()
+        wait_for(lambda: len(slots(http_app, "/jobs/dyn")) >= 4, 15, what="runs of dyn")
+
+        # the same job with the same id again: nothing changes; another id: refused
+        again = run_cli("job", "add", job_file(tmp_path, "dyn", dyn), "-c", cfg)
+        assert again.returncode == 0, again.stderr
+        assert "unchanged" in again.stdout
+        other = run_cli("job", "add", job_file(tmp_path, "dyn", dyn), "-c", cfg, "--id", "x")
+        assert other.returncode == 1
+        assert "with id 'tenant-7/report', not 'x'" in other.stderr
+        changed = run_cli(
+            "job", "add", job_file(tmp_path, "dyn", {**dyn, "jitter": "0ms"}), "-c", cfg
+        )
+        assert changed.returncode == 1 and "`job update` changes it" in changed.stderr
+
+        # update: every second slot from now on
+        updated = run_cli(
+            "job",
+            "update",
+            job_file(tmp_path, "dyn", {**dyn, "schedule": "*/2 * * * * *"}),
+            "-c",
+            cfg,
+        )
+        assert updated.returncode == 0, updated.stderr
+        since = time.time()
+        wait_for(
+            lambda: len([s for s in slots(http_app, "/jobs/dyn") if s / 1000 > since + 2]) >= 2,
+            15,
+            what="runs on the new schedule",
+        )
+        late = [s for s in slots(http_app, "/jobs/dyn") if s / 1000 > since + 2]
+        assert all(s % 2000 == 0 for s in late), late
+
+        # remove while a run is in flight: the run finishes and is recorded
+        http_app.delay["/jobs/dyn"] = 2.5
+        asked = time.time()
+        wait_for(
+            lambda: any(r.at > asked for r in http_app.requests_for("/jobs/dyn")),
+            10,
+            what="a slow run",
+        )
+        in_flight = next(r for r in http_app.requests_for("/jobs/dyn") if r.at > asked)
+        removed = run_cli("job", "remove", "dyn", "-c", cfg)
+        assert removed.returncode == 0, removed.stderr
+        gone = time.time()
+        wait_for(lambda: all(LEFT in p.log() for p in procs), 5, what="dyn stopped everywhere")
+        slot = int(in_flight.headers["X-Anarchon-Slot"])
+        wait_for(
+            lambda: any(
+                m.data.get("slot") == slot and m.data.get("status") == "succeeded"
+                for m in results(nats_server.url, "dyn")
+            ),
+            10,
+            what="the run in flight recorded",
+        )
+        time.sleep(3)
+        after = [s for s in slots(http_app, "/jobs/dyn") if s / 1000 > gone + 1]
+        assert after == [], after
+        missing = run_cli("job", "remove", "dyn", "-c", cfg)
+        assert missing.returncode == 1 and "no such job" in missing.stderr
+
+    # exactly once: no slot reached the app twice
+    counts = Counter(slots(http_app, "/jobs/dyn"))
+    assert counts and max(counts.values()) == 1, counts
+
+
+def test_file_wins_and_hostile_values_are_counted_and_not_run(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base(nats_server, http_app, [YEARLY])
+    cfg = cli_config(tmp_path, config)
+    # The command refuses before writing: the key's path, exit 2.
+    bad = run_cli("job", "add", job_file(tmp_path, "bad", job("bad", schedule="nope")), "-c", cfg)
+    assert bad.returncode == 2 and "config error: job.schedule:" in bad.stderr, bad.stderr
+    url = run_cli(
+        "job",
+        "add",
+        job_file(tmp_path, "far", {**job("far"), "request": {"url": "http://10.0.0.1"}}),
+        "-c",
+        cfg,
+    )
+    assert url.returncode == 2 and "job.request.url:" in url.stderr, url.stderr
+    same = run_cli("job", "add", job_file(tmp_path, "keep", job("keep")), "-c", cfg)
+    assert same.returncode == 2 and "the config file has a job 'keep'" in same.stderr
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        bucket = "CRON_STATE"
+        # Written by someone else, past the command's checks.
+        put_key(nats_server.url, bucket, "job.keep", json.dumps(job("keep", id="k")).encode())
+        put_key(
+            nats_server.url, bucket, "job.evil", json.dumps(job("evil", schedule="nope")).encode()
+        )
+        put_key(nats_server.url, bucket, "job.junk", b"\xff not json")
+
+        def counted() -> bool:
+            return all(
+                p.metric("anarchon_hostile_input_total", {"what": "job"}) == 2 for p in procs
+            )
+
+        wait_for(counted, 5, what="two hostile job keys counted on all three")
+        wait_for(
+            lambda: all("state bucket: job.keep is ignored" in p.log() for p in procs),
+            5,
+            what="the file wins, said",
+        )
+        time.sleep(2)
+        assert slots(http_app, "/jobs/keep") == []
+        assert slots(http_app, "/jobs/evil") == []
+
+        status = run_cli("status", "-c", cfg, "--json")
+        assert status.returncode == 0, status.stderr
+        obj = json.loads(status.stdout)
+        assert [(j["name"], j["source"]) for j in obj["jobs"]] == [("keep", "file")]
+        states = {i["name"]: i["state"] for i in obj["bucket_jobs"]}
+        assert states == {"keep": "shadowed", "evil": "invalid", "junk": "invalid"}
+        text = run_cli("status", "-c", cfg)
+        assert "keep (state bucket, id k): not run: the config file has a job" in text.stdout
+
+        # A valid one beside them runs, and status says where it came from.
+        ok = run_cli("job", "add", job_file(tmp_path, "ok", job("ok")), "-c", cfg)
+        assert ok.returncode == 0, ok.stderr
+        wait_for(lambda: len(slots(http_app, "/jobs/ok")) >= 1, 10, what="a run of ok")
+        obj = json.loads(run_cli("status", "-c", cfg, "--json").stdout)
+        sources = {j["name"]: (j["source"], j["id"]) for j in obj["jobs"]}
+        assert sources == {"keep": ("file", None), "ok": ("bucket", "ok")}
+        # The page lists it too.
+        code, body = procs[0].get("/api/v1/jobs")
+        assert code == 200 and '"ok"' in body
