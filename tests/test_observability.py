@@ -107,7 +107,7 @@ SPEC_LABEL_VALUES = {
         "skip",
     },
     "status": {"succeeded", "failed", "skipped", "lost"},
-    "what": {"due_key", "value"},
+    "what": {"due_key", "value", "job"},
     "operation": {"publish", "subscribe"},
 }
 # The reasons of each metric with a reason label.
