@@ -67,7 +67,12 @@ def job_key(name: str) -> str:
 
 
 class BucketJobRefused(SidecarError):
-    """`job add/update/remove` could not be done as asked (exit 1)."""
+    """`job add/update/remove` could not be done as asked (exit 1); `missing`: there is
+    no such job in the bucket (the API's 404, else 409)."""
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 @dataclass(frozen=True)
@@ -395,7 +400,11 @@ def read_job_file(path: str) -> object:
 
 
 def prepare(
-    config: Config, data: object, ident: str | None, by: str
+    config: Config,
+    data: object,
+    ident: str | None,
+    by: str,
+    file_names: tuple[str, ...] | frozenset[str] | None = None,
 ) -> tuple[BucketJob, dict[str, Any]]:
     """Check `data` as the daemon will (exit 2 naming the key), refuse a name the file
     has; the job and the value to store (with id, by, at)."""
@@ -403,7 +412,7 @@ def prepare(
         data = {**data, "id": ident}
     spec = parse_bucket_job(config, data, "job")
     assert isinstance(data, dict)
-    if spec.job.name in config.job_names:
+    if spec.job.name in (config.job_names if file_names is None else file_names):
         raise ConfigError(
             "job.name",
             f"the config file has a job {spec.job.name!r}: it wins over a job of the state "
@@ -458,88 +467,148 @@ async def _current(kv: Any, key: str) -> tuple[dict[str, Any], int] | None:
 
 
 async def add(config: Config, secrets: Secrets, spec: BucketJob, value: dict[str, Any]) -> Written:
+    """`job add`: ``add_in`` on a connection of its own (the bucket made when missing)."""
+    async with _bucket(config, secrets, create=True) as kv:
+        return await add_in(kv, spec, value)
+
+
+async def add_in(kv: Any, spec: BucketJob, value: dict[str, Any]) -> Written:
     """Store ``job.<name>`` when absent; the same job with the same id again: unchanged."""
     name = spec.job.name
     key = job_key(name)
-    async with _bucket(config, secrets, create=True) as kv:
-        for _ in range(3):
-            now = await _current(kv, key)
-            if now is not None:
-                stored, revision = now
-                if str(stored.get("id")) != spec.id:
-                    raise BucketJobRefused(
-                        f"{name}: the state bucket has this job with id "
-                        f"{short(stored.get('id'))}, not {short(spec.id)}: not added"
-                    )
-                if canonical(stored) == spec.canon:
-                    return Written(name, spec.id, "unchanged", revision)
+    for _ in range(3):
+        now = await _current(kv, key)
+        if now is not None:
+            stored, revision = now
+            if str(stored.get("id", name)) != spec.id:
                 raise BucketJobRefused(
-                    f"{name}: the state bucket has this job (id {short(spec.id)}) with other "
-                    "settings: `job update` changes it"
+                    f"{name}: the state bucket has this job with id "
+                    f"{short(stored.get('id'))}, not {short(spec.id)}: not added"
                 )
-            try:
-                revision = await create_or_update(kv, key, value, None)
-            except CasConflict:
-                continue  # written meanwhile: read again
-            return Written(name, spec.id, "created", revision)
-        raise StreamError(f"{key} kept changing while it was added; try again")
+            if canonical(stored) == spec.canon:
+                return Written(name, spec.id, "unchanged", revision)
+            raise BucketJobRefused(
+                f"{name}: the state bucket has this job (id {short(spec.id)}) with other "
+                "settings: `job update` changes it"
+            )
+        try:
+            revision = await create_or_update(kv, key, value, None)
+        except CasConflict:
+            continue  # written meanwhile: read again
+        return Written(name, spec.id, "created", revision)
+    raise StreamError(f"{key} kept changing while it was added; try again")
 
 
 async def update(
     config: Config, secrets: Secrets, spec: BucketJob, value: dict[str, Any], id_given: bool
 ) -> Written:
+    """`job update`: ``update_in`` on a connection of its own."""
+    async with _bucket(config, secrets, create=False) as kv:
+        return await update_in(kv, spec, value, id_given)
+
+
+async def update_in(kv: Any, spec: BucketJob, value: dict[str, Any], id_given: bool) -> Written:
     """Replace ``job.<name>`` by compare-and-set; BucketJobRefused when absent, or held
     by another id when one was given."""
     name = spec.job.name
     key = job_key(name)
-    async with _bucket(config, secrets, create=False) as kv:
-        if kv is None:
-            raise BucketJobRefused(f"{name}: no such job in the state bucket (`job add` adds it)")
-        for _ in range(3):
-            now = await _current(kv, key)
-            if now is None:
-                raise BucketJobRefused(
-                    f"{name}: no such job in the state bucket (`job add` adds it)"
-                )
-            stored, revision = now
-            stored_id = str(stored.get("id", name))
-            if id_given and stored_id != spec.id:
-                raise BucketJobRefused(
-                    f"{name}: the state bucket has this job with id {short(stored_id)}, "
-                    f"not {short(spec.id)}: not updated"
-                )
-            if not id_given:  # the id stays the stored one
-                value = {**value, "id": stored_id}
-                spec = dataclasses.replace(spec, id=stored_id, canon=canonical(value))
-            if canonical(stored) == spec.canon:
-                return Written(name, spec.id, "unchanged", revision)
-            try:
-                revision = await create_or_update(kv, key, value, revision)
-            except CasConflict:
-                continue
-            return Written(name, spec.id, "updated", revision)
-        raise StreamError(f"{key} kept changing while it was updated; try again")
+    if kv is None:
+        raise BucketJobRefused(
+            f"{name}: no such job in the state bucket (`job add` adds it)", missing=True
+        )
+    for _ in range(3):
+        now = await _current(kv, key)
+        if now is None:
+            raise BucketJobRefused(
+                f"{name}: no such job in the state bucket (`job add` adds it)", missing=True
+            )
+        stored, revision = now
+        stored_id = str(stored.get("id", name))
+        if id_given and stored_id != spec.id:
+            raise BucketJobRefused(
+                f"{name}: the state bucket has this job with id {short(stored_id)}, "
+                f"not {short(spec.id)}: not updated"
+            )
+        if not id_given:  # the id stays the stored one
+            value = {**value, "id": stored_id}
+            spec = dataclasses.replace(spec, id=stored_id, canon=canonical(value))
+        if canonical(stored) == spec.canon:
+            return Written(name, spec.id, "unchanged", revision)
+        try:
+            revision = await create_or_update(kv, key, value, revision)
+        except CasConflict:
+            continue
+        return Written(name, spec.id, "updated", revision)
+    raise StreamError(f"{key} kept changing while it was updated; try again")
 
 
 async def remove(config: Config, secrets: Secrets, name: str, ident: str | None) -> Written:
+    """`job remove`: ``remove_in`` on a connection of its own."""
+    async with _bucket(config, secrets, create=False) as kv:
+        return await remove_in(kv, name, ident)
+
+
+async def remove_in(kv: Any, name: str, ident: str | None) -> Written:
     """Delete ``job.<name>`` (only if its id is `ident`, when given)."""
     key = job_key(name)
-    async with _bucket(config, secrets, create=False) as kv:
-        now = await _current(kv, key) if kv is not None else None
-        if now is None:
-            raise BucketJobRefused(f"{name}: no such job in the state bucket")
-        stored, revision = now
-        stored_id = str(stored.get("id", name))
-        if ident is not None and stored_id != ident:
-            raise BucketJobRefused(
-                f"{name}: the state bucket has this job with id {short(stored_id)}, "
-                f"not {short(ident)}: not removed"
-            )
-        try:
-            await delete_at(kv, key, revision)
-        except CasConflict:
-            raise BucketJobRefused(f"{name}: changed meanwhile; not removed") from None
-        return Written(name, stored_id, "removed", revision)
+    now = await _current(kv, key) if kv is not None else None
+    if now is None:
+        raise BucketJobRefused(f"{name}: no such job in the state bucket", missing=True)
+    stored, revision = now
+    stored_id = str(stored.get("id", name))
+    if ident is not None and stored_id != ident:
+        raise BucketJobRefused(
+            f"{name}: the state bucket has this job with id {short(stored_id)}, "
+            f"not {short(ident)}: not removed"
+        )
+    try:
+        await delete_at(kv, key, revision)
+    except CasConflict:
+        raise BucketJobRefused(f"{name}: changed meanwhile; not removed") from None
+    return Written(name, stored_id, "removed", revision)
+
+
+API_ACTIONS = ("add", "update", "remove")
+
+
+async def api_action(
+    config: Config,
+    file_names: frozenset[str],
+    kv: Any,
+    name: str,
+    action: str,
+    body: bytes,
+    who: str,
+) -> tuple[int, dict[str, Any]]:
+    """``POST /api/v1/bucket-jobs/<name>/{add,update,remove}`` (admin token): the body is
+    the job as JSON (``id`` included) for add and update, ``{"id": ...}`` or nothing
+    for remove; the same checks and answers as the commands'."""
+    try:
+        data = json.loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return 400, {"error": "the body must be a JSON object"}
+    if not isinstance(data, dict):
+        return 400, {"error": "the body must be a JSON object"}
+    try:
+        if action == "remove":
+            ident = data.get("id")
+            done = await remove_in(kv, name, None if ident is None else str(ident))
+        else:
+            if data.get("name", name) != name:
+                return 400, {"error": f"job.name: must be {name!r}, the job of the URL"}
+            data = {**data, "name": name}
+            try:
+                spec, value = prepare(config, data, None, who, file_names)
+            except ConfigError as exc:
+                return 400, {"error": f"config error: {exc}", "key": exc.key}
+            if action == "add":
+                done = await add_in(kv, spec, value)
+            else:
+                done = await update_in(kv, spec, value, data.get("id") is not None)
+    except BucketJobRefused as exc:
+        return (404 if exc.missing else 409), {"error": str(exc)}
+    log.info("fleet page: job %s of the state bucket: %s by %s", name, done.what, who)
+    return 200, {"name": done.name, "id": done.id, "result": done.what}
 
 
 def listing(config: Config, view: View) -> list[dict[str, Any]]:

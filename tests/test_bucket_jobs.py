@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from tests.support import (
     wait_for,
 )
 
+TOKEN = "s3cret-token-for-bucket-jobs-0123"
 LEFT = "job dyn (id tenant-7/report) left the state bucket"
 # A file job that never comes due during a test: the config needs one.
 YEARLY = {"name": "keep", "schedule": "0 0 1 1 *"}
@@ -148,10 +151,28 @@ def test_add_update_remove_on_three_sidecars(
     assert counts and max(counts.values()) == 1, counts
 
 
+def post(
+    sc: Sidecar, path: str, body: dict[str, Any], token: str | None = TOKEN
+) -> tuple[int, Any]:
+    req = urllib.request.Request(sc.base_url + path, data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
 def test_file_wins_and_hostile_values_are_counted_and_not_run(
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
     config = base(nats_server, http_app, [YEARLY])
+    config["target"]["headers"] = {"Authorization": "Bearer the-apps-own"}
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"ops:{TOKEN}\n")
+    config["admin"] = {"token_file": str(tokens)}
     cfg = cli_config(tmp_path, config)
     # The command refuses before writing: the key's path, exit 2.
     bad = run_cli("job", "add", job_file(tmp_path, "bad", job("bad", schedule="nope")), "-c", cfg)
@@ -209,3 +230,25 @@ def test_file_wins_and_hostile_values_are_counted_and_not_run(
         # The page lists it too.
         code, body = procs[0].get("/api/v1/jobs")
         assert code == 200 and '"ok"' in body
+
+        # The API with the admin token: the same checks, the same answers.
+        path = "/api/v1/bucket-jobs/viaapi"
+        assert post(procs[1], f"{path}/add", job("viaapi"), token=None)[0] == 401
+        code, answer = post(procs[1], f"{path}/add", {**job("viaapi"), "schedule": "61 * * * *"})
+        assert code == 400 and answer["key"] == "job.schedule", answer
+        headers = {"request": {"headers": {"authorization": "Bearer mine"}}}
+        code, answer = post(procs[1], f"{path}/add", {**job("viaapi"), **headers})
+        assert code == 400 and answer["key"] == "job.request.headers.authorization", answer
+        code, answer = post(procs[1], f"{path}/add", {**job("viaapi"), "id": "t1"})
+        assert (code, answer["result"]) == (200, "created"), answer
+        assert post(procs[2], f"{path}/add", {**job("viaapi"), "id": "t1"})[1]["result"] == (
+            "unchanged"
+        )
+        wait_for(lambda: len(slots(http_app, "/jobs/viaapi")) >= 1, 10, what="a run of viaapi")
+        # The app's own Authorization header stays the file's.
+        sent = http_app.requests_for("/jobs/viaapi")[0]
+        assert sent.headers["Authorization"] == "Bearer the-apps-own"
+        assert post(procs[0], f"{path}/remove", {"id": "other"})[0] == 409
+        code, answer = post(procs[0], f"{path}/remove", {"id": "t1"})
+        assert (code, answer["result"]) == (200, "removed"), answer
+        assert post(procs[0], f"{path}/remove", {})[0] == 404
