@@ -133,4 +133,6 @@ def _done_line(done: bucket_jobs.Written, spec: bucket_jobs.BucketJob) -> str:
         "updated": "updated in the state bucket: every sidecar takes it up within about a second",
         "unchanged": "already in the state bucket with this id and these settings: unchanged",
     }[done.what]
-    return printable(f"{done.name} (id {done.id}): {what}; schedule {spec.job.schedule.identity}")
+    if done.what != "unchanged":
+        what += f"; schedule {spec.job.schedule.identity}"
+    return printable(f"{done.name} (id {done.id}): {what}")
