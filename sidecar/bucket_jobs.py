@@ -314,6 +314,8 @@ class BucketJobs:
         del self.running[name]
         if not replaced:
             self._unregister(name)
+            # 0: "no next run", which the alert rules leave out (`> 0`).
+            self.metrics.job_next_run_timestamp_seconds.labels(job=name).set(0)
             log.info(
                 "job %s (id %s) left the state bucket: not run any more", name, current.spec.id
             )

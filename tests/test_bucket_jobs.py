@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import pytest
 import yaml
 
+from sidecar.bucket_jobs import judge, parse_bucket_job
+from sidecar.config import Config, ConfigError, parse_config
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -48,11 +51,9 @@ def job_file(tmp_path: Path, name: str, data: dict[str, Any]) -> str:
     return str(path)
 
 
-def taken_up(procs: list[Sidecar], name: str) -> bool:
-    """Every sidecar has the job's loop running (its next slot is set)."""
-    return all(
-        (p.metric("anarchon_job_next_run_timestamp_seconds", {"job": name}) or 0) > 0 for p in procs
-    )
+def taken_up(p: Sidecar, name: str) -> bool:
+    """The sidecar has the job's loop running (its next slot is set)."""
+    return (p.metric("anarchon_job_next_run_timestamp_seconds", {"job": name}) or 0) > 0
 
 
 def put_key(url: str, bucket: str, key: str, value: bytes) -> None:
@@ -81,7 +82,9 @@ def test_add_update_remove_on_three_sidecars(
         assert added.returncode == 0, added.stderr
         assert "dyn (id tenant-7/report): added to the state bucket" in added.stdout
         at = time.time()
-        wait_for(lambda: taken_up(procs, "dyn"), 5, what="dyn taken up by all three")
+        wait_for(
+            lambda: all(taken_up(p, "dyn") for p in procs), 5, what="dyn taken up by all three"
+        )
         took = time.time() - at
         print(f"dyn taken up by all three {took:.3f}s after `job add` returned")
         assert took < 2.5, f"taken up after {took:.2f}s"
@@ -132,6 +135,7 @@ def test_add_update_remove_on_three_sidecars(
         assert removed.returncode == 0, removed.stderr
         gone = time.time()
         wait_for(lambda: all(LEFT in p.log() for p in procs), 5, what="dyn stopped everywhere")
+        assert not any(taken_up(p, "dyn") for p in procs)  # next run 0: out of the alerts
         slot = int(in_flight.headers["X-Anarchon-Slot"])
         wait_for(
             lambda: any(
@@ -253,3 +257,64 @@ def test_file_wins_and_hostile_values_are_counted_and_not_run(
         code, answer = post(procs[0], f"{path}/remove", {"id": "t1"})
         assert (code, answer["result"]) == (200, "removed"), answer
         assert post(procs[0], f"{path}/remove", {})[0] == 404
+
+
+# ---------------------------------------------------------------------- the checks alone
+
+
+def parsed_config(**extra: Any) -> Config:
+    data = {
+        "nats": {"servers": ["nats://127.0.0.1:4222"], "history_size": 50},
+        "target": {"url": "http://127.0.0.1:8080", "headers": {"Authorization": "Bearer app"}},
+        "defaults": {"ping": "https://hc.example/ping/{job}"},
+        "jobs": [YEARLY],
+        **extra,
+    }
+    return parse_config(data, {})
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "words"),
+    [
+        ({"schedule": "61 * * * *"}, "job.schedule", "bad minute"),
+        ({"request": {"url": "http://127.0.0.1:9999"}}, "job.request.url", "config file's target"),
+        ({"ping": "https://elsewhere.example/"}, "job.ping", "defaults.ping"),
+        (
+            {"request": {"headers": {"AUTHORIZATION": "Bearer x"}}},
+            "job.request.headers.AUTHORIZATION",
+            "target.headers",
+        ),
+        (
+            {"request": {"headers": {"X-Anarchon-Slot": "1"}}},
+            "job.request.headers.X-Anarchon-Slot",
+            "reserved",
+        ),
+        ({"history_size": 51}, "job.history_size", "at most the stream's history size 50"),
+        ({"jitter": "5m"}, "job.jitter", "duplicate_window"),
+        ({"nope": 1}, "job.nope", "unknown key"),
+        ({"id": ""}, "job.id", "an id of 1 to 200"),
+    ],
+)
+def test_a_bucket_job_is_checked_as_the_files_plus_its_own_rules(
+    extra: dict[str, Any], key: str, words: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_bucket_job(parsed_config(), {**job("t"), **extra}, "job")
+    assert caught.value.key == key and words in caught.value.message, caught.value
+
+
+def test_a_bucket_job_gets_the_files_target_and_defaults() -> None:
+    config = parsed_config()
+    spec = parse_bucket_job(config, {**job("t"), "request": {"headers": {"X-Tenant": "42"}}}, "job")
+    assert spec.id == "t"  # no id: the name
+    assert spec.job.request.url == config.target.url
+    assert dict(spec.job.request.headers) == {"Authorization": "Bearer app", "X-Tenant": "42"}
+    assert spec.job.ping is not None and spec.job.ping.url == "https://hc.example/ping/t"
+    # by/at are not the job: the same job written again by someone else is the same
+    again = parse_bucket_job(
+        config, {**job("t"), "request": {"headers": {"X-Tenant": "42"}}, "by": "x"}, "job"
+    )
+    assert again.canon == spec.canon
+    with pytest.raises(ConfigError) as caught:
+        judge(config, "job.other", job("t"))
+    assert caught.value.key == "job.other.name"
