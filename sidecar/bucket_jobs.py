@@ -202,10 +202,16 @@ class BucketJobs:
     def loops(self) -> list[asyncio.Task[None]]:
         return [r.task for r in self.running.values()]
 
-    def source(self, name: str) -> str | None:
+    def origin(self, name: str) -> tuple[str, str | None]:
+        """(``file``, None) or (``bucket``, its external id): where job `name` comes from."""
         if name in self.file_names:
-            return FILE
-        return BUCKET if name in self.running else None
+            return FILE, None
+        running = self.running.get(name)
+        return BUCKET, running.spec.id if running is not None else None
+
+    def listing(self) -> list[dict[str, Any]]:
+        """Every job key of the bucket with its state, as ``status --json`` lists them."""
+        return listing(self.config, self.fleet.view, self.file_names)
 
     # ------------------------------------------------------------------ following the view
 
@@ -613,7 +619,9 @@ async def api_action(
     return 200, {"name": done.name, "id": done.id, "result": done.what}
 
 
-def listing(config: Config, view: View) -> list[dict[str, Any]]:
+def listing(
+    config: Config, view: View, file_names: frozenset[str] | None = None
+) -> list[dict[str, Any]]:
     """Every ``job.<name>`` key of `view`: name, id, state (``run``, ``shadowed`` by the
     file, ``invalid``) and why, as ``status`` and ``job list`` show them."""
     out = []
@@ -628,7 +636,7 @@ def listing(config: Config, view: View) -> list[dict[str, Any]]:
             "state": "run",
             "problem": None,
         }
-        if name in config.job_names:
+        if name in (config.job_names if file_names is None else file_names):
             item["state"] = "shadowed"
             item["problem"] = "the config file has a job of this name; the file's job runs"
         else:

@@ -98,7 +98,7 @@ class Daemon:
             self.page = PageApp(self.config, self.fleet, self.guard, self.clock, self.secrets)
             self.admin.app = self.page
             self.bucket_jobs.listeners.append(self.page.live.jobs_changed)
-            self.page.bucket_jobs = self.bucket_jobs
+            self.page.bucket_jobs = self.page.data.bucket_jobs = self.bucket_jobs
 
     @property
     def runs(self) -> set[asyncio.Task[None]]:

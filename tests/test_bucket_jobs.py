@@ -234,7 +234,14 @@ def test_file_wins_and_hostile_values_are_counted_and_not_run(
         assert sources == {"keep": ("file", None), "ok": ("bucket", "ok")}
         # The page lists it too.
         code, body = procs[0].get("/api/v1/jobs")
-        assert code == 200 and '"ok"' in body
+        assert code == 200, body
+        listed = {j["name"]: (j["source"], j["id"]) for j in json.loads(body)["jobs"]}
+        assert listed == sources
+        code, body = procs[0].get("/api/v1/fleet")
+        assert {i["name"]: i["state"] for i in json.loads(body)["bucket_jobs"]} == {
+            **states,
+            "ok": "run",
+        }
 
         # The API with the admin token: the same checks, the same answers.
         path = "/api/v1/bucket-jobs/viaapi"
