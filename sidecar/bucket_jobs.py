@@ -43,10 +43,11 @@ from sidecar.config_jobs import JOB_KEYS, check_windows, parse_job
 from sidecar.config_keys import JOB_NAME, ConfigSection
 from sidecar.config_model import Config, JobConfig, Secrets
 from sidecar.errors import ConfigError, SidecarError, StreamError
-from sidecar.kv import CasConflict, create_or_update, delete_at
-from sidecar.state import Removal, View, ensure_bucket, job_hash, state_spec
+from sidecar.kv import CasConflict, create_or_update, delete_at, put_with_ttl
+from sidecar.state import PRESENCE_TTL, Removal, View, ensure_bucket, job_hash, state_spec
 from sidecar.tasks import cancel_all
 from sidecar.values import CONTROL_RE, short, type_name
+from sidecar.wire import instance_key
 
 if TYPE_CHECKING:
     from sidecar.fleet import Fleet
@@ -183,6 +184,8 @@ class BucketJobs:
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
+        self._presence: asyncio.Task[None] | None = None
+        self._presence_due = False
         self.jobs: Jobs | None = None
         # Called with the running job set after each change (the page's objects).
         self.listeners: list[Callable[[], None]] = []
@@ -195,9 +198,8 @@ class BucketJobs:
 
     async def stop(self) -> None:
         """Stop taking up changes; the loops end with the daemon's (``loops``)."""
-        if self._worker is not None:
-            await cancel_all([self._worker])
-            self._worker = None
+        await cancel_all([t for t in (self._worker, self._presence) if t is not None])
+        self._worker = self._presence = None
 
     def loops(self) -> list[asyncio.Task[None]]:
         return [r.task for r in self.running.values()]
@@ -332,6 +334,29 @@ class BucketJobs:
     def _tell(self) -> None:
         for listener in self.listeners:
             listener()
+        self._publish_presence()
+
+    def _publish_presence(self) -> None:
+        """Put this instance's presence (its jobs' hashes) at once, not at the next
+        renewal (5 s): the fleet would see "settings differ" meanwhile."""
+        self._presence_due = True
+        if self._presence is None:
+            self._presence = asyncio.create_task(self._put_presence())
+
+    async def _put_presence(self) -> None:
+        try:
+            while self._presence_due:
+                self._presence_due = False
+                bucket = self.fleet.bucket
+                if bucket is None or not bucket.ttl:
+                    return
+                key = instance_key(self.config.instance_id)
+                try:
+                    await put_with_ttl(bucket, key, self.fleet.presence, PRESENCE_TTL)
+                except Exception as exc:  # renewed at the next beat anyway
+                    log.debug("presence: %r", exc)
+        finally:
+            self._presence = None
 
     # ------------------------------------------------------------------ the job set
 

@@ -56,6 +56,14 @@ def taken_up(p: Sidecar, name: str) -> bool:
     return (p.metric("anarchon_job_next_run_timestamp_seconds", {"job": name}) or 0) > 0
 
 
+def fleet_hashes(cfg: str) -> set[str] | None:
+    """The instances' job-settings hashes as `status --json` reads them; None while
+    they differ (an instance has not told its new jobs yet)."""
+    obj = json.loads(run_cli("status", "-c", cfg, "--json").stdout)
+    hashes = {i["config_hash"] for i in obj["instances"]}
+    return None if obj["config_mismatch"] or len(hashes) != 1 else hashes
+
+
 def put_key(url: str, bucket: str, key: str, value: bytes) -> None:
     """Write a key of the state bucket as anyone with write access could."""
 
@@ -105,6 +113,8 @@ def test_add_update_remove_on_three_sidecars(
         assert changed.returncode == 1 and "`job update` changes it" in changed.stderr
 
         # update: every second slot from now on
+        before = fleet_hashes(cfg)
+        assert len(before) == 1, before  # the same jobs everywhere
         updated = run_cli(
             "job",
             "update",
@@ -114,6 +124,10 @@ def test_add_update_remove_on_three_sidecars(
         )
         assert updated.returncode == 0, updated.stderr
         since = time.time()
+        # Each presence says so at once, not at its next renewal (every 5 s): the
+        # fleet never shows "settings differ" for long.
+        wait_for(lambda: fleet_hashes(cfg) not in (before, None), 1.5, what="new presences")
+        assert len(fleet_hashes(cfg) or ()) == 1
         wait_for(
             lambda: len([s for s in slots(http_app, "/jobs/dyn") if s / 1000 > since + 2]) >= 2,
             15,
