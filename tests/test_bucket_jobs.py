@@ -279,6 +279,16 @@ def test_file_wins_and_hostile_values_are_counted_and_not_run(
         assert (code, answer["result"]) == (200, "removed"), answer
         assert post(procs[0], f"{path}/remove", {})[0] == 404
 
+        # A sidecar started later runs the bucket's jobs from its start, and judges
+        # the hostile keys as the others did.
+        late = Sidecar(tmp_path, "late", config, {}).start().wait_ready()
+        try:
+            wait_for(lambda: taken_up(late, "ok"), 5, what="ok taken up by a later sidecar")
+            assert late.metric("anarchon_hostile_input_total", {"what": "job"}) == 2
+            assert not taken_up(late, "viaapi")
+        finally:
+            late.terminate(30)
+
 
 # ---------------------------------------------------------------------- the checks alone
 
