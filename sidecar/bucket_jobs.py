@@ -44,7 +44,10 @@ from sidecar.config_keys import JOB_NAME, ConfigSection
 from sidecar.config_model import Config, JobConfig, Secrets
 from sidecar.errors import ConfigError, SidecarError, StreamError
 from sidecar.kv import CasConflict, create_or_update, delete_at, put_with_ttl
-from sidecar.state import PRESENCE_TTL, Removal, View, ensure_bucket, job_hash, state_spec
+from sidecar.since import schedule_hash, since_key
+from sidecar.since import value as since_value
+from sidecar.state import PRESENCE_TTL, Removal, View, decode, ensure_bucket, job_hash, state_spec
+from sidecar.streamfit import coverage
 from sidecar.tasks import cancel_all
 from sidecar.values import CONTROL_RE, short, type_name
 from sidecar.wire import instance_key
@@ -61,6 +64,8 @@ FILE, BUCKET = "file", "bucket"
 # Keys of a stored job that are not the job's: the external id, who and when.
 META_KEYS = ("id", "by", "at")
 MAX_ID = 200
+# ``since.<job>``'s why when `job add` bounds the new job's catch-up.
+ADDED = "added"
 
 
 def job_key(name: str) -> str:
@@ -365,6 +370,13 @@ class BucketJobs:
         assert self.jobs is not None
         self._set_jobs({**self._by_name(), job.name: job})
         jobs, fleet = self.jobs, self.fleet
+        # Whether the stream holds its claims, from the guard's last look (the next
+        # look, up to STREAM_REFRESH away, includes it): not "not checked yet".
+        guard = jobs.guard
+        if guard.stream_state is not None:
+            why = coverage(guard.stream_state, guard.spec, (job,)).get(job.name)
+            guard.uncovered = {**guard.uncovered, job.name: why}
+            guard._set_covered()
         jobs.aftermath._jobs[job.name] = job
         jobs.due.by_name[job.name] = job
         jobs.lost.jobs[job.name] = job
@@ -384,6 +396,7 @@ class BucketJobs:
         by_name.pop(name, None)
         self._set_jobs(by_name)
         jobs, fleet = self.jobs, self.fleet
+        jobs.guard.uncovered = {k: v for k, v in jobs.guard.uncovered.items() if k != name}
         jobs.aftermath._jobs.pop(name, None)
         jobs.due.by_name.pop(name, None)
         # Lost runs of a removed job are still judged (no longer in "ours": as
@@ -488,8 +501,6 @@ async def _bucket(config: Config, secrets: Secrets, create: bool) -> AsyncIterat
 
 
 async def _current(kv: Any, key: str) -> tuple[dict[str, Any], int] | None:
-    from sidecar.state import decode
-
     try:
         entry = await kv.get(key)
     except KeyNotFoundError:
@@ -524,6 +535,13 @@ async def add_in(kv: Any, spec: BucketJob, value: dict[str, Any]) -> Written:
                 f"{name}: the state bucket has this job (id {short(spec.id)}) with other "
                 "settings: `job update` changes it"
             )
+        # First the catch-up bound (sidecar/since.py): a job that is new, or
+        # removed and added again, never catches up a slot from before now.
+        bound = since_value(round(time.time() * 1000), ADDED, schedule_hash(spec.job))
+        try:
+            await kv.put(since_key(name), bound)
+        except Exception as exc:
+            raise StreamError(f"cannot write {since_key(name)} in state bucket: {exc!r}") from exc
         try:
             revision = await create_or_update(kv, key, value, None)
         except CasConflict:

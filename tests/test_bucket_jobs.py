@@ -39,6 +39,7 @@ from tests.support import (
     wait_for,
 )
 
+NOT_CHECKED = "skipped: stream not checked yet"
 TOKEN = "s3cret-token-for-bucket-jobs-0123"
 LEFT = "job dyn (id tenant-7/report) left the state bucket"
 # A file job that never comes due during a test: the config needs one.
@@ -99,6 +100,7 @@ def test_add_update_remove_on_three_sidecars(
         for p in procs:
             assert "job dyn (id tenant-7/report) taken up from the state bucket" in p.log()
         wait_for(lambda: len(slots(http_app, "/jobs/dyn")) >= 4, 15, what="runs of dyn")
+        assert not any(NOT_CHECKED in p.log() for p in procs)
 
         # the same job with the same id again: nothing changes; another id: refused
         again = run_cli("job", "add", job_file(tmp_path, "dyn", dyn), "-c", cfg)
@@ -239,10 +241,15 @@ def test_file_wins_and_hostile_values_are_counted_and_not_run(
         text = run_cli("status", "-c", cfg)
         assert "keep (state bucket, id k): not run: the config file has a job" in text.stdout
 
-        # A valid one beside them runs, and status says where it came from.
-        ok = run_cli("job", "add", job_file(tmp_path, "ok", job("ok")), "-c", cfg)
+        # A valid one beside them runs, and status says where it came from. With
+        # catchup it never catches up a slot from before it was added.
+        added_ms = round(time.time() * 1000)
+        ok = run_cli("job", "add", job_file(tmp_path, "ok", job("ok", catchup="all")), "-c", cfg)
         assert ok.returncode == 0, ok.stderr
-        wait_for(lambda: len(slots(http_app, "/jobs/ok")) >= 1, 10, what="a run of ok")
+        wait_for(lambda: len(slots(http_app, "/jobs/ok")) >= 2, 10, what="runs of ok")
+        # Its first slots are claimed: the stream's fit is judged when it is taken up.
+        assert not any(NOT_CHECKED in p.log() for p in procs)
+        assert min(slots(http_app, "/jobs/ok")) >= added_ms, (added_ms, slots(http_app, "/jobs/ok"))
         obj = json.loads(run_cli("status", "-c", cfg, "--json").stdout)
         sources = {j["name"]: (j["source"], j["id"]) for j in obj["jobs"]}
         assert sources == {"keep": ("file", None), "ok": ("bucket", "ok")}
