@@ -224,7 +224,9 @@ class BucketJobs:
 
     def _changed(self, key: str) -> None:
         if key == "":  # a full re-read: every job key, and every job running
-            self._dirty.update(k[len(PREFIX) :] for k in self.fleet.view.keys if k[:4] == PREFIX)
+            self._dirty.update(
+                k[len(PREFIX) :] for k in self.fleet.view.keys if k.startswith(PREFIX)
+            )
             self._dirty.update(self.running)
         elif key.startswith(PREFIX):
             self._dirty.add(key[len(PREFIX) :])
