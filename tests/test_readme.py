@@ -233,6 +233,20 @@ class World:
         bad = yaml.safe_load((self.dirs["web-1"] / "sidecar.yaml").read_text())
         bad["jobs"][1].update(jitter="30s", max_late="5m")
         (self.dirs["web-1"] / "bad.yaml").write_text(yaml.safe_dump(bad, sort_keys=False))
+        # The jobs docs/CLI.md adds at run time (`job add`, `job update`).
+        tenant = {
+            "name": "tenant-42-report",
+            "id": "tenant-42/report",
+            "schedule": "30 6 * * 1-5",
+            "timezone": "Europe/Berlin",
+            "request": {"path": "/jobs/report", "body": '{"tenant": 42}'},
+        }
+        for file, job in (
+            ("tenant-42-report.yaml", tenant),
+            ("tenant-42-report-7am.yaml", {**tenant, "schedule": "0 7 * * 1-5"}),
+            ("bad-job.yaml", {**tenant, "name": "bad-job", "schedule": "61 * * * *"}),
+        ):
+            (self.dirs["web-1"] / file).write_text(yaml.safe_dump(job, sort_keys=False))
 
     def where(self, context: str) -> Path:
         if "NATS down" in context:

@@ -7,6 +7,8 @@ Read (GET, anyone who reaches the admin port):
   ``/api/v1/events``: server-sent events (sidecar/admin/live.py);
   ``/fragment/...``: pieces of the pages that page.js swaps in on an event.
 Act (POST, only with ``admin.token_file``; without it every POST is 403):
+  ``/api/v1/bucket-jobs/<job>/{add,update,remove}`` (jobs added at run time,
+  sidecar/admin/bucket_jobs.py), with the bearer token only;
   ``/api/v1/jobs/<job>/{run-now,pause,resume,skip,at,cancel-at}`` with
   ``Authorization: Bearer <token>``; the same from the page's forms at
   ``/jobs/<job>/<action>`` with the session cookie that ``/login`` gives for a
@@ -45,6 +47,7 @@ from sidecar.admin.actions import (
     skip_detail,
 )
 from sidecar.admin.atops import act as at_act
+from sidecar.admin.bucket_jobs import API_ACTIONS, BucketJobs, api_action
 from sidecar.admin.live import Live
 from sidecar.admin.ops import skip as skip_runs
 from sidecar.admin.ops import until_of
@@ -116,6 +119,8 @@ class PageApp:
         self.sessions = Sessions(self.tokens)
         self.data = PageData(config, fleet, guard, self.clock, self.live)
         self.runs: ManualRuns | None = None
+        # Jobs of the state bucket (POST /api/v1/bucket-jobs/...): set by the daemon.
+        self.bucket_jobs: BucketJobs | None = None
         # ``skip`` writes with the CLI's own function, on its own connection.
         self.secrets = job_secrets
         self._static = {
@@ -275,6 +280,8 @@ class PageApp:
             return self._logout()
         api = parts[:2] == ["api", "v1"]
         rest = parts[2:] if api else parts
+        if api and len(rest) == 3 and rest[0] == "bucket-jobs" and rest[2] in API_ACTIONS:
+            return await self._bucket_job(req, rest[1], rest[2])
         if len(rest) != 3 or rest[0] != "jobs" or rest[2] not in ACTIONS:
             return _json(404, {"error": "not found"})
         job, action = rest[1], rest[2]
@@ -302,6 +309,22 @@ class PageApp:
             return _json(status, result)
         location = page.job_href(job) + ("" if status < 300 else "?error=1")
         return Answer(303, "text/plain; charset=utf-8", b"", (*SECURITY, ("Location", location)))
+
+    async def _bucket_job(self, req: Request, name: str, action: str) -> Answer:
+        """Add, update or remove a job of the state bucket (sidecar/admin/bucket_jobs.py):
+        with the admin token only, as the CLI would."""
+        auth = req.headers.get("authorization", "")
+        scheme, _, presented = auth.partition(" ")
+        who = self.tokens.who(presented.strip()) if scheme.lower() == "bearer" else None
+        if who is None:
+            return _json(401, {"error": "a valid Authorization: Bearer <token> is needed"})
+        bucket = self.fleet.bucket
+        if bucket is None or self.bucket_jobs is None:
+            return _json(503, {"error": "the state bucket is not open yet"})
+        status, result = await api_action(
+            self.config, self.bucket_jobs.file_names, bucket.kv, name, action, req.body, who
+        )
+        return _json(status, result)
 
     async def _act(
         self, job: str, action: str, who: str, peer: str, form: dict[str, str], via: str

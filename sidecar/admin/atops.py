@@ -61,7 +61,8 @@ async def _audit(kv: KeyValue, job: str, entry: dict[str, Any]) -> None:
 async def cli_queue(
     config: Config, secrets: Secrets, job: JobConfig, slot: int, by: str, reason: str
 ) -> Queued:
-    from sidecar.admin.oneshot import _js, connected
+    from sidecar.store.connection import connected
+    from sidecar.store.connection import one_shot_js as _js
     from sidecar.store.state import ensure_bucket, state_spec
 
     async with connected(config, secrets) as conn:
@@ -76,7 +77,8 @@ async def cli_queue(
 async def cli_cancel(
     config: Config, secrets: Secrets, job: str, slots: set[int] | None, by: str
 ) -> list[AtRun]:
-    from sidecar.admin.oneshot import _js, connected
+    from sidecar.store.connection import connected
+    from sidecar.store.connection import one_shot_js as _js
     from sidecar.store.state import ensure_bucket, state_spec
 
     async with connected(config, secrets) as conn:
@@ -90,7 +92,8 @@ async def cli_cancel(
 
 
 async def cli_list(config: Config, secrets: Secrets, job: str) -> list[AtRun]:
-    from sidecar.admin.oneshot import _js, connected
+    from sidecar.store.connection import connected
+    from sidecar.store.connection import one_shot_js as _js
     from sidecar.store.state import ensure_bucket, state_spec
 
     async with connected(config, secrets) as conn:

@@ -163,6 +163,14 @@ class Live:
             except Exception as exc:  # the connection is gone: nothing to undo
                 log.debug("fleet page feed: unsubscribe: %r", exc)
 
+    def jobs_changed(self) -> None:
+        """The config's jobs changed (a job of the state bucket came or went)."""
+        self._jobs = frozenset(self.config.job_names)
+        self.version += 1
+        self._fleet_changed = True
+        self._changed.update(self._jobs)
+        self.dirty.update(self._jobs)
+
     def _key(self, key: str) -> None:
         """A key the state bucket's watch delivered ("" after a re-sync)."""
         self.version += 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ from sidecar.run.claim import Claimer
 from sidecar.run.record import Recorder, sent
 from sidecar.run.since import since_key
 from sidecar.run.trigger import RetryReport, Trigger, TriggerResult, why_of
-from sidecar.store.connection import Client, Connection, jetstream
+from sidecar.store.connection import Client, connected, one_shot_js
 from sidecar.store.kv import Keys, Paused, delete_at, put_json, store_pause
 from sidecar.store.runs import History, read_history, stream_job_names
 from sidecar.store.state import decode, ensure_bucket, state_spec
@@ -61,16 +61,6 @@ from sidecar.store.streamfit import coverage, raised_state
 READ_TIMEOUT = 10.0
 
 
-@contextlib.asynccontextmanager
-async def connected(config: Config, secrets: Secrets) -> AsyncIterator[Connection]:
-    conn = Connection(config, secrets)
-    await conn.connect()
-    try:
-        yield conn
-    finally:
-        await conn.close(drain=False)
-
-
 @contextlib.contextmanager
 def answered(
     what: str = "JetStream did not answer", also: tuple[type[Exception], ...] = ()
@@ -83,9 +73,7 @@ def answered(
         raise StreamError(f"{what}: {exc!r}") from exc
 
 
-def _js(conn: Connection) -> JetStreamContext:
-    assert conn.nc is not None
-    return jetstream(conn.nc, conn.config, READ_TIMEOUT)
+_js = one_shot_js  # the commands' name for it (ops, atops)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from typing import Any
 
 from nats.js.errors import KeyNotFoundError
 
-from sidecar.admin.oneshot import _js, connected
 from sidecar.config.load import Config, JobConfig, Secrets
 from sidecar.config.values import parse_duration
 from sidecar.core.clock import INSTANT_RANGE, in_range, parse_instant, rfc3339
@@ -29,6 +28,8 @@ from sidecar.run.backfill import (
     slot_list,
 )
 from sidecar.run.since import RESUMED, schedule_hash
+from sidecar.store.connection import connected
+from sidecar.store.connection import one_shot_js as _js
 from sidecar.store.kv import create_or_update, delete_at
 from sidecar.store.runs import read_job_messages
 from sidecar.store.state import decode, ensure_bucket, state_spec

@@ -34,6 +34,7 @@ from sidecar.store.state import View, mismatched_jobs
 from sidecar.store.stream import StreamState, state_of
 
 if TYPE_CHECKING:
+    from sidecar.admin.bucket_jobs import BucketJobs
     from sidecar.fleet.member import Fleet
     from sidecar.store.guard import StreamGuard
 
@@ -66,6 +67,8 @@ class PageData:
         self._stream: StreamState | None = None
         self._stream_at = 0.0
         self._history: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+        # Where each job comes from (file or state bucket): set by the daemon.
+        self.bucket_jobs: BucketJobs | None = None
 
     async def jobs_data(self) -> list[dict[str, Any]]:
         """Every job's object, current; only the jobs that changed are built again.
@@ -137,7 +140,14 @@ class PageData:
         upcoming = job.schedule.runs(now_ms, NEXT_RUNS)  # exclusions applied
         # None left (end_at passed): rebuilt only when its keys change.
         self._next_ms[name] = upcoming[0] if upcoming else 2**62
-        return job_object(job, view, self.live.recent, now_ms, mismatch, held, upcoming, runners)
+        obj = job_object(job, view, self.live.recent, now_ms, mismatch, held, upcoming, runners)
+        return self._with_source(obj)
+
+    def _with_source(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """``source`` (file or bucket) and ``id``, as ``status --json`` has them."""
+        origin = self.bucket_jobs.origin(obj["name"]) if self.bucket_jobs else ("file", None)
+        obj["source"], obj["id"] = origin
+        return obj
 
     def row(self, job: dict[str, Any]) -> str:
         """A job's row of the table, rendered once per change."""
@@ -159,7 +169,8 @@ class PageData:
         now_ms = self.clock.wall_ms()
         runners = run_by(view.instances())
         held = self._held()
-        return job_object(job, view, self.live.recent, now_ms, mismatch, held, runners=runners)
+        obj = job_object(job, view, self.live.recent, now_ms, mismatch, held, runners=runners)
+        return self._with_source(obj)
 
     async def _stream_state(self) -> StreamState | None:
         """The stream's state, read at most every STREAM_REUSE seconds (else the guard's)."""
@@ -185,7 +196,8 @@ class PageData:
         }
         now_ms = self.clock.wall_ms()
         fleet = fleet_part(self.config, self.fleet.view, stream, bucket, now_ms, self.live.seen)
-        return {**fleet, "served_by": self.config.instance_id}
+        listed = self.bucket_jobs.listing() if self.bucket_jobs is not None else []
+        return {**fleet, "bucket_jobs": listed, "served_by": self.config.instance_id}
 
     async def runs_data(self, name: str, limit: int, before: int | None) -> dict[str, Any]:
         cached = self._history.get(name)

@@ -12,52 +12,26 @@ from __future__ import annotations
 from typing import Any
 
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import NotFoundError
 
 from sidecar.admin.board import Recent, fleet_object, read_recent, running, stream_object
+from sidecar.admin.bucket_jobs import listing, with_bucket_jobs, with_sources
 from sidecar.config.load import Config
 from sidecar.store.bucketcheck import check_bucket
-from sidecar.store.state import View, state_spec
+from sidecar.store.state import View, read_view, state_spec
 from sidecar.store.stream import answering_domain, state_of, stream_spec
 from sidecar.store.streamfit import coverage
 
-READ_TIMEOUT = 10.0
-
-__all__ = ["fleet_status", "read_view", "running"]
-
-
-async def read_view(
-    js: JetStreamContext, config: Config, seen: dict[str, float] | None = None
-) -> View | None:
-    """Every live key of the state bucket; None when the bucket does not exist yet.
-
-    `seen` gets when each ``instance.<id>`` key was last written (epoch s).
-    """
-    try:
-        kv = await js.key_value(state_spec(config).bucket)
-    except (BucketNotFoundError, NotFoundError):
-        return None
-    view = View()
-    watcher = await kv.watchall()
-    try:
-        while True:
-            entry = await watcher.updates(timeout=READ_TIMEOUT)  # type: ignore[no-untyped-call]
-            if entry is None:
-                break
-            view.apply_entry(entry)
-            created = getattr(entry, "created", None)
-            if seen is not None and str(entry.key).startswith("instance.") and created:
-                seen[str(entry.key)[len("instance.") :]] = created.timestamp()
-    finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    view.synced = True
-    return view
+__all__ = ["fleet_status", "running"]
 
 
 async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dict[str, Any]:
     """The object of FLEET.md's ``status --json``."""
     seen: dict[str, float] = {}
     view = await read_view(js, config, seen) or View()
+    file_names = config.job_names
+    bucket_jobs = listing(config, view)
+    config = with_bucket_jobs(config, view)  # run beside the file's: shown as theirs
     spec = stream_spec(config)
     stream: dict[str, Any] | None = None
     held: dict[str, str | None] = {}
@@ -87,4 +61,8 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
         bucket["problem"] = "the state bucket does not exist (a running sidecar creates it)"
     except Exception:  # no answer: the rest is still shown
         pass
-    return fleet_object(config, view, recent, stream, held, now_ms, bucket, seen)
+    return with_sources(
+        fleet_object(config, view, recent, stream, held, now_ms, bucket, seen),
+        file_names,
+        bucket_jobs,
+    )

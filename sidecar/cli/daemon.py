@@ -41,6 +41,8 @@ from sidecar.store.stream import stream_spec
 
 if TYPE_CHECKING:
     from sidecar.admin.api import PageApp
+from sidecar.admin.api import PageApp
+from sidecar.admin.bucket_jobs import BucketJobs
 
 __all__ = ["Daemon", "start", "stream_spec"]
 
@@ -88,6 +90,8 @@ class Daemon:
             *(job.name for job in self.config.jobs),
         )
         self.conn.on_reconnect.append(self.fleet.reconnected)
+        # Jobs added at run time (the state bucket's job.<name> keys), beside the file's.
+        self.bucket_jobs = BucketJobs(self.config, self.metrics, self.fleet)
         self.jobs: Jobs | None = None
         self.stop_asked = 0.0  # clock.monotonic() of the first stop
         self.admin = AdminServer(
@@ -101,6 +105,8 @@ class Daemon:
 
             self.page = PageApp(self.config, self.fleet, self.guard, self.clock, self.secrets)
             self.admin.app = self.page
+            self.bucket_jobs.listeners.append(self.page.live.jobs_changed)
+            self.page.bucket_jobs = self.page.data.bucket_jobs = self.bucket_jobs
 
     @property
     def runs(self) -> set[asyncio.Task[None]]:
@@ -177,6 +183,7 @@ class Daemon:
                     manual.aftermath = jobs.aftermath
                     self.page.attach(js, manual)
                 watcher = asyncio.create_task(self.guard.run(js))
+                self.bucket_jobs.start(jobs)
                 self.fleet.start(js)
                 self.conn.on_reconnect.append(jobs.reconnected)
                 loops = [asyncio.create_task(jobs.loop(job)) for job in self.config.jobs]
@@ -186,7 +193,8 @@ class Daemon:
                 await self.stopping.wait()
                 # A claim still waiting for an answer (NATS down, say) gets a
                 # moment, then is abandoned: the slot is skipped, never run.
-                claiming = [*loops, *jobs.background()]
+                await self.bucket_jobs.stop()
+                claiming = [*loops, *self.bucket_jobs.loops(), *jobs.background()]
                 await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
                 await cancel_all([*claiming, *jobs.background()])
                 if self.page is not None:

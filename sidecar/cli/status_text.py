@@ -63,10 +63,19 @@ def status_lines(view: dict[str, Any]) -> list[str]:
                     last.get("status") or "-",
                     last.get("instance") or "-",
                     job["next_slot"] or "-",
+                    job.get("source") or "file",
                 )
             )
         )
-    lines += table(("JOB", "STATE", "LAST RUN", "STATUS", "INSTANCE", "NEXT"), rows)
+    lines += table(("JOB", "STATE", "LAST RUN", "STATUS", "INSTANCE", "NEXT", "FROM"), rows)
+    for item in view.get("bucket_jobs") or []:
+        if item.get("state") != "run":
+            lines.append(
+                printable(
+                    f"{item['name']} (state bucket, id {item.get('id')}): not run: "
+                    f"{item.get('problem')}"
+                )
+            )
     if problem := (view.get("state_bucket") or {}).get("problem"):
         lines.append(printable(f"WARNING: {problem}"))
     for job in view["jobs"]:

@@ -203,6 +203,7 @@ def _parse(data: dict[Any, Any]) -> Config:
         admin=admin,
         notify=parse_notify(data.get("notify")),
         tracing=parse_tracing(data.get("tracing")),
+        defaults=MappingProxyType(dict(defaults.data)),
     )
     size = config.effective_history_size  # once, not once per job
     for index, job in enumerate(config.jobs):

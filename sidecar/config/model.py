@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
@@ -36,6 +37,10 @@ class ClaimConfig:
 
     candidates: int = 0  # 0: every live instance claims (the reference's behaviour)
     fallback: float = DEFAULT_FALLBACK  # after jitter: the others claim unless the run was seen
+
+
+def _no_defaults() -> Mapping[str, Any]:
+    return MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,11 @@ class Config:
     admin: AdminConfig = field(default_factory=AdminConfig)
     notify: tuple[NotifyConfig, ...] = ()
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    # ``defaults:`` as written: a job of the state bucket is parsed with it, as the
+    # file's jobs were (sidecar/admin/bucket_jobs.py).
+    defaults: Mapping[str, Any] = field(
+        default_factory=_no_defaults, compare=False, hash=False, repr=False
+    )
 
     @property
     def effective_history_size(self) -> int:

@@ -34,14 +34,15 @@ class Sleeper:
         for waiter in self._sleepers:
             _wake(waiter)
 
-    async def until(self, wall: float) -> bool:
-        """Sleep until wall-clock time `wall`; True when stopping interrupted it."""
+    async def until(self, wall: float, retired: asyncio.Event | None = None) -> bool:
+        """Sleep until wall-clock time `wall`; True when stopping interrupted it, or
+        `retired` (one job's own stop: a job removed from the state bucket) is set."""
         loop = asyncio.get_running_loop()
         while True:
             delay = wall - self.clock.wall()
             if delay <= 0:
-                return self.stopping.is_set()
-            if self.stopping.is_set():
+                return self.stopping.is_set() or (retired is not None and retired.is_set())
+            if self.stopping.is_set() or (retired is not None and retired.is_set()):
                 return True
             if delay <= PRECISE_WAKE:
                 # Never early: the first job due at this instant sleeps the rest
@@ -60,5 +61,5 @@ class Sleeper:
             finally:
                 timer.cancel()
                 self._sleepers.discard(waiter)
-            if self.stopping.is_set():
+            if self.stopping.is_set() or (retired is not None and retired.is_set()):
                 return True

@@ -45,7 +45,7 @@ SKIP_REASONS = (
     "skip",
 )
 # What hostile input from NATS was refused (hostile_input_total{what}).
-HOSTILE_KINDS = ("due_key", "backfill_key", "value", "at_key")
+HOSTILE_KINDS = ("due_key", "backfill_key", "value", "at_key", "job")
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -175,7 +175,8 @@ class Metrics:
             "the job's schedule, retry budget and the stream do not back), backfill_key (a "
             "backfill.<job> value the backfill command would not write), value (a number "
             "out of range, e.g. an absurd slot), at_key (an entry of a one-off run that the "
-            "`at` command would not have written).",
+            "`at` command would not have written), job (a job.<name> key of the state "
+            "bucket that is not a valid job).",
             ("what",),
             namespace=PREFIX,
             registry=registry,

@@ -180,8 +180,12 @@ class Jobs:
             self._keys = Keys(bucket, self.fleet.denied)
         return self._keys
 
-    async def loop(self, job: JobConfig) -> None:
-        """The job's schedule until stopping: wait, check, claim, run each slot."""
+    async def loop(self, job: JobConfig, retired: asyncio.Event | None = None) -> None:
+        """The job's schedule until stopping: wait, check, claim, run each slot.
+
+        `retired`: set (then ``wake()``) to end this job's loop alone, between two
+        claims (a job removed from the state bucket: sidecar/admin/bucket_jobs.py); its
+        runs in flight go on, in ``runs``."""
         m = self.metrics
         name = job.name
         slot = job.schedule.next_slot(self.clock.wall_ms())
@@ -194,6 +198,8 @@ class Jobs:
         if job.catchup != "none":
             self.side_tasks.spawn(self.catch_up(job))
         while not self.stopping.is_set():
+            if retired is not None and retired.is_set():
+                return
             self._next[name] = slot
             if (over := self._over(job, slot)) is not None:
                 # end_at passed, or max_runs reached: no slot is claimed (nor counted
@@ -215,8 +221,8 @@ class Jobs:
                 self._previous[name] = (slot, previous)
             m.job_next_run_timestamp_seconds.labels(job=name).set(slot / 1000)
             fire_at = slot / 1000 + random.uniform(0.0, job.jitter)
-            if await self.sleep_until(fire_at):
-                if self.clock.wall() >= slot / 1000:
+            if await self.sleep_until(fire_at, retired):
+                if self.stopping.is_set() and self.clock.wall() >= slot / 1000:
                     m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
                 return
             now = self.clock.wall()

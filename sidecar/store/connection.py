@@ -18,7 +18,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
@@ -249,3 +249,24 @@ def _reason(exc: BaseException) -> str:
         return text
     name = type(exc).__name__
     return f"{name}: {text}" if text and text != name else name
+
+
+# A one-shot command's JetStream requests wait this long for an answer.
+ONE_SHOT_TIMEOUT = 10.0
+
+
+@contextlib.asynccontextmanager
+async def connected(config: Config, secrets: Secrets) -> AsyncIterator[Connection]:
+    """A connection for one command (``status``, ``pause``, ``job add``...), closed after."""
+    conn = Connection(config, secrets)
+    await conn.connect()
+    try:
+        yield conn
+    finally:
+        await conn.close(drain=False)
+
+
+def one_shot_js(conn: Connection) -> JetStreamContext:
+    """The JetStream context of a one-shot command's connection."""
+    assert conn.nc is not None
+    return jetstream(conn.nc, conn.config, ONE_SHOT_TIMEOUT)

@@ -389,3 +389,35 @@ def mismatched_jobs(instances: dict[str, dict[str, Any]]) -> set[str]:
         for name, digest in jobs.items():
             seen.setdefault((kind, str(name)), set()).add(str(digest))
     return {name for (_, name), digests in seen.items() if len(digests) > 1}
+
+
+# A one-shot read of the whole bucket (status, job list) waits this long per entry.
+READ_TIMEOUT = 10.0
+
+
+async def read_view(
+    js: JetStreamContext, config: Config, seen: dict[str, float] | None = None
+) -> View | None:
+    """Every live key of the state bucket; None when the bucket does not exist yet.
+
+    `seen` gets when each ``instance.<id>`` key was last written (epoch s).
+    """
+    try:
+        kv = await js.key_value(state_spec(config).bucket)
+    except (BucketNotFoundError, NotFoundError):
+        return None
+    view = View()
+    watcher = await kv.watchall()
+    try:
+        while True:
+            entry = await watcher.updates(timeout=READ_TIMEOUT)  # type: ignore[no-untyped-call]
+            if entry is None:
+                break
+            view.apply_entry(entry)
+            created = getattr(entry, "created", None)
+            if seen is not None and str(entry.key).startswith("instance.") and created:
+                seen[str(entry.key)[len("instance.") :]] = created.timestamp()
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
+    view.synced = True
+    return view

@@ -109,7 +109,7 @@ SPEC_LABEL_VALUES = {
         "max_runs",
     },
     "status": {"succeeded", "failed", "skipped", "lost"},
-    "what": {"due_key", "backfill_key", "value", "at_key"},
+    "what": {"due_key", "backfill_key", "value", "at_key", "job"},
     "operation": {"publish", "subscribe"},
 }
 # The reasons of each metric with a reason label.

@@ -1,0 +1,737 @@
+"""Jobs added at run time: ``job.<name>`` keys of the state bucket, beside the file's.
+
+A key ``job.<name>`` holds one job as JSON: the same mapping as an entry of
+``jobs:`` plus ``id`` (the caller's external id: adding the same job with the
+same id again changes nothing) and ``by``/``at`` (who wrote it, when). It is
+parsed by the config's own parser (``parse_job``, ``check_windows``,
+``check_fit``) with the file's ``target`` and ``defaults``, and three more
+rules, because whoever can write the bucket is not whoever wrote the file
+(SECURITY.md): the target is the file's (no ``request.url``), no ``ping``
+(its URL would be anywhere), and no header the file's ``target.headers``
+sets (the app's credentials stay the file's).
+
+``BucketJobs`` runs them in a daemon: it follows the view (every change the
+watch delivers, and every re-read by the watchdog), starts a job's loop when
+its key appears, restarts it when the job's settings change and ends it when
+the key goes (between two claims: a run in flight finishes). A job of the
+file always wins over a key of the same name (said once per revision); a
+key that is not a valid job is hostile input: counted
+(``hostile_input_total{what="job"}``), said, and not run.
+
+``add``, ``update``, ``remove`` and ``listing`` are the one-shot commands
+``anarchon-sidecar job ...`` (and the API's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
+
+from sidecar.config.jobs import JOB_KEYS, check_fit, check_windows, parse_claim, parse_job
+from sidecar.config.keys import JOB_NAME, ConfigSection
+from sidecar.config.model import Config, JobConfig, Secrets
+from sidecar.config.values import CONTROL_RE, short, type_name
+from sidecar.core.clock import rfc3339
+from sidecar.core.errors import CasConflict, ConfigError, SidecarError, StreamError
+from sidecar.core.tasks import cancel_all
+from sidecar.core.wire import instance_key
+from sidecar.run.since import schedule_hash, since_key
+from sidecar.run.since import value as since_value
+from sidecar.store.bucketcheck import needs_leases
+from sidecar.store.kv import create_or_update, delete_at, put_with_ttl
+from sidecar.store.state import (
+    PRESENCE_TTL,
+    Removal,
+    View,
+    decode,
+    ensure_bucket,
+    job_hash,
+    state_spec,
+)
+from sidecar.store.streamfit import coverage
+
+if TYPE_CHECKING:
+    from sidecar.fleet.member import Fleet
+    from sidecar.obs.metrics import Metrics
+    from sidecar.run.job import Jobs
+
+log = logging.getLogger("sidecar.bucket_jobs")
+
+PREFIX = "job."
+FILE, BUCKET = "file", "bucket"
+# Keys of a stored job that are not the job's: the external id, who and when.
+META_KEYS = ("id", "by", "at")
+MAX_ID = 200
+# ``since.<job>``'s why when `job add` bounds the new job's catch-up.
+ADDED = "added"
+
+
+def job_key(name: str) -> str:
+    return f"{PREFIX}{name}"
+
+
+class BucketJobRefused(SidecarError):
+    """`job add/update/remove` could not be done as asked (exit 1); `missing`: there is
+    no such job in the bucket (the API's 404, else 409)."""
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+@dataclass(frozen=True)
+class BucketJob:
+    """A valid job of the state bucket: the parsed job, its external id, its definition."""
+
+    job: JobConfig
+    id: str
+    # The stored mapping without by/at, as canonical JSON: equal means the same job.
+    canon: str
+
+
+def definition(value: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored mapping without ``by``/``at``: what makes two writes the same job."""
+    return {k: v for k, v in value.items() if k not in ("by", "at")}
+
+
+def canonical(value: Mapping[str, Any]) -> str:
+    return json.dumps(definition(value), sort_keys=True, separators=(",", ":"), default=str)
+
+
+def external_id(value: object, key: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_ID:
+        raise ConfigError(key, f"expected an id of 1 to {MAX_ID} characters, got {short(value)}")
+    if CONTROL_RE.search(value):
+        raise ConfigError(key, "must not contain control characters")
+    return value
+
+
+def parse_bucket_job(config: Config, value: object, path: str) -> BucketJob:
+    """A job of the state bucket (or of `job add`'s file), checked as the config's jobs
+    are, plus the bucket's own rules; ConfigError naming the key's path."""
+    if not isinstance(value, dict):
+        raise ConfigError(path, f"expected a map (a job as in jobs:), got {type_name(value)}")
+    data = {k: v for k, v in value.items() if k not in META_KEYS}
+    sec = ConfigSection(data, path, JOB_KEYS)
+    if sec.has("ping"):
+        raise ConfigError(
+            sec.key("ping"),
+            "a job of the state bucket cannot set ping (its URL could be anywhere); "
+            "defaults.ping of the config file applies",
+        )
+    request = data.get("request")
+    if isinstance(request, dict):
+        if request.get("url") is not None:
+            raise ConfigError(
+                f"{path}.request.url",
+                "a job of the state bucket calls the config file's target: "
+                "choose method, path, headers and body only",
+            )
+        extra = request.get("headers")
+        if isinstance(extra, dict):
+            fixed = {name.lower() for name in config.target.headers}
+            for name in extra:
+                if isinstance(name, str) and name.lower() in fixed:
+                    raise ConfigError(
+                        f"{path}.request.headers.{name}",
+                        "set by target.headers in the config file; a job of the state "
+                        "bucket cannot replace it",
+                    )
+    defaults = ConfigSection(dict(config.defaults), "defaults", ("ping", "claim"))
+    job = parse_job(sec, config.target, defaults, parse_claim(defaults))
+    size = config.effective_history_size
+    if job.history_size is not None and job.history_size > size:
+        raise ConfigError(
+            sec.key("history_size"),
+            f"at most the stream's history size {size} (set by the config file)",
+        )
+    check_windows(config, job, path, size)
+    check_fit(job, config.nats.ack_timeout, path)
+    ident = external_id(value.get("id", job.name), f"{path}.id")
+    return BucketJob(job, ident, canonical({**data, "id": ident}))
+
+
+def judge(config: Config, key: str, value: object) -> BucketJob:
+    """The job of the key ``job.<name>`` holding `value`; ConfigError when it is none."""
+    bucket_job = parse_bucket_job(config, value, key)
+    name = key[len(PREFIX) :]
+    if bucket_job.job.name != name:
+        raise ConfigError(f"{key}.name", f"must be the key's name {name!r}")
+    return bucket_job
+
+
+# ---------------------------------------------------------------------- the daemon's part
+
+
+@dataclass
+class _Running:
+    spec: BucketJob
+    revision: int
+    task: asyncio.Task[None]
+    retired: asyncio.Event
+
+
+class BucketJobs:
+    """The state bucket's jobs as one sidecar runs them, beside the file's."""
+
+    def __init__(self, config: Config, metrics: Metrics, fleet: Fleet) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.fleet = fleet
+        self.file_jobs = config.jobs
+        self.file_names = frozenset(config.job_names)
+        self.running: dict[str, _Running] = {}
+        # Per name: the revision last judged (said once) and what it was judged.
+        self._judged: dict[str, tuple[int, BucketJob | None]] = {}
+        self._declared: set[str] = set(self.file_names)
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._presence: asyncio.Task[None] | None = None
+        self._presence_due = False
+        self.jobs: Jobs | None = None
+        # Called with the running job set after each change (the page's objects).
+        self.listeners: list[Callable[[], None]] = []
+        fleet.key_listeners.append(self._changed)
+        fleet.removal_listeners.append(self._removed)
+
+    def start(self, jobs: Jobs) -> None:
+        self.jobs = jobs
+        self._worker = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop taking up changes; the loops end with the daemon's (``loops``)."""
+        await cancel_all([t for t in (self._worker, self._presence) if t is not None])
+        self._worker = self._presence = None
+
+    def loops(self) -> list[asyncio.Task[None]]:
+        return [r.task for r in self.running.values()]
+
+    def origin(self, name: str) -> tuple[str, str | None]:
+        """(``file``, None) or (``bucket``, its external id): where job `name` comes from."""
+        if name in self.file_names:
+            return FILE, None
+        running = self.running.get(name)
+        return BUCKET, running.spec.id if running is not None else None
+
+    def listing(self) -> list[dict[str, Any]]:
+        """Every job key of the bucket with its state, as ``status --json`` lists them."""
+        return listing(self.config, self.fleet.view, self.file_names)
+
+    # ------------------------------------------------------------------ following the view
+
+    def _changed(self, key: str) -> None:
+        if key == "":  # a full re-read: every job key, and every job running
+            self._dirty.update(
+                k[len(PREFIX) :] for k in self.fleet.view.keys if k.startswith(PREFIX)
+            )
+            self._dirty.update(self.running)
+        elif key.startswith(PREFIX):
+            self._dirty.add(key[len(PREFIX) :])
+        else:
+            return
+        self._wake.set()
+
+    def _removed(self, removal: Removal) -> None:
+        if removal.key.startswith(PREFIX):
+            self._dirty.add(removal.key[len(PREFIX) :])
+            self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            names, self._dirty = sorted(self._dirty), set()
+            for name in names:
+                try:
+                    await self._reconcile(name)
+                except Exception:  # one job's trouble must not stop the others'
+                    log.exception("job %s of the state bucket: taking up its change failed", name)
+
+    def _wanted(self, name: str) -> tuple[BucketJob | None, int]:
+        """What the view says job `name` of the bucket should be now, and its revision."""
+        view: View = self.fleet.view
+        key = job_key(name)
+        entry = view.keys.get(key) if view.synced else None
+        if entry is None:
+            self._judged.pop(name, None)
+            return None, 0
+        judged = self._judged.get(name)
+        if judged is not None and judged[0] == entry.revision:
+            return judged[1], entry.revision
+        spec: BucketJob | None = None
+        if not JOB_NAME.fullmatch(name):
+            self._hostile(key, f"{short(name)} is not a job name")
+        elif name in self.file_names:
+            log.warning(
+                "state bucket: %s is ignored: the config file has a job %s, and the "
+                "file's job wins (`status` says so)",
+                key,
+                name,
+            )
+        else:
+            try:
+                spec = judge(self.config, key, entry.value)
+            except ConfigError as exc:
+                self._hostile(key, str(exc))
+        self._judged[name] = (entry.revision, spec)
+        return spec, entry.revision
+
+    def _hostile(self, key: str, why: str) -> None:
+        self.metrics.hostile_input_total.labels(what="job").inc()
+        log.warning(
+            "state bucket: %s refused, not run: %s (whoever may write the bucket wrote it; "
+            "`anarchon-sidecar job add` checks a job before writing it)",
+            key,
+            why,
+        )
+
+    async def _reconcile(self, name: str) -> None:
+        if self.jobs is None:
+            return
+        spec, revision = self._wanted(name)
+        current = self.running.get(name)
+        if current is not None and spec is not None and current.spec.canon == spec.canon:
+            current.revision = revision
+            return
+        if current is not None:
+            await self._retire(name, current, replaced=spec is not None)
+        if spec is not None and not self.jobs.stopping.is_set():
+            self._adopt(spec, revision)
+
+    def _adopt(self, spec: BucketJob, revision: int) -> None:
+        assert self.jobs is not None
+        job = spec.job
+        if job.name not in self._declared:
+            self.metrics.add_jobs([job.name])  # each job's series once, at zero
+            self._declared.add(job.name)
+        self._register(job)
+        retired = asyncio.Event()
+        task = asyncio.create_task(self.jobs.loop(job, retired))
+        self.running[job.name] = _Running(spec, revision, task, retired)
+        log.info(
+            "job %s (id %s) taken up from the state bucket: %s",
+            job.name,
+            spec.id,
+            job.schedule.identity,
+        )
+        self._tell()
+
+    async def _retire(self, name: str, current: _Running, replaced: bool) -> None:
+        """End the job's loop between two claims; its runs in flight go on (``runs``)."""
+        assert self.jobs is not None
+        current.retired.set()
+        self.jobs.wake()
+        with contextlib.suppress(Exception):
+            await current.task
+        del self.running[name]
+        if not replaced:
+            self._unregister(name)
+            # 0: "no next run", which the alert rules leave out (`> 0`).
+            self.metrics.job_next_run_timestamp_seconds.labels(job=name).set(0)
+            log.info(
+                "job %s (id %s) left the state bucket: not run any more", name, current.spec.id
+            )
+            self._tell()
+        else:
+            log.info("job %s (id %s) changed in the state bucket", name, current.spec.id)
+
+    def _tell(self) -> None:
+        for listener in self.listeners:
+            listener()
+        self._publish_presence()
+
+    def _publish_presence(self) -> None:
+        """Put this instance's presence (its jobs' hashes) at once, not at the next
+        renewal (5 s): the fleet would see "settings differ" meanwhile."""
+        self._presence_due = True
+        if self._presence is None:
+            self._presence = asyncio.create_task(self._put_presence())
+
+    async def _put_presence(self) -> None:
+        try:
+            while self._presence_due:
+                self._presence_due = False
+                bucket = self.fleet.bucket
+                if bucket is None or not bucket.ttl:
+                    return
+                key = instance_key(self.config.instance_id)
+                try:
+                    await put_with_ttl(bucket, key, self.fleet.presence, PRESENCE_TTL)
+                except Exception as exc:  # renewed at the next beat anyway
+                    log.debug("presence: %r", exc)
+        finally:
+            self._presence = None
+
+    # ------------------------------------------------------------------ the job set
+
+    def _register(self, job: JobConfig) -> None:
+        """Make `job` one of this sidecar's jobs for everything that looks jobs up by name."""
+        assert self.jobs is not None
+        self._set_jobs({**self._by_name(), job.name: job})
+        jobs, fleet = self.jobs, self.fleet
+        # Whether the stream holds its claims, from the guard's last look (the next
+        # look, up to STREAM_REFRESH away, includes it): not "not checked yet".
+        guard = jobs.guard
+        if guard.stream_state is not None:
+            why = coverage(guard.stream_state, guard.spec, (job,)).get(job.name)
+            guard.uncovered = {**guard.uncovered, job.name: why}
+            guard._set_covered()
+        jobs.aftermath._jobs[job.name] = job
+        jobs.due.by_name[job.name] = job
+        jobs.lost.jobs[job.name] = job
+        jobs.backfills._jobs[job.name] = job
+        fleet._jobs = fleet._jobs | {job.name}
+        fleet._lease_jobs = fleet._lease_jobs - {job.name}
+        if needs_leases(job):
+            fleet._lease_jobs = fleet._lease_jobs | {job.name}
+        fleet.orphans.own = fleet.orphans.own | {job.name}
+        presence_jobs = fleet.presence.get("jobs")
+        if isinstance(presence_jobs, dict):
+            presence_jobs[job.name] = job_hash(job)
+
+    def _unregister(self, name: str) -> None:
+        assert self.jobs is not None
+        by_name = self._by_name()
+        by_name.pop(name, None)
+        self._set_jobs(by_name)
+        jobs, fleet = self.jobs, self.fleet
+        jobs.guard.uncovered = {k: v for k, v in jobs.guard.uncovered.items() if k != name}
+        jobs.aftermath._jobs.pop(name, None)
+        jobs.due.by_name.pop(name, None)
+        # Lost runs of a removed job are still judged (no longer in "ours": as
+        # for a job removed from the file, sidecar/fleet/orphans.py).
+        jobs.lost.jobs.pop(name, None)
+        jobs.backfills._jobs.pop(name, None)
+        fleet._jobs = fleet._jobs - {name}
+        fleet._lease_jobs = fleet._lease_jobs - {name}
+        fleet.orphans.own = fleet.orphans.own - {name}
+        presence_jobs = fleet.presence.get("jobs")
+        if isinstance(presence_jobs, dict):
+            presence_jobs.pop(name, None)
+
+    def _by_name(self) -> dict[str, JobConfig]:
+        return {job.name: job for job in self.config.jobs}
+
+    def _set_jobs(self, by_name: dict[str, JobConfig]) -> None:
+        """The daemon's config lists the file's jobs, then the bucket's by name.
+
+        The one change made to a parsed config, on the event loop only: the
+        page, the API, the stream guard and the manual runs read
+        ``config.jobs``/``config.job()`` when they need them, so they see the
+        bucket's jobs as they come and go.
+        """
+        bucket = sorted(n for n in by_name if n not in self.file_names)
+        jobs = (*self.file_jobs, *(by_name[n] for n in bucket))
+        object.__setattr__(self.config, "jobs", jobs)
+
+
+# ---------------------------------------------------------------------- one-shot commands
+
+
+def read_job_file(path: str) -> object:
+    """`job add/update`'s FILE: one job as YAML or JSON (``-``: standard input)."""
+    import sys
+
+    from sidecar.config.yamlfile import read_yaml
+
+    if path != "-":
+        return read_yaml(path)
+    import yaml
+
+    try:
+        return yaml.safe_load(sys.stdin.read())
+    except yaml.YAMLError as exc:
+        raise ConfigError("job", f"standard input is not YAML or JSON: {exc}") from None
+
+
+def prepare(
+    config: Config,
+    data: object,
+    ident: str | None,
+    by: str,
+    file_names: tuple[str, ...] | frozenset[str] | None = None,
+) -> tuple[BucketJob, dict[str, Any]]:
+    """Check `data` as the daemon will (exit 2 naming the key), refuse a name the file
+    has; the job and the value to store (with id, by, at)."""
+    if isinstance(data, dict) and ident is not None:
+        data = {**data, "id": ident}
+    spec = parse_bucket_job(config, data, "job")
+    assert isinstance(data, dict)
+    if spec.job.name in (config.job_names if file_names is None else file_names):
+        raise ConfigError(
+            "job.name",
+            f"the config file has a job {spec.job.name!r}: it wins over a job of the state "
+            "bucket of the same name, which would never run",
+        )
+    value = {**data, "id": spec.id, "by": by, "at": rfc3339(time.time())}
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError("job", f"not representable as JSON: {exc}") from None
+    return spec, value
+
+
+@dataclass(frozen=True)
+class Written:
+    """What `job add/update/remove` did: ``created``, ``updated``, ``unchanged``, ``removed``."""
+
+    name: str
+    id: str
+    what: str
+    revision: int = 0
+
+
+@contextlib.asynccontextmanager
+async def _bucket(config: Config, secrets: Secrets, create: bool) -> AsyncIterator[Any]:
+    """The state bucket's KeyValue (created when missing if `create`; else None when
+    missing), on a connection of its own."""
+    from sidecar.store.connection import connected
+    from sidecar.store.connection import one_shot_js as _js
+
+    async with connected(config, secrets) as conn:
+        js = _js(conn)
+        if create:
+            yield (await ensure_bucket(js, state_spec(config))).kv
+            return
+        try:
+            kv = await js.key_value(state_spec(config).bucket)
+        except (BucketNotFoundError, NotFoundError):
+            kv = None
+        yield kv
+
+
+async def _current(kv: Any, key: str) -> tuple[dict[str, Any], int] | None:
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return None
+    if entry.value is None or entry.operation is not None:
+        return None
+    return decode(entry.value), int(entry.revision)
+
+
+async def add(config: Config, secrets: Secrets, spec: BucketJob, value: dict[str, Any]) -> Written:
+    """`job add`: ``add_in`` on a connection of its own (the bucket made when missing)."""
+    async with _bucket(config, secrets, create=True) as kv:
+        return await add_in(kv, spec, value)
+
+
+async def add_in(kv: Any, spec: BucketJob, value: dict[str, Any]) -> Written:
+    """Store ``job.<name>`` when absent; the same job with the same id again: unchanged."""
+    name = spec.job.name
+    key = job_key(name)
+    for _ in range(3):
+        now = await _current(kv, key)
+        if now is not None:
+            stored, revision = now
+            if str(stored.get("id", name)) != spec.id:
+                raise BucketJobRefused(
+                    f"{name}: the state bucket has this job with id "
+                    f"{short(stored.get('id'))}, not {short(spec.id)}: not added"
+                )
+            if canonical(stored) == spec.canon:
+                return Written(name, spec.id, "unchanged", revision)
+            raise BucketJobRefused(
+                f"{name}: the state bucket has this job (id {short(spec.id)}) with other "
+                "settings: `job update` changes it"
+            )
+        # First the catch-up bound (sidecar/run/since.py): a job that is new, or
+        # removed and added again, never catches up a slot from before now.
+        bound = since_value(round(time.time() * 1000), ADDED, schedule_hash(spec.job))
+        try:
+            await kv.put(since_key(name), bound)
+        except Exception as exc:
+            raise StreamError(f"cannot write {since_key(name)} in state bucket: {exc!r}") from exc
+        try:
+            revision = await create_or_update(kv, key, value, None)
+        except CasConflict:
+            continue  # written meanwhile: read again
+        return Written(name, spec.id, "created", revision)
+    raise StreamError(f"{key} kept changing while it was added; try again")
+
+
+async def update(
+    config: Config, secrets: Secrets, spec: BucketJob, value: dict[str, Any], id_given: bool
+) -> Written:
+    """`job update`: ``update_in`` on a connection of its own."""
+    async with _bucket(config, secrets, create=False) as kv:
+        return await update_in(kv, spec, value, id_given)
+
+
+async def update_in(kv: Any, spec: BucketJob, value: dict[str, Any], id_given: bool) -> Written:
+    """Replace ``job.<name>`` by compare-and-set; BucketJobRefused when absent, or held
+    by another id when one was given."""
+    name = spec.job.name
+    key = job_key(name)
+    if kv is None:
+        raise BucketJobRefused(
+            f"{name}: no such job in the state bucket (`job add` adds it)", missing=True
+        )
+    for _ in range(3):
+        now = await _current(kv, key)
+        if now is None:
+            raise BucketJobRefused(
+                f"{name}: no such job in the state bucket (`job add` adds it)", missing=True
+            )
+        stored, revision = now
+        stored_id = str(stored.get("id", name))
+        if id_given and stored_id != spec.id:
+            raise BucketJobRefused(
+                f"{name}: the state bucket has this job with id {short(stored_id)}, "
+                f"not {short(spec.id)}: not updated"
+            )
+        if not id_given:  # the id stays the stored one
+            value = {**value, "id": stored_id}
+            spec = dataclasses.replace(spec, id=stored_id, canon=canonical(value))
+        if canonical(stored) == spec.canon:
+            return Written(name, spec.id, "unchanged", revision)
+        try:
+            revision = await create_or_update(kv, key, value, revision)
+        except CasConflict:
+            continue
+        return Written(name, spec.id, "updated", revision)
+    raise StreamError(f"{key} kept changing while it was updated; try again")
+
+
+async def remove(config: Config, secrets: Secrets, name: str, ident: str | None) -> Written:
+    """`job remove`: ``remove_in`` on a connection of its own."""
+    async with _bucket(config, secrets, create=False) as kv:
+        return await remove_in(kv, name, ident)
+
+
+async def remove_in(kv: Any, name: str, ident: str | None) -> Written:
+    """Delete ``job.<name>`` (only if its id is `ident`, when given)."""
+    key = job_key(name)
+    now = await _current(kv, key) if kv is not None else None
+    if now is None:
+        raise BucketJobRefused(f"{name}: no such job in the state bucket", missing=True)
+    stored, revision = now
+    stored_id = str(stored.get("id", name))
+    if ident is not None and stored_id != ident:
+        raise BucketJobRefused(
+            f"{name}: the state bucket has this job with id {short(stored_id)}, "
+            f"not {short(ident)}: not removed"
+        )
+    try:
+        await delete_at(kv, key, revision)
+    except CasConflict:
+        raise BucketJobRefused(f"{name}: changed meanwhile; not removed") from None
+    return Written(name, stored_id, "removed", revision)
+
+
+API_ACTIONS = ("add", "update", "remove")
+
+
+async def api_action(
+    config: Config,
+    file_names: frozenset[str],
+    kv: Any,
+    name: str,
+    action: str,
+    body: bytes,
+    who: str,
+) -> tuple[int, dict[str, Any]]:
+    """``POST /api/v1/bucket-jobs/<name>/{add,update,remove}`` (admin token): the body is
+    the job as JSON (``id`` included) for add and update, ``{"id": ...}`` or nothing
+    for remove; the same checks and answers as the commands'."""
+    try:
+        data = json.loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return 400, {"error": "the body must be a JSON object"}
+    if not isinstance(data, dict):
+        return 400, {"error": "the body must be a JSON object"}
+    try:
+        if action == "remove":
+            ident = data.get("id")
+            done = await remove_in(kv, name, None if ident is None else str(ident))
+        else:
+            if data.get("name", name) != name:
+                return 400, {"error": f"job.name: must be {name!r}, the job of the URL"}
+            data = {**data, "name": name}
+            try:
+                spec, value = prepare(config, data, None, who, file_names)
+            except ConfigError as exc:
+                return 400, {"error": f"config error: {exc}", "key": exc.key}
+            if action == "add":
+                done = await add_in(kv, spec, value)
+            else:
+                done = await update_in(kv, spec, value, data.get("id") is not None)
+    except BucketJobRefused as exc:
+        return (404 if exc.missing else 409), {"error": str(exc)}
+    log.info("fleet page: job %s of the state bucket: %s by %s", name, done.what, who)
+    return 200, {"name": done.name, "id": done.id, "result": done.what}
+
+
+def listing(
+    config: Config, view: View, file_names: frozenset[str] | None = None
+) -> list[dict[str, Any]]:
+    """Every ``job.<name>`` key of `view`: name, id, state (``run``, ``shadowed`` by the
+    file, ``invalid``) and why, as ``status`` and ``job list`` show them."""
+    out = []
+    for key in sorted(k for k in view.keys if k.startswith(PREFIX)):
+        name = key[len(PREFIX) :]
+        value = view.keys[key].value
+        item: dict[str, Any] = {
+            "name": name,
+            "id": value.get("id"),
+            "by": value.get("by"),
+            "at": value.get("at"),
+            "state": "run",
+            "problem": None,
+        }
+        if name in (config.job_names if file_names is None else file_names):
+            item["state"] = "shadowed"
+            item["problem"] = "the config file has a job of this name; the file's job runs"
+        else:
+            try:
+                judge(config, key, value)
+            except ConfigError as exc:
+                item["state"] = "invalid"
+                item["problem"] = str(exc)
+        out.append(item)
+    return out
+
+
+def with_bucket_jobs(config: Config, view: View) -> Config:
+    """`config` with the valid, unshadowed jobs of the bucket after the file's (status)."""
+    extra = []
+    for item in listing(config, view):
+        if item["state"] == "run":
+            key = job_key(item["name"])
+            extra.append(judge(config, key, view.keys[key].value).job)
+    return dataclasses.replace(config, jobs=(*config.jobs, *extra))
+
+
+def with_sources(
+    obj: dict[str, Any], file_names: tuple[str, ...], items: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """``status``: each job's ``source`` (file or bucket) and ``id``, and every job key
+    of the bucket with its state (``bucket_jobs``)."""
+    ids = {item["name"]: item["id"] for item in items}
+    for job in obj.get("jobs") or []:
+        name = job.get("name")
+        job["source"] = FILE if name in file_names else BUCKET
+        job["id"] = None if name in file_names else ids.get(name)
+    obj["bucket_jobs"] = items
+    return obj
+
+
+async def read_listing(config: Config, secrets: Secrets) -> list[dict[str, Any]]:
+    """`job list`: every job key of the state bucket, judged as a sidecar judges it."""
+    from sidecar.store.connection import connected
+    from sidecar.store.connection import one_shot_js as _js
+    from sidecar.store.state import read_view
+
+    async with connected(config, secrets) as conn:
+        view = await read_view(_js(conn), config)
+    return listing(config, view) if view is not None else []

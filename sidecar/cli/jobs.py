@@ -1,0 +1,139 @@
+"""`anarchon-sidecar job add/update/remove/list`: jobs added at run time.
+
+They live in the state bucket (``job.<name>``, sidecar/admin/bucket_jobs.py) and
+every running sidecar takes them up within about a second. A job is checked
+here exactly as the daemon will check it: a bad one exits 2 naming the key.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from sidecar.admin import bucket_jobs
+from sidecar.cli import views
+from sidecar.cli.command import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    Loaded,
+    call,
+    config_option,
+    fail,
+    json_option,
+    load,
+    say,
+    who,
+)
+from sidecar.cli.views import printable, table
+from sidecar.core.errors import ConfigError
+
+
+@click.group("job")
+def job_group() -> None:
+    """Jobs added at run time: kept in the state bucket, run by every sidecar beside
+    the config file's (a job of the file wins over one of the same name)."""
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    loaded: Loaded
+    spec: bucket_jobs.BucketJob
+    value: dict[str, Any]
+    id_given: bool  # by --id or in FILE
+
+
+def _prepared(config_path: str | None, file: str, ident: str | None) -> _Prepared:
+    """FILE's job checked as a sidecar checks it (exit 2 naming the key)."""
+    ld = load(config_path)
+    try:
+        data = bucket_jobs.read_job_file(file)
+        spec, value = bucket_jobs.prepare(ld.config, data, ident, who())
+    except ConfigError as exc:
+        fail(EXIT_USAGE, f"config error: {exc}")
+    given = ident is not None or (isinstance(data, dict) and data.get("id") is not None)
+    return _Prepared(ld, spec, value, given)
+
+
+_ID_HELP = (
+    "The job's external id (default: the id in FILE, else the job's name): adding the "
+    "same job with the same id again changes nothing."
+)
+
+
+@job_group.command("add")
+@click.argument("file")
+@config_option
+@click.option("--id", "ident", default=None, help=_ID_HELP)
+def add(file: str, config_path: str | None, ident: str | None) -> None:
+    """Add the job in FILE (YAML or JSON, one entry of jobs:; - reads standard input).
+
+    Exit 0 when added or already there with the same id and settings; 1 when
+    the bucket has the job with another id or other settings (`job update`).
+    """
+    p = _prepared(config_path, file, ident)
+    ld = p.loaded
+    done = call(bucket_jobs.add(ld.config, ld.secrets, p.spec, p.value))
+    say(_done_line(done, p.spec))
+
+
+@job_group.command("update")
+@click.argument("file")
+@config_option
+@click.option("--id", "ident", default=None, help="Update only if the job has this id.")
+def update(file: str, config_path: str | None, ident: str | None) -> None:
+    """Replace the job of the state bucket named in FILE; exit 1 when there is none."""
+    p = _prepared(config_path, file, ident)
+    ld = p.loaded
+    done = call(bucket_jobs.update(ld.config, ld.secrets, p.spec, p.value, p.id_given))
+    say(_done_line(done, p.spec))
+
+
+@job_group.command("remove")
+@click.argument("name")
+@config_option
+@click.option("--id", "ident", default=None, help="Remove only if the job has this id.")
+def remove(name: str, config_path: str | None, ident: str | None) -> None:
+    """Remove job NAME from the state bucket: every sidecar stops claiming it (a run in
+    flight finishes); exit 1 when there is none."""
+    ld = load(config_path)
+    if name in ld.config.job_names:
+        fail(EXIT_USAGE, f"{name} is a job of the config file: remove it there")
+    done = call(bucket_jobs.remove(ld.config, ld.secrets, name, ident))
+    say(f"{done.name}: removed from the state bucket (id {printable(done.id)})")
+
+
+@job_group.command("list")
+@config_option
+@json_option("One JSON object per job of the state bucket, per line")
+def list_jobs(config_path: str | None, as_json: bool) -> None:
+    """The jobs of the state bucket: id, who wrote them, and whether they run."""
+    ld = load(config_path)
+    items = call(bucket_jobs.read_listing(ld.config, ld.secrets))
+    if as_json:
+        say([views.as_json(item) for item in items])
+        return
+    if not items:
+        say("no jobs in the state bucket")
+        return
+    rows = [
+        tuple(str(item[k] or "-") for k in ("name", "id", "state", "by", "at")) for item in items
+    ]
+    say(table(("JOB", "ID", "STATE", "BY", "AT"), rows))
+    for item in items:
+        if item["problem"]:
+            say(printable(f"{item['name']}: {item['problem']}"))
+    sys.exit(0 if all(i["state"] == "run" for i in items) else EXIT_FAILED)
+
+
+def _done_line(done: bucket_jobs.Written, spec: bucket_jobs.BucketJob) -> str:
+    what = {
+        "created": "added to the state bucket: every sidecar runs it within about a second",
+        "updated": "updated in the state bucket: every sidecar takes it up within about a second",
+        "unchanged": "already in the state bucket with this id and these settings: unchanged",
+    }[done.what]
+    if done.what != "unchanged":
+        what += f"; schedule {spec.job.schedule.identity}"
+    return printable(f"{done.name} (id {done.id}): {what}")
