@@ -41,13 +41,18 @@ from sidecar.config.keys import JOB_NAME, ConfigSection
 from sidecar.config.model import Config, JobConfig, Secrets
 from sidecar.config.values import CONTROL_RE, short, type_name
 from sidecar.core.clock import rfc3339
-from sidecar.core.errors import CasConflict, ConfigError, SidecarError, StreamError
+from sidecar.core.errors import (
+    BucketJobRefused,
+    CasConflict,
+    ConfigError,
+    StreamError,
+)
 from sidecar.core.tasks import cancel_all
 from sidecar.core.wire import instance_key
 from sidecar.run.since import schedule_hash, since_key
-from sidecar.run.since import value as since_value
+from sidecar.run.since import value_object as since_object
 from sidecar.store.bucketcheck import needs_leases
-from sidecar.store.kv import create_or_update, delete_at, put_with_ttl
+from sidecar.store.kv import create_or_update, delete_at, put_json, put_with_ttl
 from sidecar.store.state import (
     PRESENCE_TTL,
     Removal,
@@ -77,15 +82,6 @@ ADDED = "added"
 
 def job_key(name: str) -> str:
     return f"{PREFIX}{name}"
-
-
-class BucketJobRefused(SidecarError):
-    """`job add/update/remove` could not be done as asked (exit 1); `missing`: there is
-    no such job in the bucket (the API's 404, else 409)."""
-
-    def __init__(self, message: str, missing: bool = False) -> None:
-        super().__init__(message)
-        self.missing = missing
 
 
 @dataclass(frozen=True)
@@ -547,11 +543,8 @@ async def add_in(kv: Any, spec: BucketJob, value: dict[str, Any]) -> Written:
             )
         # First the catch-up bound (sidecar/run/since.py): a job that is new, or
         # removed and added again, never catches up a slot from before now.
-        bound = since_value(round(time.time() * 1000), ADDED, schedule_hash(spec.job))
-        try:
-            await kv.put(since_key(name), bound)
-        except Exception as exc:
-            raise StreamError(f"cannot write {since_key(name)} in state bucket: {exc!r}") from exc
+        now_ms = round(time.time() * 1000)
+        await put_json(kv, since_key(name), since_object(now_ms, ADDED, schedule_hash(spec.job)))
         try:
             revision = await create_or_update(kv, key, value, None)
         except CasConflict:

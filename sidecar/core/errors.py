@@ -20,6 +20,7 @@
      ├── Hostile                a due key not backed by the job's config or the stream
      │    └── HostileBackfill   a backfill.<job> value the backfill command would not write
      ├── CountUnavailable       a job's max_runs count could not be read or written
+     ├── BucketJobRefused       job add/update/remove could not be done as asked (exit 1)
      ├── SendError              a ping, webhook or span send failed (``retry``: worth another)
      ├── ScheduleError          a cron expression is invalid (also a ValueError)
      ├── FailpointError         ANARCHON_FAILPOINTS cannot be parsed (also a ValueError)
@@ -181,6 +182,15 @@ class HostileBackfill(Hostile):
 
 class CountUnavailable(SidecarError):
     """A job's ``max_runs`` count could not be read or written: the slot must not run."""
+
+
+class BucketJobRefused(SidecarError):
+    """`job add/update/remove` could not be done as asked (exit 1); `missing`: there is
+    no such job in the bucket (the API's 404, else 409)."""
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 class SendError(SidecarError):

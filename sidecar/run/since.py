@@ -63,8 +63,13 @@ def floor_ms(since: dict[str, Any] | None, paused: dict[str, Any] | None, now_ms
     return floor
 
 
+def value_object(at_ms: int, why: str, digest: str) -> dict[str, Any]:
+    """``since.<job>``'s value: from when catch-up may reach back, and why."""
+    return {"at": at_ms, "why": why, "hash": digest}
+
+
 def value(at_ms: int, why: str, digest: str) -> bytes:
-    return compact({"at": at_ms, "why": why, "hash": digest})
+    return compact(value_object(at_ms, why, digest))
 
 
 async def settle(
