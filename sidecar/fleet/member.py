@@ -21,6 +21,7 @@ from nats.js.errors import NotFoundError
 from sidecar import __version__
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
+from sidecar.core.errors import PermissionDenied
 from sidecar.core.natspy import connection_of, jetstream_of
 from sidecar.core.tasks import cancel_all
 from sidecar.core.wire import instance_key, paused_key, skip_key
@@ -359,8 +360,12 @@ class Fleet:
         asked = self.clock.wall()
         if bucket.ttl:
             key = instance_key(self.config.instance_id)
+            keys = Keys(bucket, self.denied)
+            if self.denied is not None and self.denied(keys.subject(key)):
+                # NATS refuses this user the write: no answer would come; the view judges.
+                raise PermissionDenied("publish", keys.subject(key))
             target = await asyncio.wait_for(
-                Keys(bucket).put(key, self.presence, PRESENCE_TTL), PROBE_TIMEOUT
+                keys.put(key, self.presence, PRESENCE_TTL), PROBE_TIMEOUT
             )
             asked = 0.0
         else:
