@@ -35,10 +35,12 @@ def test_lost_and_late_claim_acks(
         direct = config([nats_server.url], http_app, [job])
         victim = config([proxy.url], http_app, [job], ack_timeout="500ms")
         procs = [
-            # 0.5 s ahead, so its claim is usually stored first; its ack is what gets lost.
-            ("victim", victim, {"ANARCHON_CLOCK_OFFSET": "0.5"}),
-            ("other1", direct, {}),
-            ("other2", direct, {}),
+            # The others 0.5 s behind, so the victim's claim is usually stored first; its
+        # ack is what gets lost. (Not the victim ahead: a sidecar judges a slot once the
+        # server's clock has reached it, docs/GUARANTEES.md "One fate per slot".)
+            ("victim", victim, {}),
+            ("other1", direct, {"ANARCHON_CLOCK_OFFSET": "-0.5"}),
+            ("other2", direct, {"ANARCHON_CLOCK_OFFSET": "-0.5"}),
         ]
         with sidecars(tmp_path, procs) as running:
             wait_for(lambda: len(proxy.tampered) == DROP + DELAY, 30, what="acks tampered")
