@@ -434,13 +434,23 @@ class Jobs:
                         self.metrics.hostile_input_total.labels(what="value").inc()
                     what = ""
                     if job.overlap != "skip":  # replace: wait for it to stop; buffer_one: keep
-                        what, why = await self.overlap.held(
-                            job,
-                            claim,
-                            held.value,
-                            deadline,
-                            lambda: stack.enter_async_context(lease),
-                        )
+                        try:
+                            what, why = await self.overlap.held(
+                                job,
+                                claim,
+                                held.value,
+                                deadline,
+                                lambda: stack.enter_async_context(lease),
+                            )
+                        except asyncio.CancelledError:  # the drain: never sent
+                            if job.overlap != "replace":
+                                raise  # buffer_one: the slot may be kept already
+                            why = "overlap: the sidecar stopped while it waited for the lock"
+                            at = self.clock.wall()
+                            await self._end(
+                                job, claim, not_sent(claim, SKIPPED, why, at, "overlap")
+                            )
+                            raise
                         if what == KEPT:
                             return
                         error = why if what != TAKEN else error

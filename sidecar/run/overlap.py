@@ -274,6 +274,9 @@ class Overlap:
                 return TAKEN, ""
             except KeyHeld as again:
                 holder = again.value
+            except Exception as exc:  # no answer: asked again until the deadline
+                log.warning("job %s: %s not taken: %r", name, lock_key(name), exc)
+                await asyncio.sleep(LOCK_POLL)
 
     # --------------------------------------------------------- a run that may be stopped
 

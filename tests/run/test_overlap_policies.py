@@ -94,6 +94,7 @@ def test_replace_stops_the_running_run_through_its_app_and_runs_the_new_slot(
     # (answered 409 by the app), before the next run arrived.
     per_slot = Counter(slot_of(r) for r in runs(http_app, path))
     assert max(per_slot.values()) == 1, per_slot
+    gaps: list[float] = []
     for cancel in asked:
         assert cancel.method == "DELETE"
         run = by_token[cancel.headers["X-Anarchon-Cancel"]]
@@ -103,6 +104,8 @@ def test_replace_stops_the_running_run_through_its_app_and_runs_the_new_slot(
         if later:
             assert later[0].at >= run.finished - 0.005
             assert later[0].at - cancel.at < 1.5  # the new slot ran at once
+            gaps.append(later[0].at - cancel.at)
+    print(f"replace: cancel request -> new run {min(gaps):.3f}..{max(gaps):.3f}s")
     # The replaced runs are recorded failed, error replaced, and not retried.
     stored = [m.data for m in results(nats_server.url, "rep")]
     failed = [
@@ -147,12 +150,15 @@ def test_buffer_one_runs_one_kept_slot_right_after_the_long_run_and_skips_the_ot
     assert max(Counter(slot_of(r) for r in started).values()) == 1
     kept = [r for r in started if r.headers.get("X-Anarchon-Buffered") == "true"]
     assert len(kept) >= 3
+    waits: list[float] = []
     for run in kept:
         before = [r for r in started if r.at < run.at]
+        waits.append(run.at - before[-1].finished)
         # Right after the run it fell during, and late by its nature.
         assert run.at - before[-1].finished < 1.0, (before[-1], run)
         assert run.at - slot_of(run) / 1000 > 1.0
         assert run.headers["X-Anarchon-Trigger"] == "scheduled"
+    print(f"buffer_one: run ended -> kept run {min(waits):.3f}..{max(waits):.3f}s")
     stored = [m.data for m in results(nats_server.url, "buf")]
     skips = [r for r in stored if r["status"] == "skipped"]
     assert skips and all(r["error"].startswith("overlap") for r in skips)
@@ -206,3 +212,39 @@ def test_buffer_one_after_the_runners_sidecar_is_killed_runs_the_kept_slot_once(
     after = [r for r in started if r.at > killed_at]
     assert min(r.at for r in after) >= first.at
     assert all(r.headers["X-Anarchon-Instance"] != runner.name for r in after)
+
+
+def test_replace_when_the_runners_sidecar_is_killed_waits_for_its_lock_to_expire(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    path = "/jobs/rk"
+    rk = job(
+        "rk",
+        schedule="*/4 * * * * *",
+        max_late="3500ms",
+        overlap="replace",
+        cancel={"grace": "1s"},
+    )
+    config = base(nats_server.url, http_app, [rk])
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        first, runner = slow_run(http_app, procs, path, 60.0)
+        runner.kill()  # nobody is left to send its app the cancel request
+        killed_at = time.time()
+        http_app.delay[path] = 0.3
+        wait_for(
+            lambda: len([r for r in runs(http_app, path) if r.at > killed_at]) >= 2,
+            30,
+            what="two runs after the kill",
+        )
+        asked = cancels(http_app, path)
+    started = runs(http_app, path)
+    assert max(Counter(slot_of(r) for r in started).values()) == 1
+    after = [r for r in started if r.at > killed_at]
+    assert all(r.headers["X-Anarchon-Instance"] != runner.name for r in after)
+    # The dead runner held lock.rk until it expired (lease_ttl 2s after its last
+    # renewal): no run went out before.
+    assert after[0].at - killed_at > 1.0
+    assert first.headers["X-Anarchon-Run-Id"] not in {r.headers["X-Anarchon-Cancel"] for r in asked}
+    stored = [m.data for m in results(nats_server.url, "rk")]
+    lost = [r for r in stored if r["status"] == "lost"]
+    assert [r["token"] for r in lost] == [first.headers["X-Anarchon-Run-Id"]]
