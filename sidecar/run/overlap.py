@@ -108,7 +108,10 @@ class Overlap:
         self.trigger = trigger
         self.start_run = start_run
         self.spawn = spawn
-        self.jobs = {job.name: job for job in config.jobs}
+        # By name, made again when config.jobs changes (jobs of the state bucket come
+        # and go: sidecar/admin/bucket_jobs.py sets the tuple anew).
+        self._jobs: dict[str, JobConfig] = {}
+        self._jobs_of: tuple[JobConfig, ...] | None = None
         # Runs of ``replace`` jobs going on here, by token: set when asked to stop.
         self._running: dict[str, tuple[asyncio.Event, dict[str, Any]]] = {}
         # Tokens of kept runs this sidecar runs now (their request says so).
@@ -118,6 +121,13 @@ class Overlap:
         # Woken on every change of a lock (a replacer waits for one to go).
         self._lock_changed = asyncio.Event()
         fleet.key_listeners.append(self.changed)
+
+    @property
+    def jobs(self) -> dict[str, JobConfig]:
+        if self._jobs_of is not self.config.jobs:
+            self._jobs_of = self.config.jobs
+            self._jobs = {job.name: job for job in self.config.jobs}
+        return self._jobs
 
     # ------------------------------------------------------------- the watch
 
