@@ -208,9 +208,11 @@ class RecordingApp:
     """An aiohttp app in its own thread that records every request.
 
     `status[path]` sets the status to answer with, `delay[path]` a sleep
-    before answering. `max_in_flight[path]` is the most requests of a path
-    that were ever in flight at once. Serves TCP (`url`) or a unix socket
-    (`socket_path`).
+    before answering. A request with ``X-Anarchon-Cancel: <run id>`` (the
+    cancel request of ``overlap: replace``) ends that run's sleep at once (it
+    then answers 409) unless `ignore_cancel` is set. `max_in_flight[path]` is
+    the most requests of a path that were ever in flight at once. Serves TCP
+    (`url`) or a unix socket (`socket_path`).
     """
 
     socket_path: str | None = None
@@ -219,7 +221,9 @@ class RecordingApp:
     delay: dict[str, float] = field(default_factory=dict)
     in_flight: dict[str, int] = field(default_factory=dict)
     max_in_flight: dict[str, int] = field(default_factory=dict)
+    ignore_cancel: bool = False
     port: int = 0
+    _stops: dict[str, asyncio.Event] = field(default_factory=dict)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
     _runner: web.AppRunner | None = None
@@ -235,16 +239,32 @@ class RecordingApp:
         body = await request.read()
         rec = Request(request.path, request.method, dict(request.headers), body, time.time())
         path = request.path
+        cancel = request.headers.get("X-Anarchon-Cancel")
+        if cancel is not None:
+            with self._lock:
+                self.requests.append(rec)
+            if not self.ignore_cancel:
+                self._stops.setdefault(cancel, asyncio.Event()).set()
+            rec.finished = time.time()
+            return web.Response(status=200, text="cancelling")
+        stop = self._stops.setdefault(request.headers.get("X-Anarchon-Run-Id", ""), asyncio.Event())
         with self._lock:
             self.requests.append(rec)
             self.in_flight[path] = self.in_flight.get(path, 0) + 1
             self.max_in_flight[path] = max(self.max_in_flight.get(path, 0), self.in_flight[path])
+        cancelled = False
         try:
-            await asyncio.sleep(self.delay.get(path, 0.0))
+            try:
+                await asyncio.wait_for(stop.wait(), self.delay.get(path, 0.0))
+                cancelled = True
+            except TimeoutError:
+                pass
         finally:
             with self._lock:
                 self.in_flight[path] -= 1
         rec.finished = time.time()
+        if cancelled:
+            return web.Response(status=409, text="cancelled")
         return web.Response(status=self.status.get(path, 200), text="ok")
 
     def start(self) -> None:

@@ -343,6 +343,9 @@ def job_object(
         "start_at": _utc(job.schedule.start_ms),
         "end_at": _utc(job.schedule.end_ms),
         "max_runs": job.max_runs,
+        # overlap (docs/CONFIG.md); buffer_one: the slot kept to run after the running one.
+        "overlap": job.overlap,
+        "overlap_kept": _kept(view, job.name),
         "runs_counted": counted(view, job.name) if job.max_runs is not None else None,
     }
 
@@ -428,6 +431,13 @@ def fleet_part(
             for name in sorted(set(runners) - mine)
         ],
     }
+
+
+def _kept(view: View, job: str) -> str | None:
+    """The slot ``overlap: buffer_one`` keeps in ``buffer.<job>`` (RFC 3339), if any."""
+    entry = view.keys.get(f"buffer.{job}")
+    slot = slot_ms(entry.value.get("slot")) if entry is not None else None
+    return rfc3339(slot / 1000) if slot is not None else None
 
 
 def fleet_object(

@@ -89,6 +89,10 @@ def status_lines(view: dict[str, Any]) -> list[str]:
                     f"since {run['since']}"
                 )
             )
+        if job.get("overlap") not in (None, "allow"):
+            kept = job.get("overlap_kept")
+            more = f"; slot {kept} kept to run after the running one" if kept else ""
+            lines.append(printable(f"{job['name']}: overlap {job['overlap']}{more}"))
         if job["paused"]:
             why = f": {job['paused_reason']}" if job["paused_reason"] else ""
             until = f" until {job['paused_until']}" if job.get("paused_until") else ""

@@ -129,6 +129,19 @@ def history_notes(hist: History, job: str, config: Config) -> list[str]:
 # ---------------------------------------------------------------------- check
 
 
+def _overlap_words(job: JobConfig) -> str:
+    """What ``check`` says of a job's overlap policy."""
+    if job.overlap == "replace":
+        c = job.cancel
+        return (
+            f"a new slot stops the running run ({c.method} {c.path or job.request.path}, "
+            f"X-Anarchon-Cancel; grace {format_duration(c.grace)}), then runs"
+        )
+    if job.overlap == "buffer_one":
+        return "one slot that falls during a run is kept and runs right after it"
+    return "a slot that falls during a run is skipped"
+
+
 def check_lines(config: Config, now_ms: int) -> list[str]:
     n = config.nats
     replicas = n.replicas if n.replicas is not None else "unchanged (1 when created)"
@@ -153,6 +166,8 @@ def check_lines(config: Config, now_ms: int) -> list[str]:
             lines.append(told)
         if job.max_runs is not None:
             lines.append(f"  max_runs {job.max_runs}: counted fleet-wide in count.{job.name}")
+        if job.overlap != "allow":
+            lines.append(f"  overlap {job.overlap}: {_overlap_words(job)}")
         # The next runs: spread moved, exclusions, start_at and end_at applied.
         lines += [f"  next: {when(slot, job.timezone)}" for slot in job.schedule.runs(now_ms, 3)]
         if job.schedule.ended(now_ms):

@@ -18,6 +18,7 @@ from sidecar.config.alerting import PingConfig, parse_expect, parse_pause_after,
 from sidecar.config.keys import JOB_NAME, ConfigSection, one_of
 from sidecar.config.model import (
     MAX_CANDIDATES,
+    CancelConfig,
     ClaimConfig,
     Config,
     JobConfig,
@@ -40,7 +41,9 @@ from sidecar.when.calendar import Calendar, parse_calendar, parse_exclusion
 from sidecar.when.schedule import parse_schedule
 
 CATCHUP = ("none", "latest", "all")
-OVERLAP = ("allow", "skip")
+OVERLAP = ("allow", "skip", "replace", "buffer_one")
+# The overlap policies that hold ``lock.<job>`` for every run (sidecar/run/overlap.py).
+LOCKED = ("skip", "replace", "buffer_one")
 ON_LOST = ("record", "rerun")
 MAX_RETRIES = 10
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -66,10 +69,14 @@ JOB_KEYS = (
     "start_at",
     "end_at",
     "max_runs",
+    "cancel",
 )
 # max_runs: at most this many runs (any more would not be a cap).
 MAX_RUNS = 2**31 - 1
 _REQUEST_KEYS = ("method", "path", "headers", "body", "timeout", "url")
+_CANCEL_KEYS = ("method", "path", "grace")
+# jobs[].cancel.grace when unset: how long a cancelled run may take to answer.
+CANCEL_GRACE = 5.0
 
 
 def _merge_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> Mapping[str, str]:
@@ -125,6 +132,8 @@ def parse_job(
             sec.key("on_lost"),
             "rerun needs retry.max of at least 1 (the rerun is the next attempt)",
         )
+    overlap = sec.get("overlap", "allow", one_of(OVERLAP))
+    cancel = _parse_cancel(sec, request, overlap)
     return JobConfig(
         name=name,
         schedule=schedule,
@@ -134,7 +143,8 @@ def parse_job(
         history_size=sec.integer("history_size", None, 1, 2**63 - 1),
         request=request,
         catchup=sec.get("catchup", "none", one_of(CATCHUP)),
-        overlap=sec.get("overlap", "allow", one_of(OVERLAP)),
+        overlap=overlap,
+        cancel=cancel,
         on_lost=on_lost,
         retry=retry,
         ping=_job_ping(sec, defaults, name),
@@ -228,6 +238,42 @@ def _job_ping(sec: ConfigSection, defaults: ConfigSection, name: str) -> PingCon
     if defaults.has("ping"):
         return parse_ping(defaults.data["ping"], "defaults.ping", name)
     return None
+
+
+def _parse_cancel(sec: ConfigSection, request: RequestConfig, overlap: str) -> CancelConfig:
+    """``jobs[].cancel``: the request that asks the app to stop a run (``overlap: replace``)."""
+    if sec.has("cancel") and overlap != "replace":
+        raise ConfigError(sec.key("cancel"), "only used with overlap: replace")
+    can = ConfigSection(sec.data.get("cancel"), sec.key("cancel"), _CANCEL_KEYS)
+    method = can.text("method", "DELETE").upper()
+    if method not in _METHODS:
+        raise ConfigError(can.key("method"), f"expected one of {', '.join(_METHODS)}")
+    path = can.text("path", request.path)
+    if not path.startswith("/") or CONTROL_RE.search(path) or " " in path:
+        raise ConfigError(
+            can.key("path"), "must start with / and contain no spaces or control chars"
+        )
+    if not path.isascii() or "#" in path:
+        raise ConfigError(
+            can.key("path"),
+            "ASCII only and no '#': percent-encode other characters (e.g. %C3%A4 for ä)",
+        )
+    if method == request.method and path == request.path:
+        raise ConfigError(
+            can.key("method"),
+            f"{method} {path} is the trigger itself: give the cancel request another "
+            "method or path",
+        )
+    grace = can.duration("grace", CANCEL_GRACE, minimum_ms=100)
+    max_late = sec.duration("max_late", 60.0)
+    if overlap == "replace" and grace >= max_late:
+        raise ConfigError(
+            can.key("grace"),
+            f"{format_duration(grace)} must be shorter than max_late "
+            f"({format_duration(max_late)}): the new slot waits at most max_late for the "
+            "replaced run to end",
+        )
+    return CancelConfig(method=method, path=path, grace=grace)
 
 
 def _parse_retry(sec: ConfigSection) -> RetryConfig:

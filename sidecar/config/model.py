@@ -167,6 +167,16 @@ class RetryConfig:
     backoff: float = 30.0
 
 
+@dataclass(frozen=True)
+class CancelConfig:
+    """``jobs[].cancel``: how the app is asked to stop a run that ``overlap: replace``
+    replaces (docs/TRIGGER.md). `grace`: seconds its run has to answer after it."""
+
+    method: str = "DELETE"
+    path: str = ""  # "": the job's request path
+    grace: float = 5.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """One entry of ``jobs:``. Durations in seconds."""
@@ -179,7 +189,8 @@ class JobConfig:
     history_size: int | None = None
     request: RequestConfig
     catchup: str = "none"  # none, latest or all (FLEET.md)
-    overlap: str = "allow"  # or skip: no run while one of this job is alive
+    overlap: str = "allow"  # skip, replace, buffer_one: sidecar/run/overlap.py
+    cancel: CancelConfig = field(default_factory=CancelConfig)  # overlap: replace
     on_lost: str = "record"  # or rerun: a lost run's next attempt is due at once
     retry: RetryConfig = field(default_factory=RetryConfig)
     ping: PingConfig | None = None  # Healthchecks-style pings by the runner

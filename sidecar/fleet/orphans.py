@@ -42,9 +42,20 @@ log = logging.getLogger("sidecar.orphans")
 SWEEP_EVERY = 5.0
 # Key kinds removed when their job is run by no live instance (leases expire
 # by their TTL, ``event.*`` markers by theirs; these have none).
-SWEPT = ("paused", "due", "health", "skip", "backfill", "since", "actions", "count", "at")
+SWEPT = (
+    "paused",
+    "due",
+    "health",
+    "skip",
+    "backfill",
+    "since",
+    "actions",
+    "count",
+    "at",
+    "buffer",
+)
 # Every key kind that belongs to one job: ``<kind>.<job>[.<more>]``.
-PER_JOB = (*SWEPT, "run", "lock")
+PER_JOB = (*SWEPT, "run", "lock", "stop")
 
 
 def grace(lease_ttl: float) -> float:

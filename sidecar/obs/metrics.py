@@ -153,6 +153,19 @@ class Metrics:
         self.runs_lost_total = counter(
             "runs_lost", "Runs this instance recorded as lost (their lease expired)."
         )
+        self.runs_replaced_total = counter(
+            "runs_replaced",
+            "Runs of this instance stopped for a newer slot (overlap: replace): the app was "
+            "sent the cancel request, the run recorded failed (replaced).",
+        )
+        self.cancel_requests_failed_total = counter(
+            "cancel_requests_failed",
+            "Cancel requests (overlap: replace) the app did not answer with 2xx.",
+        )
+        self.runs_buffered_total = counter(
+            "runs_buffered",
+            "Slots this instance kept to run after the running one (overlap: buffer_one).",
+        )
         self.attempts_due_total = counter(
             "attempts_due", "Further attempts this instance made due, by reason.", ("job", "reason")
         )
@@ -266,6 +279,9 @@ class Metrics:
             self.claim_duplicate_acks_total,
             self.claim_errors_total,
             self.runs_lost_total,
+            self.runs_replaced_total,
+            self.cancel_requests_failed_total,
+            self.runs_buffered_total,
             self.retries_exhausted_total,
             self.lease_renewal_failures_total,
             self.claim_ack_seconds,

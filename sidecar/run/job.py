@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 
@@ -47,6 +48,7 @@ from sidecar.run.catchup import CatchUp
 from sidecar.run.claim import Claim, Claimer
 from sidecar.run.followup import follow
 from sidecar.run.lease import RUN_LEASE_WAIT, overlap_error, run_lease
+from sidecar.run.overlap import KEPT, REPLACED, TAKEN, Overlap, uses_lock
 from sidecar.run.record import Outcome, Recorder, not_sent, sent
 from sidecar.run.skips import EXCLUDED, SkipRecorder, Unclaimed
 from sidecar.run.trigger import Trigger, Why, interrupted, why_of
@@ -155,6 +157,10 @@ class Jobs:
             self.attempt,
             self.sleep_until,
             stopping,
+        )
+        # overlap: replace and buffer_one (sidecar/run/overlap.py).
+        self.overlap = Overlap(
+            config, metrics, clock, fleet, self.keys, trigger, self._start_run, spawn
         )
         # claim.candidates: only k instances claim a slot at its time (sidecar/fleet/candidates.py).
         self.candidates = Candidates(
@@ -412,7 +418,7 @@ class Jobs:
                     deadline,
                     self.fleet.view.lock_markers,
                 )
-                if job.overlap != "skip":
+                if not uses_lock(job):
                     # A run lease only lets the fleet see a dead runner: the run
                     # waits for it a moment at most (lease.RUN_LEASE_WAIT).
                     stack.push_async_exit(lease)
@@ -426,9 +432,32 @@ class Jobs:
                     error, hostile = overlap_error(held.value)
                     if hostile:
                         self.metrics.hostile_input_total.labels(what="value").inc()
-                    outcome = not_sent(claim, SKIPPED, error, self.clock.wall(), "overlap")
-                    await self._end(job, claim, outcome)
-                    return
+                    what = ""
+                    if job.overlap != "skip":  # replace: wait for it to stop; buffer_one: keep
+                        try:
+                            what, why = await self.overlap.held(
+                                job,
+                                claim,
+                                held.value,
+                                deadline,
+                                lambda: stack.enter_async_context(lease),
+                            )
+                        except asyncio.CancelledError:  # the drain: never sent
+                            if job.overlap != "replace":
+                                raise  # buffer_one: the slot may be kept already
+                            why = "overlap: the sidecar stopped while it waited for the lock"
+                            at = self.clock.wall()
+                            await self._end(
+                                job, claim, not_sent(claim, SKIPPED, why, at, "overlap")
+                            )
+                            raise
+                        if what == KEPT:
+                            return
+                        error = why if what != TAKEN else error
+                    if what != TAKEN:
+                        outcome = not_sent(claim, SKIPPED, error, self.clock.wall(), "overlap")
+                        await self._end(job, claim, outcome)
+                        return
                 except Exception as exc:
                     # Nothing sent, failed: a retry may follow.
                     error = f"{lease.key} not taken: {exc!r}"
@@ -448,15 +477,19 @@ class Jobs:
         m.run_start_delay_seconds.labels(job=job.name).observe(max(0.0, started_at - slot_time))
         self.aftermath.started(job, claim.token, started_at)
         try:
-            result = await self.trigger.fire(
+            result, replaced = await self.overlap.run(
                 job,
-                claim.slot,
-                claim.token,
-                deadline,
-                attempt=claim.attempt,
-                fence=claim.seq,
-                send_by=deadline,
-                why=self._why(job, claim),
+                claim,
+                self.trigger.fire(
+                    self.overlap.request_job(job, claim),
+                    claim.slot,
+                    claim.token,
+                    deadline,
+                    attempt=claim.attempt,
+                    fence=claim.seq,
+                    send_by=deadline,
+                    why=self._why(job, claim),
+                ),
             )
         except asyncio.CancelledError:
             # Cut off by the drain: the record keeps when the run really
@@ -473,6 +506,9 @@ class Jobs:
             error = result.error or "late"
             await self._end(job, claim, not_sent(claim, SKIPPED, error, self.clock.wall(), "late"))
             return
+        if replaced:  # stopped for a newer slot (overlap: replace): failed, not retried
+            await self._end(job, claim, dataclasses.replace(sent(claim, result), reason=REPLACED))
+            return
         await self._end(job, claim, sent(claim, result))
 
     def _why(self, job: JobConfig, claim: Claim) -> Why:
@@ -486,5 +522,5 @@ class Jobs:
     async def _end(self, job: JobConfig, claim: Claim, outcome: Outcome) -> None:
         """Record the run's outcome (sidecar/run/record.py); a failed attempt may be retried."""
         seq = await self.recorder.record(job, outcome)
-        if outcome.kind == FAILED:
+        if outcome.kind == FAILED and outcome.reason != REPLACED:
             await self.due.retry(job, claim, outcome.finished_at, seq)

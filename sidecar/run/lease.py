@@ -23,6 +23,7 @@ import math
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from sidecar.config.jobs import LOCKED
 from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import slot_ms
@@ -271,12 +272,13 @@ def run_lease(
     deadline: float,
     markers: dict[str, int],
 ) -> Lease:
-    """The lease of a won claim: ``lock.<job>`` for ``overlap: skip``, else the run's
+    """The lease of a won claim: ``lock.<job>`` for ``overlap: skip``, ``replace`` and
+    ``buffer_one`` (sidecar/run/overlap.py), else the run's
     own ``run.<job>.<slot>[.<attempt>]``. `markers`: the last marker revision of
     each key, as the watch saw them."""
     key = (
         lock_key(job.name)
-        if job.overlap == "skip"
+        if job.overlap in LOCKED
         else run_key(job.name, claim.slot, claim.attempt)
     )
     value = {

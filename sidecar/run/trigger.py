@@ -317,6 +317,19 @@ class Trigger:
                 )
             return self._result(started_at, t0, status, None, delivery_tries, answer=answer)
 
+    async def send_once(
+        self,
+        job: JobConfig,
+        slot: int,
+        token: str,
+        attempt: int,
+        fence: int | None,
+        why: Why | None,
+    ) -> tuple[int, bytes]:
+        """One request of `job`'s request, never retried: the 2xx status and the start of
+        the answer, or a TriggerError (the cancel request of sidecar/run/overlap.py)."""
+        return await self._send(job, slot, token, attempt, fence, None, why)
+
     def _result(
         self,
         started_at: float,

@@ -29,6 +29,7 @@ from nats.js.api import StreamInfo
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
 
+from sidecar.config.jobs import LOCKED
 from sidecar.core.wire import kv_stream
 
 log = logging.getLogger("sidecar.bucketcheck")
@@ -76,7 +77,7 @@ def needs_leases(job: JobConfig) -> bool:
     """Whether a job cannot run as configured without working leases (max_runs: without
     the state bucket's compare-and-set, which the same check vouches for)."""
     return (
-        job.overlap == "skip"
+        job.overlap in LOCKED
         or job.on_lost == "rerun"
         or job.retry.max >= 1
         or getattr(job, "max_runs", None) is not None

@@ -245,6 +245,8 @@ RULES = [
     # leases and attempts (FLEET.md)
     ("jobs.1.overlap", "forbid", "jobs[1].overlap", "expected one of allow, skip"),
     ("jobs.1.overlap", True, "jobs[1].overlap", "expected one of allow, skip"),
+    ("jobs.1.overlap", "queue", "jobs[1].overlap", "allow, skip, replace, buffer_one"),
+    ("jobs.1.cancel", {"grace": "1s"}, "jobs[1].cancel", "only used with overlap: replace"),
     ("jobs.1.on_lost", "retry", "jobs[1].on_lost", "expected one of record, rerun"),
     ("jobs.1.on_lost", "rerun", "jobs[1].on_lost", "needs retry.max of at least 1"),
     ("jobs.1.retry", 3, "jobs[1].retry", "expected a map"),
@@ -803,6 +805,32 @@ def test_a_well_formed_target_url_with_credentials_is_refused() -> None:
         error = error_of(config(target={"url": url}))
         assert error.key == "target.url" and "no credentials" in error.message
         assert PASSWORD not in str(error)
+
+
+def test_overlap_replace_and_its_cancel_request_parse_and_are_checked() -> None:
+    got = parse_config(config(jobs=[job(overlap="replace")]), {}).jobs[0]
+    assert (got.overlap, got.cancel.method, got.cancel.path, got.cancel.grace) == (
+        "replace",
+        "DELETE",
+        "/jobs/sync",
+        5.0,
+    )
+    spec = job(overlap="replace", cancel={"method": "post", "path": "/stop", "grace": "2s"})
+    got = parse_config(config(jobs=[spec]), {}).jobs[0]
+    assert (got.cancel.method, got.cancel.path, got.cancel.grace) == ("POST", "/stop", 2.0)
+    assert parse_config(config(jobs=[job(overlap="buffer_one")]), {}).jobs[0].overlap == (
+        "buffer_one"
+    )
+    for cancel, key, words in (
+        ({"grace": "60s"}, "jobs[0].cancel.grace", "shorter than max_late"),
+        ({"method": "POST"}, "jobs[0].cancel.method", "is the trigger itself"),
+        ({"path": "stop"}, "jobs[0].cancel.path", "must start with /"),
+        ({"method": "KILL"}, "jobs[0].cancel.method", "expected one of"),
+        ({"grace": "10ms"}, "jobs[0].cancel.grace", "at least"),
+        ({"when": "now"}, "jobs[0].cancel.when", "allowed: method, path, grace"),
+    ):
+        error = error_of(config(jobs=[job(overlap="replace", cancel=cancel)]))
+        assert (error.key, words in error.message) == (key, True), error
 
 
 def test_lease_and_attempt_keys_default_to_the_references_behaviour_and_parse() -> None:

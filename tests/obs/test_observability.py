@@ -76,6 +76,10 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_lease_renewal_failures_total": ("counter", frozenset({"job"})),
     # Not in FLEET.md's table: the alert on retries exhausted needs it (docs/METRICS.md).
     "anarchon_retries_exhausted_total": ("counter", frozenset({"job"})),
+    # overlap: replace and buffer_one (issue 42 item 4, docs/METRICS.md).
+    "anarchon_runs_replaced_total": ("counter", frozenset({"job"})),
+    "anarchon_cancel_requests_failed_total": ("counter", frozenset({"job"})),
+    "anarchon_runs_buffered_total": ("counter", frozenset({"job"})),
     # Telling people (issue 29): pings, notifications, pause_after, expect.
     "anarchon_pings_total": ("counter", frozenset({"job", "kind", "outcome"})),
     "anarchon_notifications_total": ("counter", frozenset({"event", "outcome"})),
