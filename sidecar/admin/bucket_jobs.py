@@ -40,8 +40,9 @@ from sidecar.config.jobs import JOB_KEYS, check_fit, check_windows, parse_claim,
 from sidecar.config.keys import JOB_NAME, ConfigSection
 from sidecar.config.model import Config, JobConfig, Secrets
 from sidecar.config.values import CONTROL_RE, short, type_name
+from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
-from sidecar.core.errors import CasConflict, ConfigError, SidecarError, StreamError
+from sidecar.core.errors import CasConflict, ConfigError, KeptChanging, SidecarError, StreamError
 from sidecar.core.tasks import cancel_all
 from sidecar.core.wire import instance_key
 from sidecar.run.since import schedule_hash, since_key
@@ -552,12 +553,14 @@ async def add_in(kv: Any, spec: BucketJob, value: dict[str, Any]) -> Written:
             await kv.put(since_key(name), bound)
         except Exception as exc:
             raise StreamError(f"cannot write {since_key(name)} in state bucket: {exc!r}") from exc
+        if failpoints.ENABLED:
+            await failpoints.hit("cas.before_write")
         try:
             revision = await create_or_update(kv, key, value, None)
         except CasConflict:
             continue  # written meanwhile: read again
         return Written(name, spec.id, "created", revision)
-    raise StreamError(f"{key} kept changing while it was added; try again")
+    raise KeptChanging(key, 3)
 
 
 async def update(
@@ -595,12 +598,14 @@ async def update_in(kv: Any, spec: BucketJob, value: dict[str, Any], id_given: b
             spec = dataclasses.replace(spec, id=stored_id, canon=canonical(value))
         if canonical(stored) == spec.canon:
             return Written(name, spec.id, "unchanged", revision)
+        if failpoints.ENABLED:
+            await failpoints.hit("cas.before_write")
         try:
             revision = await create_or_update(kv, key, value, revision)
         except CasConflict:
             continue
         return Written(name, spec.id, "updated", revision)
-    raise StreamError(f"{key} kept changing while it was updated; try again")
+    raise KeptChanging(key, 3)
 
 
 async def remove(config: Config, secrets: Secrets, name: str, ident: str | None) -> Written:

@@ -16,8 +16,9 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from sidecar.config.load import JobConfig
+from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
-from sidecar.core.errors import CasConflict
+from sidecar.core.errors import CasConflict, KeptChanging
 from sidecar.store.kv import create_or_update, delete_at
 from sidecar.store.state import decode
 from sidecar.when.atkey import MAX_PENDING, MAX_TEXT, AtRun, at_key, encode, pending_of
@@ -45,6 +46,8 @@ async def _read(kv: KeyValue, key: str) -> tuple[list[AtRun], int | None]:
 
 
 async def _write(kv: KeyValue, key: str, runs: list[AtRun], revision: int | None) -> None:
+    if failpoints.ENABLED:
+        await failpoints.hit("cas.before_write")
     if runs:
         await create_or_update(kv, key, encode(runs), revision)
     elif revision is not None:
@@ -70,7 +73,7 @@ async def queue(kv: KeyValue, job: JobConfig, slot: int, by: str, reason: str) -
         except CasConflict:
             continue
         return Queued(run, True, sorted([*runs, run], key=lambda r: r.slot))
-    raise RuntimeError(f"{key} kept changing under {CAS_TRIES} tries; try again")
+    raise KeptChanging(key, CAS_TRIES)
 
 
 async def drop(kv: KeyValue, job: str, slots: set[int] | None) -> list[AtRun]:
@@ -88,7 +91,7 @@ async def drop(kv: KeyValue, job: str, slots: set[int] | None) -> list[AtRun]:
         except CasConflict:
             continue
         return gone
-    raise RuntimeError(f"{key} kept changing under {CAS_TRIES} tries; try again")
+    raise KeptChanging(key, CAS_TRIES)
 
 
 async def rewrite(kv: KeyValue, job: str) -> None:
