@@ -86,17 +86,17 @@ def test_every_command_that_keeps_losing_its_compare_and_set_says_so_in_one_line
     job_file = tmp_path / "b.yaml"
     job_file.write_text(yaml.safe_dump(bucket_job))
     # The keys the commands will change, made by the commands themselves.
-    for args in (
+    for setup in (
         ("at", "a", "-c", cfg, pending_at),
         ("skip", "a", "-c", cfg, "--count", "2"),
         ("backfill", "a", "-c", cfg, "--from", rfc3339(now - 60), "--to", rfc3339(now - 30)),
         ("job", "add", str(job_file), "-c", cfg),
     ):
-        done = run_cli(*args)
-        assert done.returncode == 0, (args, done.stderr)
+        done = run_cli(*setup)
+        assert done.returncode == 0, (setup, done.stderr)
     job_file.write_text(yaml.safe_dump({**bucket_job, "max_late": "4s"}))  # an update to make
 
-    cases = [
+    cases: list[tuple[str, tuple[str, ...]]] = [
         ("skip.a", ("skip", "a", "-c", cfg)),
         ("skip.a", ("unskip", "a", "-c", cfg)),
         (
