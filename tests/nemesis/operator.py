@@ -9,8 +9,9 @@ goes to ``ops.jsonl``; the checker (tests/nemesis/checker.py, ``check_operated``
 then requires every slot of ``ops`` to end as one run or one skip record.
 
 It also queues one-off runs of ``ops`` (``at``, sidecar/admin/atops.py: an
-instant 0.3 to 5 s ahead, off the schedule) and cancels some (``cancel-at``,
-the next to come, or one whose instant just came: the race a cancel can lose), and
+instant 0.3 to 4 s ahead, off the schedule) and cancels some (``cancel-at``:
+the next to come, at a moment from 0.3 s before its instant to 0.8 s after,
+the race a cancel can lose), and
 adds, updates and removes a job of the state bucket, ``rt`` (``job-add``,
 ``job-update``, ``job-remove``, sidecar/admin/bucket_jobs.py). What each was
 asked with (the instant, the job's settings) goes to ``params`` in
@@ -125,7 +126,7 @@ class Operator:
             action = self.rng.choice(ACTIONS)
         elif pick < 0.8:
             ahead = [x for x in self._queued if x / 1000 > time.time() - 0.5]
-            action = "cancel-at" if ahead and self.rng.random() < 0.45 else "at"
+            action = "cancel-at" if ahead and self.rng.random() < 0.5 else "at"
         elif not self._live:
             action = "job-add"
         else:
@@ -175,18 +176,23 @@ class Operator:
 
         c, s = self.config, self.secrets
         if action == "at":
-            slot = round((now + self.rng.uniform(0.3, 5.0)) * 1000)
+            slot = round((now + self.rng.uniform(0.3, 4.0)) * 1000)
             if job.schedule.next_slot(slot - 1) == slot:  # an instant of the schedule: refused
                 slot += 1
             self._params = {"job": OPERATED, "slot": slot}
             done = await atops.cli_queue(c, s, job, slot, "operator", "nemesis")
             self._queued.append(slot)
             return {"slot": slot, "new": done.new}
-        # The next one to come (or just come: a cancel racing its claim).
+        # The next one to come, cancelled at a moment around its instant (from
+        # 0.3 s before to 0.8 s after: the sidecars read the key again at the
+        # instant plus their jitter, then claim): a cancel racing the claim.
         ahead = [x for x in self._queued if x / 1000 > now - 0.5] or self._queued
         slot = min(ahead)
         self._queued.remove(slot)
         self._params = {"job": OPERATED, "slot": slot}
+        wait = slot / 1000 + self.rng.uniform(-0.3, 0.8) - time.time()
+        if 0 < wait < 5:
+            await asyncio.sleep(wait)
         gone = await atops.cli_cancel(c, s, OPERATED, {slot}, "operator")
         return {"slot": slot, "gone": [r.slot for r in gone]}
 
