@@ -193,8 +193,8 @@ class Operator:
         wait = slot / 1000 + self.rng.uniform(-0.3, 0.8) - time.time()
         if 0 < wait < 5:
             await asyncio.sleep(wait)
-        gone = await atops.cli_cancel(c, s, OPERATED, {slot}, "operator")
-        return {"slot": slot, "gone": [r.slot for r in gone]}
+        gone, late = await atops.cli_cancel(c, s, OPERATED, {slot}, "operator")
+        return {"slot": slot, "gone": [r.slot for r in gone], "too_late": [r.slot for r in late]}
 
     async def _job(self, action: str) -> Any:
         from sidecar.admin import bucket_jobs
