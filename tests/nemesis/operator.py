@@ -115,18 +115,18 @@ class Operator:
     def next_action(self) -> str:
         """Any command; after a pause, a resume (half of them --catchup) is likelier,
         so that catch-ups of paused slots happen in a one-minute run too. The first
-        adds ``rt``; then a calendar command (45%), a one-off (35%) or a change of
+        adds ``rt``; then a calendar command (40%), a one-off (40%) or a change of
         ``rt`` (20%: added when it is not, else updated or removed)."""
         pick = self.rng.random()
         if self.count == 0:
             action = "job-add"
         elif self._last in ("pause", "pause-until") and self.rng.random() < 0.6:
             action = self.rng.choice(("resume", "resume-catchup", "resume-catchup"))
-        elif pick < 0.45:
+        elif pick < 0.4:
             action = self.rng.choice(ACTIONS)
         elif pick < 0.8:
             ahead = [x for x in self._queued if x / 1000 > time.time() - 0.5]
-            action = "cancel-at" if ahead and self.rng.random() < 0.5 else "at"
+            action = "cancel-at" if ahead and self.rng.random() < 0.6 else "at"
         elif not self._live:
             action = "job-add"
         else:
