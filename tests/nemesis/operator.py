@@ -9,9 +9,9 @@ goes to ``ops.jsonl``; the checker (tests/nemesis/checker.py, ``check_operated``
 then requires every slot of ``ops`` to end as one run or one skip record.
 
 It also queues one-off runs of ``ops`` (``at``, sidecar/admin/atops.py: an
-instant 0.3 to 4 s ahead, off the schedule) and cancels some (``cancel-at``:
-the next to come, at a moment from 0.3 s before its instant to 0.8 s after,
-the race a cancel can lose), and
+instant 1.5 to 5 s ahead, off the schedule) and cancels some (``cancel-at``,
+most often right after an ``at``: the next to come, at a moment from 0.3 s
+before its instant to 0.8 s after, the race a cancel can lose), and
 adds, updates and removes a job of the state bucket, ``rt`` (``job-add``,
 ``job-update``, ``job-remove``, sidecar/admin/bucket_jobs.py). What each was
 asked with (the instant, the job's settings) goes to ``params`` in
@@ -120,6 +120,8 @@ class Operator:
         pick = self.rng.random()
         if self.count == 0:
             action = "job-add"
+        elif self._last == "at" and self.rng.random() < 0.6:
+            action = "cancel-at"  # the one just queued, around its instant
         elif self._last in ("pause", "pause-until") and self.rng.random() < 0.6:
             action = self.rng.choice(("resume", "resume-catchup", "resume-catchup"))
         elif pick < 0.4:
@@ -176,7 +178,7 @@ class Operator:
 
         c, s = self.config, self.secrets
         if action == "at":
-            slot = round((now + self.rng.uniform(0.3, 4.0)) * 1000)
+            slot = round((now + self.rng.uniform(1.5, 5.0)) * 1000)
             if job.schedule.next_slot(slot - 1) == slot:  # an instant of the schedule: refused
                 slot += 1
             self._params = {"job": OPERATED, "slot": slot}
