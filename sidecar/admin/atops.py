@@ -16,7 +16,7 @@ from nats.js.kv import KeyValue
 
 from sidecar.config.load import Config, JobConfig, Secrets
 from sidecar.core.clock import rfc3339
-from sidecar.run.atqueue import Queued, drop, listing, queue
+from sidecar.run.atqueue import Queued, cancel, listing, queue
 from sidecar.when.atkey import AtRun, instant_problem
 
 log = logging.getLogger("sidecar.atops")
@@ -39,6 +39,18 @@ def action_entry(
 
 def queued_detail(run: AtRun) -> str:
     return f"one-off run at {rfc3339(run.slot / 1000)}" + (f": {run.reason}" if run.reason else "")
+
+
+def too_late(job: str, late: list[AtRun]) -> str:
+    """Why a cancel did not cancel: a sidecar had started claiming them."""
+    return (
+        f"{job}: too late to cancel "
+        + ", ".join(
+            f"the one-off run at {rfc3339(r.slot / 1000)} ({r.claiming} is claiming it)"
+            for r in late
+        )
+        + "; `history` shows its run"
+    )
 
 
 def cancelled_detail(gone: list[AtRun]) -> str:
@@ -76,19 +88,20 @@ async def cli_queue(
 
 async def cli_cancel(
     config: Config, secrets: Secrets, job: str, slots: set[int] | None, by: str
-) -> list[AtRun]:
+) -> tuple[list[AtRun], list[AtRun]]:
+    """(those cancelled, those too late: a sidecar started claiming them)."""
     from sidecar.store.connection import connected
     from sidecar.store.connection import one_shot_js as _js
     from sidecar.store.state import ensure_bucket, state_spec
 
     async with connected(config, secrets) as conn:
         bucket = await ensure_bucket(_js(conn), state_spec(config))
-        gone = await drop(bucket.kv, job, slots)
+        gone, late = await cancel(bucket.kv, job, slots)
         if gone:
             detail = cancelled_detail(gone)
             entry = action_entry("cancel-at", by, "", "cli", config.instance_id, detail)
             await _audit(bucket.kv, job, entry)
-        return gone
+        return gone, late
 
 
 async def cli_list(config: Config, secrets: Secrets, job: str) -> list[AtRun]:
@@ -132,10 +145,13 @@ async def act(
             return 400, "", {"error": f"time: {exc}"}
         slots = {slot}
     if action == "cancel-at":
-        gone = await drop(kv, job.name, slots)
+        gone, late = await cancel(kv, job.name, slots)
         if not gone:
+            if late:
+                return 409, "", {"error": too_late(job.name, late)}
             return 409, "", {"error": f"{job.name}: no one-off run pending at {text}"}
-        return 200, cancelled_detail(gone), {"cancelled": [r.as_dict() for r in gone]}
+        answer = {"cancelled": [r.as_dict() for r in gone], "too_late": [r.as_dict() for r in late]}
+        return 200, cancelled_detail(gone), answer
     on_schedule = job.schedule.next_slot(slot - 1) == slot
     if why := instant_problem(slot, now, on_schedule):
         return 400, "", {"error": f"time: {why}"}

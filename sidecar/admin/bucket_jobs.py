@@ -40,12 +40,13 @@ from sidecar.config.jobs import JOB_KEYS, check_fit, check_windows, parse_claim,
 from sidecar.config.keys import JOB_NAME, ConfigSection
 from sidecar.config.model import Config, JobConfig, Secrets
 from sidecar.config.values import CONTROL_RE, short, type_name
+from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import (
     BucketJobRefused,
     CasConflict,
     ConfigError,
-    StreamError,
+    KeptChanging,
 )
 from sidecar.core.tasks import cancel_all
 from sidecar.core.wire import instance_key
@@ -545,12 +546,14 @@ async def add_in(kv: Any, spec: BucketJob, value: dict[str, Any]) -> Written:
         # removed and added again, never catches up a slot from before now.
         now_ms = round(time.time() * 1000)
         await put_json(kv, since_key(name), since_object(now_ms, ADDED, schedule_hash(spec.job)))
+        if failpoints.ENABLED:
+            await failpoints.hit("cas.before_write")
         try:
             revision = await create_or_update(kv, key, value, None)
         except CasConflict:
             continue  # written meanwhile: read again
         return Written(name, spec.id, "created", revision)
-    raise StreamError(f"{key} kept changing while it was added; try again")
+    raise KeptChanging(key, 3)
 
 
 async def update(
@@ -588,12 +591,14 @@ async def update_in(kv: Any, spec: BucketJob, value: dict[str, Any], id_given: b
             spec = dataclasses.replace(spec, id=stored_id, canon=canonical(value))
         if canonical(stored) == spec.canon:
             return Written(name, spec.id, "unchanged", revision)
+        if failpoints.ENABLED:
+            await failpoints.hit("cas.before_write")
         try:
             revision = await create_or_update(kv, key, value, revision)
         except CasConflict:
             continue
         return Written(name, spec.id, "updated", revision)
-    raise StreamError(f"{key} kept changing while it was updated; try again")
+    raise KeptChanging(key, 3)
 
 
 async def remove(config: Config, secrets: Secrets, name: str, ident: str | None) -> Written:

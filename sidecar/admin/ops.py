@@ -16,8 +16,9 @@ from nats.js.errors import KeyNotFoundError
 
 from sidecar.config.load import Config, JobConfig, Secrets
 from sidecar.config.values import parse_duration
+from sidecar.core import failpoints
 from sidecar.core.clock import INSTANT_RANGE, in_range, parse_instant, rfc3339
-from sidecar.core.errors import CasConflict, ConfigError, ScheduleError
+from sidecar.core.errors import CasConflict, ConfigError, KeptChanging, ScheduleError
 from sidecar.core.wire import compact, skip_key
 from sidecar.run.backfill import (
     MAX_SLOTS,
@@ -119,12 +120,14 @@ async def skip(
             # (its instant + jitter + max_late gone by): never one whose fate is pending.
             kept = {"slots": undecided(old, job, now_ms)} if old is not None else None
             value = new_skip_value(kept, runs, by, rfc3339(now_ms / 1000), reason)
+            if failpoints.ENABLED:
+                await failpoints.hit("cas.before_write")
             try:
                 await create_or_update(kv, key, _encode(value), revision)
             except CasConflict:
                 continue  # someone else changed it meanwhile: read again
             return runs, pending(value, now_ms)
-        raise RuntimeError(f"{key} kept changing under {CAS_TRIES} tries; try again")
+        raise KeptChanging(key, CAS_TRIES)
 
 
 def undecided(old: dict[str, Any] | None, job: JobConfig, now_ms: int) -> list[int]:
@@ -139,11 +142,18 @@ async def unskip(config: Config, secrets: Secrets, job: str) -> int:
     key = skip_key(job)
     async with connected(config, secrets) as conn:
         bucket = await ensure_bucket(_js(conn), state_spec(config))
-        old, revision = await _get(bucket.kv, key)
-        if old is None:
-            return 0
-        await delete_at(bucket.kv, key, revision)
-        return pending(old, round(time.time() * 1000))
+        for _ in range(CAS_TRIES):
+            old, revision = await _get(bucket.kv, key)
+            if old is None:
+                return 0
+            if failpoints.ENABLED:
+                await failpoints.hit("cas.before_write")
+            try:
+                await delete_at(bucket.kv, key, revision)
+            except CasConflict:
+                continue  # changed meanwhile (another skip): read again
+            return pending(old, round(time.time() * 1000))
+        raise KeptChanging(key, CAS_TRIES)
 
 
 async def _get(kv: Any, key: str) -> tuple[dict[str, Any] | None, int | None]:
@@ -237,12 +247,14 @@ async def backfill(
                 "at": rfc3339(time.time()),
                 "done": done_of(old),
             }
+            if failpoints.ENABLED:
+                await failpoints.hit("cas.before_write")
             try:
                 await create_or_update(kv, key, _encode(value), revision)
             except CasConflict:
                 continue
             return BackfillPlan(todo, done, len(pending))
-        raise RuntimeError(f"{key} kept changing under {CAS_TRIES} tries; try again")
+        raise KeptChanging(key, CAS_TRIES)
 
 
 async def cancel_backfill(config: Config, secrets: Secrets, job: str) -> int:

@@ -502,15 +502,18 @@ def at_command(
             if cancel_text.strip() == "all"
             else {_at_slot("--cancel", cancel_text, time.time())}
         )
-        gone = call(atops.cli_cancel(ld.config, ld.secrets, job, slots, who()))
+        gone, late = call(atops.cli_cancel(ld.config, ld.secrets, job, slots, who()))
         if as_json:
-            say(views.as_json({"job": job, "cancelled": [r.as_dict() for r in gone]}))
-        else:
+            say(views.as_json({"job": job, "cancelled": [r.as_dict() for r in gone],
+                               "too_late": [r.as_dict() for r in late]}))  # fmt: skip
+        elif gone:
             say(views.at_lines(spec, gone, "cancelled"))
         if not gone:
+            if late:
+                fail(EXIT_FAILED, atops.too_late(job, late))
             fail(EXIT_FAILED, f"{job}: no one-off run pending at {cancel_text.strip()}")
-        if any(r.slot <= Clock().wall_ms() for r in gone):
-            note(f"{job}: its time had come: it may have been claimed already (see history)")
+        if late:
+            note(atops.too_late(job, late))
         return
     assert time_text is not None
     now = time.time()

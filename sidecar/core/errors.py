@@ -171,6 +171,18 @@ class CasConflict(SidecarError):
     """The key's last revision was not the expected one."""
 
 
+class KeptChanging(StreamError):
+    """A command's compare-and-set of a key lost to another writer every time it tried:
+    nothing was changed (exit 1, one line; docs/CLI.md)."""
+
+    def __init__(self, key: str, tries: int) -> None:
+        super().__init__(
+            f"{key} kept changing: another writer changed it between our read and our "
+            f"write {tries} times in a row; nothing was changed, try again"
+        )
+        self.key = key
+
+
 class Hostile(SidecarError):
     """The due key is not backed by the job's config or by the stream."""
 

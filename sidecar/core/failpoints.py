@@ -26,6 +26,11 @@ fires (unlimited without it). Actions:
 
 Points (``POINTS``):
 
+- ``cas.before_write``: a command (``skip``, ``unskip``, ``backfill``, ``at``,
+  ``job add/update``) read a key of the state bucket and is about to
+  compare-and-set it.
+- ``at.marked``: a one-off run was marked ``claiming`` in its key (a cancel
+  is too late from here), before it is claimed.
 - ``at.due``: a one-off run's time came (sidecar/run/atruns.py), before it is
   read again and claimed.
 - ``claim.won``: a claim was won, before its run starts (lease, trigger).
@@ -68,6 +73,8 @@ POINTS = frozenset(
         "claim.won",
         "claim.after_publish",
         "at.due",
+        "cas.before_write",
+        "at.marked",
         "claim.before_retry",
         "lease.create",
         "trigger.before_send",

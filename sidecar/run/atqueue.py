@@ -8,6 +8,7 @@ sidecar/admin/atops.py; the fleet's part (sidecar/run/atruns.py) drops what it r
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from sidecar.config.load import JobConfig
+from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
-from sidecar.core.errors import CasConflict
+from sidecar.core.errors import CasConflict, KeptChanging
 from sidecar.store.kv import create_or_update, delete_at
 from sidecar.store.state import decode
 from sidecar.when.atkey import MAX_PENDING, MAX_TEXT, AtRun, at_key, encode, pending_of
@@ -45,6 +47,8 @@ async def _read(kv: KeyValue, key: str) -> tuple[list[AtRun], int | None]:
 
 
 async def _write(kv: KeyValue, key: str, runs: list[AtRun], revision: int | None) -> None:
+    if failpoints.ENABLED:
+        await failpoints.hit("cas.before_write")
     if runs:
         await create_or_update(kv, key, encode(runs), revision)
     elif revision is not None:
@@ -70,7 +74,7 @@ async def queue(kv: KeyValue, job: JobConfig, slot: int, by: str, reason: str) -
         except CasConflict:
             continue
         return Queued(run, True, sorted([*runs, run], key=lambda r: r.slot))
-    raise RuntimeError(f"{key} kept changing under {CAS_TRIES} tries; try again")
+    raise KeptChanging(key, CAS_TRIES)
 
 
 async def drop(kv: KeyValue, job: str, slots: set[int] | None) -> list[AtRun]:
@@ -88,7 +92,47 @@ async def drop(kv: KeyValue, job: str, slots: set[int] | None) -> list[AtRun]:
         except CasConflict:
             continue
         return gone
-    raise RuntimeError(f"{key} kept changing under {CAS_TRIES} tries; try again")
+    raise KeptChanging(key, CAS_TRIES)
+
+
+async def mark(kv: KeyValue, job: str, slot: int, instance: str) -> AtRun | None:
+    """Mark the entry at `slot` as being claimed by `instance`, by compare-and-set:
+    from then on a cancel is too late (``cancel``). The entry as marked (by this or
+    another sidecar), or None when it is gone (cancelled, or claimed and dropped)."""
+    key = at_key(job)
+    for _ in range(CAS_TRIES):
+        runs, revision = await _read(kv, key)
+        held = next((r for r in runs if r.slot == slot), None)
+        if held is None or held.claiming:
+            return held
+        marked = dataclasses.replace(held, claiming=instance[:MAX_TEXT] or "?")
+        try:
+            await _write(kv, key, [marked if r is held else r for r in runs], revision)
+        except CasConflict:
+            continue
+        return marked
+    raise KeptChanging(key, CAS_TRIES)
+
+
+async def cancel(kv: KeyValue, job: str, slots: set[int] | None) -> tuple[list[AtRun], list[AtRun]]:
+    """Cancel the entries at `slots` (all when None) that no sidecar started claiming:
+    (those removed, those too late: marked ``claiming``, left in the key)."""
+    key = at_key(job)
+    for _ in range(CAS_TRIES):
+        runs, revision = await _read(kv, key)
+        if revision is None:
+            return [], []
+        asked = [r for r in runs if slots is None or r.slot in slots]
+        late = [r for r in asked if r.claiming]
+        gone = [r for r in asked if not r.claiming]
+        if not gone and runs:
+            return [], late
+        try:  # an empty or wholly hostile value goes too
+            await _write(kv, key, [r for r in runs if r not in gone], revision)
+        except CasConflict:
+            continue
+        return gone, late
+    raise KeptChanging(key, CAS_TRIES)
 
 
 async def rewrite(kv: KeyValue, job: str) -> None:

@@ -1,11 +1,15 @@
 """One sidecar's part in the fleet's one-off runs (``at.<job>``, sidecar/when/atkey.py).
 
 Every sidecar watches ``at.*``. For each entry of one of its jobs it waits
-until the instant plus a random jitter in [0, jitter] (as for a slot), reads
-the key again (a cancel is seen up to that moment), checks what a slot is
-checked for (later than ``max_late``, the stream guard, a pause), and claims
-``<job>:<ms>:at`` with trigger ``at``: the duplicate window makes exactly one
-sidecar win, whichever of them are alive then. The winner runs it like any
+until the instant plus a random jitter in [0, jitter] (as for a slot), checks
+what a slot is checked for (later than ``max_late``, the stream guard, a
+pause), marks the entry ``claiming`` in the key by compare-and-set (the first
+to come marks it, the others find it marked; from then on a cancel is too
+late and says so, and a cancel that came first removed it, so nothing is
+claimed), and claims ``<job>:<ms>:at`` with trigger ``at``: the duplicate
+window makes exactly one sidecar win, whichever of them are alive then. A
+sidecar that cannot read or mark the key (NATS away) does not claim: a cancel
+it cannot see must not be overtaken. The winner runs it like any
 won slot (lease, trigger, record; sidecar/run/job.py); the claim's deciders drop
 the entry from the key. A one-off is not retried and not rerun when lost (as
 ``run-now``): its instant is not a slot of the schedule, and a retry's due
@@ -26,15 +30,12 @@ import random
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from nats.js.errors import KeyNotFoundError
-
 from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimDisconnected
 from sidecar.core.wire import AT
-from sidecar.run.atqueue import drop, rewrite
+from sidecar.run.atqueue import drop, mark, rewrite
 from sidecar.store.kv import delete_at
-from sidecar.store.state import decode
 from sidecar.when.atkey import KIND, at_key, at_msg_id, job_of_key, parse_value
 
 if TYPE_CHECKING:
@@ -165,32 +166,35 @@ class AtRuns:
         finally:
             self._waiting.discard((job.name, slot))
 
-    async def _still_queued(self, job: JobConfig, slot: int) -> bool:
-        """Read the key itself (not the view, which may lag a cancel)."""
+    async def _mark(self, job: JobConfig, slot: int) -> bool:
+        """Mark the entry ``claiming`` in the key itself (not the view, which may lag a
+        cancel); True when it is still queued, marked now or by another sidecar."""
         bucket = self.fleet.bucket
         if bucket is None:
             return False
         try:
-            entry = await bucket.kv.get(at_key(job.name))
-        except KeyNotFoundError:
-            return False  # cancelled, or run already
-        except Exception:  # NATS away: the view says
-            view = self.fleet.view.keys.get(at_key(job.name))
-            if view is None or not self.fleet.view.synced:
-                return False
-            return slot in parse_value(view.value, self.clock.wall()).runs
-        return slot in parse_value(decode(entry.value), self.clock.wall()).runs
-
-    async def _due(self, job: JobConfig, slot: int) -> None:
-        name = job.name
-        if not await self._still_queued(job, slot):
+            held = await mark(bucket.kv, job.name, slot, self.config.instance_id)
+        except Exception as exc:  # NATS away: a cancel may be unseen; not claimed here
+            self.metrics.claims_skipped_total.labels(job=job.name, reason="bucket").inc()
+            log.warning(
+                "job %s: one-off run at %s not claimed here: its key could not be read or "
+                "marked (%r); another sidecar may claim it",
+                job.name,
+                rfc3339(slot / 1000),
+                exc,
+            )
+            return False
+        if held is None:
             log.info(
                 "job %s: one-off run at %s is no longer queued (cancelled, or claimed by "
                 "another sidecar)",
-                name,
+                job.name,
                 rfc3339(slot / 1000),
             )
-            return
+        return held is not None
+
+    async def _due(self, job: JobConfig, slot: int) -> None:
+        name = job.name
         now = self.clock.wall()
         skip: tuple[str, str] | None = None
         if now - slot / 1000 > job.max_late:
@@ -206,6 +210,11 @@ class AtRuns:
                     "job %s: one-off run at %s skipped: %s", name, rfc3339(slot / 1000), skip[1]
                 )
             return
+        if not await self._mark(job, slot):
+            return
+        if failpoints.ENABLED:
+            await failpoints.hit("at.marked")
+        now = self.clock.wall()
         deadline = self.clock.monotonic() + (slot / 1000 + job.max_late - now)
         try:
             claim = await self.claimer.claim(

@@ -25,7 +25,6 @@ from sidecar.core.errors import ClaimError
 from sidecar.core.wire import SKIPPED, claim_msg_id
 from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.run.record import Outcome, Recorder
-from sidecar.store.guard import REPEAT_LOG
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -38,6 +37,9 @@ log = logging.getLogger("sidecar.skips")
 loop_log = logging.getLogger("sidecar.job")
 
 EXCLUDED = "excluded"
+# Reasons that are the fleet's trouble, said by the stream check itself: a job
+# says once that it is kept from its claims by it, whatever the text.
+SHARED = ("stream", "bucket")
 # At most this many late slots are walked one by one after a stall.
 MAX_LATE_WALK = 10_000
 
@@ -115,8 +117,9 @@ class SkipRecorder:
 
 
 class Unclaimed:
-    """Slots the job loop does not claim: counted, said at most once a minute a job,
-    and recorded (``kept``) when the fleet keeps them from running."""
+    """Slots the job loop does not claim: counted, said once per reason a job (again
+    when the reason changes or after a claim), and recorded (``kept``) when the fleet
+    keeps them from running."""
 
     def __init__(
         self,
@@ -131,7 +134,8 @@ class Unclaimed:
         self.connected = connected
         self.recorder = recorder
         self.spawn = spawn
-        self._said: dict[str, float] = {}  # per job: when a skip was last said
+        # Per job: the reason last said; forgotten when the job claims again.
+        self._said: dict[str, str] = {}
         self.warnings = RateLimitedLog(loop_log)
 
     def late(self, job: JobConfig, slot: int, now: float) -> int:
@@ -155,14 +159,14 @@ class Unclaimed:
         return slot
 
     def skip(self, job: JobConfig, slot: int, reason: str, why: str) -> None:
-        """A slot not claimed (stream, paused): counted, said at most once a minute a job."""
+        """A slot not claimed (stream, paused): counted, said once per reason a job."""
         self.metrics.claims_skipped_total.labels(job=job.name, reason=reason).inc()
-        self._say(job, slot, why)
+        self._say(job, slot, reason, why)
 
     def kept(self, job: JobConfig, slot: int, reason: str, why: str) -> None:
         """A slot kept from running (excluded, skip, paused): counted, and recorded
         ``skipped`` in the stream once for the fleet (``SkipRecorder``)."""
-        self._say(job, slot, why)
+        self._say(job, slot, reason, why)
         self.spawn(self.recorder.record(job, slot, reason, why))
 
     def disconnected(self, job: JobConfig, slot: int, exc: Exception) -> None:
@@ -193,6 +197,7 @@ class Unclaimed:
     def count(self, claim: Claim) -> None:
         """A claim decided: its ack time, duplicate acks, won or lost."""
         m = self.metrics
+        self._said.pop(claim.job, None)  # it claims again: a later skip is news
         m.claim_ack_seconds.labels(job=claim.job).observe(claim.ack_seconds)
         if claim.duplicate_acks:
             m.claim_duplicate_acks_total.labels(job=claim.job).inc(claim.duplicate_acks)
@@ -203,9 +208,19 @@ class Unclaimed:
             m.claims_lost_total.labels(job=claim.job).inc()
             loop_log.debug("job %s slot %s lost (seq %d)", claim.job, claim.slot, claim.seq)
 
-    def _say(self, job: JobConfig, slot: int, why: str) -> None:
-        now = self.clock.monotonic()
-        last = self._said.get(job.name)
-        if last is None or now - last > REPEAT_LOG:
-            self._said[job.name] = now
-            loop_log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)
+    def _say(self, job: JobConfig, slot: int, reason: str, why: str) -> None:
+        """Said once per reason: nothing more while the job's slots keep being kept
+        from their claim for the same reason (issue 39 item 9: a sidecar without the
+        permissions said "stream not checked yet" once a minute for ever); said
+        again when the reason changes, or once the job has claimed in between.
+
+        For the fleet's own trouble (``stream``, ``bucket``) the reason is the
+        kind: the stream check and the permissions say each new problem
+        themselves (sidecar/store/guard.py, sidecar/store/permissions.py), once.
+        For a pause, a skip or an exclusion it is the text (who paused, until when).
+        """
+        said = reason if reason in SHARED else f"{reason}: {why}"
+        if self._said.get(job.name) == said:
+            return
+        self._said[job.name] = said
+        loop_log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)

@@ -63,6 +63,9 @@ class AtRun:
     by: str
     queued_at: str
     reason: str = ""
+    # The instance that started claiming it (set by compare-and-set before its
+    # claim): from then on a cancel is too late.
+    claiming: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +74,7 @@ class AtRun:
             "by": self.by,
             "queued_at": self.queued_at,
             "reason": self.reason,
+            "claiming": self.claiming,
         }
 
     def entry(self) -> dict[str, Any]:
@@ -78,6 +82,8 @@ class AtRun:
         out: dict[str, Any] = {"slot": self.slot, "by": self.by, "queued_at": self.queued_at}
         if self.reason:
             out["reason"] = self.reason
+        if self.claiming:
+            out["claiming"] = self.claiming
         return out
 
 
@@ -104,9 +110,10 @@ def parse_entry(item: Any, now: float) -> AtRun | str:
         return f"slot {slot} is more than {MAX_AHEAD / 86400:.0f} days ahead"
     by, queued = _text(item.get("by")), _text(item.get("queued_at"))
     reason = _text(item.get("reason", ""))
-    if by is None or queued is None or reason is None:
-        return f"slot {slot}: by, queued_at or reason missing, not text or too long"
-    return AtRun(slot, by, queued, reason)
+    claiming = _text(item.get("claiming", ""))
+    if by is None or queued is None or reason is None or claiming is None:
+        return f"slot {slot}: by, queued_at, reason or claiming missing, not text or too long"
+    return AtRun(slot, by, queued, reason, claiming)
 
 
 def parse_value(value: Any, now: float) -> Parsed:

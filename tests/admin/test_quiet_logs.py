@@ -95,3 +95,7 @@ def test_missing_permissions_are_said_once_naming_the_subject_and_the_file(
     assert "$JS.API.STREAM.INFO." in said[0] and "deploy/nats/permissions.conf" in said[0]
     for noise in ("cannot open state bucket", "stream not available", "TimeoutError"):
         assert noise not in log, (noise, log)
+    # The job's slots kept from their claim: said once for the reason, not per slot
+    # (nor once a minute: tests/run/test_skip_said.py moves a clock past that).
+    skipped = [x for x in log.splitlines() if "job a slot " in x and " skipped: " in x]
+    assert len(skipped) <= 1, skipped

@@ -94,6 +94,9 @@ class History:
     leaderless: list[tuple[float, float, str]] = field(default_factory=list)
     # The operator's commands (tests/nemesis/operator.py).
     ops: list[dict[str, Any]] = field(default_factory=list)
+    # Per sidecar: (time, "taken" | "left") as it logged taking up a change of a job
+    # of the state bucket (sidecar/admin/bucket_jobs.py), time-ordered.
+    bucket_job_logs: dict[str, list[tuple[float, str, str]]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, directory: Path) -> History:
@@ -116,6 +119,7 @@ class History:
                 (run.get("raft_groups") or {}).get("CRON"),
             ),
             lines("ops.jsonl"),
+            bucket_job_logs({s: directory / f"{s}.log" for s in run["sidecars"]}),
         )
 
 
@@ -207,6 +211,28 @@ def leaderless_from_logs(
     return out
 
 
+_SIDECAR_LOG = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) \S+ sidecar\.bucket_jobs: job (\S+) \(id .*\) "
+    r"(taken up from the state bucket|left the state bucket)"
+)
+
+
+def bucket_job_logs(logs: dict[str, Path]) -> dict[str, list[tuple[float, str, str]]]:
+    """Per sidecar, when it took up a job of the state bucket or let it go: (time,
+    job, "taken" | "left") from its log (host zone, as the log writes it)."""
+    out: dict[str, list[tuple[float, str, str]]] = {}
+    for sidecar, path in logs.items():
+        events = []
+        if path.exists():
+            for line in path.read_text(errors="replace").splitlines():
+                if m := _SIDECAR_LOG.match(line):
+                    at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                    kind = "taken" if m.group(3).startswith("taken") else "left"
+                    events.append((at, m.group(2), kind))
+        out[sidecar] = sorted(events)
+    return out
+
+
 def _overlapping(ts: list[Touch], lo: float, hi: float) -> list[Touch]:
     return [t for t in ts if t.start <= hi and t.end >= lo]
 
@@ -239,7 +265,7 @@ def check(history: History) -> Report:
     ts = touches(history.faults, nodes)
 
     operated: dict[str, dict[str, Any]] = run.get("operated") or {}
-    all_jobs = {**jobs, **operated}
+    all_jobs = {**jobs, **operated, **(run.get("runtime") or {})}
     # Runs of slots asked for again (backfill, resume --catchup) are checked by
     # check_operated: they run a past slot by design, under their own claim id.
     requests = [
@@ -442,11 +468,18 @@ def check(history: History) -> Report:
     fig["reruns_bad"] = reruns_bad
     fig["faults"] = len(history.faults)
     check_operated(history, report, ts)
+    check_at(history, report)
+    check_runtime(history, report, ts)
     return report
 
 
 # Triggers of a run asked for again (``backfill``, ``resume --catchup``).
 AGAIN = ("backfill", "catchup")
+# The trigger of a one-off run (``anarchon-sidecar at``).
+AT = "at"
+# How long after `job remove` answered every untouched sidecar has let the job go:
+# docs/CONFIG.md says "taken up by every running sidecar within about a second".
+REMOVAL_WINDOW = 1.5
 
 
 def check_operated(
@@ -479,13 +512,15 @@ def check_operated(
                 continue
             if data.get("job") != job or data.get("manual") or int(data.get("attempt") or 1) != 1:
                 continue
+            if data.get("trigger") == AT:
+                continue  # a one-off run (check_at)
             if "backfill" in data:
                 again_claims[str(data.get("token"))] = data
             elif isinstance(data.get("slot"), int):
                 fates[int(data["slot"])].append(data)
         calls: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for r in history.requests:
-            if r.get("job") == job and r.get("slot") is not None:
+            if r.get("job") == job and r.get("slot") is not None and r.get("trigger") != AT:
                 calls[int(r["slot"])].append(r)
         skip_records = runs = catchups = backfills = undecided = 0
         for slot in sorted(set(fates) | set(calls)):
@@ -534,6 +569,160 @@ def check_operated(
     fig["operator_actions"] = len(history.ops)
     fig["operator_failed"] = sum(1 for o in history.ops if not o.get("ok"))
     fig["fate_violations"] = len(violations)
+    fails.extend(violations[:20])
+
+
+def check_at(history: History, report: Report) -> None:
+    """One-off runs (``at``, queued and cancelled by the operator):
+
+    - a one-off is claimed (``<job>:<ms>:at``, trigger ``at``) at most once, and
+      the app sees it at most once (doubles, late, early and a run without its
+      claim are judged with every run by ``check``);
+    - nothing runs as a one-off that was not queued (an ``at`` command, answered
+      or not);
+    - a one-off whose cancel removed it (the cancel's answer listed it) never
+      runs, unless its claim was stored before the cancel answered: a claim
+      stored after that is a failure.
+
+    Liveness (reported): **at_missed**, queued and not cancelled one-offs whose
+    instant fell in the window and that were never claimed (a pause drops them
+    by design, faults may).
+    """
+    fig, fails = report.figures, report.failures
+    start, end = float(history.run["window"][0]), float(history.run["window"][1])
+    queued: dict[tuple[str, int], dict[str, Any]] = {}
+    cancelled: dict[tuple[str, int], dict[str, Any]] = {}
+    for o in history.ops:
+        p = o.get("params") or {}
+        if "slot" not in p:
+            continue
+        key = (str(p.get("job")), int(p["slot"]))
+        if o.get("action") == "at":
+            queued.setdefault(key, o)
+        elif o.get("action") == "cancel-at" and o.get("ok") and key[1] in _gone(o):
+            cancelled[key] = o
+    claims: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for m in history.stream:
+        data = m.get("data") or {}
+        if not m["subject"].endswith(".claims") or not isinstance(data, dict):
+            continue
+        if data.get("trigger") == AT and isinstance(data.get("slot"), int):
+            claims[(str(data.get("job")), int(data["slot"]))].append({**data, "_time": m["time"]})
+    calls: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in history.requests:
+        if r.get("trigger") == AT and r.get("slot") is not None:
+            calls[(str(r["job"]), int(r["slot"]))].append(r)
+    violations: list[str] = []
+    for key in sorted(set(claims) | set(calls)):
+        where = f"one-off {key[0]} at {key[1]}"
+        stored, seen = claims.get(key, []), calls.get(key, [])
+        if key not in queued:
+            violations.append(f"{where}: ran though nobody queued it")
+        if len(stored) > 1:
+            violations.append(f"{where}: claimed {len(stored)} times")
+        if len(seen) > 1:
+            apps = [(r["app"], round(float(r["at"]), 3)) for r in seen]
+            violations.append(f"{where}: the app saw it {len(seen)} times: {apps}")
+        cancel = cancelled.get(key)
+        if cancel is not None:
+            first = min((float(c["_time"]) for c in stored), default=None)
+            if first is None or first > float(cancel["done"]):
+                violations.append(
+                    f"{where}: ran though cancelled ({float(cancel['at']):.3f} to "
+                    f"{float(cancel['done']):.3f}), its claim stored "
+                    + (f"at {first:.3f}" if first is not None else "nowhere")
+                )
+    fig["at_queued"] = sum(1 for o in queued.values() if o.get("ok"))
+    fig["at_cancelled"] = len(cancelled)
+    fig["at_ran"] = len(set(claims) | set(calls))
+    fig["at_missed"] = sum(
+        1
+        for key in queued
+        if key not in cancelled
+        and key not in claims
+        and key not in calls
+        and start <= key[1] / 1000 <= end
+    )
+    fig["at_violations"] = len(violations)
+    fails.extend(violations[:20])
+
+
+def _gone(cancel: dict[str, Any]) -> list[int]:
+    """The one-offs a ``cancel-at`` answered it removed."""
+    detail = cancel.get("detail")
+    return list(detail.get("gone") or []) if isinstance(detail, dict) else []
+
+
+def check_runtime(history: History, report: Report, ts: list[Touch]) -> None:
+    """A job of the state bucket (``job add/update/remove`` by the operator):
+
+    - its slots run at most once each (``check``'s doubles, as for every job);
+    - no slot before the job was first added, nor between a removal and the next
+      add, runs: a slot later than ``job remove``'s answer plus REMOVAL_WINDOW
+      is a failure when it ran on a sidecar that nothing touched from the
+      removal to the slot's claim window (a sidecar paused, cut off or
+      restarting then, or NATS itself, may take the removal up late: counted
+      ``<job>_after_removal_excused``);
+    - a sidecar never claims the job after it logged letting it go
+      ("left the state bucket") and before it logged taking it up again,
+      whatever the faults: a failure.
+    """
+    fig, fails = report.figures, report.failures
+    runtime: dict[str, dict[str, Any]] = history.run.get("runtime") or {}
+    violations: list[str] = []
+    for job, spec in runtime.items():
+        mine = [o for o in history.ops if (o.get("params") or {}).get("job") == job]
+        adds = sorted(float(o["at"]) for o in mine if o.get("action") == "job-add")
+        removals = sorted(
+            float(o["done"])
+            for o in mine
+            if o.get("action") == "job-remove"
+            and o.get("ok")
+            and (o.get("detail") or {}).get("what") == "removed"
+        )
+        tokens: dict[str, float] = {}
+        for m in history.stream:
+            data = m.get("data") or {}
+            ours = isinstance(data, dict) and data.get("job") == job and "token" in data
+            if ours and m["subject"].endswith(".claims"):
+                tokens[str(data["token"])] = float(m["time"])
+        excused = runs = 0
+        for r in history.requests:
+            if r.get("job") != job or r.get("slot") is None:
+                continue
+            runs += 1
+            slot_s, app = int(r["slot"]) / 1000, str(r["app"])
+            where = f"{job} slot {int(r['slot'])} on {app}"
+            claimed = tokens.get(str(r.get("run_id")), float(r["at"]))
+            events = [e for e in history.bucket_job_logs.get(app, []) if e[1] == job]
+            before = [kind for at, _, kind in events if at < claimed - 0.05]
+            if before and before[-1] == "left":
+                violations.append(f"{where}: claimed after {app} logged letting the job go")
+                continue
+            last_add = max((a for a in adds if a <= slot_s), default=None)
+            if last_add is None:
+                violations.append(f"{where}: ran though its instant came before any job add")
+                continue
+            gone = [x for x in removals if x >= last_add and x + REMOVAL_WINDOW < slot_s]
+            if not gone:
+                continue
+            hi = slot_s + float(spec["max_late"])
+            near = _overlapping(ts, gone[0] - REMOVAL_WINDOW, hi)
+            if any(t.cluster or app in t.sidecars for t in near):
+                excused += 1
+                report.notes.append(
+                    f"removal taken up late under a fault: {where}, removed {gone[0]:.3f}"
+                )
+                continue
+            violations.append(
+                f"{where}: ran {slot_s - gone[0]:.3f}s after `job remove` answered "
+                f"(window {REMOVAL_WINDOW:g}s), nothing touched {app} or NATS"
+            )
+        fig[f"{job}_runs"] = runs
+        fig[f"{job}_adds"] = len(adds)
+        fig[f"{job}_removals"] = len(removals)
+        fig[f"{job}_after_removal_excused"] = excused
+    fig["runtime_violations"] = len(violations)
     fails.extend(violations[:20])
 
 
@@ -627,6 +816,16 @@ def summary(report: Report) -> str:
         "operator_actions",
         "operator_failed",
         "fate_violations",
+        "at_queued",
+        "at_cancelled",
+        "at_ran",
+        "at_missed",
+        "at_violations",
+        "rt_runs",
+        "rt_adds",
+        "rt_removals",
+        "rt_after_removal_excused",
+        "runtime_violations",
         "stream_msgs",
         "max_delay_s",
         "tracebacks",

@@ -7,6 +7,16 @@ per command, as the command line makes), at a random moment every 0.3 to 3 s,
 seeded like the faults. What was asked, when, and what the command answered
 goes to ``ops.jsonl``; the checker (tests/nemesis/checker.py, ``check_operated``)
 then requires every slot of ``ops`` to end as one run or one skip record.
+
+It also queues one-off runs of ``ops`` (``at``, sidecar/admin/atops.py: an
+instant 1.5 to 5 s ahead, off the schedule) and cancels some (``cancel-at``,
+most often right after an ``at``: the next to come, at a moment from 0.3 s
+before its instant to 0.8 s after, the race a cancel can lose), and
+adds, updates and removes a job of the state bucket, ``rt`` (``job-add``,
+``job-update``, ``job-remove``, sidecar/admin/bucket_jobs.py). What each was
+asked with (the instant, the job's settings) goes to ``params`` in
+``ops.jsonl`` before the command is sent, so a command that got no answer is
+still known; the checker's ``check_at`` and ``check_runtime`` judge them.
 """
 
 from __future__ import annotations
@@ -25,12 +35,29 @@ from sidecar.core.clock import parse_rfc3339
 
 OPERATED = "ops"
 ACTIONS = ("pause", "pause-until", "resume", "resume-catchup", "skip", "unskip", "backfill")
+AT_ACTIONS = ("at", "cancel-at")
+JOB_ACTIONS = ("job-add", "job-update", "job-remove")
+# The job of the state bucket the operator adds, updates and removes.
+RUNTIME = "rt"
+RUNTIME_PERIOD_S = 2
 # A command that gets no answer in this long is given up (and logged so).
 COMMAND_TIMEOUT = 8.0
 
 
 def operated_job(max_late: str) -> dict[str, Any]:
     return {"name": OPERATED, "schedule": "*/2 * * * * *", "jitter": "1s", "max_late": max_late}
+
+
+def runtime_job(max_late: str, version: int) -> dict[str, Any]:
+    """The job of the state bucket (`job add FILE`'s content); `version` > 0 for an update."""
+    return {
+        "name": RUNTIME,
+        "id": "nemesis/rt",
+        "schedule": f"*/{RUNTIME_PERIOD_S} * * * * *",
+        "jitter": "500ms" if version % 2 == 0 else "1s",
+        "max_late": max_late,
+        "request": {"path": f"/jobs/{RUNTIME}", "body": f'{{"version": {version}}}'},
+    }
 
 
 class Operator:
@@ -45,6 +72,10 @@ class Operator:
         self._thread: threading.Thread | None = None
         self.count = 0
         self._last = ""
+        self._params: dict[str, Any] = {}
+        self._queued: list[int] = []  # one-offs queued here, not known cancelled
+        self._live = False  # whether `rt` was last added (as far as the answers said)
+        self._version = 0
 
     def start(self, until: float) -> None:
         self._thread = threading.Thread(
@@ -62,30 +93,56 @@ class Operator:
             while not self._stop.is_set() and time.time() < until:
                 await asyncio.sleep(self.rng.uniform(0.3, 3.0))
                 action = self.next_action()
+                self._params = {}
                 at = time.time()
                 try:
                     detail = await asyncio.wait_for(self._do(action), COMMAND_TIMEOUT)
                     ok = True
                 except Exception as exc:  # NATS cut off by a fault: the command failed
                     detail, ok = repr(exc)[:300], False
-                rec = {"action": action, "at": at, "done": time.time(), "ok": ok, "detail": detail}
+                rec = {
+                    "action": action,
+                    "at": at,
+                    "done": time.time(),
+                    "ok": ok,
+                    "detail": detail,
+                    "params": self._params,
+                }
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
                 self.count += 1
 
     def next_action(self) -> str:
         """Any command; after a pause, a resume (half of them --catchup) is likelier,
-        so that catch-ups of paused slots happen in a one-minute run too."""
-        if self._last in ("pause", "pause-until") and self.rng.random() < 0.6:
+        so that catch-ups of paused slots happen in a one-minute run too. The first
+        adds ``rt``; then a calendar command (40%), a one-off (40%) or a change of
+        ``rt`` (20%: added when it is not, else updated or removed)."""
+        pick = self.rng.random()
+        if self.count == 0:
+            action = "job-add"
+        elif self._last == "at" and self.rng.random() < 0.6:
+            action = "cancel-at"  # the one just queued, around its instant
+        elif self._last in ("pause", "pause-until") and self.rng.random() < 0.6:
             action = self.rng.choice(("resume", "resume-catchup", "resume-catchup"))
-        else:
+        elif pick < 0.4:
             action = self.rng.choice(ACTIONS)
+        elif pick < 0.8:
+            ahead = [x for x in self._queued if x / 1000 > time.time() - 0.5]
+            action = "cancel-at" if ahead and self.rng.random() < 0.6 else "at"
+        elif not self._live:
+            action = "job-add"
+        else:
+            action = self.rng.choice(("job-update", "job-remove"))
         self._last = action
         return action
 
     async def _do(self, action: str) -> Any:
         c, s, job = self.config, self.secrets, self.config.job(OPERATED)
         now = time.time()
+        if action in AT_ACTIONS:
+            return await self._at(action, job, now)
+        if action in JOB_ACTIONS:
+            return await self._job(action)
         if action == "pause":
             done = await oneshot.pause(c, s, OPERATED, "nemesis", "operator", True)
             return done.value
@@ -115,3 +172,57 @@ class Operator:
         except ValueError as exc:  # another backfill (or catch-up) is under way
             return {"refused": str(exc)}
         return {"slots": plan.slots}
+
+    async def _at(self, action: str, job: Any, now: float) -> Any:
+        from sidecar.admin import atops
+
+        c, s = self.config, self.secrets
+        if action == "at":
+            slot = round((now + self.rng.uniform(1.5, 5.0)) * 1000)
+            if job.schedule.next_slot(slot - 1) == slot:  # an instant of the schedule: refused
+                slot += 1
+            self._params = {"job": OPERATED, "slot": slot}
+            done = await atops.cli_queue(c, s, job, slot, "operator", "nemesis")
+            self._queued.append(slot)
+            return {"slot": slot, "new": done.new}
+        # The next one to come, cancelled at a moment around its instant (from
+        # 0.3 s before to 0.8 s after: the sidecars read the key again at the
+        # instant plus their jitter, then claim): a cancel racing the claim.
+        ahead = [x for x in self._queued if x / 1000 > now - 0.5] or self._queued
+        slot = min(ahead)
+        self._queued.remove(slot)
+        self._params = {"job": OPERATED, "slot": slot}
+        wait = slot / 1000 + self.rng.uniform(-0.3, 0.8) - time.time()
+        if 0 < wait < 5:
+            await asyncio.sleep(wait)
+        gone, late = await atops.cli_cancel(c, s, OPERATED, {slot}, "operator")
+        return {"slot": slot, "gone": [r.slot for r in gone], "too_late": [r.slot for r in late]}
+
+    async def _job(self, action: str) -> Any:
+        from sidecar.admin import bucket_jobs
+        from sidecar.core.errors import SidecarError
+
+        c, s = self.config, self.secrets
+        max_late = f"{round(c.job(OPERATED).max_late * 1000)}ms"
+        try:
+            if action == "job-remove":
+                self._params = {"job": RUNTIME}
+                done = await bucket_jobs.remove(c, s, RUNTIME, None)
+                self._live = False
+            else:
+                self._version += action == "job-update"
+                data = runtime_job(max_late, self._version)
+                self._params = {"job": RUNTIME, "definition": data}
+                spec, value = bucket_jobs.prepare(c, data, None, "operator")
+                if action == "job-add":
+                    done = await bucket_jobs.add(c, s, spec, value)
+                else:
+                    done = await bucket_jobs.update(c, s, spec, value, False)
+                self._live = True
+        except bucket_jobs.BucketJobRefused as exc:
+            # add: it is there (other settings); update, remove: it is not there.
+            self._live = action == "job-add" or not exc.missing
+            return {"what": "refused", "why": str(exc)[:200]}
+        except SidecarError as exc:  # no definite answer: live or not, as may be
+            raise RuntimeError(str(exc)) from exc
+        return {"what": done.what, "revision": done.revision}

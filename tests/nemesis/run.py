@@ -28,7 +28,7 @@ from tests.nemesis.cpu import CpuWatch, loadavg
 from tests.nemesis.faults import Fault, Nemesis, plan
 from tests.nemesis.harness import STREAM, System
 from tests.nemesis.net import sweep_leftovers
-from tests.nemesis.operator import OPERATED, Operator
+from tests.nemesis.operator import OPERATED, RUNTIME, RUNTIME_PERIOD_S, Operator
 from tests.support import ROOT, read_stream, wait_for
 
 # Seconds after every fault healed before a slot counts as "quiet" again
@@ -162,6 +162,8 @@ def run(workdir: Path, seed: int, seconds: float, candidates: int | None = None)
             },
             # Paused, skipped, caught up and backfilled by the operator (operator.py).
             "operated": {OPERATED: {"period_s": 2, "max_late": MAX_LATE, "jitter": 1.0}},
+            # Added, updated and removed in the state bucket by the operator.
+            "runtime": {RUNTIME: {"period_s": RUNTIME_PERIOD_S, "max_late": MAX_LATE}},
             "operator_actions": operator.count,
         }
         (workdir / "run.json").write_text(json.dumps(run_info, indent=1) + "\n")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.nemesis.checker import History, check, leaderless_from_logs, slots_of
+from tests.nemesis.checker import History, bucket_job_logs, check, leaderless_from_logs, slots_of
 from tests.nemesis.faults import NETWORK, PROCESS, plan
 
 T0 = 1_800_000_000.0  # a whole, even second
@@ -473,3 +473,253 @@ def test_an_operated_slot_with_two_fates_or_none_is_a_failure(
     report = check(operated_history(stream + rest, reqs + calls))
     assert report.figures["fate_violations"] >= 1
     assert any(says in f for f in report.failures), report.failures
+
+
+# ---------------------------------------------------------------- one-off runs
+
+
+def at_claim(seq: int, slot_ms: int, token: str, stored: float) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "subject": "cron.ops.claims",
+        "headers": {"Nats-Msg-Id": f"ops:{slot_ms}:at"},
+        "data": {"job": "ops", "slot": slot_ms, "token": token, "instance": "s1", "trigger": "at"},
+        "time": stored,
+    }
+
+
+def at_call(slot_ms: int, token: str, at: float, app: str = "s1") -> dict[str, Any]:
+    return {
+        "app": app,
+        "at": at,
+        "path": "/jobs/ops",
+        "job": "ops",
+        "slot": str(slot_ms),
+        "attempt": "1",
+        "fence": "1",
+        "run_id": token,
+        "instance": app,
+        "trigger": "at",
+    }
+
+
+def op(
+    action: str, at: float, done: float, params: dict[str, Any], detail: Any = None
+) -> dict[str, Any]:
+    return {
+        "action": action,
+        "at": at,
+        "done": done,
+        "ok": True,
+        "detail": detail,
+        "params": params,
+    }
+
+
+ONE = int((T0 + 3.25) * 1000)  # a one-off's instant, off every schedule
+TWO = int((T0 + 5.5) * 1000)
+
+
+def at_history(
+    stream: list[dict[str, Any]], reqs: list[dict[str, Any]], ops: list[dict[str, Any]]
+) -> History:
+    info = run_info(operated={"ops": {"period_s": 2, "max_late": 3.0, "jitter": 1.0}})
+    info["jobs"] = {}
+    # The operated job's own slots, each run once, so only the one-offs are judged.
+    slots = [ops_claim(100 + i, T0 + 2 * i, f"r{i}") for i in range(5)]
+    calls = [ops_call(T0 + 2 * i, f"r{i}") for i in range(5)]
+    return History(reqs + calls, stream + slots, [], info, ops=ops)
+
+
+QUEUED = [
+    op("at", T0, T0 + 0.1, {"job": "ops", "slot": ONE}, {"slot": ONE, "new": True}),
+    op("at", T0 + 1, T0 + 1.1, {"job": "ops", "slot": TWO}, {"slot": TWO, "new": True}),
+]
+
+
+def test_one_offs_run_once_each_and_a_cancel_that_came_first_holds() -> None:
+    ops = [
+        *QUEUED,
+        # TWO is cancelled; ONE's cancel came after its claim: nothing to cancel.
+        op(
+            "cancel-at", T0 + 2, T0 + 2.1, {"job": "ops", "slot": TWO}, {"slot": TWO, "gone": [TWO]}
+        ),
+        op("cancel-at", T0 + 4, T0 + 4.1, {"job": "ops", "slot": ONE}, {"slot": ONE, "gone": []}),
+    ]
+    report = check(
+        at_history([at_claim(1, ONE, "x", T0 + 3.3)], [at_call(ONE, "x", T0 + 3.31)], ops)
+    )
+    assert report.ok, report.failures
+    fig = report.figures
+    assert (fig["at_queued"], fig["at_cancelled"], fig["at_ran"], fig["at_missed"]) == (2, 1, 1, 0)
+    assert fig["at_violations"] == 0
+    # One-offs are not the operated job's slots: its figures count its schedule only.
+    assert fig["ops_runs"] == 5 and fig["fate_violations"] == 0
+
+
+def test_a_cancel_answered_after_the_claim_was_stored_allows_the_run() -> None:
+    # The claim was stored while the cancel was on its way (between ask and answer):
+    # the cancel found the entry the winner had not dropped yet.
+    cancel = op("cancel-at", T0 + 3.2, T0 + 3.4, {"job": "ops", "slot": ONE}, {"gone": [ONE]})
+    report = check(
+        at_history(
+            [at_claim(1, ONE, "x", T0 + 3.3)], [at_call(ONE, "x", T0 + 3.31)], [*QUEUED, cancel]
+        )
+    )
+    assert report.figures["at_violations"] == 0, report.failures
+
+
+@pytest.mark.parametrize(
+    ("stream", "reqs", "ops", "says"),
+    [
+        # claimed twice under two ids, seen twice by the apps
+        (
+            [at_claim(1, ONE, "x", T0 + 3.3), at_claim(2, ONE, "y", T0 + 3.4)],
+            [at_call(ONE, "x", T0 + 3.31), at_call(ONE, "y", T0 + 3.41, "s2")],
+            QUEUED,
+            "claimed 2 times",
+        ),
+        # one claim, but the app saw the run twice
+        (
+            [at_claim(1, ONE, "x", T0 + 3.3)],
+            [at_call(ONE, "x", T0 + 3.31), at_call(ONE, "x", T0 + 3.5)],
+            QUEUED,
+            "the app saw it 2 times",
+        ),
+        # cancelled (the cancel removed it), claimed after the cancel answered
+        (
+            [at_claim(1, ONE, "x", T0 + 3.3)],
+            [at_call(ONE, "x", T0 + 3.31)],
+            [
+                *QUEUED,
+                op("cancel-at", T0 + 3, T0 + 3.1, {"job": "ops", "slot": ONE}, {"gone": [ONE]}),
+            ],
+            "ran though cancelled",
+        ),
+        # never queued
+        (
+            [at_claim(1, ONE, "x", T0 + 3.3)],
+            [at_call(ONE, "x", T0 + 3.31)],
+            QUEUED[1:],
+            "nobody queued",
+        ),
+    ],
+)
+def test_each_kind_of_one_off_violation_is_flagged(
+    stream: list[dict[str, Any]], reqs: list[dict[str, Any]], ops: list[dict[str, Any]], says: str
+) -> None:
+    report = check(at_history(stream, reqs, ops))
+    assert report.figures["at_violations"] >= 1
+    assert any(says in f for f in report.failures), report.failures
+
+
+# ---------------------------------------------------------------- a job of the state bucket
+
+
+def rt_claim(seq: int, slot_s: float, token: str, stored: float) -> dict[str, Any]:
+    slot = int(slot_s * 1000)
+    return {
+        "seq": seq,
+        "subject": "cron.rt.claims",
+        "headers": {"Nats-Msg-Id": f"rt:{slot}"},
+        "data": {"job": "rt", "slot": slot, "token": token, "instance": "s1"},
+        "time": stored,
+    }
+
+
+def rt_call(slot_s: float, token: str, at: float, app: str = "s1") -> dict[str, Any]:
+    return {
+        "app": app,
+        "at": at,
+        "path": "/jobs/rt",
+        "job": "rt",
+        "slot": str(int(slot_s * 1000)),
+        "attempt": "1",
+        "fence": "1",
+        "run_id": token,
+        "instance": app,
+        "trigger": "scheduled",
+    }
+
+
+def rt_history(
+    slots: list[float],
+    ops: list[dict[str, Any]],
+    faults: list[dict[str, Any]] | None = None,
+    logs: dict[str, list[tuple[float, str, str]]] | None = None,
+) -> History:
+    info = run_info(runtime={"rt": {"period_s": 2, "max_late": 3.0}})
+    info["jobs"] = {}
+    stream = [rt_claim(i + 1, s, f"t{i}", s + 0.2) for i, s in enumerate(slots)]
+    reqs = [rt_call(s, f"t{i}", s + 0.21) for i, s in enumerate(slots)]
+    return History(reqs, stream, faults or [], info, ops=ops, bucket_job_logs=logs or {})
+
+
+RT = {"job": "rt"}
+ADDED = op("job-add", T0 + 0.5, T0 + 0.6, RT, {"what": "created"})
+REMOVED = op("job-remove", T0 + 4.5, T0 + 4.6, RT, {"what": "removed"})
+
+
+def test_a_bucket_job_runs_from_its_add_to_its_removal() -> None:
+    report = check(rt_history([T0 + 2, T0 + 4], [ADDED, REMOVED]))
+    assert report.ok, report.failures
+    assert (report.figures["rt_runs"], report.figures["rt_removals"]) == (2, 1)
+    # Inside the window after the removal (its answer plus REMOVAL_WINDOW): allowed.
+    report = check(rt_history([T0 + 2, T0 + 4, T0 + 6], [ADDED, REMOVED]))
+    assert report.ok, report.failures
+
+
+def test_a_removal_taken_up_late_under_a_fault_is_excused() -> None:
+    pause = {"kind": "pause-sidecar", "target": "s1", "start": T0 + 4, "end": T0 + 7.5}
+    report = check(rt_history([T0 + 2, T0 + 8], [ADDED, REMOVED], [pause]))
+    assert report.figures["runtime_violations"] == 0, report.failures
+    assert report.figures["rt_after_removal_excused"] == 1
+
+
+@pytest.mark.parametrize(
+    ("slots", "ops", "logs", "says"),
+    [
+        # a slot before the job was ever added
+        ([T0], [ADDED], None, "before any job add"),
+        # a slot well after `job remove` answered, nothing touched anything
+        ([T0 + 2, T0 + 8], [ADDED, REMOVED], None, "after `job remove` answered"),
+        # claimed by a sidecar that had logged letting the job go (even in the window)
+        (
+            [T0 + 2, T0 + 6],
+            [ADDED, REMOVED],
+            {"s1": [(T0 + 0.7, "rt", "taken"), (T0 + 4.7, "rt", "left")]},
+            "logged letting the job go",
+        ),
+        # run twice
+        ([T0 + 2, T0 + 2], [ADDED], None, "double: rt slot"),
+    ],
+)
+def test_each_kind_of_bucket_job_violation_is_flagged(
+    slots: list[float],
+    ops: list[dict[str, Any]],
+    logs: dict[str, list[tuple[float, str, str]]] | None,
+    says: str,
+) -> None:
+    report = check(rt_history(slots, ops, logs=logs))
+    assert not report.ok
+    assert any(says in f for f in report.failures), report.failures
+
+
+def test_the_sidecars_logs_say_when_each_took_a_bucket_job_up_or_let_it_go(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "s1.log"
+    log.write_text(
+        "2026-12-05 11:00:00,250 INFO sidecar.bucket_jobs: job rt (id nemesis/rt) taken up "
+        "from the state bucket: */2 * * * * *\n"
+        "2026-12-05 11:00:01,500 INFO sidecar.job: something else\n"
+        "2026-12-05 11:00:09,000 INFO sidecar.bucket_jobs: job rt (id nemesis/rt) left the "
+        "state bucket: not run any more\n"
+    )
+    events = bucket_job_logs({"s1": log, "s2": tmp_path / "none.log"})
+    base = datetime(2026, 12, 5, 11, 0, 0).timestamp()
+    assert events["s2"] == []
+    assert [(round(at - base, 3), job, kind) for at, job, kind in events["s1"]] == [
+        (0.25, "rt", "taken"),
+        (9.0, "rt", "left"),
+    ]

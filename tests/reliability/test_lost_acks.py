@@ -36,8 +36,8 @@ def test_lost_and_late_claim_acks(
         victim = config([proxy.url], http_app, [job], ack_timeout="500ms")
         procs = [
             # The others 0.5 s behind, so the victim's claim is usually stored first; its
-        # ack is what gets lost. (Not the victim ahead: a sidecar judges a slot once the
-        # server's clock has reached it, docs/GUARANTEES.md "One fate per slot".)
+            # ack is what gets lost. (Not the victim ahead: a sidecar judges a slot once the
+            # server's clock has reached it, docs/GUARANTEES.md "One fate per slot".)
             ("victim", victim, {}),
             ("other1", direct, {"ANARCHON_CLOCK_OFFSET": "-0.5"}),
             ("other2", direct, {"ANARCHON_CLOCK_OFFSET": "-0.5"}),
