@@ -33,8 +33,10 @@ from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
 from sidecar.obs.spans import span_exporter
 from sidecar.run.claim import Claimer
+from sidecar.run.context import Context
 from sidecar.run.job import Jobs
 from sidecar.run.trigger import Trigger
+from sidecar.run.wiring import wire
 from sidecar.store.connection import Connection, jetstream
 from sidecar.store.guard import StreamGuard
 from sidecar.store.stream import stream_spec
@@ -160,18 +162,19 @@ class Daemon:
             self.guard.on_domain.append(lambda domain: _expect_domain(claimer, domain))
             signer = signer_for(self.config, self.secrets)
             async with Trigger(signer, self.clock, self.config.instance_id) as trigger:
-                jobs = Jobs(
+                # What every part of a job's life needs, made once (sidecar/run/context.py).
+                ctx = Context.build(
                     self.config,
                     self.metrics,
                     self.clock,
                     js,
                     claimer,
-                    trigger,
                     self.guard,
                     self.fleet,
                     self.conn.connected,
                     self.stopping,
                 )
+                jobs = wire(ctx, trigger)
                 self.jobs = jobs
                 jobs.aftermath.exporter = span_exporter(self.config)
                 if self.page is not None:
