@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimDisconnected, ClaimForeign, CountUnavailable, KeyHeld
+from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import CATCHUP, FAILED, SCHEDULED, SKIPPED
 from sidecar.run import runcap
 from sidecar.run.lease import RUN_LEASE_WAIT, overlap_error, run_lease
@@ -107,7 +108,9 @@ class Jobs:
         self.spec = ctx.spec
         self.connected = ctx.connected
         self.stopping = ctx.stopping
-        self.runs: set[asyncio.Task[None]] = set()
+        # The runs started (the drain waits for them, bounded) and the job loops.
+        self.runs = TaskSet("a run")
+        self.loops = TaskSet("a job loop", say=False)
         # Precise sleeps until a slot, woken at once on stop (sidecar/core/sleeper.py).
         self.sleeper = ctx.sleeper
         self.sleep_until, self.wake = self.sleeper.until, self.sleeper.wake
@@ -118,6 +121,10 @@ class Jobs:
     def _next_slot(self, job: JobConfig) -> int:
         """The slot the job's loop handles next: catch-up claims only before it."""
         return self._next.get(job.name, job.schedule.next_slot(self.clock.wall_ms()))
+
+    def start(self, job: JobConfig, retired: asyncio.Event | None = None) -> asyncio.Task[None]:
+        """The job's ``loop`` in a task of ``loops``."""
+        return self.loops.spawn(self.loop(job, retired))
 
     async def loop(self, job: JobConfig, retired: asyncio.Event | None = None) -> None:
         """The job's schedule until stopping: wait, check, claim, run each slot.
@@ -299,10 +306,7 @@ class Jobs:
 
     def _start_run(self, job: JobConfig, claim: Claim, start: float) -> asyncio.Task[None]:
         """The run in a task of its own, in ``runs``: the drain waits for it."""
-        task = asyncio.create_task(self._guarded_run(job, claim, start))
-        self.runs.add(task)
-        task.add_done_callback(self.runs.discard)
-        return task
+        return self.runs.spawn(self._guarded_run(job, claim, start))
 
     async def _run_tracked(self, job: JobConfig, claim: Claim, start: float) -> None:
         """A run awaited (a backfill runs one slot at a time)."""
