@@ -1,4 +1,7 @@
-"""What follows a failed or lost run (FLEET.md): retries, due attempts, lost runs.
+"""What follows a failed or lost run (FLEET.md): retries and due attempts.
+
+Lost runs themselves are judged and recorded in sidecar/run/lostruns.py; what
+follows one (``on_lost: rerun``) is made due here.
 
 ``DueAttempts.retry``: after a failed attempt whose result is stored, the
 next one is made due (``due.<job>.<slot>.<attempt>``, sidecar/when/due.py) while
@@ -8,8 +11,9 @@ competes for the attempt at its due time plus jitter (the replica whose app
 failed the previous one a little later), with the attempt's own claim id,
 through the `attempt` callback it was given (``Jobs.attempt``).
 
-``DueAttempts.rerun``: after a lost run was recorded here (sidecar/run/lostruns.py)
-and ``on_lost: rerun``, the next attempt is made due the same way.
+``DueAttempts.rerun``: after this sidecar recorded a run lost
+(sidecar/run/lostruns.py) and ``on_lost: rerun``, the next attempt is made
+due the same way.
 
 Every task started here is in ``tasks``: the daemon's drain awaits them,
 bounded, then cancels what is left.
