@@ -328,7 +328,7 @@ class Fleet:
                 return False
             probe = self._probe
             if probe is None or probe.done():
-                probe = self._probe = asyncio.ensure_future(self._probe_once())
+                probe = self._probe = self._tasks.spawn(self._probe_once())
                 probe.add_done_callback(_retrieved)
             left = max(0.0, deadline - self.clock.monotonic())
             try:
