@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import nats
 import pytest
 from nats.aio.client import Client as NATS
+from prometheus_client import CollectorRegistry
 
-from tests.support import NatsServer, RecordingApp
+from sidecar.config.load import Config
+from sidecar.core.clock import Clock
+from sidecar.core.tasks import cancel_all
+from sidecar.fleet.member import Fleet
+from sidecar.obs.metrics import Metrics
+from sidecar.run.claim import Claimer
+from sidecar.run.context import Context
+from sidecar.run.job import Jobs
+from sidecar.run.trigger import Trigger
+from sidecar.run.wiring import wire
+from sidecar.store.guard import StreamGuard
+from tests.support import MakeJobs, NatsServer, RecordingApp
 
 
 @pytest.fixture
@@ -31,6 +45,40 @@ async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
         yield conn
     finally:
         await conn.close()
+
+
+@pytest.fixture
+def make_jobs(nc: NATS) -> MakeJobs:
+    """``async with make_jobs(config) as jobs``: one sidecar's ``Jobs`` on the test's
+    nats-server, its parts made as the daemon makes them (sidecar/run/wiring.py): a
+    fresh registry, the wall clock, connected, no signing. Nothing is started (the
+    stream guard, the fleet's watch: the test starts what it needs). On exit it stops
+    as the daemon does: stopping set, sleeps woken, runs and background tasks ended."""
+
+    @contextlib.asynccontextmanager
+    async def make(config: Config) -> AsyncIterator[Jobs]:
+        metrics = Metrics(CollectorRegistry(), tuple(job.name for job in config.jobs))
+        clock = Clock()
+        js = nc.jetstream()
+        connected, stopping = asyncio.Event(), asyncio.Event()
+        connected.set()
+        guard = StreamGuard(config, metrics, clock, connected)
+        fleet = Fleet(config, metrics, clock)
+        spec, instance = guard.spec, config.instance_id
+        claimer = Claimer(
+            nc, js, spec.name, spec.prefix, instance, clock, config.nats.ack_timeout, None
+        )
+        ctx = Context.build(config, metrics, clock, js, claimer, guard, fleet, connected, stopping)
+        async with Trigger(None, clock, instance) as trigger:
+            jobs = wire(ctx, trigger)
+            try:
+                yield jobs
+            finally:
+                stopping.set()
+                jobs.wake()
+                await cancel_all([*jobs.runs, *jobs.background()])
+
+    return make
 
 
 @pytest.fixture

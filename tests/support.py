@@ -23,12 +23,20 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from sidecar.config.load import Config
+    from sidecar.run.job import Jobs
+
+#: ``async with make_jobs(config) as jobs``: the ``make_jobs`` fixture (tests/conftest.py).
+MakeJobs = Callable[["Config"], AbstractAsyncContextManager["Jobs"]]
 
 ROOT = Path(__file__).resolve().parent.parent
 

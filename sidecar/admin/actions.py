@@ -32,11 +32,10 @@ waits for it like for any run.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from nats.js import JetStreamContext
@@ -200,14 +199,14 @@ class ManualRuns:
         claimer: Claimer,
         trigger: Trigger,
         clock: Clock,
-        track: Callable[[asyncio.Task[None]], None],
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
     ) -> None:
         self.config = config
         self.js = js
         self.claimer = claimer
         self.trigger = trigger
         self.clock = clock
-        self.track = track
+        self.spawn = spawn  # the task set of the runs: the drain waits for them
         self.spec = stream_spec(config)
         # Pings, notifications, anomalies, spans of these runs (set by the daemon).
         self.aftermath: Aftermath | None = None
@@ -221,8 +220,7 @@ class ManualRuns:
         )
         if not claim.won:  # a manual msg id is unique: only a broken stream gets here
             raise StreamError(f"manual claim {claim.token} was not stored as ours")
-        task = asyncio.create_task(self._run(job_name, slot, claim.token, claim.seq))
-        self.track(task)
+        self.spawn(self._run(job_name, slot, claim.token, claim.seq))
         return claim.token
 
     async def _run(self, job_name: str, slot: int, token: str, seq: int) -> None:

@@ -48,7 +48,7 @@ from sidecar.core.errors import (
     ConfigError,
     KeptChanging,
 )
-from sidecar.core.tasks import cancel_all
+from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key
 from sidecar.run.since import schedule_hash, since_key
 from sidecar.run.since import value_object as since_object
@@ -192,6 +192,8 @@ class BucketJobs:
         self._declared: set[str] = set(self.file_names)
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
+        # The worker taking up changes and the presence put at once (``stop``).
+        self.tasks = TaskSet("bucket jobs", say=False)
         self._worker: asyncio.Task[None] | None = None
         self._presence: asyncio.Task[None] | None = None
         self._presence_due = False
@@ -203,11 +205,11 @@ class BucketJobs:
 
     def start(self, jobs: Jobs) -> None:
         self.jobs = jobs
-        self._worker = asyncio.create_task(self._run())
+        self._worker = self.tasks.spawn(self._run())
 
     async def stop(self) -> None:
         """Stop taking up changes; the loops end with the daemon's (``loops``)."""
-        await cancel_all([t for t in (self._worker, self._presence) if t is not None])
+        await self.tasks.cancel()
         self._worker = self._presence = None
 
     def loops(self) -> list[asyncio.Task[None]]:
@@ -313,7 +315,7 @@ class BucketJobs:
             self._declared.add(job.name)
         self._register(job)
         retired = asyncio.Event()
-        task = asyncio.create_task(self.jobs.loop(job, retired))
+        task = self.jobs.start(job, retired)
         self.running[job.name] = _Running(spec, revision, task, retired)
         log.info(
             "job %s (id %s) taken up from the state bucket: %s",
@@ -352,7 +354,7 @@ class BucketJobs:
         renewal (5 s): the fleet would see "settings differ" meanwhile."""
         self._presence_due = True
         if self._presence is None:
-            self._presence = asyncio.create_task(self._put_presence())
+            self._presence = self.tasks.spawn(self._put_presence())
 
     async def _put_presence(self) -> None:
         try:

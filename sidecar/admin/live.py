@@ -28,7 +28,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from sidecar.admin.board import TAIL_MAX, TAIL_PER_JOB, Recent, nothing_to_read, read_pass
 from sidecar.core.backoff import Backoff
-from sidecar.core.tasks import cancel_all
+from sidecar.core.tasks import TaskSet
 from sidecar.when.due import lease_job
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class Live:
         self.seen: dict[str, float] = {}
         self._changed: set[str] = set()
         self._fleet_changed = False
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskSet("the live feed", say=False)
         self._js: JetStreamContext | None = None
         self._sub: object | None = None
         fleet.key_listeners.append(self._key)
@@ -79,14 +79,13 @@ class Live:
         """Start following the stream (once); the first viewer calls this."""
         if self._tasks or self._js is None:
             return
-        self._tasks.append(asyncio.create_task(self._follow(self._js)))
-        self._tasks.append(asyncio.create_task(self._flush_loop()))
+        self._tasks.spawn(self._follow(self._js))
+        self._tasks.spawn(self._flush_loop())
 
     async def stop(self) -> None:
         for queue in list(self.viewers):
             _offer(queue, None)
-        await cancel_all(self._tasks)
-        self._tasks.clear()
+        await self._tasks.cancel()
         await self._unsubscribe()
 
     # ------------------------------------------------------------------ the feed

@@ -32,6 +32,7 @@ from sidecar.config.alerting import NotifyConfig, mask_url
 from sidecar.config.values import format_duration
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import KeyHeld
+from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import RAN_STATUSES, SUCCEEDED, ResultRecord, new_token
 from sidecar.obs.outbound import Outbox
 from sidecar.obs.tracing import RunSpan, SpanExporter, run_uuid, span_attributes
@@ -69,7 +70,7 @@ class Aftermath:
         self.fleet = fleet
         self.exporter = exporter
         self.outbox = outbox or Outbox()
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks = TaskSet("an aftermath task", say=False)
         self._starts: dict[str, asyncio.Task[bool]] = {}  # a run's /start ping, by token
         self._overdue: dict[str, tuple[asyncio.TimerHandle, list[bool]]] = {}
         self._jobs = {job.name: job for job in config.jobs}
@@ -154,7 +155,7 @@ class Aftermath:
         if self.config.notify or job.pause_after is not None:
             # The fleet-wide count is kept only where something reads it: one
             # read and one compare-and-set per run on the state bucket.
-            self._spawn(self._follow(job, record, kind))
+            self.tasks.spawn(self._follow(job, record, kind))
 
     async def drain(self) -> None:
         """Let the health updates and the sends queued so far finish, bounded."""
@@ -187,11 +188,6 @@ class Aftermath:
         return self.outbox.send(f"job {job.name}: {kind} ping", target, body, headers, done, after)
 
     # ------------------------------------------------------------------ health, events
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
 
     async def _follow(self, job: JobConfig, record: ResultRecord, kind: str) -> None:
         run = record.token

@@ -16,7 +16,7 @@ import contextlib
 import gc
 import logging
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -28,13 +28,15 @@ from sidecar.after.signing import signer_for
 from sidecar.config.load import Config, Secrets
 from sidecar.config.values import is_remote
 from sidecar.core.clock import Clock
-from sidecar.core.tasks import cancel_all
+from sidecar.core.tasks import TaskSet, cancel_all
 from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
 from sidecar.obs.spans import span_exporter
 from sidecar.run.claim import Claimer
+from sidecar.run.context import Context
 from sidecar.run.job import Jobs
 from sidecar.run.trigger import Trigger
+from sidecar.run.wiring import wire
 from sidecar.store.connection import Connection, jetstream
 from sidecar.store.guard import StreamGuard
 from sidecar.store.stream import stream_spec
@@ -93,6 +95,8 @@ class Daemon:
         # Jobs added at run time (the state bucket's job.<name> keys), beside the file's.
         self.bucket_jobs = BucketJobs(self.config, self.metrics, self.fleet)
         self.jobs: Jobs | None = None
+        # The stream guard's loop and the settling of memory, ended last.
+        self.tasks = TaskSet("a daemon task", say=False)
         self.stop_asked = 0.0  # clock.monotonic() of the first stop
         self.admin = AdminServer(
             self.registry, self.config.metrics.host, self.config.metrics.port, self.not_ready
@@ -160,49 +164,52 @@ class Daemon:
             self.guard.on_domain.append(lambda domain: _expect_domain(claimer, domain))
             signer = signer_for(self.config, self.secrets)
             async with Trigger(signer, self.clock, self.config.instance_id) as trigger:
-                jobs = Jobs(
+                # What every part of a job's life needs, made once (sidecar/run/context.py).
+                ctx = Context.build(
                     self.config,
                     self.metrics,
                     self.clock,
                     js,
                     claimer,
-                    trigger,
                     self.guard,
                     self.fleet,
                     self.conn.connected,
                     self.stopping,
                 )
+                jobs = wire(ctx, trigger)
                 self.jobs = jobs
                 jobs.aftermath.exporter = span_exporter(self.config)
                 if self.page is not None:
                     from sidecar.admin.actions import ManualRuns
 
                     manual = ManualRuns(
-                        self.config, js, claimer, trigger, self.clock, _tracker(jobs)
+                        self.config, js, claimer, trigger, self.clock, jobs.runs.spawn
                     )
                     manual.aftermath = jobs.aftermath
                     self.page.attach(js, manual)
-                watcher = asyncio.create_task(self.guard.run(js))
+                self.tasks.spawn(self.guard.run(js))
                 self.bucket_jobs.start(jobs)
                 self.fleet.start(js)
                 self.conn.on_reconnect.append(jobs.reconnected)
-                loops = [asyncio.create_task(jobs.loop(job)) for job in self.config.jobs]
-                settled = asyncio.create_task(self._settle_memory())
+                for job in self.config.jobs:
+                    jobs.start(job)
+                self.tasks.spawn(self._settle_memory())
                 if self.stopping.is_set():  # a signal during start-up
                     jobs.wake()
                 await self.stopping.wait()
                 # A claim still waiting for an answer (NATS down, say) gets a
                 # moment, then is abandoned: the slot is skipped, never run.
                 await self.bucket_jobs.stop()
-                claiming = [*loops, *self.bucket_jobs.loops(), *jobs.background()]
-                await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
+                claiming = [*jobs.loops, *jobs.background()]
+                if claiming:  # loops that ended (end_at) are no longer in the set
+                    await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
                 await cancel_all([*claiming, *jobs.background()])
                 if self.page is not None:
                     await self.page.live.stop()
                 await self.drain()
                 await jobs.aftermath.drain()  # pings and notifications of the last runs
                 await self.fleet.stop(self.conn.connected.is_set())
-                await cancel_all([watcher, settled])
+                await self.tasks.cancel()
             await self.conn.close(drain=True)
             log.info("stopped")
             return 0
@@ -259,16 +266,6 @@ def collector_off() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-def _tracker(jobs: Jobs) -> Callable[[asyncio.Task[None]], None]:
-    """Runs started from the page join the job loops' runs: the drain waits for them."""
-
-    def track(task: asyncio.Task[None]) -> None:
-        jobs.runs.add(task)
-        task.add_done_callback(jobs.runs.discard)
-
-    return track
 
 
 def _expect_domain(claimer: Claimer, domain: str | None) -> None:

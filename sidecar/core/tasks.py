@@ -1,4 +1,4 @@
-"""Ending background tasks at shutdown, boundedly.
+"""Background tasks: each in the ``TaskSet`` of its owner, ended at shutdown, boundedly.
 
 On Python 3.11 a cancel can be lost: ``asyncio.wait_for`` returns the result
 of an inner future that completed in the same loop iteration as the cancel
@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger("sidecar.tasks")
+
+T = TypeVar("T")
 
 # How often a task that is still running is cancelled again.
 RECANCEL_EVERY = 0.05
@@ -47,19 +49,37 @@ async def cancel_all(tasks: Iterable[asyncio.Task[Any]], timeout: float = 5.0) -
 
 
 class TaskSet(set[asyncio.Task[Any]]):
-    """The tasks a module started, for the drain: each is removed when it ends, and
-    one that ended with an exception is logged (never "never retrieved")."""
+    """The background tasks of one owner, for its stop: each is removed when it ends.
 
-    def __init__(self, what: str) -> None:
+    Every task the sidecar starts is started by ``spawn`` in the set of the object
+    that owns it, and ended by that owner at stop (``cancel``, or awaited first
+    by the daemon's drain). With `say`, one that ended with an exception is
+    logged; without, it is not (its owner reads it, or says why it stopped). Either
+    way it is retrieved: never "Task exception was never retrieved".
+    """
+
+    def __init__(self, what: str, say: bool = True) -> None:
         super().__init__()
         self.what = what
+        self.say = say
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Start `coro` in a task of this set."""
         task = asyncio.create_task(coro)
         self.add(task)
         task.add_done_callback(self._done)
+        return task
+
+    async def cancel(self, timeout: float = 5.0) -> set[Any]:
+        """``cancel_all`` of the tasks in the set now; the set is empty after."""
+        tasks = list(self)
+        self.clear()
+        return await cancel_all(tasks, timeout)
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         self.discard(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
+        if task.cancelled():
+            return
+        exc = task.exception()  # retrieved, said or not: never "never retrieved"
+        if exc is not None and self.say:
             log.error("%s failed", self.what, exc_info=exc)

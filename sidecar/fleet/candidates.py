@@ -132,7 +132,7 @@ class Candidates:
         metrics: Metrics,
         clock: Clock,
         fleet: Fleet,
-        spawn: Callable[[Coroutine[Any, Any, None]], None],
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
         sleep_until: Callable[[float], Awaitable[bool]],
         claim_later: Callable[[JobConfig, int], Awaitable[None]],
     ) -> None:

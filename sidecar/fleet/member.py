@@ -23,7 +23,7 @@ from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import PermissionDenied
 from sidecar.core.natspy import connection_of, jetstream_of
-from sidecar.core.tasks import cancel_all
+from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key, paused_key, skip_key
 from sidecar.fleet.orphans import Orphans
 from sidecar.obs.ratelog import RateLimitedLog
@@ -101,7 +101,7 @@ class Fleet:
         self.refused: Callable[..., Denial | None] | None = None
         self._said = RateLimitedLog(log)
         self._lease_jobs = frozenset(job.name for job in config.jobs if needs_leases(job))
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskSet("the fleet", say=False)
         self._mismatch: set[str] = set()
         self._counted = -1  # the view's presence_generation last counted
         self._pause_timers: dict[str, asyncio.TimerHandle] = {}
@@ -118,13 +118,12 @@ class Fleet:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, js: JetStreamContext) -> None:
-        self._tasks.append(asyncio.create_task(self._run(js)))
+        self._tasks.spawn(self._run(js))
 
     async def stop(self, connected: bool = True) -> None:
         """Stop watching and leave the fleet: the instance key is deleted (when
         `connected`; else its TTL removes it, and the exit does not wait for NATS)."""
-        await cancel_all(self._tasks)
-        self._tasks.clear()
+        await self._tasks.cancel()
         if self._probe is not None:
             self._probe.cancel()
         for timer in self._pause_timers.values():
@@ -175,9 +174,9 @@ class Fleet:
             log.warning("%s", too_old)
         self.watch = Watch(self.bucket, self.view, self._recheck.set)
         await self._watch_advisories(js)
-        self._tasks.append(asyncio.create_task(self.watch.run()))
-        self._tasks.append(asyncio.create_task(self._presence()))
-        self._tasks.append(asyncio.create_task(self.orphans.run(Keys(self.bucket))))
+        self._tasks.spawn(self.watch.run())
+        self._tasks.spawn(self._presence())
+        self._tasks.spawn(self.orphans.run(Keys(self.bucket)))
         while True:
             self._recheck.clear()
             with contextlib.suppress(TimeoutError):
@@ -330,7 +329,7 @@ class Fleet:
                 return False
             probe = self._probe
             if probe is None or probe.done():
-                probe = self._probe = asyncio.ensure_future(self._probe_once())
+                probe = self._probe = self._tasks.spawn(self._probe_once())
                 probe.add_done_callback(_retrieved)
             left = max(0.0, deadline - self.clock.monotonic())
             try:

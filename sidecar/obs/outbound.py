@@ -23,7 +23,8 @@ import asyncio
 import logging
 import math
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import h11
@@ -32,7 +33,7 @@ from sidecar import __version__
 from sidecar.config.alerting import mask_url
 from sidecar.core.backoff import Backoff
 from sidecar.core.errors import SendError
-from sidecar.core.tasks import cancel_all
+from sidecar.core.tasks import TaskSet, cancel_all
 from sidecar.obs.ratelog import RateLimitedLog
 
 log = logging.getLogger("sidecar.outbound")
@@ -151,7 +152,7 @@ class Outbox:
         self.backoff = backoff
         self.give_up = give_up
         self.timeout = timeout
-        self.tasks: set[asyncio.Task[bool]] = set()
+        self.tasks = TaskSet("a send", say=False)
         # Per receiver: the connections it may hold, and how many sends are queued for it.
         self._gates: dict[str, asyncio.Semaphore] = {}
         self._queued: dict[str, int] = {}
@@ -181,14 +182,11 @@ class Outbox:
                 len(self.tasks),
                 queued,
             )
-            coro: Awaitable[bool] = _dropped(done)
+            coro: Coroutine[Any, Any, bool] = _dropped(done)
         else:
             self._queued[receiver] = queued + 1
             coro = self._bounded(receiver, what, url, body, headers, done, after)
-        task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
+        return self.tasks.spawn(coro)
 
     async def _bounded(
         self,

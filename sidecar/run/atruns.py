@@ -23,11 +23,10 @@ dropped and never run.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sidecar.core import failpoints
@@ -39,13 +38,10 @@ from sidecar.store.kv import delete_at
 from sidecar.when.atkey import KIND, at_key, at_msg_id, job_of_key, parse_value
 
 if TYPE_CHECKING:
-    from sidecar.config.load import Config, JobConfig
-    from sidecar.core.clock import Clock
-    from sidecar.fleet.member import Fleet
-    from sidecar.obs.metrics import Metrics
-    from sidecar.run.claim import Claim, Claimer
+    from sidecar.config.load import JobConfig
+    from sidecar.run.claim import Claim
+    from sidecar.run.context import Context
     from sidecar.run.skips import Unclaimed
-    from sidecar.store.guard import StreamGuard
 
 log = logging.getLogger("sidecar.atruns")
 
@@ -56,32 +52,19 @@ Start = Callable[["JobConfig", "Claim", float], Any]
 class AtRuns:
     """The one-off runs this sidecar waits for (module doc)."""
 
-    def __init__(
-        self,
-        config: Config,
-        metrics: Metrics,
-        clock: Clock,
-        claimer: Claimer,
-        guard: StreamGuard,
-        fleet: Fleet,
-        unclaimed: Unclaimed,
-        start: Start,
-        spawn: Callable[[Coroutine[Any, Any, None]], None],
-        sleep_until: Callable[[float], Awaitable[bool]],
-        stopping: asyncio.Event,
-    ) -> None:
-        self.config = config
-        self.metrics = metrics
-        self.clock = clock
-        self.claimer = claimer
-        self.guard = guard
-        self.fleet = fleet
+    def __init__(self, ctx: Context, unclaimed: Unclaimed, start: Start) -> None:
+        self.config = ctx.config
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.claimer = ctx.claimer
+        self.guard = ctx.guard
+        self.fleet = ctx.fleet
         self.unclaimed = unclaimed
         self.start = start
-        self.spawn = spawn
-        self.sleep_until = sleep_until
-        self.stopping = stopping
-        self._jobs = {job.name: job for job in config.jobs}
+        self.spawn = ctx.tasks.spawn
+        self.sleep_until = ctx.sleeper.until
+        self.stopping = ctx.stopping
+        self._jobs = {job.name: job for job in ctx.config.jobs}
         self._waiting: set[tuple[str, int]] = set()  # (job, slot) waited for here
         self._refused: set[tuple[str, int]] = set()  # hostile (key, revision) said
 

@@ -46,11 +46,9 @@ from sidecar.store.runs import read_job_messages
 if TYPE_CHECKING:
     from nats.js.kv import KeyValue
 
-    from sidecar.config.load import Config, JobConfig
-    from sidecar.core.clock import Clock
-    from sidecar.fleet.member import Fleet
-    from sidecar.obs.metrics import Metrics
-    from sidecar.run.claim import Claim, Claimer
+    from sidecar.config.load import JobConfig
+    from sidecar.run.claim import Claim
+    from sidecar.run.context import Context
 
 log = logging.getLogger("sidecar.backfill")
 
@@ -161,25 +159,17 @@ class Backfills:
     """One sidecar's part in the fleet's backfills."""
 
     def __init__(
-        self,
-        config: Config,
-        metrics: Metrics,
-        clock: Clock,
-        claimer: Claimer,
-        fleet: Fleet,
-        run: Callable[[JobConfig, Claim, float], Coroutine[Any, Any, None]],
-        spawn: Callable[[Coroutine[Any, Any, None]], None],
-        stopping: asyncio.Event,
+        self, ctx: Context, run: Callable[[JobConfig, Claim, float], Coroutine[Any, Any, None]]
     ) -> None:
-        self.config = config
-        self.metrics = metrics
-        self.clock = clock
-        self.claimer = claimer
-        self.fleet = fleet
+        self.config = ctx.config
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.claimer = ctx.claimer
+        self.fleet = ctx.fleet
         self.run = run
-        self.spawn = spawn
-        self.stopping = stopping
-        self._jobs = {job.name: job for job in config.jobs}
+        self.spawn = ctx.tasks.spawn
+        self.stopping = ctx.stopping
+        self._jobs = {job.name: job for job in ctx.config.jobs}
         self._busy: set[str] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         # Hostile values said already, by (key, revision): said once, however often seen.

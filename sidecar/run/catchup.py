@@ -17,18 +17,14 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from nats.js import JetStreamContext
-
 from sidecar.core.wire import CATCHUP
 from sidecar.run.since import floor_ms, settle, since_key
 from sidecar.store.runs import last_messages, last_scheduled_slot
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
-    from sidecar.core.clock import Clock
-    from sidecar.fleet.member import Fleet
+    from sidecar.run.context import Context
     from sidecar.run.followup import Attempt
-    from sidecar.store.guard import StreamGuard
 
 log = logging.getLogger("sidecar.catchup")
 
@@ -40,21 +36,14 @@ class CatchUp:
     """``await catch_up(job)``: claim what the fleet missed (module doc)."""
 
     def __init__(
-        self,
-        clock: Clock,
-        js: JetStreamContext,
-        guard: StreamGuard,
-        fleet: Fleet,
-        stopping: asyncio.Event,
-        attempt: Attempt,
-        next_slot: Callable[[JobConfig], int],
+        self, ctx: Context, attempt: Attempt, next_slot: Callable[[JobConfig], int]
     ) -> None:
-        self.clock = clock
-        self.js = js
-        self.spec = guard.spec
-        self.guard = guard
-        self.fleet = fleet
-        self.stopping = stopping
+        self.clock = ctx.clock
+        self.js = ctx.js
+        self.spec = ctx.spec
+        self.guard = ctx.guard
+        self.fleet = ctx.fleet
+        self.stopping = ctx.stopping
         self.attempt = attempt
         self.next_slot = next_slot  # the slot the job's loop handles next
 

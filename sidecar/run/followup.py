@@ -1,4 +1,7 @@
-"""What follows a failed or lost run (FLEET.md): retries, due attempts, lost runs.
+"""What follows a failed or lost run (FLEET.md): retries and due attempts.
+
+Lost runs themselves are judged and recorded in sidecar/run/lostruns.py; what
+follows one (``on_lost: rerun``) is made due here.
 
 ``DueAttempts.retry``: after a failed attempt whose result is stored, the
 next one is made due (``due.<job>.<slot>.<attempt>``, sidecar/when/due.py) while
@@ -8,8 +11,9 @@ competes for the attempt at its due time plus jitter (the replica whose app
 failed the previous one a little later), with the attempt's own claim id,
 through the `attempt` callback it was given (``Jobs.attempt``).
 
-``DueAttempts.rerun``: after a lost run was recorded here (sidecar/run/lostruns.py)
-and ``on_lost: rerun``, the next attempt is made due the same way.
+``DueAttempts.rerun``: after this sidecar recorded a run lost
+(sidecar/run/lostruns.py) and ``on_lost: rerun``, the next attempt is made
+due the same way.
 
 Every task started here is in ``tasks``: the daemon's drain awaits them,
 bounded, then cancels what is left.
@@ -17,14 +21,11 @@ bounded, then cancels what is left.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-
-from nats.js import JetStreamContext
 
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
@@ -46,11 +47,10 @@ from sidecar.when.due import (
 )
 
 if TYPE_CHECKING:
-    from sidecar.config.load import Config, JobConfig
-    from sidecar.fleet.member import Fleet
+    from sidecar.config.load import JobConfig
     from sidecar.obs.metrics import Metrics
     from sidecar.run.claim import Claim
-    from sidecar.store.stream import StreamSpec
+    from sidecar.run.context import Context
 
 log = logging.getLogger("sidecar.followup")
 
@@ -65,30 +65,18 @@ Attempt = Callable[["JobConfig", int, float, int, float | None, str], Awaitable[
 class DueAttempts:
     """Retries made due after a failure, and due attempts competed for (module doc)."""
 
-    def __init__(
-        self,
-        config: Config,
-        metrics: Metrics,
-        clock: Clock,
-        js: JetStreamContext,
-        spec: StreamSpec,
-        fleet: Fleet,
-        keys: Callable[[], Keys | None],
-        attempt: Attempt,
-        sleep_until: Callable[[float], Awaitable[bool]],
-        stopping: asyncio.Event,
-    ) -> None:
-        self.config = config
-        self.metrics = metrics
-        self.clock = clock
-        self.js = js
-        self.spec = spec
-        self.fleet = fleet
-        self.keys = keys
+    def __init__(self, ctx: Context, attempt: Attempt) -> None:
+        self.config = ctx.config
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.js = ctx.js
+        self.spec = ctx.spec
+        self.fleet = ctx.fleet
+        self.keys = ctx.keys
         self.attempt = attempt
-        self.sleep_until = sleep_until
-        self.stopping = stopping
-        self.by_name = {job.name: job for job in config.jobs}
+        self.sleep_until = ctx.sleeper.until
+        self.stopping = ctx.stopping
+        self.by_name = {job.name: job for job in ctx.config.jobs}
         self.tasks = TaskSet("a due-attempt task")
         self._due: set[str] = set()  # due keys this sidecar waits for
         self._refused: set[tuple[str, int]] = set()  # hostile due keys (key, revision) said
@@ -326,23 +314,12 @@ def parse_due(entry_value: dict[str, Any]) -> tuple[float, str, str] | None:
     )
 
 
-def follow(
-    config: Config,
-    metrics: Metrics,
-    clock: Clock,
-    js: JetStreamContext,
-    spec: StreamSpec,
-    fleet: Fleet,
-    keys: Callable[[], Keys | None],
-    recorder: Recorder,
-    attempt: Attempt,
-    sleep_until: Callable[[float], Awaitable[bool]],
-    stopping: asyncio.Event,
-) -> tuple[DueAttempts, LostRuns]:
+def follow(ctx: Context, recorder: Recorder, attempt: Attempt) -> tuple[DueAttempts, LostRuns]:
     """The due attempts and lost-run judging of one sidecar, listening to the fleet's
     watch of the state bucket."""
-    due = DueAttempts(config, metrics, clock, js, spec, fleet, keys, attempt, sleep_until, stopping)
-    lost = LostRuns(config, metrics, clock, js, spec, keys, recorder, stopping)
+    fleet = ctx.fleet
+    due = DueAttempts(ctx, attempt)
+    lost = LostRuns(ctx, recorder)
     lost.judges_foreign = fleet.orphans.judges
     lost.view = fleet.view  # leases of a replaced bucket are looked for again
     lost.rerun = due.rerun

@@ -27,46 +27,41 @@ import contextlib
 import dataclasses
 import logging
 import random
+from typing import TYPE_CHECKING
 
-from nats.js import JetStreamContext
-
-from sidecar.after.aftermath import Aftermath
-from sidecar.config.load import Config, JobConfig
 from sidecar.core import failpoints
-from sidecar.core.clock import Clock, rfc3339
+from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimDisconnected, ClaimForeign, CountUnavailable, KeyHeld
-from sidecar.core.sleeper import Sleeper
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import CATCHUP, FAILED, SCHEDULED, SKIPPED
-from sidecar.fleet.candidates import Candidates
-from sidecar.fleet.member import Fleet
-from sidecar.obs.metrics import Metrics
 from sidecar.run import runcap
-from sidecar.run.atruns import AtRuns
-from sidecar.run.backfill import Backfills
-from sidecar.run.catchup import CatchUp
-from sidecar.run.claim import Claim, Claimer
-from sidecar.run.followup import follow
 from sidecar.run.lease import RUN_LEASE_WAIT, overlap_error, run_lease
 from sidecar.run.overlap import KEPT, REPLACED, TAKEN, Overlap, uses_lock
 from sidecar.run.record import Outcome, Recorder, not_sent, sent
-from sidecar.run.skips import EXCLUDED, SkipRecorder, Unclaimed
+from sidecar.run.skips import EXCLUDED, Unclaimed
 from sidecar.run.trigger import Trigger, Why, interrupted, why_of
 from sidecar.store.bucketcheck import needs_leases
-from sidecar.store.guard import StreamGuard
-from sidecar.store.kv import Keys
 from sidecar.when.pauses import PAUSED, SKIP
+
+if TYPE_CHECKING:
+    from sidecar.after.aftermath import Aftermath
+    from sidecar.config.load import JobConfig
+    from sidecar.fleet.candidates import Candidates
+    from sidecar.run.atruns import AtRuns
+    from sidecar.run.backfill import Backfills
+    from sidecar.run.catchup import CatchUp
+    from sidecar.run.claim import Claim
+    from sidecar.run.context import Context
+    from sidecar.run.followup import DueAttempts
+    from sidecar.run.lostruns import LostRuns
+    from sidecar.run.record import Recorder
+    from sidecar.run.skips import Unclaimed
+    from sidecar.run.trigger import Trigger
 
 log = logging.getLogger("sidecar.job")
 
 # A slot is judged at most this long after its decider first looks (Fleet.caught_up).
 CAUGHT_UP_WAIT = 2.0
-
-
-def _secret(trigger: Trigger) -> bytes | None:
-    """The current signing secret: webhooks are signed like triggers."""
-    signer = getattr(trigger, "signer", None)  # tests drive Jobs without a trigger
-    return signer.secrets[0] if signer is not None else None
 
 
 def counts(job: JobConfig, claim: Claim) -> bool:
@@ -84,107 +79,55 @@ def counts(job: JobConfig, claim: Claim) -> bool:
 class Jobs:
     """The job loops of one sidecar and the runs they started."""
 
-    def __init__(
-        self,
-        config: Config,
-        metrics: Metrics,
-        clock: Clock,
-        js: JetStreamContext,
-        claimer: Claimer,
-        trigger: Trigger,
-        guard: StreamGuard,
-        fleet: Fleet,
-        connected: asyncio.Event,
-        stopping: asyncio.Event,
-    ) -> None:
-        self.config = config
-        self.metrics = metrics
-        self.clock = clock
-        self.js = js
-        self.claimer = claimer
+    # The parts of a job's life, made by sidecar/run/wiring.py (they call back into
+    # this object: ``attempt``, ``_start_run``, ``_run_tracked``, ``_next_slot``).
+    unclaimed: Unclaimed  # slots not claimed: counted, said, recorded when kept from running
+    catch_up: CatchUp  # slots missed while this sidecar was away
+    backfills: Backfills
+    at_runs: AtRuns  # one-off runs at a set time, claimed like slots
+    aftermath: Aftermath  # pings, notifications, auto-pause, anomalies, spans
+    recorder: Recorder  # every ending of a run is recorded there
+    due: DueAttempts  # what follows a failed run: retries, due attempts
+    lost: LostRuns  # lost-run judging
+    candidates: Candidates  # claim.candidates: only k instances claim a slot at its time
+    overlap: Overlap  # overlap: replace and buffer_one, on the lock overlap: skip uses
+
+    def __init__(self, ctx: Context, trigger: Trigger) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.js = ctx.js
+        self.claimer = ctx.claimer
         self.trigger = trigger
-        self.guard = guard
-        self.fleet = fleet
+        self.guard = ctx.guard
+        self.fleet = ctx.fleet
         # Per job: the slot its loop handles next; catch-up claims only before it.
         self._next: dict[str, int] = {}
         # Per job: (slot, the schedule's slot before it), computed before the slot's time.
         self._previous: dict[str, tuple[int, int | None]] = {}
         # Per job: why its loop said it claims no more slots (end_at, max_runs).
         self._said_over: dict[str, str] = {}
-        self.spec = guard.spec
-        self.connected = connected
-        self.stopping = stopping
-        self.runs: set[asyncio.Task[None]] = set()
+        self.spec = ctx.spec
+        self.connected = ctx.connected
+        self.stopping = ctx.stopping
+        # The runs started (the drain waits for them, bounded) and the job loops.
+        self.runs = TaskSet("a run")
+        self.loops = TaskSet("a job loop", say=False)
         # Precise sleeps until a slot, woken at once on stop (sidecar/core/sleeper.py).
-        self.sleeper = Sleeper(clock, stopping)
+        self.sleeper = ctx.sleeper
         self.sleep_until, self.wake = self.sleeper.until, self.sleeper.wake
-        self.side_tasks = TaskSet("a catch-up, skip, backfill or one-off task")
-        spawn = self.side_tasks.spawn
-        self._keys: Keys | None = None
-        self.skips = SkipRecorder(
-            claimer, metrics, clock, config.instance_id, self.spec.name, self.spec.prefix
-        )
-        # Slots not claimed: counted, said, recorded when kept from running.
-        self.unclaimed = Unclaimed(metrics, clock, connected, self.skips, spawn)
-        # Slots missed while this sidecar was away (sidecar/run/catchup.py).
-        self.catch_up = CatchUp(clock, js, guard, fleet, stopping, self.attempt, self._next_slot)
-        self.backfills = Backfills(
-            config, metrics, clock, claimer, fleet, self._run_tracked, spawn, stopping
-        )
-        fleet.key_listeners.append(self.backfills.changed)
-        # One-off runs at a set time (sidecar/run/atruns.py): claimed like slots.
-        self.at_runs = AtRuns(
-            config, metrics, clock, claimer, guard, fleet, self.unclaimed, self._start_run,
-            spawn, self.sleep_until, stopping,
-        )  # fmt: skip
-        fleet.key_listeners.append(self.at_runs.changed)
-        # Pings, notifications, auto-pause, anomalies, spans (sidecar/after/aftermath.py).
-        self.aftermath = Aftermath(config, metrics, clock, self.keys, _secret(trigger), fleet)
-        # Every ending of a run is recorded there (sidecar/run/record.py).
-        self.recorder = Recorder(
-            js, self.spec.name, self.spec.prefix, config.instance_id, metrics, self.aftermath
-        )
-        # What follows a failed or lost run: retries, due attempts, lost runs.
-        self.due, self.lost = follow(
-            config,
-            metrics,
-            clock,
-            js,
-            self.spec,
-            fleet,
-            self.keys,
-            self.recorder,
-            self.attempt,
-            self.sleep_until,
-            stopping,
-        )
-        # overlap: replace and buffer_one (sidecar/run/overlap.py).
-        self.overlap = Overlap(
-            config, metrics, clock, fleet, self.keys, trigger, self._start_run, spawn
-        )
-        # claim.candidates: only k instances claim a slot at its time (sidecar/fleet/candidates.py).
-        self.candidates = Candidates(
-            config.instance_id,
-            metrics,
-            clock,
-            fleet,
-            spawn,
-            self.sleep_until,
-            lambda job, slot: self.attempt(job, slot, self.clock.wall(), deferred=True),
-        )
+        self.side_tasks = ctx.tasks
+        # The state bucket's key writer; None while unknown or unfit for leases.
+        self.keys = ctx.keys
 
     def _next_slot(self, job: JobConfig) -> int:
         """The slot the job's loop handles next: catch-up claims only before it."""
         return self._next.get(job.name, job.schedule.next_slot(self.clock.wall_ms()))
 
-    def keys(self) -> Keys | None:
-        """The state bucket's key writer; None while unknown or unfit for leases."""
-        bucket = self.fleet.bucket
-        if not self.fleet.leases_ok or bucket is None:
-            return None
-        if self._keys is None:
-            self._keys = Keys(bucket, self.fleet.denied)
-        return self._keys
+    def start(self, job: JobConfig, retired: asyncio.Event | None = None) -> asyncio.Task[None]:
+        """The job's ``loop`` in a task of ``loops``."""
+        return self.loops.spawn(self.loop(job, retired))
 
     async def loop(self, job: JobConfig, retired: asyncio.Event | None = None) -> None:
         """The job's schedule until stopping: wait, check, claim, run each slot.
@@ -366,10 +309,7 @@ class Jobs:
 
     def _start_run(self, job: JobConfig, claim: Claim, start: float) -> asyncio.Task[None]:
         """The run in a task of its own, in ``runs``: the drain waits for it."""
-        task = asyncio.create_task(self._guarded_run(job, claim, start))
-        self.runs.add(task)
-        task.add_done_callback(self.runs.discard)
-        return task
+        return self.runs.spawn(self._guarded_run(job, claim, start))
 
     async def _run_tracked(self, job: JobConfig, claim: Claim, start: float) -> None:
         """A run awaited (a backfill runs one slot at a time)."""

@@ -29,7 +29,7 @@ from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import CasConflict, KeyHeld
-from sidecar.core.tasks import cancel_all
+from sidecar.core.tasks import TaskSet
 from sidecar.store.kv import Keys, same_owner, until_answered
 from sidecar.when.due import lock_key, renew_every, run_key
 
@@ -82,6 +82,7 @@ class Lease:
         self.created = False
         self._created = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
+        self._tasks = TaskSet("a lease", say=False)
 
     async def __aenter__(self) -> Lease:
         """Create the key; KeyHeld when it is live, NATS errors when no answer came."""
@@ -90,7 +91,7 @@ class Lease:
         )
         self.renewed_at = self.clock.monotonic()
         self.created = True
-        self._renewer = asyncio.create_task(self._renew())
+        self._renewer = self._tasks.spawn(self._renew())
         return self
 
     async def start(self, wait: float) -> bool:
@@ -103,7 +104,7 @@ class Lease:
         lost if its runner dies before the create gets through; a run held back
         until slot + max_late is never sent at all.
         """
-        self._renewer = asyncio.create_task(self._create_then_renew())
+        self._renewer = self._tasks.spawn(self._create_then_renew())
         done = asyncio.ensure_future(self._created.wait())
         try:
             await asyncio.wait(
@@ -148,12 +149,11 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._renewer is not None:
-            # Not a single cancel: on Python 3.11 one that lands as a renewal's
-            # answer arrives is lost (see sidecar/core/tasks.py); the renewer then
-            # renewed for ever, the run never ended, and once a renewal failed
-            # the lease expired into a lost record for a run that had succeeded.
-            await cancel_all([self._renewer])
+        # Not a single cancel: on Python 3.11 one that lands as a renewal's
+        # answer arrives is lost (see sidecar/core/tasks.py); the renewer then
+        # renewed for ever, the run never ended, and once a renewal failed
+        # the lease expired into a lost record for a run that had succeeded.
+        await self._tasks.cancel()
         if self.lost:
             return  # not ours any more: leave whatever is there
         if not self.created:

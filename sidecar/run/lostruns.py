@@ -18,23 +18,21 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from sidecar.core.bounds import attempt_no, epoch_s, seq_no, slot_ms
-from sidecar.core.clock import Clock, parse_rfc3339
+from sidecar.core.clock import parse_rfc3339
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import LOST, results_subject
 from sidecar.run.claim import token_of
 from sidecar.run.record import Outcome, Recorder
-from sidecar.store.kv import Keys, last_msg
+from sidecar.store.kv import last_msg
 from sidecar.store.state import EXPIRED, REPLACED, Removal, View
 from sidecar.when.due import is_lease_key, lease_job, renew_every
 
 if TYPE_CHECKING:
-    from sidecar.config.load import Config, JobConfig
-    from sidecar.obs.metrics import Metrics
-    from sidecar.store.stream import StreamSpec
+    from sidecar.config.load import JobConfig
+    from sidecar.run.context import Context
 
 log = logging.getLogger("sidecar.lostruns")
 
@@ -51,23 +49,14 @@ MAX_RESULTS_READ = 10_000
 class LostRuns:
     """Records a ``lost`` result for every lease that expired (see the module doc)."""
 
-    def __init__(
-        self,
-        config: Config,
-        metrics: Metrics,
-        clock: Clock,
-        js: JetStreamContext,
-        spec: StreamSpec,
-        keys: Callable[[], Keys | None],
-        recorder: Recorder | None = None,
-        stopping: asyncio.Event | None = None,
-    ) -> None:
+    def __init__(self, ctx: Context, recorder: Recorder | None = None) -> None:
+        config, spec = ctx.config, ctx.spec
         self.config = config
-        self.metrics = metrics
-        self.clock = clock
-        self.js = js
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.js = ctx.js
         self.spec = spec
-        self.keys = keys
+        self.keys = ctx.keys
         self.jobs = {job.name: job for job in config.jobs}
         self.tasks = TaskSet("recording a lost run")
         # Whether an expired lease of a job not in this config is judged here
@@ -76,13 +65,13 @@ class LostRuns:
         self.view: View | None = None  # the live view: leases of a replaced bucket
         # Records, counts and says the lost outcome, tells the aftermath (sidecar/run/record.py).
         self.recorder = recorder or Recorder(
-            js, spec.name, spec.prefix, config.instance_id, metrics
+            ctx.js, spec.name, spec.prefix, config.instance_id, ctx.metrics
         )
         # on_lost: rerun: (job, slot, attempt, lost at, the lost record's seq) -> the
         # next attempt made due (sidecar/run/followup.py).
         self.rerun: Callable[[JobConfig, int, int, float, int], Awaitable[None]] | None = None
         # Set: the sidecar drains, no new judging starts (the drain awaits ``tasks``).
-        self.stopping = stopping or asyncio.Event()
+        self.stopping = ctx.stopping
 
     def removed(self, removal: Removal) -> None:
         """The view lost `removal.key`; an expired lease of one of our jobs was lost."""

@@ -40,7 +40,7 @@ from sidecar.config.jobs import LOCKED
 from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import CasConflict, KeyHeld, TriggerError
-from sidecar.core.tasks import cancel_all
+from sidecar.core.tasks import TaskSet, cancel_all
 from sidecar.core.wire import SCHEDULED
 from sidecar.run.claim import Claim
 from sidecar.run.trigger import Trigger, TriggerResult, Why
@@ -104,6 +104,8 @@ class Overlap:
         self.metrics = metrics
         self.clock = clock
         self.fleet = fleet
+        # The requests of replace runs, each awaited by its run (a run's errors are its own).
+        self._fires: TaskSet = TaskSet("a replaceable run's request", say=False)
         self.keys = keys
         self.trigger = trigger
         self.start_run = start_run
@@ -311,7 +313,7 @@ class Overlap:
         asker: dict[str, Any] = {"job": job.name}
         self._running[claim.token] = (event, asker)
         self._look_for_stop(claim.token, event)
-        task = asyncio.create_task(fire)
+        task = self._fires.spawn(fire)  # awaited here, ended below if it outlives us
         asked = asyncio.ensure_future(event.wait())
         try:
             await asyncio.wait({task, asked}, return_when=asyncio.FIRST_COMPLETED)

@@ -3,12 +3,15 @@
 Every path of a run ends in an ``Outcome`` (succeeded, failed, skipped with a
 reason, lost; with its error, times, attempt and trigger kind): the job loop
 (sidecar/run/job.py), a slot kept from running (sidecar/run/skips.py), lost-run
-judging (sidecar/run/followup.py), ``run-now`` (sidecar/admin/oneshot.py) and a run
+judging (sidecar/run/lostruns.py), ``run-now`` (sidecar/admin/oneshot.py) and a run
 started from the page (sidecar/admin/actions.py). ``Recorder.record`` turns it into
 the ``ResultRecord`` (built nowhere else), publishes it, counts it, writes the
 run line and calls the aftermath's hooks (pings, notifications, health,
 spans: sidecar/after/aftermath.py). A later feature that must hear of every ending
-hangs here, in one call.
+hangs here, in one call. Every result, a lost record included, is published by
+``publish_with_retry``: the one publish loop of results, told by a ``Retry``
+how long to go on (a run's result: until stored; a lost record: 10 s, since
+every sidecar publishes one).
 
 What follows an ending (a retry made due, a lost run rerun) is not decided
 here: sidecar/run/followup.py does that with the sequence ``record`` returns.
@@ -18,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 from nats.js.errors import APIError
 
 from sidecar.core.backoff import Backoff
@@ -119,6 +123,69 @@ def not_sent(
     )
 
 
+@dataclass(frozen=True)
+class Retry:
+    """How a result's publish is tried again. A retry never stores it twice (its msg id
+    de-duplicates it). At most `tries` publishes (None: no count), or until `give_up`
+    seconds have passed (None: no limit); waits from `start` doubling to `cap`
+    between them. Only the errors in `on` are tried again, any other is raised at
+    once; each failed try is said at `level`."""
+
+    tries: int | None
+    give_up: float | None
+    start: float
+    cap: float
+    on: tuple[type[Exception], ...]
+    level: int = logging.WARNING
+
+
+# A run's result: asked until stored, whatever JetStream answers meanwhile.
+RESULT_RETRY = Retry(PUBLISH_TRIES, None, 0.05, 2.0, (*TRANSIENT, APIError))
+# A lost record: every sidecar publishes one, so each gives up sooner; an answer
+# that is not transient (the compare-and-set lost: a result came in) is raised.
+LOST_RETRY = Retry(None, 10.0, 0.1, 1.0, TRANSIENT, logging.DEBUG)
+
+
+async def publish_with_retry(
+    js: JetStreamContext,
+    stream: str,
+    prefix: str,
+    record: ResultRecord,
+    retry: Retry,
+    headers: dict[str, str] | None = None,
+    timeout: float = WRITE_TIMEOUT,
+) -> PubAck:
+    """Publish result `record` (with its msg id and `headers`), tried again as `retry`
+    says: the one publish loop of results. Raises the last error when it gives up."""
+    loop = asyncio.get_running_loop()
+    deadline = None if retry.give_up is None else loop.time() + retry.give_up
+    backoff = Backoff(start=retry.start, cap=retry.cap)
+    subject = results_subject(prefix, record.job)
+    payload = record.to_json()
+    sent_headers = {MSG_ID: record.msg_id, **(headers or {})}
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return await js.publish(
+                subject, payload, timeout=timeout, stream=stream, headers=sent_headers
+            )
+        except retry.on as exc:
+            log.log(
+                retry.level,
+                "job %s slot %s: recording the result failed (try %d): %r",
+                record.job,
+                record.slot,
+                tries,
+                exc,
+            )
+            if (retry.tries is not None and tries >= retry.tries) or (
+                deadline is not None and loop.time() > deadline
+            ):
+                raise
+        await backoff.sleep()
+
+
 async def publish_result(
     js: JetStreamContext,
     stream: str,
@@ -133,29 +200,12 @@ async def publish_result(
     it), or 0 when it could not be recorded; the run then reads as
     ``running`` in history, which is what a lost result means.
     """
-    headers_id = record.msg_id
-    payload = record.to_json()
-    backoff = Backoff(start=0.05, cap=2.0)
-    for tries in range(1, publish_tries + 1):
-        try:
-            ack = await js.publish(
-                results_subject(prefix, record.job),
-                payload,
-                timeout=timeout,
-                stream=stream,
-                headers={MSG_ID: headers_id},
-            )
-            return int(ack.seq)
-        except (*TRANSIENT, APIError) as exc:
-            log.warning(
-                "job %s slot %s: recording the result failed (try %d): %r",
-                record.job,
-                record.slot,
-                tries,
-                exc,
-            )
-        await backoff.sleep()
-    return 0
+    retry = replace(RESULT_RETRY, tries=publish_tries)
+    try:
+        ack = await publish_with_retry(js, stream, prefix, record, retry, timeout=timeout)
+    except retry.on:
+        return 0
+    return int(ack.seq)
 
 
 class Recorder:
@@ -228,28 +278,14 @@ class Recorder:
         sidecar's was; None when a result was stored since `last` was read.
         """
         record = self.record_of(job, outcome)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + give_up
-        backoff = Backoff(start=0.1, cap=1.0)
-        while True:
-            try:
-                ack = await self.js.publish(
-                    results_subject(self.prefix, record.job),
-                    record.to_json(),
-                    timeout=WRITE_TIMEOUT,
-                    stream=self.stream,
-                    headers={MSG_ID: record.msg_id, EXPECTED_LAST_SUBJECT_SEQ: str(last)},
-                )
-                break
-            except APIError as exc:
-                if exc.err_code in CAS_CONFLICT:
-                    return None
-                if not isinstance(exc, TRANSIENT) or loop.time() > deadline:
-                    raise
-            except TRANSIENT:
-                if loop.time() > deadline:
-                    raise
-            await backoff.sleep()
+        retry = replace(LOST_RETRY, give_up=give_up)
+        expect = {EXPECTED_LAST_SUBJECT_SEQ: str(last)}
+        try:
+            ack = await publish_with_retry(self.js, self.stream, self.prefix, record, retry, expect)
+        except APIError as exc:
+            if exc.err_code in CAS_CONFLICT:
+                return None
+            raise
         if ack.duplicate:
             return 0
         if job is not None and self.aftermath is not None:

@@ -15,10 +15,8 @@ Every replica counts ``claims_skipped_total{reason}``, the recorder
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimError
@@ -28,9 +26,8 @@ from sidecar.run.record import Outcome, Recorder
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
-    from sidecar.core.clock import Clock
-    from sidecar.obs.metrics import Metrics
-    from sidecar.run.claim import Claim, Claimer
+    from sidecar.run.claim import Claim
+    from sidecar.run.context import Context
 
 log = logging.getLogger("sidecar.skips")
 # The job loop's lines keep the logger operators filter on (docs/CLI.md).
@@ -56,21 +53,13 @@ def skip_record_id(job: str, slot: int) -> str:
 class SkipRecorder:
     """Records skipped slots in the stream, once per slot for the whole fleet."""
 
-    def __init__(
-        self,
-        claimer: Claimer,
-        metrics: Metrics,
-        clock: Clock,
-        instance: str,
-        stream: str,
-        prefix: str,
-    ) -> None:
-        self.claimer = claimer
-        self.metrics = metrics
-        self.clock = clock
-        self.instance = instance
-        self.stream = stream
-        self.prefix = prefix
+    def __init__(self, ctx: Context) -> None:
+        self.claimer = ctx.claimer
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.instance = ctx.config.instance_id
+        self.stream = ctx.spec.name
+        self.prefix = ctx.spec.prefix
 
     @property
     def recorder(self) -> Recorder:
@@ -121,19 +110,12 @@ class Unclaimed:
     when the reason changes or after a claim), and recorded (``kept``) when the fleet
     keeps them from running."""
 
-    def __init__(
-        self,
-        metrics: Metrics,
-        clock: Clock,
-        connected: asyncio.Event,
-        recorder: SkipRecorder,
-        spawn: Callable[[Coroutine[Any, Any, Any]], None],
-    ) -> None:
-        self.metrics = metrics
-        self.clock = clock
-        self.connected = connected
+    def __init__(self, ctx: Context, recorder: SkipRecorder) -> None:
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.connected = ctx.connected
         self.recorder = recorder
-        self.spawn = spawn
+        self.spawn = ctx.tasks.spawn
         # Per job: the reason last said; forgotten when the job claims again.
         self._said: dict[str, str] = {}
         self.warnings = RateLimitedLog(loop_log)

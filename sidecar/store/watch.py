@@ -20,7 +20,7 @@ from nats.js.errors import NotFoundError
 
 from sidecar.core.backoff import Backoff
 from sidecar.core.natspy import jetstream_of
-from sidecar.core.tasks import cancel_all
+from sidecar.core.tasks import TaskSet
 from sidecar.store.bucketcheck import BucketFacts, facts_of
 from sidecar.store.state import REPLACED, Bucket, Removal, View
 
@@ -61,6 +61,7 @@ class Watch:
         self.view = view
         self._watcher: Any = None
         self._pump: asyncio.Task[None] | None = None
+        self._tasks = TaskSet("the watch", say=False)
         self._resync = asyncio.Event()
         # Called when the watchdog sees the bucket's settings change, or the bucket
         # deleted or made again (its creation time changed): the Fleet checks it.
@@ -182,7 +183,7 @@ class Watch:
             for key in sorted(k for k in changed if not k.startswith("instance.")):
                 self.view.on_change(key)
             self.view.on_change("")
-        self._pump = asyncio.create_task(self._follow(watcher))
+        self._pump = self._tasks.spawn(self._follow(watcher))
 
     async def _follow(self, watcher: Any) -> None:
         async for entry in watcher:
@@ -191,9 +192,8 @@ class Watch:
             self.view.apply_entry(entry)
 
     async def _stop(self) -> None:
-        if self._pump is not None:
-            await cancel_all([self._pump])
-            self._pump = None
+        await self._tasks.cancel()
+        self._pump = None
         if self._watcher is not None:
             with contextlib.suppress(Exception):
                 await self._watcher.stop()

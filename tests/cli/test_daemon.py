@@ -20,8 +20,8 @@ import pytest
 
 from sidecar.cli.daemon import STOP_SIGNALS, Daemon, collector_off
 from sidecar.config.load import Secrets, parse_config
-from sidecar.run.job import Jobs
 from tests.support import (
+    MakeJobs,
     NatsServer,
     RecordingApp,
     Sidecar,
@@ -225,27 +225,15 @@ def test_readyz_follows_nats(
         assert proc.terminate() == 0
 
 
-async def test_slot_wake_up_is_never_early_and_precise() -> None:
+async def test_slot_wake_up_is_never_early_and_precise(make_jobs: MakeJobs) -> None:
     """asyncio's timer alone wakes 0.5-1.5 ms late (whole-ms epoll timeouts, an idle CPU)."""
     config = parse_config({"jobs": [{"name": "tick", "schedule": "* * * * *"}]}, {})
-    daemon = Daemon(config, Secrets())
-    jobs = Jobs(
-        config,
-        daemon.metrics,
-        daemon.clock,
-        None,
-        None,
-        None,  # type: ignore[arg-type]
-        daemon.guard,
-        daemon.fleet,
-        daemon.conn.connected,
-        daemon.stopping,
-    )
-    late = []
-    for _ in range(30):
-        target = time.time() + 0.02 + random.uniform(0, 0.01)
-        assert not await jobs.sleep_until(target)
-        late.append(time.time() - target)
+    async with make_jobs(config) as jobs:
+        late = []
+        for _ in range(30):
+            target = time.time() + 0.02 + random.uniform(0, 0.01)
+            assert not await jobs.sleep_until(target)
+            late.append(time.time() - target)
     assert min(late) >= 0
     assert statistics.median(late) < 0.0004, sorted(late)
 

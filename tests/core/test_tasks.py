@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
+from pathlib import Path
 
 import pytest
 
-from sidecar.core.tasks import cancel_all
+from sidecar.core.tasks import TaskSet, cancel_all
 
 
 async def _loses_one_cancel(answer: asyncio.Future[None]) -> None:
@@ -72,3 +74,37 @@ async def test_finished_and_failed_tasks_are_fine() -> None:
     done = asyncio.create_task(asyncio.sleep(0))
     await asyncio.sleep(0.01)
     assert await cancel_all([failed, done]) == set()
+
+
+async def test_a_task_set_spawns_drops_ended_tasks_and_cancels_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    said, quiet = TaskSet("a said task"), TaskSet("a quiet task", say=False)
+
+    async def fails() -> None:
+        raise OverflowError("a bug")
+
+    forever = said.spawn(asyncio.sleep(3600))
+    done, _ = await asyncio.wait({said.spawn(fails()), quiet.spawn(fails())})
+    await asyncio.sleep(0)  # the done callbacks
+    assert said == {forever} and not quiet
+    assert [r.getMessage() for r in caplog.records] == ["a said task failed"]
+    assert all(task.exception() is not None for task in done)
+    assert await said.cancel(timeout=2) == set()
+    assert forever.cancelled() and not said
+
+
+def test_every_task_is_started_in_a_task_set() -> None:
+    """One way to start a background task: ``TaskSet.spawn`` of its owner, drained at
+    stop; no module calls ``asyncio.create_task`` itself."""
+    package = Path(__file__).resolve().parents[2] / "sidecar"
+    callers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "create_task"
+            ):
+                callers.add(str(path.relative_to(package)))
+    assert callers == {"core/tasks.py"}, callers

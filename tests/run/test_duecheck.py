@@ -12,7 +12,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
 
-from sidecar.config.load import JobConfig, Secrets, parse_config
+from sidecar.config.load import JobConfig, parse_config
 from sidecar.core.bounds import MAX_SLOT_MS, attempt_no, epoch_s, seq_no, slot_ms
 from sidecar.core.errors import Hostile
 from sidecar.run.duecheck import config_problem, judge_result
@@ -20,7 +20,7 @@ from sidecar.store.bucketcheck import StateSpec, check_bucket
 from sidecar.store.permissions import Denials, parse_violation
 from sidecar.store.state import job_hash
 from sidecar.when.due import DueKey
-from tests.support import NatsServer, run_cli, write_config
+from tests.support import MakeJobs, NatsServer, run_cli, write_config
 
 NOW = 1_796_400_000.0  # a whole minute
 
@@ -174,14 +174,16 @@ def test_resume_against_a_missing_bucket_names_it(tmp_path: Path, nats_server: N
 
 
 async def test_a_run_that_ends_with_an_exception_is_logged_and_recorded(
-    nc: NATS, nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch, caplog: Any
+    nc: NATS,
+    make_jobs: MakeJobs,
+    nats_server: NatsServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: Any,
 ) -> None:
     """A bug (or hostile input) in a run's task: a failed result, not `running` for ever."""
     import asyncio
 
-    from sidecar.cli.daemon import Daemon
     from sidecar.run.claim import Claim
-    from sidecar.run.job import Jobs
     from sidecar.store.stream import ensure_stream, stream_spec
 
     config = parse_config(
@@ -193,27 +195,15 @@ async def test_a_run_that_ends_with_an_exception_is_logged_and_recorded(
     )
     js = nc.jetstream()
     await ensure_stream(js, stream_spec(config))
-    daemon = Daemon(config, Secrets())
-    jobs = Jobs(
-        config,
-        daemon.metrics,
-        daemon.clock,
-        js,
-        None,
-        None,  # type: ignore[arg-type]
-        daemon.guard,
-        daemon.fleet,
-        daemon.conn.connected,
-        daemon.stopping,
-    )
 
     async def broken(*args: Any) -> None:
         raise OverflowError("a bug")
 
-    monkeypatch.setattr(jobs, "run_slot", broken)
-    claim = Claim("tick", 1_796_400_000_000, "t" * 32, True, 1, 1, 0, 0.0)
-    jobs._start_run(config.jobs[0], claim, 1_796_400_000.0)
-    await asyncio.wait(set(jobs.runs), timeout=10)
+    async with make_jobs(config) as jobs:
+        monkeypatch.setattr(jobs, "run_slot", broken)
+        claim = Claim("tick", 1_796_400_000_000, "t" * 32, True, 1, 1, 0, 0.0)
+        jobs._start_run(config.jobs[0], claim, 1_796_400_000.0)
+        await asyncio.wait(set(jobs.runs), timeout=10)
     msg = await js.get_last_msg("CRON", "cron.tick.results")
     record = json.loads(msg.data or b"{}")
     assert record["status"] == "failed" and record["token"] == "t" * 32

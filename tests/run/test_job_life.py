@@ -1,5 +1,6 @@
 """A job's life (sidecar/run/job.py) built without the daemon, against a real nats-server
-and a real HTTP app: its parts wired as the daemon wires them, nothing mocked.
+and a real HTTP app: its parts wired as the daemon wires them (the ``make_jobs``
+fixture, tests/conftest.py), nothing mocked.
 
 Each ending of a won claim (succeeded, failed then retried, cut off by the
 drain, skipped on overlap, lost) is read back from the stream: one record,
@@ -21,22 +22,17 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from prometheus_client import CollectorRegistry
 
 from sidecar.config.load import Config, JobConfig, parse_config
-from sidecar.core.clock import Clock
 from sidecar.core.tasks import cancel_all
 from sidecar.core.wire import FAILED, LOST, SKIPPED, SUCCEEDED, ResultRecord, results_subject
 from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
-from sidecar.run.claim import Claimer
 from sidecar.run.job import Jobs
-from sidecar.run.trigger import Trigger
-from sidecar.store.guard import StreamGuard
 from sidecar.store.kv import Keys
 from sidecar.store.state import EXPIRED, Entry, Removal
 from sidecar.when.due import due_key, run_key
-from tests.support import NatsServer, RecordingApp, job, until
+from tests.support import MakeJobs, NatsServer, RecordingApp, job, until
 
 
 @dataclass
@@ -65,7 +61,7 @@ class Life:
 
 @contextlib.asynccontextmanager
 async def life(
-    nc: NATS, nats_server: NatsServer, app: RecordingApp, instance: str, **extra: Any
+    make_jobs: MakeJobs, nats_server: NatsServer, app: RecordingApp, instance: str, **extra: Any
 ) -> AsyncIterator[Life]:
     config = parse_config(
         {
@@ -77,30 +73,19 @@ async def life(
         },
         {},
     )
-    metrics = Metrics(CollectorRegistry(), ("work",))
-    clock = Clock()
-    js = nc.jetstream()
-    connected, stopping = asyncio.Event(), asyncio.Event()
-    connected.set()
-    guard = StreamGuard(config, metrics, clock, connected)
-    fleet = Fleet(config, metrics, clock)
-    spec = guard.spec
-    claimer = Claimer(
-        nc, js, spec.name, spec.prefix, instance, clock, config.nats.ack_timeout, None
-    )
-    async with Trigger(None, clock, instance) as trigger:
-        jobs = Jobs(config, metrics, clock, js, claimer, trigger, guard, fleet, connected, stopping)
-        watcher = asyncio.create_task(guard.run(js))
-        fleet.start(js)
+    async with make_jobs(config) as jobs:
+        guard, fleet = jobs.guard, jobs.fleet
+        watcher = asyncio.create_task(guard.run(jobs.js))
+        fleet.start(jobs.js)
         try:
             await until(
                 lambda: guard.stream_ready and fleet.view.synced and fleet.leases_ok,
                 15,
                 "the stream checked and the state bucket read",
             )
-            yield Life(config, jobs, metrics, fleet, stopping)
+            yield Life(config, jobs, jobs.metrics, fleet, jobs.stopping)
         finally:
-            stopping.set()
+            jobs.stopping.set()
             jobs.wake()
             await cancel_all([*jobs.runs, *jobs.background()])
             await fleet.stop()
@@ -134,11 +119,11 @@ async def results(js: JetStreamContext, spec_name: str = "CRON") -> list[dict[st
 
 
 async def test_a_won_slot_runs_once_and_ends_in_one_succeeded_record(
-    nc: NATS, nats_server: NatsServer, http_app: RecordingApp
+    nc: NATS, make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
     async with (
-        life(nc, nats_server, http_app, "a") as a,
-        life(nc, nats_server, http_app, "b") as b,
+        life(make_jobs, nats_server, http_app, "a") as a,
+        life(make_jobs, nats_server, http_app, "b") as b,
     ):
         slot = await next_second(a)
         now = time.time()
@@ -157,10 +142,10 @@ async def test_a_won_slot_runs_once_and_ends_in_one_succeeded_record(
 
 
 async def test_a_failed_attempt_is_recorded_failed_and_its_retry_made_due(
-    nc: NATS, nats_server: NatsServer, http_app: RecordingApp
+    nc: NATS, make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
     http_app.status["/jobs/work"] = 500
-    async with life(nc, nats_server, http_app, "a", retry={"max": 1, "backoff": "30s"}) as a:
+    async with life(make_jobs, nats_server, http_app, "a", retry={"max": 1, "backoff": "30s"}) as a:
         slot = await next_second(a)
         await a.jobs.attempt(a.job, slot, time.time())
         await a.runs_done()
@@ -176,10 +161,10 @@ async def test_a_failed_attempt_is_recorded_failed_and_its_retry_made_due(
 
 
 async def test_a_run_cut_off_by_the_drain_is_recorded_failed_interrupted(
-    nc: NATS, nats_server: NatsServer, http_app: RecordingApp
+    nc: NATS, make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
     http_app.delay["/jobs/work"] = 30.0
-    async with life(nc, nats_server, http_app, "a") as a:
+    async with life(make_jobs, nats_server, http_app, "a") as a:
         await a.jobs.attempt(a.job, await next_second(a), time.time())
         await until(lambda: http_app.requests_for("/jobs/work"), 10, "the request")
         await cancel_all(set(a.jobs.runs))
@@ -190,10 +175,10 @@ async def test_a_run_cut_off_by_the_drain_is_recorded_failed_interrupted(
 
 
 async def test_a_slot_won_while_the_overlap_lock_is_held_is_recorded_skipped(
-    nc: NATS, nats_server: NatsServer, http_app: RecordingApp
+    nc: NATS, make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
     http_app.delay["/jobs/work"] = 3.0
-    async with life(nc, nats_server, http_app, "a", overlap="skip") as a:
+    async with life(make_jobs, nats_server, http_app, "a", overlap="skip") as a:
         slot = await next_second(a)
         await a.jobs.attempt(a.job, slot, time.time())
         await until(lambda: http_app.requests_for("/jobs/work"), 10, "the first run")
@@ -211,11 +196,11 @@ async def test_a_slot_won_while_the_overlap_lock_is_held_is_recorded_skipped(
 
 
 async def test_an_expired_lease_is_recorded_lost_once_and_judging_is_part_of_the_drain(
-    nc: NATS, nats_server: NatsServer, http_app: RecordingApp
+    nc: NATS, make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
     async with (
-        life(nc, nats_server, http_app, "a") as a,
-        life(nc, nats_server, http_app, "b") as b,
+        life(make_jobs, nats_server, http_app, "a") as a,
+        life(make_jobs, nats_server, http_app, "b") as b,
     ):
         slot = await next_second(a)
         key = run_key("work", slot, 1)

@@ -7,15 +7,15 @@ reported as an empty put still reads as one; a real result wins over lost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from nats.aio.client import Client as NATS
-from prometheus_client import CollectorRegistry
 
 from sidecar.config.load import Config, parse_config
-from sidecar.core.clock import Clock
 from sidecar.core.wire import LOST, SKIPPED, SUCCEEDED, ResultRecord
 from sidecar.obs.metrics import Metrics
 from sidecar.run.lostruns import LostRuns
@@ -24,6 +24,7 @@ from sidecar.store import state
 from sidecar.store.runs import join_runs
 from sidecar.store.state import EXPIRED, Removal, View
 from sidecar.store.stream import StreamSpec, ensure_stream, stream_spec
+from tests.support import MakeJobs
 
 
 def lease_value(token: str = "t1", instance: str = "me") -> dict[str, object]:
@@ -107,13 +108,17 @@ def result(slot: int, token: str) -> ResultRecord:
     )
 
 
-async def lost_runs(nc: NATS) -> tuple[LostRuns, StreamSpec, Metrics]:
+@contextlib.asynccontextmanager
+async def lost_runs(
+    nc: NATS, make_jobs: MakeJobs
+) -> AsyncIterator[tuple[LostRuns, StreamSpec, Metrics]]:
+    """Lost-run judging of one sidecar (the state bucket not read: no keys), with a
+    recorder of its own (no aftermath)."""
     config = lost_config()
     spec = stream_spec(config)
-    js = nc.jetstream()
-    await ensure_stream(js, spec)
-    metrics = Metrics(CollectorRegistry(), ("j",))
-    return LostRuns(config, metrics, Clock(), js, spec, lambda: None), spec, metrics
+    await ensure_stream(nc.jetstream(), spec)
+    async with make_jobs(config) as jobs:
+        yield LostRuns(jobs.ctx), spec, jobs.metrics
 
 
 def expired(slot: int, token: str, fence: int | None) -> Removal:
@@ -135,34 +140,36 @@ async def lost_records(nc: NATS, spec: StreamSpec) -> list[dict[str, Any]]:
 
 
 async def test_a_lease_expiring_after_its_result_is_not_lost_though_later_results_hide_it(
-    nc: NATS,
+    nc: NATS, make_jobs: MakeJobs
 ) -> None:
     """Runs overlap: the expired run's result is not the job's newest one."""
-    runs, spec, metrics = await lost_runs(nc)
-    js = nc.jetstream()
-    claim = await js.publish("cron.j.claims", b'{"token":"t1"}', stream=spec.name)
-    await publish_result(js, spec.name, spec.prefix, result(1000, "t1"))
-    await publish_result(js, spec.name, spec.prefix, result(2000, "t2"))  # a later run's
-    await runs.record(runs.jobs["j"], expired(1000, "t1", claim.seq))
-    assert await lost_records(nc, spec) == []
-    # A run that has no result is recorded lost, once.
-    await runs.record(runs.jobs["j"], expired(3000, "t3", claim.seq))
-    lost = await lost_records(nc, spec)
-    assert [(r["slot"], r["token"]) for r in lost] == [(3000, "t3")]
-    assert metrics.registry.get_sample_value("anarchon_runs_lost_total", {"job": "j"}) == 1
+    async with lost_runs(nc, make_jobs) as (runs, spec, metrics):
+        js = nc.jetstream()
+        claim = await js.publish("cron.j.claims", b'{"token":"t1"}', stream=spec.name)
+        await publish_result(js, spec.name, spec.prefix, result(1000, "t1"))
+        await publish_result(js, spec.name, spec.prefix, result(2000, "t2"))  # a later run's
+        await runs.record(runs.jobs["j"], expired(1000, "t1", claim.seq))
+        assert await lost_records(nc, spec) == []
+        # A run that has no result is recorded lost, once.
+        await runs.record(runs.jobs["j"], expired(3000, "t3", claim.seq))
+        lost = await lost_records(nc, spec)
+        assert [(r["slot"], r["token"]) for r in lost] == [(3000, "t3")]
+        assert metrics.registry.get_sample_value("anarchon_runs_lost_total", {"job": "j"}) == 1
 
 
-async def test_a_result_stored_between_the_check_and_the_lost_record_wins(nc: NATS) -> None:
+async def test_a_result_stored_between_the_check_and_the_lost_record_wins(
+    nc: NATS, make_jobs: MakeJobs
+) -> None:
     """The lost record expects the job's last result as read: the run's own result
     stored in between makes it look again, and refrain."""
-    runs, spec, _ = await lost_runs(nc)
-    js = nc.jetstream()
-    recorded, last = await runs._recorded("j", "t1", None)
-    assert (recorded, last) == (False, 0)
-    await publish_result(js, spec.name, spec.prefix, result(1000, "t1"))  # the runner, late
-    removal = expired(1000, "t1", None)
-    value = removal.entry.value
-    stored = await runs._publish(runs.jobs["j"], removal.key, value, 1000, 1, "t1", 0.0, last)
-    assert stored is None  # refused: a result came in
-    await runs.record(runs.jobs["j"], removal)
-    assert await lost_records(nc, spec) == []
+    async with lost_runs(nc, make_jobs) as (runs, spec, _):
+        js = nc.jetstream()
+        recorded, last = await runs._recorded("j", "t1", None)
+        assert (recorded, last) == (False, 0)
+        await publish_result(js, spec.name, spec.prefix, result(1000, "t1"))  # the runner, late
+        removal = expired(1000, "t1", None)
+        value = removal.entry.value
+        stored = await runs._publish(runs.jobs["j"], removal.key, value, 1000, 1, "t1", 0.0, last)
+        assert stored is None  # refused: a result came in
+        await runs.record(runs.jobs["j"], removal)
+        assert await lost_records(nc, spec) == []

@@ -1,0 +1,70 @@
+"""The parts of a job's life, made and joined in one place.
+
+``wire(ctx, trigger)`` makes the ``Jobs`` of one sidecar and each part that
+acts on its behalf (catch-up, skips, backfills, one-off runs, the aftermath,
+the recorder, due attempts, lost runs, overlap policies, claim candidates), every one from the
+same ``Context`` (sidecar/run/context.py). The parts that claim or run call
+back into ``Jobs`` (``attempt``, ``_start_run``, ``_run_tracked``,
+``_next_slot``), so ``Jobs`` is made first and its parts set on it here. The
+daemon (sidecar/cli/daemon.py) and the tests' ``jobs`` fixture both call it.
+"""
+
+from __future__ import annotations
+
+from sidecar.after.aftermath import Aftermath
+from sidecar.fleet.candidates import Candidates
+from sidecar.run.atruns import AtRuns
+from sidecar.run.backfill import Backfills
+from sidecar.run.catchup import CatchUp
+from sidecar.run.context import Context
+from sidecar.run.followup import follow
+from sidecar.run.job import Jobs
+from sidecar.run.overlap import Overlap
+from sidecar.run.record import Recorder
+from sidecar.run.skips import SkipRecorder, Unclaimed
+from sidecar.run.trigger import Trigger
+
+
+def _secret(trigger: Trigger) -> bytes | None:
+    """The current signing secret: webhooks are signed like triggers."""
+    signer = trigger.signer
+    return signer.secrets[0] if signer is not None else None
+
+
+def wire(ctx: Context, trigger: Trigger) -> Jobs:
+    """The job loops of one sidecar, with every part of a job's life joined to them."""
+    config, metrics, clock, fleet = ctx.config, ctx.metrics, ctx.clock, ctx.fleet
+    jobs = Jobs(ctx, trigger)
+    # Slots not claimed: counted, said, recorded when kept from running.
+    jobs.unclaimed = Unclaimed(ctx, SkipRecorder(ctx))
+    # Slots missed while this sidecar was away (sidecar/run/catchup.py).
+    jobs.catch_up = CatchUp(ctx, jobs.attempt, jobs._next_slot)
+    jobs.backfills = Backfills(ctx, jobs._run_tracked)
+    fleet.key_listeners.append(jobs.backfills.changed)
+    # One-off runs at a set time (sidecar/run/atruns.py): claimed like slots.
+    jobs.at_runs = AtRuns(ctx, jobs.unclaimed, jobs._start_run)
+    fleet.key_listeners.append(jobs.at_runs.changed)
+    # Pings, notifications, auto-pause, anomalies, spans (sidecar/after/aftermath.py).
+    jobs.aftermath = Aftermath(config, metrics, clock, ctx.keys, _secret(trigger), fleet)
+    # Every ending of a run is recorded there (sidecar/run/record.py).
+    spec = ctx.spec
+    jobs.recorder = Recorder(
+        ctx.js, spec.name, spec.prefix, config.instance_id, metrics, jobs.aftermath
+    )
+    # What follows a failed or lost run: retries, due attempts, lost runs.
+    jobs.due, jobs.lost = follow(ctx, jobs.recorder, jobs.attempt)
+    # overlap: replace and buffer_one (sidecar/run/overlap.py).
+    jobs.overlap = Overlap(
+        config, metrics, clock, fleet, ctx.keys, trigger, jobs._start_run, ctx.tasks.spawn
+    )
+    # claim.candidates: only k instances claim a slot at its time (sidecar/fleet/candidates.py).
+    jobs.candidates = Candidates(
+        config.instance_id,
+        metrics,
+        clock,
+        fleet,
+        ctx.tasks.spawn,
+        ctx.sleeper.until,
+        lambda job, slot: jobs.attempt(job, slot, clock.wall(), deferred=True),
+    )
+    return jobs
