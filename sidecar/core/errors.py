@@ -8,7 +8,8 @@
      ├── StreamError            JetStream refused to create, update or read the stream
      │    ├── StreamNotFound    the stream does not exist (yet)
      │    ├── StreamConflict    another stream captures our subjects (final; exit 2)
-     │    └── StreamNotRaised   the stream could not be raised; it is used as it is
+     │    ├── StreamNotRaised   the stream could not be raised; it is used as it is
+     │    └── KeptChanging      a command's compare-and-set lost every try; nothing changed
      ├── ClaimError             no definite claim answer before the slot's deadline
      │    ├── ClaimDisconnected NATS was disconnected for the whole time the claim could be made
      │    └── ClaimForeign      the ack names another stream or JetStream domain

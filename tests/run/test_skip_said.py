@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -23,6 +24,7 @@ from sidecar.config.load import load_config
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.obs.metrics import Metrics
 from sidecar.run.claim import Claim
+from sidecar.run.context import Context
 from sidecar.run.skips import SkipRecorder, Unclaimed
 from tests.support import job, write_config
 
@@ -71,7 +73,14 @@ def test_a_skip_is_said_once_per_reason_until_the_job_claims_again(
     spawned: list[Any] = []
     hand = cast(Clock, clock)
     recorder = cast(SkipRecorder, None)  # only kept() records; skip() does not
-    unclaimed = Unclaimed(metrics, hand, asyncio.Event(), recorder, spawned.append)
+    # Only what Unclaimed reads of the sidecar's Context (sidecar/run/context.py).
+    ctx = SimpleNamespace(
+        metrics=metrics,
+        clock=hand,
+        connected=asyncio.Event(),
+        tasks=SimpleNamespace(spawn=spawned.append),
+    )
+    unclaimed = Unclaimed(cast(Context, ctx), recorder)
 
     # Two hours of slots, one a second, all kept from their claim for one reason.
     for _ in range(7200):
