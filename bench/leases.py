@@ -33,7 +33,7 @@ from sidecar.store.bucketcheck import StateSpec
 from sidecar.store.kv import Keys
 from sidecar.store.state import ensure_bucket
 from sidecar.store.stream import StreamSpec, ensure_stream
-from sidecar.when.due import lock_key, run_key
+from sidecar.when.attempts import lock_key, run_key
 
 STREAM = "CRON"
 PREFIX = "cron."

@@ -42,7 +42,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from sidecar.admin.board import ACTIONS_KEPT
+from sidecar.admin.objects import ACTIONS_KEPT
 from sidecar.after.health import reset_kv
 from sidecar.config.load import Config
 from sidecar.core.clock import Clock, rfc3339

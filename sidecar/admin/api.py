@@ -3,7 +3,7 @@
 Read (GET, anyone who reaches the admin port):
   ``/``, ``/jobs/<job>[?before=&limit=]``: the pages (sidecar/admin/page.py);
   ``/api/v1/jobs``, ``/api/v1/jobs/<job>``, ``/api/v1/jobs/<job>/runs?limit=&before=``,
-  ``/api/v1/fleet``: JSON built by sidecar/admin/board.py, as ``status --json``;
+  ``/api/v1/fleet``: JSON built by sidecar/admin/objects.py, as ``status --json``;
   ``/api/v1/events``: server-sent events (sidecar/admin/live.py);
   ``/fragment/...``: pieces of the pages that page.js swaps in on an event.
 Act (POST, only with ``admin.token_file``; without it every POST is 403):
@@ -15,7 +15,7 @@ Act (POST, only with ``admin.token_file``; without it every POST is 403):
   token, and the form's CSRF token. Sessions are signed with a key made at
   start (a restart signs everyone out) and name the token, never hold it.
 
-What is shown is built and kept current by sidecar/admin/page_data.py, who is
+What is shown is built and kept current by sidecar/admin/pagecache.py, who is
 signed in is sidecar/admin/sessions.py's business; this module routes, acts and
 answers. Big answers are compressed in a thread for the browsers that
 accept gzip.
@@ -49,11 +49,11 @@ from sidecar.admin.actions import (
 from sidecar.admin.atops import act as at_act
 from sidecar.admin.bucket_jobs import API_ACTIONS, BucketJobs, api_action
 from sidecar.admin.live import Live
-from sidecar.admin.ops import skip as skip_runs
-from sidecar.admin.ops import until_of
-from sidecar.admin.page_data import PageData
+from sidecar.admin.pagecache import PageData
 from sidecar.admin.server import Answer, Request, Stream
 from sidecar.admin.sessions import Sessions
+from sidecar.admin.skipops import skip as skip_runs
+from sidecar.admin.skipops import until_of
 from sidecar.admin.tokens import TokenFile
 from sidecar.config.load import Config, Secrets
 from sidecar.core.clock import Clock, rfc3339

@@ -119,7 +119,7 @@ async def cli_list(config: Config, secrets: Secrets, job: str) -> list[AtRun]:
 
 def _slot_of(text: str, now: float) -> int:
     """A one-off's instant from a form: epoch ms, RFC 3339, or a duration from now."""
-    from sidecar.admin.ops import instant_of
+    from sidecar.admin.skipops import instant_of
 
     text = text.strip()
     if text.isdigit() and len(text) >= 12:  # epoch ms, as --list --json and the page give it

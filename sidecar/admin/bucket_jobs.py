@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
+from sidecar.config.fields import CONTROL_RE, short, type_name
 from sidecar.config.jobs import JOB_KEYS, check_fit, check_windows, parse_claim, parse_job
 from sidecar.config.keys import JOB_NAME, ConfigSection
 from sidecar.config.model import Config, JobConfig, Secrets
-from sidecar.config.values import CONTROL_RE, short, type_name
 from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import (

@@ -26,10 +26,10 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from sidecar.admin.board import TAIL_MAX, TAIL_PER_JOB, Recent, nothing_to_read, read_pass
+from sidecar.admin.objects import TAIL_MAX, TAIL_PER_JOB, Recent, nothing_to_read, read_pass
 from sidecar.core.backoff import Backoff
 from sidecar.core.tasks import TaskSet
-from sidecar.when.due import lease_job
+from sidecar.when.attempts import lease_job
 
 if TYPE_CHECKING:
     from sidecar.config.load import Config

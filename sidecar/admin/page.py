@@ -1,6 +1,6 @@
 """The fleet page as HTML: server-rendered, readable without JavaScript.
 
-Pure functions from the objects of sidecar/admin/board.py to strings. Every value
+Pure functions from the objects of sidecar/admin/objects.py to strings. Every value
 that comes from the config, the stream or the state bucket goes through
 ``e()`` (HTML escaping, quotes included): stream data is written by whoever
 can publish, and is treated as hostile. No inline script or style (the

@@ -29,7 +29,7 @@ from sidecar.after.health import EVENT_TTL, apply, claim_event, health_key
 from sidecar.after.notices import anomaly_of, event_payload, ping_body, trigger_kind
 from sidecar.after.signing import SIGNATURE_HEADER, signature
 from sidecar.config.alerting import NotifyConfig, mask_url
-from sidecar.config.values import format_duration
+from sidecar.config.fields import format_duration
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import KeyHeld
 from sidecar.core.tasks import TaskSet
@@ -49,7 +49,7 @@ AUTO_BY = "auto"
 
 
 class Aftermath:
-    """The hook of sidecar/run/job.py, lease.py (lost runs) and oneshot.py (run-now)."""
+    """The hook of run/job.py, run/lease.py (lost runs) and admin/streamops.py (run-now)."""
 
     def __init__(
         self,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sidecar.config.values import format_duration
+from sidecar.config.fields import format_duration
 from sidecar.core.clock import rfc3339
 from sidecar.core.wire import FAILED, SUCCEEDED, ResultRecord, trace_id_of
 

@@ -31,9 +31,9 @@ from zoneinfo import ZoneInfo
 import click
 
 from sidecar.admin.tokens import TokenFile
-from sidecar.cli import views
+from sidecar.cli import output
+from sidecar.config.fields import parse_duration
 from sidecar.config.load import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
-from sidecar.config.values import parse_duration
 from sidecar.core.errors import (
     ConfigError,
     ConnectError,
@@ -169,7 +169,7 @@ def call(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def unknown_job(name: str, known: tuple[str, ...], where: str) -> NoReturn:
-    fail(EXIT_USAGE, views.unknown_job(name, known, where))
+    fail(EXIT_USAGE, output.unknown_job(name, known, where))
 
 
 def config_job(config: Config, name: str) -> JobConfig:

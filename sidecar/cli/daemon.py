@@ -25,8 +25,8 @@ from prometheus_client import CollectorRegistry
 from sidecar import __version__
 from sidecar.admin.server import AdminServer
 from sidecar.after.signing import signer_for
+from sidecar.config.fields import is_remote
 from sidecar.config.load import Config, Secrets
-from sidecar.config.values import is_remote
 from sidecar.core.clock import Clock
 from sidecar.core.tasks import TaskSet, cancel_all
 from sidecar.fleet.member import Fleet

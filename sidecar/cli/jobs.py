@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from sidecar.admin import bucket_jobs
-from sidecar.cli import views
+from sidecar.cli import output
 from sidecar.cli.command import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -27,7 +27,7 @@ from sidecar.cli.command import (
     say,
     who,
 )
-from sidecar.cli.views import printable, table
+from sidecar.cli.output import printable, table
 from sidecar.core.errors import ConfigError
 
 
@@ -113,7 +113,7 @@ def list_jobs(config_path: str | None, as_json: bool) -> None:
     ld = load(config_path)
     items = call(bucket_jobs.read_listing(ld.config, ld.secrets))
     if as_json:
-        say([views.as_json(item) for item in items])
+        say([output.as_json(item) for item in items])
         return
     if not items:
         say("no jobs in the state bucket")

@@ -1,12 +1,12 @@
 """The command line of SPEC.md: each command parses, calls one function, prints.
 
-What is shown lives in `sidecar/cli/views.py`, what is done in `sidecar/admin/oneshot.py`
+What is shown lives in `sidecar/cli/output.py`, what is done in `sidecar/admin/streamops.py`
 (one-shot commands) and `sidecar/cli/daemon.py` (`run`); loading, failing and the
 exit codes every command shares in `sidecar/cli/command.py`. A new command takes
 ``job_argument``/``config_option``, then ``ld = load(config_path)``,
 ``config_job(ld.config, job)`` when it names a job, ``result =
-call(oneshot.something(ld.config, ld.secrets, ...))`` and
-``say(views.something(result))``.
+call(streamops.something(ld.config, ld.secrets, ...))`` and
+``say(output.something(result))``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import time
 import click
 
 from sidecar import __version__
-from sidecar.admin import oneshot, ops
-from sidecar.cli import status_text, views
+from sidecar.admin import skipops, streamops
+from sidecar.cli import output, status_text
 from sidecar.cli.command import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -110,11 +110,11 @@ def check(config_path: str | None, connect: bool, no_files: bool) -> None:
     """
 
     ld = load(config_path, secrets=connect, every_file=not no_files)
-    say(views.check_lines(ld.config, Clock().wall_ms()))
+    say(output.check_lines(ld.config, Clock().wall_ms()))
     if not connect:
         return
-    found = call(oneshot.check_stream(ld.config, ld.secrets))
-    say(["", views.stream_check_lines(ld.config.nats.stream, found.state, found.after_run)])
+    found = call(streamops.check_stream(ld.config, ld.secrets))
+    say(["", output.stream_check_lines(ld.config.nats.stream, found.state, found.after_run)])
     for job, why in sorted(found.uncovered.items()):
         note(f"  {job}: would not be claimed: {why}")
     if found.uncovered:
@@ -126,19 +126,19 @@ def read_runs(ld: Loaded, job: str) -> list[Run] | None:
 
     config = ld.config
     try:
-        hist = call(oneshot.history(config, ld.secrets, job))
+        hist = call(streamops.history(config, ld.secrets, job))
     except StreamNotFound:
         if job not in config.job_names:
             where = f"in the config, and no stream {config.nats.stream} yet"
             unknown_job(job, config.job_names, where)
-        note(views.no_stream(config))
+        note(output.no_stream(config))
         return None
     except UnknownJob as exc:
         unknown_job(job, exc.known, f"in the config or in stream {config.nats.stream}")
-    for line in views.history_notes(hist, job, config):
+    for line in output.history_notes(hist, job, config):
         note(line)
     if not hist.runs:
-        note(views.no_runs(job, config))
+        note(output.no_runs(job, config))
     return hist.runs
 
 
@@ -153,9 +153,9 @@ def history(job: str, config_path: str | None, limit: int, as_json: bool) -> Non
     tz = job_timezone(ld.config, job)
     runs = (read_runs(ld, job) or [])[:limit]
     if as_json:
-        say([views.as_json(r.as_dict()) for r in runs])
+        say([output.as_json(r.as_dict()) for r in runs])
     elif runs:
-        say(views.runs_table(runs, tz))
+        say(output.runs_table(runs, tz))
 
 
 @main.command("last-run")
@@ -168,9 +168,9 @@ def last_run(job: str, config_path: str | None, as_json: bool) -> None:
     tz = job_timezone(ld.config, job)
     runs = read_runs(ld, job) or []
     if as_json:
-        say(views.as_json(runs[0].as_dict() if runs else None))
+        say(output.as_json(runs[0].as_dict() if runs else None))
     elif runs:
-        say(views.runs_table(runs[:1], tz))
+        say(output.runs_table(runs[:1], tz))
     sys.exit(0 if runs else EXIT_FAILED)
 
 
@@ -189,9 +189,9 @@ def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
 
     ld = load(config_path)
     retry_for = config_job(ld.config, job).max_late if timeout is None else timeout
-    progress = views.RetryProgress(job, retry_for, note)
-    done = call(oneshot.run_now(ld.config, ld.secrets, job, Clock(), retry_for, progress))
-    say(views.manual_run(job, done))
+    progress = output.RetryProgress(job, retry_for, note)
+    done = call(streamops.run_now(ld.config, ld.secrets, job, Clock(), retry_for, progress))
+    say(output.manual_run(job, done))
     if not done.recorded:
         note("warning: the result could not be recorded in the stream")
     sys.exit(0 if done.result.ok else EXIT_FAILED)
@@ -215,22 +215,22 @@ def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> No
     if lower:
         _lower(ld, yes)
         return
-    read = call(oneshot.stream_state(ld.config, ld.secrets))
+    read = call(streamops.stream_state(ld.config, ld.secrets))
     state = read.state
     if state is None:
         if as_json:
-            say(views.stream_missing_json(ld.config, read.domain, read.cluster))
+            say(output.stream_missing_json(ld.config, read.domain, read.cluster))
         else:
-            note(views.stream_missing(ld.config, read.domain, read.cluster))
+            note(output.stream_missing(ld.config, read.domain, read.cluster))
         return
     spec = stream_spec(ld.config)
     weak = {job: why for job, why in coverage(state, spec, ld.config.jobs).items() if why}
     if as_json:
-        say(views.stream_json(state, weak))
+        say(output.stream_json(state, weak))
         return
     held = len(ld.config.jobs) - len(weak)
     placement = placement_problem(state, spec)
-    say(views.stream_lines(state, placement, held, len(ld.config.jobs), weak))
+    say(output.stream_lines(state, placement, held, len(ld.config.jobs), weak))
 
 
 def _lower(ld: Loaded, yes: bool) -> None:
@@ -239,7 +239,7 @@ def _lower(ld: Loaded, yes: bool) -> None:
     refused: list[str] = []
 
     def confirm(plan: Lowering) -> bool:
-        say(views.lowering_lines(plan))
+        say(output.lowering_lines(plan))
         if yes:
             return True
         if not sys.stdin.isatty():
@@ -251,16 +251,16 @@ def _lower(ld: Loaded, yes: bool) -> None:
         return True
 
     try:
-        plan, state = call(oneshot.lower(ld.config, ld.secrets, confirm))
+        plan, state = call(streamops.lower(ld.config, ld.secrets, confirm))
     except StreamNotFound:
-        note(views.no_stream(ld.config))
+        note(output.no_stream(ld.config))
         sys.exit(EXIT_FAILED)
     if not plan.changes:
-        say(views.lowering_lines(plan))
+        say(output.lowering_lines(plan))
     elif state is None:
         fail(EXIT_FAILED, refused[0] if refused else "not lowered")
     else:
-        say(views.lowered(state))
+        say(output.lowered(state))
 
 
 @main.command()
@@ -284,22 +284,22 @@ def pause(
     ld = load(config_path)
     config_job(ld.config, job)
     until = _until(until_text)
-    done = call(oneshot.pause(ld.config, ld.secrets, job, reason, who(), force, until))
+    done = call(streamops.pause(ld.config, ld.secrets, job, reason, who(), force, until))
     if not done.stored:
-        say(f"{views.paused(job, done.value)}: kept (--force replaces it)")
+        say(f"{output.paused(job, done.value)}: kept (--force replaces it)")
         note(f"{job} was already paused; nothing changed")
         return
     if done.replaced is not None:
-        note(views.paused(job, done.replaced).replace(": paused", ": replaced the pause", 1))
-    effect = views.PAUSE_UNTIL_EFFECT if until is not None else views.PAUSE_EFFECT
-    say([views.paused(job, done.value), effect.format(job=job)])
+        note(output.paused(job, done.replaced).replace(": paused", ": replaced the pause", 1))
+    effect = output.PAUSE_UNTIL_EFFECT if until is not None else output.PAUSE_EFFECT
+    say([output.paused(job, done.value), effect.format(job=job)])
 
 
 def _instant(option: str, text: str, now: float) -> float:
     """--from/--to of backfill: RFC 3339 or a duration back from now, else exit 2."""
 
     try:
-        return ops.instant_of(text, now, back=True)
+        return skipops.instant_of(text, now, back=True)
     except ValueError as exc:
         fail(EXIT_USAGE, f"{option}: {exc}")
 
@@ -309,7 +309,7 @@ def _until(text: str | None) -> float | None:
     if text is None:
         return None
     try:
-        return ops.until_of(text, time.time())
+        return skipops.until_of(text, time.time())
     except ValueError as exc:
         fail(EXIT_USAGE, f"--until: {exc}")
 
@@ -332,9 +332,9 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
 
     ld = load(config_path)
     spec = ld.config.job(job) if job in ld.config.job_names else None
-    bound = ops.resume_bound(spec) if spec is not None else None
+    bound = skipops.resume_bound(spec) if spec is not None else None
     try:
-        was = call(oneshot.resume(ld.config, ld.secrets, job, bound))
+        was = call(streamops.resume(ld.config, ld.secrets, job, bound))
     except StreamNotFound as exc:  # no state bucket: nothing is paused anywhere
         if job not in ld.config.job_names:
             unknown_job(job, ld.config.job_names, "in the config, and none paused by that name")
@@ -343,7 +343,7 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
         if job not in ld.config.job_names:
             unknown_job(job, ld.config.job_names, "in the config, and none paused by that name")
         fail(EXIT_FAILED, f"{job} was not paused")
-    say(views.resumed(job, was) + (" (--catchup runs them)" if not catchup else ""))
+    say(output.resumed(job, was) + (" (--catchup runs them)" if not catchup else ""))
     if catchup and spec is not None:
         try:
             since = round(parse_rfc3339(str(was.get("at"))) * 1000)
@@ -363,10 +363,10 @@ def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
     ld = load(config_path)
     spec = config_job(ld.config, job)
     try:
-        added, left = call(ops.skip(ld.config, ld.secrets, spec, count, who(), reason))
+        added, left = call(skipops.skip(ld.config, ld.secrets, spec, count, who(), reason))
     except ValueError as exc:  # e.g. fewer runs left before the year 10000
         fail(EXIT_USAGE, f"--count: {exc}")
-    say(views.skipping(spec, added, left))
+    say(output.skipping(spec, added, left))
 
 
 @main.command()
@@ -377,7 +377,7 @@ def unskip(job: str, config_path: str | None) -> None:
 
     ld = load(config_path)
     config_job(ld.config, job)
-    left = call(ops.unskip(ld.config, ld.secrets, job))
+    left = call(skipops.unskip(ld.config, ld.secrets, job))
     if not left:
         fail(EXIT_FAILED, f"{job} had no skip pending")
     say(f"{job}: {left} pending skip(s) cancelled; its next slots run")
@@ -418,7 +418,7 @@ def backfill(
     ld = load(config_path)
     spec = config_job(ld.config, job)
     if cancel:
-        left = call(ops.cancel_backfill(ld.config, ld.secrets, job))
+        left = call(skipops.cancel_backfill(ld.config, ld.secrets, job))
         say(f"{job}: backfill cancelled, {left} slot(s) not run")
         return
     if not from_text:
@@ -446,14 +446,16 @@ def _queue_backfill(
 ) -> None:
 
     try:
-        slots = ops.backfill_slots(job, start, end)
+        slots = skipops.backfill_slots(job, start, end)
     except ValueError as exc:
         fail(EXIT_USAGE, f"{job.name}: {exc}")
     try:
-        plan = call(ops.backfill(ld.config, ld.secrets, job, slots, who(), dry_run, again, trigger))
+        plan = call(
+            skipops.backfill(ld.config, ld.secrets, job, slots, who(), dry_run, again, trigger)
+        )
     except ValueError as exc:
         fail(EXIT_FAILED, str(exc))
-    say(views.backfill_lines(job, plan, trigger, dry_run))
+    say(output.backfill_lines(job, plan, trigger, dry_run))
 
 
 @main.command("at")
@@ -493,8 +495,8 @@ def at_command(
         fail(EXIT_USAGE, "at needs one of: TIME, --list, or --cancel TIME|all")
     if listing:
         runs = call(atops.cli_list(ld.config, ld.secrets, job))
-        say(views.as_json({"job": job, "pending": [r.as_dict() for r in runs]}) if as_json
-            else views.at_lines(spec, runs, "pending"))  # fmt: skip
+        say(output.as_json({"job": job, "pending": [r.as_dict() for r in runs]}) if as_json
+            else output.at_lines(spec, runs, "pending"))  # fmt: skip
         return
     if cancel_text is not None:
         slots = (
@@ -504,10 +506,10 @@ def at_command(
         )
         gone, late = call(atops.cli_cancel(ld.config, ld.secrets, job, slots, who()))
         if as_json:
-            say(views.as_json({"job": job, "cancelled": [r.as_dict() for r in gone],
+            say(output.as_json({"job": job, "cancelled": [r.as_dict() for r in gone],
                                "too_late": [r.as_dict() for r in late]}))  # fmt: skip
         elif gone:
-            say(views.at_lines(spec, gone, "cancelled"))
+            say(output.at_lines(spec, gone, "cancelled"))
         if not gone:
             if late:
                 fail(EXIT_FAILED, atops.too_late(job, late))
@@ -526,16 +528,16 @@ def at_command(
     except ValueError as exc:
         fail(EXIT_FAILED, str(exc))
     if as_json:
-        say(views.as_json({"job": job, "queued": done.run.as_dict(), "new": done.new}))
+        say(output.as_json({"job": job, "queued": done.run.as_dict(), "new": done.new}))
     else:
-        say(views.at_queued(spec, done))
+        say(output.at_queued(spec, done))
 
 
 def _at_slot(option: str, text: str, now: float) -> int:
     """TIME of `at`: RFC 3339 or a duration from now, as epoch ms; else exit 2."""
 
     try:
-        return round(ops.instant_of(text, now) * 1000)
+        return round(skipops.instant_of(text, now) * 1000)
     except ValueError as exc:
         fail(EXIT_USAGE, f"{option}: {exc}")
 
@@ -547,8 +549,8 @@ def status(config_path: str | None, as_json: bool) -> None:
     """The fleet at a glance: live instances, paused jobs, last runs, config mismatches."""
 
     ld = load(config_path)
-    view = call(oneshot.status(ld.config, ld.secrets, Clock().wall_ms()))
-    say(views.as_json(view) if as_json else status_text.status_lines(view))
+    view = call(streamops.status(ld.config, ld.secrets, Clock().wall_ms()))
+    say(output.as_json(view) if as_json else status_text.status_lines(view))
 
 
 @main.command(short_help="Try it here: a nats-server, a toy app and three sidecars.")

@@ -1,14 +1,14 @@
-"""The text of ``status``: the fleet view (sidecar/admin/status.py) as lines for a terminal.
+"""The text of ``status``: the fleet view (sidecar/admin/fleetview.py) as lines for a terminal.
 
 Every value in the view came from the state bucket or the stream, so it is
-hostile: each line goes through ``printable`` (sidecar/cli/views.py).
+hostile: each line goes through ``printable`` (sidecar/cli/output.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sidecar.cli.views import printable, table
+from sidecar.cli.output import printable, table
 from sidecar.core.clock import rfc3339
 from sidecar.when.atkey import status_lines as at_status_lines
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sidecar.config.values import Section, boolean, redact_url, short, string, type_name
+from sidecar.config.fields import Section, boolean, redact_url, short, string, type_name
 from sidecar.core.errors import ConfigError
 
 EVENTS = ("failing", "recovered", "lost", "auto_paused", "anomaly")
@@ -161,7 +161,7 @@ def describe_job(
     ping: PingConfig | None, pause_after: int | None, expect: ExpectConfig | None
 ) -> str:
     """``check``'s line of a job's ping, pause_after and expect; "" when none is set."""
-    from sidecar.config.values import format_duration
+    from sidecar.config.fields import format_duration
 
     parts = []
     if ping is not None:

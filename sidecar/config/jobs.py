@@ -15,6 +15,16 @@ from types import MappingProxyType
 from zoneinfo import ZoneInfo
 
 from sidecar.config.alerting import PingConfig, parse_expect, parse_pause_after, parse_ping
+from sidecar.config.fields import (
+    CONTROL_RE,
+    Section,
+    format_duration,
+    headers,
+    short,
+    string,
+    target_url,
+    zone,
+)
 from sidecar.config.keys import JOB_NAME, ConfigSection, one_of
 from sidecar.config.model import (
     MAX_CANDIDATES,
@@ -26,19 +36,9 @@ from sidecar.config.model import (
     RetryConfig,
     TargetConfig,
 )
-from sidecar.config.values import (
-    CONTROL_RE,
-    Section,
-    format_duration,
-    headers,
-    short,
-    string,
-    target_url,
-    zone,
-)
 from sidecar.core.errors import ConfigError, ScheduleError
-from sidecar.when.calendar import Calendar, parse_calendar, parse_exclusion
 from sidecar.when.schedule import parse_schedule
+from sidecar.when.slots import Calendar, parse_calendar, parse_exclusion
 
 CATCHUP = ("none", "latest", "all")
 OVERLAP = ("allow", "skip", "replace", "buffer_one")

@@ -1,6 +1,6 @@
 """What every section of the config shares: the section reader, choices and name patterns.
 
-:class:`ConfigSection` is the map reader of ``sidecar.config.values`` with
+:class:`ConfigSection` is the map reader of ``sidecar.config.fields`` with
 ``history_ttl`` refused by its own message wherever it appears; ``one_of``
 reads one of a fixed set of words; the patterns are those of names that
 become NATS subject tokens or state-bucket keys.
@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from types import MappingProxyType
 
-from sidecar.config.values import Section, short
+from sidecar.config.fields import Section, short
 from sidecar.core.errors import ConfigError
 
 _HISTORY_TTL = "history is trimmed by count only; remove history_ttl"

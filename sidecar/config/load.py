@@ -24,6 +24,19 @@ from types import MappingProxyType
 from typing import Any
 
 from sidecar.config.alerting import parse_notify, parse_tracing
+from sidecar.config.fields import (
+    boolean,
+    headers,
+    listen_address,
+    nats_url,
+    read_file,
+    read_text_file,
+    short,
+    subject_name,
+    subject_prefix,
+    target_url,
+    type_name,
+)
 from sidecar.config.jobs import (
     CATCHUP,
     JOB_KEYS,
@@ -50,19 +63,6 @@ from sidecar.config.model import (
     TLSConfig,
     base_url_of,
     unix_socket_of,
-)
-from sidecar.config.values import (
-    boolean,
-    headers,
-    listen_address,
-    nats_url,
-    read_file,
-    read_text_file,
-    short,
-    subject_name,
-    subject_prefix,
-    target_url,
-    type_name,
 )
 from sidecar.config.yamlfile import read_yaml
 from sidecar.core.errors import ConfigError

@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 
 from sidecar.config.alerting import ExpectConfig, NotifyConfig, PingConfig, TracingConfig
 from sidecar.core.errors import ConfigError
-from sidecar.when.calendar import Calendar
+from sidecar.when.slots import Calendar
 
 
 def _no_headers() -> Mapping[str, str]:

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sidecar.config.values import format_duration
+from sidecar.config.fields import format_duration
 from sidecar.obs.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:

@@ -29,7 +29,6 @@ from sidecar.fleet.orphans import Orphans
 from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.store.bucketcheck import check_bucket, needs_leases
 from sidecar.store.kv import Keys, delete_at, put_with_ttl
-from sidecar.store.servers import version_problem
 from sidecar.store.state import (
     HASH_KIND,
     PRESENCE_RENEW,
@@ -42,6 +41,7 @@ from sidecar.store.state import (
     mismatched_jobs,
     state_spec,
 )
+from sidecar.store.versions import version_problem
 from sidecar.store.watch import Watch
 from sidecar.when.pauses import PAUSED, SKIP, pause_active, pending, skip_slots, until_ms
 

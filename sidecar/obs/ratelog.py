@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.config.values import format_duration
+from sidecar.config.fields import format_duration
 
 #: Seconds between two lines of one kind of warning.
 INTERVAL = 60.0

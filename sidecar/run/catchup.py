@@ -24,7 +24,7 @@ from sidecar.store.runs import last_messages, last_scheduled_slot
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
     from sidecar.run.context import Context
-    from sidecar.run.followup import Attempt
+    from sidecar.run.retries import Attempt
 
 log = logging.getLogger("sidecar.catchup")
 

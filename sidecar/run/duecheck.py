@@ -33,7 +33,7 @@ from nats.js.errors import NotFoundError
 from sidecar.core.bounds import attempt_no, epoch_s, seq_no, slot_ms
 from sidecar.core.errors import Hostile
 from sidecar.core.wire import FAILED_STATUSES, LOST, RETRY, results_subject
-from sidecar.when.due import DueKey, retry_due_at
+from sidecar.when.attempts import DueKey, retry_due_at
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig

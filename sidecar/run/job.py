@@ -12,10 +12,10 @@ never has both a run and a skip record: docs/GUARANTEES.md); claim it
 (sidecar/run/lease.py), trigger the app in a task of its own (tracked in ``runs``
 for the drain), and end the run in one ``Outcome`` recorded by
 sidecar/run/record.py, then release the lease. A failed attempt is followed by
-the next one when ``retry`` allows (sidecar/run/followup.py).
+the next one when ``retry`` allows (sidecar/run/retries.py).
 
 Around it: catch-up after a start or a reconnect (sidecar/run/catchup.py), due
-attempts and lost runs (sidecar/run/followup.py, sidecar/run/lostruns.py), each
+attempts and lost runs (sidecar/run/retries.py, sidecar/run/lostruns.py), each
 calling back into ``attempt``. Every task they start is in ``background()``
 for the daemon's drain.
 """
@@ -52,9 +52,9 @@ if TYPE_CHECKING:
     from sidecar.run.catchup import CatchUp
     from sidecar.run.claim import Claim
     from sidecar.run.context import Context
-    from sidecar.run.followup import DueAttempts
     from sidecar.run.lostruns import LostRuns
     from sidecar.run.record import Recorder
+    from sidecar.run.retries import DueAttempts
     from sidecar.run.skips import Unclaimed
     from sidecar.run.trigger import Trigger
 

@@ -11,7 +11,7 @@ under load (nats-io/nats-server#7281), so the key is read again and the lease
 is lost only when the owner or token stored there is not ours.
 
 The keys are written by sidecar/store/kv.py; an expired lease is judged and
-recorded ``lost`` by sidecar/run/followup.py.
+recorded ``lost`` by sidecar/run/retries.py.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import CasConflict, KeyHeld
 from sidecar.core.tasks import TaskSet
 from sidecar.store.kv import Keys, same_owner, until_answered
-from sidecar.when.due import lock_key, renew_every, run_key
+from sidecar.when.attempts import lock_key, renew_every, run_key
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig

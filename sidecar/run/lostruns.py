@@ -4,7 +4,7 @@ Every sidecar sees a lease expire (a ``MaxAge`` marker, not a delete) and
 publishes a ``lost`` result for that run with ``Nats-Msg-Id:
 <job>:<slot>:<attempt>:lost`` (sidecar/run/record.py); exactly one is stored and
 the sidecar whose copy was stored counts it and, with ``on_lost: rerun``,
-has the next attempt made due (``rerun``, sidecar/run/followup.py). A result of
+has the next attempt made due (``rerun``, sidecar/run/retries.py). A result of
 the run stored meanwhile wins: it is looked for before and after.
 
 Every task started here is in ``tasks``: the daemon's drain awaits them,
@@ -28,7 +28,7 @@ from sidecar.run.claim import token_of
 from sidecar.run.record import Outcome, Recorder
 from sidecar.store.kv import last_msg
 from sidecar.store.state import EXPIRED, REPLACED, Removal, View
-from sidecar.when.due import is_lease_key, lease_job, renew_every
+from sidecar.when.attempts import is_lease_key, lease_job, renew_every
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -68,7 +68,7 @@ class LostRuns:
             ctx.js, spec.name, spec.prefix, config.instance_id, ctx.metrics
         )
         # on_lost: rerun: (job, slot, attempt, lost at, the lost record's seq) -> the
-        # next attempt made due (sidecar/run/followup.py).
+        # next attempt made due (sidecar/run/retries.py).
         self.rerun: Callable[[JobConfig, int, int, float, int], Awaitable[None]] | None = None
         # Set: the sidecar drains, no new judging starts (the drain awaits ``tasks``).
         self.stopping = ctx.stopping
@@ -84,7 +84,7 @@ class LostRuns:
             # no other live instance runs it (sidecar/fleet/orphans.py).
             if removal.how != EXPIRED or not self.judges_foreign(removal):
                 return
-            coro = self.record(name, removal)
+            coro = self.record_lost(name, removal)
         elif removal.how == REPLACED:
             coro = self.replaced(job, removal)
         elif removal.how != EXPIRED:
@@ -92,7 +92,7 @@ class LostRuns:
                 log.debug("lease %s vanished between two reads; not judged", removal.key)
             return
         else:
-            coro = self.record(job, removal)
+            coro = self.record_lost(job, removal)
         self.tasks.spawn(coro)
 
     async def replaced(self, job: JobConfig, removal: Removal) -> None:
@@ -112,9 +112,9 @@ class LostRuns:
             "lease_ttl: its runner is gone",
             removal.key[:200],
         )
-        await self.record(job, Removal(removal.key, removal.entry, EXPIRED, self.clock.wall()))
+        await self.record_lost(job, Removal(removal.key, removal.entry, EXPIRED, self.clock.wall()))
 
-    async def record(self, job: JobConfig | str, removal: Removal) -> None:
+    async def record_lost(self, job: JobConfig | str, removal: Removal) -> None:
         """Record the run of an expired lease lost; `job` is a name for a job not
         in this config (recorded, never rerun)."""
         name = job if isinstance(job, str) else job.name

@@ -44,7 +44,7 @@ from sidecar.core.tasks import TaskSet, cancel_all
 from sidecar.core.wire import SCHEDULED
 from sidecar.run.claim import Claim
 from sidecar.run.trigger import Trigger, TriggerResult, Why
-from sidecar.when.due import lock_key
+from sidecar.when.attempts import lock_key
 
 if TYPE_CHECKING:
     from sidecar.config.load import Config, JobConfig

@@ -3,7 +3,7 @@
 Every path of a run ends in an ``Outcome`` (succeeded, failed, skipped with a
 reason, lost; with its error, times, attempt and trigger kind): the job loop
 (sidecar/run/job.py), a slot kept from running (sidecar/run/skips.py), lost-run
-judging (sidecar/run/lostruns.py), ``run-now`` (sidecar/admin/oneshot.py) and a run
+judging (sidecar/run/lostruns.py), ``run-now`` (sidecar/admin/streamops.py) and a run
 started from the page (sidecar/admin/actions.py). ``Recorder.record`` turns it into
 the ``ResultRecord`` (built nowhere else), publishes it, counts it, writes the
 run line and calls the aftermath's hooks (pings, notifications, health,
@@ -14,7 +14,7 @@ how long to go on (a run's result: until stored; a lost record: 10 s, since
 every sidecar publishes one).
 
 What follows an ending (a retry made due, a lost run rerun) is not decided
-here: sidecar/run/followup.py does that with the sequence ``record`` returns.
+here: sidecar/run/retries.py does that with the sequence ``record`` returns.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Slots the fleet keeps from running, and their records: exclusions, ``skip``, pauses.
 
 What the state bucket's values say (a pause's end, the slots to skip) is
-pure and lives in sidecar/when/pauses.py. Here, the I/O: ``SkipRecorder.record``
+pure and lives in sidecar/when/pauses.py. Here, the I/O: ``SkipRecorder.record_skip``
 writes a skipped slot into the stream once for the whole fleet, so that
 ``history`` has no silent hole: every replica publishes a claim with the
 slot's own ``Nats-Msg-Id: <job>:<slot>`` carrying ``"skipped": <reason>``; the
@@ -66,7 +66,7 @@ class SkipRecorder:
         """Where the skipped slot's record is made (sidecar/run/record.py); no aftermath."""
         return Recorder(self.claimer.js, self.stream, self.prefix, self.instance, self.metrics)
 
-    async def record(self, job: JobConfig, slot: int, reason: str, why: str) -> bool:
+    async def record_skip(self, job: JobConfig, slot: int, reason: str, why: str) -> bool:
         """Count the skip and record it once fleet-wide; True when this replica recorded it."""
         m = self.metrics
         m.claims_skipped_total.labels(job=job.name, reason=reason).inc()
@@ -149,7 +149,7 @@ class Unclaimed:
         """A slot kept from running (excluded, skip, paused): counted, and recorded
         ``skipped`` in the stream once for the fleet (``SkipRecorder``)."""
         self._say(job, slot, reason, why)
-        self.spawn(self.recorder.record(job, slot, reason, why))
+        self.spawn(self.recorder.record_skip(job, slot, reason, why))
 
     def disconnected(self, job: JobConfig, slot: int, exc: Exception) -> None:
         """Not claimed, NATS away: counted; said once a minute a job while it lasts,

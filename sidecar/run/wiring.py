@@ -17,10 +17,10 @@ from sidecar.run.atruns import AtRuns
 from sidecar.run.backfill import Backfills
 from sidecar.run.catchup import CatchUp
 from sidecar.run.context import Context
-from sidecar.run.followup import follow
 from sidecar.run.job import Jobs
 from sidecar.run.overlap import Overlap
 from sidecar.run.record import Recorder
+from sidecar.run.retries import follow
 from sidecar.run.skips import SkipRecorder, Unclaimed
 from sidecar.run.trigger import Trigger
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from sidecar.config.fields import redact_url
 from sidecar.config.load import Config, Secrets
-from sidecar.config.values import redact_url
 from sidecar.core.errors import ConnectError
 from sidecar.core.natspy import Client as Client  # re-exported: the client with its TLS guards
 from sidecar.core.natspy import PlaintextRefused, force_reconnect, rotate_to_next_server

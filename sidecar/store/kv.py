@@ -6,7 +6,7 @@ a server's ``MaxAge`` marker as a deleted key (it refuses to create over an
 expired lease). A delete leaves a ``DEL`` marker that itself expires, so the
 bucket does not keep one marker per run for ever. A CAS conflict is
 ``CasConflict``; a create over a live key is ``KeyHeld`` with its value.
-Leases (sidecar/run/lease.py), due keys (sidecar/run/followup.py), health and
+Leases (sidecar/run/lease.py), due keys (sidecar/run/retries.py), health and
 presence all write through ``Keys``.
 
 Keys without a TTL (pauses, skips, backfills, one-off runs, since bounds,

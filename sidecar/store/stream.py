@@ -25,7 +25,7 @@ from nats.js import JetStreamContext
 from nats.js.api import Placement, StreamConfig, StreamInfo
 from nats.js.errors import APIError, NotFoundError
 
-from sidecar.config.values import format_duration
+from sidecar.config.fields import format_duration
 from sidecar.core.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
 from sidecar.core.natspy import api_prefix, connection_of
 from sidecar.core.wire import (

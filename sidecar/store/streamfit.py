@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from sidecar.config.values import format_duration
+from sidecar.config.fields import format_duration
 from sidecar.store.stream import desired_update
 
 if TYPE_CHECKING:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from cronsim import CronSim
 
-from sidecar.when.calendar import utc_text
+from sidecar.when.slots import utc_text
 
 if TYPE_CHECKING:
-    from sidecar.when.calendar import Calendar
+    from sidecar.when.slots import Calendar
 
 # Any instant: explain() reads the expression, not the time.
 _ANCHOR = datetime(2026, 1, 1)

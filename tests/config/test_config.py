@@ -12,6 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.config.fields import format_duration, parse_duration, redact_url
 from sidecar.config.load import (
     Config,
     NatsConfig,
@@ -21,7 +22,6 @@ from sidecar.config.load import (
     load_secrets,
     parse_config,
 )
-from sidecar.config.values import format_duration, parse_duration, redact_url
 from sidecar.core.errors import ConfigError
 
 SECRET = "s3cr3t-Value-42"

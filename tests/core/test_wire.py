@@ -56,15 +56,15 @@ def test_the_modules_that_name_the_wire_use_it() -> None:
     from sidecar.after import signing
     from sidecar.run import claim, trigger
     from sidecar.store import state
-    from sidecar.when import due
+    from sidecar.when import attempts
 
     assert claim.MSG_ID == wire.MSG_ID == "Nats-Msg-Id"
     assert claim.TRANSIENT is wire.TRANSIENT
-    assert due.claim_msg_id is wire.claim_msg_id
+    assert attempts.claim_msg_id is wire.claim_msg_id
     assert signing.SIGNATURE_HEADER == "X-Anarchon-Signature"
     assert wire.TRIGGERS == ("scheduled", "catchup", "manual", "retry", "rerun", "backfill", "at")
     assert trigger.traceparent is wire.traceparent
-    assert due.DUE_REASONS == (wire.RETRY, wire.LOST)  # one "retry", one "lost"
+    assert attempts.DUE_REASONS == (wire.RETRY, wire.LOST)  # one "retry", one "lost"
     assert state.decode is wire.decode
 
 

@@ -67,8 +67,8 @@ import yaml
 from nats.js.errors import NotFoundError
 
 import sidecar
+from sidecar.config.fields import parse_duration
 from sidecar.config.load import Config, JobConfig, load_config
-from sidecar.config.values import parse_duration
 from tests import support
 from tests.podman import PODMAN_ENV, podman
 

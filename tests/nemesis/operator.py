@@ -2,10 +2,10 @@
 
 One job, ``ops`` (every 2 s, ``jitter: 1s``), is operated on: pause, ``pause
 --until``, resume, ``resume --catchup``, skip, unskip and backfill, each through
-the CLI's own calls (sidecar/admin/oneshot.py, sidecar/admin/ops.py: one NATS connection
+the CLI's own calls (sidecar/admin/streamops.py, sidecar/admin/skipops.py: one NATS connection
 per command, as the command line makes), at a random moment every 0.3 to 3 s,
 seeded like the faults. What was asked, when, and what the command answered
-goes to ``ops.jsonl``; the checker (tests/nemesis/checker.py, ``check_operated``)
+goes to ``skipops.jsonl``; the checker (tests/nemesis/checker.py, ``check_operated``)
 then requires every slot of ``ops`` to end as one run or one skip record.
 
 It also queues one-off runs of ``ops`` (``at``, sidecar/admin/atops.py: an
@@ -15,7 +15,7 @@ before its instant to 0.8 s after, the race a cancel can lose), and
 adds, updates and removes a job of the state bucket, ``rt`` (``job-add``,
 ``job-update``, ``job-remove``, sidecar/admin/bucket_jobs.py). What each was
 asked with (the instant, the job's settings) goes to ``params`` in
-``ops.jsonl`` before the command is sent, so a command that got no answer is
+``skipops.jsonl`` before the command is sent, so a command that got no answer is
 still known; the checker's ``check_at`` and ``check_runtime`` judge them.
 """
 
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sidecar.admin import oneshot, ops
+from sidecar.admin import skipops, streamops
 from sidecar.config.load import Config, Secrets, load_config
 from sidecar.core.clock import parse_rfc3339
 
@@ -144,31 +144,31 @@ class Operator:
         if action in JOB_ACTIONS:
             return await self._job(action)
         if action == "pause":
-            done = await oneshot.pause(c, s, OPERATED, "nemesis", "operator", True)
+            done = await streamops.pause(c, s, OPERATED, "nemesis", "operator", True)
             return done.value
         if action == "pause-until":
             until = now + self.rng.uniform(0.5, 6.0)
-            done = await oneshot.pause(c, s, OPERATED, "nemesis", "operator", True, until)
+            done = await streamops.pause(c, s, OPERATED, "nemesis", "operator", True, until)
             return done.value
         if action in ("resume", "resume-catchup"):
-            was = await oneshot.resume(c, s, OPERATED, ops.resume_bound(job))
+            was = await streamops.resume(c, s, OPERATED, skipops.resume_bound(job))
             if action == "resume-catchup" and was is not None:
                 since = round(parse_rfc3339(str(was.get("at"))) * 1000)
-                slots = ops.backfill_slots(job, since, round(time.time() * 1000))
+                slots = skipops.backfill_slots(job, since, round(time.time() * 1000))
                 if slots:
-                    await ops.backfill(c, s, job, slots, "operator", False, False, "catchup")
+                    await skipops.backfill(c, s, job, slots, "operator", False, False, "catchup")
                 return {"was": was, "catchup": slots}
             return {"was": was}
         if action == "skip":
-            added, left = await ops.skip(c, s, job, self.rng.randint(1, 3), "operator", "")
+            added, left = await skipops.skip(c, s, job, self.rng.randint(1, 3), "operator", "")
             return {"added": added, "left": left}
         if action == "unskip":
-            return {"left": await ops.unskip(c, s, OPERATED)}
+            return {"left": await skipops.unskip(c, s, OPERATED)}
         # backfill: a few past slots, run anew by the fleet (trigger backfill)
         end = round((now - self.rng.uniform(1.0, 10.0)) * 1000)
-        slots = ops.backfill_slots(job, end - 6000, end)
+        slots = skipops.backfill_slots(job, end - 6000, end)
         try:
-            plan = await ops.backfill(c, s, job, slots, "operator", False, False)
+            plan = await skipops.backfill(c, s, job, slots, "operator", False, False)
         except ValueError as exc:  # another backfill (or catch-up) is under way
             return {"refused": str(exc)}
         return {"slots": plan.slots}

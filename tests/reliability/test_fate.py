@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.admin import oneshot, ops
+from sidecar.admin import skipops, streamops
 from sidecar.cli.command import load
 from sidecar.core.clock import parse_rfc3339
 from sidecar.when.pauses import until_ms
@@ -88,26 +88,30 @@ class Operator:
         return self.ld.config.job(name)
 
     async def pause(self, job: str, until: float | None = None) -> Any:
-        return await oneshot.pause(self.ld.config, self.ld.secrets, job, "fate", "op", True, until)
+        return await streamops.pause(
+            self.ld.config, self.ld.secrets, job, "fate", "op", True, until
+        )
 
     async def resume(self, job: str, catchup: bool) -> dict[str, Any] | None:
         spec = self.job(job)
-        was = await oneshot.resume(self.ld.config, self.ld.secrets, job, ops.resume_bound(spec))
+        was = await streamops.resume(
+            self.ld.config, self.ld.secrets, job, skipops.resume_bound(spec)
+        )
         if catchup and was is not None:
             since = round(parse_rfc3339(str(was["at"])) * 1000)
-            slots = ops.backfill_slots(spec, since, round(time.time() * 1000))
+            slots = skipops.backfill_slots(spec, since, round(time.time() * 1000))
             if slots:
-                await ops.backfill(
+                await skipops.backfill(
                     self.ld.config, self.ld.secrets, spec, slots, "op", False, False, "catchup"
                 )
         return was
 
     async def skip(self, job: str) -> list[int]:
-        added, _ = await ops.skip(self.ld.config, self.ld.secrets, self.job(job), 1, "op", "")
+        added, _ = await skipops.skip(self.ld.config, self.ld.secrets, self.job(job), 1, "op", "")
         return added
 
     async def unskip(self, job: str) -> None:
-        await ops.unskip(self.ld.config, self.ld.secrets, job)
+        await skipops.unskip(self.ld.config, self.ld.secrets, job)
 
 
 async def catchup_round(op: Operator, job: str, expect: Expect, rng: random.Random) -> None:

@@ -19,7 +19,7 @@ from sidecar.run.duecheck import config_problem, judge_result
 from sidecar.store.bucketcheck import StateSpec, check_bucket
 from sidecar.store.permissions import Denials, parse_violation
 from sidecar.store.state import job_hash
-from sidecar.when.due import DueKey
+from sidecar.when.attempts import DueKey
 from tests.support import MakeJobs, NatsServer, run_cli, write_config
 
 NOW = 1_796_400_000.0  # a whole minute

@@ -31,7 +31,7 @@ from sidecar.obs.metrics import Metrics
 from sidecar.run.job import Jobs
 from sidecar.store.kv import Keys
 from sidecar.store.state import EXPIRED, Entry, Removal
-from sidecar.when.due import due_key, run_key
+from sidecar.when.attempts import due_key, run_key
 from tests.support import MakeJobs, NatsServer, RecordingApp, job, until
 
 

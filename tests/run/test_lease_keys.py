@@ -21,14 +21,14 @@ from prometheus_client import CollectorRegistry
 from sidecar.core.clock import Clock
 from sidecar.core.errors import CasConflict, KeyHeld
 from sidecar.obs.metrics import Metrics
-from sidecar.run.followup import parse_due
 from sidecar.run.lease import Lease
+from sidecar.run.retries import parse_due
 from sidecar.store import watch as watching
 from sidecar.store.bucketcheck import StateSpec
 from sidecar.store.kv import Keys
 from sidecar.store.state import DELETED, EXPIRED, Removal, View, ensure_bucket
 from sidecar.store.watch import Watch
-from sidecar.when.due import (
+from sidecar.when.attempts import (
     claim_msg_id,
     due_key,
     due_key_ttl,

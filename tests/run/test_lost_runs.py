@@ -1,4 +1,4 @@
-"""Lost runs (sidecar/run/followup.py) against a real nats-server, and how history reads them.
+"""Lost runs (sidecar/run/retries.py) against a real nats-server, and how history reads them.
 
 A lease that expired after its result is not lost (though later results hide
 it); a result stored between the check and the lost record wins; an expiry
@@ -148,10 +148,10 @@ async def test_a_lease_expiring_after_its_result_is_not_lost_though_later_result
         claim = await js.publish("cron.j.claims", b'{"token":"t1"}', stream=spec.name)
         await publish_result(js, spec.name, spec.prefix, result(1000, "t1"))
         await publish_result(js, spec.name, spec.prefix, result(2000, "t2"))  # a later run's
-        await runs.record(runs.jobs["j"], expired(1000, "t1", claim.seq))
+        await runs.record_lost(runs.jobs["j"], expired(1000, "t1", claim.seq))
         assert await lost_records(nc, spec) == []
         # A run that has no result is recorded lost, once.
-        await runs.record(runs.jobs["j"], expired(3000, "t3", claim.seq))
+        await runs.record_lost(runs.jobs["j"], expired(3000, "t3", claim.seq))
         lost = await lost_records(nc, spec)
         assert [(r["slot"], r["token"]) for r in lost] == [(3000, "t3")]
         assert metrics.registry.get_sample_value("anarchon_runs_lost_total", {"job": "j"}) == 1
@@ -171,5 +171,5 @@ async def test_a_result_stored_between_the_check_and_the_lost_record_wins(
         value = removal.entry.value
         stored = await runs._publish(runs.jobs["j"], removal.key, value, 1000, 1, "t1", 0.0, last)
         assert stored is None  # refused: a result came in
-        await runs.record(runs.jobs["j"], removal)
+        await runs.record_lost(runs.jobs["j"], removal)
         assert await lost_records(nc, spec) == []

@@ -23,7 +23,7 @@ from sidecar.run import runcap
 from sidecar.store.bucketcheck import StateSpec
 from sidecar.store.kv import Keys
 from sidecar.store.state import ensure_bucket, job_hash
-from sidecar.when.calendar import parse_calendar
+from sidecar.when.slots import parse_calendar
 from tests.support import (
     NatsServer,
     RecordingApp,

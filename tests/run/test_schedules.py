@@ -22,7 +22,7 @@ import pytest
 from sidecar.config.load import parse_config
 from sidecar.core.clock import parse_rfc3339, rfc3339
 from sidecar.core.errors import ConfigError
-from sidecar.when.calendar import spread_offset_ms
+from sidecar.when.slots import spread_offset_ms
 from tests.support import (
     NatsServer,
     RecordingApp,

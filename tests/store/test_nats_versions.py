@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.store.servers import SUPPORTED_FROM, TESTED_UP_TO, parse_version, version_problem
+from sidecar.store.versions import SUPPORTED_FROM, TESTED_UP_TO, parse_version, version_problem
 from tests.support import (
     ROOT,
     NatsServer,

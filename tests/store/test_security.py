@@ -25,7 +25,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from sidecar.admin import oneshot
+from sidecar.admin import streamops
 from sidecar.config.load import Config, Secrets, load_secrets, parse_config
 from sidecar.core.clock import Clock
 from sidecar.run.claim import MSG_ID, Claimer
@@ -78,7 +78,7 @@ async def test_a_forged_claim_makes_every_sidecar_skip_the_slot(
         for instance in ("web-1", "web-2"):
             claim = await claimer(nc, config, instance).claim("sync", SLOT, time.monotonic() + 5)
             assert not claim.won, instance
-    history = await oneshot.history(config, Secrets(), "sync")
+    history = await streamops.history(config, Secrets(), "sync")
     (run,) = history.runs
     assert (run.instance, run.status) == ("forger", "running")
 
@@ -111,9 +111,9 @@ async def test_a_forged_result_replaces_the_real_one_in_history(
 
         await forger.subscribe("cron.sync.claims", cb=forge)
         await forger.flush()
-        done = await oneshot.run_now(config, Secrets(), "sync", Clock())
+        done = await streamops.run_now(config, Secrets(), "sync", Clock())
     assert (done.result.ok, done.result.http_status) == (False, 500)
-    (run,) = (await oneshot.history(config, Secrets(), "sync")).runs
+    (run,) = (await streamops.history(config, Secrets(), "sync")).runs
     assert (run.token, run.status, run.http_status) == (done.token, "succeeded", 200)
 
 
@@ -164,13 +164,13 @@ async def test_with_the_documented_permissions_others_cannot_touch_the_claims(
         await app_nc.flush()
 
         # The sidecar does all it needs: create the stream, claim, trigger, record, read.
-        done = await oneshot.run_now(config, secrets, "sync", Clock())
+        done = await streamops.run_now(config, secrets, "sync", Clock())
         assert done.result.ok and done.recorded
         async with client(url, user="anarchon", password="sidecar-pw") as nc:
             won = await claimer(nc, config, "web-1").claim("sync", SLOT, time.monotonic() + 5)
             lost = await claimer(nc, config, "web-2").claim("sync", SLOT, time.monotonic() + 5)
             assert (won.won, lost.won) == (True, False)
-        history = await oneshot.history(config, secrets, "sync")
+        history = await streamops.history(config, secrets, "sync")
         assert {r.status for r in history.runs} == {"succeeded", "running"}
 
         # The other user saw no claim, so no reply subject of one (its `>` works otherwise),

@@ -7,8 +7,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from sidecar.when.calendar import parse_calendar
 from sidecar.when.describe import describe, schedule_lines
+from sidecar.when.slots import parse_calendar
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ import pytest
 
 from sidecar.config.load import parse_config
 from sidecar.core.errors import ConfigError, ScheduleError
-from sidecar.when.calendar import parse_calendar
 from sidecar.when.schedule import Interval, parse_schedule
+from sidecar.when.slots import parse_calendar
 from tests.support import (
     NatsServer,
     RecordingApp,

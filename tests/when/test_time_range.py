@@ -21,12 +21,12 @@ from zoneinfo import ZoneInfo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.admin.ops import backfill_slots, until_of
+from sidecar.admin.skipops import backfill_slots, until_of
 from sidecar.config.load import JobConfig
 from sidecar.core.bounds import MAX_SLOT_MS, MAX_TIME_S
 from sidecar.core.clock import in_range, parse_instant
 from sidecar.core.errors import ScheduleError
-from sidecar.when.calendar import parse_calendar, parse_exclusion
+from sidecar.when.slots import parse_calendar, parse_exclusion
 from tests.admin.test_page import TOKEN, request
 from tests.support import (
     NatsServer,

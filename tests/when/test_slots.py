@@ -1,4 +1,4 @@
-"""Tables for sidecar/when/calendar.py: unions, spread, exclusions, L/W/# (words: test_describe.py).
+"""Tables for sidecar/when/slots.py: unions, spread, exclusions, L/W/# (words: test_describe.py).
 
 DST instants as in test_schedule.py: Europe/Berlin springs forward on
 2026-03-29 at 01:00Z (local 02:00-03:00 missing, a 23-hour day) and falls
@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from sidecar.core.errors import ScheduleError
-from sidecar.when.calendar import parse_calendar, parse_exclusion, spread_offset_ms
+from sidecar.when.slots import parse_calendar, parse_exclusion, spread_offset_ms
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -219,7 +219,7 @@ NOW = 1_796_227_910.0
     ],
 )
 def test_until_takes_a_duration_or_an_rfc3339_time(text: str, expected: float) -> None:
-    from sidecar.admin.ops import until_of
+    from sidecar.admin.skipops import until_of
 
     assert until_of(text, NOW) == expected
 
@@ -235,7 +235,7 @@ def test_until_takes_a_duration_or_an_rfc3339_time(text: str, expected: float) -
     ],
 )
 def test_until_refuses_what_it_cannot_use(text: str, fragment: str) -> None:
-    from sidecar.admin.ops import until_of
+    from sidecar.admin.skipops import until_of
 
     with pytest.raises(ValueError, match=fragment):
         until_of(text, NOW)
@@ -273,6 +273,6 @@ def test_pause_skip_and_since_values() -> None:
     ],
 )
 def test_backfill_instants_count_durations_back_from_now(text: str, expected: float) -> None:
-    from sidecar.admin.ops import instant_of
+    from sidecar.admin.skipops import instant_of
 
     assert instant_of(text, NOW, back=True) == expected

@@ -14,8 +14,8 @@ from typing import Any
 
 from nats.js.errors import KeyNotFoundError
 
+from sidecar.config.fields import parse_duration
 from sidecar.config.load import Config, JobConfig, Secrets
-from sidecar.config.values import parse_duration
 from sidecar.core import failpoints
 from sidecar.core.clock import INSTANT_RANGE, in_range, parse_instant, rfc3339
 from sidecar.core.errors import CasConflict, ConfigError, KeptChanging, ScheduleError

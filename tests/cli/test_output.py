@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar.cli import status_text, views
+from sidecar.cli import output, status_text
 
 
 def instance(id_: str, version: str = "0.1.0") -> dict[str, Any]:
@@ -50,10 +50,10 @@ def test_control_characters_from_the_stream_are_shown_escaped() -> None:
 
 
 def test_closest_name_prefers_case_then_spelling() -> None:
-    assert views.closest_name("SYNC", ["sync", "sink"]) == "sync"
-    assert views.closest_name("synk", ["sync", "report"]) == "sync"
-    assert views.closest_name("zzz", ["sync", "report"]) is None
-    message = views.unknown_job("synk", ("sync", "report"), "in the config")
+    assert output.closest_name("SYNC", ["sync", "sink"]) == "sync"
+    assert output.closest_name("synk", ["sync", "report"]) == "sync"
+    assert output.closest_name("zzz", ["sync", "report"]) is None
+    message = output.unknown_job("synk", ("sync", "report"), "in the config")
     assert message == "no job named 'synk' in the config; did you mean 'sync'? (jobs: sync, report)"
 
 
@@ -69,7 +69,7 @@ def test_history_marks_every_trigger_kind_but_scheduled() -> None:
         )  # fmt: skip
 
     marks = {
-        t: views.run_marks(run(t, attempt=2 if t in ("retry", "rerun") else 1)) for t in TRIGGERS
+        t: output.run_marks(run(t, attempt=2 if t in ("retry", "rerun") else 1)) for t in TRIGGERS
     }
     assert marks == {
         "scheduled": "",
@@ -81,8 +81,8 @@ def test_history_marks_every_trigger_kind_but_scheduled() -> None:
         "at": " (at)",
     }
     # A skipped slot has no trigger; a reference claim says only `manual`.
-    assert views.run_marks(run(None)) == ""
-    assert views.run_marks(run(None, manual=True)) == " (manual)"
+    assert output.run_marks(run(None)) == ""
+    assert output.run_marks(run(None, manual=True)) == " (manual)"
 
 
 def test_the_attempt_table_of_docs_cli_is_the_codes() -> None:
@@ -109,4 +109,4 @@ def test_the_attempt_table_of_docs_cli_is_the_codes() -> None:
         Run("sync", slot, "a", "web-1", False, "lost", at, at, at, at, 31020, None, error,
             attempt=1, trigger="scheduled"),
     ]  # fmt: skip
-    assert views.runs_table(runs, ZoneInfo("Europe/Berlin")) == block.splitlines()
+    assert output.runs_table(runs, ZoneInfo("Europe/Berlin")) == block.splitlines()

@@ -6,7 +6,7 @@ slots, mostly): it is done once, in slices (the loop is handed back every
 rendered again (``jobs_data``). A job's runs are read from the stream at most
 every ``HISTORY_REUSE`` seconds and served page by page (``runs_data``), the
 stream's state at most every ``STREAM_REUSE`` seconds. The objects are those
-of sidecar/admin/board.py, as ``status --json`` shows them; sidecar/admin/api.py serves
+of sidecar/admin/objects.py, as ``status --json`` shows them; sidecar/admin/api.py serves
 them as JSON and HTML.
 """
 
@@ -22,8 +22,8 @@ from nats.js import JetStreamContext
 
 from sidecar.admin import page
 from sidecar.admin.actions import actions_key, actions_of
-from sidecar.admin.board import NEXT_RUNS, fleet_part, job_object, stream_object
 from sidecar.admin.live import Live
+from sidecar.admin.objects import NEXT_RUNS, fleet_part, job_object, stream_object
 from sidecar.config.load import Config
 from sidecar.core.clock import Clock, parse_rfc3339
 from sidecar.core.errors import SidecarError

@@ -27,8 +27,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from sidecar.config.fields import redact_url
 from sidecar.config.load import Config, JobConfig
-from sidecar.config.values import redact_url
 from sidecar.core.bounds import attempt_no, slot_ms
 from sidecar.core.clock import parse_rfc3339, rfc3339
 from sidecar.core.wire import FAILED, LOST, RUNNING, skip_key
@@ -39,10 +39,10 @@ from sidecar.store.runs import attempt_of, join_runs
 from sidecar.store.state import View, config_hash, mismatched_jobs
 from sidecar.store.stream import StreamState
 from sidecar.when.atkey import at_key, pending_of
-from sidecar.when.calendar import utc_text
+from sidecar.when.attempts import lease_job
 from sidecar.when.describe import describe, schedule_lines
-from sidecar.when.due import lease_job
 from sidecar.when.pauses import pause_active, pending
+from sidecar.when.slots import utc_text
 
 STRIP = 20  # runs in a job's strip of status marks
 NEXT_RUNS = 3

@@ -3,7 +3,7 @@
 No running sidecar's admin port is needed: live instances are the
 ``instance.<id>`` keys (each kept alive with a TTL), pauses the
 ``paused.<job>`` keys, and each job's last run is joined from its newest claim
-and result; the objects are built by sidecar/admin/board.py, as the fleet page's
+and result; the objects are built by sidecar/admin/objects.py, as the fleet page's
 API builds them.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from sidecar.admin.board import Recent, fleet_object, read_recent, running, stream_object
 from sidecar.admin.bucket_jobs import listing, with_bucket_jobs, with_sources
+from sidecar.admin.objects import Recent, fleet_object, read_recent, running, stream_object
 from sidecar.config.load import Config
 from sidecar.store.bucketcheck import check_bucket
 from sidecar.store.state import View, read_view, state_spec

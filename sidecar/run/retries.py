@@ -4,7 +4,7 @@ Lost runs themselves are judged and recorded in sidecar/run/lostruns.py; what
 follows one (``on_lost: rerun``) is made due here.
 
 ``DueAttempts.retry``: after a failed attempt whose result is stored, the
-next one is made due (``due.<job>.<slot>.<attempt>``, sidecar/when/due.py) while
+next one is made due (``due.<job>.<slot>.<attempt>``, sidecar/when/attempts.py) while
 ``retry.max`` allows. Every sidecar watches those keys (``due_changed``),
 checks them against its config and the stream (sidecar/run/duecheck.py) and
 competes for the attempt at its due time plus jitter (the replica whose app
@@ -36,7 +36,7 @@ from sidecar.run.duecheck import Backed, backing, config_problem
 from sidecar.run.lostruns import LostRuns
 from sidecar.run.record import Recorder
 from sidecar.store.kv import Keys, until_answered
-from sidecar.when.due import (
+from sidecar.when.attempts import (
     DueKey,
     due_key,
     due_key_ttl,
