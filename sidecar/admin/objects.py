@@ -340,6 +340,8 @@ def job_object(
         "run_by": (runners or {}).get(job.name, []),
         # start_at, end_at, max_runs (docs/SCHEDULES.md): why the job runs no more.
         "ended": over,
+        # Why the job claims nothing yet (start_at ahead); None once it may run.
+        "not_started": not_started(job, now_ms),
         "start_at": _utc(job.schedule.start_ms),
         "end_at": _utc(job.schedule.end_ms),
         "max_runs": job.max_runs,
@@ -357,6 +359,14 @@ def no_more_runs(job: JobConfig, view: View, now_ms: int) -> str | None:
     if job.max_runs is not None and (runs := counted(view, job.name)) >= job.max_runs:
         return f"max_runs {job.max_runs} reached ({runs} runs counted in count.{job.name})"
     return None
+
+
+def not_started(job: JobConfig, now_ms: int) -> str | None:
+    """``no slot before start_at …`` while `now_ms` is before the job's start_at."""
+    start = job.schedule.start_ms
+    if start is None or now_ms >= start:
+        return None
+    return f"no slot before start_at {utc_text(start)}"
 
 
 def _utc(epoch_ms: int | None) -> str | None:

@@ -128,12 +128,60 @@ def layout(title: str, body: str, who: str | None, csrf: str | None, can_act: bo
 # ---------------------------------------------------------------------- the fleet
 
 
+def source_tag(job: dict[str, Any]) -> str:
+    """A ``bucket`` tag (and its external id) for a job added at run time; none for
+    the config file's jobs, which are most."""
+    if job.get("source") != "bucket":
+        return ""
+    ident = f' <small class="id">id {e(job["id"])}</small>' if job.get("id") else ""
+    title = e(f"added at run time: state bucket key job.{job['name']}")
+    return f'<br><span class="tag src" title="{title}">bucket</span>{ident}'
+
+
+def source_line(job: dict[str, Any]) -> str:
+    """Where a job comes from, for its own page."""
+    if job.get("source") != "bucket":
+        return '<p class="src">From the config file.</p>'
+    ident = f", id <code>{e(job['id'])}</code>" if job.get("id") else ""
+    return (
+        '<p class="src">Added at run time: state bucket key '
+        f"<code>job.{e(job['name'])}</code>{ident} (<code>job update</code>, "
+        "<code>job remove</code>).</p>"
+    )
+
+
+def policy_lines(job: dict[str, Any], tz: object) -> str:
+    """Under the schedule: end_at while ahead, overlap when not the default."""
+    out = ""
+    if job.get("end_at") and not job.get("ended"):
+        out += f'<div class="words">until {when(job["end_at"], tz)} (end_at)</div>'
+    if job.get("overlap") not in (None, "allow"):
+        out += f'<div class="words">overlap: {e(job["overlap"])}</div>'
+    return out
+
+
+def at_lines(job: dict[str, Any], tz: object, shown: int = 3) -> list[str]:
+    """Pending one-off runs (``at``), soonest first, for the next-runs cell."""
+    pending = job.get("at_pending") or []
+    lines = []
+    for run in pending[:shown]:
+        why = f": {run['reason']}" if run.get("reason") else ""
+        title = e(f"one-off run (at) by {run.get('by')}{why}")
+        lines.append(
+            f'<span class="tag once" title="{title}">once</span> {when(run.get("at"), tz)}'
+        )
+    if len(pending) > shown:
+        lines.append(f'<span class="none">+{len(pending) - shown} more one-off runs</span>')
+    return lines
+
+
 def job_row(job: dict[str, Any]) -> str:
     name = str(job["name"])
+    tz = job.get("timezone")
     scheds = "".join(
         f'<div><code>{e(s["cron"])}</code><br><span class="words">{e(s["text"])}</span></div>'
         for s in job.get("schedules") or []
-    )
+    ) + policy_lines(job, tz)
     state = []
     if job.get("paused"):
         why = f": {e(job.get('paused_reason'))}" if job.get("paused_reason") else ""
@@ -143,6 +191,9 @@ def job_row(job: dict[str, Any]) -> str:
         )
     if job.get("ended"):
         state.append(f'<span class="tag warn">ended</span> runs no more: {e(job["ended"])}')
+    elif job.get("not_started"):
+        start = when(job.get("start_at"), tz) if job.get("start_at") else e(job["not_started"])
+        state.append(f'<span class="tag wait">not started</span> no slot before {start} (start_at)')
     elif job.get("max_runs") is not None:
         state.append(f"{e(job.get('runs_counted') or 0)} of max_runs {e(job['max_runs'])} runs")
     if job.get("skip_pending"):
@@ -159,18 +210,22 @@ def job_row(job: dict[str, Any]) -> str:
             f'<span class="tag run">▶ running</span> on {e(run.get("instance"))} for '
             f"{seconds(run.get('seconds'))}{attempt}"
         )
+    if job.get("overlap_kept"):
+        state.append(
+            f'<span class="tag run">kept</span> slot {when(job["overlap_kept"], tz)} runs '
+            "after the running one (buffer_one)"
+        )
     strip = "".join(
         mark(r["status"], f"{r['slot']}{' manual' if r.get('manual') else ''}")
         for r in reversed(job.get("recent") or [])
     )
     fails = job.get("consecutive_failures") or 0
-    tz = job.get("timezone")
-    nexts = "<br>".join(when(s, tz) for s in job.get("next_slots") or [])
+    nexts = "<br>".join([when(s, tz) for s in job.get("next_slots") or []] + at_lines(job, tz))
     last = job.get("last_run") or {}
     last_text = f"{mark(last['status'])} {when(last.get('scheduled_at'), tz)}" if last else DASH
     return (
         f'<tr id="job-{e(name)}" data-job="{e(name)}">'
-        f'<th scope="row"><a href="{e(job_href(name))}">{e(name)}</a></th>'
+        f'<th scope="row"><a href="{e(job_href(name))}">{e(name)}</a>{source_tag(job)}</th>'
         f"<td>{scheds}</td>"
         f"<td>{' <br>'.join(state) or ACTIVE}</td>"
         f'<td class="strip" data-label="last runs">{strip or "&#8211;"}</td>'
@@ -248,13 +303,21 @@ def fleet_section(fleet: dict[str, Any]) -> str:
         if stream
         else "<p>No stream yet, or it does not answer.</p>"
     )
+    job_keys = fleet.get("bucket_jobs") or []
+    ran = sum(1 for item in job_keys if item.get("state") == "run")
     bucket_dl = dl(
         [
             ("name", bucket.get("name")),
             ("live keys", bucket.get("keys")),
             ("problem", bucket.get("problem") or "none"),
+            *(
+                [("jobs added at run time", f"{ran} run, {len(job_keys) - ran} not run")]
+                if job_keys
+                else []
+            ),
         ]
     )
+    warn += not_run(job_keys)
     return (
         '<section id="fleet" aria-labelledby="fleet-h"><h2 id="fleet-h">Fleet</h2>'
         f"{warn}<h3>Live instances ({len(fleet.get('instances') or [])})</h3>"
@@ -264,6 +327,28 @@ def fleet_section(fleet: dict[str, Any]) -> str:
         f'<th scope="col">Metrics</th></tr></thead><tbody>{rows}</tbody></table></div>'
         f'<div class="cols"><div><h3>Stream</h3>{stream_dl}</div>'
         f"<div><h3>State bucket</h3>{bucket_dl}</div></div></section>"
+    )
+
+
+NOT_RUN_SHOWN = 20
+
+
+def not_run(listed: list[dict[str, Any]]) -> str:
+    """The state bucket's job keys that do not run (invalid, or shadowed by the file), why."""
+    bad = [item for item in listed if item.get("state") != "run"]
+    lines = "".join(
+        f"<li><strong>{e(item.get('name'))}</strong>"
+        + (f" (id {e(item['id'])})" if item.get("id") else "")
+        + f": {e(item.get('state'))}: {e(item.get('problem'))}</li>"
+        for item in bad[:NOT_RUN_SHOWN]
+    )
+    if len(bad) > NOT_RUN_SHOWN:
+        lines += f"<li>and {len(bad) - NOT_RUN_SHOWN} more (<code>job list</code>)</li>"
+    if not bad:
+        return ""
+    return (
+        '<div class="warn" role="alert"><p class="warn">⚠ Jobs in the state bucket that '
+        f"do not run:</p><ul>{lines}</ul></div>"
     )
 
 
@@ -383,7 +468,7 @@ def job_page(
     )
     return (
         f'<h1 id="job-title" data-job="{e(name)}">{e(name)} <small>{e(job.get("target"))}</small>'
-        f"</h1>{head}{forms}"
+        f"</h1>{source_line(job)}{head}{forms}"
         '<section aria-labelledby="runs-h"><h2 id="runs-h">Runs</h2><div class="scroll">'
         '<table class="runs"><thead><tr><th scope="col">Status</th><th scope="col">Trigger</th>'
         '<th scope="col">Attempt</th><th scope="col">Instance</th><th scope="col">Scheduled</th>'

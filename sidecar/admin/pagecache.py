@@ -139,7 +139,10 @@ class PageData:
         job = self.config.job(name)
         upcoming = job.schedule.runs(now_ms, NEXT_RUNS)  # exclusions applied
         # None left (end_at passed): rebuilt only when its keys change.
-        self._next_ms[name] = upcoming[0] if upcoming else 2**62
+        stale = upcoming[0] if upcoming else 2**62
+        if job.schedule.start_ms is not None and job.schedule.start_ms > now_ms:
+            stale = min(stale, job.schedule.start_ms)  # "not started" ends at start_at
+        self._next_ms[name] = stale
         obj = job_object(job, view, self.live.recent, now_ms, mismatch, held, upcoming, runners)
         return self._with_source(obj)
 

@@ -3,7 +3,9 @@
 The jobs and their runs appear; a run appears live without a reload; a
 pause made with the token through the page's form stops the job on every
 replica; the same POST without the token is refused; the console has no
-error (a CSP violation would be one). Screenshots at a phone's and a desktop's
+error (a CSP violation would be one); issue 42's features show in the rows (a
+bucket job's tag and id, an interval in words, overlap and its kept slot, a
+pending one-off, not started, max_runs). Screenshots at a phone's and a desktop's
 width are written to ``$PAGE_SCREENSHOTS`` (default build/screenshots/).
 """
 
@@ -16,12 +18,13 @@ import re
 import time
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from tests.browser import chromium, chromium_or_skip
-from tests.fleet.test_fleet import base, job, slots
-from tests.support import ROOT, NatsServer, RecordingApp, sidecars, wait_for
+from tests.fleet.test_fleet import base, cli_config, job, slots
+from tests.support import ROOT, NatsServer, RecordingApp, run_cli, sidecars, wait_for
 
 TOKEN = "alice-token-0123456789abcdef"
 SHOTS = Path(os.environ.get("PAGE_SCREENSHOTS") or ROOT / "build" / "screenshots")
@@ -37,6 +40,7 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> int:
 
 
 ROWS = "document.querySelectorAll('#jobs-body tr').length"
+ROW = "document.getElementById('job-{job}').innerText"
 NEXT_RUNS = "document.querySelector('#job-{job} td[data-label=\"next runs\"]').innerText"
 # The Duration column of the job page's runs, and how many lines each run id takes.
 DURATIONS = (
@@ -51,6 +55,11 @@ ID_LINES = (
     " const mid = (m.top + m.bottom) / 2;"
     " return code.getClientRects().length + (mid >= r.top && mid <= r.bottom ? 0 : 1); })"
 )
+
+
+def in_days(days: int) -> str:
+    """An RFC 3339 instant `days` from now, to the second."""
+    return (datetime.now(UTC) + timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def marks(job_name: str) -> str:
@@ -69,10 +78,23 @@ async def test_the_page_in_chromium(
         job("report", schedule="*/3 * * * * *"),
         job("backup", schedule="0 3 * * *"),
         job("nightly-export", schedule="30 2 * * 1-5", timezone="Europe/Berlin"),
+        # Issue 42: an interval with a cap, a job not started yet, buffer_one.
+        {"name": "invoices", "schedule": "@every 90m offset 15m", "max_runs": 500},
+        {"name": "launch", "schedule": "0 9 * * *", "start_at": in_days(30)},
+        job("reindex", schedule="*/2 * * * * *", overlap="buffer_one", max_late="10s"),
     ]
+    http_app.delay["/jobs/reindex"] = 4.0
     config = base(nats_server, http_app, jobs)
     config["admin"] = {"token_file": str(token_file)}
+    cfg = cli_config(tmp_path, config)
     with sidecars(tmp_path, [(f"web-{i}", config, {}) for i in range(1, 4)]) as procs:
+        spec = tmp_path / "tenant.json"
+        spec.write_text(
+            json.dumps({"name": "tenant-sync", "schedule": "0 */6 * * *", "id": "tenant-7/sync"})
+        )
+        assert run_cli("job", "add", str(spec), "-c", cfg).returncode == 0
+        done = run_cli("at", "backup", "2h", "-c", cfg, "--reason", "restore drill")
+        assert done.returncode == 0, done.stderr
         wait_for(lambda: len(slots(http_app, "/jobs/sync")) >= 3, 30, what="runs of sync")
         wait_for(lambda: len(slots(http_app, "/jobs/report")) >= 2, 30, what="runs of report")
         url = procs[0].base_url
@@ -81,7 +103,7 @@ async def test_the_page_in_chromium(
             # A viewer far from the schedules' zones: a job's times stay in its own.
             await page.send("Emulation.setTimezoneOverride", timezoneId="America/New_York")
             await page.goto(url + "/")
-            assert await page.js(ROWS) == 4
+            await page.until(f"{ROWS} === 8", what="every job, the bucket's too")
             berlin = await page.js(NEXT_RUNS.format(job="nightly-export"))
             assert "02:30:00" in berlin and ("GMT+1" in berlin or "CET" in berlin), berlin
             utc = await page.js(NEXT_RUNS.format(job="backup"))
@@ -113,6 +135,21 @@ async def test_the_page_in_chromium(
             print(f"\na manual run showed on the page {appeared:.2f}s after the POST")
             assert appeared < 5, appeared
             await page.until("document.querySelector('#job-backup .mark.ok') !== null", 10)
+            # Issue 42 in the rows, read as a person reads them.
+            tenant = await page.js(ROW.format(job="tenant-sync"))
+            assert "bucket" in tenant and "id tenant-7/sync" in tenant, tenant
+            invoices = await page.js(ROW.format(job="invoices"))
+            assert "Every 90m, counted from the Unix epoch + 15m" in invoices, invoices
+            assert "0 of max_runs 500 runs" in invoices, invoices
+            launch = await page.js(ROW.format(job="launch"))
+            assert "not started" in launch and "(start_at)" in launch, launch
+            assert "once" in await page.js(ROW.format(job="backup"))
+            await page.until(
+                f"{ROW.format(job='reindex')}.includes('runs after the running one')",
+                20,
+                what="reindex's kept slot, live",
+            )
+            assert "overlap: buffer_one" in await page.js(ROW.format(job="reindex"))
             await page.screenshot(SHOTS / "fleet-desktop.png")
             await page.size(390, 844, mobile=True)
             await page.goto(url + "/")
@@ -190,9 +227,19 @@ async def test_the_page_in_chromium(
             await page.send("Input.dispatchKeyEvent", type="keyUp", key="Tab", code="Tab")
             assert await page.js("document.activeElement.className") == "skip-link"
             await page.screenshot(SHOTS / "job-desktop.png")
+            # A bucket job's own page says where it comes from, with its pending one-off.
+            await page.goto(url + "/jobs/tenant-sync")
+            source = await page.js("document.querySelector('p.src').innerText")
+            assert "state bucket key job.tenant-sync, id tenant-7/sync" in source, source
+            await page.screenshot(SHOTS / "job-bucket-desktop.png")
             await asyncio.sleep(4)
             late = [s for s in slots(http_app, "/jobs/sync") if s / 1000 > paused_at + 1]
             assert late == [], "sync ran after the pause"
             assert page.errors == [], page.errors
-    for name in ("fleet-desktop.png", "fleet-phone.png", "job-desktop.png"):
+    for name in (
+        "fleet-desktop.png",
+        "fleet-phone.png",
+        "job-desktop.png",
+        "job-bucket-desktop.png",
+    ):
         assert (SHOTS / name).stat().st_size > 10_000, name

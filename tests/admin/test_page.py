@@ -10,6 +10,7 @@ holds up a slot. The browser side is in test_browser.py.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from sidecar.core.clock import parse_rfc3339
+from tests.admin.test_bucket_jobs import put_key
 from tests.fleet.test_fleet import base, cli_config, job, slots
 from tests.run.test_schedules import history
 from tests.support import NatsServer, RecordingApp, Sidecar, run_cli, sidecars, wait_for
@@ -353,3 +355,94 @@ def test_with_nats_down_the_page_answers_at_once_saying_so(
             took = time.monotonic() - started
             assert code == 200 and took < 1.0, (code, took)
             assert b"NATS is unreachable: this sidecar is not connected" in html, html[:2000]
+
+
+def row_of(html: str, name: str) -> str:
+    """The index's row of job `name`."""
+    found = re.search(rf'<tr id="job-{re.escape(name)}".*?</tr>', html, re.S)
+    assert found, (name, html[:3000])
+    return found.group(0)
+
+
+def test_the_page_says_where_a_job_comes_from_and_why_it_runs_no_more(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Issue 42's features where a user looks for them: a bucket job's source and id,
+    the overlap policy and its kept slot, pending one-offs, not started / ended /
+    max_runs with the count, an interval in words, and the bucket's job keys that
+    do not run; every value from the bucket escaped."""
+    yearly = "0 0 1 1 *"
+    config = base(
+        nats_server,
+        http_app,
+        [
+            {"name": "keep", "schedule": yearly},
+            {"name": "every", "schedule": "@every 90m offset 15m"},
+            {
+                "name": "later",
+                "schedule": "0 3 * * *",
+                "start_at": "2099-01-01T00:00:00Z",
+                "end_at": "2099-06-01T00:00:00Z",
+            },
+            job("capped", max_runs=1),
+            job("buffered", overlap="buffer_one", max_late="10s"),
+        ],
+    )
+    cfg = cli_config(tmp_path, config)
+    http_app.delay["/jobs/buffered"] = 4.0
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(2)]) as procs:
+        spec = tmp_path / "dyn.yaml"
+        spec.write_text(json.dumps({"name": "dyn", "schedule": yearly, "id": "tenant-7/report"}))
+        added = run_cli("job", "add", str(spec), "-c", cfg)
+        assert added.returncode == 0, added.stderr
+        queued = run_cli("at", "keep", "2h", "-c", cfg, "--reason", "<i>deploy</i>")
+        assert queued.returncode == 0, queued.stderr
+        # Written as anyone with write access to the bucket could: not run, said why.
+        evil = {"name": "evil", "schedule": "<script>alert(1)</script>", "id": "<b>x</b>"}
+        put_key(nats_server.url, "CRON_STATE", "job.evil", json.dumps(evil).encode())
+        put_key(
+            nats_server.url,
+            "CRON_STATE",
+            "job.keep",
+            json.dumps({"name": "keep", "schedule": yearly}).encode(),
+        )
+
+        def index() -> str:
+            return request(procs[1], "/")[2].decode()
+
+        wait_for(lambda: 'id="job-dyn"' in index(), 10, what="the bucket job on the page")
+        wait_for(lambda: "kept</span> slot" in row_of(index(), "buffered"), 20, what="a kept slot")
+        wait_for(lambda: "ended</span>" in row_of(index(), "capped"), 20, what="capped ended")
+        html = index()
+        dyn = row_of(html, "dyn")
+        assert '<span class="tag src"' in dyn and ">bucket</span>" in dyn, dyn
+        assert "id tenant-7/report" in dyn, dyn
+        assert 'class="tag src"' not in row_of(html, "keep")  # the file's job: no tag
+        assert "Every 90m, counted from the Unix epoch + 15m" in row_of(html, "every")
+        later = row_of(html, "later")
+        assert "not started</span> no slot before <time" in later, later
+        assert 'datetime="2099-01-01T00:00:00.000Z"' in later and "(start_at)" in later, later
+        assert "until <time" in later and "(end_at)" in later, later
+        capped = row_of(html, "capped")
+        assert "runs no more: max_runs 1 reached (1 runs counted in count.capped)" in capped
+        buffered = row_of(html, "buffered")
+        assert "overlap: buffer_one" in buffered, buffered
+        assert "runs after the running one (buffer_one)" in buffered, buffered
+        keep = row_of(html, "keep")
+        assert 'class="tag once"' in keep and "&lt;i&gt;deploy&lt;/i&gt;" in keep, keep
+        assert "<i>deploy" not in html
+        # The fleet: the bucket's job keys that do not run, and why, escaped.
+        assert "Jobs in the state bucket that do not run" in html
+        assert "<strong>evil</strong> (id &lt;b&gt;x&lt;/b&gt;): invalid:" in html, html
+        assert "<strong>keep</strong>: shadowed:" in html
+        assert "<script>alert" not in html and "<b>x</b>" not in html
+        assert "jobs added at run time</dt><dd>1 run, 2 not run" in html
+        # A job's own page says where it comes from.
+        page_dyn = request(procs[0], "/jobs/dyn")[2].decode()
+        assert "state bucket key <code>job.dyn</code>, id <code>tenant-7/report</code>" in page_dyn
+        assert "From the config file." in request(procs[0], "/jobs/every")[2].decode()
+        # The API has what the page shows.
+        assert api(procs[0], "/api/v1/jobs/later")["not_started"] == (
+            "no slot before start_at 2099-01-01T00:00:00Z"
+        )
+        assert api(procs[0], "/api/v1/jobs/every")["not_started"] is None
