@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -53,4 +54,6 @@ def test_run_leaves_the_page_and_one_shot_code_unimported_until_used() -> None:
     ).stdout
     loaded = set(json.loads(out))
     assert "sidecar.cli.daemon" in loaded and "sidecar.admin.lazy_page" in loaded
+    # Each name still names a module: a renamed one fails here, not passes unseen.
+    assert [m for m in NOT_AT_START if importlib.util.find_spec(m) is None] == []
     assert sorted(loaded & set(NOT_AT_START)) == []
