@@ -26,8 +26,12 @@ STAMP = VENV / ".source-hash"
 
 def source_hash() -> str:
     digest = hashlib.sha256()
-    for path in sorted([ROOT / "pyproject.toml", *(ROOT / "sidecar").glob("*.py")]):
-        digest.update(path.name.encode() + path.read_bytes())
+    # Every file of the package, its subpackages and static files included.
+    files = [
+        p for p in (ROOT / "sidecar").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    ]
+    for path in sorted([ROOT / "pyproject.toml", *files]):
+        digest.update(str(path.relative_to(ROOT)).encode() + path.read_bytes())
     return digest.hexdigest()
 
 

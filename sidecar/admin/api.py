@@ -109,13 +109,14 @@ class PageApp:
         guard: StreamGuard,
         clock: Clock | None = None,
         job_secrets: Secrets | None = None,
+        tokens: TokenFile | None = None,
     ) -> None:
         self.config = config
         self.fleet = fleet
         self.guard = guard
         self.clock = clock or Clock()
         self.live = Live(config, fleet)
-        self.tokens = TokenFile(config.admin.token_file)
+        self.tokens = tokens or TokenFile(config.admin.token_file)
         self.sessions = Sessions(self.tokens)
         self.data = PageData(config, fleet, guard, self.clock, self.live)
         self.runs: ManualRuns | None = None

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
+from sidecar.admin.bucket_jobs import BucketJobs
+from sidecar.admin.lazy_page import LazyPage
 from sidecar.admin.server import AdminServer
 from sidecar.after.signing import signer_for
 from sidecar.config.fields import is_remote
@@ -42,9 +44,7 @@ from sidecar.store.guard import StreamGuard
 from sidecar.store.stream import stream_spec
 
 if TYPE_CHECKING:
-    from sidecar.admin.api import PageApp
-from sidecar.admin.api import PageApp
-from sidecar.admin.bucket_jobs import BucketJobs
+    from sidecar.admin.actions import ManualRuns
 
 __all__ = ["Daemon", "start", "stream_spec"]
 
@@ -101,16 +101,14 @@ class Daemon:
         self.admin = AdminServer(
             self.registry, self.config.metrics.host, self.config.metrics.port, self.not_ready
         )
-        # The fleet page and its API beside /metrics (admin.page).
-        self.page: PageApp | None = None
+        # The fleet page and its API beside /metrics (admin.page): its code is
+        # imported by its first request (sidecar/admin/lazy_page.py), not at start.
+        self.page: LazyPage | None = None
         if self.config.admin.page:
-            # Imported only when the page is on: its code is not loaded otherwise.
-            from sidecar.admin.api import PageApp
-
-            self.page = PageApp(self.config, self.fleet, self.guard, self.clock, self.secrets)
+            self.page = LazyPage(
+                self.config, self.fleet, self.guard, self.clock, self.secrets, self.bucket_jobs
+            )
             self.admin.app = self.page
-            self.bucket_jobs.listeners.append(self.page.live.jobs_changed)
-            self.page.bucket_jobs = self.page.data.bucket_jobs = self.bucket_jobs
 
     @property
     def runs(self) -> set[asyncio.Task[None]]:
@@ -180,13 +178,17 @@ class Daemon:
                 self.jobs = jobs
                 jobs.aftermath.exporter = span_exporter(self.config)
                 if self.page is not None:
-                    from sidecar.admin.actions import ManualRuns
 
-                    manual = ManualRuns(
-                        self.config, js, claimer, trigger, self.clock, jobs.runs.spawn
-                    )
-                    manual.aftermath = jobs.aftermath
-                    self.page.attach(js, manual)
+                    def manual_runs() -> ManualRuns:  # made with the page, on its first request
+                        from sidecar.admin.actions import ManualRuns
+
+                        manual = ManualRuns(
+                            self.config, js, claimer, trigger, self.clock, jobs.runs.spawn
+                        )
+                        manual.aftermath = jobs.aftermath
+                        return manual
+
+                    self.page.attach(js, manual_runs)
                 self.tasks.spawn(self.guard.run(js))
                 self.bucket_jobs.start(jobs)
                 self.fleet.start(js)
@@ -205,7 +207,7 @@ class Daemon:
                     await asyncio.wait(claiming, timeout=CLAIM_DRAIN)
                 await cancel_all([*claiming, *jobs.background()])
                 if self.page is not None:
-                    await self.page.live.stop()
+                    await self.page.stop()
                 await self.drain()
                 await jobs.aftermath.drain()  # pings and notifications of the last runs
                 await self.fleet.stop(self.conn.connected.is_set())

@@ -18,8 +18,7 @@ import time
 import click
 
 from sidecar import __version__
-from sidecar.admin import skipops, streamops
-from sidecar.cli import output, status_text
+from sidecar.cli import output
 from sidecar.cli.command import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -108,6 +107,7 @@ def check(config_path: str | None, connect: bool, no_files: bool) -> None:
     Reads the files the config names as `run` does (exit 2 when `run` would
     refuse one); connects to nothing unless --connect is given.
     """
+    from sidecar.admin import streamops
 
     ld = load(config_path, secrets=connect, every_file=not no_files)
     say(output.check_lines(ld.config, Clock().wall_ms()))
@@ -123,6 +123,7 @@ def check(config_path: str | None, connect: bool, no_files: bool) -> None:
 
 def read_runs(ld: Loaded, job: str) -> list[Run] | None:
     """The runs of `job`, newest first; None when there is no stream yet (said on stderr)."""
+    from sidecar.admin import streamops
 
     config = ld.config
     try:
@@ -186,6 +187,7 @@ def last_run(job: str, config_path: str | None, as_json: bool) -> None:
 )
 def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
     """Claim a manual run of JOB, trigger it from here and record it; exit 0 or 1."""
+    from sidecar.admin import streamops
 
     ld = load(config_path)
     retry_for = config_job(ld.config, job).max_late if timeout is None else timeout
@@ -210,6 +212,7 @@ def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
 @click.option("--yes", is_flag=True, help="With --lower: do not ask.")
 def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> None:
     """The stream's settings and state (and, with --lower, the one way to lower them)."""
+    from sidecar.admin import streamops
 
     ld = load(config_path)
     if lower:
@@ -235,6 +238,7 @@ def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> No
 
 def _lower(ld: Loaded, yes: bool) -> None:
     """`stream --lower`: say what lowering deletes, ask, then lower (one connection)."""
+    from sidecar.admin import streamops
 
     refused: list[str] = []
 
@@ -280,6 +284,7 @@ def pause(
 ) -> None:
     """Pause JOB on every sidecar until `resume` or --until; a pause in force is kept
     (--force replaces)."""
+    from sidecar.admin import streamops
 
     ld = load(config_path)
     config_job(ld.config, job)
@@ -297,6 +302,7 @@ def pause(
 
 def _instant(option: str, text: str, now: float) -> float:
     """--from/--to of backfill: RFC 3339 or a duration back from now, else exit 2."""
+    from sidecar.admin import skipops
 
     try:
         return skipops.instant_of(text, now, back=True)
@@ -305,6 +311,7 @@ def _instant(option: str, text: str, now: float) -> float:
 
 
 def _until(text: str | None) -> float | None:
+    from sidecar.admin import skipops
 
     if text is None:
         return None
@@ -329,6 +336,7 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
     The slots that fell during the pause are not run (not even by sidecars
     that were down and catch up on start), unless --catchup asks for them.
     """
+    from sidecar.admin import skipops, streamops
 
     ld = load(config_path)
     spec = ld.config.job(job) if job in ld.config.job_names else None
@@ -359,6 +367,7 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
 @click.option("--reason", default="", help="Why: shown in history and the logs.")
 def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
     """Skip the next COUNT runs of JOB on every replica (recorded skipped, reason skip)."""
+    from sidecar.admin import skipops
 
     ld = load(config_path)
     spec = config_job(ld.config, job)
@@ -374,6 +383,7 @@ def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
 @config_option
 def unskip(job: str, config_path: str | None) -> None:
     """Cancel the skips of JOB still ahead; exit 1 when there were none."""
+    from sidecar.admin import skipops
 
     ld = load(config_path)
     config_job(ld.config, job)
@@ -414,6 +424,7 @@ def backfill(
     Any healthy replica takes each slot, one at a time, with its own claim id
     (<job>:<slot>:b) and trigger backfill; at most 1000 slots.
     """
+    from sidecar.admin import skipops
 
     ld = load(config_path)
     spec = config_job(ld.config, job)
@@ -444,6 +455,8 @@ def _queue_backfill(
     dry_run: bool = False,
     again: bool = False,
 ) -> None:
+
+    from sidecar.admin import skipops
 
     try:
         slots = skipops.backfill_slots(job, start, end)
@@ -535,6 +548,7 @@ def at_command(
 
 def _at_slot(option: str, text: str, now: float) -> int:
     """TIME of `at`: RFC 3339 or a duration from now, as epoch ms; else exit 2."""
+    from sidecar.admin import skipops
 
     try:
         return round(skipops.instant_of(text, now) * 1000)
@@ -547,6 +561,8 @@ def _at_slot(option: str, text: str, now: float) -> int:
 @json_option("The fleet view as one JSON object")
 def status(config_path: str | None, as_json: bool) -> None:
     """The fleet at a glance: live instances, paused jobs, last runs, config mismatches."""
+    from sidecar.admin import streamops
+    from sidecar.cli import status_text
 
     ld = load(config_path)
     view = call(streamops.status(ld.config, ld.secrets, Clock().wall_ms()))

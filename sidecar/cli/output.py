@@ -17,11 +17,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from sidecar.admin.streamops import ManualRun
 from sidecar.config.alerting import describe_job, describe_notify
 from sidecar.config.fields import format_duration, redact_url
 from sidecar.config.load import Config, JobConfig
-from sidecar.core.clock import parse_rfc3339
+from sidecar.core.clock import parse_rfc3339, rfc3339
 from sidecar.store.runs import History, Run
 from sidecar.store.stream import Lowering, StreamState
 from sidecar.when.describe import schedule_lines
@@ -29,8 +28,6 @@ from sidecar.when.slots import utc_text
 
 if TYPE_CHECKING:
     from sidecar.admin.streamops import ManualRun
-from sidecar.admin.streamops import ManualRun
-from sidecar.core.clock import rfc3339
 
 # Job names listed in full in an unknown-job error; more are counted.
 MAX_LISTED = 20

@@ -1,0 +1,59 @@
+"""What `run` imports at start: what a default config does not use yet stays unloaded."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+from tests.support import ROOT, sidecar_env
+
+# Loaded by the fleet page's first request (sidecar/admin/lazy_page.py) or by
+# the one-shot commands, never by the start of `run`.
+NOT_AT_START = (
+    "sidecar.admin.api",
+    "sidecar.admin.page",
+    "sidecar.admin.pagecache",
+    "sidecar.admin.objects",
+    "sidecar.admin.live",
+    "sidecar.admin.sessions",
+    "sidecar.admin.actions",
+    "sidecar.admin.streamops",
+    "sidecar.admin.skipops",
+    "sidecar.admin.atops",
+    "sidecar.cli.status_text",
+    "sidecar.obs.otlp",
+)
+
+# What `run` imports (cli/main.py, then cli/daemon.py) and makes before it
+# connects: the daemon of a default config (the page on) with 100 jobs.
+PROGRAM = """
+import json, sys
+import sidecar.cli.main
+from sidecar.cli.daemon import Daemon
+from sidecar.config.load import Secrets, parse_config
+
+jobs = [{"name": f"job-{i}", "schedule": f"{i % 60} * * * *"} for i in range(100)]
+config = parse_config({"nats": {"servers": "nats://127.0.0.1:1"}, "jobs": jobs}, {})
+daemon = Daemon(config, Secrets())
+assert config.admin.page and daemon.page is not None and daemon.admin.app is daemon.page
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("sidecar."))))
+"""
+
+
+def test_run_leaves_the_page_and_one_shot_code_unimported_until_used() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM],
+        capture_output=True,
+        text=True,
+        env=sidecar_env(),
+        cwd=ROOT,
+        timeout=60,
+        check=True,
+    ).stdout
+    loaded = set(json.loads(out))
+    assert "sidecar.cli.daemon" in loaded and "sidecar.admin.lazy_page" in loaded
+    # Each name still names a module: a renamed one fails here, not passes unseen.
+    assert [m for m in NOT_AT_START if importlib.util.find_spec(m) is None] == []
+    assert sorted(loaded & set(NOT_AT_START)) == []
