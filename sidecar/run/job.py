@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from sidecar.run.claim import Claim
     from sidecar.run.context import Context
     from sidecar.run.lostruns import LostRuns
+    from sidecar.run.onkey import OnFirstKey
     from sidecar.run.record import Recorder
     from sidecar.run.retries import DueAttempts
     from sidecar.run.skips import Unclaimed
@@ -83,8 +84,8 @@ class Jobs:
     # this object: ``attempt``, ``_start_run``, ``_run_tracked``, ``_next_slot``).
     unclaimed: Unclaimed  # slots not claimed: counted, said, recorded when kept from running
     catch_up: CatchUp  # slots missed while this sidecar was away
-    backfills: Backfills
-    at_runs: AtRuns  # one-off runs at a set time, claimed like slots
+    backfills: OnFirstKey[Backfills]  # made on the first backfill.<job> key
+    at_runs: OnFirstKey[AtRuns]  # one-off runs at a set time, claimed like slots
     aftermath: Aftermath  # pings, notifications, auto-pause, anomalies, spans
     recorder: Recorder  # every ending of a run is recorded there
     due: DueAttempts  # what follows a failed run: retries, due attempts

@@ -11,18 +11,23 @@ daemon (sidecar/cli/daemon.py) and the tests' ``jobs`` fixture both call it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sidecar.after.aftermath import Aftermath
 from sidecar.fleet.candidates import Candidates
-from sidecar.run.atruns import AtRuns
-from sidecar.run.backfill import Backfills
 from sidecar.run.catchup import CatchUp
 from sidecar.run.context import Context
 from sidecar.run.job import Jobs
+from sidecar.run.onkey import OnFirstKey
 from sidecar.run.overlap import Overlap
 from sidecar.run.record import Recorder
 from sidecar.run.retries import follow
 from sidecar.run.skips import SkipRecorder, Unclaimed
 from sidecar.run.trigger import Trigger
+
+if TYPE_CHECKING:
+    from sidecar.run.atruns import AtRuns
+    from sidecar.run.backfill import Backfills
 
 
 def _secret(trigger: Trigger) -> bytes | None:
@@ -39,10 +44,24 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     jobs.unclaimed = Unclaimed(ctx, SkipRecorder(ctx))
     # Slots missed while this sidecar was away (sidecar/run/catchup.py).
     jobs.catch_up = CatchUp(ctx, jobs.attempt, jobs._next_slot)
-    jobs.backfills = Backfills(ctx, jobs._run_tracked)
+
+    # Backfills and one-off runs: made, their code imported, on the first key
+    # of their kind (sidecar/run/onkey.py); most configs never see one.
+    def backfills() -> Backfills:
+        from sidecar.run.backfill import Backfills
+
+        return Backfills(ctx, jobs._run_tracked)
+
+    jobs.backfills = OnFirstKey("backfill", config.jobs, fleet.view, backfills)
     fleet.key_listeners.append(jobs.backfills.changed)
+
     # One-off runs at a set time (sidecar/run/atruns.py): claimed like slots.
-    jobs.at_runs = AtRuns(ctx, jobs.unclaimed, jobs._start_run)
+    def at_runs() -> AtRuns:
+        from sidecar.run.atruns import AtRuns
+
+        return AtRuns(ctx, jobs.unclaimed, jobs._start_run)
+
+    jobs.at_runs = OnFirstKey("at", config.jobs, fleet.view, at_runs)
     fleet.key_listeners.append(jobs.at_runs.changed)
     # Pings, notifications, auto-pause, anomalies, spans (sidecar/after/aftermath.py).
     jobs.aftermath = Aftermath(config, metrics, clock, ctx.keys, _secret(trigger), fleet)

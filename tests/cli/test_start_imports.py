@@ -9,8 +9,9 @@ import sys
 
 from tests.support import ROOT, sidecar_env
 
-# Loaded by the fleet page's first request (sidecar/admin/lazy_page.py) or by
-# the one-shot commands, never by the start of `run`.
+# Loaded by the fleet page's first request (sidecar/admin/lazy_page.py), by
+# the one-shot commands, or by the first key of their kind in the state bucket
+# (backfills, one-off runs: sidecar/run/onkey.py), never by the start of `run`.
 NOT_AT_START = (
     "sidecar.admin.api",
     "sidecar.admin.page",
@@ -24,6 +25,10 @@ NOT_AT_START = (
     "sidecar.admin.atops",
     "sidecar.cli.status_text",
     "sidecar.obs.otlp",
+    "sidecar.run.backfill",
+    "sidecar.run.backfillcheck",
+    "sidecar.run.atruns",
+    "sidecar.run.atqueue",
 )
 
 # What `run` imports (cli/main.py, then cli/daemon.py) and makes before it
