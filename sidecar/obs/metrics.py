@@ -272,7 +272,8 @@ class Metrics:
         """Expose the jobs' labelled series at zero so that rates and alerts see them
         (each job once: call it once, as the constructor does)."""
         names = tuple(jobs)
-        alone = Declared(names)  # one for every metric labelled by the job alone
+        known = frozenset(names)  # one set of the names for every declaration below
+        alone = Declared(names, known=known)  # one for every metric labelled by the job alone
         for metric in (
             self.claims_won_total,
             self.claims_lost_total,
@@ -309,4 +310,4 @@ class Metrics:
             (self.runs_total, RUN_STATUSES),
             (self.runs_anomalous_total, ("short", "long")),
         ):
-            labelled.declare(Declared(names, tuple(values)))
+            labelled.declare(Declared(names, tuple(values), known))
