@@ -50,6 +50,7 @@ from sidecar.core.errors import (
 )
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key
+from sidecar.run.lease import WAITING
 from sidecar.run.since import schedule_hash, since_key
 from sidecar.run.since import value_object as since_object
 from sidecar.store.bucketcheck import needs_leases
@@ -389,6 +390,8 @@ class BucketJobs:
         jobs.due.by_name[job.name] = job
         jobs.lost.jobs[job.name] = job
         jobs.backfills._jobs[job.name] = job
+        if job.overlap in WAITING:  # its overlap part listens to the bucket from now on
+            jobs.overlap_part()
         fleet._jobs = fleet._jobs | {job.name}
         fleet._lease_jobs = fleet._lease_jobs - {job.name}
         if needs_leases(job):

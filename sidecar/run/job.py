@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import logging
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sidecar.core import failpoints
@@ -34,9 +35,16 @@ from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimDisconnected, ClaimForeign, CountUnavailable, KeyHeld
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import CATCHUP, FAILED, SCHEDULED, SKIPPED
-from sidecar.run import runcap
-from sidecar.run.lease import RUN_LEASE_WAIT, overlap_error, run_lease
-from sidecar.run.overlap import KEPT, REPLACED, TAKEN, Overlap, uses_lock
+from sidecar.run.lease import (
+    KEPT,
+    REPLACED,
+    RUN_LEASE_WAIT,
+    TAKEN,
+    WAITING,
+    overlap_error,
+    run_lease,
+    uses_lock,
+)
 from sidecar.run.record import Outcome, Recorder, not_sent, sent
 from sidecar.run.skips import EXCLUDED, Unclaimed
 from sidecar.run.trigger import Trigger, Why, interrupted, why_of
@@ -54,6 +62,7 @@ if TYPE_CHECKING:
     from sidecar.run.context import Context
     from sidecar.run.lostruns import LostRuns
     from sidecar.run.onkey import OnFirstKey
+    from sidecar.run.overlap import Overlap
     from sidecar.run.record import Recorder
     from sidecar.run.retries import DueAttempts
     from sidecar.run.skips import Unclaimed
@@ -91,7 +100,11 @@ class Jobs:
     due: DueAttempts  # what follows a failed run: retries, due attempts
     lost: LostRuns  # lost-run judging
     candidates: Candidates  # claim.candidates: only k instances claim a slot at its time
-    overlap: Overlap  # overlap: replace and buffer_one, on the lock overlap: skip uses
+    # overlap: replace and buffer_one, on the lock overlap: skip uses; made (and its
+    # code imported) by ``make_overlap`` for the first job with one of them
+    # (``overlap_part``): None until then, and then none of its parts is needed.
+    overlap: Overlap | None = None
+    make_overlap: Callable[[], Overlap]
 
     def __init__(self, ctx: Context, trigger: Trigger) -> None:
         self.ctx = ctx
@@ -121,6 +134,12 @@ class Jobs:
         self.side_tasks = ctx.tasks
         # The state bucket's key writer; None while unknown or unfit for leases.
         self.keys = ctx.keys
+
+    def overlap_part(self) -> Overlap:
+        """The Overlap, made now if it was not (a job with replace or buffer_one)."""
+        if self.overlap is None:
+            self.overlap = self.make_overlap()
+        return self.overlap
 
     def _next_slot(self, job: JobConfig) -> int:
         """The slot the job's loop handles next: catch-up claims only before it."""
@@ -261,8 +280,11 @@ class Jobs:
         """Why `slot` is not claimed by end_at or max_runs (None: it may be)."""
         if (outside := job.schedule.outside(slot)) is not None:
             return outside
-        if job.max_runs is not None and runcap.spent(self.fleet.view, job.name, job.max_runs):
-            return f"max_runs {job.max_runs} reached ({runcap.count_key(job.name)})"
+        if job.max_runs is not None:
+            from sidecar.run import runcap  # max_runs's code, loaded by the first job with it
+
+            if runcap.spent(self.fleet.view, job.name, job.max_runs):
+                return f"max_runs {job.max_runs} reached ({runcap.count_key(job.name)})"
         return None
 
     async def _count(self, job: JobConfig, claim: Claim) -> bool:
@@ -270,6 +292,8 @@ class Jobs:
         after the overlap lock: a slot that does not run is not counted.
         False: not run, recorded skipped (the count is full, or unknown)."""
         assert job.max_runs is not None
+        from sidecar.run import runcap
+
         keys = self.keys()
         try:
             if keys is None:
@@ -376,7 +400,7 @@ class Jobs:
                     what = ""
                     if job.overlap != "skip":  # replace: wait for it to stop; buffer_one: keep
                         try:
-                            what, why = await self.overlap.held(
+                            what, why = await self.overlap_part().held(
                                 job,
                                 claim,
                                 held.value,
@@ -418,20 +442,22 @@ class Jobs:
         m.run_start_delay_seconds.labels(job=job.name).observe(max(0.0, started_at - slot_time))
         self.aftermath.started(job, claim.token, started_at)
         try:
-            result, replaced = await self.overlap.run(
-                job,
-                claim,
-                self.trigger.fire(
-                    self.overlap.request_job(job, claim),
-                    claim.slot,
-                    claim.token,
-                    deadline,
-                    attempt=claim.attempt,
-                    fence=claim.seq,
-                    send_by=deadline,
-                    why=self._why(job, claim),
-                ),
+            # No Overlap made yet: no run was kept (buffer_one) nor is replaceable.
+            overlap = self.overlap_part() if job.overlap in WAITING else self.overlap
+            fire = self.trigger.fire(
+                overlap.request_job(job, claim) if overlap is not None else job,
+                claim.slot,
+                claim.token,
+                deadline,
+                attempt=claim.attempt,
+                fence=claim.seq,
+                send_by=deadline,
+                why=self._why(job, claim),
             )
+            if overlap is not None:
+                result, replaced = await overlap.run(job, claim, fire)
+            else:
+                result, replaced = await fire, False
         except asyncio.CancelledError:
             # Cut off by the drain: the record keeps when the run really
             # started and how long it had run until then.

@@ -50,6 +50,19 @@ RUN_LEASE_WAIT = 1.0
 # for each further one in a row (up to lease_ttl / 3).
 SPURIOUS_WAIT = 0.02
 
+# The overlap policies whose runs sidecar/run/overlap.py takes part in (its
+# Overlap is made, its code imported, for the first job with one of them).
+WAITING = ("replace", "buffer_one")
+# The record's error of a replaced run starts with this (no retry follows it).
+REPLACED = "replaced"
+# What became of a won slot that found the lock held.
+TAKEN, KEPT, SKIPPED = "taken", "kept", "skipped"
+
+
+def uses_lock(job: JobConfig) -> bool:
+    """Whether every run of the job holds ``lock.<job>`` (skip, replace, buffer_one)."""
+    return job.overlap in LOCKED
+
 
 class Lease:
     """``async with Lease(...)``: hold `key` while the block runs (see the module doc)."""

@@ -36,13 +36,17 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from sidecar.config.jobs import LOCKED
 from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import CasConflict, KeyHeld, TriggerError
 from sidecar.core.tasks import TaskSet, cancel_all
 from sidecar.core.wire import SCHEDULED
 from sidecar.run.claim import Claim
+from sidecar.run.lease import KEPT as KEPT  # re-exported, as the next three
+from sidecar.run.lease import REPLACED as REPLACED
+from sidecar.run.lease import SKIPPED as SKIPPED
+from sidecar.run.lease import TAKEN as TAKEN
+from sidecar.run.lease import uses_lock as uses_lock
 from sidecar.run.trigger import Trigger, TriggerResult, Why
 from sidecar.when.attempts import lock_key
 
@@ -58,14 +62,9 @@ log = logging.getLogger("sidecar.overlap")
 CANCEL_HEADER = "X-Anarchon-Cancel"
 # The header of a run kept by ``buffer_one`` and run after the one it fell during.
 BUFFERED_HEADER = "X-Anarchon-Buffered"
-# The record's error of a replaced run starts with this (no retry follows it).
-REPLACED = "replaced"
 # A waiting replacer looks at the lock this often (and at once when the watch
 # delivers a change of it).
 LOCK_POLL = 0.25
-
-# What became of a won slot that found the lock held.
-TAKEN, KEPT, SKIPPED = "taken", "kept", "skipped"
 
 
 def stop_key(job: str) -> str:
@@ -74,11 +73,6 @@ def stop_key(job: str) -> str:
 
 def buffer_key(job: str) -> str:
     return f"buffer.{job}"
-
-
-def uses_lock(job: JobConfig) -> bool:
-    """Whether every run of the job holds ``lock.<job>`` (skip, replace, buffer_one)."""
-    return job.overlap in LOCKED
 
 
 def _fence(value: dict[str, Any] | None) -> int:

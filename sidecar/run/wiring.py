@@ -18,8 +18,8 @@ from sidecar.fleet.candidates import Candidates
 from sidecar.run.catchup import CatchUp
 from sidecar.run.context import Context
 from sidecar.run.job import Jobs
+from sidecar.run.lease import WAITING
 from sidecar.run.onkey import OnFirstKey
-from sidecar.run.overlap import Overlap
 from sidecar.run.record import Recorder
 from sidecar.run.retries import follow
 from sidecar.run.skips import SkipRecorder, Unclaimed
@@ -28,6 +28,7 @@ from sidecar.run.trigger import Trigger
 if TYPE_CHECKING:
     from sidecar.run.atruns import AtRuns
     from sidecar.run.backfill import Backfills
+    from sidecar.run.overlap import Overlap
 
 
 def _secret(trigger: Trigger) -> bytes | None:
@@ -72,10 +73,20 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     )
     # What follows a failed or lost run: retries, due attempts, lost runs.
     jobs.due, jobs.lost = follow(ctx, jobs.recorder, jobs.attempt)
-    # overlap: replace and buffer_one (sidecar/run/overlap.py).
-    jobs.overlap = Overlap(
-        config, metrics, clock, fleet, ctx.keys, trigger, jobs._start_run, ctx.tasks.spawn
-    )
+
+    # overlap: replace and buffer_one (sidecar/run/overlap.py). Made, its code
+    # imported, now if a job has one of them, else for the first job of the state
+    # bucket's with one (Jobs.overlap_part).
+    def overlap() -> Overlap:
+        from sidecar.run.overlap import Overlap
+
+        return Overlap(
+            config, metrics, clock, fleet, ctx.keys, trigger, jobs._start_run, ctx.tasks.spawn
+        )
+
+    jobs.make_overlap = overlap
+    if any(job.overlap in WAITING for job in config.jobs):
+        jobs.overlap_part()
     # claim.candidates: only k instances claim a slot at its time (sidecar/fleet/candidates.py).
     jobs.candidates = Candidates(
         config.instance_id,

@@ -11,7 +11,8 @@ from tests.support import ROOT, sidecar_env
 
 # Loaded by the fleet page's first request (sidecar/admin/lazy_page.py), by
 # the one-shot commands, or by the first key of their kind in the state bucket
-# (backfills, one-off runs: sidecar/run/onkey.py), never by the start of `run`.
+# (backfills, one-off runs: sidecar/run/onkey.py), or by the first job that
+# uses them (overlap: replace or buffer_one, max_runs), never by the start of `run`.
 NOT_AT_START = (
     "sidecar.admin.api",
     "sidecar.admin.page",
@@ -29,6 +30,8 @@ NOT_AT_START = (
     "sidecar.run.backfillcheck",
     "sidecar.run.atruns",
     "sidecar.run.atqueue",
+    "sidecar.run.overlap",
+    "sidecar.run.runcap",
 )
 
 # What `run` imports (cli/main.py, then cli/daemon.py) and makes before it
