@@ -20,6 +20,7 @@ show, warnings and errors go to stderr. The exit codes (docs/CLI.md):
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import sys
@@ -80,7 +81,28 @@ def json_error(code: int, message: str) -> str:
 
 class Commands(click.Group):
     """The command group; a usage error of a command given --json (an unknown
-    option, a bad value) also prints the JSON error object on stdout."""
+    option, a bad value) also prints the JSON error object on stdout.
+
+    `later`: commands by name as (module, attribute), imported when first asked
+    for or listed: `run` leaves the other commands' code unloaded."""
+
+    def __init__(
+        self, *args: Any, later: dict[str, tuple[str, str]] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.later = dict(later or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.later})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = self.later.pop(cmd_name, None)
+        if where is not None and cmd_name not in self.commands:
+            module, name = where
+            command = getattr(importlib.import_module(module), name)
+            assert isinstance(command, click.Command)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         given = [*ctx.args]  # the command's own arguments: invoke empties ctx.args

@@ -12,7 +12,8 @@ from tests.support import ROOT, sidecar_env
 # Loaded by the fleet page's first request (sidecar/admin/lazy_page.py), by
 # the one-shot commands, or by the first key of their kind in the state bucket
 # (backfills, one-off runs: sidecar/run/onkey.py), or by the first job that
-# uses them (overlap: replace or buffer_one, max_runs), never by the start of `run`.
+# uses them (overlap: replace or buffer_one, max_runs), or by the first command
+# other than `run` asked for (sidecar/cli/main.py LATER), never by the start of `run`.
 NOT_AT_START = (
     "sidecar.admin.api",
     "sidecar.admin.page",
@@ -32,6 +33,8 @@ NOT_AT_START = (
     "sidecar.run.atqueue",
     "sidecar.run.overlap",
     "sidecar.run.runcap",
+    "sidecar.cli.commands",
+    "sidecar.cli.jobs",
 )
 
 # What `run` imports (cli/main.py, then cli/daemon.py) and makes before it
