@@ -10,6 +10,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -248,3 +250,37 @@ def test_replace_when_the_runners_sidecar_is_killed_waits_for_its_lock_to_expire
     stored = [m.data for m in results(nats_server.url, "rk")]
     lost = [r for r in stored if r["status"] == "lost"]
     assert [r["token"] for r in lost] == [first.headers["X-Anarchon-Run-Id"]]
+
+
+def test_replace_on_a_job_added_at_run_time_to_sidecars_whose_file_has_none(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """The overlap part is made when the first job that needs it arrives from the
+    state bucket (no job of the file has one): the lock, the cancel request and one
+    run at a time hold for that job as for a file's."""
+    path = "/jobs/rep"
+    http_app.delay[path] = 60.0  # only a cancel ends a run
+    config = base(nats_server.url, http_app, [job("keep", schedule="0 0 1 1 *")])
+    cfg = str(write_config(tmp_path / "cli.yaml", {"instance_id": "cli", **config}))
+    rep = job(
+        "rep",
+        schedule="*/3 * * * * *",
+        max_late="2500ms",
+        overlap="replace",
+        cancel={"grace": "1s"},
+    )
+    rep_file = tmp_path / "rep.yaml"
+    rep_file.write_text(yaml.safe_dump(rep))
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]):
+        added = run_cli("job", "add", str(rep_file), "-c", cfg)
+        assert added.returncode == 0, added.stderr
+        wait_for(lambda: len(cancels(http_app, path)) >= 2, 40, what="two cancel requests")
+        wait_for(lambda: len(runs(http_app, path)) >= 3, 20, what="a third run")
+        in_flight = http_app.max_in_flight[path]
+        started = runs(http_app, path)
+        asked = cancels(http_app, path)
+    assert in_flight == 1
+    never_two_at_once(started)
+    assert max(Counter(slot_of(r) for r in started).values()) == 1
+    tokens = {r.headers["X-Anarchon-Run-Id"] for r in started}
+    assert all(c.headers["X-Anarchon-Cancel"] in tokens for c in asked)
