@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
 from sidecar.config.fields import CONTROL_RE, short, type_name
-from sidecar.config.jobs import JOB_KEYS, check_fit, check_windows, parse_claim, parse_job
+from sidecar.config.jobs import JOB_KEYS, WAITING, check_fit, check_windows, parse_claim, parse_job
 from sidecar.config.keys import JOB_NAME, ConfigSection
 from sidecar.config.model import Config, JobConfig, Secrets
 from sidecar.core import failpoints
@@ -50,7 +50,6 @@ from sidecar.core.errors import (
 )
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key
-from sidecar.run.lease import WAITING
 from sidecar.run.since import schedule_hash, since_key
 from sidecar.run.since import value_object as since_object
 from sidecar.store.bucketcheck import needs_leases

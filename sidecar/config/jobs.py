@@ -44,6 +44,9 @@ CATCHUP = ("none", "latest", "all")
 OVERLAP = ("allow", "skip", "replace", "buffer_one")
 # The overlap policies that hold ``lock.<job>`` for every run (sidecar/run/overlap.py).
 LOCKED = ("skip", "replace", "buffer_one")
+# Those of them whose runs sidecar/run/overlap.py takes part in (its Overlap is
+# made, its code imported, for the first job with one of them).
+WAITING = ("replace", "buffer_one")
 ON_LOST = ("record", "rerun")
 MAX_RETRIES = 10
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

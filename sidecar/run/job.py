@@ -30,6 +30,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from sidecar.config.jobs import WAITING
 from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimDisconnected, ClaimForeign, CountUnavailable, KeyHeld
@@ -40,7 +41,6 @@ from sidecar.run.lease import (
     REPLACED,
     RUN_LEASE_WAIT,
     TAKEN,
-    WAITING,
     overlap_error,
     run_lease,
     uses_lock,

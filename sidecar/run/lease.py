@@ -11,7 +11,7 @@ under load (nats-io/nats-server#7281), so the key is read again and the lease
 is lost only when the owner or token stored there is not ours.
 
 The keys are written by sidecar/store/kv.py; an expired lease is judged and
-recorded ``lost`` by sidecar/run/retries.py.
+recorded ``lost`` by sidecar/run/lostruns.py.
 """
 
 from __future__ import annotations
@@ -50,9 +50,6 @@ RUN_LEASE_WAIT = 1.0
 # for each further one in a row (up to lease_ttl / 3).
 SPURIOUS_WAIT = 0.02
 
-# The overlap policies whose runs sidecar/run/overlap.py takes part in (its
-# Overlap is made, its code imported, for the first job with one of them).
-WAITING = ("replace", "buffer_one")
 # The record's error of a replaced run starts with this (no retry follows it).
 REPLACED = "replaced"
 # What became of a won slot that found the lock held.
@@ -289,11 +286,7 @@ def run_lease(
     ``buffer_one`` (sidecar/run/overlap.py), else the run's
     own ``run.<job>.<slot>[.<attempt>]``. `markers`: the last marker revision of
     each key, as the watch saw them."""
-    key = (
-        lock_key(job.name)
-        if job.overlap in LOCKED
-        else run_key(job.name, claim.slot, claim.attempt)
-    )
+    key = lock_key(job.name) if uses_lock(job) else run_key(job.name, claim.slot, claim.attempt)
     value = {
         "job": job.name,
         "slot": claim.slot,

@@ -42,11 +42,7 @@ from sidecar.core.errors import CasConflict, KeyHeld, TriggerError
 from sidecar.core.tasks import TaskSet, cancel_all
 from sidecar.core.wire import SCHEDULED
 from sidecar.run.claim import Claim
-from sidecar.run.lease import KEPT as KEPT  # re-exported, as the next three
-from sidecar.run.lease import REPLACED as REPLACED
-from sidecar.run.lease import SKIPPED as SKIPPED
-from sidecar.run.lease import TAKEN as TAKEN
-from sidecar.run.lease import uses_lock as uses_lock
+from sidecar.run.lease import KEPT, REPLACED, SKIPPED, TAKEN
 from sidecar.run.trigger import Trigger, TriggerResult, Why
 from sidecar.when.attempts import lock_key
 
@@ -461,12 +457,7 @@ class Overlap:
 __all__ = [
     "BUFFERED_HEADER",
     "CANCEL_HEADER",
-    "KEPT",
-    "REPLACED",
-    "SKIPPED",
-    "TAKEN",
     "Overlap",
     "buffer_key",
     "stop_key",
-    "uses_lock",
 ]

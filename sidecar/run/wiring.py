@@ -14,11 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sidecar.after.aftermath import Aftermath
+from sidecar.config.jobs import WAITING
 from sidecar.fleet.candidates import Candidates
 from sidecar.run.catchup import CatchUp
 from sidecar.run.context import Context
 from sidecar.run.job import Jobs
-from sidecar.run.lease import WAITING
 from sidecar.run.onkey import OnFirstKey
 from sidecar.run.record import Recorder
 from sidecar.run.retries import follow
