@@ -95,8 +95,6 @@ class LazyPage:
             return self.app
 
     async def __call__(self, req: Request) -> Answer | Stream | None:
-        if not self.config.admin.page:
-            return None
         return await (await self.get())(req)
 
     async def stop(self) -> None:
