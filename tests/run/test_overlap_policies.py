@@ -60,18 +60,23 @@ def never_two_at_once(reqs: list[Request]) -> None:
         assert after.at >= before.finished - 0.005, (before, after)
 
 
-def test_replace_stops_the_running_run_through_its_app_and_runs_the_new_slot(
-    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
-) -> None:
-    path = "/jobs/rep"
-    http_app.delay[path] = 60.0  # never ends by itself: only a cancel ends it
-    rep = job(
+def rep_job() -> dict[str, Any]:
+    """A job every 3 s with `overlap: replace`, its cancel request given 1 s."""
+    return job(
         "rep",
         schedule="*/3 * * * * *",
         max_late="2500ms",
         overlap="replace",
         cancel={"grace": "1s"},
     )
+
+
+def test_replace_stops_the_running_run_through_its_app_and_runs_the_new_slot(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    path = "/jobs/rep"
+    http_app.delay[path] = 60.0  # never ends by itself: only a cancel ends it
+    rep = rep_job()
     config = base(nats_server.url, http_app, [rep])
     cfg = str(write_config(tmp_path / "cli.yaml", {"instance_id": "cli", **config}))
     checked = run_cli("check", "-c", cfg)
@@ -262,13 +267,7 @@ def test_replace_on_a_job_added_at_run_time_to_sidecars_whose_file_has_none(
     http_app.delay[path] = 60.0  # only a cancel ends a run
     config = base(nats_server.url, http_app, [job("keep", schedule="0 0 1 1 *")])
     cfg = str(write_config(tmp_path / "cli.yaml", {"instance_id": "cli", **config}))
-    rep = job(
-        "rep",
-        schedule="*/3 * * * * *",
-        max_late="2500ms",
-        overlap="replace",
-        cancel={"grace": "1s"},
-    )
+    rep = rep_job()
     rep_file = tmp_path / "rep.yaml"
     rep_file.write_text(yaml.safe_dump(rep))
     with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]):
