@@ -47,7 +47,7 @@ from sidecar.admin.actions import (
     skip_detail,
 )
 from sidecar.admin.atops import act as at_act
-from sidecar.admin.bucket_jobs import API_ACTIONS, BucketJobs, api_action
+from sidecar.admin.bucket_jobs import API_ACTIONS, api_action
 from sidecar.admin.live import Live
 from sidecar.admin.pagecache import PageData
 from sidecar.admin.server import Answer, Request, Stream
@@ -62,6 +62,7 @@ from sidecar.obs.exposition import RENDER_SLICE
 from sidecar.when.pauses import MAX_SKIP
 
 if TYPE_CHECKING:
+    from sidecar.admin.jobkeys import JobKeys
     from sidecar.fleet.member import Fleet
     from sidecar.store.guard import StreamGuard
 
@@ -121,7 +122,7 @@ class PageApp:
         self.data = PageData(config, fleet, guard, self.clock, self.live)
         self.runs: ManualRuns | None = None
         # Jobs of the state bucket (POST /api/v1/bucket-jobs/...): set by the daemon.
-        self.bucket_jobs: BucketJobs | None = None
+        self.bucket_jobs: JobKeys | None = None
         # ``skip`` writes with the CLI's own function, on its own connection.
         self.secrets = job_secrets
         self._static = {

@@ -10,8 +10,9 @@ rules, because whoever can write the bucket is not whoever wrote the file
 (its URL would be anywhere), and no header the file's ``target.headers``
 sets (the app's credentials stay the file's).
 
-``BucketJobs`` runs them in a daemon: it follows the view (every change the
-watch delivers, and every re-read by the watchdog), starts a job's loop when
+``BucketJobs`` runs them in a daemon, made on the first ``job.`` key
+(sidecar/admin/jobkeys.py): it follows the view (every change the watch
+delivers, and every re-read by the watchdog, handed on by ``JobKeys``), starts a job's loop when
 its key appears, restarts it when the job's settings change and ends it when
 the key goes (between two claims: a run in flight finishes). A job of the
 file always wins over a key of the same name (said once per revision); a
@@ -198,10 +199,9 @@ class BucketJobs:
         self._presence: asyncio.Task[None] | None = None
         self._presence_due = False
         self.jobs: Jobs | None = None
-        # Called with the running job set after each change (the page's objects).
+        # Called with the running job set after each change (the page's objects):
+        # JobKeys's list, which the page may have joined before this was made.
         self.listeners: list[Callable[[], None]] = []
-        fleet.key_listeners.append(self._changed)
-        fleet.removal_listeners.append(self._removed)
 
     def start(self, jobs: Jobs) -> None:
         self.jobs = jobs
@@ -228,7 +228,7 @@ class BucketJobs:
 
     # ------------------------------------------------------------------ following the view
 
-    def _changed(self, key: str) -> None:
+    def changed(self, key: str) -> None:
         if key == "":  # a full re-read: every job key, and every job running
             self._dirty.update(
                 k[len(PREFIX) :] for k in self.fleet.view.keys if k.startswith(PREFIX)
@@ -240,7 +240,7 @@ class BucketJobs:
             return
         self._wake.set()
 
-    def _removed(self, removal: Removal) -> None:
+    def removed(self, removal: Removal) -> None:
         if removal.key.startswith(PREFIX):
             self._dirty.add(removal.key[len(PREFIX) :])
             self._wake.set()

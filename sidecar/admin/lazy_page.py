@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from sidecar.admin.actions import ManualRuns
     from sidecar.admin.api import PageApp
-    from sidecar.admin.bucket_jobs import BucketJobs
+    from sidecar.admin.jobkeys import JobKeys
     from sidecar.config.load import Config, Secrets
     from sidecar.core.clock import Clock
     from sidecar.fleet.member import Fleet
@@ -49,7 +49,7 @@ class LazyPage:
         guard: StreamGuard,
         clock: Clock,
         job_secrets: Secrets | None,
-        bucket_jobs: BucketJobs,
+        bucket_jobs: JobKeys,
     ) -> None:
         self.config = config
         self.fleet = fleet

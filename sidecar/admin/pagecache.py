@@ -34,7 +34,7 @@ from sidecar.store.state import View, mismatched_jobs
 from sidecar.store.stream import StreamState, state_of
 
 if TYPE_CHECKING:
-    from sidecar.admin.bucket_jobs import BucketJobs
+    from sidecar.admin.jobkeys import JobKeys
     from sidecar.fleet.member import Fleet
     from sidecar.store.guard import StreamGuard
 
@@ -68,7 +68,7 @@ class PageData:
         self._stream_at = 0.0
         self._history: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         # Where each job comes from (file or state bucket): set by the daemon.
-        self.bucket_jobs: BucketJobs | None = None
+        self.bucket_jobs: JobKeys | None = None
 
     async def jobs_data(self) -> list[dict[str, Any]]:
         """Every job's object, current; only the jobs that changed are built again.

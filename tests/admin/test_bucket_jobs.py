@@ -172,6 +172,32 @@ def test_add_update_remove_on_three_sidecars(
     assert counts and max(counts.values()) == 1, counts
 
 
+def test_a_sidecar_started_after_job_add_takes_the_job_up_from_its_first_read(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """The runner of the bucket's jobs is made on the first ``job.`` key
+    (sidecar/admin/jobkeys.py); a key already there at start comes with the
+    start's read of the bucket, not as a change: it must be taken up too."""
+    config = base(nats_server, http_app, [YEARLY])
+    cfg = cli_config(tmp_path, config)
+    with sidecars(tmp_path, [("first", config, {})]) as (first,):
+        added = run_cli("job", "add", job_file(tmp_path, "dyn", job("dyn")), "-c", cfg)
+        assert added.returncode == 0, added.stderr
+        wait_for(lambda: taken_up(first, "dyn"), 5, what="dyn taken up by the first")
+        with sidecars(tmp_path, [("late", config, {})]) as (late,):
+            wait_for(lambda: taken_up(late, "dyn"), 5, what="dyn taken up by the late one")
+            assert "job dyn (id dyn) taken up from the state bucket" in late.log()
+            since = time.time()
+            wait_for(
+                lambda: len([s for s in slots(http_app, "/jobs/dyn") if s / 1000 > since]) >= 3,
+                15,
+                what="runs of dyn with both",
+            )
+            assert not any(NOT_CHECKED in p.log() for p in (first, late))
+    counts = Counter(slots(http_app, "/jobs/dyn"))
+    assert counts and max(counts.values()) == 1, counts
+
+
 def post(
     sc: Sidecar, path: str, body: dict[str, Any], token: str | None = TOKEN
 ) -> tuple[int, Any]:
