@@ -32,7 +32,6 @@ from zoneinfo import ZoneInfo
 import click
 
 from sidecar.admin.tokens import TokenFile
-from sidecar.cli import output
 from sidecar.config.fields import parse_duration
 from sidecar.config.load import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
 from sidecar.core.errors import (
@@ -114,6 +113,34 @@ class Commands(click.Group):
             raise
 
 
+class ShortOptions(click.Command):
+    """A command whose ``-c F`` does not load difflib (``run``: paid for the daemon's life).
+
+    click tries every option word as a long option first; when none matches it
+    builds a NoSuchOption holding the closest long names (difflib, 0.2 MiB of
+    RSS once imported) and then, for a single-dash word, drops that error and
+    matches the short option. Here a single-dash word that is no long option
+    fails that first try without the guess; a mistyped ``--option`` still gets
+    click's "Did you mean". A click without these parser internals parses as it
+    always did.
+    """
+
+    def make_parser(self, ctx: click.Context) -> Any:
+        parser = super().make_parser(ctx)
+        match_long = getattr(parser, "_match_long_opt", None)
+        long_opts = getattr(parser, "_long_opt", None)
+        if not callable(match_long) or not isinstance(long_opts, dict):
+            return parser
+
+        def match(opt: str, explicit_value: str | None, state: Any) -> None:
+            if opt not in long_opts and not opt.startswith("--"):
+                raise click.NoSuchOption(opt, ctx=ctx)  # the short option is tried next
+            match_long(opt, explicit_value, state)
+
+        setattr(parser, "_match_long_opt", match)  # noqa: B010 (an instance attribute)
+        return parser
+
+
 @dataclass(frozen=True)
 class Loaded:
     config: Config
@@ -191,7 +218,9 @@ def call(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def unknown_job(name: str, known: tuple[str, ...], where: str) -> NoReturn:
-    fail(EXIT_USAGE, output.unknown_job(name, known, where))
+    from sidecar.cli.output import unknown_job  # a mistake's path: not loaded by `run`
+
+    fail(EXIT_USAGE, unknown_job(name, known, where))
 
 
 def config_job(config: Config, name: str) -> JobConfig:

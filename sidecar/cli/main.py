@@ -22,6 +22,7 @@ import click
 from sidecar import __version__
 from sidecar.cli.command import (
     Commands,
+    ShortOptions,
     call,
     config_option,
     load,
@@ -73,7 +74,7 @@ def main(log_level: str, log_format: str) -> None:
     setup_logging(log_level, log_format)
 
 
-@main.command()
+@main.command(cls=ShortOptions)
 @config_option
 def run(config_path: str | None) -> None:
     """Run the daemon: claim each slot, trigger the app when won, record the result."""
