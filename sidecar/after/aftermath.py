@@ -25,23 +25,25 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sidecar.after.health import EVENT_TTL, apply, claim_event, health_key
 from sidecar.after.notices import anomaly_of, event_payload, ping_body, trigger_kind
-from sidecar.after.signing import SIGNATURE_HEADER, signature
-from sidecar.config.alerting import NotifyConfig, mask_url
 from sidecar.config.fields import format_duration
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import KeyHeld
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import RAN_STATUSES, SUCCEEDED, ResultRecord, new_token
-from sidecar.obs.outbound import Outbox
-from sidecar.obs.tracing import RunSpan, SpanExporter, run_uuid, span_attributes
 from sidecar.store.kv import Keys
 
+# The code of pings and notifications (sidecar/obs/outbound.py, the health
+# count, signing) and of spans (sidecar/obs/tracing.py) is imported where it
+# is first used: a config without ping, notify, pause_after or tracing never
+# loads it.
 if TYPE_CHECKING:
+    from sidecar.config.alerting import NotifyConfig
     from sidecar.config.load import Config, JobConfig
     from sidecar.fleet.member import Fleet
     from sidecar.obs.metrics import Metrics
+    from sidecar.obs.outbound import Outbox
+    from sidecar.obs.tracing import SpanExporter
 
 log = logging.getLogger("sidecar.aftermath")
 
@@ -69,7 +71,7 @@ class Aftermath:
         self.secret = signing_secret
         self.fleet = fleet
         self.exporter = exporter
-        self.outbox = outbox or Outbox()
+        self._outbox = outbox
         self.tasks = TaskSet("an aftermath task", say=False)
         self._starts: dict[str, asyncio.Task[bool]] = {}  # a run's /start ping, by token
         self._overdue: dict[str, tuple[asyncio.TimerHandle, list[bool]]] = {}
@@ -84,6 +86,15 @@ class Aftermath:
                     ):
                         for outcome in ("sent", "failed"):
                             metrics.pings_total.labels(job=job.name, kind=kind, outcome=outcome)
+
+    @property
+    def outbox(self) -> Outbox:
+        """The sender of pings and notifications, made by the first."""
+        if self._outbox is None:
+            from sidecar.obs.outbound import Outbox
+
+            self._outbox = Outbox()
+        return self._outbox
 
     # ------------------------------------------------------------------ the hook
 
@@ -161,7 +172,8 @@ class Aftermath:
         """Let the health updates and the sends queued so far finish, bounded."""
         if self.tasks:
             await asyncio.wait(set(self.tasks), timeout=5.0)
-        await self.outbox.drain()
+        if self._outbox is not None:
+            await self._outbox.drain()
         if self.exporter is not None:
             await self.exporter.drain()
 
@@ -176,6 +188,8 @@ class Aftermath:
         kind: str,
         after: asyncio.Task[bool] | None = None,
     ) -> asyncio.Task[bool]:
+        from sidecar.obs.tracing import run_uuid
+
         target = f"{url}?rid={run_uuid(token)}"
         metrics = self.metrics
 
@@ -190,6 +204,8 @@ class Aftermath:
     # ------------------------------------------------------------------ health, events
 
     async def _follow(self, job: JobConfig, record: ResultRecord, kind: str) -> None:
+        from sidecar.after.health import EVENT_TTL, apply, claim_event, health_key
+
         run = record.token
         events: tuple[str, ...] = ()
         health: dict[str, Any] = {}
@@ -257,6 +273,9 @@ class Aftermath:
         return True
 
     def _notify(self, target: NotifyConfig, event: str, payload: dict[str, Any]) -> None:
+        from sidecar.after.signing import SIGNATURE_HEADER, signature
+        from sidecar.config.alerting import mask_url
+
         if target.format == "slack":
             data = json.dumps({"text": payload["message"]}).encode()
         else:
@@ -284,6 +303,7 @@ class Aftermath:
 
     def _export(self, job: JobConfig, record: ResultRecord, kind: str) -> None:
         from sidecar.core.clock import parse_rfc3339
+        from sidecar.obs.tracing import RunSpan, span_attributes
 
         assert self.exporter is not None
         try:

@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
-from sidecar.admin.bucket_jobs import BucketJobs
+from sidecar.admin.jobkeys import JobKeys
 from sidecar.admin.lazy_page import LazyPage
 from sidecar.admin.server import AdminServer
-from sidecar.after.signing import signer_for
 from sidecar.config.fields import is_remote
 from sidecar.config.load import Config, Secrets
 from sidecar.core.clock import Clock
@@ -45,6 +44,7 @@ from sidecar.store.stream import stream_spec
 
 if TYPE_CHECKING:
     from sidecar.admin.actions import ManualRuns
+    from sidecar.after.signing import Signer
 
 __all__ = ["Daemon", "start", "stream_spec"]
 
@@ -92,8 +92,9 @@ class Daemon:
             *(job.name for job in self.config.jobs),
         )
         self.conn.on_reconnect.append(self.fleet.reconnected)
-        # Jobs added at run time (the state bucket's job.<name> keys), beside the file's.
-        self.bucket_jobs = BucketJobs(self.config, self.metrics, self.fleet)
+        # Jobs added at run time (the state bucket's job.<name> keys), beside the file's;
+        # their runner made, its code loaded, on the first such key.
+        self.bucket_jobs = JobKeys(self.config, self.metrics, self.fleet)
         self.jobs: Jobs | None = None
         # The stream guard's loop and the settling of memory, ended last.
         self.tasks = TaskSet("a daemon task", say=False)
@@ -160,7 +161,7 @@ class Daemon:
                 on_unanswered=self.conn.unanswered,
             )
             self.guard.on_domain.append(lambda domain: _expect_domain(claimer, domain))
-            signer = signer_for(self.config, self.secrets)
+            signer = signer_of(self.config, self.secrets)
             async with Trigger(signer, self.clock, self.config.instance_id) as trigger:
                 # What every part of a job's life needs, made once (sidecar/run/context.py).
                 ctx = Context.build(
@@ -276,11 +277,20 @@ def _expect_domain(claimer: Claimer, domain: str | None) -> None:
     claimer.check_domain = True
 
 
+def signer_of(config: Config, secrets: Secrets) -> Signer | None:
+    """The trigger's signer, or None; signing's code is loaded only with a secret."""
+    if not secrets.signing_secret:
+        return None
+    from sidecar.after.signing import signer_for
+
+    return signer_for(config, secrets)
+
+
 async def start(config: Config, secrets: Secrets, clock: Clock) -> int:
     """`anarchon-sidecar run`: say what starts and what is risky, then run until stopped."""
     if clock.offset:
         log.warning("wall clock shifted by %gs (ANARCHON_CLOCK_OFFSET)", clock.offset)
-    signer = signer_for(config, secrets)
+    signer = signer_of(config, secrets)
     log.info(
         "anarchon-sidecar %s starting: instance=%s jobs=%d stream=%s signing=%s",
         __version__,

@@ -26,12 +26,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import h11
 
 from sidecar import __version__
-from sidecar.after.signing import SIGNATURE_HEADER, SignedFields, Signer, signature
 from sidecar.config.load import JobConfig, RequestConfig, base_url_of, unix_socket_of
 from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
@@ -57,7 +57,10 @@ from sidecar.core.wire import (
     traceparent,
 )
 
-__all__ = ["Trigger", "TriggerResult", "signature"]
+if TYPE_CHECKING:  # signing's code is loaded only with a signer (sidecar/cli/daemon.py)
+    from sidecar.after.signing import Signer
+
+__all__ = ["Trigger", "TriggerResult"]
 
 log = logging.getLogger("sidecar.trigger")
 
@@ -246,6 +249,8 @@ class Trigger:
             if why.previous is not None:
                 headers[PREVIOUS_HEADER] = why.previous
         if self.signer is not None:
+            from sidecar.after.signing import SIGNATURE_HEADER, SignedFields
+
             req = job.request
             signed = SignedFields(
                 req.method,

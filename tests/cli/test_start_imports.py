@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.support import ROOT, sidecar_env
 
@@ -13,7 +14,10 @@ from tests.support import ROOT, sidecar_env
 # the one-shot commands, or by the first key of their kind in the state bucket
 # (backfills, one-off runs: sidecar/run/onkey.py), or by the first job that
 # uses them (overlap: replace or buffer_one, max_runs), or by the first command
-# other than `run` asked for (sidecar/cli/main.py LATER), never by the start of `run`.
+# other than `run` asked for (sidecar/cli/main.py LATER), or by the first job key
+# of the state bucket (sidecar/admin/jobkeys.py), or by the first ping, notification,
+# span or signed request (sidecar/after/aftermath.py, sidecar/cli/daemon.py
+# signer_of), never by the start of `run`.
 NOT_AT_START = (
     "sidecar.admin.api",
     "sidecar.admin.page",
@@ -35,6 +39,12 @@ NOT_AT_START = (
     "sidecar.run.runcap",
     "sidecar.cli.commands",
     "sidecar.cli.jobs",
+    "sidecar.cli.output",
+    "sidecar.admin.bucket_jobs",
+    "sidecar.obs.outbound",
+    "sidecar.obs.tracing",
+    "sidecar.after.health",
+    "sidecar.after.signing",
 )
 
 # What `run` imports (cli/main.py, then cli/daemon.py) and makes before it
@@ -68,3 +78,37 @@ def test_run_leaves_the_page_and_one_shot_code_unimported_until_used() -> None:
     # Each name still names a module: a renamed one fails here, not passes unseen.
     assert [m for m in NOT_AT_START if importlib.util.find_spec(m) is None] == []
     assert sorted(loaded & set(NOT_AT_START)) == []
+
+
+# `run -c F` as the Dockerfile, the chart and the Ansible role start it, up to
+# its config's check (the file is missing: exit 2).
+PARSE = """
+import sys
+from pathlib import Path
+from sidecar.cli.main import main
+try:
+    main(["run", "-c", sys.argv[1]], standalone_mode=False)
+except SystemExit as exc:
+    print(exc.code, "difflib" in sys.modules)
+"""
+
+
+def test_run_dash_c_does_not_load_clicks_guesses_and_a_typo_still_gets_one(tmp_path: Path) -> None:
+    def python(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *args],
+            capture_output=True,
+            text=True,
+            env=sidecar_env(),
+            cwd=ROOT,
+            timeout=60,
+        )
+
+    parsed = python("-c", PARSE, str(tmp_path / "missing.yaml"))
+    assert parsed.stdout.split() == ["2", "False"], parsed
+    assert "missing.yaml: no such file" in parsed.stderr
+    typo = python("-m", "sidecar", "run", "--confg", "x.yaml")
+    assert typo.returncode == 2
+    assert "No such option '--confg'. Did you mean '--config'?" in typo.stderr
+    unknown = python("-m", "sidecar", "run", "-x")
+    assert unknown.returncode == 2 and "No such option '-x'." in unknown.stderr
