@@ -49,10 +49,16 @@ def test_demo_shows_each_slot_won_exactly_once_and_cleans_up() -> None:
     slots = Counter(when for when, _, _ in lines)
     assert max(slots.values()) == 1, f"a slot was reported twice: {out}"
     assert len(complete) >= 3, out
+    # A line is printed once the result and every claim came, or 1 s after the
+    # result: on a loaded machine a loser's claim may come later than that.
+    everyone = {"demo-1", "demo-2", "demo-3"}
+    seen = []
     for _, winner, lost in complete:
-        losers = [x.strip() for x in lost.split(",")]
+        losers = [x.strip() for x in lost.split(",")] if lost.strip() != "-" else []
         assert winner not in losers
-        assert set(losers) | {winner} == {"demo-1", "demo-2", "demo-3"}
+        assert set(losers) | {winner} <= everyone, lost
+        seen.append(set(losers) | {winner} == everyone)
+    assert sum(seen) * 2 >= len(seen), out  # most slots name all three
     summary = re.search(
         r"^(\d+) slot\(s\) triggered, 0 more than once; sidecars exited with \[0, 0, 0\]$",
         out,
