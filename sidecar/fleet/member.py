@@ -64,7 +64,9 @@ UNKNOWN_PAST = "the state bucket's state at the slot's time is not known here"
 # caught_up: one probe's bound, and the pause between two probes.
 PROBE_TIMEOUT = 2.0
 PROBE_PAUSE = 0.05
-PROBE_POLL = 0.002
+# The probe wakes on each delivery of the watch; it looks again after this long
+# without one too (a delete of a key the view did not hold tells nobody).
+PROBE_LOOK = 0.05
 # caught_up waits for a server clock behind this host's by at most this much.
 MAX_SERVER_BEHIND = 1.0
 # The view keeps pause/skip changes this much longer than a job's jitter + max_late.
@@ -84,6 +86,7 @@ class Fleet:
             (job.jitter + job.max_late for job in config.jobs), default=0.0
         )
         self._probe: asyncio.Future[float] | None = None
+        self._delivered = asyncio.Event()  # set by each change or removal the watch delivers
         # The keys of jobs that no live instance runs any more (sidecar/fleet/orphans.py).
         self.orphans = Orphans(config, self.view, clock)
         # Told of every key the watch delivers, and of every key that left the view.
@@ -374,9 +377,12 @@ class Fleet:
             target = int(info.state.last_seq)
         end = self.clock.monotonic() + PROBE_TIMEOUT
         while self.view.last_revision < target:
-            if self.clock.monotonic() >= end:
+            left = end - self.clock.monotonic()
+            if left <= 0:
                 raise TimeoutError(f"the watch did not deliver revision {target}")
-            await asyncio.sleep(PROBE_POLL)
+            self._delivered.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._delivered.wait(), min(left, PROBE_LOOK))
         return asked
 
     def _pause_changed(self, job: str, log_it: bool = True) -> None:
@@ -409,6 +415,7 @@ class Fleet:
         self._pause_changed(job, log_it=False)
 
     def _removed(self, removal: Removal) -> None:
+        self._delivered.set()
         if not self.view.synced:
             return
         for listener in self.removal_listeners:
@@ -419,6 +426,7 @@ class Fleet:
 
     def _changed(self, key: str) -> None:
         """After the watch delivered `key` ("" after a re-sync): gauges and log lines."""
+        self._delivered.set()
         if not self.view.synced:
             return
         self.problem = None
