@@ -72,6 +72,11 @@ class Aftermath:
         self.fleet = fleet
         self.exporter = exporter
         self._outbox = outbox
+        if outbox is None and (config.notify or any(job.ping for job in config.jobs)):
+            # Made now, not by the first run's /start ping: its import would
+            # delay that run's trigger.
+            self._outbox = self.outbox
+            from sidecar.obs import tracing  # noqa: F401 (each ping's rid)
         self.tasks = TaskSet("an aftermath task", say=False)
         self._starts: dict[str, asyncio.Task[bool]] = {}  # a run's /start ping, by token
         self._overdue: dict[str, tuple[asyncio.TimerHandle, list[bool]]] = {}

@@ -86,7 +86,9 @@ class Fleet:
             (job.jitter + job.max_late for job in config.jobs), default=0.0
         )
         self._probe: asyncio.Future[float] | None = None
-        self._delivered = asyncio.Event()  # set by each change or removal the watch delivers
+        # Set by each entry the watch delivers and by a re-sync: the probe's wake-up.
+        self._delivered = asyncio.Event()
+        self.view.on_delivered = self._delivered.set
         # The keys of jobs that no live instance runs any more (sidecar/fleet/orphans.py).
         self.orphans = Orphans(config, self.view, clock)
         # Told of every key the watch delivers, and of every key that left the view.
@@ -415,7 +417,6 @@ class Fleet:
         self._pause_changed(job, log_it=False)
 
     def _removed(self, removal: Removal) -> None:
-        self._delivered.set()
         if not self.view.synced:
             return
         for listener in self.removal_listeners:
@@ -426,7 +427,7 @@ class Fleet:
 
     def _changed(self, key: str) -> None:
         """After the watch delivered `key` ("" after a re-sync): gauges and log lines."""
-        self._delivered.set()
+        self._delivered.set()  # a re-sync's revision comes without an entry
         if not self.view.synced:
             return
         self.problem = None

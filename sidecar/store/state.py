@@ -210,6 +210,9 @@ class View:
     on_change: Callable[[str], None] | None = None
     # Called with every key that left the view, with its last value.
     on_removed: Callable[[Removal], None] | None = None
+    # Called for every entry the watch delivers, even one that changes no key
+    # (a delete of a key the view did not hold): the revision moved.
+    on_delivered: Callable[[], None] | None = None
     # The markers (how, when) the watch delivered, by key: a re-sync tells
     # from them whether a key that vanished expired or was deleted.
     # Kept only by the fresh view of a re-sync (the live one would grow).
@@ -291,6 +294,8 @@ class View:
         at: float | None = None,
     ) -> None:
         self.last_revision = max(self.last_revision, revision)
+        if self.on_delivered is not None:
+            self.on_delivered()
         if at is not None:
             self.last_time = max(self.last_time, at)
             if key.startswith(TIMELINE_PREFIXES):

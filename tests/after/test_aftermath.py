@@ -113,6 +113,23 @@ def test_anomaly_of() -> None:
     assert anomaly_of(plain, "succeeded", 0) is None
 
 
+def test_the_sender_is_made_with_the_hook_when_the_config_pings_or_notifies() -> None:
+    """Made at start, not by the first run's /start ping (its import would delay
+    that run's trigger); never made for a config without pings or notifications."""
+    from sidecar.after.aftermath import Aftermath
+    from sidecar.core.clock import Clock
+
+    def outbox_of(**top: Any) -> Outbox | None:
+        after = Aftermath(config(**top), None, Clock(), lambda: None)
+        made: Outbox | None = after._outbox
+        return made
+
+    assert outbox_of() is None
+    pinged = [{"name": "a", "schedule": "* * * * *", "ping": {"url": "https://hc.example/a"}}]
+    assert isinstance(outbox_of(jobs=pinged), Outbox)
+    assert isinstance(outbox_of(notify=[{"url": "http://127.0.0.1:9/hook"}]), Outbox)
+
+
 # ---------------------------------------------------------------------- config
 
 

@@ -59,6 +59,12 @@ jobs = [{"name": f"job-{i}", "schedule": f"{i % 60} * * * *"} for i in range(100
 config = parse_config({"nats": {"servers": "nats://127.0.0.1:1"}, "jobs": jobs}, {})
 daemon = Daemon(config, Secrets())
 assert config.admin.page and daemon.page is not None and daemon.admin.app is daemon.page
+# What Daemon.run makes for such a config (sidecar/run/wiring.py, the trigger's signer).
+from sidecar.after.aftermath import Aftermath
+from sidecar.cli.daemon import signer_of
+from sidecar.core.clock import Clock
+Aftermath(config, None, Clock(), lambda: None)
+assert signer_of(config, Secrets()) is None
 print(json.dumps(sorted(m for m in sys.modules if m.startswith("sidecar."))))
 """
 
@@ -84,10 +90,9 @@ def test_run_leaves_the_page_and_one_shot_code_unimported_until_used() -> None:
 # its config's check (the file is missing: exit 2).
 PARSE = """
 import sys
-from pathlib import Path
 from sidecar.cli.main import main
 try:
-    main(["run", "-c", sys.argv[1]], standalone_mode=False)
+    main(["run", *sys.argv[1:]], standalone_mode=False)
 except SystemExit as exc:
     print(exc.code, "difflib" in sys.modules)
 """
@@ -104,9 +109,11 @@ def test_run_dash_c_does_not_load_clicks_guesses_and_a_typo_still_gets_one(tmp_p
             timeout=60,
         )
 
-    parsed = python("-c", PARSE, str(tmp_path / "missing.yaml"))
-    assert parsed.stdout.split() == ["2", "False"], parsed
-    assert "missing.yaml: no such file" in parsed.stderr
+    missing = str(tmp_path / "missing.yaml")
+    for args in (["-c", missing], [f"-c{missing}"], [f"--config={missing}"]):
+        parsed = python("-c", PARSE, *args)
+        assert parsed.stdout.split() == ["2", "False"], (args, parsed)
+        assert "missing.yaml: no such file" in parsed.stderr, args
     typo = python("-m", "sidecar", "run", "--confg", "x.yaml")
     assert typo.returncode == 2
     assert "No such option '--confg'. Did you mean '--config'?" in typo.stderr

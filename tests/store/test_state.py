@@ -212,3 +212,17 @@ def test_a_renewed_presence_is_not_decoded_or_counted_again() -> None:
     assert view.presence_generation == generation + 3
     view.apply("paused.a", b"{}", 7, False)  # not an instance
     assert view.presence_generation == generation + 3
+
+
+def test_every_delivered_entry_is_told_even_one_that_changes_no_key() -> None:
+    """The fate probe waits for the watch to reach a revision (sidecar/fleet/member.py):
+    a delete of a key the view never held moves the revision and tells nobody else."""
+    told: list[int] = []
+    changed: list[str] = []
+    view = View(on_change=changed.append)
+    view.on_delivered = lambda: told.append(view.last_revision)
+    view.apply("paused.a", b'{"by": "op"}', 1, deleted=False)
+    view.apply("never.held", None, 2, deleted=True, how="DEL")
+    view.apply("paused.a", None, 3, deleted=True, how="DEL")
+    assert told == [1, 2, 3]
+    assert changed == ["paused.a", "paused.a"]  # the unknown key's delete changed nothing
