@@ -86,7 +86,7 @@ class Fleet:
             (job.jitter + job.max_late for job in config.jobs), default=0.0
         )
         self._probe: asyncio.Future[float] | None = None
-        # Set by each entry the watch delivers and by a re-sync: the probe's wake-up.
+        # Set by each entry the watch delivers and by each re-sync: the probe's wake-up.
         self._delivered = asyncio.Event()
         self.view.on_delivered = self._delivered.set
         # The keys of jobs that no live instance runs any more (sidecar/fleet/orphans.py).
@@ -427,7 +427,6 @@ class Fleet:
 
     def _changed(self, key: str) -> None:
         """After the watch delivered `key` ("" after a re-sync): gauges and log lines."""
-        self._delivered.set()  # a re-sync's revision comes without an entry
         if not self.view.synced:
             return
         self.problem = None

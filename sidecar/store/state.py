@@ -210,8 +210,9 @@ class View:
     on_change: Callable[[str], None] | None = None
     # Called with every key that left the view, with its last value.
     on_removed: Callable[[Removal], None] | None = None
-    # Called for every entry the watch delivers, even one that changes no key
-    # (a delete of a key the view did not hold): the revision moved.
+    # Called whenever ``last_revision`` moves: every entry the watch delivers,
+    # even one that changes no key (a delete of a key the view did not hold),
+    # and every re-sync (sidecar/store/watch.py).
     on_delivered: Callable[[], None] | None = None
     # The markers (how, when) the watch delivered, by key: a re-sync tells
     # from them whether a key that vanished expired or was deleted.

@@ -174,6 +174,8 @@ class Watch:
         self.view.lock_markers = fresh.lock_markers
         self.view.last_revision = fresh.last_revision
         self.view.synced = True
+        if self.view.on_delivered is not None:  # the revision moved without an entry
+            self.view.on_delivered()
         if self.view.on_removed is not None:
             for removal in gone:
                 self.view.on_removed(removal)
