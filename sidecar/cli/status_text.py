@@ -49,6 +49,8 @@ def status_lines(view: dict[str, Any]) -> list[str]:
         state = "PAUSED" if job["paused"] else "active"
         if job.get("ended"):
             state = "ENDED"
+        elif job.get("not_started") and not job["paused"]:
+            state = "NOT STARTED"
         if job.get("stream_problem"):
             state = "NOT HELD" if not job["paused"] else "PAUSED, NOT HELD"
         if job["settings_differ"]:
@@ -103,9 +105,12 @@ def status_lines(view: dict[str, Any]) -> list[str]:
             )
         if job.get("ended"):
             lines.append(printable(f"{job['name']} runs no more: {job['ended']}"))
-        elif job.get("max_runs") is not None:
-            runs = job.get("runs_counted") or 0
-            lines.append(printable(f"{job['name']}: {runs} of max_runs {job['max_runs']} runs"))
+        else:
+            if job.get("not_started"):
+                lines.append(printable(f"{job['name']} not started: {job['not_started']}"))
+            if job.get("max_runs") is not None:
+                runs = job.get("runs_counted") or 0
+                lines.append(printable(f"{job['name']}: {runs} of max_runs {job['max_runs']} runs"))
         lines += schedule_status_lines(job)
     return lines + drift_lines(view)
 

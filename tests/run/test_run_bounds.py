@@ -154,6 +154,7 @@ def test_three_sidecars_run_only_inside_start_and_end_and_never_past_max_runs(
             job("window", start_at=iso(start), end_at=iso(end)),
             job("capped", max_runs=4),
             job("tick"),
+            job("later", start_at=iso(start + 86_400)),
         ],
     )
     cfg = cli_config(tmp_path, config)
@@ -193,6 +194,12 @@ def test_three_sidecars_run_only_inside_start_and_end_and_never_past_max_runs(
     assert served["capped"]["ended"] == jobs["capped"]["ended"]
     assert f'<span class="tag warn">ended</span> runs no more: end_at {iso(end)} passed' in html
     assert "capped runs no more: max_runs 4 reached" in table
+    # A job whose start_at is ahead says so in its STATE and on a line of its own.
+    assert jobs["later"]["not_started"] == f"no slot before start_at {iso(start + 86_400)}"
+    row = next(line for line in table.splitlines() if line.startswith("later "))
+    assert row.split()[1:3] == ["NOT", "STARTED"], row
+    assert f"later not started: no slot before start_at {iso(start + 86_400)}" in table
+    assert slots(http_app, "/jobs/later") == []
     assert all("job capped: no more runs: max_runs 4 reached" in log for log in said)
     window = slots(http_app, "/jobs/window")
     assert sorted(window) == [(start + i) * 1000 for i in range(4)], window
