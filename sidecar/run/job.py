@@ -238,7 +238,10 @@ class Jobs:
             now = self.clock.wall()
         if blocked := self.fleet.blocked(name, slot if number == 1 else None):
             if blocked[0] == PAUSED and number == 1:
-                self.unclaimed.kept(job, slot, *blocked)
+                # A slot `skip` chose is recorded as a skip even while paused:
+                # `resume --catchup` never runs it (docs/GUARANTEES.md, rule 5).
+                skipped = self.fleet.skipped(name, slot)
+                self.unclaimed.kept(job, slot, *(chosen(skipped) or blocked))
             else:
                 self.unclaimed.skip(job, slot, *blocked)
             return
@@ -491,3 +494,9 @@ class Jobs:
         seq = await self.recorder.record(job, outcome)
         if outcome.kind == FAILED and outcome.reason != REPLACED:
             await self.due.retry(job, claim, outcome.finished_at, seq)
+
+
+
+def chosen(skipped: tuple[str, str] | None) -> tuple[str, str] | None:
+    """`Fleet.skipped`'s answer when the operator's skip chose the slot, else None."""
+    return skipped if skipped is not None and skipped[0] == SKIP else None

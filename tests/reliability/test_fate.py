@@ -3,12 +3,13 @@
 Three sidecars, jobs every 2 s with ``jitter: 1s``, and an operator (the CLI's
 own calls, in this process) firing pause, ``pause --until``, resume,
 ``resume --catchup``, skip and unskip at random moments around the slots'
-instants: 200 rounds per scenario, run on many jobs at once. What the app
-received and what the stream holds must show, for every slot: at most one
-fate message (the claim or skip record stored with ``<job>:<slot>``), never a
-run and a skip record both, the app called at most once, a catch-up run only
-for a slot skipped because paused, and what the operator's acknowledged
-writes decided before the instant.
+instants, and a skip then a pause of the same slot: 200 rounds per scenario,
+run on many jobs at once. What the app received and what the stream holds
+must show, for every slot: at most one fate message (the claim or skip
+record stored with ``<job>:<slot>``), never a run and a skip record both, the
+app called at most once, a catch-up run only for a slot skipped because
+paused (never for one `skip` chose, paused too or not), and what the
+operator's acknowledged writes decided before the instant.
 """
 
 from __future__ import annotations
@@ -185,7 +186,32 @@ async def pause_round(op: Operator, job: str, expect: Expect, rng: random.Random
     await sleep_until(slot / 1000 + 2.2)
 
 
-SCENARIOS = {"catchup": catchup_round, "skip": skip_round, "pause": pause_round}
+async def skip_pause_round(op: Operator, job: str, expect: Expect, rng: random.Random) -> None:
+    """skip, then pause before the skipped slot, then resume --catchup after it: the
+    skip decided the slot, which is never caught up (GUARANTEES.md, rule 5)."""
+    added = await op.skip(job)
+    acked = time.time()
+    if not added:
+        return
+    slot = added[0]
+    instant = slot / 1000
+    await sleep_until(instant - rng.uniform(0.1, 0.4))
+    await op.pause(job)
+    paused_by = time.time()
+    await sleep_until(instant + rng.uniform(0.1, 1.0))
+    await op.resume(job, catchup=True)
+    if acked < instant - 0.05:
+        expect.skipped[(job, slot)] = f"skip acknowledged {instant - acked:.3f}s before"
+        expect.notes[(job, slot)] = f"paused {paused_by - instant:+.3f}s, resume --catchup"
+    await sleep_until(instant + 2.2)
+
+
+SCENARIOS = {
+    "catchup": catchup_round,
+    "skip": skip_round,
+    "pause": pause_round,
+    "skip-pause": skip_pause_round,
+}
 
 
 async def operate(op: Operator, scenario: str, rounds: int, seed: int) -> Expect:
