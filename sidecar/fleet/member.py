@@ -28,7 +28,7 @@ from sidecar.core.wire import instance_key, paused_key, skip_key
 from sidecar.fleet.orphans import Orphans
 from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.store.bucketcheck import check_bucket, needs_leases
-from sidecar.store.kv import Keys, delete_at, put_with_ttl
+from sidecar.store.kv import Keys, delete_at, put_with_ttl, stream_now
 from sidecar.store.state import (
     HASH_KIND,
     PRESENCE_RENEW,
@@ -325,9 +325,12 @@ class Fleet:
         (the stream's order: all before it came first). Else one probe, shared
         by every slot waiting meanwhile: this sidecar renews its presence (a
         write the watch delivers with the server's time) or, on a bucket
-        without TTLs, asks the bucket's last sequence and waits for the watch to
-        deliver it. Costs nothing while the fleet writes presence more often
-        than slots come; at most one request in flight per sidecar otherwise.
+        without TTLs, asks the bucket's last sequence with the server's time
+        and waits for the watch to deliver it. Either way the view is then
+        whole up to a time of the server's clock, never this host's: a host
+        whose clock runs ahead waits for the server to reach the instant.
+        Costs nothing while the fleet writes presence more often than slots
+        come; at most one request in flight per sidecar otherwise.
         """
         while self.view.last_time <= instant:
             if not self.view.synced or self.clock.monotonic() >= deadline:
@@ -344,7 +347,7 @@ class Fleet:
                 return self.view.last_time > instant
             if whole_at > instant:
                 return True  # the view holds all the bucket had when it was asked
-            if (behind := instant - self.view.last_time) >= 0:
+            if (behind := instant - whole_at) >= 0:
                 # The server's clock has not reached the instant yet (this host's runs
                 # ahead): ask again when it should have, not in a tight loop; far
                 # ahead (a suspend, a wrong clock), judge now, the fate message decides.
@@ -356,12 +359,11 @@ class Fleet:
 
     async def _probe_once(self) -> float:
         """One freshness probe: returns once the watch delivered everything the bucket
-        held when it was asked; the local time it was asked (0 after a presence
-        write: then the view's ``last_time``, the server's, says how far it is whole)."""
+        held when it was asked, with the server's time up to which the view is
+        whole (the presence write's own time, or STREAM.INFO's ``ts``)."""
         bucket = self.bucket
         if bucket is None:
             return 0.0
-        asked = self.clock.wall()
         if bucket.ttl:
             key = instance_key(self.config.instance_id)
             keys = Keys(bucket, self.denied)
@@ -371,12 +373,15 @@ class Fleet:
             target = await asyncio.wait_for(
                 keys.put(key, self.presence, PRESENCE_TTL), PROBE_TIMEOUT
             )
-            asked = 0.0
+            whole_at: float | None = None
         else:
-            info = await asyncio.wait_for(
-                jetstream_of(bucket.kv).stream_info(self.spec.stream), PROBE_TIMEOUT
+            asked = self.clock.wall()
+            target, whole_at = await asyncio.wait_for(
+                stream_now(jetstream_of(bucket.kv), self.spec.stream, PROBE_TIMEOUT),
+                PROBE_TIMEOUT,
             )
-            target = int(info.state.last_seq)
+            if whole_at is None:  # the server did not say its time: allow the most skew
+                whole_at = asked - MAX_SERVER_BEHIND
         end = self.clock.monotonic() + PROBE_TIMEOUT
         while self.view.last_revision < target:
             left = end - self.clock.monotonic()
@@ -385,7 +390,8 @@ class Fleet:
             self._delivered.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._delivered.wait(), min(left, PROBE_LOOK))
-        return asked
+        # After the presence write: its entry (or a later one) set last_time.
+        return self.view.last_time if whole_at is None else whole_at
 
     def _pause_changed(self, job: str, log_it: bool = True) -> None:
         """The pause gauges of `job` from the view; a timed pause ends by a timer."""

@@ -496,7 +496,6 @@ class Jobs:
             await self.due.retry(job, claim, outcome.finished_at, seq)
 
 
-
 def chosen(skipped: tuple[str, str] | None) -> tuple[str, str] | None:
     """`Fleet.skipped`'s answer when the operator's skip chose the slot, else None."""
     return skipped if skipped is not None and skipped[0] == SKIP else None

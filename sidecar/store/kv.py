@@ -18,6 +18,7 @@ compare-and-set is ``CasConflict`` whichever way the key was written.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -32,9 +33,9 @@ from nats.js.errors import APIError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from sidecar.core.backoff import Backoff
-from sidecar.core.clock import Clock
+from sidecar.core.clock import Clock, parse_rfc3339
 from sidecar.core.errors import CasConflict, KeyHeld, PermissionDenied, StreamError
-from sidecar.core.natspy import jetstream_of
+from sidecar.core.natspy import api_prefix, connection_of, jetstream_of
 from sidecar.core.wire import (
     CAS_CONFLICT,
     ERR_NO_MESSAGE,
@@ -79,6 +80,32 @@ async def last_msg(js: JetStreamContext, stream: str, subject: str) -> RawStream
         if exc.err_code == ERR_NO_MESSAGE:  # no message on the subject
             return None
         raise
+
+
+async def stream_now(js: JetStreamContext, stream: str, timeout: float) -> tuple[int, float | None]:
+    """`stream`'s last sequence and the server's time when it answered (epoch s).
+
+    STREAM.INFO's ``ts`` is the server's clock; nats-py's StreamInfo drops it,
+    so the request is made here. None for the time when the answer has none
+    (or an unreadable one): the caller then cannot tell the server's time.
+    """
+    msg = await connection_of(js).request(
+        f"{api_prefix(js)}.STREAM.INFO.{stream}", b"", timeout=timeout
+    )
+    data = json.loads(msg.data)
+    if not isinstance(data, dict):
+        raise StreamError(f"stream {stream}: an answer that is not an object")
+    if "error" in data:
+        raise APIError.from_error(data["error"])
+    state = data.get("state")
+    last = state.get("last_seq") if isinstance(state, dict) else None
+    if not isinstance(last, int) or isinstance(last, bool):
+        raise StreamError(f"stream {stream}: no last sequence in its info")
+    at = data.get("ts")
+    try:
+        return last, parse_rfc3339(at) if isinstance(at, str) else None
+    except ValueError:
+        return last, None
 
 
 def same_owner(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import nats
 import pytest
+from nats.js.api import KeyValueConfig, StorageType
 from prometheus_client import CollectorRegistry
 
 from sidecar.config.load import parse_config
@@ -59,6 +61,49 @@ async def test_the_view_holds_a_pause_stored_just_before_the_instant(
             assert entry is not None and entry.value.get("round") == round, (round, entry)
             assert fleet.view.last_time > instant
             await asyncio.sleep(0.01)
+    finally:
+        await fleet.stop()
+        await other.close()
+        await nc.close()
+
+
+@pytest.mark.parametrize("ttl", [True, False], ids=["presence-write", "bucket-without-ttls"])
+async def test_a_host_whose_clock_runs_ahead_waits_for_the_servers_instant(
+    nats_server: NatsServer, ttl: bool
+) -> None:
+    # A pause stored 0.2 s before the instant by the server's clock (the test's),
+    # while the sidecar's clock runs 0.8 s ahead: it must wait until the server
+    # reaches the instant and see the pause, not judge by its own clock.
+    other = await nats.connect(nats_server.url)
+    if not ttl:  # made before the sidecar, as an operator might: the probe asks STREAM.INFO
+        await other.jetstream().create_key_value(
+            KeyValueConfig(bucket="CRON_STATE", history=1, storage=StorageType.FILE)
+        )
+    cfg = parse_config(
+        {
+            "instance_id": "me",
+            "nats": {"servers": nats_server.url},
+            "jobs": [{"name": "j", "schedule": "* * * * * *"}],
+        },
+        {},
+    )
+    clock = Clock(offset=0.8)
+    fleet = Fleet(cfg, Metrics(CollectorRegistry(), ("j",)), clock)
+    nc = await nats.connect(nats_server.url)
+    try:
+        fleet.start(nc.jetstream())
+        await until(lambda: fleet.view.synced and fleet.bucket is not None, 20, "the bucket read")
+        assert fleet.bucket is not None and fleet.bucket.ttl is ttl
+        kv = await other.jetstream().key_value(fleet.bucket.spec.bucket)
+        for round in range(3):
+            instant = time.time() + 0.5
+            judged = asyncio.create_task(fleet.caught_up(instant, clock.monotonic() + 3.0))
+            await asyncio.sleep(max(0.0, instant - 0.2 - time.time()))
+            await kv.put("paused.j", json.dumps({"by": "op", "round": round}).encode())
+            assert await judged, f"round {round}"
+            assert time.time() >= instant, f"round {round}: judged before the server's instant"
+            entry = fleet.view.keys.get("paused.j")
+            assert entry is not None and entry.value.get("round") == round, (round, entry)
     finally:
         await fleet.stop()
         await other.close()
