@@ -226,3 +226,44 @@ def test_every_delivered_entry_is_told_even_one_that_changes_no_key() -> None:
     view.apply("paused.a", None, 3, deleted=True, how="DEL")
     assert told == [1, 2, 3]
     assert changed == ["paused.a", "paused.a"]  # the unknown key's delete changed nothing
+
+
+async def test_a_key_changed_while_the_watch_was_away_is_not_known_before_the_change(
+    nc: NATS,
+) -> None:
+    # pause, then resume while watched; away: pause, resume, pause; re-read. The
+    # bucket shows only the last pause: whether the job was paused at an instant
+    # between the resume the view saw and that pause is not known (it was).
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    view = View()
+    watch = Watch(bucket, view)
+    task = asyncio.create_task(watch.run())
+    try:
+        await until(lambda: view.synced, 10)
+        await put_json(bucket.kv, "paused.j", {"by": "ops", "n": 1})
+        await bucket.kv.delete("paused.j")
+        await until(lambda: "paused.j" in view.timelines and view.paused("j") is None, 10)
+        seen = view.timelines["paused.j"][-1][0]
+        assert watch._pump is not None
+        watch._pump.cancel()  # away
+        await asyncio.sleep(0.05)  # each change at its own time, 50 ms apart
+        await put_json(bucket.kv, "paused.j", {"by": "ops", "n": 2})
+        msg = await nc.jetstream().get_last_msg("KV_CRON_STATE", "$KV.CRON_STATE.paused.j")
+        assert msg.time is not None
+        paused_at = msg.time.timestamp()
+        await asyncio.sleep(0.05)
+        await bucket.kv.delete("paused.j")
+        await asyncio.sleep(0.05)
+        await put_json(bucket.kv, "paused.j", {"by": "ops", "n": 3})
+        watch.resync()  # what a reconnect does
+        await until(lambda: (e := view.paused("j")) is not None and e.value.get("n") == 3, 10)
+        last = view.timelines["paused.j"][-1][0]
+        instant = paused_at + 0.01  # paused then (n 2), by the server's clock
+        assert seen < instant < last
+        known, _ = view.at_instant("paused.j", instant)
+        assert not known, "an instant inside the gap read as known"
+        assert view.at_instant("paused.j", last + 0.001) == (True, {"by": "ops", "n": 3})
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
