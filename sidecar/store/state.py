@@ -257,6 +257,22 @@ class View:
             value = v
         return known, value
 
+    def reread(self, key: str, timeline: list[tuple[float, dict[str, Any] | None]]) -> None:
+        """A timeline key as a re-read of the bucket shows it (sidecar/store/watch.py).
+
+        Unchanged while the watch was away (the re-read's change is the last one
+        known, or older): the timeline goes on as it was. Changed: it may have
+        changed more than once (the bucket keeps one value a key), so the
+        timeline starts again at the re-read's change and the instants before it
+        are not known here (``at_instant``); such a slot is left to the sidecars
+        whose view knows it.
+        """
+        known = self.timelines.get(key)
+        if not timeline or (known and timeline[-1][0] <= known[-1][0]):
+            return
+        self.timelines[key] = list(timeline)
+        self._absent_before.pop(key, None)
+
     def _note(self, key: str, at: float, value: dict[str, Any] | None) -> None:
         """One change of a timeline key, at server time `at` (watch order)."""
         timeline = self.timelines.setdefault(key, [])

@@ -161,18 +161,8 @@ class Watch:
                 if key not in fresh.keys
                 or fresh.keys[key].value.get("token") != entry.value.get("token")
             ]
-        # The timelines of pause and skip keys across a re-read: a key the re-read
-        # shows as last delivered goes on as it was. One that changed while the
-        # watch was away may have changed more than once (the bucket keeps one
-        # value a key): its timeline starts again at the re-read's change, so the
-        # instants before it are not known here (View.at_instant) and such a
-        # slot is left to the sidecars whose view knows it.
         for key, timeline in fresh.timelines.items():
-            known = self.view.timelines.get(key)
-            if not timeline or (known and timeline[-1][0] <= known[-1][0]):
-                continue  # unchanged while away (or older than what is known)
-            self.view.timelines[key] = list(timeline)
-            self.view._absent_before.pop(key, None)
+            self.view.reread(key, timeline)
         self.view.last_time = max(self.view.last_time, fresh.last_time)
         self.view.keys = fresh.keys
         self.view._jobs_seen = fresh._jobs_seen
