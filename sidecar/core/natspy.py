@@ -1,21 +1,24 @@
 """The one place that reaches into nats-py's private attributes.
 
 Every use says why nats-py (2.9 to 2.16, the range pyproject.toml allows)
-leaves no public way, and which upstream issue or change it waits for where
-one exists. A nats-py release that renames one of these fails here, in one
-module, and tests/test_connection*.py, test_claim.py, test_state.py and
-test_nats_versions.py show which.
+leaves no public way (here too the raw JetStream API request, for answers
+nats-py's calls parse too slowly or drop a field of), and which upstream
+issue or change it waits for where one exists. A nats-py release that
+renames one of these fails here, in one module, and tests/test_connection*.py,
+test_claim.py, test_state.py and test_nats_versions.py show which.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
-from nats.errors import StaleConnectionError
+from nats.errors import NoRespondersError, StaleConnectionError
 from nats.js import JetStreamContext
+from nats.js.errors import APIError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from sidecar.core.errors import SidecarError
@@ -45,6 +48,23 @@ def api_prefix(js: JetStreamContext) -> str:
     """
     prefix: str = js._prefix
     return prefix
+
+
+async def api_request(nc: NATS, subject: str, payload: bytes, timeout: float) -> Any:
+    """A JetStream API request made by hand: the decoded answer, or nats-py's errors.
+
+    Its errors are those of nats-py's own API calls: the answer's error as the
+    typed APIError, ServiceUnavailableError for no responders, and nats-py's
+    TimeoutError after `timeout`.
+    """
+    try:
+        reply = await nc.request(subject, payload, timeout=timeout)
+    except NoRespondersError as exc:
+        raise ServiceUnavailableError from exc
+    answer = json.loads(reply.data)
+    if isinstance(answer, dict) and "error" in answer:
+        APIError.from_error(answer["error"])  # raises the typed error
+    return answer
 
 
 def request_timeout(js: JetStreamContext) -> float:

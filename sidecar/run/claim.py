@@ -29,16 +29,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
-from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, NotFoundError
 
 from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import ClaimDisconnected, ClaimError, ClaimForeign
-from sidecar.core.natspy import api_prefix, request_timeout
+from sidecar.core.natspy import api_prefix, api_request, request_timeout
 from sidecar.core.wire import ERR_DUPLICATE_IN_PROCESS, claims_subject, msg_get_subject, new_token
 from sidecar.core.wire import MSG_ID as MSG_ID  # re-exported: the run's ending uses it
 from sidecar.core.wire import TRANSIENT as TRANSIENT  # re-exported: the run's ending uses it
@@ -304,15 +303,10 @@ class Claimer:
         APIError of the answer, ServiceUnavailableError for no responders, and
         nats-py's TimeoutError after the JetStream context's timeout.
         """
-        try:
-            reply = await self.nc.request(
-                msg_get_subject(api_prefix(self.js), self.stream),
-                f'{{"seq":{seq:d}}}'.encode(),
-                timeout=request_timeout(self.js),
-            )
-        except NoRespondersError as exc:
-            raise ServiceUnavailableError from exc
-        answer = json.loads(reply.data)
-        if "error" in answer:
-            APIError.from_error(answer["error"])  # raises the typed error
+        answer = await api_request(
+            self.nc,
+            msg_get_subject(api_prefix(self.js), self.stream),
+            f'{{"seq":{seq:d}}}'.encode(),
+            request_timeout(self.js),
+        )
         return base64.b64decode(answer["message"].get("data") or "")

@@ -18,7 +18,6 @@ compare-and-set is ``CasConflict`` whichever way the key was written.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -35,7 +34,7 @@ from nats.js.kv import KeyValue
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, parse_rfc3339
 from sidecar.core.errors import CasConflict, KeyHeld, PermissionDenied, StreamError
-from sidecar.core.natspy import api_prefix, connection_of, jetstream_of
+from sidecar.core.natspy import api_prefix, api_request, connection_of, jetstream_of
 from sidecar.core.wire import (
     CAS_CONFLICT,
     ERR_NO_MESSAGE,
@@ -89,14 +88,10 @@ async def stream_now(js: JetStreamContext, stream: str, timeout: float) -> tuple
     so the request is made here. None for the time when the answer has none
     (or an unreadable one): the caller then cannot tell the server's time.
     """
-    msg = await connection_of(js).request(
-        f"{api_prefix(js)}.STREAM.INFO.{stream}", b"", timeout=timeout
-    )
-    data = json.loads(msg.data)
+    subject = f"{api_prefix(js)}.STREAM.INFO.{stream}"
+    data = await api_request(connection_of(js), subject, b"", timeout)
     if not isinstance(data, dict):
         raise StreamError(f"stream {stream}: an answer that is not an object")
-    if "error" in data:
-        raise APIError.from_error(data["error"])
     state = data.get("state")
     last = state.get("last_seq") if isinstance(state, dict) else None
     if not isinstance(last, int) or isinstance(last, bool):
