@@ -241,7 +241,8 @@ class Jobs:
                 # A slot `skip` chose is recorded as a skip even while paused:
                 # `resume --catchup` never runs it (docs/GUARANTEES.md, rule 5).
                 skipped = self.fleet.skipped(name, slot)
-                self.unclaimed.kept(job, slot, *(chosen(skipped) or blocked))
+                kept = skipped if skipped is not None and skipped[0] == SKIP else blocked
+                self.unclaimed.kept(job, slot, *kept)
             else:
                 self.unclaimed.skip(job, slot, *blocked)
             return
@@ -494,8 +495,3 @@ class Jobs:
         seq = await self.recorder.record(job, outcome)
         if outcome.kind == FAILED and outcome.reason != REPLACED:
             await self.due.retry(job, claim, outcome.finished_at, seq)
-
-
-def chosen(skipped: tuple[str, str] | None) -> tuple[str, str] | None:
-    """`Fleet.skipped`'s answer when the operator's skip chose the slot, else None."""
-    return skipped if skipped is not None and skipped[0] == SKIP else None
