@@ -111,6 +111,11 @@ class Operator:
         added, _ = await skipops.skip(self.ld.config, self.ld.secrets, self.job(job), 1, "op", "")
         return added
 
+    async def skip_next(self, job: str) -> tuple[int, float] | None:
+        """skip: the slot it chose and when the skip was acknowledged (None: no slot)."""
+        added = await self.skip(job)
+        return (added[0], time.time()) if added else None
+
     async def unskip(self, job: str) -> None:
         await skipops.unskip(self.ld.config, self.ld.secrets, job)
 
@@ -134,11 +139,9 @@ async def catchup_round(op: Operator, job: str, expect: Expect, rng: random.Rand
 
 async def skip_round(op: Operator, job: str, expect: Expect, rng: random.Random) -> None:
     """skip; then a second skip or an unskip around the skipped slot (item 2)."""
-    added = await op.skip(job)
-    acked = time.time()
-    if not added:
+    if (skipped := await op.skip_next(job)) is None:
         return
-    slot = added[0]
+    slot, acked = skipped
     instant = slot / 1000
     await sleep_until(instant + rng.uniform(-0.3, 0.6))
     second = "skip" if rng.random() < 0.5 else "unskip"
@@ -189,11 +192,9 @@ async def pause_round(op: Operator, job: str, expect: Expect, rng: random.Random
 async def skip_pause_round(op: Operator, job: str, expect: Expect, rng: random.Random) -> None:
     """skip, then pause before the skipped slot, then resume --catchup after it: the
     skip decided the slot, which is never caught up (GUARANTEES.md, rule 5)."""
-    added = await op.skip(job)
-    acked = time.time()
-    if not added:
+    if (skipped := await op.skip_next(job)) is None:
         return
-    slot = added[0]
+    slot, acked = skipped
     instant = slot / 1000
     await sleep_until(instant - rng.uniform(0.1, 0.4))
     await op.pause(job)

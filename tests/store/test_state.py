@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 
 import nats
 import pytest
@@ -14,11 +15,24 @@ from nats.js.api import KeyValueConfig
 from sidecar.store import watch as watching
 from sidecar.store.bucketcheck import StateSpec
 from sidecar.store.kv import put_json, put_with_ttl
-from sidecar.store.state import View, ensure_bucket, mismatched_jobs
+from sidecar.store.state import Bucket, View, ensure_bucket, mismatched_jobs
 from sidecar.store.watch import Stall, Watch
 from tests.support import NatsServer, until
 
 SPEC = StateSpec("CRON_STATE", 1, 60.0)
+
+
+@contextlib.asynccontextmanager
+async def running(bucket: Bucket, view: View) -> AsyncIterator[Watch]:
+    """`Watch(bucket, view)` running for the block, then cancelled."""
+    watch = Watch(bucket, view)
+    task = asyncio.create_task(watch.run())
+    try:
+        yield watch
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def test_the_bucket_is_created_with_ttls_and_history_1(nc: NATS) -> None:
@@ -47,17 +61,11 @@ async def test_a_bucket_without_ttls_is_used_and_says_so(nc: NATS) -> None:
 async def test_a_key_written_with_a_ttl_expires_and_the_view_drops_it(nc: NATS) -> None:
     bucket = await ensure_bucket(nc.jetstream(), SPEC)
     view = View()
-    watch = Watch(bucket, view)
-    task = asyncio.create_task(watch.run())
-    try:
+    async with running(bucket, view):
         await until(lambda: view.synced, 10)
         await put_with_ttl(bucket, "instance.a", {"version": "1"}, 1.0)
         await until(lambda: "a" in view.instances(), 5)
         await until(lambda: "a" not in view.instances(), 8)  # the MaxAge marker
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_a_watch_that_misses_updates_is_caught_by_the_watchdog(
@@ -66,9 +74,7 @@ async def test_a_watch_that_misses_updates_is_caught_by_the_watchdog(
     monkeypatch.setattr(watching, "WATCHDOG_EVERY", 0.3)
     bucket = await ensure_bucket(nc.jetstream(), SPEC)
     view = View()
-    watch = Watch(bucket, view)
-    task = asyncio.create_task(watch.run())
-    try:
+    async with running(bucket, view) as watch:
         await until(lambda: view.synced and watch._pump is not None, 10)
         # The watch goes silent (as nats-py's ordered consumer can): updates
         # stop reaching the view.
@@ -77,10 +83,6 @@ async def test_a_watch_that_misses_updates_is_caught_by_the_watchdog(
         await put_json(bucket.kv, "paused.sync", {"by": "ops"})
         await until(lambda: view.paused("sync") is not None, 5)
         assert view.paused("sync").value == {"by": "ops"}  # type: ignore[union-attr]
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def test_the_watchdog_calls_a_watch_stalled_only_when_it_misses_an_old_write() -> None:
@@ -142,9 +144,7 @@ async def test_resync_drops_keys_deleted_while_the_watch_was_away(nc: NATS) -> N
     await put_json(bucket.kv, "paused.sync", {"by": "ops"})
     changes: list[str] = []
     view = View(on_change=changes.append)
-    watch = Watch(bucket, view)
-    task = asyncio.create_task(watch.run())
-    try:
+    async with running(bucket, view) as watch:
         await until(lambda: view.paused("sync") is not None, 10)
         assert watch._pump is not None
         watch._pump.cancel()  # away
@@ -152,10 +152,6 @@ async def test_resync_drops_keys_deleted_while_the_watch_was_away(nc: NATS) -> N
         watch.resync()  # what a reconnect does
         await until(lambda: view.paused("sync") is None, 10)
         assert "" in changes  # one recount after the re-sync
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def test_mismatched_jobs() -> None:
@@ -236,9 +232,7 @@ async def test_a_key_changed_while_the_watch_was_away_is_not_known_before_the_ch
     # between the resume the view saw and that pause is not known (it was).
     bucket = await ensure_bucket(nc.jetstream(), SPEC)
     view = View()
-    watch = Watch(bucket, view)
-    task = asyncio.create_task(watch.run())
-    try:
+    async with running(bucket, view) as watch:
         await until(lambda: view.synced, 10)
         await put_json(bucket.kv, "paused.j", {"by": "ops", "n": 1})
         await bucket.kv.delete("paused.j")
@@ -263,7 +257,3 @@ async def test_a_key_changed_while_the_watch_was_away_is_not_known_before_the_ch
         known, _ = view.at_instant("paused.j", instant)
         assert not known, "an instant inside the gap read as known"
         assert view.at_instant("paused.j", last + 0.001) == (True, {"by": "ops", "n": 3})
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
