@@ -459,7 +459,7 @@ class Jobs:
                 why=self._why(job, claim),
             )
             if overlap is not None:
-                result, replaced = await overlap.run(job, claim, fire)
+                result, replaced = await overlap.run(job, claim, fire, (started_at, started))
             else:
                 result, replaced = await fire, False
         except asyncio.CancelledError:

@@ -43,7 +43,7 @@ from sidecar.core.tasks import TaskSet, cancel_all
 from sidecar.core.wire import SCHEDULED
 from sidecar.run.claim import Claim
 from sidecar.run.lease import KEPT, REPLACED, SKIPPED, TAKEN
-from sidecar.run.trigger import Trigger, TriggerResult, Why
+from sidecar.run.trigger import Trigger, TriggerResult, Why, cut_off
 from sidecar.when.attempts import lock_key
 
 if TYPE_CHECKING:
@@ -290,9 +290,16 @@ class Overlap:
         return dataclasses.replace(job, request=dataclasses.replace(job.request, headers=headers))
 
     async def run(
-        self, job: JobConfig, claim: Claim, fire: Coroutine[Any, Any, TriggerResult]
+        self,
+        job: JobConfig,
+        claim: Claim,
+        fire: Coroutine[Any, Any, TriggerResult],
+        started: tuple[float, float],
     ) -> tuple[TriggerResult, bool]:
-        """Await `fire`; for ``replace``, stop it when a newer slot asks (True: replaced)."""
+        """Await `fire`; for ``replace``, stop it when a newer slot asks (True: replaced).
+
+        `started`: when the run's request went out, (wall, monotonic): a run cut off
+        is recorded from then to the cut."""
         if job.overlap != "replace":
             try:
                 return await fire, False
@@ -309,7 +316,7 @@ class Overlap:
             await asyncio.wait({task, asked}, return_when=asyncio.FIRST_COMPLETED)
             if task.done():
                 return task.result(), False
-            return await self._stop(job, claim, task, asker), True
+            return await self._stop(job, claim, task, asker, started), True
         finally:
             asked.cancel()
             self._running.pop(claim.token, None)
@@ -322,9 +329,9 @@ class Overlap:
         claim: Claim,
         task: asyncio.Task[TriggerResult],
         asker: dict[str, Any],
+        started: tuple[float, float],
     ) -> TriggerResult:
         """Send the cancel request, give the run `cancel.grace`, then close it."""
-        began = self.clock.wall()
         cancel = job.cancel
         by = slot_ms(asker.get("slot"))
         newer = f"slot {rfc3339(by / 1000)}" if by is not None else "a newer slot"
@@ -344,7 +351,10 @@ class Overlap:
                 answered, ok=False, error=f"{REPLACED}: stopped for {newer} ({said}; {how})"
             )
         await cancel_all([task])
-        ended = self.clock.wall()
+        # The run's own times, from its request to the cut (not from the cancel
+        # request on: docs/CONFIG.md, overlap), as the drain records a run it cuts.
+        started_at, since = started
+        ran = self.clock.monotonic() - since
         log.warning(
             "job %s slot %s: the replaced run did not answer within cancel.grace %gs: "
             "its connection is closed",
@@ -352,17 +362,11 @@ class Overlap:
             rfc3339(claim.slot / 1000),
             cancel.grace,
         )
-        return TriggerResult(
-            ok=False,
-            started_at=began,
-            finished_at=ended,
-            duration=ended - began,
-            http_status=None,
-            error=(
-                f"{REPLACED}: stopped for {newer} ({said}; no answer within "
-                f"cancel.grace {cancel.grace:g}s: connection closed)"
-            ),
-            delivery_tries=1,
+        return cut_off(
+            started_at,
+            ran,
+            f"{REPLACED}: stopped for {newer} ({said}; no answer within "
+            f"cancel.grace {cancel.grace:g}s: connection closed)",
         )
 
     async def _cancel_request(self, job: JobConfig, claim: Claim, grace: float) -> str:

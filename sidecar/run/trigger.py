@@ -112,16 +112,19 @@ class TriggerResult:
     answer: bytes = b""  # at most MAX_ANSWER_KEPT bytes of the app's answer
 
 
+def cut_off(started_at: float, ran: float, error: str) -> TriggerResult:
+    """A run whose connection the sidecar closed after `ran` seconds (measured on the
+    monotonic clock from `started_at`, when its request went out): failed, with
+    `error`, its times those of the run itself, not of the moment it was cut."""
+    return TriggerResult(False, started_at, started_at + ran, ran, None, error, 1)
+
+
 def interrupted(started_at: float, ran: float, grace: float) -> TriggerResult:
     """A run cut off by the drain after `ran` seconds: failed, outcome unknown."""
-    return TriggerResult(
-        False,
+    return cut_off(
         started_at,
-        started_at + ran,
         ran,
-        None,
         f"interrupted: still running after the {grace:g}s shutdown grace period; outcome unknown",
-        1,
     )
 
 

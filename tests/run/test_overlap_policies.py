@@ -5,6 +5,8 @@ and ends a run when it gets its cancel request (tests/support.py)."""
 from __future__ import annotations
 
 import itertools
+import json
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from sidecar.core.clock import parse_rfc3339
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -128,6 +131,68 @@ def test_replace_stops_the_running_run_through_its_app_and_runs_the_new_slot(
     assert all(r.get("attempt", 1) == 1 for r in stored)
     assert all(int(r.headers["X-Anarchon-Attempt"]) == 1 for r in started)
     assert replaced >= 3
+
+
+def history(cfg: str, name: str) -> dict[str, dict[str, Any]]:
+    """`history NAME --json` as a user reads it, by run token."""
+    res = run_cli("history", name, "-c", cfg, "--json", "--limit", "1000")
+    assert res.returncode == 0, res.stderr
+    return {run["token"]: run for run in map(json.loads, res.stdout.splitlines())}
+
+
+def assert_times(run: dict[str, Any], sent: Request, cut: float, slack: float) -> None:
+    """`run` (history) started when the app got `sent` and ran until `cut` (give or
+    take `slack` later): not from the moment it was asked to stop."""
+    started = parse_rfc3339(run["started_at"])
+    finished = parse_rfc3339(run["finished_at"])
+    assert sent.at - 0.5 <= started <= sent.at + 0.01, (run, sent.at)
+    assert cut - 0.25 <= finished <= cut + slack, (run, cut)
+    assert abs(run["duration_ms"] - (finished - started) * 1000) <= 2, run
+    assert run["duration_ms"] >= (cut - sent.at - 0.25) * 1000, (run, sent.at, cut)
+
+
+def test_a_run_cut_off_by_replace_or_by_sigterm_keeps_its_true_start_and_duration(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """An app that goes on after the cancel request: the run is cut off when
+    cancel.grace ends; recorded from when its request went out to that cut, as is
+    the run the sidecar's own SIGTERM drain cuts off (docs/CONFIG.md, overlap)."""
+    path = "/jobs/rep"
+    http_app.delay[path] = 60.0
+    http_app.ignore_cancel = True  # only the sidecar's closing of the connection ends a run
+    grace, shutdown_grace = 1.0, 2.0
+    config = base(nats_server.url, http_app, [rep_job()])
+    cfg = str(write_config(tmp_path / "cli.yaml", {"instance_id": "cli", **config}))
+    with sidecars(tmp_path, [("only", config, {})]) as (proc,):
+
+        def replaced() -> list[dict[str, Any]]:
+            return [r for r in history(cfg, "rep").values() if r["status"] == "failed"]
+
+        wait_for(lambda: len(replaced()) >= 2, 40, what="two runs replaced")
+        asked = cancels(http_app, path)
+        # SIGTERM once the next run has reached the app: the drain cuts it off.
+        last: Request = wait_for(
+            lambda: next((r for r in runs(http_app, path) if r.at > asked[-1].at + 0.5), None),
+            10,
+            what="a run after the last cancel",
+        )
+        assert proc.proc is not None
+        signalled_at = time.time()
+        proc.proc.send_signal(signal.SIGTERM)
+        assert proc.proc.wait(30) == 0, proc.log()
+    by_token = {r.headers["X-Anarchon-Run-Id"]: r for r in runs(http_app, path)}
+    ran = history(cfg, "rep")
+    cut_by_replace = [r for r in ran.values() if (r["error"] or "").startswith("replaced")]
+    assert len(cut_by_replace) >= 2, ran
+    for run in cut_by_replace:
+        assert "no answer within cancel.grace 1s" in run["error"], run
+        sent = by_token[run["token"]]
+        [cancel] = [c for c in asked if c.headers["X-Anarchon-Cancel"] == run["token"]]
+        # Cut off when cancel.grace ended, counted from just before the cancel went out.
+        assert_times(run, sent, cancel.at + grace, 0.5)
+    drained = ran[last.headers["X-Anarchon-Run-Id"]]
+    assert drained["status"] == "failed" and "interrupted" in drained["error"], drained
+    assert_times(drained, last, signalled_at + shutdown_grace, 2.0)
 
 
 def test_buffer_one_runs_one_kept_slot_right_after_the_long_run_and_skips_the_others(
