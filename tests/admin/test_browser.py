@@ -5,8 +5,9 @@ pause made with the token through the page's form stops the job on every
 replica; the same POST without the token is refused; the console has no
 error (a CSP violation would be one); issue 42's features show in the rows (a
 bucket job's tag and id, an interval in words, overlap and its kept slot, a
-pending one-off, not started, max_runs). Screenshots at a phone's and a desktop's
-width are written to ``$PAGE_SCREENSHOTS`` (default build/screenshots/).
+pending one-off, not started, max_runs); a stream leader named by its 56-character
+server id stays in its own box at four widths (issue 51). Screenshots at a phone's
+and a desktop's width are written to ``$PAGE_SCREENSHOTS`` (default build/screenshots/).
 """
 
 from __future__ import annotations
@@ -243,3 +244,92 @@ async def test_the_page_in_chromium(
         "job-bucket-desktop.png",
     ):
         assert (SHOTS / name).stat().st_size > 10_000, name
+
+
+class UnnamedServer(NatsServer):
+    """A nats-server started as a newcomer starts it: no ``server_name``, so its name
+    (and the stream's leader the page shows) is its 56-character server id."""
+
+    def config_text(self) -> str:
+        return "".join(
+            line
+            for line in super().config_text().splitlines(keepends=True)
+            if not line.startswith("server_name:")
+        )
+
+
+# Every <dd> of the fleet section's Stream and State bucket boxes: the rectangles of its
+# text (not of its box: a word too long for it spills out of a box that fits), its cell's,
+# and those of the other cell's labels (h3, dt), as [left, right, top, bottom].
+FLEET_BOXES = """(() => {
+  const rect = r => [r.left, r.right, r.top, r.bottom];
+  const cells = Array.from(document.querySelectorAll('#fleet .cols > div'));
+  return cells.flatMap((cell, i) => Array.from(cell.querySelectorAll('dd')).map(dd => {
+    const range = document.createRange();
+    range.selectNodeContents(dd);
+    const others = cells.filter((_, j) => j !== i);
+    return {
+      label: dd.previousElementSibling.textContent,
+      text: dd.textContent,
+      spans: Array.from(range.getClientRects()).map(rect),
+      cell: rect(cell.getBoundingClientRect()),
+      labels: others.flatMap(o => Array.from(o.querySelectorAll('h3, dt')))
+        .map(l => rect(l.getBoundingClientRect())),
+    };
+  }));
+})()"""
+
+
+def overlaps(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]
+
+
+async def test_a_long_stream_leader_stays_in_its_own_box(
+    tmp_path: Path, http_app: RecordingApp
+) -> None:
+    """Issue 51: the leader's id ran over the State bucket box and covered its labels."""
+    binary = chromium_or_skip()
+    server = UnnamedServer(tmp_path / "nats")
+    server.start()
+    seen: dict[int, list[dict[str, Any]]] = {}
+    wide: dict[int, int] = {}
+    try:
+        config = base(server, http_app, [job("backup", schedule="0 3 * * *")])
+        with sidecars(tmp_path, [("web-1", config, {})]) as (proc,):
+            # A job added at run time: the State bucket box gets a fourth line, level
+            # with the leader's.
+            spec = tmp_path / "tenant.json"
+            spec.write_text(json.dumps({"name": "tenant-sync", "schedule": "0 */6 * * *"}))
+            added = run_cli("job", "add", str(spec), "-c", cli_config(tmp_path, config))
+            assert added.returncode == 0, added.stderr
+            async with chromium(binary) as page:
+                # A desktop, a laptop, Chromium's own default window and a phone.
+                for width, height, mobile in (
+                    (1440, 900, False),
+                    (1280, 800, False),
+                    (800, 600, False),
+                    (390, 844, True),
+                ):
+                    await page.size(width, height, mobile=mobile)
+                    await page.goto(proc.base_url + "/")
+                    await page.until(
+                        "(document.querySelector('#fleet') || {}).innerText"
+                        "?.includes('jobs added at run time')",
+                        what="the fleet section's boxes, the bucket job counted",
+                    )
+                    seen[width] = await page.js(FLEET_BOXES)
+                    wide[width] = await page.js("document.documentElement.scrollWidth")
+                    await page.screenshot(SHOTS / f"fleet-long-leader-{width}.png")
+                assert page.errors == [], page.errors
+    finally:
+        server.stop()
+    for width, boxes in seen.items():
+        leader = next(b for b in boxes if b["label"] == "leader")
+        assert len(leader["text"]) == 56 and " " not in leader["text"], leader
+        for box in boxes:
+            cell = box["cell"]
+            for span in box["spans"]:
+                # Within its own box, and over none of the other box's labels.
+                assert cell[0] - 0.5 <= span[0] and span[1] <= cell[1] + 0.5, (width, box)
+                assert not any(overlaps(span, label) for label in box["labels"]), (width, box)
+        assert wide[width] <= width, (width, wide[width])  # no sideways scrolling
