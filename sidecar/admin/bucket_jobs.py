@@ -395,7 +395,6 @@ class BucketJobs:
         fleet._lease_jobs = fleet._lease_jobs - {job.name}
         if needs_leases(job):
             fleet._lease_jobs = fleet._lease_jobs | {job.name}
-        fleet.orphans.own = fleet.orphans.own | {job.name}
         presence_jobs = fleet.presence.get("jobs")
         if isinstance(presence_jobs, dict):
             presence_jobs[job.name] = job_hash(job)
@@ -415,7 +414,6 @@ class BucketJobs:
         jobs.backfills._jobs.pop(name, None)
         fleet._jobs = fleet._jobs - {name}
         fleet._lease_jobs = fleet._lease_jobs - {name}
-        fleet.orphans.own = fleet.orphans.own - {name}
         presence_jobs = fleet.presence.get("jobs")
         if isinstance(presence_jobs, dict):
             presence_jobs.pop(name, None)

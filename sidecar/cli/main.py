@@ -45,6 +45,7 @@ LATER = {
     "backfill": ("sidecar.cli.commands", "backfill"),
     "at": ("sidecar.cli.commands", "at_command"),
     "status": ("sidecar.cli.commands", "status"),
+    "forget": ("sidecar.cli.forget", "forget"),
     "demo": ("sidecar.cli.commands", "demo"),
     "job": ("sidecar.cli.jobs", "job_group"),
 }

@@ -22,6 +22,7 @@
      │    └── HostileBackfill   a backfill.<job> value the backfill command would not write
      ├── CountUnavailable       a job's max_runs count could not be read or written
      ├── BucketJobRefused       job add/update/remove could not be done as asked (exit 1)
+ ├── ForgetRefused          forget: the job is still in use (run, leased, a bucket job; exit 1)
      ├── SendError              a ping, webhook or span send failed (``retry``: worth another)
      ├── ScheduleError          a cron expression is invalid (also a ValueError)
      ├── FailpointError         ANARCHON_FAILPOINTS cannot be parsed (also a ValueError)
@@ -204,6 +205,11 @@ class BucketJobRefused(SidecarError):
     def __init__(self, message: str, missing: bool = False) -> None:
         super().__init__(message)
         self.missing = missing
+
+
+class ForgetRefused(SidecarError):
+    """`forget JOB` refused: a live instance runs the job, a run of it holds a lease,
+    or it is a job of the state bucket (exit 1; sidecar/admin/forget.py)."""
 
 
 class SendError(SidecarError):

@@ -89,8 +89,8 @@ class Fleet:
         # Set by each entry the watch delivers and by each re-sync: the probe's wake-up.
         self._delivered = asyncio.Event()
         self.view.on_delivered = self._delivered.set
-        # The keys of jobs that no live instance runs any more (sidecar/fleet/orphans.py).
-        self.orphans = Orphans(config, self.view, clock)
+        # Who judges the leases of jobs that no live instance runs (sidecar/fleet/orphans.py).
+        self.orphans = Orphans(self.view)
         # Told of every key the watch delivers, and of every key that left the view.
         self.key_listeners: list[Callable[[str], None]] = []
         self.removal_listeners: list[Callable[[Removal], None]] = []
@@ -181,7 +181,6 @@ class Fleet:
         await self._watch_advisories(js)
         self._tasks.spawn(self.watch.run())
         self._tasks.spawn(self._presence())
-        self._tasks.spawn(self.orphans.run(Keys(self.bucket)))
         while True:
             self._recheck.clear()
             with contextlib.suppress(TimeoutError):

@@ -1,48 +1,32 @@
-"""Jobs that no live instance runs any more: their leases judged, their keys removed.
+"""Jobs that no live instance runs: who judges the expiry of their leases.
 
-A job removed or renamed in the config of the whole fleet leaves keys behind
-in the state bucket: the lease of a run that was going (``run.*``,
-``lock.*``), a retry that was due (``due.*``), a pause (``paused.*``).
-docs/RELEASES.md ("Jobs changed on a live fleet") says what happens to each;
-here is the part that needs code:
+A job removed or renamed in the config of the whole fleet (or retired with
+``job remove``) can leave keys behind in the state bucket. Nothing here
+removes them: docs/RELEASES.md ("Jobs changed on a live fleet") says what
+happens to each, and docs/GUARANTEES.md ("What the fleet removes on its
+own") what the fleet removes at all. In short:
 
-- A lease expires whoever holds it (its TTL); the expiry of a lease of a job
-  that is not in this sidecar's config is still judged (recorded ``lost``
-  once) when no live instance other than the lease's own holder runs the
-  job: nobody else would (``judges``).
-- the other keys of a job (``paused.*``, ``due.*``, ``health.*``, ``skip.*``,
-  ``backfill.*``, ``since.*``, ``actions.*``, ``count.*``, ``at.*``) that this sidecar saw a live
-  instance run, and that no live instance has listed since for ``grace``,
-  are deleted by their revision (``Orphans.run``), so that renames and
-  removals leave nothing behind; a pause written again meanwhile conflicts
-  and stays. A job never seen run is left alone: a job paused before it is
-  deployed stays paused. Only a sidecar whose own presence is in its view
-  sweeps: without presence (no TTLs, not synced) "no live instance runs it"
-  would be a guess.
+- A lease (``run.*``, ``lock.*``) expires whoever holds it (its TTL); the
+  expiry of a lease of a job that is not in this sidecar's config is still
+  judged (recorded ``lost`` once) when no live instance other than the
+  lease's own holder runs the job: nobody else would (``Orphans.judges``).
+- An operator's intent (``paused.*``, ``count.*``, ``skip.*``, ``at.*``,
+  ``backfill.*``, ``since.*``, ``job.*``), a pending run (``buffer.*``, and
+  ``due.*`` until its own TTL) and the record of acts (``actions.*``) are
+  never removed because no live instance runs the job: a scale-to-zero, a
+  Recreate deploy or a crash loop looks exactly like a removal from here,
+  and must not undo a pause or a ``max_runs`` count. Only a command of this
+  project (``resume``, ``forget``, ...) or ``nats kv del`` removes them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sidecar.core.clock import Clock
-from sidecar.core.errors import CasConflict
-from sidecar.core.wire import instance_key
-from sidecar.store.kv import Keys
-from sidecar.store.state import PRESENCE_TTL, Removal, View
+from sidecar.store.state import Removal, View
 
-if TYPE_CHECKING:
-    from sidecar.config.load import Config
-
-log = logging.getLogger("sidecar.orphans")
-
-# How often the view is looked at for keys of jobs nobody runs.
-SWEEP_EVERY = 5.0
-# Key kinds removed when their job is run by no live instance (leases expire
-# by their TTL, ``event.*`` markers by theirs; these have none).
-SWEPT = (
+# Every key kind that belongs to one job: ``<kind>.<job>[.<more>]``.
+PER_JOB = (
     "paused",
     "due",
     "health",
@@ -53,18 +37,10 @@ SWEPT = (
     "count",
     "at",
     "buffer",
+    "run",
+    "lock",
+    "stop",
 )
-# Every key kind that belongs to one job: ``<kind>.<job>[.<more>]``.
-PER_JOB = (*SWEPT, "run", "lock", "stop")
-
-
-def grace(lease_ttl: float) -> float:
-    """How long no live instance must have listed a job before its keys go.
-
-    Longer than a killed instance's presence lingers (PRESENCE_TTL) twice
-    over, and than a lease, so a rolling restart never counts as a removal.
-    """
-    return max(lease_ttl, 2 * PRESENCE_TTL)
 
 
 def job_of(key: str) -> str | None:
@@ -96,16 +72,10 @@ def run_by(instances: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
 
 
 class Orphans:
-    """One sidecar's watch over the keys of jobs that the fleet no longer runs."""
+    """One sidecar's judgement over the leases of jobs that it does not run."""
 
-    def __init__(self, config: Config, view: View, clock: Clock) -> None:
-        self.config = config
+    def __init__(self, view: View) -> None:
         self.view = view
-        self.clock = clock
-        self.grace = grace(config.nats.lease_ttl)
-        self.own = frozenset(job.name for job in config.jobs)
-        self.since: dict[str, float] = {}  # job -> monotonic time it was first seen unrun
-        self.seen: set[str] = set()  # jobs a live instance was seen to run
 
     def judges(self, removal: Removal) -> bool:
         """Whether this sidecar records the expiry of a lease of a job not in its config."""
@@ -114,44 +84,3 @@ class Orphans:
         job = job_of(removal.key)
         holder = removal.entry.value.get("instance")
         return job is not None and job not in jobs_run(self.view.instances(), but=holder)
-
-    def stale(self, now: float) -> list[tuple[str, int]]:
-        """(key, revision) of the swept keys whose job nobody has run for `grace`."""
-        if not self.view.synced or instance_key(self.config.instance_id) not in self.view.keys:
-            self.since.clear()
-            return []
-        run = jobs_run(self.view.instances()) | self.own
-        keys = {
-            key: job
-            for key in self.view.keys
-            if key.partition(".")[0] in SWEPT and (job := job_of(key)) is not None
-        }
-        # Bounded: forgotten once neither run nor holding a key.
-        self.seen = (self.seen | run) & (run | set(keys.values()))
-        unrun = {job for job in keys.values() if job not in run and job in self.seen}
-        self.since = {job: self.since.get(job, now) for job in unrun}
-        return [
-            (key, self.view.keys[key].revision)
-            for key, job in sorted(keys.items())
-            if job in unrun and now - self.since[job] >= self.grace
-        ]
-
-    async def run(self, keys: Keys) -> None:
-        """Delete stale keys every SWEEP_EVERY seconds, until cancelled."""
-        while True:
-            await asyncio.sleep(SWEEP_EVERY)
-            for key, revision in self.stale(self.clock.monotonic()):
-                try:
-                    await keys.delete(key, revision)
-                except CasConflict:
-                    continue  # written again, or another sidecar removed it first
-                except Exception as exc:  # NATS away: the next sweep tries again
-                    log.debug("state bucket: removing %s: %r", key, exc)
-                    continue
-                log.warning(
-                    "state bucket: removed %s: no live instance has run job %s for %gs "
-                    "(removed or renamed in the config)",
-                    key,
-                    job_of(key),
-                    self.grace,
-                )

@@ -1,11 +1,13 @@
 """Jobs changed on a live fleet: removed, renamed, rescheduled on part of it.
 
-The pure part (which keys are stale, who judges an expired lease) on views
-built by hand; the promises with real sidecars, a real nats-server and an app
-that records every request: a job removed from the whole fleet while its run
-holds a lease, its overlap lock is held, a retry is due and it is paused
-leaves no key behind and its killed run is recorded lost once; `status` shows
-the drift; a schedule changed on half the fleet runs no slot twice.
+The pure part (who judges an expired lease) on views built by hand; the
+promises with real sidecars, a real nats-server and an app that records every
+request: a job removed from the whole fleet while its run holds a lease, its
+overlap lock is held, a retry is due and it is paused has its killed run
+recorded lost once, keeps its pause, due attempt and health (the fleet never
+removes them: tests/fleet/test_intent_kept.py) until `forget` removes them,
+which it refuses while a live instance runs the job; `status` shows the
+drift; a schedule changed on half the fleet runs no slot twice.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ from typing import Any
 import nats
 from nats.js.errors import KeyNotFoundError, NoKeysError
 
-from sidecar.config.load import parse_config
-from sidecar.fleet.orphans import Orphans, grace, job_of, jobs_run, run_by
+from sidecar.fleet.orphans import Orphans, job_of, jobs_run, run_by
 from sidecar.store.state import Entry, Removal, View
 from tests.support import (
     NatsServer,
@@ -39,31 +40,10 @@ from tests.support import (
 # ------------------------------------------------------------------ pure
 
 
-class Ticks:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return self.now
-
-
 def view_of(keys: dict[str, dict[str, Any]]) -> View:
     view = View(keys={k: Entry(v, i + 1) for i, (k, v) in enumerate(keys.items())})
     view.synced = True
     return view
-
-
-def orphans(view: View, jobs: list[str]) -> Orphans:
-    raw = {
-        "instance_id": "me",
-        "nats": {"servers": "nats://127.0.0.1:4222", "lease_ttl": "2s"},
-        "target": {"url": "http://127.0.0.1:8080"},
-        "jobs": [{"name": j, "schedule": "* * * * *"} for j in jobs],
-    }
-    return Orphans(parse_config(raw, {}), view, Ticks())  # type: ignore[arg-type]
 
 
 def test_key_kinds_and_who_runs_what() -> None:
@@ -79,52 +59,6 @@ def test_key_kinds_and_who_runs_what() -> None:
     assert jobs_run(instances) == {"a", "b"}
     assert jobs_run(instances, but="x") == {"b"}
     assert run_by(instances) == {"a": ["x"], "b": ["x", "y"]}
-    assert grace(2.0) == 30.0 and grace(60.0) == 60.0
-
-
-def test_keys_of_a_job_nobody_runs_any_more_are_stale_after_the_grace() -> None:
-    me = {"jobs": {"keep": "h"}}
-    view = view_of(
-        {
-            "instance.me": me,
-            "instance.old": {"jobs": {"keep": "h", "gone": "h"}},
-            "paused.gone": {"by": "ops"},
-            "due.gone.1000.2": {"due_at": 1.0},
-            "health.gone": {"failures": 2},
-            "skip.gone": {"slots": [1000]},
-            "paused.keep": {"by": "ops"},
-            "health.keep": {"failures": 1},
-            "paused.never-run": {"by": "ops"},
-            "lock.gone": {"instance": "old"},
-        }
-    )
-    o = orphans(view, ["keep"])
-    assert o.stale(0.0) == []  # "old" still runs it
-    del view.keys["instance.old"]  # its presence expired
-    assert o.stale(1.0) == []
-    assert o.stale(1.0 + o.grace - 0.1) == []
-    stale = o.stale(1.0 + o.grace)
-    # Only the swept kinds of the job that was seen run; never a lease, never
-    # a job that is still run, nor one never seen run (paused before deploy).
-    assert [k for k, _ in stale] == ["due.gone.1000.2", "health.gone", "paused.gone", "skip.gone"]
-    assert dict(stale)["paused.gone"] == view.keys["paused.gone"].revision
-    # The job comes back before the keys went: the clock starts again.
-    view.keys["instance.new"] = Entry({"jobs": {"gone": "h"}}, 99)
-    assert o.stale(100.0) == []
-    del view.keys["instance.new"]
-    assert o.stale(101.0) == []
-    assert len(o.stale(101.0 + o.grace)) == 4
-
-
-def test_nothing_is_stale_without_own_presence_or_before_the_first_read() -> None:
-    view = view_of({"instance.old": {"jobs": {"gone": "h"}}, "paused.gone": {}})
-    o = orphans(view, ["keep"])
-    o.stale(0.0)
-    del view.keys["instance.old"]
-    assert o.stale(1000.0) == []  # "me" has no presence in the view: no TTLs, say
-    view.keys["instance.me"] = Entry({"jobs": {"keep": "h"}}, 50)
-    view.synced = False
-    assert o.stale(2000.0) == []
 
 
 def test_an_expired_lease_of_a_foreign_job_is_judged_only_when_nobody_else_runs_it() -> None:
@@ -134,7 +68,7 @@ def test_an_expired_lease_of_a_foreign_job_is_judged_only_when_nobody_else_runs_
             "instance.holder": {"jobs": {"gone": "h"}},
         }
     )
-    o = orphans(view, ["keep"])
+    o = Orphans(view)
     lease = Removal("run.gone.1000", Entry({"instance": "holder"}, 7), "PURGE", 1.0)
     assert o.judges(lease)  # only its holder, which stopped renewing, runs it
     view.keys["instance.other"] = Entry({"jobs": {"gone": "h"}}, 8)
@@ -237,6 +171,12 @@ def test_jobs_removed_from_the_fleet_while_running_retrying_locked_and_paused(
             assert "DRIFT: long is not in this config; run by old-1" in table, table
             seen_from_old = run_cli("status", "-c", cli_before).stdout
             assert "DRIFT: held is not run by new-1" in seen_from_old, seen_from_old
+            # Nobody forgets a job a live instance runs, nor one of its own config.
+            refused = run_cli("forget", "quiet", "-c", cli_after)
+            assert refused.returncode == 1, refused
+            assert "quiet is run by old-1 (live instances)" in refused.stderr
+            refused = run_cli("forget", "keep", "-c", cli_after)
+            assert refused.returncode == 2 and "a job of the config file" in refused.stderr
             # The runner of the removed jobs is killed while it holds their leases.
             running = {
                 r.headers["X-Anarchon-Run-Id"]: r
@@ -268,10 +208,10 @@ def test_jobs_removed_from_the_fleet_while_running_retrying_locked_and_paused(
                 interval=0.2,
                 what="the killed runs recorded lost",
             )
-            # Pause and due attempt: removed once nobody has run the jobs for the grace
-            # (old-1's presence lingers up to 15 s, then 30 s, then a sweep every 5 s).
-            # nats-py's key listing is a watch that may end early while the
-            # bucket is written (a partial list): the keys to see go are
+            # Pause, due attempt and health: kept, nobody running the jobs or not
+            # (the fleet never removes them), until `forget` once old-1's
+            # presence is gone. nats-py's key listing is a watch that may end
+            # early while the bucket is written (a partial list): the keys are
             # taken from a listing that has all three, then read one by one.
             held: list[str] = []
 
@@ -285,11 +225,21 @@ def test_jobs_removed_from_the_fleet_while_running_retrying_locked_and_paused(
 
             wait_for(listed, 10, interval=0.2, what="the pause, due attempt and health listed")
             wait_for(
-                lambda: not any(asyncio.run(present(nats_server.url, held))),
-                15 + 30 + 5 + 10,
-                interval=1.0,
-                what="the removed jobs' pause, due attempt and health gone",
+                lambda: [i["id"] for i in status(cli_after)["instances"]] == ["new-1"],
+                15 + 5,
+                interval=0.5,
+                what="old-1's presence gone",
             )
+            assert all(asyncio.run(present(nats_server.url, held))), held
+            forgot = {name: run_cli("forget", name, "-c", cli_after) for name in sorted(removed)}
+            assert forgot["quiet"].returncode == 0, forgot["quiet"].stderr
+            assert forgot["quiet"].stdout == "quiet: forgotten: removed paused.quiet\n"
+            assert forgot["flaky"].returncode == 0, forgot["flaky"].stderr
+            assert "health.flaky" in forgot["flaky"].stdout
+            assert "due.flaky." in forgot["flaky"].stdout
+            for name in ("long", "held"):  # nothing of theirs was left but leases
+                assert forgot[name].returncode in (0, 1), forgot[name].stderr
+            assert not any(asyncio.run(present(nats_server.url, held))), held
             time.sleep(2.0)
             left = keys_now(nats_server.url)
             after_view = status(cli_after)
@@ -308,7 +258,7 @@ def test_jobs_removed_from_the_fleet_while_running_retrying_locked_and_paused(
     assert late == [], [(r.path, r.headers.get("X-Anarchon-Attempt")) for r in late]
     assert after_view["other_jobs"] == []
     assert [i["id"] for i in after_view["instances"]] == ["new-1"]
-    assert "removed paused.quiet: no live instance has run job quiet" in new.log()
+    assert "state bucket: removed" not in new.log(), new.log()
 
 
 def test_a_schedule_changed_on_half_the_fleet_runs_no_slot_twice(
