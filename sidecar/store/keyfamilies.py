@@ -35,7 +35,7 @@ class Family:
     """One family of keys: ``<prefix><rest>``."""
 
     prefix: str  # with its dot: "due."
-    shape: str  # the key as docs/FLEET.md writes it
+    shape: str  # the key as SECURITY.md's table of key families writes it
     writers: tuple[str, ...]  # COMMAND, LEASE, SIDECAR
     ttl: bool  # always written with a per-message TTL (expires on its own)
     check: str  # where its value is checked before anything acts on it, and how
