@@ -17,6 +17,7 @@
      ├── PlaintextRefused       TLS asked for, the server spoke in clear (sidecar/core/natspy.py:
      │                          also a nats-py NatsError, raised inside its connect)
      ├── KeyHeld                a state bucket key is live: someone else holds it
+     │    └── Untimed           ... by a value without a bounded TTL: not a sidecar's lock
      ├── CasConflict            a state bucket key moved past the expected revision
      ├── Hostile                a due key not backed by the job's config or the stream
      │    └── HostileBackfill   a backfill.<job> value the backfill command would not write
@@ -167,6 +168,16 @@ class KeyHeld(SidecarError):
     def __init__(self, key: str, value: dict[str, Any]) -> None:
         super().__init__(key)
         self.value = value
+
+
+class Untimed(KeyHeld):
+    """A lock held by a value written without a bounded TTL (no ``Nats-TTL``, ``never``,
+    or longer than any lease): never a sidecar's, which always writes one; hostile."""
+
+    def __init__(self, key: str, value: dict[str, Any], revision: int, ttl: str | None) -> None:
+        super().__init__(key, value)
+        self.revision = revision
+        self.ttl = ttl  # the Nats-TTL header as found (None: none)
 
 
 class CasConflict(SidecarError):

@@ -81,7 +81,9 @@ class Fleet:
         self.metrics = metrics
         self.clock = clock
         self.spec = state_spec(config)
-        self.view = View(on_change=self._changed, on_removed=self._removed)
+        self.view = View(
+            on_change=self._changed, on_removed=self._removed, on_unknown=self._unknown
+        )
         self.view.keep_seconds = TIMELINE_MARGIN + max(
             (job.jitter + job.max_late for job in config.jobs), default=0.0
         )
@@ -105,6 +107,7 @@ class Fleet:
         # The last refusal of a subject naming the bucket or its stream (Denials.about).
         self.refused: Callable[..., Denial | None] | None = None
         self._said = RateLimitedLog(log)
+        self._unknown_seen: set[tuple[str, int]] = set()  # counted once each (re-reads)
         self._lease_jobs = frozenset(job.name for job in config.jobs if needs_leases(job))
         self._tasks = TaskSet("the fleet", say=False)
         self._mismatch: set[str] = set()
@@ -429,6 +432,22 @@ class Fleet:
                 listener(removal)
             except Exception:  # one listener's bug must not stop the watch
                 log.exception("state bucket: handling the removal of %s failed", removal.key)
+
+    def _unknown(self, key: str, revision: int) -> None:
+        """A key of no family (sidecar/store/keyfamilies.py): ignored, counted, said."""
+        if (key, revision) in self._unknown_seen:
+            return
+        if len(self._unknown_seen) >= 1000:
+            self._unknown_seen.clear()
+        self._unknown_seen.add((key, revision))
+        self.metrics.hostile_input_total.labels(what="unknown_key").inc()
+        self._said.warning(
+            "unknown key",
+            "state bucket: key %r is of no family this sidecar knows; ignored. A newer "
+            "release's key during a rolling update, or hostile input (whoever may write "
+            "the state bucket wrote it)",
+            key[:200],
+        )
 
     def _changed(self, key: str) -> None:
         """After the watch delivered `key` ("" after a re-sync): gauges and log lines."""

@@ -22,7 +22,16 @@ from sidecar.core.clock import rfc3339
 from sidecar.core.errors import CasConflict, KeptChanging
 from sidecar.store.kv import create_or_update, delete_at
 from sidecar.store.state import decode
-from sidecar.when.atkey import MAX_PENDING, MAX_TEXT, AtRun, at_key, encode, pending_of
+from sidecar.when.atkey import (
+    MAX_PENDING,
+    MAX_TEXT,
+    AtRun,
+    Scheduled,
+    at_key,
+    encode,
+    instants_of,
+    pending_of,
+)
 
 log = logging.getLogger("sidecar.atqueue")
 
@@ -38,12 +47,14 @@ class Queued:
     pending: list[AtRun]
 
 
-async def _read(kv: KeyValue, key: str) -> tuple[list[AtRun], int | None]:
+async def _read(
+    kv: KeyValue, key: str, scheduled: Scheduled | None = None
+) -> tuple[list[AtRun], int | None]:
     try:
         entry = await kv.get(key)
     except KeyNotFoundError:
         return [], None
-    return pending_of(decode(entry.value), time.time()), int(entry.revision or 0)
+    return pending_of(decode(entry.value), time.time(), scheduled), int(entry.revision or 0)
 
 
 async def _write(kv: KeyValue, key: str, runs: list[AtRun], revision: int | None) -> None:
@@ -135,11 +146,12 @@ async def cancel(kv: KeyValue, job: str, slots: set[int] | None) -> tuple[list[A
     raise KeptChanging(key, CAS_TRIES)
 
 
-async def rewrite(kv: KeyValue, job: str) -> None:
-    """Write ``at.<job>`` again with its good entries only (hostile ones dropped)."""
-    key = at_key(job)
+async def rewrite(kv: KeyValue, job: JobConfig) -> None:
+    """Write ``at.<job>`` again with its good entries only (hostile ones dropped, an
+    entry on an instant of the job's schedule too)."""
+    key = at_key(job.name)
     for _ in range(CAS_TRIES):
-        runs, revision = await _read(kv, key)
+        runs, revision = await _read(kv, key, instants_of(job.schedule))
         if revision is None:
             return
         try:

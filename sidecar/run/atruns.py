@@ -17,7 +17,8 @@ key names a slot of the schedule (sidecar/run/duecheck.py).
 
 An entry found after its window (every sidecar was down) is dropped and
 counted late by the sidecar whose compare-and-set removed it. Hostile
-entries are counted (``hostile_input_total{what="at_key"}``), said once,
+entries (an instant of the job's own schedule among them: the CLI refuses it,
+and it would run that slot twice) are counted (``hostile_input_total{what="at_key"}``), said once,
 dropped and never run.
 """
 
@@ -35,7 +36,7 @@ from sidecar.core.errors import ClaimDisconnected
 from sidecar.core.wire import AT
 from sidecar.run.atqueue import drop, mark, rewrite
 from sidecar.store.kv import delete_at
-from sidecar.when.atkey import KIND, at_key, at_msg_id, job_of_key, parse_value
+from sidecar.when.atkey import KIND, at_key, at_msg_id, instants_of, job_of_key, parse_value
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -96,7 +97,7 @@ class AtRuns:
         if key != at_key(job.name):
             self._hostile(key, entry.revision, ["not a one-off key: at.<job>"], job, None)
             return
-        parsed = parse_value(entry.value, now)
+        parsed = parse_value(entry.value, now, instants_of(job.schedule))
         if parsed.hostile:
             self._hostile(key, entry.revision, parsed.hostile, job, set())
         for slot in parsed.runs:
@@ -132,7 +133,7 @@ class AtRuns:
             if slots is None:
                 await delete_at(bucket.kv, key)
             else:  # rewriting the key keeps only its good entries
-                await rewrite(bucket.kv, job.name)
+                await rewrite(bucket.kv, job)
 
     async def _wait(self, job: JobConfig, slot: int) -> None:
         try:

@@ -12,11 +12,18 @@ is lost only when the owner or token stored there is not ours.
 
 The keys are written by sidecar/store/kv.py; an expired lease is judged and
 recorded ``lost`` by sidecar/run/lostruns.py.
+
+A lock is always written with a TTL. One found without a TTL, or with one
+longer than any sidecar's lease (``kv.lock_ttl_limit``), was written by hand:
+it would hold the job for ever. It is hostile input, counted
+(``hostile_input_total{what="lock_key"}``), logged once, and deleted by its
+revision (that value only, by compare-and-set) so that the lock can be taken.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -28,9 +35,10 @@ from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import Clock, rfc3339
-from sidecar.core.errors import CasConflict, KeyHeld
+from sidecar.core.errors import CasConflict, KeyHeld, Untimed
 from sidecar.core.tasks import TaskSet
-from sidecar.store.kv import Keys, same_owner, until_answered
+from sidecar.obs.ratelog import RateLimitedLog
+from sidecar.store.kv import Keys, lock_ttl_limit, same_owner, until_answered
 from sidecar.when.attempts import lock_key, renew_every, run_key
 
 if TYPE_CHECKING:
@@ -49,6 +57,9 @@ RUN_LEASE_WAIT = 1.0
 # After a spurious CAS conflict, the renewal is asked again after this, doubled
 # for each further one in a row (up to lease_ttl / 3).
 SPURIOUS_WAIT = 0.02
+
+# A forged lock without a TTL is said once a minute per key, not once per slot.
+_untimed_log = RateLimitedLog(log)
 
 # The record's error of a replaced run starts with this (no retry follows it).
 REPLACED = "replaced"
@@ -131,7 +142,26 @@ class Lease:
     async def _create(self) -> int:
         if failpoints.ENABLED:
             await failpoints.hit("lease.create")
-        return await self.keys.create(self.key, self.value, self.ttl, self.marker)
+        if not self.key.startswith("lock."):
+            return await self.keys.create(self.key, self.value, self.ttl, self.marker)
+        limit = lock_ttl_limit(self.ttl)
+        try:
+            return await self.keys.create(self.key, self.value, self.ttl, self.marker, limit)
+        except Untimed as forged:
+            self.metrics.hostile_input_total.labels(what="lock_key").inc()
+            _untimed_log.warning(
+                f"untimed {self.key}",
+                "state bucket: %s refused: held without a TTL a sidecar writes (Nats-TTL "
+                "%s, at most %gs); it is hostile input (whoever may write the state bucket "
+                "wrote it): deleted, the lock taken",
+                self.key,
+                repr(forged.ttl)[:40],
+                limit,
+            )
+            # That value only: a lock taken meanwhile is someone's real one.
+            with contextlib.suppress(CasConflict):
+                self.marker = await self.keys.delete(self.key, forged.revision)
+            return await self.keys.create(self.key, self.value, self.ttl, self.marker, limit)
 
     async def _create_then_renew(self) -> None:
         began = self.clock.monotonic()

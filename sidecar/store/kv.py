@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from nats.js.kv import KeyValue
 
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, parse_rfc3339
-from sidecar.core.errors import CasConflict, KeyHeld, PermissionDenied, StreamError
+from sidecar.core.errors import CasConflict, KeyHeld, PermissionDenied, StreamError, Untimed
 from sidecar.core.natspy import api_prefix, api_request, connection_of, jetstream_of
 from sidecar.core.wire import (
     CAS_CONFLICT,
@@ -54,6 +55,14 @@ log = logging.getLogger("sidecar.kv")
 EXPECTED_LAST = EXPECTED_LAST_SUBJECT_SEQ
 KV_OPERATION = "KV-Operation"
 MARKER_REASON = "Nats-Marker-Reason"
+MSG_TTL = "Nats-TTL"
+# A lock whose TTL is longer than this many lease_ttl (and than LOCK_TTL_FLOOR) is
+# no sidecar's: each writes its own lease_ttl, renewed every third of it.
+LOCK_TTL_LEASES = 10
+LOCK_TTL_FLOOR = 3600.0
+# A Go duration as nats-server reads Nats-TTL ("90s", "1h30m"), or whole seconds.
+_GO_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h))+")
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 # How long a write may wait for its ack.
 WRITE_TIMEOUT = 2.0
 # ... when the server refused its subject lately (a permissions violation).
@@ -67,6 +76,27 @@ def _json(value: dict[str, Any]) -> bytes:
 def _ttl(seconds: float) -> int:
     """Nats-TTL in whole seconds, at least 1 (nats-py sends int(msg_ttl))."""
     return max(1, math.ceil(seconds))
+
+
+def ttl_of(text: str | None) -> float | None:
+    """The seconds a ``Nats-TTL`` header gives a message; None for none, ``never``, 0,
+    a negative or unreadable one (nats-server keeps such a message for ever)."""
+    if text is None:
+        return None
+    text = text.strip()
+    if text.isascii() and text.isdigit():
+        return float(text) or None
+    if not _GO_DURATION.fullmatch(text):
+        return None
+    seconds = sum(
+        float(n) * _UNIT[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)", text)
+    )
+    return seconds if seconds >= 1.0 else None
+
+
+def lock_ttl_limit(lease_ttl: float) -> float:
+    """The longest TTL a sidecar's lock may carry (``Untimed`` beyond it)."""
+    return max(LOCK_TTL_FLOOR, LOCK_TTL_LEASES * lease_ttl)
 
 
 async def last_msg(js: JetStreamContext, stream: str, subject: str) -> RawStreamMsg | None:
@@ -167,23 +197,41 @@ class Keys:
         return int(msg.seq or 0), decode(msg.data)
 
     async def create(
-        self, key: str, value: dict[str, Any], ttl: float | None, expected: int = 0
+        self,
+        key: str,
+        value: dict[str, Any],
+        ttl: float | None,
+        expected: int = 0,
+        max_ttl: float | None = None,
     ) -> int:
         """Create the key; KeyHeld when it is live. A marker (deleted, expired) is no owner.
 
         `expected`: the revision of the key's last marker when known (else 0).
+        `max_ttl` (a lock): a live value without a TTL, or with one longer than this,
+        is ``Untimed`` (a KeyHeld): no sidecar wrote it, and it would hold for ever.
         """
         data = _json(value)
         for _ in range(3):
             try:
                 return await self._publish(key, data, {EXPECTED_LAST: str(expected)}, ttl)
             except CasConflict:
-                last = await self.last(key)
-                if last is not None and last[1] is not None:
-                    if same_owner(last[1], value):
-                        return last[0]  # our own create, answered late: asked again
-                    raise KeyHeld(key, last[1]) from None
-                expected = last[0] if last is not None else 0
+                msg = await last_msg(self.js, self.stream, self.subject(key))
+                headers = (msg.headers or {}) if msg is not None else {}
+                held = None
+                if msg is not None and not (
+                    headers.get(KV_OPERATION) or headers.get(MARKER_REASON)
+                ):
+                    held = decode(msg.data)
+                if msg is not None and held is not None:
+                    revision = int(msg.seq or 0)
+                    if same_owner(held, value):
+                        return revision  # our own create, answered late: asked again
+                    if max_ttl is not None:
+                        found = ttl_of(headers.get(MSG_TTL))
+                        if found is None or found > max_ttl:
+                            raise Untimed(key, held, revision, headers.get(MSG_TTL)) from None
+                    raise KeyHeld(key, held) from None
+                expected = int(msg.seq or 0) if msg is not None else 0
         raise KeyHeld(key, {})
 
     async def renew(self, key: str, value: dict[str, Any], revision: int, ttl: float) -> int:

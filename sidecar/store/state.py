@@ -37,6 +37,7 @@ from nats.js.kv import KeyValue
 from sidecar.core.wire import decode as decode  # re-exported
 from sidecar.core.wire import paused_key
 from sidecar.store.bucketcheck import StateSpec, facts_of
+from sidecar.store.keyfamilies import family_of
 
 if TYPE_CHECKING:
     from sidecar.config.load import Config, JobConfig
@@ -210,6 +211,9 @@ class View:
     on_change: Callable[[str], None] | None = None
     # Called with every key that left the view, with its last value.
     on_removed: Callable[[Removal], None] | None = None
+    # Called with (key, revision) for a value of a key no family claims
+    # (sidecar/store/keyfamilies.py): it is not kept, and nothing else hears of it.
+    on_unknown: Callable[[str, int], None] | None = None
     # Called whenever ``last_revision`` moves: every entry the watch delivers,
     # even one that changes no key (a delete of a key the view did not hold),
     # and every re-sync (sidecar/store/watch.py).
@@ -313,6 +317,10 @@ class View:
         self.last_revision = max(self.last_revision, revision)
         if self.on_delivered is not None:
             self.on_delivered()
+        if family_of(key) is None:  # ignored: no part of the sidecar acts on it
+            if not deleted and self.on_unknown is not None:
+                self.on_unknown(key, revision)
+            return
         if at is not None:
             self.last_time = max(self.last_time, at)
             if key.startswith(TIMELINE_PREFIXES):

@@ -132,7 +132,7 @@ class Watch:
         if self._facts is not None and facts.created != self._facts.created:
             self._bucket_changed(facts)
         self._facts = facts
-        fresh = View(on_change=None, keep_markers=True)
+        fresh = View(on_change=None, keep_markers=True, on_unknown=self.view.on_unknown)
         watcher = await self.bucket.kv.watchall()
         self._watcher = watcher
         # The initial values up to the end marker (None) make the fresh view.

@@ -15,7 +15,8 @@ entry leaves the key when its run was claimed, skipped, missed or cancelled.
 
 Whoever may write the state bucket may write this key: an entry that is not
 one the CLI would have written (a slot out of range or too far ahead, a
-value that is not an object, a key ``at.<job>.<more>``) is hostile input,
+value that is not an object, a key ``at.<job>.<more>``, an instant of the job's
+own schedule, which runs then anyway: a second run of that slot) is hostile input,
 counted in ``hostile_input_total{what="at_key"}``, said once, dropped, and
 never run. Nothing here does I/O.
 """
@@ -23,11 +24,15 @@ never run. Nothing here does I/O.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar.core.bounds import is_int, slot_ms
 from sidecar.core.clock import rfc3339
+
+if TYPE_CHECKING:
+    from sidecar.when.slots import Calendar
 
 KIND = "at"
 # A one-off further ahead than this is refused (the CLI: exit 2; a key: hostile).
@@ -116,8 +121,28 @@ def parse_entry(item: Any, now: float) -> AtRun | str:
     return AtRun(slot, by, queued, reason, claiming)
 
 
-def parse_value(value: Any, now: float) -> Parsed:
-    """The entries of a decoded ``at.<job>`` value (``{}`` for a key that did not decode)."""
+#: ``scheduled(slot)``: whether `slot` (epoch ms) is an instant of the job's schedule.
+Scheduled = Callable[[int], bool]
+
+
+def instants_of(calendar: Calendar) -> Scheduled:
+    """`scheduled` for `calendar`: the CLI's test (``next_slot(slot - 1) == slot``)."""
+
+    def scheduled(slot: int) -> bool:
+        try:
+            return calendar.next_slot(slot - 1) == slot
+        except (ValueError, OverflowError):  # beyond what the calendar reaches: not one
+            return False
+
+    return scheduled
+
+
+def parse_value(value: Any, now: float, scheduled: Scheduled | None = None) -> Parsed:
+    """The entries of a decoded ``at.<job>`` value (``{}`` for a key that did not decode).
+
+    With `scheduled`, an entry on an instant of the job's schedule is hostile: the
+    CLI refuses it (``instant_problem``), and run it would be the slot run twice
+    (``scheduled`` and ``at``, one ``X-Anarchon-Slot``)."""
     if not isinstance(value, dict) or not isinstance(value.get("runs"), list):
         return Parsed({}, ['the value is not {"runs": [...]}'])
     items = value["runs"]
@@ -130,6 +155,8 @@ def parse_value(value: Any, now: float) -> Parsed:
         got = parse_entry(item, now)
         if isinstance(got, str):
             hostile.append(got)
+        elif scheduled is not None and scheduled(got.slot):
+            hostile.append(f"slot {got.slot} is an instant of the job's schedule")
         else:
             runs.setdefault(got.slot, got)
     return Parsed(runs, hostile)
@@ -141,11 +168,11 @@ def encode(runs: list[AtRun]) -> bytes:
     ).encode()
 
 
-def pending_of(value: Any, now: float) -> list[AtRun]:
+def pending_of(value: Any, now: float, scheduled: Scheduled | None = None) -> list[AtRun]:
     """The good entries of a value, soonest first (status, the page, ``at --list``)."""
     if value is None:
         return []
-    return sorted(parse_value(value, now).runs.values(), key=lambda r: r.slot)
+    return sorted(parse_value(value, now, scheduled).runs.values(), key=lambda r: r.slot)
 
 
 def instant_problem(slot: int, now: float, on_schedule: bool) -> str | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -467,3 +468,101 @@ def test_a_thousand_jobs_check_and_run(
     assert next_runs > time.time()
     assert code == 0
     assert tally(http_app, fast, start, start + 2000).runs == 3 * N_FAST
+
+
+# --------------------------------------------------------------------------- state bucket keys
+
+FUZZ_SEED = 48
+YEARLY = "0 0 1 1 *"  # never fires during the test: any call of its jobs was forged
+# Checked in sidecar/run/overlap.py by issue 48's findings 2 and 4a (another branch
+# of the same issue): until then a forged buffer.<job> runs (the red team's 2).
+OVERLAP_FAMILIES = ("buffer.", "stop.")
+
+
+async def _forge_keys(url: str, writes: list[tuple[str, bytes, str | None]]) -> int:
+    """Every write as a raw publish on the bucket's subject (a client of the account)."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        for key, body, ttl in writes:
+            headers = {"Nats-TTL": ttl} if ttl else None
+            await js.publish(f"$KV.CRON_STATE.{key}", body, headers=headers)
+    finally:
+        await nc.close()
+    return len(writes)
+
+
+@pytest.mark.parametrize(
+    "overlap",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.xfail(
+                strict=True, reason="buffer.*/stop.* checks: issue 48's overlap findings"
+            ),
+        ),
+    ],
+)
+def test_fuzzed_keys_of_every_family_trigger_nothing_the_config_and_stream_would_not(
+    tmp_path: Path,
+    nats_server: NatsServer,
+    http_app: RecordingApp,
+    figures: Figures,
+    overlap: bool,
+) -> None:
+    """Issue 48: forged keys of every family of sidecar/store/keyfamilies.py, the red
+    team's among them, against three sidecars: the app sees only the slots of the
+    schedule, once each, and every family with a check counts what it refused."""
+    from sidecar.store.keyfamilies import BY_PREFIX
+    from sidecar.when.atkey import instants_of
+    from tests.reliability.keyfuzz import forged
+
+    families = tuple(p for p in BY_PREFIX if overlap or p not in OVERLAP_FAMILIES)
+
+    jobs = [
+        every_second("tick", overlap="skip"),
+        every_second("yearly", schedule=YEARLY, overlap="buffer_one", retry={"max": 2}),
+        every_second("capped", schedule=YEARLY, overlap="replace", max_runs=3, max_late="10s"),
+    ]
+    cfg = config([nats_server.url], http_app, jobs, lease_ttl="2s")
+    with sidecars(tmp_path, [(f"s{i}", cfg, {}) for i in range(3)]) as running:
+        wait_for(lambda: len(http_app.requests_for("/jobs/tick")) >= 2, 20, what="tick runs")
+        now_ms = int(time.time() * 1000)
+        loaded = load_config(str(running[0].config_path), {})
+        on_schedule = {}
+        for job in loaded.jobs:
+            instant = job.schedule.next_slot(now_ms + 2000)
+            assert instants_of(job.schedule)(instant)
+            on_schedule[job.name] = instant
+        writes = forged([j["name"] for j in jobs], on_schedule, now_ms, FUZZ_SEED, "tick", families)
+        sent = asyncio.run(_forge_keys(nats_server.url, writes))
+        refused = ("due_key", "backfill_key", "at_key", "job", "lock_key", "unknown_key")
+        wait_for(
+            lambda: all(
+                metric_sum(running, "anarchon_hostile_input_total", {"what": w}) for w in refused
+            ),
+            20,
+            what="every family with a check counting what it refused",
+        )
+        # What a forged key would have triggered comes within a lease and a window.
+        settle = time.time() + 8
+        wait_for(lambda: time.time() > settle, 10, what="the forged keys' effects")
+        wait_for(lambda: len(http_app.requests_for("/jobs/tick")) >= 2, 10, what="tick alive")
+        counts = {
+            w: metric_sum(running, "anarchon_hostile_input_total", {"what": w})
+            for w in (*refused, "value")
+        }
+        alive = [p.proc is not None and p.proc.poll() is None for p in running]
+        logs = [p.log() for p in running]
+    forged_calls = http_app.requests_for("/jobs/yearly") + http_app.requests_for("/jobs/capped")
+    ticks = http_app.requests_for("/jobs/tick")
+    figures.report("hostile-keys", writes=sent, families=len(families), **counts)
+    assert all(alive)
+    assert not forged_calls, [(r.path, dict(r.headers)) for r in forged_calls]
+    # tick: slots of its schedule (whole seconds), once each, attempt 1, as scheduled.
+    assert all(int(r.headers["X-Anarchon-Slot"]) % 1000 == 0 for r in ticks)
+    assert all(r.headers["X-Anarchon-Trigger"] == "scheduled" for r in ticks)
+    assert all(r.headers["X-Anarchon-Attempt"] == "1" for r in ticks)
+    assert not [s for s, n in runs_by_slot(http_app, "tick").items() if n > 1]
+    assert not any("Traceback" in log for log in logs)

@@ -161,6 +161,22 @@ def test_entries_that_the_cli_would_not_write_are_hostile() -> None:
     assert at_msg_id("a", 1_800_000_060_000) == "a:1800000060000:at"
 
 
+def test_an_entry_on_an_instant_of_the_schedule_is_hostile() -> None:
+    from zoneinfo import ZoneInfo
+
+    from sidecar.when.atkey import instants_of
+    from sidecar.when.slots import parse_calendar
+
+    now = 1_800_000_000.0
+    hourly = instants_of(parse_calendar("0 * * * *", ZoneInfo("UTC")))
+    on, off = 1_800_003_600_000, 1_800_003_601_000  # on the hour; a second later
+    value = {"runs": [{"slot": s, "by": "b", "queued_at": "x"} for s in (on, off)]}
+    parsed = parse_value(value, now, hourly)
+    assert list(parsed.runs) == [off]
+    assert parsed.hostile == [f"slot {on} is an instant of the job's schedule"]
+    assert list(parse_value(value, now).runs) == [on, off]  # without a schedule: both
+
+
 @pytest.mark.parametrize(
     ("offset", "on_schedule", "fragment"),
     [
@@ -404,6 +420,40 @@ def test_hostile_at_keys_are_counted_and_never_run_and_the_page_form_queues_one(
     assert [int(r.headers["X-Anarchon-Slot"]) for r in at_calls(http_app)] == [soon]
     assert len(at_calls(http_app, "/jobs/b")) == 1
     assert "state bucket: at.a.1 refused" in logs and "hostile input" in logs
+
+
+def test_a_raw_at_entry_on_an_instant_of_the_schedule_is_hostile_and_the_slot_runs_once(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Issue 48: the daemon refuses what the CLI refuses, an instant of the schedule."""
+    config = base(nats_server, http_app, [job("e", schedule="*/2 * * * * *")])
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        wait_for(lambda: http_app.requests_for("/jobs/e"), 20, what="a first scheduled run")
+        now = time.time()
+        on = (int(now) // 2 + 3) * 2 * 1000  # an even second 4-6 s ahead: on the schedule
+        off = on + 1000  # an odd second: not on it, a real one-off
+        value = {"runs": [{"slot": s, "by": "x", "queued_at": "y"} for s in (on, off)]}
+
+        async def forge(nc: Any) -> None:
+            kv = await nc.jetstream().key_value("CRON_STATE")
+            await kv.put("at.e", json.dumps(value).encode())
+
+        with_nats(nats_server.url, forge)
+        hostile = {"what": "at_key"}
+        wait_for(
+            lambda: any((p.metric("anarchon_hostile_input_total", hostile) or 0) for p in procs),
+            10,
+            what="the entry on the schedule counted",
+        )
+        wait_for(lambda: at_calls(http_app, "/jobs/e"), 15, what="the one-off off the schedule")
+        wait_for(  # what a second run of the slot would have been sent by now
+            lambda: time.time() > off / 1000 + 3 + 1, 10, what="both windows passed"
+        )
+        logs = "".join(p.log() for p in procs)
+    calls = [r for r in http_app.requests_for("/jobs/e") if int(r.headers["X-Anarchon-Slot"]) == on]
+    assert [r.headers["X-Anarchon-Trigger"] for r in calls] == ["scheduled"]
+    assert [int(r.headers["X-Anarchon-Slot"]) for r in at_calls(http_app, "/jobs/e")] == [off]
+    assert "is an instant of the job's schedule" in logs
 
 
 def test_a_one_off_is_never_run_late_nor_while_its_job_is_paused(

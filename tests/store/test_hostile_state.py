@@ -214,6 +214,54 @@ def test_a_due_key_gets_its_time_from_the_stream_not_from_the_key(
     assert 1.4 <= retried[0].at - failed.time <= 1.0 + 0.2 + 0.5 + 1.0, retried[0].at - failed.time
 
 
+# ------------------------------------------------------------------ forged locks
+
+
+def put_raw(url: str, key: str, value: Any, headers: dict[str, str]) -> None:
+    """A put with the headers given as they are (a Nats-TTL of the forger's choice)."""
+
+    async def work(nc: Any) -> None:
+        await nc.jetstream().publish(
+            f"$KV.CRON_STATE.{key}", json.dumps(value).encode(), headers=headers or None
+        )
+
+    with_nats(url, work)
+
+
+def test_a_forged_lock_without_a_ttl_is_counted_deleted_and_the_job_keeps_running(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Issue 48: a lock.<job> without a TTL blocked the job for good (0 runs in 25 s)."""
+    config = base(nats_server.url, http_app, [job("guarded", overlap="skip")])
+    forged = {"job": "guarded", "slot": 1, "attempt": 1, "token": "t" * 32, "instance": "evil"}
+    hostile = {"what": "lock_key"}
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        wait_for(lambda: http_app.requests_for("/jobs/guarded"), 20, what="a first run")
+        counted = 0.0
+        # No TTL at all, "never", and ten years: each would hold the job for ever.
+        for ttl in ("", "never", str(10 * 365 * 86400)):
+            put_raw(nats_server.url, "lock.guarded", forged, {"Nats-TTL": ttl} if ttl else {})
+            wait_for(
+                lambda: total(procs, "anarchon_hostile_input_total", hostile) > counted,  # noqa: B023
+                10,
+                what=f"the lock with Nats-TTL {ttl!r} counted",
+            )
+            counted = total(procs, "anarchon_hostile_input_total", hostile)
+            before = len(http_app.requests_for("/jobs/guarded"))
+            wait_for(
+                lambda: len(http_app.requests_for("/jobs/guarded")) >= before + 3,  # noqa: B023
+                10,
+                what=f"guarded running again after the lock with Nats-TTL {ttl!r}",
+            )
+        logs = [p.log() for p in procs]
+    for log in logs:
+        # Logged once a minute per key, not once per slot, by whichever sidecars met it.
+        assert len([line for line in log.splitlines() if "lock.guarded refused" in line]) <= 1
+    assert any("lock.guarded refused" in log for log in logs)
+    statuses = {m.data["status"] for m in results(nats_server.url, "guarded")}
+    assert "succeeded" in statuses, statuses
+
+
 # ------------------------------------------------------------------ absurd values
 
 

@@ -20,7 +20,14 @@ from sidecar.core.clock import rfc3339
 from sidecar.core.errors import CasConflict, StreamError
 from sidecar.core.wire import paused_key
 from sidecar.store.bucketcheck import StateSpec
-from sidecar.store.kv import create_or_update, delete_at, put_json, store_pause
+from sidecar.store.kv import (
+    create_or_update,
+    delete_at,
+    lock_ttl_limit,
+    put_json,
+    store_pause,
+    ttl_of,
+)
 from sidecar.store.state import ensure_bucket
 from tests.support import NatsServer
 
@@ -176,3 +183,24 @@ def test_only_kv_py_writes_the_state_bucket() -> None:
                 writers.setdefault(path.name, set()).add("publish")
     assert set(writers) == {"kv.py"}, writers
     assert writers["kv.py"] >= {"create", "update", "put", "delete"}  # the check sees them
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        (None, None),
+        ("30", 30.0),
+        ("2s", 2.0),
+        ("1h30m", 5400.0),
+        ("1.5m", 90.0),
+        ("never", None),  # nats-server keeps such a message for ever
+        ("-1", None),
+        ("0", None),
+        ("500ms", None),  # under a second: nats-server refuses it
+        ("30x", None),
+        ("٣٠", None),  # digits, but not ASCII
+    ],
+)
+def test_a_messages_ttl_as_nats_server_reads_it(header: str | None, seconds: float | None) -> None:
+    assert ttl_of(header) == seconds
+    assert lock_ttl_limit(2.0) == 3600.0 and lock_ttl_limit(600.0) == 6000.0
