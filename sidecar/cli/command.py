@@ -264,7 +264,7 @@ def duration_option(ctx: click.Context, param: click.Parameter, value: str | Non
     if value is None:
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # int() also reads other scripts' digits
         if int(text) == 0:
             return 0.0
         raise click.BadParameter(f"{text!r} has no unit: write e.g. {text}s", ctx, param)

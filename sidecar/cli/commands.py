@@ -38,7 +38,7 @@ from sidecar.core.errors import StreamNotFound, UnknownJob
 from sidecar.store.runs import Run
 from sidecar.store.stream import Lowering, stream_spec
 from sidecar.store.streamfit import coverage, placement_problem
-from sidecar.when.atkey import instant_problem
+from sidecar.when.atkey import instant_problem, on_schedule
 from sidecar.when.pauses import MAX_SKIP
 
 
@@ -396,7 +396,8 @@ def backfill(
     )
     if end < start:
         fail(EXIT_USAGE, "--to is before --from")
-    if end > Clock().wall_ms():
+    # `now` as --to's default reads it: a later floored wall_ms() can be 1 ms short.
+    if end > max(Clock().wall_ms(), round(now * 1000)):
         fail(EXIT_USAGE, "--to is in the future: a backfill runs past slots only")
     _queue_backfill(ld, spec, start, end, dry_run=dry_run, again=again)
 
@@ -488,8 +489,7 @@ def at_command(
     assert time_text is not None
     now = time.time()
     slot = _at_slot("TIME", time_text, now)
-    on_schedule = spec.schedule.next_slot(slot - 1) == slot
-    if why := instant_problem(slot, now, on_schedule):
+    if why := instant_problem(slot, now, on_schedule(spec.schedule.next_slot, slot)):
         fail(EXIT_USAGE, f"TIME: {why}")
     try:
         done = call(atops.cli_queue(ld.config, ld.secrets, spec, slot, who(), reason))

@@ -8,8 +8,8 @@ and ``read_file`` (secret files, never echoed); the config file's YAML is
 ``sidecar.config.yamlfile``'s.
 
 A duration is a string with units, largest first, each at most once
-(``250ms``, ``2s``, ``5m``, ``1h``, ``1m30s``, ``1.5s``), or a plain integer
-meaning milliseconds. Everything else (negatives, floats without a unit,
+(``250ms``, ``2s``, ``5m``, ``1h``, ``1m30s``, ``1.5s``), ASCII digits only,
+or a plain integer meaning milliseconds. Everything else (negatives, floats without a unit,
 bare numeric strings, booleans) is refused. Durations become float seconds.
 """
 
@@ -39,7 +39,9 @@ _DURATION_RE = re.compile(
     r"(?:(?P<h>\d+(?:\.\d+)?)h)?"
     r"(?:(?P<m>\d+(?:\.\d+)?)m(?!s))?"
     r"(?:(?P<s>\d+(?:\.\d+)?)s)?"
-    r"(?:(?P<ms>\d+(?:\.\d+)?)ms)?"
+    r"(?:(?P<ms>\d+(?:\.\d+)?)ms)?",
+    # ASCII digits only: \d and float() also take other scripts' digits (U+0663 U+0660 for 30m).
+    re.ASCII,
 )
 _PLAIN_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 _EXAMPLES = "e.g. 250ms, 2s, 5m, 1h, 1m30s, or an integer in milliseconds"

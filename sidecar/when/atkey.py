@@ -23,11 +23,13 @@ never run. Nothing here does I/O.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.core.bounds import is_int, slot_ms
 from sidecar.core.clock import rfc3339
+from sidecar.core.errors import ScheduleError
 
 KIND = "at"
 # A one-off further ahead than this is refused (the CLI: exit 2; a key: hostile).
@@ -146,6 +148,16 @@ def pending_of(value: Any, now: float) -> list[AtRun]:
     if value is None:
         return []
     return sorted(parse_value(value, now).runs.values(), key=lambda r: r.slot)
+
+
+def on_schedule(next_slot: Callable[[int], int], slot: int) -> bool:
+    """Whether `slot` is an instant of the schedule whose ``next_slot`` is given. A
+    schedule with no slot left before the year 10000 has none there: the instant
+    is then refused as too far ahead (instant_problem), never a ScheduleError."""
+    try:
+        return next_slot(slot - 1) == slot
+    except ScheduleError:
+        return False
 
 
 def instant_problem(slot: int, now: float, on_schedule: bool) -> str | None:

@@ -1,0 +1,72 @@
+"""Every input edge of the command line a clean error (issue 48): exit 2, a sentence
+naming the limit, no traceback, before anything is connected to or written."""
+
+from __future__ import annotations
+
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.support import run_cli, write_config
+
+ARABIC_30 = "\u0663\u0660"  # ٣٠: int() and \d read it as 30
+
+
+def _config(tmp_path: Path) -> str:
+    config = {
+        "instance_id": "cli",
+        "nats": {"servers": "nats://127.0.0.1:1"},  # nothing listens: never reached
+        "target": {"url": "http://127.0.0.1:1"},
+        "jobs": [{"name": "J", "schedule": "0 * * * *"}],
+    }
+    return str(write_config(tmp_path / "cli.yaml", config))
+
+
+def _all(
+    cases: list[tuple[list[str], str]],
+) -> list[tuple[list[str], str, subprocess.CompletedProcess[str]]]:
+    with ThreadPoolExecutor(4) as pool:
+        done = [pool.submit(run_cli, *args) for args, _ in cases]
+        return [
+            (args, fragment, f.result()) for (args, fragment), f in zip(cases, done, strict=True)
+        ]
+
+
+def _usage_error(args: list[str], fragment: str, done: subprocess.CompletedProcess[str]) -> None:
+    assert done.returncode == 2, (args, done.stdout, done.stderr)
+    assert fragment in done.stderr, (args, done.stderr)
+    assert "Traceback" not in done.stderr, (args, done.stderr)
+
+
+def test_times_out_of_range_exit_2_naming_the_limit(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    cases = [
+        # The last instant the sidecar names: the schedule has no slot after it (it
+        # was a ScheduleError traceback, exit 1).
+        (["at", "J", "-c", cfg, "9999-12-31T23:59:59.999Z"], "more than 366 days ahead"),
+        (["at", "J", "-c", cfg, "10000-01-01T00:00:00Z"], "9999-12-31T23:59:59.999Z"),
+        (["at", "J", "-c", cfg, "876000h"], "at most 87600h"),
+        (["pause", "J", "-c", cfg, "--until", "876000h"], "at most 87600h"),
+        (["pause", "J", "-c", cfg, "--until", "0001-01-01T00:00:00+14:00"], "out of range"),
+        (["backfill", "J", "-c", cfg, "--from", "876000h"], "at most 87600h"),
+        (["backfill", "J", "-c", cfg, "--from", "1969-12-31T00:00:00Z"], "out of range"),
+        (["backfill", "J", "-c", cfg, "--from", "2h", "--to", "9999-12-31T23:59:59Z"], "future"),
+    ]
+    for args, fragment, done in _all(cases):
+        _usage_error(args, fragment, done)
+
+
+def test_durations_and_times_take_ascii_digits_only(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    neither = "neither an RFC 3339 time"
+    cases = [
+        # `at J` with Arabic-Indic 30m queued a run 30 minutes ahead.
+        (["at", "J", "-c", cfg, f"{ARABIC_30}m"], neither),
+        (["at", "J", "-c", cfg, f"+{ARABIC_30}m"], neither),
+        (["pause", "J", "-c", cfg, "--until", f"{ARABIC_30}m"], neither),
+        (["backfill", "J", "-c", cfg, "--from", f"{ARABIC_30}m"], neither),
+        (["run-now", "J", "-c", cfg, "--timeout", f"{ARABIC_30}s"], "not a duration"),
+        (["run-now", "J", "-c", cfg, "--timeout", ARABIC_30], "not a duration"),
+    ]
+    for args, fragment, done in _all(cases):
+        _usage_error(args, fragment, done)
