@@ -78,6 +78,8 @@ FILE, BUCKET = "file", "bucket"
 # Keys of a stored job that are not the job's: the external id, who and when.
 META_KEYS = ("id", "by", "at")
 MAX_ID = 200
+# `job add/update`'s FILE at most: a job is a few hundred bytes.
+MAX_JOB_FILE = 64 << 10
 # ``since.<job>``'s why when `job add` bounds the new job's catch-up.
 ADDED = "added"
 
@@ -440,19 +442,11 @@ class BucketJobs:
 
 
 def read_job_file(path: str) -> object:
-    """`job add/update`'s FILE: one job as YAML or JSON (``-``: standard input)."""
-    import sys
-
+    """`job add/update`'s FILE: one job as YAML or JSON (``-``: standard input), at
+    most MAX_JOB_FILE bytes (``job add /dev/zero`` is refused, not read for ever)."""
     from sidecar.config.yamlfile import read_yaml
 
-    if path != "-":
-        return read_yaml(path)
-    import yaml
-
-    try:
-        return yaml.safe_load(sys.stdin.read())
-    except yaml.YAMLError as exc:
-        raise ConfigError("job", f"standard input is not YAML or JSON: {exc}") from None
+    return read_yaml(path, MAX_JOB_FILE, "job", stdin=True)
 
 
 def prepare(

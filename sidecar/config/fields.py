@@ -19,7 +19,6 @@ import functools
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
@@ -375,10 +374,38 @@ class Section:
         return self.get(name, default, convert)
 
 
+#: The largest secret file (a password, a token list, a creds file): far more
+#: than any needs; a path such as /dev/zero is refused, not read for ever.
+MAX_SECRET_FILE = 1 << 20
+
+
+def size_text(limit: int) -> str:
+    """A byte limit in words: ``64 KiB``, ``16 MiB``."""
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
+
+
+def read_capped(path: str, limit: int, key: str, stdin: bool = False) -> bytes:
+    """The bytes of the file `path` (``-`` with `stdin`: standard input), reading at
+    most ``limit + 1`` of them: a larger file (or /dev/zero, a pipe that never ends)
+    is ``ConfigError(key, ...)`` naming the limit. OSError as ``open`` raises it."""
+    import sys
+
+    stdin = stdin and path == "-"
+    if stdin:
+        data = sys.stdin.buffer.read(limit + 1)
+    else:
+        with open(path, "rb") as file:
+            data = file.read(limit + 1)
+    if len(data) > limit:
+        where = "standard input" if stdin else path
+        raise ConfigError(key, f"{where}: larger than {size_text(limit)}, the most it may be")
+    return data
+
+
 def read_file(path: str, key: str) -> bytes:
     """A (secret) file named by ``key``, without one trailing newline; never echoes content."""
     try:
-        raw = Path(path).read_bytes()
+        raw = read_capped(path, MAX_SECRET_FILE, key)
     except FileNotFoundError:
         raise ConfigError(key, f"file {path} does not exist") from None
     except OSError as exc:

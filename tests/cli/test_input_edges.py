@@ -70,3 +70,25 @@ def test_durations_and_times_take_ascii_digits_only(tmp_path: Path) -> None:
     ]
     for args, fragment, done in _all(cases):
         _usage_error(args, fragment, done)
+
+
+def test_files_are_read_up_to_a_cap(tmp_path: Path) -> None:
+    """`job add /dev/zero` read for ever (and so did a config or a secret file there)."""
+    cfg = _config(tmp_path)
+    secret = {
+        "nats": {"servers": "nats://127.0.0.1:1", "password_file": "/dev/zero", "user": "u"},
+        "target": {"url": "http://127.0.0.1:1"},
+        "jobs": [{"name": "J", "schedule": "0 * * * *"}],
+    }
+    secret_cfg = str(write_config(tmp_path / "secret.yaml", secret))
+    cases = [
+        (["job", "add", "/dev/zero", "-c", cfg], "/dev/zero: larger than 64 KiB"),
+        (["job", "update", "/dev/zero", "-c", cfg], "/dev/zero: larger than 64 KiB"),
+        (["check", "-c", "/dev/zero"], "/dev/zero: larger than 16 MiB"),
+        (["check", "-c", secret_cfg], "nats.password_file: /dev/zero: larger than 1 MiB"),
+    ]
+    for args, fragment, done in _all(cases):
+        _usage_error(args, fragment, done)
+    # Standard input too: one byte past the cap is refused, whatever follows.
+    piped = run_cli("job", "add", "-", "-c", cfg, input="#" * (64 << 10) + "\n", timeout=30)
+    _usage_error(["job", "add", "-"], "standard input: larger than 64 KiB", piped)
