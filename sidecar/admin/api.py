@@ -55,9 +55,10 @@ from sidecar.admin.sessions import Sessions
 from sidecar.admin.skipops import skip as skip_runs
 from sidecar.admin.skipops import until_of
 from sidecar.admin.tokens import TokenFile
+from sidecar.config.fields import MAX_REASON, shown_text
 from sidecar.config.load import Config, Secrets
 from sidecar.core.clock import Clock, rfc3339
-from sidecar.core.errors import SidecarError, StreamError
+from sidecar.core.errors import ConfigError, SidecarError, StreamError
 from sidecar.obs.exposition import RENDER_SLICE
 from sidecar.when.pauses import MAX_SKIP
 
@@ -337,7 +338,10 @@ class PageApp:
         bucket = self.fleet.bucket
         if bucket is None:
             return 503, {"error": "the state bucket is not open yet", **not_done}
-        reason = form.get("reason", "")[:200]
+        try:  # refused, not cut: a cut reason or a hidden character misleads who reads it
+            reason = shown_text(form.get("reason", ""), "reason", MAX_REASON)
+        except ConfigError as exc:
+            return 400, {"error": str(exc), **not_done}
         until: str | None = None
         count = 1
         # What is asked is checked before anything is written.

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
-from sidecar.config.fields import CONTROL_RE, short, type_name
+from sidecar.config.fields import short, shown_text, type_name
 from sidecar.config.jobs import JOB_KEYS, WAITING, check_fit, check_windows, parse_claim, parse_job
 from sidecar.config.keys import JOB_NAME, ConfigSection
 from sidecar.config.model import Config, JobConfig, Secrets
@@ -108,11 +108,10 @@ def canonical(value: Mapping[str, Any]) -> str:
 
 
 def external_id(value: object, key: str) -> str:
+    """A job's id: 1 to MAX_ID characters, shown as they are (no control or bidi ones)."""
     if not isinstance(value, str) or not value or len(value) > MAX_ID:
         raise ConfigError(key, f"expected an id of 1 to {MAX_ID} characters, got {short(value)}")
-    if CONTROL_RE.search(value):
-        raise ConfigError(key, "must not contain control characters")
-    return value
+    return shown_text(value, key, MAX_ID)
 
 
 def parse_bucket_job(config: Config, value: object, path: str) -> BucketJob:
@@ -649,7 +648,12 @@ async def api_action(
     try:
         if action == "remove":
             ident = data.get("id")
-            done = await remove_in(kv, name, None if ident is None else str(ident))
+            if ident is not None:
+                try:
+                    ident = external_id(ident, "id")
+                except ConfigError as exc:
+                    return 400, {"error": f"config error: {exc}", "key": exc.key}
+            done = await remove_in(kv, name, ident)
         else:
             if data.get("name", name) != name:
                 return 400, {"error": f"job.name: must be {name!r}, the job of the URL"}

@@ -32,7 +32,7 @@ from zoneinfo import ZoneInfo
 import click
 
 from sidecar.admin.tokens import TokenFile
-from sidecar.config.fields import parse_duration
+from sidecar.config.fields import MAX_REASON, parse_duration, shown_text
 from sidecar.config.load import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
 from sidecar.core.errors import (
     ConfigError,
@@ -249,7 +249,44 @@ config_option = click.option(
     default=None,
     help="Config file (YAML). Default: $ANARCHON_CONFIG.",
 )
-job_argument = click.argument("job")
+
+
+def _job_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A job's name as the config allows it: ASCII letters, digits, _ and - (a token of
+    the NATS subjects); anything else exits 2 before it is used or shown."""
+    if not JOB_NAME.fullmatch(value):
+        raise click.BadParameter(
+            f"{shown(value)} is not a job name: letters, digits, _ and - only", ctx, param
+        )
+    return value
+
+
+def shown(value: str) -> str:
+    """`value` quoted, cut and escaped for an error message."""
+    from sidecar.cli.output import printable  # a mistake's path: not loaded by `run`
+
+    return printable(repr(value if len(value) <= 60 else value[:57] + "..."))
+
+
+job_argument = click.argument("job", callback=_job_name)
+name_argument = click.argument("name", callback=_job_name)
+
+
+def _reason(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return shown_text(value, "", MAX_REASON)
+    except ConfigError as exc:
+        raise click.BadParameter(exc.message, ctx, param) from None
+
+
+def reason_option(shown_by: str) -> Callable[[FC], FC]:
+    """``--reason``: at most MAX_REASON characters, none hidden or reordering."""
+    return click.option(
+        "--reason",
+        default="",
+        callback=_reason,
+        help=f"Why ({MAX_REASON} characters at most): shown {shown_by}.",
+    )
 
 
 FC = TypeVar("FC", bound=Callable[..., Any])

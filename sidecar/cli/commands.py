@@ -28,6 +28,7 @@ from sidecar.cli.command import (
     json_option,
     load,
     note,
+    reason_option,
     say,
     unknown_job,
     who,
@@ -225,7 +226,7 @@ def _lower(ld: Loaded, yes: bool) -> None:
 @click.command()
 @job_argument
 @config_option
-@click.option("--reason", default="", help="Why: shown by status, the logs and resume.")
+@reason_option("by status, the logs and resume")
 @click.option("--force", is_flag=True, help="Replace a pause already in force (says which).")
 @click.option(
     "--until",
@@ -319,7 +320,7 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
 @job_argument
 @config_option
 @click.option("--count", type=click.IntRange(1, MAX_SKIP), default=1, show_default=True)
-@click.option("--reason", default="", help="Why: shown in history and the logs.")
+@reason_option("in history and the logs")
 def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
     """Skip the next COUNT runs of JOB on every replica (recorded skipped, reason skip)."""
     from sidecar.admin import skipops
@@ -431,7 +432,7 @@ def _queue_backfill(
 @job_argument
 @click.argument("time_text", metavar="[TIME]", required=False)
 @config_option
-@click.option("--reason", default="", help="Why: shown by status, --list and the page.")
+@reason_option("by status, --list and the page")
 @click.option("--list", "listing", is_flag=True, help="List JOB's pending one-off runs.")
 @click.option(
     "--cancel",

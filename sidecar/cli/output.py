@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from sidecar.config.alerting import describe_job, describe_notify
-from sidecar.config.fields import format_duration, redact_url
+from sidecar.config.fields import UNSHOWN_RE, format_duration, redact_url
 from sidecar.config.load import Config, JobConfig
 from sidecar.core.clock import parse_rfc3339, rfc3339
 from sidecar.core.errors import ScheduleError
@@ -38,12 +37,12 @@ MAX_SUBJECTS = 20
 
 # ---------------------------------------------------------------------- text helpers
 
+
 # C0 and C1 control characters.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
 def printable(text: str) -> str:
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+    """`text` with what would hide or reorder it on a terminal (controls, bidi
+    overrides and isolates, invisible characters) shown escaped (``\\u202e``)."""
+    return UNSHOWN_RE.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

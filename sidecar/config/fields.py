@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
@@ -121,6 +122,36 @@ def short(value: object, limit: int = 60) -> str:
 
 #: ASCII control characters, which no name, path or header value may contain.
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+#: What hides or reorders the text around it when shown: C0 and C1 controls, bidi
+#: marks, embeddings, overrides and isolates, zero-width and other invisible
+#: format characters, line and paragraph separators. Output escapes them.
+UNSHOWN_RE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u206f\ufeff\ufff9-\ufffb]"
+)
+#: The longest reason of an operator's act (``--reason``, the page's, the API's).
+MAX_REASON = 200
+# Unicode categories refused in such text: controls, format characters (the bidi
+# ones among them), surrogates, private use, line and paragraph separators.
+_UNSHOWN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
+
+
+def shown_text(value: str, key: str, limit: int) -> str:
+    """Text a person gives that others are shown (a reason, a job's id): at most
+    `limit` characters and none that hides or reorders what is shown around it
+    (a right-to-left override makes ``evil`` read ``live``); else ConfigError."""
+    if len(value) > limit:
+        raise ConfigError(key, f"at most {limit} characters, got {len(value)}")
+    for char in value:
+        if unicodedata.category(char) in _UNSHOWN_CATEGORIES:
+            raise ConfigError(
+                key,
+                f"no control, bidi or other invisible characters (U+{ord(char):04X} at "
+                f"{value.index(char)})",
+            )
+    return value
+
+
 _HOST_RE = re.compile(r"[A-Za-z0-9.-]+")
 _HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 

@@ -92,3 +92,29 @@ def test_files_are_read_up_to_a_cap(tmp_path: Path) -> None:
     # Standard input too: one byte past the cap is refused, whatever follows.
     piped = run_cli("job", "add", "-", "-c", cfg, input="#" * (64 << 10) + "\n", timeout=30)
     _usage_error(["job", "add", "-"], "standard input: larger than 64 KiB", piped)
+
+
+RTL = "\u202e"  # RIGHT-TO-LEFT OVERRIDE: "a<RLO>lave" reads "aeval"
+
+
+def test_reasons_ids_and_names_are_bounded(tmp_path: Path) -> None:
+    """`--reason` took 100 kB; an id of bidi overrides was stored, then shown."""
+    cfg = _config(tmp_path)
+    job = tmp_path / "job.yaml"
+    job.write_text("name: dyn\nschedule: '0 * * * *'\n")
+    long = "x" * 201
+    cases = [
+        (["pause", "J", "-c", cfg, "--reason", long], "at most 200 characters, got 201"),
+        (["skip", "J", "-c", cfg, "--reason", long], "at most 200 characters"),
+        (["at", "J", "-c", cfg, "2h", "--reason", "x" * 100_000], "at most 200 characters"),
+        (["at", "J", "-c", cfg, "2h", "--reason", f"ok{RTL}kcab"], "U+202E"),
+        (["pause", "J", "-c", cfg, "--reason", "two\nlines"], "U+000A"),
+        (["job", "add", str(job), "-c", cfg, "--id", f"t{RTL}1"], "job.id: no control, bidi"),
+        (["job", "add", str(job), "-c", cfg, "--id", "i" * 201], "job.id"),
+        (["job", "remove", "dyn", "-c", cfg, "--id", f"t{RTL}1"], "--id: no control, bidi"),
+        (["job", "remove", f"d{RTL}yn", "-c", cfg], "is not a job name"),
+        (["history", f"J{RTL}", "-c", cfg], "\\u202e"),  # named, escaped: not reordered
+    ]
+    for args, fragment, done in _all(cases):
+        _usage_error(args, fragment, done)
+        assert RTL not in done.stderr, (args, done.stderr)
