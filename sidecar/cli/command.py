@@ -32,7 +32,7 @@ from zoneinfo import ZoneInfo
 import click
 
 from sidecar.admin.tokens import TokenFile
-from sidecar.config.fields import MAX_REASON, parse_duration, shown_text
+from sidecar.config.fields import MAX_REASON, parse_duration, shown_text, whole
 from sidecar.config.load import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
 from sidecar.core.errors import (
     ConfigError,
@@ -294,6 +294,18 @@ FC = TypeVar("FC", bound=Callable[..., Any])
 
 def json_option(what: str) -> Callable[[FC], FC]:
     return click.option("--json", "as_json", is_flag=True, help=f"{what}, on stdout.")
+
+
+class Whole(click.IntRange):
+    """click's IntRange in ASCII digits only: int() also reads other scripts' (``٣``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            try:
+                value = whole(value)
+            except ValueError:
+                self.fail(f"{value!r} is not a whole number in ASCII digits", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:

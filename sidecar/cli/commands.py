@@ -18,6 +18,7 @@ from sidecar.cli.command import (
     EXIT_FAILED,
     EXIT_USAGE,
     Loaded,
+    Whole,
     call,
     config_job,
     config_option,
@@ -102,7 +103,7 @@ def read_runs(ld: Loaded, job: str) -> list[Run] | None:
 @click.command()
 @job_argument
 @config_option
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--limit", type=Whole(min=1), default=20, show_default=True)
 @json_option("One JSON object per run, per line (none when there is no run)")
 def history(job: str, config_path: str | None, limit: int, as_json: bool) -> None:
     """Runs of JOB, newest first, joined from the stream's claims and results."""
@@ -319,7 +320,7 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
 @click.command()
 @job_argument
 @config_option
-@click.option("--count", type=click.IntRange(1, MAX_SKIP), default=1, show_default=True)
+@click.option("--count", type=Whole(1, MAX_SKIP), default=1, show_default=True)
 @reason_option("in history and the logs")
 def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
     """Skip the next COUNT runs of JOB on every replica (recorded skipped, reason skip)."""
@@ -531,7 +532,7 @@ def status(config_path: str | None, as_json: bool) -> None:
 )
 @click.option(
     "--period",
-    type=click.IntRange(1, 59),
+    type=Whole(1, 59),
     default=2,
     show_default=True,
     help="Seconds between slots of the demo job.",

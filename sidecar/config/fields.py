@@ -73,6 +73,16 @@ def parse_duration(value: object, key: str) -> float:
     return seconds
 
 
+_WHOLE_RE = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
+def whole(text: str) -> int:
+    """``int(text)`` for ASCII digits only (int() also reads ``٣``); ValueError else."""
+    if not _WHOLE_RE.fullmatch(text):
+        raise ValueError(f"{text!r} is not a whole number")
+    return int(text)
+
+
 def format_duration(seconds: float) -> str:
     """Render float seconds the way the config writes them (``1m30s``, ``250ms``)."""
     total_ms = round(seconds * 1000)

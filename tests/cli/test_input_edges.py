@@ -67,6 +67,9 @@ def test_durations_and_times_take_ascii_digits_only(tmp_path: Path) -> None:
         (["backfill", "J", "-c", cfg, "--from", f"{ARABIC_30}m"], neither),
         (["run-now", "J", "-c", cfg, "--timeout", f"{ARABIC_30}s"], "not a duration"),
         (["run-now", "J", "-c", cfg, "--timeout", ARABIC_30], "not a duration"),
+        # Counts too: click's int() read them.
+        (["skip", "J", "-c", cfg, "--count", "\u0663"], "whole number in ASCII digits"),
+        (["history", "J", "-c", cfg, "--limit", ARABIC_30], "whole number in ASCII digits"),
     ]
     for args, fragment, done in _all(cases):
         _usage_error(args, fragment, done)
