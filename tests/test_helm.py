@@ -377,6 +377,99 @@ def test_missing_values_are_refused_by_name(
     assert re.search(message, str(refused.value)), refused.value
 
 
+# Credentials outside Secrets and privileged pods (issue 48): each refused by name,
+# each rendered when its own `unsafe` flag says so, and only then.
+UNSAFE = [
+    (
+        {"sidecar": {"config": {"target": {"url": "http://127.0.0.1:8080",
+                                           "headers": {"Authorization": "Bearer x"}}}}},
+        r"sidecar\.config\.target\.headers\.Authorization is a credential in the ConfigMap",
+        "credentialsInConfig",
+    ),
+    (
+        {"sidecar": {"config": {"jobs": [{"name": "a", "schedule": "* * * * *",
+                                          "request": {"headers": {"X-Api-Key": "k"}}}]}}},
+        r"jobs\[0\]\.request\.headers\.X-Api-Key is a credential",
+        "credentialsInConfig",
+    ),
+    (
+        {"sidecar": {"config": {"jobs": [{"name": "a", "schedule": "* * * * *",
+                                          "ping": "https://hc-ping.com/key/a"}]}}},
+        r"jobs\[0\]\.ping .*ConfigMap",
+        "credentialsInConfig",
+    ),
+    (
+        {"sidecar": {"config": {"defaults": {"ping": {"url": "https://hc-ping.com/k/{job}"}}}}},
+        r"defaults\.ping",
+        "credentialsInConfig",
+    ),
+    (
+        {"sidecar": {"env": [{"name": "ANARCHON_NATS_PASSWORD", "value": "pw"}]}},
+        r"sidecar\.env\[0\] ANARCHON_NATS_PASSWORD is a secret as a plain value",
+        "secretEnv",
+    ),
+    (
+        {"sidecar": {"resources": None}},
+        r"sidecar\.resources needs requests\.memory and limits\.memory",
+        "noResources",
+    ),
+    (
+        {"sidecar": {"securityContext": {"privileged": True, "runAsUser": 0}}},
+        r"sidecar\.securityContext has privileged: true",
+        "privileged",
+    ),
+    (
+        {"app": {"podSecurityContext": {"runAsUser": 0}}},
+        r"app\.podSecurityContext has runAsUser: 0",
+        "privileged",
+    ),
+    (
+        {"sidecar": {"securityContext": None}},
+        r"sidecar\.securityContext is empty",
+        "privileged",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("setting", "message", "flag"),
+    UNSAFE,
+    ids=[
+        "header",
+        "job-header",
+        "ping",
+        "default-ping",
+        "env",
+        "resources",
+        "privileged",
+        "pod-root",
+        "no-context",
+    ],
+)
+def test_credentials_outside_secrets_and_privileged_pods_are_refused(
+    helm: Helm, tmp_path: Path, setting: dict[str, Any], message: str, flag: str
+) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(setting))
+    with pytest.raises(RenderError) as refused:
+        helm.template(CHART, values)
+    assert re.search(message, str(refused.value)), refused.value
+    assert f"unsafe.{flag}: true" in str(refused.value), refused.value
+    # Its own flag lifts it (and says so in the values file that renders it).
+    values.write_text(yaml.safe_dump({**setting, "unsafe": {flag: True}}))
+    assert "kind: Deployment" in helm.template(CHART, values)
+
+
+def test_a_secret_from_a_secret_key_ref_is_not_refused(helm: Helm, tmp_path: Path) -> None:
+    env = {
+        "name": "ANARCHON_NATS_PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "n", "key": "p"}},
+    }
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"sidecar": {"env": [env]}}))
+    assert "secretKeyRef" in helm.template(CHART, values)
+
+
 # -------------------------------------------------------- optional parts
 
 

@@ -55,9 +55,10 @@ from sidecar.admin.sessions import Sessions
 from sidecar.admin.skipops import skip as skip_runs
 from sidecar.admin.skipops import until_of
 from sidecar.admin.tokens import TokenFile
+from sidecar.config.fields import MAX_REASON, shown_text, whole
 from sidecar.config.load import Config, Secrets
 from sidecar.core.clock import Clock, rfc3339
-from sidecar.core.errors import SidecarError, StreamError
+from sidecar.core.errors import ConfigError, SidecarError, StreamError
 from sidecar.obs.exposition import RENDER_SLICE
 from sidecar.when.pauses import MAX_SKIP
 
@@ -337,7 +338,10 @@ class PageApp:
         bucket = self.fleet.bucket
         if bucket is None:
             return 503, {"error": "the state bucket is not open yet", **not_done}
-        reason = form.get("reason", "")[:200]
+        try:  # refused, not cut: a cut reason or a hidden character misleads who reads it
+            reason = shown_text(form.get("reason", ""), "reason", MAX_REASON)
+        except ConfigError as exc:
+            return 400, {"error": str(exc), **not_done}
         until: str | None = None
         count = 1
         # What is asked is checked before anything is written.
@@ -353,7 +357,7 @@ class PageApp:
             if self.secrets is None:
                 return 503, {"error": "skip is not available on this sidecar", **not_done}
             try:
-                count = int(form.get("count", "1") or "1")
+                count = whole(form.get("count", "1") or "1")
             except ValueError:
                 return 400, {"error": f"count: a whole number 1 to {MAX_SKIP}", **not_done}
             if not 1 <= count <= MAX_SKIP:
@@ -493,11 +497,11 @@ def _form(req: Request) -> dict[str, str]:
 
 def _paging(q: dict[str, list[str]]) -> tuple[int, int | None]:
     try:
-        limit = max(1, min(RUNS_MAX, int(q.get("limit", [RUNS_LIMIT])[0])))
+        limit = max(1, min(RUNS_MAX, whole(str(q.get("limit", [RUNS_LIMIT])[0]))))
     except ValueError:
         limit = RUNS_LIMIT
     try:
-        before = int(q["before"][0]) if "before" in q else None
+        before = whole(q["before"][0]) if "before" in q else None
     except ValueError:
         before = None
     return limit, before

@@ -17,7 +17,7 @@ from nats.js.kv import KeyValue
 from sidecar.config.load import Config, JobConfig, Secrets
 from sidecar.core.clock import rfc3339
 from sidecar.run.atqueue import Queued, cancel, listing, queue
-from sidecar.when.atkey import AtRun, instant_problem
+from sidecar.when.atkey import AtRun, instant_problem, on_schedule
 
 log = logging.getLogger("sidecar.atops")
 
@@ -122,7 +122,8 @@ def _slot_of(text: str, now: float) -> int:
     from sidecar.admin.skipops import instant_of
 
     text = text.strip()
-    if text.isdigit() and len(text) >= 12:  # epoch ms, as --list --json and the page give it
+    # epoch ms, as --list --json and the page give it; ASCII digits (int() reads others)
+    if text.isascii() and text.isdigit() and len(text) >= 12:
         return int(text)
     return round(instant_of(text, now) * 1000)
 
@@ -152,8 +153,7 @@ async def act(
             return 409, "", {"error": f"{job.name}: no one-off run pending at {text}"}
         answer = {"cancelled": [r.as_dict() for r in gone], "too_late": [r.as_dict() for r in late]}
         return 200, cancelled_detail(gone), answer
-    on_schedule = job.schedule.next_slot(slot - 1) == slot
-    if why := instant_problem(slot, now, on_schedule):
+    if why := instant_problem(slot, now, on_schedule(job.schedule.next_slot, slot)):
         return 400, "", {"error": f"time: {why}"}
     try:
         done = await queue(kv, job, slot, by, form.get("reason", ""))

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
-from sidecar.config.fields import CONTROL_RE, short, type_name
+from sidecar.config.fields import short, shown_text, type_name
 from sidecar.config.jobs import JOB_KEYS, WAITING, check_fit, check_windows, parse_claim, parse_job
 from sidecar.config.keys import JOB_NAME, ConfigSection
 from sidecar.config.model import Config, JobConfig, Secrets
@@ -78,6 +78,8 @@ FILE, BUCKET = "file", "bucket"
 # Keys of a stored job that are not the job's: the external id, who and when.
 META_KEYS = ("id", "by", "at")
 MAX_ID = 200
+# `job add/update`'s FILE at most: a job is a few hundred bytes.
+MAX_JOB_FILE = 64 << 10
 # ``since.<job>``'s why when `job add` bounds the new job's catch-up.
 ADDED = "added"
 
@@ -106,11 +108,10 @@ def canonical(value: Mapping[str, Any]) -> str:
 
 
 def external_id(value: object, key: str) -> str:
+    """A job's id: 1 to MAX_ID characters, shown as they are (no control or bidi ones)."""
     if not isinstance(value, str) or not value or len(value) > MAX_ID:
         raise ConfigError(key, f"expected an id of 1 to {MAX_ID} characters, got {short(value)}")
-    if CONTROL_RE.search(value):
-        raise ConfigError(key, "must not contain control characters")
-    return value
+    return shown_text(value, key, MAX_ID)
 
 
 def parse_bucket_job(config: Config, value: object, path: str) -> BucketJob:
@@ -438,19 +439,11 @@ class BucketJobs:
 
 
 def read_job_file(path: str) -> object:
-    """`job add/update`'s FILE: one job as YAML or JSON (``-``: standard input)."""
-    import sys
-
+    """`job add/update`'s FILE: one job as YAML or JSON (``-``: standard input), at
+    most MAX_JOB_FILE bytes (``job add /dev/zero`` is refused, not read for ever)."""
     from sidecar.config.yamlfile import read_yaml
 
-    if path != "-":
-        return read_yaml(path)
-    import yaml
-
-    try:
-        return yaml.safe_load(sys.stdin.read())
-    except yaml.YAMLError as exc:
-        raise ConfigError("job", f"standard input is not YAML or JSON: {exc}") from None
+    return read_yaml(path, MAX_JOB_FILE, "job", stdin=True)
 
 
 def prepare(
@@ -653,7 +646,12 @@ async def api_action(
     try:
         if action == "remove":
             ident = data.get("id")
-            done = await remove_in(kv, name, None if ident is None else str(ident))
+            if ident is not None:
+                try:
+                    ident = external_id(ident, "id")
+                except ConfigError as exc:
+                    return 400, {"error": f"config error: {exc}", "key": exc.key}
+            done = await remove_in(kv, name, ident)
         else:
             if data.get("name", name) != name:
                 return 400, {"error": f"job.name: must be {name!r}, the job of the URL"}

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
+from sidecar.config.fields import UNSHOWN_RE
 from sidecar.core.wire import FAILED, LOST, RUNNING, SKIPPED, SUCCEEDED
 
 MARKS = {
@@ -36,7 +37,12 @@ DIFFERS = '<span class="tag warn">⚠ differs</span>'
 
 
 def e(value: object) -> str:
-    return escape("" if value is None else str(value), quote=True)
+    """`value` as HTML text; a control, bidi or invisible character (a value written
+    in the bucket by hand) shown escaped (``\\u202e``), never reordering the page."""
+    text = "" if value is None else str(value)
+    if UNSHOWN_RE.search(text):
+        text = UNSHOWN_RE.sub(lambda m: repr(m.group())[1:-1], text)
+    return escape(text, quote=True)
 
 
 def when(text: object, tz: object = None) -> str:

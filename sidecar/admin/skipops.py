@@ -7,7 +7,6 @@ running sidecar sees the key through its watch within about a second.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -53,12 +52,15 @@ def instant_of(text: str, now: float, back: bool = False) -> float:
     text = text.strip()
     sign = -1.0 if back else 1.0
     body = text
-    if body[:1] in "+-" and body[1:2].isdigit():
+    if body[:1] in "+-" and _digit(body[1:2]):
         sign, body = (-1.0 if body[0] == "-" else 1.0), body[1:]
     at: float | None = None
-    if body[:1].isdigit() and "T" not in body:
-        with contextlib.suppress(ConfigError):
+    if _digit(body[:1]) and "T" not in body:
+        try:
             at = now + sign * parse_duration(body, "")
+        except ConfigError as exc:
+            if exc.message.startswith("too long"):  # a duration, past the longest one
+                raise ValueError(f"{text!r} is {exc.message}") from None
     if at is None:
         try:
             at = parse_instant(text)
@@ -73,6 +75,11 @@ def instant_of(text: str, now: float, back: bool = False) -> float:
     if not in_range(at):
         raise ValueError(f"{text!r} is out of range: the sidecar names {INSTANT_RANGE}")
     return at
+
+
+def _digit(char: str) -> bool:
+    """An ASCII digit: str.isdigit() also takes other scripts' digits, which int() reads."""
+    return char.isascii() and char.isdigit()
 
 
 def until_of(text: str, now: float) -> float:

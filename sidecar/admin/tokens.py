@@ -15,6 +15,7 @@ import logging
 import os
 import re
 
+from sidecar.config.fields import MAX_SECRET_FILE, read_capped
 from sidecar.core.errors import ConfigError
 
 log = logging.getLogger("sidecar.tokens")
@@ -76,8 +77,7 @@ class TokenFile:
             return
         stamp = self._stamp_now()
         try:
-            with open(self.path, encoding="utf-8") as f:
-                text = f.read()
+            text = read_capped(self.path, MAX_SECRET_FILE, KEY).decode("utf-8")
         except OSError as exc:
             raise ConfigError(KEY, f"cannot read {self.path}: {exc.strerror}") from None
         except UnicodeDecodeError:

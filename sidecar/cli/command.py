@@ -32,7 +32,7 @@ from zoneinfo import ZoneInfo
 import click
 
 from sidecar.admin.tokens import TokenFile
-from sidecar.config.fields import parse_duration
+from sidecar.config.fields import MAX_REASON, parse_duration, shown_text, whole
 from sidecar.config.load import JOB_NAME, Config, JobConfig, Secrets, load_config, load_secrets
 from sidecar.core.errors import (
     ConfigError,
@@ -249,7 +249,44 @@ config_option = click.option(
     default=None,
     help="Config file (YAML). Default: $ANARCHON_CONFIG.",
 )
-job_argument = click.argument("job")
+
+
+def _job_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A job's name as the config allows it: ASCII letters, digits, _ and - (a token of
+    the NATS subjects); anything else exits 2 before it is used or shown."""
+    if not JOB_NAME.fullmatch(value):
+        raise click.BadParameter(
+            f"{shown(value)} is not a job name: letters, digits, _ and - only", ctx, param
+        )
+    return value
+
+
+def shown(value: str) -> str:
+    """`value` quoted, cut and escaped for an error message."""
+    from sidecar.cli.output import printable  # a mistake's path: not loaded by `run`
+
+    return printable(repr(value if len(value) <= 60 else value[:57] + "..."))
+
+
+job_argument = click.argument("job", callback=_job_name)
+name_argument = click.argument("name", callback=_job_name)
+
+
+def _reason(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return shown_text(value, "", MAX_REASON)
+    except ConfigError as exc:
+        raise click.BadParameter(exc.message, ctx, param) from None
+
+
+def reason_option(shown_by: str) -> Callable[[FC], FC]:
+    """``--reason``: at most MAX_REASON characters, none hidden or reordering."""
+    return click.option(
+        "--reason",
+        default="",
+        callback=_reason,
+        help=f"Why ({MAX_REASON} characters at most): shown {shown_by}.",
+    )
 
 
 FC = TypeVar("FC", bound=Callable[..., Any])
@@ -259,12 +296,24 @@ def json_option(what: str) -> Callable[[FC], FC]:
     return click.option("--json", "as_json", is_flag=True, help=f"{what}, on stdout.")
 
 
+class Whole(click.IntRange):
+    """click's IntRange in ASCII digits only: int() also reads other scripts' (``٣``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            try:
+                value = whole(value)
+            except ValueError:
+                self.fail(f"{value!r} is not a whole number in ASCII digits", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
     """A duration with a unit, as in the config (``30s``, ``2m``, ``1m30s``)."""
     if value is None:
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # int() also reads other scripts' digits
         if int(text) == 0:
             return 0.0
         raise click.BadParameter(f"{text!r} has no unit: write e.g. {text}s", ctx, param)

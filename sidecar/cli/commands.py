@@ -18,6 +18,7 @@ from sidecar.cli.command import (
     EXIT_FAILED,
     EXIT_USAGE,
     Loaded,
+    Whole,
     call,
     config_job,
     config_option,
@@ -28,6 +29,7 @@ from sidecar.cli.command import (
     json_option,
     load,
     note,
+    reason_option,
     say,
     unknown_job,
     who,
@@ -38,7 +40,7 @@ from sidecar.core.errors import StreamNotFound, UnknownJob
 from sidecar.store.runs import Run
 from sidecar.store.stream import Lowering, stream_spec
 from sidecar.store.streamfit import coverage, placement_problem
-from sidecar.when.atkey import instant_problem
+from sidecar.when.atkey import instant_problem, on_schedule
 from sidecar.when.pauses import MAX_SKIP
 
 
@@ -101,7 +103,7 @@ def read_runs(ld: Loaded, job: str) -> list[Run] | None:
 @click.command()
 @job_argument
 @config_option
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--limit", type=Whole(min=1), default=20, show_default=True)
 @json_option("One JSON object per run, per line (none when there is no run)")
 def history(job: str, config_path: str | None, limit: int, as_json: bool) -> None:
     """Runs of JOB, newest first, joined from the stream's claims and results."""
@@ -225,7 +227,7 @@ def _lower(ld: Loaded, yes: bool) -> None:
 @click.command()
 @job_argument
 @config_option
-@click.option("--reason", default="", help="Why: shown by status, the logs and resume.")
+@reason_option("by status, the logs and resume")
 @click.option("--force", is_flag=True, help="Replace a pause already in force (says which).")
 @click.option(
     "--until",
@@ -318,8 +320,8 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
 @click.command()
 @job_argument
 @config_option
-@click.option("--count", type=click.IntRange(1, MAX_SKIP), default=1, show_default=True)
-@click.option("--reason", default="", help="Why: shown in history and the logs.")
+@click.option("--count", type=Whole(1, MAX_SKIP), default=1, show_default=True)
+@reason_option("in history and the logs")
 def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
     """Skip the next COUNT runs of JOB on every replica (recorded skipped, reason skip)."""
     from sidecar.admin import skipops
@@ -396,7 +398,8 @@ def backfill(
     )
     if end < start:
         fail(EXIT_USAGE, "--to is before --from")
-    if end > Clock().wall_ms():
+    # `now` as --to's default reads it: a later floored wall_ms() can be 1 ms short.
+    if end > max(Clock().wall_ms(), round(now * 1000)):
         fail(EXIT_USAGE, "--to is in the future: a backfill runs past slots only")
     _queue_backfill(ld, spec, start, end, dry_run=dry_run, again=again)
 
@@ -430,7 +433,7 @@ def _queue_backfill(
 @job_argument
 @click.argument("time_text", metavar="[TIME]", required=False)
 @config_option
-@click.option("--reason", default="", help="Why: shown by status, --list and the page.")
+@reason_option("by status, --list and the page")
 @click.option("--list", "listing", is_flag=True, help="List JOB's pending one-off runs.")
 @click.option(
     "--cancel",
@@ -488,8 +491,7 @@ def at_command(
     assert time_text is not None
     now = time.time()
     slot = _at_slot("TIME", time_text, now)
-    on_schedule = spec.schedule.next_slot(slot - 1) == slot
-    if why := instant_problem(slot, now, on_schedule):
+    if why := instant_problem(slot, now, on_schedule(spec.schedule.next_slot, slot)):
         fail(EXIT_USAGE, f"TIME: {why}")
     try:
         done = call(atops.cli_queue(ld.config, ld.secrets, spec, slot, who(), reason))
@@ -530,7 +532,7 @@ def status(config_path: str | None, as_json: bool) -> None:
 )
 @click.option(
     "--period",
-    type=click.IntRange(1, 59),
+    type=Whole(1, 59),
     default=2,
     show_default=True,
     help="Seconds between slots of the demo job.",

@@ -24,6 +24,7 @@ from sidecar.cli.command import (
     fail,
     json_option,
     load,
+    name_argument,
     say,
     who,
 )
@@ -92,7 +93,7 @@ def update(file: str, config_path: str | None, ident: str | None) -> None:
 
 
 @job_group.command("remove")
-@click.argument("name")
+@name_argument
 @config_option
 @click.option("--id", "ident", default=None, help="Remove only if the job has this id.")
 def remove(name: str, config_path: str | None, ident: str | None) -> None:
@@ -101,6 +102,11 @@ def remove(name: str, config_path: str | None, ident: str | None) -> None:
     ld = load(config_path)
     if name in ld.config.job_names:
         fail(EXIT_USAGE, f"{name} is a job of the config file: remove it there")
+    if ident is not None:
+        try:
+            bucket_jobs.external_id(ident, "--id")
+        except ConfigError as exc:
+            fail(EXIT_USAGE, str(exc))
     done = call(bucket_jobs.remove(ld.config, ld.secrets, name, ident))
     say(f"{done.name}: removed from the state bucket (id {printable(done.id)})")
 

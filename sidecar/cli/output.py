@@ -9,8 +9,8 @@ the cursor or recolour the operator's terminal): it goes through
 
 from __future__ import annotations
 
+import contextlib
 import json
-import re
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from sidecar.config.alerting import describe_job, describe_notify
-from sidecar.config.fields import format_duration, redact_url
+from sidecar.config.fields import UNSHOWN_RE, format_duration, redact_url
 from sidecar.config.load import Config, JobConfig
 from sidecar.core.clock import parse_rfc3339, rfc3339
+from sidecar.core.errors import ScheduleError
 from sidecar.store.runs import History, Run
 from sidecar.store.stream import Lowering, StreamState
 from sidecar.when.describe import schedule_lines
@@ -36,12 +37,12 @@ MAX_SUBJECTS = 20
 
 # ---------------------------------------------------------------------- text helpers
 
+
 # C0 and C1 control characters.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
 def printable(text: str) -> str:
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+    """`text` with what would hide or reorder it on a terminal (controls, bidi
+    overrides and isolates, invisible characters) shown escaped (``\\u202e``)."""
+    return UNSHOWN_RE.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -166,10 +167,21 @@ def check_lines(config: Config, now_ms: int) -> list[str]:
         if job.overlap != "allow":
             lines.append(f"  overlap {job.overlap}: {_overlap_words(job)}")
         # The next runs: spread moved, exclusions, start_at and end_at applied.
-        lines += [f"  next: {when(slot, job.timezone)}" for slot in job.schedule.runs(now_ms, 3)]
-        if job.schedule.ended(now_ms):
+        runs = _next_runs(job, now_ms, 3)
+        lines += [f"  next: {when(slot, job.timezone)}" for slot in runs]
+        if job.schedule.end_ms is not None and not runs:
             lines.append(f"  runs no more: end_at {utc_text(job.schedule.end_ms or 0)} passed")
     return lines
+
+
+def _next_runs(job: JobConfig, now_ms: int, count: int) -> list[int]:
+    """Up to `count` next runs: fewer near the last instant the sidecar names."""
+    found: list[int] = []
+    with contextlib.suppress(ScheduleError):  # no slot before the year 10000
+        while len(found) < count and (slot := job.schedule.next_run(now_ms)) is not None:
+            found.append(slot)
+            now_ms = slot
+    return found
 
 
 def stream_check_lines(name: str, before: StreamState | None, after: StreamState | None) -> str:

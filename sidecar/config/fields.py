@@ -8,8 +8,8 @@ and ``read_file`` (secret files, never echoed); the config file's YAML is
 ``sidecar.config.yamlfile``'s.
 
 A duration is a string with units, largest first, each at most once
-(``250ms``, ``2s``, ``5m``, ``1h``, ``1m30s``, ``1.5s``), or a plain integer
-meaning milliseconds. Everything else (negatives, floats without a unit,
+(``250ms``, ``2s``, ``5m``, ``1h``, ``1m30s``, ``1.5s``), ASCII digits only,
+or a plain integer meaning milliseconds. Everything else (negatives, floats without a unit,
 bare numeric strings, booleans) is refused. Durations become float seconds.
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
@@ -39,7 +39,9 @@ _DURATION_RE = re.compile(
     r"(?:(?P<h>\d+(?:\.\d+)?)h)?"
     r"(?:(?P<m>\d+(?:\.\d+)?)m(?!s))?"
     r"(?:(?P<s>\d+(?:\.\d+)?)s)?"
-    r"(?:(?P<ms>\d+(?:\.\d+)?)ms)?"
+    r"(?:(?P<ms>\d+(?:\.\d+)?)ms)?",
+    # ASCII digits only: \d and float() also take other scripts' digits (U+0663 U+0660 for 30m).
+    re.ASCII,
 )
 _PLAIN_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 _EXAMPLES = "e.g. 250ms, 2s, 5m, 1h, 1m30s, or an integer in milliseconds"
@@ -69,6 +71,16 @@ def parse_duration(value: object, key: str) -> float:
     if seconds > MAX_DURATION:
         raise ConfigError(key, f"too long: at most {format_duration(MAX_DURATION)}")
     return seconds
+
+
+_WHOLE_RE = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
+def whole(text: str) -> int:
+    """``int(text)`` for ASCII digits only (int() also reads ``٣``); ValueError else."""
+    if not _WHOLE_RE.fullmatch(text):
+        raise ValueError(f"{text!r} is not a whole number")
+    return int(text)
 
 
 def format_duration(seconds: float) -> str:
@@ -120,6 +132,36 @@ def short(value: object, limit: int = 60) -> str:
 
 #: ASCII control characters, which no name, path or header value may contain.
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+#: What hides or reorders the text around it when shown: C0 and C1 controls, bidi
+#: marks, embeddings, overrides and isolates, zero-width and other invisible
+#: format characters, line and paragraph separators. Output escapes them.
+UNSHOWN_RE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u206f\ufeff\ufff9-\ufffb]"
+)
+#: The longest reason of an operator's act (``--reason``, the page's, the API's).
+MAX_REASON = 200
+# Unicode categories refused in such text: controls, format characters (the bidi
+# ones among them), surrogates, private use, line and paragraph separators.
+_UNSHOWN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
+
+
+def shown_text(value: str, key: str, limit: int) -> str:
+    """Text a person gives that others are shown (a reason, a job's id): at most
+    `limit` characters and none that hides or reorders what is shown around it
+    (a right-to-left override makes ``evil`` read ``live``); else ConfigError."""
+    if len(value) > limit:
+        raise ConfigError(key, f"at most {limit} characters, got {len(value)}")
+    for char in value:
+        if unicodedata.category(char) in _UNSHOWN_CATEGORIES:
+            raise ConfigError(
+                key,
+                f"no control, bidi or other invisible characters (U+{ord(char):04X} at "
+                f"{value.index(char)})",
+            )
+    return value
+
+
 _HOST_RE = re.compile(r"[A-Za-z0-9.-]+")
 _HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
@@ -373,10 +415,38 @@ class Section:
         return self.get(name, default, convert)
 
 
+#: The largest secret file (a password, a token list, a creds file): far more
+#: than any needs; a path such as /dev/zero is refused, not read for ever.
+MAX_SECRET_FILE = 1 << 20
+
+
+def size_text(limit: int) -> str:
+    """A byte limit in words: ``64 KiB``, ``16 MiB``."""
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
+
+
+def read_capped(path: str, limit: int, key: str, stdin: bool = False) -> bytes:
+    """The bytes of the file `path` (``-`` with `stdin`: standard input), reading at
+    most ``limit + 1`` of them: a larger file (or /dev/zero, a pipe that never ends)
+    is ``ConfigError(key, ...)`` naming the limit. OSError as ``open`` raises it."""
+    import sys
+
+    stdin = stdin and path == "-"
+    if stdin:
+        data = sys.stdin.buffer.read(limit + 1)
+    else:
+        with open(path, "rb") as file:
+            data = file.read(limit + 1)
+    if len(data) > limit:
+        where = "standard input" if stdin else path
+        raise ConfigError(key, f"{where}: larger than {size_text(limit)}, the most it may be")
+    return data
+
+
 def read_file(path: str, key: str) -> bytes:
     """A (secret) file named by ``key``, without one trailing newline; never echoes content."""
     try:
-        raw = Path(path).read_bytes()
+        raw = read_capped(path, MAX_SECRET_FILE, key)
     except FileNotFoundError:
         raise ConfigError(key, f"file {path} does not exist") from None
     except OSError as exc:

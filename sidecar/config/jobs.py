@@ -10,7 +10,7 @@ key's path (``jobs[1].jitter``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from types import MappingProxyType
 from zoneinfo import ZoneInfo
 
@@ -36,6 +36,7 @@ from sidecar.config.model import (
     RetryConfig,
     TargetConfig,
 )
+from sidecar.core.clock import INSTANT_RANGE, epoch_of, in_range
 from sidecar.core.errors import ConfigError, ScheduleError
 from sidecar.when.schedule import parse_schedule
 from sidecar.when.slots import Calendar, parse_calendar, parse_exclusion
@@ -195,6 +196,13 @@ def _parse_calendar(sec: ConfigSection, name: str, timezone: ZoneInfo) -> Calend
     calendar = parse_calendar(
         exprs, timezone, name, spread, [str(t) for t in excludes], start_ms, end_ms
     )
+    if start_ms is not None:
+        try:
+            calendar.next_slot(start_ms - 1)
+        except ScheduleError:  # start_at past the schedule's last slot the sidecar can name
+            raise ConfigError(
+                sec.key("start_at"), "the schedule has no slot from start_at before 10000-01-01"
+            ) from None
     if spread and spread * 1000 >= (interval := calendar.min_interval_ms()):
         # A slot moved past the next one's time would blur which slot is which.
         raise ConfigError(
@@ -228,7 +236,11 @@ def _instant_ms(sec: ConfigSection, name: str, timezone: ZoneInfo) -> int | None
         )
     if value.tzinfo is None:
         value = value.replace(tzinfo=timezone)
-    ms = round(value.astimezone(UTC).timestamp() * 1000)
+    # By subtraction: astimezone(UTC) overflows at both ends of the range.
+    at = epoch_of(value)
+    if not in_range(at):
+        raise ConfigError(sec.key(name), f"out of range: the sidecar names {INSTANT_RANGE}")
+    ms = round(at * 1000)
     if ms % 1000:
         raise ConfigError(sec.key(name), "whole seconds only (slots are whole seconds)")
     return ms

@@ -12,12 +12,12 @@ keys, tags, any error) to PyYAML's constructor, which decides as before.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 from yaml.constructor import ConstructorError
 
+from sidecar.config.fields import read_capped
 from sidecar.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -104,22 +104,30 @@ def load(text: str) -> object:
         loader.dispose()
 
 
-def read_yaml(path: str) -> object:
-    """The YAML document in the file ``path``; ConfigError("config", ...) with its line."""
+#: The largest config file: a thousand jobs take about 200 KiB.
+MAX_CONFIG_FILE = 16 << 20
+
+
+def read_yaml(
+    path: str, limit: int = MAX_CONFIG_FILE, key: str = "config", stdin: bool = False
+) -> object:
+    """The YAML document in the file ``path`` (``-`` with `stdin`: standard input), at
+    most `limit` bytes; ConfigError(`key`, ...) with its line."""
+    where = "standard input" if stdin and path == "-" else path
     try:
-        text = Path(path).read_bytes().decode("utf-8")
+        text = read_capped(path, limit, key, stdin).decode("utf-8")
     except FileNotFoundError:
-        raise ConfigError("config", f"{path}: no such file") from None
+        raise ConfigError(key, f"{path}: no such file") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError("config", f"{path}: not UTF-8 text (byte {exc.start})") from None
+        raise ConfigError(key, f"{where}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
-        raise ConfigError("config", f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise ConfigError(key, f"{where}: cannot read: {exc.strerror or exc}") from None
     try:
         return load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else path
+        at = f"{where}, line {mark.line + 1}, column {mark.column + 1}" if mark else where
         problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
-        raise ConfigError("config", f"{where}: {problem}") from None
+        raise ConfigError(key, f"{at}: {problem}") from None
     except Exception as exc:  # PyYAML's own slips too (`!!int ''`: IndexError)
-        raise ConfigError("config", f"{path}: invalid YAML ({type(exc).__name__})") from None
+        raise ConfigError(key, f"{where}: invalid YAML ({type(exc).__name__})") from None

@@ -14,6 +14,7 @@ minutes after the stream forgot the slot's msg id: a slot run twice.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -110,6 +111,10 @@ _ONE_SECOND = timedelta(seconds=1)
 INSTANT_RANGE = "1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z"
 
 
+# A year of five digits or more (10000-01-01T00:00:00Z), past datetime's range.
+_LONG_YEAR = re.compile(r"[0-9]{5,}-")
+
+
 def epoch_of(value: datetime) -> float:
     """Epoch seconds of an aware datetime, any datetime can hold: no conversion to
     UTC (``astimezone``), which overflows at both ends of the range
@@ -130,6 +135,8 @@ def parse_instant(text: str) -> float:
     an OverflowError.
     """
     text = text.strip()
+    if _LONG_YEAR.match(text):  # fromisoformat cannot read it: say why, not "not a time"
+        raise ValueError(f"{text!r} is out of range: the sidecar names {INSTANT_RANGE}")
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:

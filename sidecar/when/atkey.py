@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.core.bounds import is_int, slot_ms
 from sidecar.core.clock import rfc3339
+from sidecar.core.errors import ScheduleError
 
 if TYPE_CHECKING:
     from sidecar.when.slots import Calendar
@@ -173,6 +174,16 @@ def pending_of(value: Any, now: float, scheduled: Scheduled | None = None) -> li
     if value is None:
         return []
     return sorted(parse_value(value, now, scheduled).runs.values(), key=lambda r: r.slot)
+
+
+def on_schedule(next_slot: Callable[[int], int], slot: int) -> bool:
+    """Whether `slot` is an instant of the schedule whose ``next_slot`` is given. A
+    schedule with no slot left before the year 10000 has none there: the instant
+    is then refused as too far ahead (instant_problem), never a ScheduleError."""
+    try:
+        return next_slot(slot - 1) == slot
+    except ScheduleError:
+        return False
 
 
 def instant_problem(slot: int, now: float, on_schedule: bool) -> str | None:

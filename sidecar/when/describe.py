@@ -29,7 +29,7 @@ _ANCHOR = datetime(2026, 1, 1)
 # when N divides the field's range (the count restarts at each unit, so
 # "*/7" minutes is not "every 7 minutes": it is left to cronsim's words).
 _UNITS = {0: ("second", 60), 1: ("minute", 60), 2: ("hour", 24)}
-_STEP = re.compile(r"\*/(\d+)")
+_STEP = re.compile(r"\*/(\d+)", re.ASCII)
 
 
 def _period(fields: list[str]) -> str | None:

@@ -42,6 +42,8 @@ from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
 
+from sidecar.core.bounds import MAX_SLOT_MS
+from sidecar.core.clock import INSTANT_RANGE, epoch_of, in_range
 from sidecar.core.errors import ScheduleError
 
 _FIELDS_5 = ("minute", "hour", "day-of-month", "month", "day-of-week")
@@ -59,8 +61,13 @@ _REFERENCE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 _YEAR_MS = 366 * 86_400_000
 _MAX_SAMPLES = 1000
 # ``@every <duration> [offset <duration> | from <instant>]``
-_EVERY = re.compile(r"@every\s+(?P<every>\S+)(?:\s+(?P<how>offset|from)\s+(?P<anchor>\S+))?")
-_EVERY_DURATION = re.compile(r"(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?")
+# ASCII only (re.ASCII): \d and int() also take other scripts' digits (U+0663 U+0660 for 30m).
+_EVERY = re.compile(
+    r"@every\s+(?P<every>\S+)(?:\s+(?P<how>offset|from)\s+(?P<anchor>\S+))?", re.ASCII
+)
+_EVERY_DURATION = re.compile(
+    r"(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?", re.ASCII
+)
 _EVERY_UNITS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
 # An interval's longest period: a year (the previous slot, X-Anarchon-Previous-
 # Scheduled-At, is looked for at most 9 years back, from twice the period).
@@ -211,7 +218,14 @@ class Interval:
         if self.first and after_ms < self.anchor_ms:
             return self.anchor_ms
         n = (after_ms - self.anchor_ms) // self.every_ms + 1
-        return self.anchor_ms + n * self.every_ms
+        return self._named(self.anchor_ms + n * self.every_ms)
+
+    def _named(self, slot: int) -> int:
+        """`slot`, or ScheduleError past the last instant the sidecar names, as a cron
+        schedule's walk says it (no slot of year 10000 reaches a datetime)."""
+        if slot > MAX_SLOT_MS:
+            raise ScheduleError(f"schedule '{self.expr}' has no more slots before 10000-01-01")
+        return slot
 
     def slots(self, after_ms: int, count: int) -> list[int]:
         first = self.next_slot(after_ms)
@@ -227,7 +241,7 @@ class Interval:
         slot = self.next_slot(after_ms)
         while True:
             yield slot
-            slot += self.every_ms
+            slot = self._named(slot + self.every_ms)
 
 
 def every_duration_ms(text: str) -> int:
@@ -268,7 +282,11 @@ def _parse_interval(expr: str, tz: ZoneInfo) -> Interval:
             raise ScheduleError(f"from '{text}' is not an ISO 8601 date and time") from None
         if value.tzinfo is None:
             value = value.replace(tzinfo=tz)  # a wall time in the job's timezone
-        anchor = round(value.astimezone(UTC).timestamp() * 1000)
+        # By subtraction: astimezone(UTC) overflows at both ends of the range.
+        at = epoch_of(value)
+        if not in_range(at):
+            raise ScheduleError(f"from '{text}' is out of range: the sidecar names {INSTANT_RANGE}")
+        anchor = round(at * 1000)
         if anchor % 1000:
             raise ScheduleError(f"from '{text}': slots are whole seconds")
         return Interval(expr, tz, every, anchor, first=True)

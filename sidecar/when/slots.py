@@ -37,8 +37,11 @@ from sidecar.core.errors import ScheduleError
 from sidecar.when.schedule import Interval, Schedule, parse_schedule, unportable
 
 # Exclusions: a date, or an ISO 8601 interval start/end or start/duration.
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-_DURATION = re.compile(r"P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?")
+# ASCII digits only (re.ASCII): \d and int() also take other scripts' digits.
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}", re.ASCII)
+_DURATION = re.compile(
+    r"P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?", re.ASCII
+)
 # previous_slot looks back at most this far (a Feb 29 schedule needs 8 years).
 _LOOK_BACK_MS = 9 * 366 * 86_400_000
 # min_interval_ms of a union compares at most this many slots of the union.
