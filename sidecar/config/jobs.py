@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, date, datetime
 from types import MappingProxyType
+from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
 from sidecar.config import params
@@ -78,7 +79,7 @@ JOB_KEYS = (
 )
 # max_runs: at most this many runs (any more would not be a cap).
 MAX_RUNS = 2**31 - 1
-_REQUEST_KEYS = ("method", "path", "headers", "body", "timeout", "url")
+_REQUEST_KEYS = ("method", "path", "query", "headers", "body", "timeout", "url")
 _CANCEL_KEYS = ("method", "path", "grace")
 # jobs[].cancel.grace when unset: how long a cancelled run may take to answer.
 CANCEL_GRACE = 5.0
@@ -122,6 +123,7 @@ def parse_job(
             req.key("path"),
             "ASCII only and no '#': percent-encode other characters (e.g. %C3%A4 for ä)",
         )
+    path = _with_query(req, path)
     own_headers = req.get("headers", {}, headers)
     merged = _merge_headers(target.headers, own_headers)
     body = req.text("body", "")
@@ -162,6 +164,31 @@ def parse_job(
         claim=parse_claim(sec, claim),
         max_runs=sec.integer("max_runs", None, 1, MAX_RUNS),
     )
+
+
+def _with_query(req: ConfigSection, path: str) -> str:
+    """`path` with ``request.query`` appended: names and values plain text, which
+    are percent-encoded here (run parameters in a value stay, rendered per run)."""
+    raw = req.data.get("query")
+    if raw is None:
+        return path
+    if not isinstance(raw, dict):
+        raise ConfigError(req.key("query"), "expected a map of query names to values")
+    pairs = []
+    for name, value in raw.items():
+        key = f"{req.key('query')}.{key_text(name)}"
+        if not isinstance(name, str) or not name or CONTROL_RE.search(name):
+            raise ConfigError(key, "not a query name: a non-empty string")
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise ConfigError(key, "expected a string (or a number)")
+        text = str(value)
+        if CONTROL_RE.search(text):
+            raise ConfigError(key, "must not contain control characters")
+        encoded = params.query_text(text, params.parse(text, params.QUERY, key))
+        pairs.append(f"{quote(name, safe='')}={encoded}")
+    if not pairs:
+        return path
+    return path + ("&" if "?" in path else "?") + "&".join(pairs)
 
 
 def _check_params(

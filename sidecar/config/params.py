@@ -1,8 +1,8 @@
 """Run parameters: ``{slot}``, ``{run_id}``... in a job's request, parsed once, rendered per run.
 
 A placeholder is ``{name}`` with a name of :data:`PLACEHOLDERS`; it may stand
-in ``request.path`` (its query too), a value of ``request.headers`` and
-``request.body`` (docs/TRIGGER.md, "Run parameters"). ``{{name}}`` is the
+in ``request.path`` (its query too), a value of ``request.query`` or
+``request.headers``, and ``request.body`` (docs/TRIGGER.md, "Run parameters"). ``{{name}}`` is the
 literal text ``{name}``; every other brace is sent as written, so a JSON body
 needs no escaping. Something that looks like a placeholder but is not one
 (``{sloot}``, ``{ slot }``, ``{slot:%Y}``) is a config error naming the key.
@@ -98,9 +98,15 @@ def escape(value: str, name: str, where: str) -> str:
     return value
 
 
-def has_placeholder(text: str) -> bool:
-    """Whether `text` has a placeholder (known or not) or a literal ``{{name}}``."""
-    return "{" in text and _TOKEN.search(text) is not None
+def query_text(text: str, template: Template | None) -> str:
+    """A value of ``request.query`` as it goes into the path: its text percent-encoded
+    as a query value, its placeholders kept for rendering (they are escaped then)."""
+    if template is None:
+        return quote(text, safe=":@")
+    return "".join(
+        quote(part, safe=":@") if isinstance(part, str) else f"{{{part[0]}}}"
+        for part in template.parts
+    )
 
 
 def parse(text: str, where: str, key: str) -> Template | None:
