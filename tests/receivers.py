@@ -1,8 +1,9 @@
 """A real HTTP receiver for pings, webhooks and OTLP spans: records what it gets.
 
 A stdlib ``ThreadingHTTPServer`` on a free loopback port. Every POST is kept
-with its path, query, headers and body (and the request target as sent); ``status[path]`` sets the answer
-(default 200), ``fail_first[path]`` answers 500 that many times first.
+with its path, query, headers and body (and the request target as sent);
+``status[path]`` sets the answer (default 200), ``fail_first[path]`` answers
+500 that many times first.
 """
 
 from __future__ import annotations

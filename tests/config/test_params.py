@@ -107,7 +107,7 @@ def test_a_text_without_placeholders_is_not_a_template() -> None:
     ("request_", "key", "words"),
     [
         ({"path": "/jobs/{sloot}"}, "jobs[0].request.path", "unknown placeholder {sloot}; known: "),
-        ({"headers": {"X-At": "{ slot }"}}, "jobs[0].request.headers.X-At", "malformed placeholder { slot }"),
+        ({"headers": {"X-At": "{ slot }"}}, "jobs[0].request.headers.X-At", "placeholder { slot }"),
         ({"body": '{"at": "{scheduled_at:%Y}"}'}, "jobs[0].request.body", "malformed placeholder"),
         ({"body": "{slot!r}"}, "jobs[0].request.body", "malformed placeholder {slot!r}"),
         ({"headers": {"X-Run": "{runid}"}}, "jobs[0].request.headers.X-Run", "unknown placeholder"),
