@@ -189,7 +189,7 @@ def _places(text: str, spans: list[tuple[int, int, str | None, str]], where: str
     example.append(text[at:])
     try:
         json.loads("".join(example))
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json parses
         return [TEXT] * len(spans)
     return places
 

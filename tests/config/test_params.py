@@ -16,7 +16,7 @@ import yaml
 from sidecar.admin.bucket_jobs import parse_bucket_job
 from sidecar.config import params
 from sidecar.config.load import ConfigError, JobConfig, parse_config
-from tests.support import run_cli
+from tests.support import ROOT, run_cli
 
 SLOT = 1_796_227_910_000
 AT = "2026-12-02T16:11:50.000Z"
@@ -222,3 +222,19 @@ def test_check_refuses_an_unknown_placeholder_and_shows_a_rendered_path(tmp_path
     assert good.returncode == 0, good.stderr
     line = next(x for x in good.stdout.splitlines() if "run parameters" in x)
     assert "e.g. for the next slot: POST /c/" in line and line.endswith("?by=web-1"), line
+
+
+def test_the_trigger_doc_example_is_what_is_sent() -> None:
+    doc = (ROOT / "docs" / "TRIGGER.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Run parameters") : doc.index("## Cancel requests")]
+    config = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    shown = section.split("```text\n", 1)[1].split("```", 1)[0]
+    request = yaml.safe_load(config)["request"]
+    run = params.values("sync", SLOT, "5d8a0ddd930d5616b1e006bafbf38ed3", 1, "scheduled", "w", AT)
+    req = params.render_request(job_of(request).request, run)
+    head, body = shown.split("\n\n", 1)
+    assert head.splitlines() == [
+        f"{req.method} {req.path}",
+        *(f"{name}: {value}" for name, value in req.headers.items()),
+    ]
+    assert body.rstrip("\n") == req.body
