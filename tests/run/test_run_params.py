@@ -4,7 +4,8 @@ One Trigger against a raw recording server (the request target exactly as
 sent), and three real sidecar processes on a real nats-server calling a real
 HTTP app (tests/receivers.py), which checks every slot came once with its own
 run id and slot in the path, query, a header and the JSON body, and that the
-signature verifies over the rendered request with the documented verifier.
+signature verifies over the rendered request with the documented verifier;
+and the cancel request of ``overlap: replace`` rendered with the stopped run's values.
 """
 
 from __future__ import annotations
@@ -25,7 +26,17 @@ from sidecar.core.clock import Clock
 from sidecar.run.trigger import Trigger, Why
 from tests.after.test_signing import RawApp, python_verifier
 from tests.receivers import Receiver, receiver
-from tests.support import NatsServer, cli_config, job, run_cli, sidecars, wait_for
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    Request,
+    base,
+    cli_config,
+    job,
+    run_cli,
+    sidecars,
+    wait_for,
+)
 
 SECRET = b"params-secret"
 REQUEST: dict[str, Any] = {
@@ -124,3 +135,31 @@ def test_three_sidecars_send_each_slot_rendered_once(
         assert r.json() == {"slot": slot, "at": at, "run": run_id, "note": "{slot}"}
         verifier.verify("POST", r.target, list(r.headers.items()), r.body, time.time())
     assert len({r.headers["X-Anarchon-Run-Id"] for r in got}) == len(got)
+
+
+def test_the_cancel_request_of_replace_renders_its_path_with_the_stopped_runs_values(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Only `cancel.path` has placeholders (the trigger's own path has none): the
+    cancel request still goes out rendered, with the run id of the run it stops."""
+    path = "/jobs/rep"
+    http_app.delay[path] = 60.0  # only a cancel ends a run
+    rep = job(
+        "rep",
+        schedule="*/3 * * * * *",
+        max_late="2500ms",
+        overlap="replace",
+        cancel={"grace": "1s", "path": "/cancel/{job}/{run_id}/{attempt}/{trigger}"},
+    )
+    config = base(nats_server, http_app, [rep])
+
+    def asked() -> list[Request]:
+        return [r for r in http_app.requests if "X-Anarchon-Cancel" in r.headers]
+
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]):
+        wait_for(lambda: len(asked()) >= 2, 40, what="two cancel requests")
+    started = {r.headers["X-Anarchon-Run-Id"] for r in http_app.requests_for(path)}
+    for cancel in asked():
+        token = cancel.headers["X-Anarchon-Cancel"]
+        assert token in started
+        assert cancel.path == f"/cancel/rep/{token}/1/cancel", cancel
