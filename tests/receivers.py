@@ -1,8 +1,9 @@
 """A real HTTP receiver for pings, webhooks and OTLP spans: records what it gets.
 
 A stdlib ``ThreadingHTTPServer`` on a free loopback port. Every POST is kept
-with its path, query, headers and body; ``status[path]`` sets the answer
-(default 200), ``fail_first[path]`` answers 500 that many times first.
+with its path, query, headers and body (and the request target as sent);
+``status[path]`` sets the answer (default 200), ``fail_first[path]`` answers
+500 that many times first.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Received:
     headers: dict[str, str]
     body: bytes
     at: float
+    target: str = ""  # the request target as it came on the wire (path and raw query)
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -47,7 +49,12 @@ class Receiver:
                 body = self.rfile.read(length)
                 parts = urlsplit(self.path)
                 rec = Received(
-                    parts.path, parse_qs(parts.query), dict(self.headers), body, time.time()
+                    parts.path,
+                    parse_qs(parts.query),
+                    dict(self.headers),
+                    body,
+                    time.time(),
+                    self.path,
                 )
                 with receiver.lock:
                     receiver.got.append(rec)

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
+from sidecar.config import params
 from sidecar.config.alerting import describe_job, describe_notify
 from sidecar.config.fields import UNSHOWN_RE, format_duration, redact_url
 from sidecar.config.load import Config, JobConfig
@@ -140,6 +141,30 @@ def _overlap_words(job: JobConfig) -> str:
     return "a slot that falls during a run is skipped"
 
 
+# The run id in check's example of a rendered request (a real one is 32 hex digits).
+EXAMPLE_RUN_ID = "5d8a0ddd930d5616b1e006bafbf38ed3"
+
+
+def _rendered_line(job: JobConfig, instance: str, now_ms: int) -> str:
+    """The job's path with its run parameters rendered for its next slot (an example
+    run id). Only the path: a header or the body may hold a credential."""
+    slot = next(iter(job.schedule.runs(now_ms, 1)), now_ms)
+    run = params.values(
+        job.name, slot, EXAMPLE_RUN_ID, 1, "scheduled", instance, rfc3339(slot / 1000)
+    )
+    rendered = params.render_request(job.request, run)
+    parts = [
+        name
+        for name, on in (
+            ("headers", dict(rendered.headers) != dict(job.request.headers)),
+            ("body", rendered.body != job.request.body),
+        )
+        if on
+    ]
+    also = f" (and its {' and '.join(parts)})" if parts else ""
+    return f"  run parameters{also}, e.g. for the next slot: {rendered.method} {rendered.path}"
+
+
 def check_lines(config: Config, now_ms: int) -> list[str]:
     n = config.nats
     replicas = n.replicas if n.replicas is not None else "unchanged (1 when created)"
@@ -160,6 +185,8 @@ def check_lines(config: Config, now_ms: int) -> list[str]:
             f"  {req.method} {where}{req.path}  timeout {format_duration(req.timeout)}, "
             f"jitter {format_duration(job.jitter)}, max_late {format_duration(job.max_late)}",
         ]
+        if req.params:
+            lines.append(_rendered_line(job, config.instance_id, now_ms))
         if told := describe_job(job.ping, job.pause_after, job.expect):
             lines.append(told)
         if job.max_runs is not None:

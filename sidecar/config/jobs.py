@@ -12,14 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import date, datetime
 from types import MappingProxyType
+from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
+from sidecar.config import params
 from sidecar.config.alerting import PingConfig, parse_expect, parse_pause_after, parse_ping
 from sidecar.config.fields import (
     CONTROL_RE,
     Section,
     format_duration,
     headers,
+    key_text,
     short,
     string,
     target_url,
@@ -77,7 +80,7 @@ JOB_KEYS = (
 )
 # max_runs: at most this many runs (any more would not be a cap).
 MAX_RUNS = 2**31 - 1
-_REQUEST_KEYS = ("method", "path", "headers", "body", "timeout", "url")
+_REQUEST_KEYS = ("method", "path", "query", "headers", "body", "timeout", "url")
 _CANCEL_KEYS = ("method", "path", "grace")
 # jobs[].cancel.grace when unset: how long a cancelled run may take to answer.
 CANCEL_GRACE = 5.0
@@ -121,13 +124,18 @@ def parse_job(
             req.key("path"),
             "ASCII only and no '#': percent-encode other characters (e.g. %C3%A4 for ä)",
         )
+    path = _with_query(req, path)
+    own_headers = req.get("headers", {}, headers)
+    merged = _merge_headers(target.headers, own_headers)
+    body = req.text("body", "")
     request = RequestConfig(
         method=method,
         path=path,
-        headers=_merge_headers(target.headers, req.get("headers", {}, headers)),
-        body=req.text("body", ""),
+        headers=merged,
+        body=body,
         timeout=req.duration("timeout", target.timeout, minimum_ms=1),
         url=req.get("url", target.url, lambda v, k: target_url(v, k, target.allow_remote)),
+        params=_check_params(req, path, merged, own_headers, body),
     )
     retry = _parse_retry(ConfigSection(sec.data.get("retry"), sec.key("retry"), ("max", "backoff")))
     on_lost = sec.get("on_lost", "record", one_of(ON_LOST))
@@ -157,6 +165,51 @@ def parse_job(
         claim=parse_claim(sec, claim),
         max_runs=sec.integer("max_runs", None, 1, MAX_RUNS),
     )
+
+
+def _with_query(req: ConfigSection, path: str) -> str:
+    """`path` with ``request.query`` appended: names and values plain text, which
+    are percent-encoded here (run parameters in a value stay, rendered per run)."""
+    raw = req.data.get("query")
+    if raw is None:
+        return path
+    if not isinstance(raw, dict):
+        raise ConfigError(req.key("query"), "expected a map of query names to values")
+    pairs = []
+    for name, value in raw.items():
+        key = f"{req.key('query')}.{key_text(name)}"
+        if not isinstance(name, str) or not name or CONTROL_RE.search(name):
+            raise ConfigError(key, "not a query name: a non-empty string")
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise ConfigError(key, "expected a string (or a number)")
+        text = str(value)
+        if CONTROL_RE.search(text):
+            raise ConfigError(key, "must not contain control characters")
+        encoded = params.query_text(text, params.parse(text, params.QUERY, key))
+        pairs.append(f"{quote(name, safe='')}={encoded}")
+    if not pairs:
+        return path
+    return path + ("&" if "?" in path else "?") + "&".join(pairs)
+
+
+def _check_params(
+    req: ConfigSection,
+    path: str,
+    merged: Mapping[str, str],
+    own_headers: Mapping[str, str],
+    body: str,
+) -> bool:
+    """Whether the request has run parameters; ConfigError naming the key of an
+    unknown or malformed one (a header of ``target.headers`` by its own key)."""
+    found = params.parse(path, params.PATH, req.key("path")) is not None
+    for name, text in merged.items():
+        key = (
+            f"{req.key('headers')}.{key_text(name)}"
+            if name in own_headers
+            else f"target.headers.{key_text(name)}"
+        )
+        found = params.parse(text, params.HEADER, key) is not None or found
+    return params.parse(body, params.BODY, req.key("body")) is not None or found
 
 
 def _parse_calendar(sec: ConfigSection, name: str, timezone: ZoneInfo) -> Calendar:
@@ -273,6 +326,8 @@ def _parse_cancel(sec: ConfigSection, request: RequestConfig, overlap: str) -> C
             can.key("path"),
             "ASCII only and no '#': percent-encode other characters (e.g. %C3%A4 for ä)",
         )
+    # Rendered with the run's values as the trigger's path is (docs/TRIGGER.md).
+    cancel_params = params.parse(path, params.PATH, can.key("path")) is not None
     if method == request.method and path == request.path:
         raise ConfigError(
             can.key("method"),
@@ -288,7 +343,7 @@ def _parse_cancel(sec: ConfigSection, request: RequestConfig, overlap: str) -> C
             f"({format_duration(max_late)}): the new slot waits at most max_late for the "
             "replaced run to end",
         )
-    return CancelConfig(method=method, path=path, grace=grace)
+    return CancelConfig(method=method, path=path, grace=grace, params=cancel_params)
 
 
 def _parse_retry(sec: ConfigSection) -> RetryConfig:

@@ -157,6 +157,9 @@ class RequestConfig(_Addressed):
     body: str = ""
     timeout: float = 30.0
     url: str = TargetConfig.url  # the job's own ``request.url``, else ``target.url``
+    # Whether path, a header or body has a run parameter (sidecar/config/params.py):
+    # a request without one is sent as written, never rendered.
+    params: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,7 @@ class CancelConfig:
     method: str = "DELETE"
     path: str = ""  # "": the job's request path
     grace: float = 5.0
+    params: bool = False  # whether path has a run parameter (sidecar/config/params.py)
 
 
 @dataclass(frozen=True, kw_only=True)

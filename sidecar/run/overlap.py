@@ -379,6 +379,8 @@ class Overlap:
             path=cancel.path or job.request.path,
             body="",
             headers=headers,
+            # Its path rendered with the replaced run's values (docs/TRIGGER.md).
+            params=job.request.params or cancel.params,
             timeout=min(job.request.timeout, grace),
         )
         cancel_job = dataclasses.replace(job, request=request)

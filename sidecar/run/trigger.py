@@ -20,6 +20,7 @@ was made (reset, a malformed answer, an early close) a TriggerError.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -32,6 +33,7 @@ from urllib.parse import urlsplit
 import h11
 
 from sidecar import __version__
+from sidecar.config import params
 from sidecar.config.load import JobConfig, RequestConfig, base_url_of, unix_socket_of
 from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
@@ -379,6 +381,19 @@ class Trigger:
         """One request over a fresh connection: the 2xx status and the start of the
         answer, or a TriggerError."""
         self._too_late(send_by)
+        if job.request.params:
+            # Run parameters (docs/TRIGGER.md): the rendered request is the one
+            # sent and signed. A job without them skips this.
+            run = params.values(
+                job.name,
+                slot,
+                token,
+                attempt,
+                why.trigger if why is not None else None,
+                self.instance,
+                rfc3339(slot / 1000),
+            )
+            job = dataclasses.replace(job, request=params.render_request(job.request, run))
         req = job.request
         body = req.body.encode()
         try:

@@ -650,7 +650,7 @@ KEYS = [
     "instance_id", "nats", "metrics", "target", "jobs", "shutdown_grace", "servers", "stream",
     "prefix", "duplicate_window", "history_size", "replicas", "user", "password_file", "token",
     "tls", "ca_file", "listen", "url", "timeout", "headers", "allow_remote", "name", "schedule",
-    "timezone", "jitter", "max_late", "request", "method", "path", "body", "history_ttl",
+    "timezone", "jitter", "max_late", "request", "method", "path", "body", "history_ttl", "query",
 ]  # fmt: skip
 VALUES = [
     "*/5 * * * *", "0 0 * * *", "* * * * * *", "UTC", "Europe/Berlin", "5m", "250ms", "1m30s",
