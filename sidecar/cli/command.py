@@ -2,7 +2,7 @@
 
 Each command loads its config and secrets with `load`, runs its one function
 with `call` (which turns the sidecar's errors into exit codes) and checks job
-names with `config_job`, so the same mistake gets the same answer in every
+names with `any_job`, so the same mistake gets the same answer in every
 command. Data (tables, JSON) goes to stdout; notes that there is nothing to
 show, warnings and errors go to stderr. The exit codes (docs/CLI.md):
 
@@ -20,6 +20,7 @@ show, warnings and errors go to stderr. The exit codes (docs/CLI.md):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import json
 import os
@@ -223,12 +224,23 @@ def unknown_job(name: str, known: tuple[str, ...], where: str) -> NoReturn:
     fail(EXIT_USAGE, unknown_job(name, known, where))
 
 
-def config_job(config: Config, name: str) -> JobConfig:
-    """The job of the config named `name`, or exit 2 with the closest name."""
-    try:
-        return config.job(name)
-    except ConfigError:
-        unknown_job(name, config.job_names, "in the config")
+def any_job(ld: Loaded, name: str) -> tuple[Loaded, JobConfig]:
+    """The job named `name`: the config file's, else the one added with `job add`
+    (``job.<name>`` of the state bucket, checked as every sidecar checks it), with
+    a `Loaded` whose config holds it; exit 2 with the closest name when neither
+    has it (docs/CONFIG.md: a bucket job is paused, skipped and backfilled alike)."""
+    if name in ld.config.job_names:
+        return ld, ld.config.job(name)
+    where = "in the config or in the state bucket"
+    if not JOB_NAME.fullmatch(name):  # no key can have that name: nothing to ask NATS
+        unknown_job(name, ld.config.job_names, where)
+    from sidecar.admin import bucket_jobs  # a job of the file needs none of it
+
+    job, names = call(bucket_jobs.read_job(ld.config, ld.secrets, name))
+    if job is None:
+        unknown_job(name, (*ld.config.job_names, *names), where)
+    config = dataclasses.replace(ld.config, jobs=(*ld.config.jobs, job))
+    return Loaded(config, ld.secrets), job
 
 
 def job_timezone(config: Config, name: str) -> ZoneInfo:
