@@ -84,7 +84,8 @@ class Commands(click.Group):
     option, a bad value) also prints the JSON error object on stdout.
 
     `later`: commands by name as (module, attribute), imported when first asked
-    for or listed: `run` leaves the other commands' code unloaded."""
+    for or listed: `run` leaves the other commands' code unloaded. A name that
+    is no command gets the closest one."""
 
     def __init__(
         self, *args: Any, later: dict[str, tuple[str, str]] | None = None, **kwargs: Any
@@ -103,6 +104,24 @@ class Commands(click.Group):
             assert isinstance(command, click.Command)
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """click's, plus the closest command name when none is called so (as a
+        mistyped job name gets the closest job)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            name = args[0] if args else ""
+            if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+                import difflib  # a mistake's path only: `run` never loads it
+
+                close = difflib.get_close_matches(name, self.list_commands(ctx), n=1)
+                if close:
+                    guess = f"{exc.message} Did you mean {close[0]!r}?"
+                    raise click.UsageError(guess, ctx) from None
+            raise
 
     def invoke(self, ctx: click.Context) -> Any:
         given = [*ctx.args]  # the command's own arguments: invoke empties ctx.args
@@ -142,6 +161,12 @@ class ShortOptions(click.Command):
         return parser
 
 
+def config_error(exc: ConfigError) -> str:
+    """``config error: <key>: <what>``; an error of the file as a whole (key
+    ``config``: no file, bad YAML) without the key, its message names the file."""
+    return f"config error: {exc.message if exc.key == 'config' else exc}"
+
+
 @dataclass(frozen=True)
 class Loaded:
     config: Config
@@ -164,7 +189,7 @@ def load(path: str | None, secrets: bool = True, every_file: bool = False) -> Lo
             TokenFile(config.admin.token_file).load()
         return Loaded(config, read)
     except ConfigError as exc:
-        fail(EXIT_USAGE, f"config error: {exc}")
+        fail(EXIT_USAGE, config_error(exc))
 
 
 # The event loop: asyncio's own unless ANARCHON_EVENT_LOOP=uvloop and the
@@ -205,7 +230,7 @@ def call(coro: Coroutine[Any, Any, T]) -> T:
     except (StreamNotFound, UnknownJob):
         raise
     except ConfigError as exc:
-        fail(EXIT_USAGE, f"config error: {exc}")
+        fail(EXIT_USAGE, config_error(exc))
     except StreamConflict as exc:  # final until someone changes a stream: like a config error
         fail(EXIT_USAGE, str(exc))
     except ConnectError as exc:

@@ -251,7 +251,8 @@ def pause(
     if done.replaced is not None:
         note(output.paused(job, done.replaced).replace(": paused", ": replaced the pause", 1))
     effect = output.PAUSE_UNTIL_EFFECT if until is not None else output.PAUSE_EFFECT
-    say([output.paused(job, done.value), effect.format(job=job)])
+    resume = output.command_line(f"resume {job}", config_path)
+    say([output.paused(job, done.value), effect.format(resume=resume)])
 
 
 def _instant(option: str, text: str, now: float) -> float:
@@ -342,7 +343,7 @@ def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
         added, left = call(skipops.skip(ld.config, ld.secrets, spec, count, who(), reason))
     except ValueError as exc:  # e.g. fewer runs left before the year 10000
         fail(EXIT_USAGE, f"--count: {exc}")
-    say(output.skipping(spec, added, left))
+    say(output.skipping(spec, added, left, config_path))
 
 
 @click.command()
@@ -490,7 +491,7 @@ def at_command(
         if not gone:
             if late:
                 fail(EXIT_FAILED, atops.too_late(job, late))
-            fail(EXIT_FAILED, f"{job}: no one-off run pending at {cancel_text.strip()}")
+            fail(EXIT_FAILED, atops.nothing_to_cancel(job, cancel_text))
         if late:
             note(atops.too_late(job, late))
         return
@@ -507,7 +508,7 @@ def at_command(
     if as_json:
         say(output.as_json({"job": job, "queued": done.run.as_dict(), "new": done.new}))
     else:
-        say(output.at_queued(spec, done))
+        say(output.at_queued(spec, done, config_path))
 
 
 def _at_slot(option: str, text: str, now: float) -> int:

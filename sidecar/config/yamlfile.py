@@ -11,6 +11,7 @@ keys, tags, any error) to PyYAML's constructor, which decides as before.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,24 @@ def load(text: str) -> object:
         loader.dispose()
 
 
+# A value that starts with `*` (an alias in YAML) or `@` (reserved): a cron
+# line or an interval left unquoted, `schedule: */5 * * * *`.
+_UNQUOTED = re.compile(r"^\s*(?:-\s+)?(?:(?P<key>[\w.-]+):\s+)?(?P<value>[*@][^#]*?)\s*(?:#.*)?$")
+
+
+def _quote_hint(line: str) -> str:
+    """What to write instead when the failing line holds such a value; else ""."""
+    found = _UNQUOTED.match(line)
+    if found is None:
+        return ""
+    key = f"{found['key']}: " if found["key"] else ""
+    what = "the cron line" if found["key"] in (None, "schedule") else "the value"
+    return (
+        f"; quote {what} (a value starting with {found['value'][0]} must be quoted "
+        f'in YAML): {key}"{found["value"]}"'
+    )
+
+
 def read_yaml(path: str) -> object:
     """The YAML document in the file ``path``; ConfigError("config", ...) with its line."""
     try:
@@ -120,6 +139,8 @@ def read_yaml(path: str) -> object:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else path
         problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
-        raise ConfigError("config", f"{where}: {problem}") from None
+        lines = text.splitlines()
+        hint = _quote_hint(lines[mark.line]) if mark and mark.line < len(lines) else ""
+        raise ConfigError("config", f"{where}: {problem}{hint}") from None
     except Exception as exc:  # PyYAML's own slips too (`!!int ''`: IndexError)
         raise ConfigError("config", f"{path}: invalid YAML ({type(exc).__name__})") from None
