@@ -261,9 +261,17 @@ def any_job(ld: Loaded, name: str) -> tuple[Loaded, JobConfig]:
         unknown_job(name, ld.config.job_names, where)
     from sidecar.admin import bucket_jobs  # a job of the file needs none of it
 
-    job, names = call(bucket_jobs.read_job(ld.config, ld.secrets, name))
+    async def lookup() -> tuple[JobConfig | None, tuple[str, ...] | None]:
+        try:
+            return await bucket_jobs.read_job(ld.config, ld.secrets, name)
+        except ConnectError:  # a typo is still a usage error (exit 2), said as such
+            return None, None
+
+    job, names = call(lookup())
+    if names is None:
+        where = "in the config (NATS is unreachable: the state bucket's jobs were not read)"
     if job is None:
-        unknown_job(name, (*ld.config.job_names, *names), where)
+        unknown_job(name, (*ld.config.job_names, *(names or ())), where)
     config = dataclasses.replace(ld.config, jobs=(*ld.config.jobs, job))
     return Loaded(config, ld.secrets), job
 

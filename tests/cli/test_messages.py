@@ -97,3 +97,16 @@ def test_an_error_of_the_config_file_says_config_error_once(tmp_path: Path) -> N
     assert line.startswith(f"anarchon-sidecar: config error: {unquoted}, line 3"), line
     assert line.endswith('quote the cron line (a value starting with * must be quoted in YAML): '
                          'schedule: "*/5 * * * *"'), line  # fmt: skip
+
+
+def test_an_unknown_job_with_nats_down_is_a_usage_error_saying_why(tmp_path: Path) -> None:
+    """The state bucket, where `job add` keeps jobs, cannot be read: a name the file
+    lacks is still exit 2, and the message says the bucket was not looked at."""
+    cfg = tmp_path / "down.yaml"
+    write_config(cfg, {"nats": {"servers": "nats://127.0.0.1:1"}, "jobs": [YEARLY]})
+    res = run_cli("pause", "synk", "-c", str(cfg))
+    assert res.returncode == 2, res
+    assert res.stderr.strip().endswith(
+        "no job named 'synk' in the config (NATS is unreachable: the state bucket's jobs "
+        "were not read); did you mean 'sync'? (jobs: sync)"
+    ), res.stderr
