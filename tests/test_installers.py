@@ -156,3 +156,32 @@ INSTALLERS = (
 )
 # apt-get update or install run as a command (not in a message)
 LOCKING_APT_GET = re.compile(r"^\s*(\w+=\S+ )*apt-get (\S+ )*(update|install)\b", re.M)
+
+
+def test_no_apt_installs_nothing_even_as_root(tmp_path: Path) -> None:
+    """`make test NO_APT=1`: what is missing is said, not installed (README, CONTRIBUTING.md)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    called = tmp_path / "apt-get.called"
+    for name in ("apt-get", "id"):  # an apt-get that records its call; a root `id -u`
+        body = f"touch {called}\n" if name == "apt-get" else "echo 0\n"
+        (fake / name).write_text("#!/bin/sh\n" + body)
+        (fake / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+
+    def missing(extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["sh", str(ROOT / "tests" / "install-missing.sh"), "a test", "it skips",
+             "no-such-command-here:some-package"],
+            capture_output=True, text=True, env={**env, **extra}, timeout=30,
+        )  # fmt: skip
+
+    said = missing({"NO_APT": "1"})
+    assert said.returncode == 0, said.stderr
+    assert said.stdout.strip() == (
+        "missing: some-package (apt-get install some-package as root); it skips"
+    )
+    assert not called.exists()
+    installed = missing({})  # the same as root without NO_APT: apt-get runs
+    assert "installing Debian's some-package (a test)" in installed.stdout, installed
+    assert called.exists()

@@ -276,6 +276,8 @@ def test_make_unit_runs_the_second_pass_after_a_failed_first(
         "chromium",
         "-o",
         "helm",
+        "-o",
+        "oldest-python",
     )
     assert res.returncode != 0, res.stdout + res.stderr
     calls = log.read_text().splitlines()

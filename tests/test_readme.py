@@ -487,3 +487,22 @@ def test_the_readme_says_how_to_get_the_nats_server_it_requires() -> None:
     image = re.search(r"NATS_IMAGE:-(\S+)\}", compose)
     assert image and f"run -p 4222:4222 {image[1]} -js" in section, image
     assert "release binary" in section and "nats-io/nats-server" in section
+
+
+def test_the_readme_says_what_a_newcomer_needs_and_what_make_test_installs() -> None:
+    """A minimal image lacks make; the venv's nats-server is not on PATH; an app to try
+    against is in the repository; `make test` as root installs system packages, and
+    says so where the README and CONTRIBUTING.md promise what stays in the directory."""
+    text = " ".join(README.read_text().split())
+    assert "apt-get install make python3-venv" in text
+    assert "`/opt/anarchon/bin/nats-server -js -sd /var/lib/nats`" in text
+    assert "[`deploy/example-app/app.py`](deploy/example-app/app.py)" in text
+    assert "`make test NO_APT=1`" in text
+    assert "install nothing outside this directory" not in text
+    contributing = " ".join((ROOT / "CONTRIBUTING.md").read_text().split())
+    assert "Everything they install stays inside this directory" not in contributing
+    for package in ("golang-go", "nodejs", "npm", "git", "iproute2", "iptables", "strace"):
+        assert f"`{package}`" in contributing, package
+    assert "`chromium`" in contributing and "NO_APT=1" in contributing
+    deploy = " ".join((ROOT / "docs" / "DEPLOY.md").read_text().split())
+    assert "`.venv/bin/helm template billing deploy/helm/anarchon-sidecar" in deploy

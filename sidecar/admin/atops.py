@@ -41,6 +41,13 @@ def queued_detail(run: AtRun) -> str:
     return f"one-off run at {rfc3339(run.slot / 1000)}" + (f": {run.reason}" if run.reason else "")
 
 
+def nothing_to_cancel(job: str, text: str) -> str:
+    """Why a cancel cancelled nothing: no run pending at that time (or none at all)."""
+    if text.strip() == "all":
+        return f"{job}: no one-off run pending, so none was cancelled"
+    return f"{job}: no one-off run pending at {text.strip()}, so none was cancelled"
+
+
 def too_late(job: str, late: list[AtRun]) -> str:
     """Why a cancel did not cancel: a sidecar had started claiming them."""
     return (
@@ -150,7 +157,7 @@ async def act(
         if not gone:
             if late:
                 return 409, "", {"error": too_late(job.name, late)}
-            return 409, "", {"error": f"{job.name}: no one-off run pending at {text}"}
+            return 409, "", {"error": nothing_to_cancel(job.name, text)}
         answer = {"cancelled": [r.as_dict() for r in gone], "too_late": [r.as_dict() for r in late]}
         return 200, cancelled_detail(gone), answer
     if why := instant_problem(slot, now, on_schedule(job.schedule.next_slot, slot)):

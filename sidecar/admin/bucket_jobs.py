@@ -390,6 +390,7 @@ class BucketJobs:
         jobs.due.by_name[job.name] = job
         jobs.lost.jobs[job.name] = job
         jobs.backfills._jobs[job.name] = job
+        jobs.at_runs._jobs[job.name] = job  # `at` on a bucket job (issue 51)
         if job.overlap in WAITING:  # its overlap part listens to the bucket from now on
             jobs.overlap_part()
         fleet._jobs = fleet._jobs | {job.name}
@@ -413,6 +414,7 @@ class BucketJobs:
         # for a job removed from the file, sidecar/fleet/orphans.py).
         jobs.lost.jobs.pop(name, None)
         jobs.backfills._jobs.pop(name, None)
+        jobs.at_runs._jobs.pop(name, None)
         fleet._jobs = fleet._jobs - {name}
         fleet._lease_jobs = fleet._lease_jobs - {name}
         presence_jobs = fleet.presence.get("jobs")
@@ -722,6 +724,23 @@ def with_sources(
         job["id"] = None if name in file_names else ids.get(name)
     obj["bucket_jobs"] = items
     return obj
+
+
+async def read_job(
+    config: Config, secrets: Secrets, name: str
+) -> tuple[JobConfig | None, tuple[str, ...]]:
+    """A job the config file does not name, as the fleet runs it from ``job.<name>``
+    (for `pause`, `skip`, `at`, `run-now`, `backfill`): the job and no names; or
+    None and the names of the bucket's jobs (for the closest name). ConfigError
+    naming the key when it holds no valid job (the fleet does not run it either)."""
+    async with _bucket(config, secrets, create=False) as kv:
+        found = await _current(kv, job_key(name)) if kv is not None else None
+    if found is not None:
+        return judge(config, job_key(name), found[0]).job, ()
+    if kv is None:
+        return None, ()
+    # Only on a mistake: every job key read, to name the closest.
+    return None, tuple(item["name"] for item in await read_listing(config, secrets))
 
 
 async def read_listing(config: Config, secrets: Secrets) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 Each command loads its config and secrets with `load`, runs its one function
 with `call` (which turns the sidecar's errors into exit codes) and checks job
-names with `config_job`, so the same mistake gets the same answer in every
+names with `any_job`, so the same mistake gets the same answer in every
 command. Data (tables, JSON) goes to stdout; notes that there is nothing to
 show, warnings and errors go to stderr. The exit codes (docs/CLI.md):
 
@@ -20,6 +20,7 @@ show, warnings and errors go to stderr. The exit codes (docs/CLI.md):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import json
 import os
@@ -83,7 +84,8 @@ class Commands(click.Group):
     option, a bad value) also prints the JSON error object on stdout.
 
     `later`: commands by name as (module, attribute), imported when first asked
-    for or listed: `run` leaves the other commands' code unloaded."""
+    for or listed: `run` leaves the other commands' code unloaded. A name that
+    is no command gets the closest one."""
 
     def __init__(
         self, *args: Any, later: dict[str, tuple[str, str]] | None = None, **kwargs: Any
@@ -102,6 +104,24 @@ class Commands(click.Group):
             assert isinstance(command, click.Command)
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """click's, plus the closest command name when none is called so (as a
+        mistyped job name gets the closest job)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            name = args[0] if args else ""
+            if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+                import difflib  # a mistake's path only: `run` never loads it
+
+                close = difflib.get_close_matches(name, self.list_commands(ctx), n=1)
+                if close:
+                    guess = f"{exc.message} Did you mean {close[0]!r}?"
+                    raise click.UsageError(guess, ctx) from None
+            raise
 
     def invoke(self, ctx: click.Context) -> Any:
         given = [*ctx.args]  # the command's own arguments: invoke empties ctx.args
@@ -141,6 +161,12 @@ class ShortOptions(click.Command):
         return parser
 
 
+def config_error(exc: ConfigError) -> str:
+    """``config error: <key>: <what>``; an error of the file as a whole (key
+    ``config``: no file, bad YAML) without the key, its message names the file."""
+    return f"config error: {exc.message if exc.key == 'config' else exc}"
+
+
 @dataclass(frozen=True)
 class Loaded:
     config: Config
@@ -163,7 +189,7 @@ def load(path: str | None, secrets: bool = True, every_file: bool = False) -> Lo
             TokenFile(config.admin.token_file).load()
         return Loaded(config, read)
     except ConfigError as exc:
-        fail(EXIT_USAGE, f"config error: {exc}")
+        fail(EXIT_USAGE, config_error(exc))
 
 
 # The event loop: asyncio's own unless ANARCHON_EVENT_LOOP=uvloop and the
@@ -204,7 +230,7 @@ def call(coro: Coroutine[Any, Any, T]) -> T:
     except (StreamNotFound, UnknownJob):
         raise
     except ConfigError as exc:
-        fail(EXIT_USAGE, f"config error: {exc}")
+        fail(EXIT_USAGE, config_error(exc))
     except StreamConflict as exc:  # final until someone changes a stream: like a config error
         fail(EXIT_USAGE, str(exc))
     except ConnectError as exc:
@@ -223,12 +249,31 @@ def unknown_job(name: str, known: tuple[str, ...], where: str) -> NoReturn:
     fail(EXIT_USAGE, unknown_job(name, known, where))
 
 
-def config_job(config: Config, name: str) -> JobConfig:
-    """The job of the config named `name`, or exit 2 with the closest name."""
-    try:
-        return config.job(name)
-    except ConfigError:
-        unknown_job(name, config.job_names, "in the config")
+def any_job(ld: Loaded, name: str) -> tuple[Loaded, JobConfig]:
+    """The job named `name`: the config file's, else the one added with `job add`
+    (``job.<name>`` of the state bucket, checked as every sidecar checks it), with
+    a `Loaded` whose config holds it; exit 2 with the closest name when neither
+    has it (docs/CONFIG.md: a bucket job is paused, skipped and backfilled alike)."""
+    if name in ld.config.job_names:
+        return ld, ld.config.job(name)
+    where = "in the config or in the state bucket"
+    if not JOB_NAME.fullmatch(name):  # no key can have that name: nothing to ask NATS
+        unknown_job(name, ld.config.job_names, where)
+    from sidecar.admin import bucket_jobs  # a job of the file needs none of it
+
+    async def lookup() -> tuple[JobConfig | None, tuple[str, ...] | None]:
+        try:
+            return await bucket_jobs.read_job(ld.config, ld.secrets, name)
+        except ConnectError:  # a typo is still a usage error (exit 2), said as such
+            return None, None
+
+    job, names = call(lookup())
+    if names is None:
+        where = "in the config (NATS is unreachable: the state bucket's jobs were not read)"
+    if job is None:
+        unknown_job(name, (*ld.config.job_names, *(names or ())), where)
+    config = dataclasses.replace(ld.config, jobs=(*ld.config.jobs, job))
+    return Loaded(config, ld.secrets), job
 
 
 def job_timezone(config: Config, name: str) -> ZoneInfo:

@@ -19,8 +19,8 @@ from sidecar.cli.command import (
     EXIT_USAGE,
     Loaded,
     Whole,
+    any_job,
     call,
-    config_job,
     config_option,
     duration_option,
     fail,
@@ -34,9 +34,9 @@ from sidecar.cli.command import (
     unknown_job,
     who,
 )
-from sidecar.config.load import JobConfig
+from sidecar.config.load import JOB_NAME, JobConfig
 from sidecar.core.clock import Clock, parse_rfc3339
-from sidecar.core.errors import StreamNotFound, UnknownJob
+from sidecar.core.errors import ConfigError, StreamNotFound, UnknownJob
 from sidecar.store.runs import Run
 from sidecar.store.stream import Lowering, stream_spec
 from sidecar.store.streamfit import coverage, placement_problem
@@ -146,8 +146,8 @@ def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
     """Claim a manual run of JOB, trigger it from here and record it; exit 0 or 1."""
     from sidecar.admin import streamops
 
-    ld = load(config_path)
-    retry_for = config_job(ld.config, job).max_late if timeout is None else timeout
+    ld, spec = any_job(load(config_path), job)
+    retry_for = spec.max_late if timeout is None else timeout
     progress = output.RetryProgress(job, retry_for, note)
     done = call(streamops.run_now(ld.config, ld.secrets, job, Clock(), retry_for, progress))
     say(output.manual_run(job, done))
@@ -243,8 +243,7 @@ def pause(
     (--force replaces)."""
     from sidecar.admin import streamops
 
-    ld = load(config_path)
-    config_job(ld.config, job)
+    ld, _ = any_job(load(config_path), job)
     until = _until(until_text)
     done = call(streamops.pause(ld.config, ld.secrets, job, reason, who(), force, until))
     if not done.stored:
@@ -254,7 +253,8 @@ def pause(
     if done.replaced is not None:
         note(output.paused(job, done.replaced).replace(": paused", ": replaced the pause", 1))
     effect = output.PAUSE_UNTIL_EFFECT if until is not None else output.PAUSE_EFFECT
-    say([output.paused(job, done.value), effect.format(job=job)])
+    resume = output.command_line(f"resume {job}", config_path)
+    say([output.paused(job, done.value), effect.format(resume=resume)])
 
 
 def _instant(option: str, text: str, now: float) -> float:
@@ -296,7 +296,7 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
     from sidecar.admin import skipops, streamops
 
     ld = load(config_path)
-    spec = ld.config.job(job) if job in ld.config.job_names else None
+    spec = ld.config.job(job) if job in ld.config.job_names else _added_job(ld, job)
     bound = skipops.resume_bound(spec) if spec is not None else None
     try:
         was = call(streamops.resume(ld.config, ld.secrets, job, bound))
@@ -317,6 +317,20 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
         _queue_backfill(ld, spec, since, Clock().wall_ms(), trigger="catchup")
 
 
+def _added_job(ld: Loaded, name: str) -> JobConfig | None:
+    """`resume`'s job added with `job add`, for its catch-up bound and --catchup; None
+    when there is none (a job paused and since removed is resumed all the same)."""
+    from sidecar.admin import bucket_jobs
+
+    async def read() -> JobConfig | None:
+        try:
+            return (await bucket_jobs.read_job(ld.config, ld.secrets, name))[0]
+        except ConfigError:  # not a valid job: resumed without a bound, as before
+            return None
+
+    return call(read()) if JOB_NAME.fullmatch(name) else None
+
+
 @click.command()
 @job_argument
 @config_option
@@ -326,13 +340,12 @@ def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
     """Skip the next COUNT runs of JOB on every replica (recorded skipped, reason skip)."""
     from sidecar.admin import skipops
 
-    ld = load(config_path)
-    spec = config_job(ld.config, job)
+    ld, spec = any_job(load(config_path), job)
     try:
         added, left = call(skipops.skip(ld.config, ld.secrets, spec, count, who(), reason))
     except ValueError as exc:  # e.g. fewer runs left before the year 10000
         fail(EXIT_USAGE, f"--count: {exc}")
-    say(output.skipping(spec, added, left))
+    say(output.skipping(spec, added, left, config_path))
 
 
 @click.command()
@@ -342,8 +355,7 @@ def unskip(job: str, config_path: str | None) -> None:
     """Cancel the skips of JOB still ahead; exit 1 when there were none."""
     from sidecar.admin import skipops
 
-    ld = load(config_path)
-    config_job(ld.config, job)
+    ld, _ = any_job(load(config_path), job)
     left = call(skipops.unskip(ld.config, ld.secrets, job))
     if not left:
         fail(EXIT_FAILED, f"{job} had no skip pending")
@@ -383,8 +395,7 @@ def backfill(
     """
     from sidecar.admin import skipops
 
-    ld = load(config_path)
-    spec = config_job(ld.config, job)
+    ld, spec = any_job(load(config_path), job)
     if cancel:
         left = call(skipops.cancel_backfill(ld.config, ld.secrets, job))
         say(f"{job}: backfill cancelled, {left} slot(s) not run")
@@ -460,8 +471,7 @@ def at_command(
     """
     from sidecar.admin import atops
 
-    ld = load(config_path)
-    spec = config_job(ld.config, job)
+    ld, spec = any_job(load(config_path), job)
     if sum((time_text is not None, listing, cancel_text is not None)) != 1:
         fail(EXIT_USAGE, "at needs one of: TIME, --list, or --cancel TIME|all")
     if listing:
@@ -484,7 +494,7 @@ def at_command(
         if not gone:
             if late:
                 fail(EXIT_FAILED, atops.too_late(job, late))
-            fail(EXIT_FAILED, f"{job}: no one-off run pending at {cancel_text.strip()}")
+            fail(EXIT_FAILED, atops.nothing_to_cancel(job, cancel_text))
         if late:
             note(atops.too_late(job, late))
         return
@@ -500,7 +510,7 @@ def at_command(
     if as_json:
         say(output.as_json({"job": job, "queued": done.run.as_dict(), "new": done.new}))
     else:
-        say(output.at_queued(spec, done))
+        say(output.at_queued(spec, done, config_path))
 
 
 def _at_slot(option: str, text: str, now: float) -> int:

@@ -20,6 +20,7 @@ from sidecar.cli.command import (
     EXIT_USAGE,
     Loaded,
     call,
+    config_error,
     config_option,
     fail,
     json_option,
@@ -53,7 +54,7 @@ def _prepared(config_path: str | None, file: str, ident: str | None) -> _Prepare
         data = bucket_jobs.read_job_file(file)
         spec, value = bucket_jobs.prepare(ld.config, data, ident, who())
     except ConfigError as exc:
-        fail(EXIT_USAGE, f"config error: {exc}")
+        fail(EXIT_USAGE, config_error(exc))
     given = ident is not None or (isinstance(data, dict) and data.get("id") is not None)
     return _Prepared(ld, spec, value, given)
 

@@ -6,8 +6,8 @@ exit codes every command shares in `sidecar/cli/command.py`. The group and `run`
 are here, every other command in `sidecar/cli/commands.py`, imported by the
 first of them asked for (``LATER``): `run` leaves their code unloaded. A new
 command goes there, gets its line in ``LATER``, and takes
-``job_argument``/``config_option``, then ``ld = load(config_path)``,
-``config_job(ld.config, job)`` when it names a job, ``result =
+``job_argument``/``config_option``, then ``ld = load(config_path)`` (or
+``ld, spec = any_job(load(config_path), job)`` when it names a job), ``result =
 call(streamops.something(ld.config, ld.secrets, ...))`` and
 ``say(output.something(result))``.
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -400,8 +401,15 @@ PAUSE_UNTIL_EFFECT = (
 PAUSE_EFFECT = (
     "every running sidecar stops claiming it within about a second, and sidecars started "
     "later stay paused; a slot whose claim was already published still runs. "
-    "Missed slots are not run on resume (`anarchon-sidecar resume {job}`)."
+    "Missed slots are not run on resume (`{resume}`)."
 )
+
+
+def command_line(words: str, config_path: str | None) -> str:
+    """A command to run next, as the user can paste it: with the ``-c FILE`` the
+    command at hand was given (none when it read $ANARCHON_CONFIG, still set)."""
+    given = f" -c {shlex.quote(config_path)}" if config_path else ""
+    return f"anarchon-sidecar {words}{given}"
 
 
 def resumed(job: str, was: dict[str, Any]) -> str:
@@ -411,10 +419,13 @@ def resumed(job: str, was: dict[str, Any]) -> str:
     )
 
 
-def skipping(job: JobConfig, added: list[int], now_pending: int) -> list[str]:
+def skipping(
+    job: JobConfig, added: list[int], now_pending: int, config_path: str | None
+) -> list[str]:
+    unskip = command_line(f"unskip {job.name}", config_path)
     return [f"{job.name}: skipping {when(slot, job.timezone)}" for slot in added] + [
-        f"{job.name}: {now_pending} slot(s) to skip in all; `anarchon-sidecar unskip "
-        f"{job.name}` cancels what is left (a slot less than half a second away is left to run)"
+        f"{job.name}: {now_pending} slot(s) to skip in all; `{unskip}` cancels what is "
+        "left (a slot less than half a second away is left to run)"
     ]
 
 
@@ -457,7 +468,7 @@ def at_lines(job: JobConfig, runs: list[Any], what: str) -> list[str]:
     ]
 
 
-def at_queued(job: JobConfig, done: Any) -> list[str]:
+def at_queued(job: JobConfig, done: Any, config_path: str | None) -> list[str]:
     """``at JOB TIME``: what was queued, and what runs it."""
     run = done.run
     when = f"{rfc3339(run.slot / 1000)} ({_local_ms(run.slot, job.timezone)})"
@@ -465,9 +476,10 @@ def at_queued(job: JobConfig, done: Any) -> list[str]:
         head = f"{job.name}: a one-off run at {when} was queued already by {run.by}; kept"
     else:
         head = f"{job.name}: one-off run queued at {when}"
+    cancel = command_line(f"at {job.name} --cancel {rfc3339(run.slot / 1000)}", config_path)
     return [
         printable(head),
         f"  claim id {job.name}:{run.slot}:at, run by one sidecar of the fleet within "
         f"jitter {job.jitter:g}s (not later than max_late {job.max_late:g}s); "
-        f"{len(done.pending)} pending; cancel: at {job.name} --cancel {rfc3339(run.slot / 1000)}",
+        f"{len(done.pending)} pending; cancel: {printable(cancel)}",
     ]

@@ -11,6 +11,7 @@ keys, tags, any error) to PyYAML's constructor, which decides as before.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +105,24 @@ def load(text: str) -> object:
         loader.dispose()
 
 
+# A value that starts with `*` (an alias in YAML) or `@` (reserved): a cron
+# line or an interval left unquoted, `schedule: */5 * * * *`.
+_UNQUOTED = re.compile(r"^\s*(?:-\s+)?(?:(?P<key>[\w.-]+):\s+)?(?P<value>[*@][^#]*?)\s*(?:#.*)?$")
+
+
+def _quote_hint(line: str) -> str:
+    """What to write instead when the failing line holds such a value; else ""."""
+    found = _UNQUOTED.match(line)
+    if found is None:
+        return ""
+    key = f"{found['key']}: " if found["key"] else ""
+    what = "the cron line" if found["key"] in (None, "schedule") else "the value"
+    return (
+        f"; quote {what} (a value starting with {found['value'][0]} must be quoted "
+        f'in YAML): {key}"{found["value"]}"'
+    )
+
+
 #: The largest config file: a thousand jobs take about 200 KiB.
 MAX_CONFIG_FILE = 16 << 20
 
@@ -128,6 +147,8 @@ def read_yaml(
         mark = exc.problem_mark or exc.context_mark
         at = f"{where}, line {mark.line + 1}, column {mark.column + 1}" if mark else where
         problem = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
-        raise ConfigError(key, f"{at}: {problem}") from None
+        lines = text.splitlines()
+        hint = _quote_hint(lines[mark.line]) if mark and mark.line < len(lines) else ""
+        raise ConfigError(key, f"{at}: {problem}{hint}") from None
     except Exception as exc:  # PyYAML's own slips too (`!!int ''`: IndexError)
         raise ConfigError(key, f"{where}: invalid YAML ({type(exc).__name__})") from None

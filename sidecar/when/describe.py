@@ -94,7 +94,7 @@ def schedule_lines(calendar: Calendar) -> list[str]:
         lines.append(f"end_at {utc_text(calendar.end_ms)}: no slot after it is claimed")
     if found := calendar.unportable():
         lines.append(
-            f"uses {', '.join(found)}: a scheduler of the reference backend sharing the "
-            "stream cannot run this job"
+            f"uses {', '.join(found)}: the reference backend (the NatsBackend of anarchon's "
+            "JavaScript scheduler) cannot run this job if it shares the stream; sidecars can"
         )
     return lines

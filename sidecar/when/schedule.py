@@ -60,6 +60,17 @@ _SECOND = timedelta(seconds=1)
 _REFERENCE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 _YEAR_MS = 366 * 86_400_000
 _MAX_SAMPLES = 1000
+# The macros of Vixie cron, refused with the expression to write instead
+# (docs/CONFIG.md: "Macros like `@daily` are refused").
+_MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
 # ``@every <duration> [offset <duration> | from <instant>]``
 # ASCII only (re.ASCII): \d and int() also take other scripts' digits (U+0663 U+0660 for 30m).
 _EVERY = re.compile(
@@ -309,6 +320,12 @@ def parse_schedule(expr: str, tz: ZoneInfo) -> Schedule | Interval:
     text = " ".join(expr.split())
     if is_interval(text):
         return _parse_interval(text, tz)
+    if text in _MACROS:
+        raise ScheduleError(
+            f"'{text}': cron macros are not supported; write '{_MACROS[text]}' "
+            "(in the job's timezone) or an interval such as '@every 1d' (counted from the "
+            "Unix epoch, in UTC)"
+        )
     return Schedule(text, tz)
 
 

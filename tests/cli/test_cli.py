@@ -231,7 +231,7 @@ def test_a_valid_variant_of_each_rule_passes(tmp_path: Path) -> None:
 def test_no_config_at_all(tmp_path: Path) -> None:
     for cmd, res in both().items():
         assert res.returncode == 2, cmd
-        assert one_error_line(res).startswith("config: no config file"), cmd
+        assert one_error_line(res).startswith("no config file: pass -c FILE"), cmd
 
 
 # ------------------------------------------------------------------ env

@@ -855,3 +855,12 @@ def test_lease_and_attempt_keys_default_to_the_references_behaviour_and_parse() 
     # Enough history for every attempt: 300 x 1s / 4 claims a slot = 75s > 62s.
     every_second = job(schedule="* * * * * *", retry={"max": 3})
     parse_config(config(jobs=[every_second], nats={"history_size": 300}), {})
+
+
+@pytest.mark.parametrize(("macro", "instead"), [("@daily", "0 0 * * *"), ("@hourly", "0 * * * *")])
+def test_a_cron_macro_is_refused_with_what_to_write(macro: str, instead: str) -> None:
+    """docs/CONFIG.md: macros are refused, `@every 1d` is the interval (issue 51)."""
+    error = error_of(config(jobs=[job(schedule=macro)]))
+    assert error.key == "jobs[0].schedule", error
+    assert f"'{macro}': cron macros are not supported; write '{instead}'" in error.message
+    assert "'@every 1d'" in error.message

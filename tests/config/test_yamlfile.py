@@ -159,3 +159,33 @@ def test_any_error_of_the_yaml_is_a_config_error_naming_the_file(
         yamlfile.read_yaml(str(path))
     assert info.value.key == "config" and str(path) in info.value.message
     assert kind in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("    schedule: */5 * * * *\n", 'quote the cron line (a value starting with * must be '
+         'quoted in YAML): schedule: "*/5 * * * *"'),
+        ("    schedule: @daily\n", 'quote the cron line (a value starting with @ must be '
+         'quoted in YAML): schedule: "@daily"'),
+        ("    schedule:\n      - * * * * *  # every minute\n", 'quote the cron line (a value '
+         'starting with * must be quoted in YAML): "* * * * *"'),
+    ],
+)  # fmt: skip
+def test_an_unquoted_cron_line_is_told_to_be_quoted(tmp_path: Path, line: str, says: str) -> None:
+    """`schedule: */5 * * * *` is YAML's alias syntax: the error says what to write
+    (issue 51), not only the parser's words."""
+    path = tmp_path / "c.yaml"
+    path.write_text("jobs:\n  - name: sync\n" + line)
+    with pytest.raises(ConfigError) as info:
+        yamlfile.read_yaml(str(path))
+    assert info.value.message.endswith(says), info.value.message
+    assert f"{path}, line " in info.value.message
+
+
+def test_another_yaml_error_gets_no_quoting_hint(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("jobs: [\n")
+    with pytest.raises(ConfigError) as info:
+        yamlfile.read_yaml(str(path))
+    assert "quote" not in info.value.message

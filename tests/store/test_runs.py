@@ -435,8 +435,8 @@ def test_a_job_name_in_neither_config_nor_stream_exits_2_with_the_closest(
     res = run_cli("run-now", "snyc", "-c", str(path))
     assert res.returncode == 2, res
     assert error_line(res) == (
-        "anarchon-sidecar: no job named 'snyc' in the config; did you mean 'sync'? "
-        "(jobs: sync, report)"
+        "anarchon-sidecar: no job named 'snyc' in the config or in the state bucket; "
+        "did you mean 'sync'? (jobs: sync, report)"
     )
     # In the config with no runs, or only in the stream: no error.
     res = run_cli("history", "report", "-c", str(path))

@@ -78,7 +78,8 @@ def test_schedule_lines_name_everything_check_shows() -> None:
     assert "excluded: 2026-12-24" in lines
     assert lines[-1].startswith("uses '#' (nth weekday), 'L' (last), spread")
     assert lines[-1].endswith(
-        "a scheduler of the reference backend sharing the stream cannot run this job"
+        "the reference backend (the NatsBackend of anarchon's JavaScript scheduler) "
+        "cannot run this job if it shares the stream; sidecars can"
     )
     assert schedule_lines(parse_calendar("*/5 * * * *", ZoneInfo("UTC"))) == [
         "schedule '*/5 * * * *': Every 5 minutes"
