@@ -45,7 +45,7 @@ SKIP_REASONS = (
     "skip",
 )
 # What hostile input from NATS was refused (hostile_input_total{what}).
-HOSTILE_KINDS = ("due_key", "backfill_key", "value", "at_key", "job")
+HOSTILE_KINDS = ("due_key", "backfill_key", "value", "at_key", "job", "buffer_key", "stop_key")
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -189,7 +189,8 @@ class Metrics:
             "backfill.<job> value the backfill command would not write), value (a number "
             "out of range, e.g. an absurd slot), at_key (an entry of a one-off run that the "
             "`at` command would not have written), job (a job.<name> key of the state "
-            "bucket that is not a valid job).",
+            "bucket that is not a valid job), buffer_key / stop_key (a buffer.<job> or "
+            "stop.<job> key that no stored claim of the job backs).",
             ("what",),
             namespace=PREFIX,
             registry=registry,

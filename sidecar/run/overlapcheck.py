@@ -150,19 +150,14 @@ def judge_claim(job: JobConfig, seq: int, data: bytes, at: Any) -> StoredClaim:
     return StoredClaim(seq, slot, token, attempt, trigger, stored_at)
 
 
-def kept_problem(
-    job: JobConfig, key: KeyClaim, claim: StoredClaim, holders: set[str]
-) -> str | None:
-    """Why a ``buffer.<job>`` value is not a slot this job's fleet kept (None: it is).
-    `holders`: the run ids this sidecar saw holding ``lock.<job>``."""
+def kept_problem(job: JobConfig, key: KeyClaim, claim: StoredClaim) -> str | None:
+    """Why a ``buffer.<job>`` value is not a slot this job's fleet kept (None: it is)."""
     if claim.slot != key.slot:
         return "the claim it names is of another slot"
     if claim.token != key.token:
         return "the claim it names has another run id"
     if claim.trigger != AT and job.schedule.next_slot(claim.slot - 1) != claim.slot:
         return "its slot is not an instant of the job's schedule"
-    if claim.token in holders:
-        return f"its claim is of a run that held lock.{job.name}, not of one kept behind it"
     return None
 
 
@@ -243,10 +238,12 @@ class KeyChecks:
         async def check() -> StoredClaim:
             kept = parse_key(value)
             claim = await stored_claim(self.ctx.js, self.ctx.spec, job, kept.fence)
-            if why := kept_problem(job, kept, claim, holders):
+            if why := kept_problem(job, kept, claim):
                 raise Hostile(why)
             if await has_result(self.ctx.js, self.ctx.spec, job, claim.token, claim.seq):
                 raise Hostile("the claim it names has a result: it ran, or was recorded, already")
+            if claim.token in holders:  # a live run's claim, or a dead runner's not yet lost
+                raise Hostile(f"the claim it names is of a run that held lock.{job.name}")
             return claim
 
         return await self._checked("buffer_key", key, revision, check)
@@ -259,6 +256,8 @@ class KeyChecks:
 
         async def check() -> StoredClaim:
             asked = parse_key(value)
+            if asked.fence <= running_fence:  # said before the stream is read
+                raise Hostile("the claim it names is not newer than the running run's")
             asking = await stored_claim(self.ctx.js, self.ctx.spec, job, asked.fence)
             if why := stop_problem(asked, asking, running_fence):
                 raise Hostile(why)

@@ -113,7 +113,7 @@ SPEC_LABEL_VALUES = {
         "max_runs",
     },
     "status": {"succeeded", "failed", "skipped", "lost"},
-    "what": {"due_key", "backfill_key", "value", "at_key", "job"},
+    "what": {"due_key", "backfill_key", "value", "at_key", "job", "buffer_key", "stop_key"},
     "operation": {"publish", "subscribe"},
 }
 # The reasons of each metric with a reason label.
