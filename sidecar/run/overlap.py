@@ -208,6 +208,8 @@ class Overlap:
     ) -> StoredClaim | None:
         """The asking claim when the stream backs the stop request `entry`; None when it
         does not (hostile: counted, logged once, deleted) or the stream did not answer."""
+        if self.checks.refused(key, entry.revision):
+            return None  # refused already: its delete is on its way to the view
         return await self.checks.stop(job, key, entry.revision, entry.value, running_fence)
 
     # ------------------------------------------------------- a held lock: wait or keep
