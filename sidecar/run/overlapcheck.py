@@ -277,6 +277,8 @@ class KeyChecks:
             try:
                 return await check()
             except Hostile as exc:
+                if await self._moved_on(key, revision):
+                    return None  # taken or refused by another sidecar while this one read
                 await self._hostile(what, key, revision, str(exc))
                 return None
             except Exception as exc:  # no answer: nothing judged, the key is left
@@ -285,6 +287,18 @@ class KeyChecks:
                     return None
                 await retry.sleep()
         return None
+
+    async def _moved_on(self, key: str, revision: int) -> bool:
+        """Whether `key` no longer holds `revision`. A kept slot taken by another sidecar
+        (deleted, then run or recorded) has a result by the time this one looks at the
+        stream: it is no forgery, and its delete is always stored before that result."""
+        keys = self.ctx.keys()
+        if keys is None:
+            return False
+        with contextlib.suppress(Exception):  # not known: judged as it was read
+            last = await keys.last(key)
+            return last is None or last[0] != revision
+        return False
 
     async def _hostile(self, what: str, key: str, revision: int, why: str) -> None:
         if (key, revision) in self._refused:
