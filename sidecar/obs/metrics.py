@@ -45,7 +45,17 @@ SKIP_REASONS = (
     "skip",
 )
 # What hostile input from NATS was refused (hostile_input_total{what}).
-HOSTILE_KINDS = ("due_key", "backfill_key", "value", "at_key", "job", "lock_key", "unknown_key")
+HOSTILE_KINDS = (
+    "due_key",
+    "backfill_key",
+    "value",
+    "at_key",
+    "job",
+    "lock_key",
+    "buffer_key",
+    "stop_key",
+    "unknown_key",
+)
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -190,7 +200,9 @@ class Metrics:
             "out of range, e.g. an absurd slot), at_key (an entry of a one-off run that the "
             "`at` command would not have written), job (a job.<name> key of the state "
             "bucket that is not a valid job), lock_key (a lock.<job> held without the TTL "
-            "a sidecar writes), unknown_key (a key of no family the sidecar knows).",
+            "a sidecar writes), buffer_key / stop_key (a buffer.<job> or "
+            "stop.<job> key that no stored claim of the job backs), unknown_key (a key of "
+            "no family the sidecar knows).",
             ("what",),
             namespace=PREFIX,
             registry=registry,

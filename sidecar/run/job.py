@@ -340,6 +340,23 @@ class Jobs:
         """The run in a task of its own, in ``runs``: the drain waits for it."""
         return self.runs.spawn(self._guarded_run(job, claim, start))
 
+    def run_kept(self, job: JobConfig, claim: Claim, late: str | None) -> bool:
+        """A slot ``overlap: buffer_one`` kept, its turn come (sidecar/run/overlap.py), through
+        the gate of a due attempt: paused now, it is recorded skipped (paused); too old
+        (`late` says why), skipped (late). ``max_runs`` is taken by the run (``_count``).
+        True when it runs."""
+        now = self.clock.wall()
+        blocked = self.fleet.blocked(job.name)
+        if late is not None:
+            reason, why = "late", late
+        elif blocked is not None and blocked[0] == PAUSED:
+            reason, why = PAUSED, f"not run: {blocked[1]}"
+        else:
+            self._start_run(job, claim, now)
+            return True
+        self.runs.spawn(self._end(job, claim, not_sent(claim, SKIPPED, why, now, reason)))
+        return False
+
     async def _run_tracked(self, job: JobConfig, claim: Claim, start: float) -> None:
         """A run awaited (a backfill runs one slot at a time)."""
         await asyncio.shield(self._start_run(job, claim, start))

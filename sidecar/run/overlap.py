@@ -24,12 +24,22 @@ slot finds the lock held:
   claim's token (the slot's claim was won once, by its winner), trigger
   ``scheduled`` and the header ``X-Anarchon-Buffered: true``. The kept run
   takes the lock like any run: should another run hold it by then, it is kept
-  again (or skipped when another slot is kept already).
+  again (or skipped when another slot is kept already). A kept slot is not run
+  while its job is paused (recorded ``skipped``, paused), and one older than
+  ``kept_window`` is recorded ``skipped`` (late).
+
+Both keys can be written by anyone who may write the state bucket: neither is
+acted on before the stream backs it (sidecar/run/overlapcheck.py). A kept
+slot's run id, fence, attempt and trigger are its stored claim's; a stop
+request is honoured only for a newer claim of the job that is still waiting.
+Any other value is counted (``hostile_input_total{what="buffer_key"}`` or
+``"stop_key"``), logged once and deleted, and nothing of it is done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -37,20 +47,19 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from sidecar.core.bounds import slot_ms
-from sidecar.core.clock import Clock, rfc3339
+from sidecar.core.clock import rfc3339
 from sidecar.core.errors import CasConflict, KeyHeld, TriggerError
 from sidecar.core.tasks import TaskSet, cancel_all
-from sidecar.core.wire import SCHEDULED
 from sidecar.run.claim import Claim
 from sidecar.run.lease import KEPT, REPLACED, SKIPPED, TAKEN
+from sidecar.run.overlapcheck import KeyChecks, StoredClaim, kept_window
 from sidecar.run.trigger import Trigger, TriggerResult, Why, cut_off
+from sidecar.store.state import Entry
 from sidecar.when.attempts import lock_key
 
 if TYPE_CHECKING:
-    from sidecar.config.load import Config, JobConfig
-    from sidecar.fleet.member import Fleet
-    from sidecar.obs.metrics import Metrics
-    from sidecar.store.kv import Keys
+    from sidecar.config.load import JobConfig
+    from sidecar.run.context import Context
 
 log = logging.getLogger("sidecar.overlap")
 
@@ -61,6 +70,8 @@ BUFFERED_HEADER = "X-Anarchon-Buffered"
 # A waiting replacer looks at the lock this often (and at once when the watch
 # delivers a change of it).
 LOCK_POLL = 0.25
+# The run ids last seen holding each job's lock: a kept slot is never one of them.
+HOLDERS_KEPT = 16
 
 
 def stop_key(job: str) -> str:
@@ -81,35 +92,41 @@ class Overlap:
 
     def __init__(
         self,
-        config: Config,
-        metrics: Metrics,
-        clock: Clock,
-        fleet: Fleet,
-        keys: Callable[[], Keys | None],
+        ctx: Context,
         trigger: Trigger,
-        start_run: Callable[[JobConfig, Claim, float], object],
-        spawn: Callable[[Coroutine[Any, Any, None]], object],
+        run_kept: Callable[[JobConfig, Claim, str | None], bool],
     ) -> None:
-        self.config = config
-        self.metrics = metrics
-        self.clock = clock
-        self.fleet = fleet
+        self.ctx = ctx
+        self.config = ctx.config
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.fleet = fleet = ctx.fleet
         # The requests of replace runs, each awaited by its run (a run's errors are its own).
         self._fires: TaskSet = TaskSet("a replaceable run's request", say=False)
-        self.keys = keys
+        self.keys = ctx.keys
         self.trigger = trigger
-        self.start_run = start_run
-        self.spawn = spawn
+        # Runs a kept slot's claim through the gates of a due run (paused: skipped), or
+        # records it skipped with the reason given (late); True when it runs.
+        self.run_kept = run_kept
+        self.spawn = ctx.tasks.spawn
         # By name, made again when config.jobs changes (jobs of the state bucket come
         # and go: sidecar/admin/bucket_jobs.py sets the tuple anew).
         self._jobs: dict[str, JobConfig] = {}
         self._jobs_of: tuple[JobConfig, ...] | None = None
-        # Runs of ``replace`` jobs going on here, by token: set when asked to stop.
-        self._running: dict[str, tuple[asyncio.Event, dict[str, Any]]] = {}
+        # Runs of ``replace`` jobs going on here, by token: set when asked to stop,
+        # the asker's claim, the run's own fence.
+        self._running: dict[str, tuple[asyncio.Event, dict[str, Any], int]] = {}
+        # Per job, the run ids seen holding its lock (never a kept slot's).
+        self._holders: dict[str, collections.deque[str]] = {}
+        # Stop keys being checked now (key, revision); every check against the stream.
+        self._checking: set[tuple[str, int]] = set()
+        self.checks = KeyChecks(ctx)
         # Tokens of kept runs this sidecar runs now (their request says so).
         self._buffered: set[str] = set()
-        # Jobs whose kept slot this sidecar is trying to take now.
+        # Jobs whose kept slot this sidecar is checking or taking now, and those whose
+        # keys changed meanwhile.
         self._taking: set[str] = set()
+        self._again: set[str] = set()
         # Woken on every change of a lock (a replacer waits for one to go).
         self._lock_changed = asyncio.Event()
         fleet.key_listeners.append(self.changed)
@@ -128,16 +145,18 @@ class Overlap:
         kind, _, name = key.partition(".")
         if key == "":
             for each in self.jobs.values():
+                self._saw_lock(each.name)
                 if each.overlap == "buffer_one":
                     self._maybe_take(each.name)
-            for token, (event, _) in self._running.items():
-                self._look_for_stop(token, event)
+            for token in list(self._running):
+                self._look_for_stop(token)
             self._lock_changed.set()
             return
         job = self.jobs.get(name)
         if job is None:
             return
         if kind == "lock":
+            self._saw_lock(name)
             self._lock_changed.set()
             if job.overlap == "buffer_one":
                 self._maybe_take(name)
@@ -146,19 +165,52 @@ class Overlap:
         elif kind == "stop" and job.overlap == "replace":
             entry = self.fleet.view.keys.get(key)
             wanted = entry.value.get("token") if entry is not None else None
-            if entry is not None and isinstance(wanted, str) and wanted in self._running:
-                event, asker = self._running[wanted]
-                asker.update(entry.value)
-                event.set()
+            if isinstance(wanted, str) and wanted in self._running:
+                self._look_for_stop(wanted)
 
-    def _look_for_stop(self, token: str, event: asyncio.Event) -> None:
-        entry = self.fleet.view.keys.get(stop_key(self._running_job(token)))
-        if entry is not None and entry.value.get("token") == token:
-            self._running[token][1].update(entry.value)
-            event.set()
+    def _saw_lock(self, name: str) -> None:
+        """Remember who holds `name`'s lock now: a kept slot never held it."""
+        entry = self.fleet.view.keys.get(lock_key(name))
+        token = entry.value.get("token") if entry is not None else None
+        if isinstance(token, str):
+            seen = self._holders.setdefault(name, collections.deque(maxlen=HOLDERS_KEPT))
+            if token not in seen:
+                seen.append(token)
 
-    def _running_job(self, token: str) -> str:
-        return str(self._running[token][1].get("job", ""))
+    def _look_for_stop(self, token: str) -> None:
+        """The stop request for the run `token` in the view, if any: checked against the
+        stream first (sidecar/run/overlapcheck.py), then acted on."""
+        event, asker, fence = self._running[token]
+        name = str(asker.get("job", ""))
+        key, job = stop_key(name), self.jobs.get(name)
+        entry = self.fleet.view.keys.get(key)
+        if job is None or entry is None or entry.value.get("token") != token or event.is_set():
+            return
+        if (key, entry.revision) in self._checking or self.checks.refused(key, entry.revision):
+            return
+        self._checking.add((key, entry.revision))
+        self.spawn(self._stop_asked(job, token, key, entry, fence))
+
+    async def _stop_asked(
+        self, job: JobConfig, token: str, key: str, entry: Entry, fence: int
+    ) -> None:
+        try:
+            asking = await self._stop_backed(job, key, entry, fence)
+        finally:
+            self._checking.discard((key, entry.revision))
+        live = self._running.get(token)
+        if asking is not None and live is not None:
+            live[1].update({"slot": asking.slot, "fence": asking.seq})
+            live[0].set()
+
+    async def _stop_backed(
+        self, job: JobConfig, key: str, entry: Entry, running_fence: int
+    ) -> StoredClaim | None:
+        """The asking claim when the stream backs the stop request `entry`; None when it
+        does not (hostile: counted, logged once, deleted) or the stream did not answer."""
+        if self.checks.refused(key, entry.revision):
+            return None  # refused already: its delete is on its way to the view
+        return await self.checks.stop(job, key, entry.revision, entry.value, running_fence)
 
     # ------------------------------------------------------- a held lock: wait or keep
 
@@ -233,6 +285,7 @@ class Overlap:
                 stop is not None
                 and stop.value.get("token") == token
                 and _fence(stop.value) > (claim.seq)
+                and await self._stop_backed(job, stop_key(name), stop, _fence(holder))
             ):
                 return SKIPPED, "overlap: replaced by a newer slot before it ran"
             if keys is not None and isinstance(token, str) and asked != token:
@@ -300,6 +353,9 @@ class Overlap:
 
         `started`: when the run's request went out, (wall, monotonic): a run cut off
         is recorded from then to the cut."""
+        if job.overlap == "buffer_one":  # it holds the lock: never a kept slot's claim
+            self._holders.setdefault(job.name, collections.deque(maxlen=HOLDERS_KEPT))
+            self._holders[job.name].append(claim.token)
         if job.overlap != "replace":
             try:
                 return await fire, False
@@ -308,8 +364,8 @@ class Overlap:
         self._buffered.discard(claim.token)
         event = asyncio.Event()
         asker: dict[str, Any] = {"job": job.name}
-        self._running[claim.token] = (event, asker)
-        self._look_for_stop(claim.token, event)
+        self._running[claim.token] = (event, asker, claim.seq)
+        self._look_for_stop(claim.token)
         task = self._fires.spawn(fire)  # awaited here, ended below if it outlives us
         asked = asyncio.ensure_future(event.wait())
         try:
@@ -398,9 +454,12 @@ class Overlap:
     # --------------------------------------------------------------- the kept slot
 
     def _maybe_take(self, name: str) -> None:
-        """Run the kept slot of `name` if the lock is free (as the watch shows it)."""
-        view = self.fleet.view.keys
-        if buffer_key(name) not in view or lock_key(name) in view or name in self._taking:
+        """Check the kept slot of `name` (sidecar/run/overlapcheck.py) as soon as it is
+        seen, and run it if the lock is free (as the watch shows it)."""
+        if buffer_key(name) not in self.fleet.view.keys:
+            return
+        if name in self._taking:
+            self._again.add(name)  # changed meanwhile (the lock went): looked at again
             return
         self._taking.add(name)
         self.spawn(self._take(name))
@@ -408,8 +467,12 @@ class Overlap:
     async def _take(self, name: str) -> None:
         try:
             await self._take_kept(name)
+            while name in self._again:
+                self._again.discard(name)
+                await self._take_kept(name)
         finally:
             self._taking.discard(name)
+            self._again.discard(name)
 
     async def _take_kept(self, name: str) -> None:
         job = self.jobs.get(name)
@@ -423,41 +486,47 @@ class Overlap:
         revision, value = last
         if value is None:
             return
-        slot = slot_ms(value.get("slot"))
-        token = value.get("token")
-        if slot is None or not isinstance(token, str) or not token:
-            log.warning("job %s: %s unreadable, deleted: %r", name, key, value)
-            with contextlib.suppress(Exception):
-                await keys.delete(key, revision)
+        if self.checks.refused(key, revision):
             return
+        holders = set(self._holders.get(name, ()))
+        stored = await self.checks.kept(job, key, revision, value, holders)
+        if stored is None or lock_key(name) in self.fleet.view.keys:
+            return  # hostile (deleted), not checked, or the run it waits for goes on
         try:
             await keys.delete(key, revision)  # exactly one sidecar gets here per kept slot
         except CasConflict:
             return  # taken by another sidecar (or kept anew)
-        attempt = value.get("attempt")
-        trigger = value.get("trigger")
+        self._run_kept(job, stored, value)
+
+    def _run_kept(self, job: JobConfig, stored: StoredClaim, value: dict[str, Any]) -> None:
+        """The kept slot's run, made of its stored claim (never of the key's value)."""
         claim = Claim(
-            job=name,
-            slot=slot,
-            token=token,
+            job=job.name,
+            slot=stored.slot,
+            token=stored.token,
             won=True,
-            seq=_fence(value),
+            seq=stored.seq,
             publish_tries=0,
             duplicate_acks=0,
             ack_seconds=0.0,
-            manual=value.get("manual") is True,
-            attempt=attempt if isinstance(attempt, int) and 1 <= attempt <= 11 else 1,
-            trigger=trigger if isinstance(trigger, str) and trigger else SCHEDULED,
+            attempt=stored.attempt,
+            trigger=stored.trigger,
         )
+        window = kept_window(job, self.config.nats.lease_ttl)
+        late = None
+        if self.clock.wall() - stored.stored_at > window:
+            late = f"overlap: kept longer than {window:g}s (the fleet was away); not run"
         log.info(
-            "job %s: running the kept slot %s (kept by %s at %s)",
-            name,
-            rfc3339(slot / 1000),
+            "job %s: the kept slot %s (kept by %s at %s) %s",
+            job.name,
+            rfc3339(stored.slot / 1000),
             str(value.get("instance", "?"))[:100],
             str(value.get("kept_at", "?"))[:40],
+            "is recorded skipped: too late" if late else "runs now",
         )
-        self._buffered.add(token)
-        self.start_run(job, claim, self.clock.wall())
+        self._buffered.add(stored.token)
+        if not self.run_kept(job, claim, late):
+            self._buffered.discard(stored.token)
 
 
 __all__ = [

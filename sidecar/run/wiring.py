@@ -80,9 +80,7 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     def overlap() -> Overlap:
         from sidecar.run.overlap import Overlap
 
-        return Overlap(
-            config, metrics, clock, fleet, ctx.keys, trigger, jobs._start_run, ctx.tasks.spawn
-        )
+        return Overlap(ctx, trigger, jobs.run_kept)
 
     jobs.make_overlap = overlap
     if any(job.overlap in WAITING for job in config.jobs):

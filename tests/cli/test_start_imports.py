@@ -36,6 +36,7 @@ NOT_AT_START = (
     "sidecar.run.atruns",
     "sidecar.run.atqueue",
     "sidecar.run.overlap",
+    "sidecar.run.overlapcheck",
     "sidecar.run.runcap",
     "sidecar.cli.commands",
     "sidecar.cli.jobs",

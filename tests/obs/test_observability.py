@@ -113,7 +113,17 @@ SPEC_LABEL_VALUES = {
         "max_runs",
     },
     "status": {"succeeded", "failed", "skipped", "lost"},
-    "what": {"due_key", "backfill_key", "value", "at_key", "job", "lock_key", "unknown_key"},
+    "what": {
+        "due_key",
+        "backfill_key",
+        "value",
+        "at_key",
+        "job",
+        "lock_key",
+        "buffer_key",
+        "stop_key",
+        "unknown_key",
+    },
     "operation": {"publish", "subscribe"},
 }
 # The reasons of each metric with a reason label.
