@@ -50,6 +50,11 @@ RUN_LEASE_WAIT = 1.0
 # for each further one in a row (up to lease_ttl / 3).
 SPURIOUS_WAIT = 0.02
 
+# A run lease made by a loser for a winner that died before its own existed
+# (sidecar/run/claimwindow.py) names its maker here: the winner, woken late,
+# finds it and does not run.
+JUDGED_BY = "judged_by"
+
 # The record's error of a replaced run starts with this (no retry follows it).
 REPLACED = "replaced"
 # What became of a won slot that found the lock held.
@@ -90,6 +95,9 @@ class Lease:
         self.renewals = 0
         self.renewed_at = 0.0  # monotonic time of the last write that set the TTL
         self.created = False
+        # Its run was judged lost before the lease existed: the key holds a
+        # judge's copy of it (JUDGED_BY), and the run must not start.
+        self.judged = False
         self._created = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
         self._tasks = TaskSet("a lease", say=False)
@@ -122,7 +130,7 @@ class Lease:
             )
         finally:
             done.cancel()
-        if not self.created:
+        if not self.created and not self.judged:
             log.warning(
                 "lease %s not created within %.1fs; running, creating it meanwhile", self.key, wait
             )
@@ -139,7 +147,16 @@ class Lease:
             self.revision = await until_answered(
                 f"lease {self.key}", self._create, self.clock, math.inf
             )
-        except KeyHeld:
+        except KeyHeld as held:
+            if held.value.get(JUDGED_BY) and held.value.get("token") == self.value.get("token"):
+                self.judged = True  # start() returns at once, and the run is not made
+                self._created.set()
+                log.warning(
+                    "lease %s: %s judged this run lost before its lease existed",
+                    self.key,
+                    str(held.value.get(JUDGED_BY))[:100],
+                )
+                return
             log.warning("lease %s exists already; running without it", self.key)
             return
         except Exception as exc:  # a definite refusal: the run goes on without it
