@@ -99,6 +99,11 @@ class ClaimWindow:
         )
         # Judges waiting for a key to change: set when the watch delivers it.
         self._waiting: dict[str, set[asyncio.Event]] = {}
+        # Claims lost here whose run lease was not seen yet, by that key, oldest
+        # first: (job, claim, monotonic time lost). A dict entry, not a task: the
+        # lease of nearly every one is delivered within milliseconds.
+        self._pending: dict[str, tuple[JobConfig, Claim, float]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
 
     def delivered(self, key: str) -> None:
         """The watch delivered `key` ("" after a re-read): wake who waits for it."""
@@ -112,6 +117,7 @@ class ClaimWindow:
                 if self._seen[first] >= horizon:
                     break
                 del self._seen[first]
+            self._pending.pop(key, None)
         for event in self._waiting.get(key, ()) if key else _every(self._waiting):
             event.set()
 
@@ -122,7 +128,22 @@ class ClaimWindow:
         key = run_key(job.name, claim.slot, claim.attempt)
         if key in self.view.keys or key in self._seen:
             return
-        self.tasks.spawn(self._judge(job, claim, key))
+        self._pending[key] = (job, claim, self.clock.monotonic())
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = self.tasks.spawn(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Judge each pending claim whose lease did not come within lease_ttl."""
+        while self._pending and not self.stopping.is_set():
+            key, (job, claim, lost_at) = next(iter(self._pending.items()))
+            wait = lost_at + self.ttl - self.clock.monotonic()
+            if wait > 0:
+                await asyncio.sleep(min(wait, POLL))
+                continue
+            del self._pending[key]
+            if key not in self.view.keys and key not in self._seen:
+                self.tasks.spawn(self._judge(job, claim, key, lost_at))
+        self._pending.clear()  # stopping: nothing more is judged
 
     async def judged_lost(self, job: JobConfig, claim: Claim) -> bool:
         """The winner's side: whether its run was recorded lost while it was away
@@ -143,16 +164,13 @@ class ClaimWindow:
             )
         return recorded
 
-    async def _judge(self, job: JobConfig, claim: Claim, key: str) -> None:
+    async def _judge(self, job: JobConfig, claim: Claim, key: str, lost_at: float) -> None:
         try:
-            await self._judged(job, claim, key)
+            await self._judged(job, claim, key, lost_at)
         except Exception as exc:  # another loser judges it too; say so here
             log.warning("job %s slot %s: judging its winner failed: %r", job.name, claim.slot, exc)
 
-    async def _judged(self, job: JobConfig, claim: Claim, key: str) -> None:
-        began = self.clock.monotonic()
-        if await self._lease_seen(key, began + self.ttl):
-            return
+    async def _judged(self, job: JobConfig, claim: Claim, key: str, lost_at: float) -> None:
         winner = _winner(await self.claimer.stored_claim(claim.seq), claim)
         if winner is None:
             log.debug("job %s slot %s: the stored claim is not one to judge", job.name, claim.slot)
@@ -167,7 +185,7 @@ class ClaimWindow:
             runner[:100],
             self.ttl,
         )
-        how = await self._dead(key, runner, claimed_at, began + JUDGE_MAX, job, token, claim)
+        how = await self._dead(key, runner, claimed_at, lost_at + JUDGE_MAX, job, token, claim)
         if how is None:
             return
         if (await self.lost.recorded(job.name, token, claim.seq))[0]:
@@ -199,16 +217,6 @@ class ClaimWindow:
         why = f"lease {key} never made: instance {runner} {how}; judged by {self.instance}"
         removal = Removal(key, Entry(value, revision), EXPIRED, self.clock.wall())
         await self.lost.record_lost(job, removal, why)
-
-    async def _lease_seen(self, key: str, until: float) -> bool:
-        """Whether the run's lease appears (or is seen to have been) before `until`."""
-        while True:
-            if key in self.view.keys or key in self._seen:
-                return True
-            left = until - self.clock.monotonic()
-            if left <= 0 or self.stopping.is_set():
-                return False
-            await self._wait((key,), min(POLL, left))
 
     async def _dead(
         self,
