@@ -39,6 +39,7 @@ Only jobs with a run lease are judged here: the lock of ``overlap: skip``,
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ from sidecar.core.errors import KeyHeld
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key, run_key
 from sidecar.run.lease import JUDGED_BY, uses_lock
+from sidecar.store.kv import until_answered
 from sidecar.store.state import EXPIRED, PRESENCE_RENEW, Entry, Removal
 
 if TYPE_CHECKING:
@@ -204,8 +206,13 @@ class ClaimWindow:
             "fence": claim.seq,
             JUDGED_BY: self.instance,
         }
+        create = functools.partial(keys.create, key, value, self.ttl + COPY_EXTRA)
         try:
-            revision = await keys.create(key, value, self.ttl + COPY_EXTRA)
+            # Asked again while NATS gives no answer: a create stored but answered
+            # late is found ours (same instance and token) by the next one.
+            revision = await until_answered(
+                f"lease {key}", create, self.clock, self.clock.monotonic() + self.ttl
+            )
         except KeyHeld:
             return  # the winner's lease (alive after all), or another judge's copy
         log.warning(

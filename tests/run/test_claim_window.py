@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from sidecar.run.claim import Claim
+from sidecar.run.claimwindow import _winner
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -161,3 +163,31 @@ def test_a_winner_frozen_past_its_presence_is_lost_once_and_does_not_run_on_waki
         wait_for(lambda: time.time() > thaw + 5, 10, what="a run of s0's would have come")
     assert [attempt for _, attempt in calls(http_app, slot)] == ["2"]
     assert len(lost_records(nats_server, slot)) == 1
+
+
+def won(**fields: Any) -> dict[str, object]:
+    return {"job": "w", "slot": 2000, "token": "t", "instance": "s0",
+            "claimed_at": "2026-01-01T00:00:02.001Z", **fields}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("stored", "judged"),
+    [
+        (won(), True),
+        (won(attempt=1), True),
+        (won(attempt=2), False),  # another attempt's claim
+        (won(slot=4000), False),
+        (won(job="x"), False),
+        (won(skipped="paused"), False),  # a skipped slot's record: no run, no lease
+        (won(token=7), False),
+        (won(instance=None), False),
+        (won(claimed_at="yesterday"), False),
+        (won(slot=True), False),
+        (None, False),
+    ],
+)
+def test_only_a_claim_of_the_same_run_is_judged(
+    stored: dict[str, object] | None, judged: bool
+) -> None:
+    claim = Claim("w", 2000, "mine", False, 7, 1, 1, 0.001)
+    assert (_winner(stored, claim) is not None) == judged
