@@ -161,7 +161,8 @@ class Metrics:
             ("job", "reason"),
         )
         self.runs_lost_total = counter(
-            "runs_lost", "Runs this instance recorded as lost (their lease expired)."
+            "runs_lost",
+            "Runs this instance recorded as lost (their lease expired, or was never made).",
         )
         self.runs_replaced_total = counter(
             "runs_replaced",

@@ -109,6 +109,10 @@ class Claim:
     manual: bool = False
     attempt: int = 1
     trigger: str = "scheduled"  # X-Anarchon-Trigger of its run
+    # When its first publish went out (the clock's monotonic scale); None for a
+    # claim made elsewhere. A winner whose lease came much later asks whether
+    # it was judged lost meanwhile (sidecar/run/claimwindow.py).
+    sent_at: float | None = None
 
 
 @dataclass
@@ -197,6 +201,7 @@ class Claimer:
         backoff = Backoff(PUBLISH_RETRY_START, PUBLISH_RETRY_CAP, jitter=PUBLISH_RETRY_JITTER)
         ever_connected = False
         last_error = "no attempt"
+        sent_at = self.clock.monotonic()
         while True:
             remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
@@ -256,6 +261,7 @@ class Claimer:
                     manual,
                     attempt,
                     trigger,
+                    sent_at,
                 )
             log.debug("claim %s publish %d: %s; asking again", msg_id, publish_tries, last_error)
             if failpoints.ENABLED:
@@ -293,6 +299,15 @@ class Claimer:
                 await backoff.sleep(at_most=remaining)
                 continue
             return token_of(data)
+
+    async def stored_claim(self, seq: int) -> dict[str, object] | None:
+        """The stored claim at `seq` as its JSON object; None for anything else
+        (sidecar/run/claimwindow.py reads the winner's from a loser's ack)."""
+        try:
+            value = json.loads(await self._stored_data(seq))
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return None
+        return value if isinstance(value, dict) else None
 
     async def _stored_data(self, seq: int) -> bytes:
         """The data of the stored message at `seq`: the request ``js.get_msg`` makes.

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from sidecar.run.backfill import Backfills
     from sidecar.run.catchup import CatchUp
     from sidecar.run.claim import Claim
+    from sidecar.run.claimwindow import ClaimWindow
     from sidecar.run.context import Context
     from sidecar.run.lostruns import LostRuns
     from sidecar.run.onkey import OnFirstKey
@@ -99,6 +100,7 @@ class Jobs:
     recorder: Recorder  # every ending of a run is recorded there
     due: DueAttempts  # what follows a failed run: retries, due attempts
     lost: LostRuns  # lost-run judging
+    window: ClaimWindow  # winners of claims lost here that died before their lease
     candidates: Candidates  # claim.candidates: only k instances claim a slot at its time
     # overlap: replace and buffer_one, on the lock overlap: skip uses; made (and its
     # code imported) by ``make_overlap`` for the first job with one of them
@@ -274,6 +276,8 @@ class Jobs:
                 if number > 1:
                     self.due.claimed(name, slot, number)
                 self._start_run(job, claim, start)
+            else:
+                self.window.lost_claim(job, claim)
             self.unclaimed.count(claim)
             if claim.won:
                 # Let the trigger reach the app before this loop computes the
@@ -334,7 +338,7 @@ class Jobs:
     def background(self) -> set[asyncio.Task[None]]:
         """Every task started besides the runs (catch-up, skips, due attempts, lost-run
         judging): the drain awaits them, bounded, then cancels the rest."""
-        return {*self.side_tasks, *self.due.tasks, *self.lost.tasks}
+        return {*self.side_tasks, *self.due.tasks, *self.lost.tasks, *self.window.tasks}
 
     def _start_run(self, job: JobConfig, claim: Claim, start: float) -> asyncio.Task[None]:
         """The run in a task of its own, in ``runs``: the drain waits for it."""
@@ -410,6 +414,10 @@ class Jobs:
                     stack.push_async_exit(lease)
                     left = max(0.0, deadline - self.clock.monotonic())
                     await lease.start(min(RUN_LEASE_WAIT, left / 2))
+                    # Judged lost while this sidecar was away before its lease
+                    # existed (sidecar/run/claimwindow.py): the lost record stands.
+                    if lease.judged or await self.window.judged_lost(job, claim):
+                        return
                     await self._run(job, claim, deadline)
                     return
                 try:

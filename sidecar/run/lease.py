@@ -60,6 +60,10 @@ SPURIOUS_WAIT = 0.02
 
 # A forged lock without a TTL is said once a minute per key, not once per slot.
 _untimed_log = RateLimitedLog(log)
+# A run lease made by a loser for a winner that died before its own existed
+# (sidecar/run/claimwindow.py) names its maker here: the winner, woken late,
+# finds it and does not run.
+JUDGED_BY = "judged_by"
 
 # The record's error of a replaced run starts with this (no retry follows it).
 REPLACED = "replaced"
@@ -101,6 +105,9 @@ class Lease:
         self.renewals = 0
         self.renewed_at = 0.0  # monotonic time of the last write that set the TTL
         self.created = False
+        # Its run was judged lost before the lease existed: the key holds a
+        # judge's copy of it (JUDGED_BY), and the run must not start.
+        self.judged = False
         self._created = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
         self._tasks = TaskSet("a lease", say=False)
@@ -133,7 +140,7 @@ class Lease:
             )
         finally:
             done.cancel()
-        if not self.created:
+        if not self.created and not self.judged:
             log.warning(
                 "lease %s not created within %.1fs; running, creating it meanwhile", self.key, wait
             )
@@ -169,7 +176,16 @@ class Lease:
             self.revision = await until_answered(
                 f"lease {self.key}", self._create, self.clock, math.inf
             )
-        except KeyHeld:
+        except KeyHeld as held:
+            if held.value.get(JUDGED_BY) and held.value.get("token") == self.value.get("token"):
+                self.judged = True  # start() returns at once, and the run is not made
+                self._created.set()
+                log.warning(
+                    "lease %s: %s judged this run lost before its lease existed",
+                    self.key,
+                    str(held.value.get(JUDGED_BY))[:100],
+                )
+                return
             log.warning("lease %s exists already; running without it", self.key)
             return
         except Exception as exc:  # a definite refusal: the run goes on without it

@@ -114,9 +114,12 @@ class LostRuns:
         )
         await self.record_lost(job, Removal(removal.key, removal.entry, EXPIRED, self.clock.wall()))
 
-    async def record_lost(self, job: JobConfig | str, removal: Removal) -> None:
+    async def record_lost(
+        self, job: JobConfig | str, removal: Removal, why: str | None = None
+    ) -> None:
         """Record the run of an expired lease lost; `job` is a name for a job not
-        in this config (recorded, never rerun)."""
+        in this config (recorded, never rerun). `why`: the record's error, when
+        not the lease's expiry (sidecar/run/claimwindow.py)."""
         name = job if isinstance(job, str) else job.name
         value = removal.entry.value
         # Read from NATS: every number is range-checked before it is used.
@@ -133,12 +136,12 @@ class LostRuns:
         after = seq_no(value.get("fence"))
         try:
             for _ in range(RECHECKS):
-                recorded, last = await self._recorded(name, token, after)
+                recorded, last = await self.recorded(name, token, after)
                 if recorded:
                     log.info("lease %s expired after its run was recorded", removal.key)
                     return
                 stored = await self._publish(
-                    name, removal.key, value, slot, attempt, token, at, last
+                    name, removal.key, value, slot, attempt, token, at, last, why
                 )
                 if stored is not None:
                     break
@@ -156,7 +159,7 @@ class LostRuns:
         if job.on_lost == "rerun" and self.rerun is not None:
             await self.rerun(job, slot, attempt, at, stored)
 
-    async def _recorded(self, job: str, token: str, after: int | None) -> tuple[bool, int]:
+    async def recorded(self, job: str, token: str, after: int | None) -> tuple[bool, int]:
         """Whether this run has a result (its own, or a lost record), and the sequence
         of the job's last result (0: none), which the lost record then expects.
 
@@ -197,6 +200,7 @@ class LostRuns:
         token: str,
         at: float,
         last: int,
+        why: str | None = None,
     ) -> int | None:
         """Publish the lost result, expecting `last` as the job's last result.
 
@@ -212,7 +216,9 @@ class LostRuns:
             started_at = at
         if not at >= started_at:
             started_at = at
-        instance = value.get("instance")
+        # A judge's lease for a winner that died before its own (claimwindow.py)
+        # names the winner as its runner.
+        instance = value.get("runner", value.get("instance"))
         outcome = Outcome(
             kind=LOST,
             job=name,
@@ -222,7 +228,8 @@ class LostRuns:
             finished_at=at,
             attempt=attempt,
             instance=str(instance if instance is not None else ""),
-            error=f"lease {key} expired: instance {instance} stopped renewing it "
+            error=why
+            or f"lease {key} expired: instance {instance} stopped renewing it "
             f"(lease_ttl {self.config.nats.lease_ttl:g}s); recorded by {self.config.instance_id}",
         )
         # A job of this config (record passes its name): its pings, notifications.

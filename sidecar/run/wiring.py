@@ -17,6 +17,7 @@ from sidecar.after.aftermath import Aftermath
 from sidecar.config.jobs import WAITING
 from sidecar.fleet.candidates import Candidates
 from sidecar.run.catchup import CatchUp
+from sidecar.run.claimwindow import ClaimWindow
 from sidecar.run.context import Context
 from sidecar.run.job import Jobs
 from sidecar.run.onkey import OnFirstKey
@@ -73,6 +74,9 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     )
     # What follows a failed or lost run: retries, due attempts, lost runs.
     jobs.due, jobs.lost = follow(ctx, jobs.recorder, jobs.attempt)
+    # Winners of claims lost here that died before their lease (sidecar/run/claimwindow.py).
+    jobs.window = ClaimWindow(ctx, jobs.lost)
+    fleet.key_listeners.append(jobs.window.delivered)
 
     # overlap: replace and buffer_one (sidecar/run/overlap.py). Made, its code
     # imported, now if a job has one of them, else for the first job of the state

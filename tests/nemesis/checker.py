@@ -26,6 +26,10 @@ Safety figures (each must be 0; a failure names the slots):
   claim and the lost record (a healthy runner taken for dead).
 - **reruns_bad**: a rerun (attempt 2 after a lost attempt 1) whose fence is not
   above the lost attempt's (an app could not refuse the stale runner).
+- **claim_kills_unjudged**: a claim won by a sidecar that the claim-kill fault
+  killed at ``claim.won`` (before its run lease existed), stored at least
+  ``CLAIM_KILL_JUDGED`` seconds before the window's end, with no result: the
+  claim-to-lease window left open (docs/GUARANTEES.md).
 - **missed_quiet**: a slot that did not run although no fault touched NATS, and
   some sidecar was untouched, from `settle` seconds before the slot to
   max_late after it.
@@ -56,6 +60,9 @@ Liveness figures (reported; a miss is allowed while faults last):
   max_late], the harness's own sampling thread could not run, or the slot's
   stored winner (without one: every sidecar that could claim) waited on the
   run queue. Each is listed with its evidence (``notes``).
+- **claim_kills** (sidecars killed at a won claim), **missed_claim_killed**
+  (missed slots whose attempt 1 was such a claim: recorded lost, and run
+  again only as attempt 2 where ``on_lost: rerun``),
 - **lost** (lost records), **reruns** (attempts after a lost one that ran),
   **reruns_needless** (reruns of a run whose own ``succeeded`` result was
   stored before the lost record: the slot ran twice for nothing).
@@ -163,7 +170,7 @@ def touches(faults: Iterable[dict[str, Any]], nodes: set[str]) -> list[Touch]:
             fnodes = frozenset(f.get("nodes") or target.split(","))
         fsidecars = (
             frozenset({target})
-            if kind in ("pause-sidecar", "kill-sidecar", "clock")
+            if kind in ("pause-sidecar", "kill-sidecar", "clock", "claim-kill")
             else frozenset()
         )
         if kind == "sidecar-cut":
@@ -230,6 +237,27 @@ def bucket_job_logs(logs: dict[str, Path]) -> dict[str, list[tuple[float, str, s
                     kind = "taken" if m.group(3).startswith("taken") else "left"
                     events.append((at, m.group(2), kind))
         out[sidecar] = sorted(events)
+    return out
+
+
+# A claim killed at claim.won is judged within this (the winner's restart, or
+# presence expiry and two renewals, plus lease_ttl and the lost record's write).
+CLAIM_KILL_JUDGED = 30.0
+
+
+def claim_kills(
+    faults: Iterable[dict[str, Any]], claims: dict[tuple[str, int, int], dict[str, Any]]
+) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """The stored claims won by a sidecar that a claim-kill fault then killed at
+    ``claim.won``: its claims stored between its armed restart and the kill."""
+    out = {}
+    for f in faults:
+        if f.get("kind") != "claim-kill" or "killed_at" not in f:
+            continue
+        lo, hi = float(f.get("applied", f["start"])), float(f["killed_at"])
+        for key, claim in claims.items():
+            if claim.get("instance") == f.get("target") and lo <= float(claim["_time"]) <= hi:
+                out[key] = claim
     return out
 
 
@@ -357,8 +385,24 @@ def check(history: History) -> Report:
         3,
     )
 
+    # ---------------------------------------------------------------- claim kills
+    killed = claim_kills(history.faults, claims)
+    fig["claim_kills"] = len(killed)
+    window_end = float(run["window"][1])
+    unjudged = [
+        key
+        for key, claim in killed.items()
+        if float(claim["_time"]) + CLAIM_KILL_JUDGED < window_end
+        and not results.get(str(claim.get("token")))
+        and not any(rec.get("token") == claim.get("token") for rec in lost)
+    ]
+    fig["claim_kills_unjudged"] = len(unjudged)
+    for key in unjudged[:10]:
+        fails.append(f"killed before its lease and never recorded: {key}")
+
     # ---------------------------------------------------------------- slots, misses
     slots = runs = 0
+    missed_claim_killed = 0
     missed: list[tuple[str, int]] = []
     missed_quiet: list[tuple[str, int]] = []
     missed_available: list[tuple[str, int]] = []
@@ -374,6 +418,9 @@ def check(history: History) -> Report:
                 runs += 1
                 continue
             missed.append((job, slot))
+            if (job, slot, 1) in killed:
+                missed_claim_killed += 1  # its winner killed at the claim: recorded lost
+                continue
             lo, hi = slot / 1000 - settle, slot / 1000 + max_late
             near = _overlapping(ts, lo, hi)
             if not any(t.cluster for t in near) and any(
@@ -402,6 +449,7 @@ def check(history: History) -> Report:
                 else:
                     missed_no_election.append((job, slot))
     fig.update(slots=slots, runs=runs, missed=len(missed), missed_available=len(missed_available))
+    fig["missed_claim_killed"] = missed_claim_killed
     fig["missed_no_election"] = len(missed_no_election)
     fig["missed_elections_logged"] = len(missed_logged)
     fig["missed_starved"] = len(missed_starved)
@@ -806,6 +854,9 @@ def summary(report: Report) -> str:
         "reruns",
         "reruns_needless",
         "reruns_bad",
+        "claim_kills",
+        "claim_kills_unjudged",
+        "missed_claim_killed",
         "faults",
         "ops_slots",
         "ops_runs",

@@ -5,7 +5,8 @@
 faults combine: a network lane (majority/minority split, the stream leader
 isolated, a bridge, one sidecar cut from NATS) and a process lane (SIGSTOP /
 SIGCONT of a server or a sidecar, kill -9 and restart, a sidecar restarted
-with its clock shifted). Each fault heals after a few seconds; a gap follows.
+with its clock shifted, a sidecar killed between a won claim and its lease).
+Each fault heals after a few seconds; a gap follows.
 
 `Nemesis` applies a plan to a running `System` and writes what it really did,
 with wall-clock times, to the fault log: which hosts could not reach which
@@ -28,7 +29,14 @@ from typing import Any
 from tests.nemesis.harness import System
 
 NETWORK = ("partition", "leader", "bridge", "sidecar-cut")
-PROCESS = ("pause-node", "pause-sidecar", "kill-node", "kill-sidecar", "clock")
+PROCESS = ("pause-node", "pause-sidecar", "kill-node", "kill-sidecar", "clock", "claim-kill")
+# claim-kill: the sidecar is restarted with the ``claim.won`` failpoint armed
+# (sidecar/core/failpoints.py); at its first won claim it stops itself, before its
+# run lease exists, and is killed -9 there; it starts again, unarmed, at the
+# heal. The fault lasts this much longer than drawn: a restart and a win take
+# a few seconds.
+CLAIM_KILL_EXTRA = 5.0
+CLAIM_KILL_FAILPOINT = "claim.won=1*sigstop"
 # Power cuts (``NEMESIS_POWER=1``, tests/power.py): at the fault's start a moment of
 # the store is marked; at its end the power goes: one node (power-node) or all of
 # them at once (power-all) are killed and their store put back to the oldest
@@ -106,7 +114,7 @@ def plan(
     t = rng.uniform(2.0, 5.0)
     while True:
         kind = rng.choice(PROCESS + POWER if power else PROCESS)
-        duration = rng.uniform(1.0, 5.0)
+        duration = rng.uniform(1.0, 5.0) + (CLAIM_KILL_EXTRA if kind == "claim-kill" else 0.0)
         if t + duration > seconds:
             break
         if kind == "power-all":
@@ -121,6 +129,15 @@ def plan(
             faults.append(Fault(kind, t, duration, target=rng.choice(sidecars), offset=offset))
         t += duration + rng.uniform(2.0, 8.0)
     return sorted(faults, key=lambda f: f.at)
+
+
+def stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP: state ``T`` in /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
 
 
 class Nemesis:
@@ -211,11 +228,31 @@ class Nemesis:
             sc = s.sidecars[fault.target]
             sc.terminate(8)
             sc.start(s.net, fault.offset)
+        elif fault.kind == "claim-kill":
+            sc = s.sidecars[fault.target]
+            sc.terminate(8)
+            sc.start(s.net, 0.0, failpoints=CLAIM_KILL_FAILPOINT)
+            watcher = threading.Thread(target=self._kill_at_claim, args=(fault, rec), daemon=True)
+            watcher.start()
+            rec["_watcher"] = watcher
         elif fault.kind in POWER:
             rec["nodes"] = fault.target.split(",")
             rec["marked"] = {n: s.nodes[n].mark() for n in rec["nodes"]}
         rec["applied"] = time.time()
         return rec
+
+    def _kill_at_claim(self, fault: Fault, rec: dict[str, Any]) -> None:
+        """claim-kill: kill -9 the sidecar as soon as it stopped itself at its first
+        won claim (``killed_at``), or leave it to the heal when it never won one."""
+        sc = self.system.sidecars[fault.target]
+        heal = self.started + fault.at + fault.duration - 0.5
+        while time.time() < heal and not self._stop.is_set():
+            proc = sc.proc
+            if proc is not None and proc.poll() is None and stopped(proc.pid):
+                sc.kill()
+                rec["killed_at"] = time.time()
+                return
+            time.sleep(0.02)
 
     def _blocked(self, fault: Fault) -> dict[str, set[str]]:
         s = self.system
@@ -262,6 +299,11 @@ class Nemesis:
         elif fault.kind == "clock":
             sc = s.sidecars[fault.target]
             sc.terminate(8)
+            sc.start(s.net, 0.0)
+        elif fault.kind == "claim-kill":
+            rec.pop("_watcher").join(15)
+            sc = s.sidecars[fault.target]
+            sc.kill()  # never stopped at a win: killed now, like kill-sidecar
             sc.start(s.net, 0.0)
         elif fault.kind in POWER:
             self._power_cut(rec)

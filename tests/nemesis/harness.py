@@ -243,11 +243,15 @@ class SidecarNode(Proc):
         self.config_path = write_config(workdir / f"{name}.yaml", config)
         self.offset = 0.0  # ANARCHON_CLOCK_OFFSET of the running process
 
-    def start(self, net: Network, offset: float = 0.0) -> None:
-        env = sidecar_env({"ANARCHON_CLOCK_OFFSET": f"{offset:.3f}"} if offset else {})
+    def start(self, net: Network, offset: float = 0.0, failpoints: str = "") -> None:
+        extra = {"ANARCHON_CLOCK_OFFSET": f"{offset:.3f}"} if offset else {}
+        if failpoints:  # the claim-kill fault (faults.py)
+            extra["ANARCHON_FAILPOINTS"] = failpoints
+        env = sidecar_env(extra)
         with self.log_path.open("a") as log:
             log.write(
-                f"----- nemesis: start with clock offset {offset:+.3f}s at {time.time():.3f}\n"
+                f"----- nemesis: start with clock offset {offset:+.3f}s at {time.time():.3f}"
+                f"{' failpoints ' + failpoints if failpoints else ''}\n"
             )
         self.spawn(net, [sys.executable, "-m", "sidecar", "run", "-c", str(self.config_path)], env)
         self.offset = offset

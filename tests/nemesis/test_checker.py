@@ -164,6 +164,23 @@ def test_lost_records_are_judged() -> None:
     assert check(History(reqs, stream, [], run_info())).figures["lost_wrong"] == 2
 
 
+def test_a_claim_killed_before_its_lease_must_be_recorded() -> None:
+    reqs, stream = clean(41)
+    del reqs[2]  # slot 2: its winner s1, restarted armed, was killed at claim.won
+    kill = {"kind": "claim-kill", "target": "s1", "start": T0 + 1.4, "applied": T0 + 1.5,
+            "killed_at": T0 + 2.1, "end": T0 + 5}  # fmt: skip
+    info = run_info(window=[T0, T0 + 40.5])
+    report = check(History(reqs, stream, [kill], info))
+    assert report.figures["claim_kills"] == 1
+    assert report.figures["claim_kills_unjudged"] == 1
+    assert report.figures["missed_claim_killed"] == 1  # not a miss to explain
+    assert any("killed before its lease and never recorded" in f for f in report.failures)
+    stream.append(result(60, T0 + 2, "lost", at=T0 + 9))
+    report = check(History(reqs, stream, [kill], info))
+    assert report.ok, report.failures
+    assert report.figures["lost_wrong"] == 0
+
+
 def test_a_rerun_must_carry_a_higher_fence() -> None:
     reqs, stream = clean()
     rerun = request(T0 + 3, T0 + 6, attempt=2)

@@ -164,7 +164,7 @@ async def test_a_result_stored_between_the_check_and_the_lost_record_wins(
     stored in between makes it look again, and refrain."""
     async with lost_runs(nc, make_jobs) as (runs, spec, _):
         js = nc.jetstream()
-        recorded, last = await runs._recorded("j", "t1", None)
+        recorded, last = await runs.recorded("j", "t1", None)
         assert (recorded, last) == (False, 0)
         await publish_result(js, spec.name, spec.prefix, result(1000, "t1"))  # the runner, late
         removal = expired(1000, "t1", None)

@@ -1,0 +1,323 @@
+"""The claim-to-lease window: a winner that died before its run lease existed.
+
+A won claim's runner creates its run lease (sidecar/run/lease.py) right after
+the claim; a runner killed in between leaves no lease to expire, so lost-run
+judging (sidecar/run/lostruns.py) never sees it. The losers close that window
+(docs/GUARANTEES.md, "Lost runs"):
+
+1. A loser knows the winning claim's sequence from its duplicate ack. When the
+   run's lease (``run.<job>.<slot>[.<attempt>]``) is in its view, or was seen
+   lately, the usual judging covers the run: nothing more is done, nothing is
+   read. This is the case of nearly every slot.
+2. Otherwise it waits ``lease_ttl`` for the lease, then reads the stored claim
+   (its token, instance and ``claimed_at``) and the results stored since it.
+   A result of that run ends the judging (its lease came and went unseen).
+3. The winner is judged dead only on evidence: its ``instance.<id>`` presence
+   started after the claim (it restarted), or its presence stayed away for
+   ``ABSENT_GRACE`` while this sidecar's own presence was renewed meanwhile
+   (the bucket answered, the watch delivered). A runner whose lease is only
+   late (the bucket without a leader, a frozen runner) keeps its presence, or
+   gets it back, and is never judged.
+4. The judge then creates the run's lease itself, a copy naming it
+   (``judged_by``), with the bucket's compare-and-set: if the winner's own
+   create got there first the judge stops; otherwise the winner's create now
+   fails, and a winner that wakes finds the copy and does not run. Only one
+   judge's create succeeds: it records ``lost`` with the attempt's usual id
+   (de-duplicated, rerun once with ``on_lost: rerun``, as for an expired
+   lease). The copy expires later into the usual judging, which finds the
+   record (or makes it, if the judge died before it could).
+
+A winner woken after the copy expired (frozen longer than ``lease_ttl`` past
+the judging) creates its lease, so it also asks, when its claim-to-lease time
+was long (more than ``lease_ttl / 2``, half what any judge waits), whether
+its run was recorded lost, and does not run if it was (``judged_lost``).
+
+Only jobs with a run lease are judged here: the lock of ``overlap: skip``,
+``replace`` and ``buffer_one`` is the job's, not the run's (docs/GUARANTEES.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import TYPE_CHECKING, Any
+
+from sidecar.core.bounds import attempt_no, slot_ms
+from sidecar.core.clock import parse_rfc3339
+from sidecar.core.errors import KeyHeld
+from sidecar.core.tasks import TaskSet
+from sidecar.core.wire import instance_key, run_key
+from sidecar.run.lease import JUDGED_BY, uses_lock
+from sidecar.store.kv import until_answered
+from sidecar.store.state import EXPIRED, PRESENCE_RENEW, Entry, Removal
+
+if TYPE_CHECKING:
+    from sidecar.config.load import JobConfig
+    from sidecar.run.claim import Claim
+    from sidecar.run.context import Context
+    from sidecar.run.lostruns import LostRuns
+
+log = logging.getLogger("sidecar.claimwindow")
+
+# A winner's presence must stay away this long (two renewals and a margin)
+# before it is taken for dead: a presence that expired while the bucket had no
+# leader comes back at the live runner's next renewal.
+ABSENT_GRACE = 2 * PRESENCE_RENEW + 1.0
+# A judge looks again at least this often (and sees the drain start).
+POLL = 1.0
+# A judge whose winner lives on without a lease reads the results again this often.
+RECHECK = 30.0
+# A judge gives up after this long (its winner alive, without lease nor result).
+JUDGE_MAX = 3600.0
+# The judge's copy of the lease outlives lease_ttl by the time a lost record's
+# publish may take (sidecar/run/record.py LOST_RETRY): it is stored before the copy
+# expires and a late winner's create succeeds.
+COPY_EXTRA = 10.0
+# Run keys the watch delivered are remembered this much longer than a job's
+# jitter + max_late: a loser's ack may come after the winner's short run ended.
+SEEN_MARGIN = 60.0
+
+
+class ClaimWindow:
+    """Judges the winners of claims this sidecar lost (see the module doc)."""
+
+    def __init__(self, ctx: Context, lost: LostRuns) -> None:
+        self.lost = lost
+        self.clock = ctx.clock
+        self.view = ctx.fleet.view
+        self.keys = ctx.keys
+        self.claimer = ctx.claimer
+        self.stopping = ctx.stopping
+        self.instance = ctx.config.instance_id
+        self.ttl = ctx.config.nats.lease_ttl
+        self.tasks = TaskSet("judging a claim's winner")
+        # Run keys the watch delivered (put or removed), oldest first: monotonic time.
+        self._seen: dict[str, float] = {}
+        self._keep = (
+            SEEN_MARGIN
+            + self.ttl
+            + max((job.jitter + job.max_late for job in ctx.config.jobs), default=0.0)
+        )
+        # Judges waiting for a key to change: set when the watch delivers it.
+        self._waiting: dict[str, set[asyncio.Event]] = {}
+        # Claims lost here whose run lease was not seen yet, by that key, oldest
+        # first: (job, claim, monotonic time lost). A dict entry, not a task: the
+        # lease of nearly every one is delivered within milliseconds.
+        self._pending: dict[str, tuple[JobConfig, Claim, float]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def delivered(self, key: str) -> None:
+        """The watch delivered `key` ("" after a re-read): wake who waits for it."""
+        if key.startswith("run."):
+            now = self.clock.monotonic()
+            self._seen.pop(key, None)
+            self._seen[key] = now
+            horizon = now - self._keep
+            while self._seen:
+                first = next(iter(self._seen))
+                if self._seen[first] >= horizon:
+                    break
+                del self._seen[first]
+            self._pending.pop(key, None)
+        for event in self._waiting.get(key, ()) if key else _every(self._waiting):
+            event.set()
+
+    def lost_claim(self, job: JobConfig, claim: Claim) -> None:
+        """This sidecar lost `claim`: judge its winner unless its lease is known."""
+        if uses_lock(job) or claim.seq <= 0 or self.stopping.is_set() or self.keys() is None:
+            return
+        key = run_key(job.name, claim.slot, claim.attempt)
+        if key in self.view.keys or key in self._seen:
+            return
+        self._pending[key] = (job, claim, self.clock.monotonic())
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = self.tasks.spawn(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Judge each pending claim whose lease did not come within lease_ttl."""
+        while self._pending and not self.stopping.is_set():
+            key, (job, claim, lost_at) = next(iter(self._pending.items()))
+            wait = lost_at + self.ttl - self.clock.monotonic()
+            if wait > 0:
+                await asyncio.sleep(min(wait, POLL))
+                continue
+            del self._pending[key]
+            if key not in self.view.keys and key not in self._seen:
+                self.tasks.spawn(self._judge(job, claim, key, lost_at))
+        self._pending.clear()  # stopping: nothing more is judged
+
+    async def judged_lost(self, job: JobConfig, claim: Claim) -> bool:
+        """The winner's side: whether its run was recorded lost while it was away
+        between its claim and its lease (asked only when that took long)."""
+        if claim.sent_at is None or self.clock.monotonic() - claim.sent_at <= self.ttl / 2:
+            return False
+        try:
+            recorded, _ = await self.lost.recorded(job.name, claim.token, claim.seq)
+        except Exception as exc:  # unknown: it runs (a judge needs its presence gone)
+            log.warning("job %s slot %s: results not read: %r", job.name, claim.slot, exc)
+            return False
+        if recorded:
+            log.error(
+                "job %s slot %s: judged lost while this sidecar was away between its claim "
+                "and its lease; not run (on_lost says whether it runs again)",
+                job.name,
+                claim.slot,
+            )
+        return recorded
+
+    async def _judge(self, job: JobConfig, claim: Claim, key: str, lost_at: float) -> None:
+        try:
+            await self._judged(job, claim, key, lost_at)
+        except Exception as exc:  # another loser judges it too; say so here
+            log.warning("job %s slot %s: judging its winner failed: %r", job.name, claim.slot, exc)
+
+    async def _judged(self, job: JobConfig, claim: Claim, key: str, lost_at: float) -> None:
+        winner = _winner(await self.claimer.stored_claim(claim.seq), claim)
+        if winner is None:
+            log.debug("job %s slot %s: the stored claim is not one to judge", job.name, claim.slot)
+            return
+        token, runner, claimed_at = winner
+        if (await self.lost.recorded(job.name, token, claim.seq))[0]:
+            return
+        log.info(
+            "job %s slot %s: no lease of its winner %s after %gs; waiting for it, or for its death",
+            job.name,
+            claim.slot,
+            runner[:100],
+            self.ttl,
+        )
+        how = await self._dead(key, runner, claimed_at, lost_at + JUDGE_MAX, job, token, claim)
+        if how is None:
+            return
+        if (await self.lost.recorded(job.name, token, claim.seq))[0]:
+            return
+        keys = self.keys()
+        if keys is None:
+            return  # the bucket cannot hold leases now: nobody's lease is judged
+        value: dict[str, Any] = {
+            "job": job.name,
+            "slot": claim.slot,
+            "attempt": claim.attempt,
+            "token": token,
+            "instance": self.instance,  # not the winner's: its own create must not take it
+            "runner": runner,
+            "started_at": str(claimed_at[1]),
+            "fence": claim.seq,
+            JUDGED_BY: self.instance,
+        }
+        create = functools.partial(keys.create, key, value, self.ttl + COPY_EXTRA)
+        try:
+            # Asked again while NATS gives no answer: a create stored but answered
+            # late is found ours (same instance and token) by the next one.
+            revision = await until_answered(
+                f"lease {key}", create, self.clock, self.clock.monotonic() + self.ttl
+            )
+        except KeyHeld:
+            return  # the winner's lease (alive after all), or another judge's copy
+        log.warning(
+            "lease %s: instance %s %s before it took it; recording its run lost",
+            key,
+            runner[:100],
+            how,
+        )
+        why = f"lease {key} never made: instance {runner} {how}; judged by {self.instance}"
+        removal = Removal(key, Entry(value, revision), EXPIRED, self.clock.wall())
+        await self.lost.record_lost(job, removal, why)
+
+    async def _dead(
+        self,
+        key: str,
+        runner: str,
+        claimed_at: tuple[float, str],
+        until: float,
+        job: JobConfig,
+        token: str,
+        claim: Claim,
+    ) -> str | None:
+        """How the winner is known dead ("restarted", "left the fleet"); None when its
+        lease or result appeared, or the judging ended without evidence."""
+        presence = instance_key(runner)
+        mine = instance_key(self.instance)
+        absent_since: float | None = None
+        own_then = 0
+        recheck = self.clock.monotonic() + RECHECK
+        while not self.stopping.is_set():
+            now = self.clock.monotonic()
+            if now >= until:
+                log.info("job %s slot %s: its winner %s neither ran nor died", job.name,
+                         claim.slot, runner[:100])  # fmt: skip
+                return None
+            if key in self.view.keys or key in self._seen:
+                return None  # its lease: the usual judging covers the run
+            if now >= recheck:
+                recheck = now + RECHECK
+                if (await self.lost.recorded(job.name, token, claim.seq))[0]:
+                    return None
+            entry = self.view.keys.get(presence)
+            own = self.view.keys.get(mine)
+            if entry is not None:
+                absent_since = None
+                started = _epoch(entry.value.get("started_at"))
+                if started is not None and started > claimed_at[0]:
+                    return "restarted"
+            elif absent_since is None:
+                absent_since, own_then = now, own.revision if own is not None else 0
+            elif now - absent_since >= ABSENT_GRACE and own is not None and own.revision > own_then:
+                return "left the fleet"
+            await self._wait((key, presence, mine), POLL)
+        return None
+
+    async def _wait(self, keys: tuple[str, ...], timeout: float) -> None:
+        """Until the watch delivers one of `keys`, or `timeout` seconds."""
+        event = asyncio.Event()
+        for key in keys:
+            self._waiting.setdefault(key, set()).add(event)
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            for key in keys:
+                waiting = self._waiting.get(key)
+                if waiting is not None:
+                    waiting.discard(event)
+                    if not waiting:
+                        del self._waiting[key]
+
+
+def _every(waiting: dict[str, set[asyncio.Event]]) -> list[asyncio.Event]:
+    return [event for events in waiting.values() for event in events]
+
+
+def _epoch(text: object) -> float | None:
+    """An RFC 3339 time read from NATS as epoch seconds; None when it is not one."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return parse_rfc3339(text[:40])
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def _winner(
+    stored: dict[str, object] | None, claim: Claim
+) -> tuple[str, str, tuple[float, str]] | None:
+    """(token, instance, (claimed_at, as written)) of the stored claim that beat
+    `claim`; None when it is not a claim of the same job, slot and attempt (read
+    from NATS: every field is checked), or is a skipped slot's record (no run,
+    no lease: sidecar/run/skips.py)."""
+    if stored is None or "skipped" in stored:
+        return None
+    token, runner, claimed = stored.get("token"), stored.get("instance"), stored.get("claimed_at")
+    at = _epoch(claimed)
+    if (
+        not isinstance(token, str)
+        or not isinstance(runner, str)
+        or at is None
+        or stored.get("job") != claim.job
+        or slot_ms(stored.get("slot")) != claim.slot
+        or attempt_no(stored.get("attempt"), 1) != claim.attempt
+    ):
+        return None
+    return token, runner, (at, str(claimed))

@@ -1,0 +1,193 @@
+"""The claim-to-lease window (sidecar/run/claimwindow.py), with three real sidecars.
+
+A winner killed at ``claim.won`` (won, its lease not yet made) is recorded
+``lost`` once and, with ``on_lost: rerun``, run again once; a winner frozen
+there for a few seconds runs its slot once and nobody records it lost; one
+frozen until its presence is gone is recorded lost and rerun, and does not
+run the slot itself when it wakes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.run.claim import Claim
+from sidecar.run.claimwindow import _winner
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    Sidecar,
+    StoredMsg,
+    base,
+    job,
+    read_stream,
+    sidecars,
+    wait_for,
+)
+
+# Every 2 s, no jitter: each sidecar wins about a third of the slots; only s0 is
+# armed, and stops itself at its first win, its lease not yet made.
+SCHEDULE = "*/2 * * * * *"
+ARMED = {"ANARCHON_FAILPOINTS": "claim.won=1*sigstop"}
+RERUN = {"on_lost": "rerun", "retry": {"max": 1, "backoff": "1s"}}
+# Longer than any freeze here: a woken winner would still send its request.
+MAX_LATE = "90s"
+# Presence expiry (15 s) plus the judge's grace (11 s) plus lease_ttl and a margin.
+JUDGED_WITHIN = 60.0
+
+
+def stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def fleet(nats_server: NatsServer, app: RecordingApp, **extra: Any) -> list[Any]:
+    config = base(
+        nats_server, app, [job("w", schedule=SCHEDULE, jitter="0s", max_late=MAX_LATE, **extra)]
+    )
+    config["nats"]["lease_ttl"] = "2s"
+    return [("s0", config, ARMED), ("s1", config, {}), ("s2", config, {})]
+
+
+def frozen_slot(nats_server: NatsServer, s0: Sidecar) -> int:
+    """Wait until s0 stopped itself at its first win; the slot it won."""
+    assert s0.proc is not None
+    pid = s0.proc.pid
+    wait_for(lambda: stopped(pid), 40, what="s0 stopped at its first won claim")
+    won = [
+        m.data
+        for m in read_stream(nats_server.url)
+        if m.subject == "cron.w.claims" and m.data.get("instance") == "s0"
+    ]
+    assert len(won) == 1, won
+    return int(won[0]["slot"])
+
+
+def lost_records(nats_server: NatsServer, slot: int) -> list[StoredMsg]:
+    return [
+        m
+        for m in read_stream(nats_server.url)
+        if m.subject == "cron.w.results"
+        and m.data.get("slot") == slot
+        and m.data.get("status") == "lost"
+    ]
+
+
+def calls(app: RecordingApp, slot: int) -> list[tuple[str, str]]:
+    """(instance, attempt) of each app call for `slot`."""
+    return [
+        (r.headers["X-Anarchon-Instance"], r.headers.get("X-Anarchon-Attempt", "1"))
+        for r in app.requests_for("/jobs/w")
+        if int(r.headers["X-Anarchon-Slot"]) == slot
+    ]
+
+
+def test_a_winner_killed_before_its_lease_is_recorded_lost_once_and_rerun_once(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    with sidecars(tmp_path, fleet(nats_server, http_app, **RERUN)) as procs:
+        s0 = procs[0]
+        slot = frozen_slot(nats_server, s0)
+        s0.kill()
+        wait_for(
+            lambda: lost_records(nats_server, slot), JUDGED_WITHIN, what="the slot recorded lost"
+        )
+        wait_for(lambda: calls(http_app, slot), 15, what="its rerun")
+        # A second judge's record or rerun would have come by now.
+        later = time.time() + 10
+        wait_for(lambda: time.time() > later, 15, what="a second rerun's time")
+        lost = sum(p.metric("anarchon_runs_lost_total", {"job": "w"}) or 0 for p in procs[1:])
+    records = lost_records(nats_server, slot)
+    assert [(m.data.get("attempt", 1), m.data["instance"]) for m in records] == [(1, "s0")]
+    assert "never made" in records[0].data["error"]
+    assert [attempt for _, attempt in calls(http_app, slot)] == ["2"]
+    assert lost == 1
+
+
+@pytest.mark.parametrize("freeze", [6.0])
+def test_a_winner_frozen_a_while_before_its_lease_runs_once_and_is_not_lost(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp, freeze: float
+) -> None:
+    with sidecars(tmp_path, fleet(nats_server, http_app, **RERUN)) as procs:
+        s0 = procs[0]
+        slot = frozen_slot(nats_server, s0)
+        assert s0.proc is not None
+        # Longer than lease_ttl (the judges look, find no lease, read the claim),
+        # shorter than its presence takes to expire: a late lease, not a death.
+        wait_for(lambda: time.time() > slot / 1000 + freeze, 20, what="frozen a while")
+        os.kill(s0.proc.pid, signal.SIGCONT)
+        wait_for(lambda: calls(http_app, slot), 15, what="its run")
+        # Past the time a judge of a dead winner would have recorded it.
+        wait_for(lambda: time.time() > slot / 1000 + 35, 40, what="the judges' time")
+        assert s0.proc.poll() is None
+        # The judges did look: no lease within lease_ttl, the claim read.
+        assert any("no lease of its winner s0" in p.log() for p in procs[1:])
+    assert calls(http_app, slot) == [("s0", "1")]
+    assert lost_records(nats_server, slot) == []
+
+
+@pytest.mark.parametrize(
+    ("after", "said"),
+    [
+        (0.0, "judged this run lost before its lease existed"),
+        (20.0, "judged lost while this sidecar was away"),
+    ],
+    ids=["copy-held", "copy-expired"],
+)
+def test_a_winner_frozen_past_its_presence_is_lost_once_and_does_not_run_on_waking(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp, after: float, said: str
+) -> None:
+    with sidecars(tmp_path, fleet(nats_server, http_app, **RERUN)) as procs:
+        s0 = procs[0]
+        slot = frozen_slot(nats_server, s0)
+        assert s0.proc is not None
+        wait_for(
+            lambda: lost_records(nats_server, slot), JUDGED_WITHIN, what="the slot recorded lost"
+        )
+        wait_for(lambda: calls(http_app, slot), 15, what="its rerun")
+        # Woken while the judge's copy of its lease is held, or after it expired.
+        thaw = time.time() + after
+        wait_for(lambda: time.time() > thaw, after + 5, what="the thaw's time")
+        os.kill(s0.proc.pid, signal.SIGCONT)
+        wait_for(
+            lambda: said in s0.log().split("claim.won: sig", 1)[-1],
+            15,
+            what="s0 woke and found its run judged",
+        )
+        wait_for(lambda: time.time() > thaw + 5, 10, what="a run of s0's would have come")
+    assert [attempt for _, attempt in calls(http_app, slot)] == ["2"]
+    assert len(lost_records(nats_server, slot)) == 1
+
+
+def won(**fields: Any) -> dict[str, object]:
+    return {"job": "w", "slot": 2000, "token": "t", "instance": "s0",
+            "claimed_at": "2026-01-01T00:00:02.001Z", **fields}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("stored", "judged"),
+    [
+        (won(), True),
+        (won(attempt=1), True),
+        (won(attempt=2), False),  # another attempt's claim
+        (won(slot=4000), False),
+        (won(job="x"), False),
+        (won(skipped="paused"), False),  # a skipped slot's record: no run, no lease
+        (won(token=7), False),
+        (won(instance=None), False),
+        (won(claimed_at="yesterday"), False),
+        (won(slot=True), False),
+        (None, False),
+    ],
+)
+def test_only_a_claim_of_the_same_run_is_judged(
+    stored: dict[str, object] | None, judged: bool
+) -> None:
+    claim = Claim("w", 2000, "mine", False, 7, 1, 1, 0.001)
+    assert (_winner(stored, claim) is not None) == judged
