@@ -87,6 +87,8 @@ MAX_JOB_FILE = 64 << 10
 # Take-up yields to the event loop after this long (s): a burst of keys never makes
 # a slot of the file's jobs late.
 SLICE = 0.005
+# Take-up waits this long (s) after a change for the others written with it.
+GATHER = 0.02
 # ``since.<job>``'s why when `job add` bounds the new job's catch-up.
 ADDED = "added"
 
@@ -281,6 +283,9 @@ class BucketJobs:
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
+            # A burst of keys (thousands written in a second) is taken up in a few
+            # rounds, not one round per key: each round looks at every job key.
+            await asyncio.sleep(GATHER)
             self._wake.clear()
             self._place()
             names, self._dirty = sorted(self._dirty), set()
