@@ -24,7 +24,7 @@ import pytest
 
 from sidecar.admin.bucket_jobs import parse_bucket_job
 from sidecar.config.load import ConfigError, parse_config
-from tests.admin.test_bucket_jobs import YEARLY, job_file, put_key, taken_up
+from tests.admin.test_bucket_jobs import TOKEN, YEARLY, job_file, post, put_key, taken_up
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -100,6 +100,9 @@ def test_the_number_name_and_size_of_bucket_jobs_are_capped(
 ) -> None:
     config = base(nats_server, http_app, [YEARLY])
     config["bucket_jobs"] = {"max_jobs": 2, "max_name_length": 20, "max_value_bytes": 1024}
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"ops:{TOKEN}\n")
+    config["admin"] = {"token_file": str(tokens)}
     cfg = cli_config(tmp_path, config)
     long_name = run_cli("job", "add", job_file(tmp_path, "n", job("n" * 21)), "-c", cfg)
     assert long_name.returncode == 2, long_name.stderr
@@ -115,6 +118,12 @@ def test_the_number_name_and_size_of_bucket_jobs_are_capped(
         third = run_cli("job", "add", job_file(tmp_path, "a3", job("a3")), "-c", cfg)
         assert third.returncode == 2, third.stderr
         assert "config error: bucket_jobs.max_jobs: the state bucket holds 2 jobs" in (third.stderr)
+        # The API: the same limit, named.
+        code, answer = post(procs[0], "/api/v1/bucket-jobs/a3/add", job("a3"))
+        assert (code, answer.get("key")) == (400, "bucket_jobs.max_jobs"), answer
+        headers = {"request": {"headers": {"X-Forwarded-Host": "elsewhere"}}}
+        code, answer = post(procs[0], "/api/v1/bucket-jobs/a3/add", {**job("a3"), **headers})
+        assert answer.get("key") == "job.request.headers.X-Forwarded-Host", answer
         # The same job again is not a new one: unchanged, not refused.
         again = run_cli("job", "add", job_file(tmp_path, "a1", job("a1")), "-c", cfg)
         assert again.returncode == 0 and "unchanged" in again.stdout, again.stderr
