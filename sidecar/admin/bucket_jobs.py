@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
+from sidecar.config.bucketrules import check_headers, check_name_length, check_value_size
 from sidecar.config.fields import short, shown_text, type_name
 from sidecar.config.jobs import JOB_KEYS, WAITING, check_fit, check_windows, parse_claim, parse_job
 from sidecar.config.keys import JOB_NAME, ConfigSection
@@ -56,9 +57,12 @@ from sidecar.run.since import value_object as since_object
 from sidecar.store.bucketcheck import needs_leases
 from sidecar.store.kv import create_or_update, delete_at, put_json, put_with_ttl
 from sidecar.store.state import (
+    BUCKET_SET,
     PRESENCE_TTL,
+    READ_TIMEOUT,
     Removal,
     View,
+    config_hash,
     decode,
     ensure_bucket,
     job_hash,
@@ -80,6 +84,11 @@ META_KEYS = ("id", "by", "at")
 MAX_ID = 200
 # `job add/update`'s FILE at most: a job is a few hundred bytes.
 MAX_JOB_FILE = 64 << 10
+# Take-up yields to the event loop after this long (s): a burst of keys never makes
+# a slot of the file's jobs late.
+SLICE = 0.005
+# Take-up waits this long (s) after a change for the others written with it.
+GATHER = 0.02
 # ``since.<job>``'s why when `job add` bounds the new job's catch-up.
 ADDED = "added"
 
@@ -119,6 +128,9 @@ def parse_bucket_job(config: Config, value: object, path: str) -> BucketJob:
     are, plus the bucket's own rules; ConfigError naming the key's path."""
     if not isinstance(value, dict):
         raise ConfigError(path, f"expected a map (a job as in jobs:), got {type_name(value)}")
+    limits = config.bucket_jobs
+    # First the size, so that a huge value costs no parsing.
+    check_value_size(limits, value, path)
     data = {k: v for k, v in value.items() if k not in META_KEYS}
     sec = ConfigSection(data, path, JOB_KEYS)
     if sec.has("ping"):
@@ -137,6 +149,7 @@ def parse_bucket_job(config: Config, value: object, path: str) -> BucketJob:
             )
         extra = request.get("headers")
         if isinstance(extra, dict):
+            check_headers(extra, f"{path}.request.headers")
             fixed = {name.lower() for name in config.target.headers}
             for name in extra:
                 if isinstance(name, str) and name.lower() in fixed:
@@ -147,6 +160,7 @@ def parse_bucket_job(config: Config, value: object, path: str) -> BucketJob:
                     )
     defaults = ConfigSection(dict(config.defaults), "defaults", ("ping", "claim"))
     job = parse_job(sec, config.target, defaults, parse_claim(defaults))
+    check_name_length(limits, job.name, path)
     size = config.effective_history_size
     if job.history_size is not None and job.history_size > size:
         raise ConfigError(
@@ -166,6 +180,17 @@ def judge(config: Config, key: str, value: object) -> BucketJob:
     if bucket_job.job.name != name:
         raise ConfigError(f"{key}.name", f"must be the key's name {name!r}")
     return bucket_job
+
+
+def beyond_cap(view: View, cap: int) -> set[str]:
+    """The names of the ``job.`` keys beyond `cap` (``bucket_jobs.max_jobs``): the
+    latest written, by revision, which every sidecar's view holds alike."""
+    keys = view.keys
+    names = [k for k in keys if k.startswith(PREFIX)]
+    if len(names) <= cap:
+        return set()
+    names.sort(key=lambda k: keys[k].revision)
+    return {k[len(PREFIX) :] for k in names[cap:]}
 
 
 # ---------------------------------------------------------------------- the daemon's part
@@ -193,6 +218,14 @@ class BucketJobs:
         self._judged: dict[str, tuple[int, BucketJob | None]] = {}
         self._declared: set[str] = set(self.file_names)
         self._dirty: set[str] = set()
+        # Names of the job keys beyond bucket_jobs.max_jobs, and the revision of each
+        # counted as hostile (once); the keys to say in the take-up's one line.
+        self._beyond: set[str] = set()
+        self._over: dict[str, int] = {}
+        self._over_said: list[str] = []
+        # The running jobs' hashes: the presence's one entry for them (``_tell``).
+        self.hashes: dict[str, str] = {}
+        self._changed_set = False
         self._wake = asyncio.Event()
         # The worker taking up changes and the presence put at once (``stop``).
         self.tasks = TaskSet("bucket jobs", say=False)
@@ -247,15 +280,37 @@ class BucketJobs:
             self._wake.set()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
+            # A burst of keys (thousands written in a second) is taken up in a few
+            # rounds, not one round per key: each round looks at every job key.
+            await asyncio.sleep(GATHER)
             self._wake.clear()
+            self._place()
             names, self._dirty = sorted(self._dirty), set()
+            began = loop.time()
             for name in names:
                 try:
                     await self._reconcile(name)
                 except Exception:  # one job's trouble must not stop the others'
                     log.exception("job %s of the state bucket: taking up its change failed", name)
+                if loop.time() - began > SLICE:
+                    # Thousands of keys at once: the file's jobs' slots come first.
+                    await asyncio.sleep(0)
+                    began = loop.time()
+            self._say_over()
+            if self._changed_set:
+                self._changed_set = False
+                self._tell()
+
+    def _place(self) -> None:
+        """Which ``job.`` keys are beyond ``bucket_jobs.max_jobs``: the latest written
+        (by revision, the same in every sidecar's view); a key whose place changed
+        is taken up again."""
+        beyond = beyond_cap(self.fleet.view, self.config.bucket_jobs.max_jobs)
+        self._dirty |= beyond ^ self._beyond
+        self._beyond = beyond
 
     def _wanted(self, name: str) -> tuple[BucketJob | None, int]:
         """What the view says job `name` of the bucket should be now, and its revision."""
@@ -264,7 +319,15 @@ class BucketJobs:
         entry = view.keys.get(key) if view.synced else None
         if entry is None:
             self._judged.pop(name, None)
+            self._over.pop(name, None)
             return None, 0
+        if name in self._beyond:  # not judged: thousands of them cost nothing
+            if self._over.get(name) != entry.revision:
+                self._over[name] = entry.revision
+                self.metrics.hostile_input_total.labels(what="job").inc()
+                self._over_said.append(key)
+            return None, entry.revision
+        self._over.pop(name, None)
         judged = self._judged.get(name)
         if judged is not None and judged[0] == entry.revision:
             return judged[1], entry.revision
@@ -285,6 +348,19 @@ class BucketJobs:
                 self._hostile(key, str(exc))
         self._judged[name] = (entry.revision, spec)
         return spec, entry.revision
+
+    def _say_over(self) -> None:
+        """The keys found beyond the cap in one take-up, said in one line."""
+        if not self._over_said:
+            return
+        keys, self._over_said = self._over_said, []
+        log.warning(
+            "state bucket: %d job keys beyond bucket_jobs.max_jobs (%d) refused, not run "
+            "(the latest written; first: %s); `anarchon-sidecar job add` refuses them",
+            len(keys),
+            self.config.bucket_jobs.max_jobs,
+            short(keys[0]),
+        )
 
     def _hostile(self, key: str, why: str) -> None:
         self.metrics.hostile_input_total.labels(what="job").inc()
@@ -324,7 +400,7 @@ class BucketJobs:
             spec.id,
             job.schedule.identity,
         )
-        self._tell()
+        self._changed_set = True
 
     async def _retire(self, name: str, current: _Running, replaced: bool) -> None:
         """End the job's loop between two claims; its runs in flight go on (``runs``)."""
@@ -341,13 +417,22 @@ class BucketJobs:
             log.info(
                 "job %s (id %s) left the state bucket: not run any more", name, current.spec.id
             )
-            self._tell()
+            self._changed_set = True
         else:
             log.info("job %s (id %s) changed in the state bucket", name, current.spec.id)
 
     def _tell(self) -> None:
+        """After a take-up changed the running set: the page's listeners, and the
+        presence's one entry for the set (constant in size, sidecar/store/state.py)."""
         for listener in self.listeners:
             listener()
+        if self.hashes:
+            self.fleet.presence[BUCKET_SET] = {
+                "count": len(self.hashes),
+                "hash": config_hash(self.hashes),
+            }
+        else:
+            self.fleet.presence.pop(BUCKET_SET, None)
         self._publish_presence()
 
     def _publish_presence(self) -> None:
@@ -397,9 +482,7 @@ class BucketJobs:
         fleet._lease_jobs = fleet._lease_jobs - {job.name}
         if needs_leases(job):
             fleet._lease_jobs = fleet._lease_jobs | {job.name}
-        presence_jobs = fleet.presence.get("jobs")
-        if isinstance(presence_jobs, dict):
-            presence_jobs[job.name] = job_hash(job)
+        self.hashes[job.name] = job_hash(job)
 
     def _unregister(self, name: str) -> None:
         assert self.jobs is not None
@@ -417,9 +500,7 @@ class BucketJobs:
         jobs.at_runs._jobs.pop(name, None)
         fleet._jobs = fleet._jobs - {name}
         fleet._lease_jobs = fleet._lease_jobs - {name}
-        presence_jobs = fleet.presence.get("jobs")
-        if isinstance(presence_jobs, dict):
-            presence_jobs.pop(name, None)
+        self.hashes.pop(name, None)
 
     def _by_name(self) -> dict[str, JobConfig]:
         return {job.name: job for job in self.config.jobs}
@@ -472,6 +553,7 @@ def prepare(
         json.dumps(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError("job", f"not representable as JSON: {exc}") from None
+    check_value_size(config.bucket_jobs, value, "job")  # with by and at, as stored
     return spec, value
 
 
@@ -517,11 +599,24 @@ async def _current(kv: Any, key: str) -> tuple[dict[str, Any], int] | None:
 async def add(config: Config, secrets: Secrets, spec: BucketJob, value: dict[str, Any]) -> Written:
     """`job add`: ``add_in`` on a connection of its own (the bucket made when missing)."""
     async with _bucket(config, secrets, create=True) as kv:
-        return await add_in(kv, spec, value)
+        return await add_in(kv, spec, value, config.bucket_jobs.max_jobs)
 
 
-async def add_in(kv: Any, spec: BucketJob, value: dict[str, Any]) -> Written:
-    """Store ``job.<name>`` when absent; the same job with the same id again: unchanged."""
+async def count_jobs(kv: Any) -> int:
+    """How many ``job.<name>`` keys the bucket holds (their values not fetched)."""
+    watcher = await kv.watch(f"{PREFIX}>", ignore_deletes=True, meta_only=True)
+    count = 0
+    try:
+        while await watcher.updates(timeout=READ_TIMEOUT) is not None:
+            count += 1
+    finally:
+        await watcher.stop()
+    return count
+
+
+async def add_in(kv: Any, spec: BucketJob, value: dict[str, Any], max_jobs: int) -> Written:
+    """Store ``job.<name>`` when absent; the same job with the same id again: unchanged.
+    A new job when the bucket already holds `max_jobs`: ConfigError naming the limit."""
     name = spec.job.name
     key = job_key(name)
     for _ in range(3):
@@ -538,6 +633,13 @@ async def add_in(kv: Any, spec: BucketJob, value: dict[str, Any]) -> Written:
             raise BucketJobRefused(
                 f"{name}: the state bucket has this job (id {short(spec.id)}) with other "
                 "settings: `job update` changes it"
+            )
+        held = await count_jobs(kv)
+        if held >= max_jobs:
+            raise ConfigError(
+                "bucket_jobs.max_jobs",
+                f"the state bucket holds {held} jobs, the most the config file allows "
+                f"({max_jobs}): {name} not added (`job remove` one, or raise the limit)",
             )
         # First the catch-up bound (sidecar/run/since.py): a job that is new, or
         # removed and added again, never catches up a slot from before now.
@@ -663,7 +765,10 @@ async def api_action(
             except ConfigError as exc:
                 return 400, {"error": f"config error: {exc}", "key": exc.key}
             if action == "add":
-                done = await add_in(kv, spec, value)
+                try:
+                    done = await add_in(kv, spec, value, config.bucket_jobs.max_jobs)
+                except ConfigError as exc:
+                    return 400, {"error": f"config error: {exc}", "key": exc.key}
             else:
                 done = await update_in(kv, spec, value, data.get("id") is not None)
     except BucketJobRefused as exc:
@@ -676,8 +781,10 @@ def listing(
     config: Config, view: View, file_names: frozenset[str] | None = None
 ) -> list[dict[str, Any]]:
     """Every ``job.<name>`` key of `view`: name, id, state (``run``, ``shadowed`` by the
-    file, ``invalid``) and why, as ``status`` and ``job list`` show them."""
+    file, ``invalid``, beyond the cap included) and why, as ``status`` and ``job list``
+    show them."""
     out = []
+    beyond = beyond_cap(view, config.bucket_jobs.max_jobs)
     for key in sorted(k for k in view.keys if k.startswith(PREFIX)):
         name = key[len(PREFIX) :]
         value = view.keys[key].value
@@ -692,6 +799,12 @@ def listing(
         if name in (config.job_names if file_names is None else file_names):
             item["state"] = "shadowed"
             item["problem"] = "the config file has a job of this name; the file's job runs"
+        elif name in beyond:
+            item["state"] = "invalid"
+            item["problem"] = (
+                f"beyond bucket_jobs.max_jobs ({config.bucket_jobs.max_jobs}): written "
+                "after the most jobs the config file allows"
+            )
         else:
             try:
                 judge(config, key, value)

@@ -36,7 +36,14 @@ from sidecar.fleet.orphans import run_by
 from sidecar.run.backfill import backfill_key, done_of, running_of, slot_list
 from sidecar.run.runcap import counted
 from sidecar.store.runs import attempt_of, join_runs
-from sidecar.store.state import View, config_hash, mismatched_jobs
+from sidecar.store.state import (
+    BUCKET_MISMATCH,
+    View,
+    bucket_job_names,
+    bucket_set,
+    config_hash,
+    mismatched_jobs,
+)
 from sidecar.store.stream import StreamState
 from sidecar.when.atkey import at_key, pending_of
 from sidecar.when.attempts import lease_job
@@ -387,6 +394,13 @@ def stream_object(state: StreamState, domain: str | None) -> dict[str, Any]:
     }
 
 
+def runners_of(config: Config, view: View) -> dict[str, list[str]]:
+    """For each job a live instance runs, which instances (``run_by``): the jobs of
+    the state bucket among `config`'s are run by every instance running a set of them."""
+    bucket = bucket_job_names(view)
+    return run_by(view.instances(), bucket & set(config.job_names) if bucket else ())
+
+
 def instances_of(view: View, seen: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """The live instances; `seen`: when each one's presence was last written (epoch s)."""
     seen = seen or {}
@@ -395,13 +409,16 @@ def instances_of(view: View, seen: dict[str, float] | None = None) -> list[dict[
     out = []
     for instance, value in sorted(instances.items()):
         jobs = value.get("jobs")
-        differ = isinstance(jobs, dict) and any(name in mismatch for name in jobs)
+        bucket = bucket_set(value)
+        differ = (isinstance(jobs, dict) and any(name in mismatch for name in jobs)) or (
+            bucket is not None and BUCKET_MISMATCH in mismatch
+        )
         out.append(
             {
                 "id": instance,
                 "version": value.get("version"),
                 "started_at": value.get("started_at"),
-                "config_hash": config_hash(jobs),
+                "config_hash": config_hash(jobs, bucket),
                 "metrics": value.get("metrics"),
                 "settings_differ": differ,
                 "last_seen": rfc3339(seen[instance]) if instance in seen else None,
@@ -421,7 +438,7 @@ def fleet_part(
     """``status --json`` without its ``jobs``: ``/api/v1/fleet``."""
     instances = view.instances()
     mismatch = mismatched_jobs(instances)
-    runners = run_by(instances)
+    runners = runners_of(config, view)
     mine = set(config.job_names)
     return {
         "stream": stream,
@@ -462,7 +479,7 @@ def fleet_object(
 ) -> dict[str, Any]:
     """The object of ``status --json``: stream, instances, mismatches and every job."""
     mismatch = mismatched_jobs(view.instances())
-    runners = run_by(view.instances())
+    runners = runners_of(config, view)
     jobs = [
         job_object(job, view, recent, now_ms, mismatch, held, runners=runners)
         for job in config.jobs

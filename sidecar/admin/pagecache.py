@@ -23,11 +23,10 @@ from nats.js import JetStreamContext
 from sidecar.admin import page
 from sidecar.admin.actions import actions_key, actions_of
 from sidecar.admin.live import Live
-from sidecar.admin.objects import NEXT_RUNS, fleet_part, job_object, stream_object
+from sidecar.admin.objects import NEXT_RUNS, fleet_part, job_object, runners_of, stream_object
 from sidecar.config.load import Config
 from sidecar.core.clock import Clock, parse_rfc3339
 from sidecar.core.errors import SidecarError
-from sidecar.fleet.orphans import run_by
 from sidecar.obs.exposition import RENDER_SLICE
 from sidecar.store.runs import read_history
 from sidecar.store.state import View, mismatched_jobs
@@ -99,7 +98,7 @@ class PageData:
             now_ms = self.clock.wall_ms()
             dirty = self.live.dirty
             self.live.dirty = set()
-            runners = run_by(view.instances())
+            runners = runners_of(self.config, view)
             if (mismatch, held, runners) != self._built_with:
                 dirty = set(self.config.job_names)
                 self._built_with = (mismatch, held, runners)
@@ -170,7 +169,7 @@ class PageData:
         mismatch = mismatched_jobs(view.instances())
         job = self.config.job(name)
         now_ms = self.clock.wall_ms()
-        runners = run_by(view.instances())
+        runners = runners_of(self.config, view)
         held = self._held()
         obj = job_object(job, view, self.live.recent, now_ms, mismatch, held, runners=runners)
         return self._with_source(obj)

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sidecar.config.alerting import parse_notify, parse_tracing
+from sidecar.config.bucketrules import parse_bucket_jobs
 from sidecar.config.fields import (
     boolean,
     headers,
@@ -151,6 +152,7 @@ _TOP_KEYS = (
     "defaults",
     "notify",
     "tracing",
+    "bucket_jobs",
 )
 
 
@@ -203,6 +205,7 @@ def _parse(data: dict[Any, Any]) -> Config:
         admin=admin,
         notify=parse_notify(data.get("notify")),
         tracing=parse_tracing(data.get("tracing")),
+        bucket_jobs=parse_bucket_jobs(data.get("bucket_jobs")),
         defaults=MappingProxyType(dict(defaults.data)),
     )
     size = config.effective_history_size  # once, not once per job

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
 from sidecar.config.alerting import ExpectConfig, NotifyConfig, PingConfig, TracingConfig
+from sidecar.config.bucketrules import BucketJobsConfig
 from sidecar.core.errors import ConfigError
 from sidecar.when.slots import Calendar
 
@@ -221,6 +222,7 @@ class Config:
     admin: AdminConfig = field(default_factory=AdminConfig)
     notify: tuple[NotifyConfig, ...] = ()
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    bucket_jobs: BucketJobsConfig = field(default_factory=BucketJobsConfig)
     # ``defaults:`` as written: a job of the state bucket is parsed with it, as the
     # file's jobs were (sidecar/admin/bucket_jobs.py).
     defaults: Mapping[str, Any] = field(

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.config.fields import format_duration
 from sidecar.obs.ratelog import RateLimitedLog
+from sidecar.store.state import BUCKET_PREFIX, runs_job
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -161,10 +162,13 @@ class Candidates:
             self._live_generation = fleet.view.presence_generation
         live = self._live.get(job)
         if live is None:
+            # A job of the state bucket: run by every instance that runs a set of them
+            # (its presence has one entry for the set, sidecar/store/state.py).
+            bucket = f"{BUCKET_PREFIX}{job}" in fleet.view.keys
             live = self._live[job] = [
                 instance
                 for instance, value in fleet.view.instances().items()
-                if isinstance(jobs := value.get("jobs"), dict) and job in jobs
+                if runs_job(value, job, bucket)
             ]
         return live
 

@@ -21,9 +21,10 @@ own") what the fleet removes at all. In short:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from sidecar.store.state import Removal, View
+from sidecar.store.state import Removal, View, bucket_job_names, bucket_set
 
 # Every key kind that belongs to one job: ``<kind>.<job>[.<more>]``.
 PER_JOB = (
@@ -51,23 +52,37 @@ def job_of(key: str) -> str | None:
     return rest.split(".", 1)[0] or None
 
 
-def jobs_run(instances: dict[str, dict[str, Any]], but: object = None) -> set[str]:
-    """The jobs that the live instances (all but `but`) list in their presence."""
+def jobs_run(
+    instances: dict[str, dict[str, Any]], but: object = None, bucket: Iterable[str] = ()
+) -> set[str]:
+    """The jobs that the live instances (all but `but`) run: those their presence
+    lists, and the state bucket's jobs (`bucket`) when one runs a set of them."""
     out: set[str] = set()
+    with_bucket = False
     for instance, value in instances.items():
         jobs = value.get("jobs")
         if instance != but and isinstance(jobs, dict):
             out.update(str(name) for name in jobs)
-    return out
+        with_bucket = with_bucket or (instance != but and bucket_set(value) is not None)
+    return out | set(bucket) if with_bucket else out
 
 
-def run_by(instances: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
-    """For each job a live instance lists: which instances, sorted."""
+def run_by(
+    instances: dict[str, dict[str, Any]], bucket: Iterable[str] = ()
+) -> dict[str, list[str]]:
+    """For each job a live instance runs: which instances, sorted (`bucket`: the
+    state bucket's jobs, run by each instance whose presence has a set of them)."""
     out: dict[str, list[str]] = {}
+    names = sorted(bucket)
     for instance, value in sorted(instances.items()):
         jobs = value.get("jobs")
-        for name in jobs if isinstance(jobs, dict) else ():
+        listed = jobs if isinstance(jobs, dict) else {}
+        for name in listed:
             out.setdefault(str(name), []).append(instance)
+        if names and bucket_set(value) is not None:
+            for name in names:
+                if name not in listed:
+                    out.setdefault(name, []).append(instance)
     return out
 
 
@@ -83,4 +98,6 @@ class Orphans:
             return False
         job = job_of(removal.key)
         holder = removal.entry.value.get("instance")
-        return job is not None and job not in jobs_run(self.view.instances(), but=holder)
+        return job is not None and job not in jobs_run(
+            self.view.instances(), but=holder, bucket=bucket_job_names(self.view)
+        )

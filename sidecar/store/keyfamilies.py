@@ -72,7 +72,8 @@ FAMILIES: tuple[Family, ...] = (
         (COMMAND,),
         False,
         "sidecar/admin/bucket_jobs.py: a valid job, checked as a config file's, its name "
-        "its key's; the file's job of that name wins",
+        "its key's, no routing or framing header, within bucket_jobs (how many, name and "
+        "value size); the file's job of that name wins",
     ),
     Family(
         "paused.",

@@ -401,14 +401,52 @@ class View:
 HASH_KIND = 2
 
 
-def config_hash(jobs: object) -> str:
-    """A short hash of an instance's job settings (names and per-job hashes)."""
-    text = json.dumps(jobs if isinstance(jobs, dict) else {}, sort_keys=True)
+# A presence's jobs of the state bucket (``job.<name>``): one entry for the whole set,
+# ``{"count": n, "hash": h}`` (h: ``config_hash`` of their names and job hashes), so
+# that the presence does not grow with them (3,000 of them made it 504 KB, half of
+# NATS's default payload limit). The file's jobs stay one hash each under ``jobs``;
+# a job listed there is read as run by that instance either way.
+BUCKET_SET = "bucket_jobs"
+# The name ``mismatched_jobs`` gives to the bucket's jobs when two instances run
+# different sets of them (not a job name: a job's name has no ``.`` nor ``*``).
+BUCKET_MISMATCH = "job.*"
+BUCKET_PREFIX = "job."
+
+
+def config_hash(jobs: object, bucket: object = None) -> str:
+    """A short hash of an instance's job settings (names and per-job hashes, and the
+    hash of its set of jobs of the state bucket when it has one)."""
+    data = dict(jobs) if isinstance(jobs, dict) else {}
+    if isinstance(bucket, dict):
+        data[BUCKET_MISMATCH] = bucket.get("hash")
+    text = json.dumps(data, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def bucket_set(value: dict[str, Any]) -> dict[str, Any] | None:
+    """A presence's entry for its jobs of the state bucket; None when it has none."""
+    entry = value.get(BUCKET_SET)
+    return entry if isinstance(entry, dict) and entry.get("count") else None
+
+
+def bucket_job_names(view: View) -> set[str]:
+    """The names of the view's ``job.<name>`` keys: the jobs of the state bucket an
+    instance with a ``bucket_jobs`` entry in its presence runs."""
+    return {k[len(BUCKET_PREFIX) :] for k in view.keys if k.startswith(BUCKET_PREFIX)}
+
+
+def runs_job(value: dict[str, Any], job: str, bucket_job: bool) -> bool:
+    """Whether the instance of presence `value` runs `job` (`bucket_job`: a ``job.``
+    key of that name is in the bucket)."""
+    jobs = value.get("jobs")
+    if isinstance(jobs, dict) and job in jobs:
+        return True
+    return bucket_job and bucket_set(value) is not None
+
+
 def mismatched_jobs(instances: dict[str, dict[str, Any]]) -> set[str]:
-    """Jobs that two live instances (of the same kind of hash) run with different settings."""
+    """Jobs that two live instances (of the same kind of hash) run with different
+    settings; ``job.*`` when two run different sets of jobs of the state bucket."""
     seen: dict[tuple[str, str], set[str]] = {}
     # One ``jobs`` mapping per distinct setting (shared by the View's instances).
     distinct = {(id(v.get("jobs")), str(v.get("digest", 1))): v for v in instances.values()}
@@ -418,6 +456,11 @@ def mismatched_jobs(instances: dict[str, dict[str, Any]]) -> set[str]:
             continue
         for name, digest in jobs.items():
             seen.setdefault((kind, str(name)), set()).add(str(digest))
+    for value in instances.values():
+        entry = bucket_set(value)
+        if entry is not None:
+            kind = str(value.get("digest", 1))
+            seen.setdefault((kind, BUCKET_MISMATCH), set()).add(str(entry.get("hash")))
     return {name for (_, name), digests in seen.items() if len(digests) > 1}
 
 

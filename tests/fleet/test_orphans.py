@@ -286,3 +286,15 @@ def test_a_schedule_changed_on_half_the_fleet_runs_no_slot_twice(
         if int(r.headers["X-Anarchon-Slot"]) // 1000 % 2:
             assert r.headers["X-Anarchon-Instance"] in ("a1", "a2")
     assert any(s // 1000 % 2 == 0 for s in slots) and any(s // 1000 % 2 for s in slots)
+
+
+def test_the_jobs_of_the_state_bucket_are_run_by_instances_with_a_set_of_them() -> None:
+    """A presence lists the file's jobs one by one and the bucket's as one entry: the
+    bucket's jobs (its ``job.`` keys) are run by every instance with such an entry."""
+    with_set = {"jobs": {"a": "h"}, "bucket_jobs": {"count": 1, "hash": "x"}}
+    without = {"jobs": {"a": "h"}}
+    instances = {"i1": with_set, "i2": without}
+    assert jobs_run(instances, bucket={"dyn"}) == {"a", "dyn"}
+    assert jobs_run(instances, but="i1", bucket={"dyn"}) == {"a"}
+    assert run_by(instances, {"dyn"}) == {"a": ["i1", "i2"], "dyn": ["i1"]}
+    assert run_by(instances) == {"a": ["i1", "i2"]}

@@ -257,3 +257,24 @@ async def test_a_key_changed_while_the_watch_was_away_is_not_known_before_the_ch
         known, _ = view.at_instant("paused.j", instant)
         assert not known, "an instant inside the gap read as known"
         assert view.at_instant("paused.j", last + 0.001) == (True, {"by": "ops", "n": 3})
+
+
+def test_the_jobs_of_the_state_bucket_are_one_entry_of_a_presence() -> None:
+    """A presence carries one hash for its set of the bucket's jobs (issue 48): two
+    instances with different sets are ``job.*`` in the mismatch, and an instance's
+    config hash changes with its set; the file's jobs are compared one by one."""
+    from sidecar.store.state import BUCKET_MISMATCH, config_hash, runs_job
+
+    files = {"a": "h1"}
+    one = {"jobs": files, "digest": 2, "bucket_jobs": {"count": 2, "hash": "x"}}
+    same = {"jobs": dict(files), "digest": 2, "bucket_jobs": {"count": 2, "hash": "x"}}
+    other = {"jobs": dict(files), "digest": 2, "bucket_jobs": {"count": 3, "hash": "y"}}
+    none = {"jobs": dict(files), "digest": 2}
+    assert mismatched_jobs({"i1": one, "i2": same, "i3": none}) == set()
+    assert mismatched_jobs({"i1": one, "i2": other}) == {BUCKET_MISMATCH}
+    assert config_hash(files, one["bucket_jobs"]) == config_hash(files, same["bucket_jobs"])
+    assert config_hash(files, one["bucket_jobs"]) != config_hash(files, other["bucket_jobs"])
+    assert config_hash(files) == config_hash(files, None)
+    assert runs_job(one, "a", bucket_job=False) and runs_job(one, "dyn", bucket_job=True)
+    assert not runs_job(one, "dyn", bucket_job=False)
+    assert not runs_job(none, "dyn", bucket_job=True)
