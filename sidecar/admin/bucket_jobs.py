@@ -190,7 +190,6 @@ class BucketJobs:
         self.running: dict[str, _Running] = {}
         # Per name: the revision last judged (said once) and what it was judged.
         self._judged: dict[str, tuple[int, BucketJob | None]] = {}
-        self._declared: set[str] = set(self.file_names)
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         # The worker taking up changes and the presence put at once (``stop``).
@@ -310,9 +309,6 @@ class BucketJobs:
     def _adopt(self, spec: BucketJob, revision: int) -> None:
         assert self.jobs is not None
         job = spec.job
-        if job.name not in self._declared:
-            self.metrics.add_jobs([job.name])  # each job's series once, at zero
-            self._declared.add(job.name)
         self._register(job)
         retired = asyncio.Event()
         task = self.jobs.start(job, retired)
