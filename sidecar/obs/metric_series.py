@@ -8,7 +8,10 @@ instead (:class:`CounterSeries`, :class:`GaugeSeries`,
 :class:`HistogramSeries`) and writes the same samples at scrape time, either
 as prometheus_client samples or as text piece by piece (:class:`Family`).
 Every update happens on the event loop, as does the scrape (in pieces), so
-they need no lock. Which metrics exist, and their names, is
+they need no lock. A job's series exist only once it has something to say
+(docs/METRICS.md, "Series per job"): :class:`ShownGauge` is not written
+before it leaves its quiet value, :class:`ByJobHistogram` keeps one series for
+the jobs not listed. Which metrics exist, and their names, is
 ``sidecar.obs.metrics``'s business.
 """
 

@@ -855,3 +855,22 @@ def test_lease_and_attempt_keys_default_to_the_references_behaviour_and_parse() 
     # Enough history for every attempt: 300 x 1s / 4 claims a slot = 75s > 62s.
     every_second = job(schedule="* * * * * *", retry={"max": 3})
     parse_config(config(jobs=[every_second], nats={"history_size": 300}), {})
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_per_job_histograms_are_job_globs() -> None:
+    """Issue 49: the jobs whose histograms have series of their own."""
+    assert parse_config(config(), {}).metrics.per_job_histograms == ()
+    data = config(metrics={"per_job_histograms": ["nightly-*", "billing", "r[0-9]?"]})
+    cfg = parse_config(data, {})
+    assert cfg.metrics.per_job_histograms == ("nightly-*", "billing", "r[0-9]?")
+    err = error_of(config(metrics={"per_job_histograms": "nightly-*"}))
+    assert err.key == "metrics.per_job_histograms"
+    assert "list of at most 100 job names or globs" in err.message
+    err = error_of(config(metrics={"per_job_histograms": ["ok", "a.b"]}))
+    assert err.key == "metrics.per_job_histograms[1]"
+    assert "'a.b' is not a job name or glob" in err.message
+    err = error_of(config(metrics={"per_job_histograms": [f"j{i}" for i in range(101)]}))
+    assert err.key == "metrics.per_job_histograms"
