@@ -54,13 +54,19 @@ def shown(series: ShownGauge) -> bool:
 
 
 class NextRun(ShownGauge):
-    """The next-run gauge: exposed from the first scrape that finds the slot within
-    NEXT_RUN_HORIZON (``Metrics``), or from the job's first claim; then for good."""
+    """The next-run gauge: exposed once it is set to, or a scrape finds it at, a slot
+    within NEXT_RUN_HORIZON (``soon``, the Metrics' clock), or from the job's first
+    claim; then for good (a job whose last slot came and went shows its 0)."""
 
-    __slots__ = ()
+    __slots__ = ("soon",)
+
+    def __init__(self, soon: Callable[[float], bool]) -> None:
+        super().__init__()
+        self.soon = soon
 
     def set(self, value: float) -> None:
         self.value = float(value)
+        self.shown = self.shown or self.soon(self.value)
 
 
 class Metrics:
@@ -149,7 +155,7 @@ class Metrics:
             f"{PREFIX}_job_next_run_timestamp_seconds",
             "Unix time of the job's next slot.",
             job,
-            NextRun,
+            functools.partial(NextRun, self._soon),
             shown=self._next_run_shown,
         )
         self.job_last_success_timestamp_seconds = job_gauge(
@@ -327,7 +333,10 @@ class Metrics:
         self.runs_total.add(job, "failed")
         self.job_next_run_timestamp_seconds.labels(job=job).shown = True
 
+    def _soon(self, next_run: float) -> bool:
+        return 0 < next_run <= self.wall() + NEXT_RUN_HORIZON
+
     def _next_run_shown(self, series: ShownGauge) -> bool:
-        if not series.shown and 0 < series.value <= self.wall() + NEXT_RUN_HORIZON:
+        if not series.shown and self._soon(series.value):
             series.shown = True  # the job has something to say from now on
         return series.shown
