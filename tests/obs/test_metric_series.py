@@ -182,3 +182,25 @@ def test_the_jobs_series_are_made_and_stored_once_written() -> None:
     exposed = text(registry).decode()
     assert exposed.count('anarchon_runs_total{job="job-7",status="failed"}') == 1
     assert exposed.count("anarchon_claims_won_total{") == 0
+
+
+def test_shown_gauges_and_the_histogram_of_all_jobs_render_as_generate_latest() -> None:
+    """The scrape's own writer (``render``) and prometheus_client's agree on the
+    series issue 49 added: a histogram set without a job label beside a listed
+    job's, gauges not written before they leave their quiet value."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, ("listed",))
+    for job in ("listed", "other", "more"):
+        metrics.run_duration_seconds.labels(job=job).observe(0.2)
+    metrics.job_paused.labels(job="quiet").set(0)
+    metrics.job_paused.labels(job="said").set(1)
+    metrics.stream_covers_job.labels(job="held").set(1)
+    metrics.stream_covers_job.labels(job="gap").set(0)
+    body = asyncio.run(render(registry))
+    assert body == generate_latest(registry)
+    text = body.decode()
+    assert 'anarchon_run_duration_seconds_count{job="listed"} 1.0' in text
+    assert "anarchon_run_duration_seconds_count 2.0" in text
+    assert 'job="quiet"' not in text and 'job="held"' not in text
+    assert 'anarchon_job_paused{job="said"} 1.0' in text
+    assert 'anarchon_stream_covers_job{job="gap"} 0.0' in text
