@@ -159,6 +159,8 @@ class HistogramSeries:
 
 
 S = TypeVar("S", CounterSeries, GaugeSeries, ShownGauge, HistogramSeries)
+# Which of a metric's series one scrape writes, given all of them in order.
+Pick = Callable[[list[tuple[tuple[str, ...], S]]], list[tuple[tuple[str, ...], S]]]
 
 
 class Declared:
@@ -214,7 +216,7 @@ class Labelled(Generic[S]):
         labelnames: tuple[str, ...],
         new_series: Callable[[], S],
         on_new: Callable[[tuple[str, ...]], None] | None = None,
-        shown: Callable[[S], bool] | None = None,
+        shown: Pick[S] | None = None,
     ) -> None:
         self.kind = kind
         self.name = name  # the whole name, prefix included
@@ -231,8 +233,9 @@ class Labelled(Generic[S]):
         # Called with a label set's values when its series is first made (the
         # companions a job's first claim brings: ``sidecar.obs.metrics``).
         self._on_new = on_new
-        # Which series the scrape writes (all without it): a ShownGauge's own rule.
-        self._shown: Callable[[S], bool] | None = shown
+        # Which series the scrape writes (all without it): a ShownGauge's own rule,
+        # given the whole list so that it reads the clock once, not once a job.
+        self._shown: Pick[S] | None = shown
         registry.register(self)
 
     def label_text(self, key: tuple[str, ...]) -> str:
@@ -266,10 +269,12 @@ class Labelled(Generic[S]):
     def items(self) -> list[tuple[tuple[str, ...], S]]:
         """Every series now, in order: the declared label sets, then the others."""
         series, zero = self._series, self._zero
-        out = [(key, series.get(key, zero)) for d in self._declared for key in d.label_sets()]
-        out += [(k, s) for k, s in series.items() if not any(k in d for d in self._declared)]
-        shown = self._shown
-        return out if shown is None else [(k, s) for k, s in out if shown(s)]
+        if self._declared:
+            out = [(key, series.get(key, zero)) for d in self._declared for key in d.label_sets()]
+            out += [(k, s) for k, s in series.items() if not any(k in d for d in self._declared)]
+        else:  # the jobs' metrics: 100,000 series or more, each looked at every scrape
+            out = list(series.items())
+        return out if self._shown is None else self._shown(out)
 
     def written(self, *values: str) -> bool:
         """Whether the series of these label values has its own value (not the zero)."""

@@ -49,8 +49,11 @@ NOTIFY_EVENTS = ("failing", "recovered", "lost", "auto_paused", "anomaly")
 NEXT_RUN_HORIZON = 3600.0
 
 
-def shown(series: ShownGauge) -> bool:
-    return series.shown
+def shown(
+    items: list[tuple[tuple[str, ...], ShownGauge]],
+) -> list[tuple[tuple[str, ...], ShownGauge]]:
+    """The series of a ShownGauge metric that left their quiet value."""
+    return [(key, series) for key, series in items if series.shown]
 
 
 class NextRun(ShownGauge):
@@ -336,7 +339,14 @@ class Metrics:
     def _soon(self, next_run: float) -> bool:
         return 0 < next_run <= self.wall() + NEXT_RUN_HORIZON
 
-    def _next_run_shown(self, series: ShownGauge) -> bool:
-        if not series.shown and self._soon(series.value):
-            series.shown = True  # the job has something to say from now on
-        return series.shown
+    def _next_run_shown(
+        self, items: list[tuple[tuple[str, ...], ShownGauge]]
+    ) -> list[tuple[tuple[str, ...], ShownGauge]]:
+        limit = self.wall() + NEXT_RUN_HORIZON
+        out = []
+        for key, series in items:
+            if not series.shown and 0 < series.value <= limit:
+                series.shown = True  # the job has something to say from now on
+            if series.shown:
+                out.append((key, series))
+        return out
