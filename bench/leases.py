@@ -56,7 +56,7 @@ async def measure(url: str, rounds: int, warmup: int) -> dict[str, Any]:
     bucket = await ensure_bucket(js, StateSpec("CRON_STATE", 1, 300.0))
     keys = Keys(bucket)
     clock = Clock()
-    metrics = Metrics(CollectorRegistry(), ("plain", "run", "lock"))
+    metrics = Metrics(CollectorRegistry())
     claimer = Claimer(nc, js, STREAM, PREFIX, "bench-1", clock)
     perf = time.perf_counter
     times: dict[str, list[float]] = {k: [] for k in ("plain", "run", "run_total", "lock")}

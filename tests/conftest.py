@@ -57,7 +57,7 @@ def make_jobs(nc: NATS) -> MakeJobs:
 
     @contextlib.asynccontextmanager
     async def make(config: Config) -> AsyncIterator[Jobs]:
-        metrics = Metrics(CollectorRegistry(), tuple(job.name for job in config.jobs))
+        metrics = Metrics(CollectorRegistry())
         clock = Clock()
         js = nc.jetstream()
         connected, stopping = asyncio.Event(), asyncio.Event()

@@ -216,7 +216,6 @@ class BucketJobs:
         self.running: dict[str, _Running] = {}
         # Per name: the revision last judged (said once) and what it was judged.
         self._judged: dict[str, tuple[int, BucketJob | None]] = {}
-        self._declared: set[str] = set(self.file_names)
         self._dirty: set[str] = set()
         # Names of the job keys beyond bucket_jobs.max_jobs, and the revision of each
         # counted as hostile (once); the keys to say in the take-up's one line.
@@ -387,9 +386,6 @@ class BucketJobs:
     def _adopt(self, spec: BucketJob, revision: int) -> None:
         assert self.jobs is not None
         job = spec.job
-        if job.name not in self._declared:
-            self.metrics.add_jobs([job.name])  # each job's series once, at zero
-            self._declared.add(job.name)
         self._register(job)
         retired = asyncio.Event()
         task = self.jobs.start(job, retired)

@@ -83,14 +83,6 @@ class Aftermath:
         self._jobs = {job.name: job for job in config.jobs}
         if fleet is not None:
             fleet.key_listeners.append(self._key_changed)
-        if metrics is not None:  # the pings' series at 0 from the start, for rates and alerts
-            for job in config.jobs:
-                if job.ping is not None:
-                    for kind in (
-                        ("start", "success", "fail") if job.ping.start else ("success", "fail")
-                    ):
-                        for outcome in ("sent", "failed"):
-                            metrics.pings_total.labels(job=job.name, kind=kind, outcome=outcome)
 
     @property
     def outbox(self) -> Outbox:
@@ -197,6 +189,12 @@ class Aftermath:
 
         target = f"{url}?rid={run_uuid(token)}"
         metrics = self.metrics
+        if metrics is not None:
+            # Its series at 0 from the job's first ping of the kind, before its
+            # outcome (after retries), so that AnarchonPingsFailing's increase()
+            # sees the first failure; none for a job that never pinged (docs/METRICS.md).
+            for outcome in ("sent", "failed"):
+                metrics.pings_total.add(job.name, kind, outcome)
 
         def done(sent: bool) -> None:
             if metrics is not None:

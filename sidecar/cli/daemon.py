@@ -74,7 +74,9 @@ class Daemon:
     owns_process: bool = False
 
     def __post_init__(self) -> None:
-        self.metrics = Metrics(self.registry, tuple(j.name for j in self.config.jobs))
+        self.metrics = Metrics(
+            self.registry, self.config.metrics.per_job_histograms, wall=self.clock.wall
+        )
         self.conn = Connection(self.config, self.secrets, self.metrics)
         self.spec = stream_spec(self.config)
         self.stopping = asyncio.Event()

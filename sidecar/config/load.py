@@ -171,7 +171,7 @@ def _parse(data: dict[Any, Any]) -> Config:
     nats = _parse_nats(
         ConfigSection(data.get("nats"), "nats", tuple(NatsConfig.__dataclass_fields__))
     )
-    metrics = ConfigSection(data.get("metrics"), "metrics", ("listen",))
+    metrics = ConfigSection(data.get("metrics"), "metrics", ("listen", "per_job_histograms"))
     admin_sec = ConfigSection(data.get("admin"), "admin", ("page", "token_file"))
     admin = AdminConfig(
         page=admin_sec.get("page", True, boolean), token_file=admin_sec.text("token_file", None)
@@ -198,7 +198,10 @@ def _parse(data: dict[Any, Any]) -> Config:
     config = Config(
         instance_id=instance_id,
         nats=nats,
-        metrics=MetricsConfig(*metrics.get("listen", ("0.0.0.0", 9464), listen_address)),
+        metrics=MetricsConfig(
+            *metrics.get("listen", ("0.0.0.0", 9464), listen_address),
+            per_job_histograms=metrics.get("per_job_histograms", (), job_globs),
+        ),
         target=target,
         jobs=tuple(jobs),
         shutdown_grace=top.duration("shutdown_grace", 25.0),
@@ -213,6 +216,29 @@ def _parse(data: dict[Any, Any]) -> Config:
         check_windows(config, job, f"jobs[{index}]", size)
         check_fit(job, nats.ack_timeout, f"jobs[{index}]")
     return config
+
+
+# A glob of job names: a job name's characters and fnmatch's * ? [ ] !
+JOB_GLOB = re.compile(r"[A-Za-z0-9_*?\[\]!-]+")
+MAX_JOB_GLOBS = 100  # each is matched at a job's first observation of each histogram
+
+
+def job_globs(value: object, key: str) -> tuple[str, ...]:
+    """``metrics.per_job_histograms``: a list of job name globs (``nightly-*``)."""
+    if not isinstance(value, list) or len(value) > MAX_JOB_GLOBS:
+        raise ConfigError(
+            key,
+            f"expected a list of at most {MAX_JOB_GLOBS} job names or globs "
+            f"(e.g. [nightly-*, billing]), got {short(value)}",
+        )
+    for index, glob in enumerate(value):
+        if not isinstance(glob, str) or not JOB_GLOB.fullmatch(glob):
+            raise ConfigError(
+                f"{key}[{index}]",
+                f"{short(glob)} is not a job name or glob: letters, digits, _ and -, "
+                "with * ? [...] to match several",
+            )
+    return tuple(value)
 
 
 def _parse_nats(sec: ConfigSection) -> NatsConfig:

@@ -88,10 +88,12 @@ class NatsConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """``metrics.listen`` split into host (IPv6 without brackets) and port."""
+    """``metrics.listen`` split into host (IPv6 without brackets) and port, and the
+    globs of the jobs whose histograms have series of their own (docs/METRICS.md)."""
 
     host: str = "0.0.0.0"
     port: int = 9464
+    per_job_histograms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

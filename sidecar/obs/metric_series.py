@@ -8,7 +8,10 @@ instead (:class:`CounterSeries`, :class:`GaugeSeries`,
 :class:`HistogramSeries`) and writes the same samples at scrape time, either
 as prometheus_client samples or as text piece by piece (:class:`Family`).
 Every update happens on the event loop, as does the scrape (in pieces), so
-they need no lock. Which metrics exist, and their names, is
+they need no lock. A job's series exist only once it has something to say
+(docs/METRICS.md, "Series per job"): :class:`ShownGauge` is not written
+before it leaves its quiet value, :class:`ByJobHistogram` keeps one series for
+the jobs not listed. Which metrics exist, and their names, is
 ``sidecar.obs.metrics``'s business.
 """
 
@@ -69,6 +72,40 @@ class GaugeSeries:
         return f"{name}{{{labels}}} {number(self.value)}\n"
 
 
+class ShownGauge(GaugeSeries):
+    """A gauge exposed only once it has left its quiet value (``quiet``, 0 here),
+    and from then on for good: a paused flag, a pending count, a job's next run.
+
+    A job that never had anything to say has no series (docs/METRICS.md), while a
+    series once exposed stays, at 0 again too, so rates and alerts see it end.
+    """
+
+    __slots__ = ("shown",)
+    quiet = 0.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.value = self.quiet
+        self.shown = False
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+        self.shown = self.shown or self.value != self.quiet
+
+    def inc(self, amount: float = 1) -> None:
+        self.set(self.value + amount)
+
+    def dec(self, amount: float = 1) -> None:
+        self.set(self.value - amount)
+
+
+class QuietAtOne(ShownGauge):
+    """A :class:`ShownGauge` whose quiet value is 1 (``stream_covers_job``: all is well)."""
+
+    __slots__ = ()
+    quiet = 1.0
+
+
 _ZEROS: dict[int, tuple[int, ...]] = {}
 
 
@@ -107,18 +144,23 @@ class HistogramSeries:
         yield "_sum", {}, self.sum
 
     def text(self, name: str, labels: str) -> str:
-        # Labels in prometheus_client's order (sorted by name): ``job`` before ``le``.
+        # Labels in prometheus_client's order (sorted by name): ``job`` before ``le``;
+        # none but ``le`` for the series of every job not listed (``ByJobHistogram``).
         lines = []
         acc = 0.0
+        first = labels + "," if labels else ""
+        braced = f"{{{labels}}}" if labels else ""
         for le, count in zip(self.les, self.counts, strict=True):
             acc += count
-            lines.append(f'{name}_bucket{{{labels},le="{le}"}} {number(acc)}\n')
-        lines.append(f"{name}_count{{{labels}}} {number(acc)}\n")
-        lines.append(f"{name}_sum{{{labels}}} {number(self.sum)}\n")
+            lines.append(f'{name}_bucket{{{first}le="{le}"}} {number(acc)}\n')
+        lines.append(f"{name}_count{braced} {number(acc)}\n")
+        lines.append(f"{name}_sum{braced} {number(self.sum)}\n")
         return "".join(lines)
 
 
-S = TypeVar("S", CounterSeries, GaugeSeries, HistogramSeries)
+S = TypeVar("S", CounterSeries, GaugeSeries, ShownGauge, HistogramSeries)
+# Which of a metric's series one scrape writes, given all of them in order.
+Pick = Callable[[list[tuple[tuple[str, ...], S]]], list[tuple[tuple[str, ...], S]]]
 
 
 class Declared:
@@ -173,6 +215,8 @@ class Labelled(Generic[S]):
         documentation: str,
         labelnames: tuple[str, ...],
         new_series: Callable[[], S],
+        on_new: Callable[[tuple[str, ...]], None] | None = None,
+        shown: Pick[S] | None = None,
     ) -> None:
         self.kind = kind
         self.name = name  # the whole name, prefix included
@@ -186,10 +230,18 @@ class Labelled(Generic[S]):
         # Label sets exposed at zero from the start (`declare`), with no entry
         # of their own until written: the jobs' 47 series each were 2.7 KiB a job.
         self._declared: list[Declared] = []
+        # Called with a label set's values when its series is first made (the
+        # companions a job's first claim brings: ``sidecar.obs.metrics``).
+        self._on_new = on_new
+        # Which series the scrape writes (all without it): a ShownGauge's own rule,
+        # given the whole list so that it reads the clock once, not once a job.
+        self._shown: Pick[S] | None = shown
         registry.register(self)
 
     def label_text(self, key: tuple[str, ...]) -> str:
         """``job="a",status="b"``: the series' labels in the text format, sorted by name."""
+        if not key:  # a ByJobHistogram's series of every job not listed
+            return ""
         pairs = sorted(zip(self.labelnames, key, strict=True))
         return ",".join(f'{name}="{escape(value)}"' for name, value in pairs)
 
@@ -204,6 +256,8 @@ class Labelled(Generic[S]):
         if series is None or series is self._zero:
             key = _KEYS.setdefault(key, key)
             series = self._series[key] = self._new_series()
+            if self._on_new is not None:
+                self._on_new(key)
         return series
 
     def declare(self, declared: Declared) -> None:
@@ -215,9 +269,12 @@ class Labelled(Generic[S]):
     def items(self) -> list[tuple[tuple[str, ...], S]]:
         """Every series now, in order: the declared label sets, then the others."""
         series, zero = self._series, self._zero
-        out = [(key, series.get(key, zero)) for d in self._declared for key in d.label_sets()]
-        out += [(k, s) for k, s in series.items() if not any(k in d for d in self._declared)]
-        return out
+        if self._declared:
+            out = [(key, series.get(key, zero)) for d in self._declared for key in d.label_sets()]
+            out += [(k, s) for k, s in series.items() if not any(k in d for d in self._declared)]
+        else:  # the jobs' metrics: 100,000 series or more, each looked at every scrape
+            out = list(series.items())
+        return out if self._shown is None else self._shown(out)
 
     def written(self, *values: str) -> bool:
         """Whether the series of these label values has its own value (not the zero)."""
@@ -239,6 +296,36 @@ class Labelled(Generic[S]):
         return [Family(self)]
 
 
+class ByJobHistogram(Labelled[HistogramSeries]):
+    """A histogram with a series per job only for the jobs ``per_job`` picks
+    (``metrics.per_job_histograms``, docs/CONFIG.md); the other jobs' observations
+    all go to one series without a ``job`` label, exposed from the start.
+
+    A histogram is 15 to 19 series: one per job made /metrics grow by them at
+    every job (docs/METRICS.md, "Series per job").
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        name: str,
+        documentation: str,
+        new_series: Callable[[], HistogramSeries],
+        per_job: Callable[[str], bool],
+    ) -> None:
+        self.others = new_series()
+        self._per_job = per_job
+        super().__init__(registry, "histogram", name, documentation, ("job",), new_series)
+
+    def labels(self, **labels: object) -> HistogramSeries:
+        if set(labels) == {"job"} and not self._per_job(str(labels["job"])):
+            return self.others
+        return super().labels(**labels)
+
+    def items(self) -> list[tuple[tuple[str, ...], HistogramSeries]]:
+        return [((), self.others), *super().items()]
+
+
 class Family(Metric):
     """A Labelled metric at one scrape: its series as they are now.
 
@@ -257,7 +344,7 @@ class Family(Metric):
     def samples(self) -> list[Sample]:
         if not self._samples and self._items:
             for key, series in self._items:
-                base = dict(zip(self._owner.labelnames, key, strict=True))
+                base = dict(zip(self._owner.labelnames, key, strict=True)) if key else {}
                 for suffix, extra, value in series.samples():
                     self._samples.append(Sample(self.name + suffix, {**base, **extra}, value))
         return self._samples

@@ -4,25 +4,29 @@ No global registry: tests create as many sidecars in one process as they like
 and read values with ``registry.get_sample_value``. Every name is prefixed
 ``anarchon_``; the only labels are ``job`` (bounded by the config), ``status``
 and ``reason`` (fixed sets) and ``version``. The per-job series are the lean
-ones of ``sidecar.obs.metric_series``.
+ones of ``sidecar.obs.metric_series``, and a job has none until it has
+something to say (docs/METRICS.md, "Series per job"): at 100,000 jobs a
+series each is megabytes at every scrape.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+import time
+from collections.abc import Callable
+from fnmatch import fnmatchcase
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 from prometheus_client.utils import INF, floatToGoString
 
 from sidecar import __version__
-from sidecar.core.wire import RESULT_STATUSES
 from sidecar.obs.metric_series import (
+    ByJobHistogram,
     CounterSeries,
-    Declared,
-    GaugeSeries,
     HistogramSeries,
     Labelled,
+    QuietAtOne,
+    ShownGauge,
 )
 
 PREFIX = "anarchon"
@@ -34,16 +38,6 @@ RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 
 # Start delay: the drawn jitter (default up to 2 s) plus the claim.
 DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60)
 
-SKIP_REASONS = (
-    "late",
-    "disconnected",
-    "shutdown",
-    "stream",
-    "paused",
-    "bucket",
-    "excluded",
-    "skip",
-)
 # What hostile input from NATS was refused (hostile_input_total{what}).
 HOSTILE_KINDS = (
     "due_key",
@@ -59,38 +53,89 @@ HOSTILE_KINDS = (
 
 # The ``_created`` series double every counter for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]
-RUN_STATUSES = RESULT_STATUSES  # runs_total{status}: the stored statuses (sidecar/core/wire.py)
-RUN_SKIP_REASONS = ("overlap", "late", "bucket", "paused", "excluded", "skip", "max_runs")
-DUE_REASONS = ("retry", "lost")
 NOTIFY_EVENTS = ("failing", "recovered", "lost", "auto_paused", "anomaly")
+# A job's next-run time is exposed once its next slot is this close (or once it
+# claimed a slot here): a yearly job waiting for its day costs no series.
+NEXT_RUN_HORIZON = 3600.0
+
+
+def shown(
+    items: list[tuple[tuple[str, ...], ShownGauge]],
+) -> list[tuple[tuple[str, ...], ShownGauge]]:
+    """The series of a ShownGauge metric that left their quiet value."""
+    return [(key, series) for key, series in items if series.shown]
+
+
+class NextRun(ShownGauge):
+    """The next-run gauge: exposed once it is set to, or a scrape finds it at, a slot
+    within NEXT_RUN_HORIZON (``soon``, the Metrics' clock), or from the job's first
+    claim; then for good (a job whose last slot came and went shows its 0)."""
+
+    __slots__ = ("soon",)
+
+    def __init__(self, soon: Callable[[float], bool]) -> None:
+        super().__init__()
+        self.soon = soon
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+        self.shown = self.shown or self.soon(self.value)
 
 
 class Metrics:
     """Every metric of SPEC.md; attribute names are the metric names without prefix."""
 
-    def __init__(self, registry: CollectorRegistry, jobs: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        per_job_histograms: tuple[str, ...] = (),
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """``per_job_histograms``: globs of the jobs whose histograms have a series of
+        their own (``metrics.per_job_histograms``); ``wall``: the clock's Unix time."""
         self.registry = registry
+        self.wall = wall
         job = ("job",)
 
-        def counter(name: str, doc: str, labels: tuple[str, ...] = job) -> Labelled[CounterSeries]:
-            return Labelled(registry, "counter", f"{PREFIX}_{name}", doc, labels, CounterSeries)
+        def per_job(name: str) -> bool:
+            return any(fnmatchcase(name, glob) for glob in per_job_histograms)
 
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Labelled[HistogramSeries]:
+        def counter(
+            name: str,
+            doc: str,
+            labels: tuple[str, ...] = job,
+            on_new: Callable[[tuple[str, ...]], None] | None = None,
+        ) -> Labelled[CounterSeries]:
+            return Labelled(
+                registry, "counter", f"{PREFIX}_{name}", doc, labels, CounterSeries, on_new
+            )
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> ByJobHistogram:
             bounds = (*buckets, INF)
             les = tuple(floatToGoString(b) for b in bounds)  # type: ignore[no-untyped-call]
             new = functools.partial(HistogramSeries, bounds, les)
-            return Labelled(registry, "histogram", f"{PREFIX}_{name}", doc, job, new)
+            return ByJobHistogram(registry, f"{PREFIX}_{name}", doc, new, per_job)
 
-        def job_gauge(name: str, doc: str) -> Labelled[GaugeSeries]:
-            return Labelled(registry, "gauge", f"{PREFIX}_{name}", doc, job, GaugeSeries)
+        def job_gauge(
+            name: str, doc: str, new: Callable[[], ShownGauge] = ShownGauge
+        ) -> Labelled[ShownGauge]:
+            full = f"{PREFIX}_{name}"
+            return Labelled(registry, "gauge", full, doc, job, new, shown=shown)
 
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
             return Gauge(name, doc, labels, namespace=PREFIX, registry=registry)
 
-        self.claims_won_total = counter("claims_won", "Claims this instance won.")
-        self.claims_lost_total = counter("claims_lost", "Claims another instance won.")
-        self.claim_duplicate_acks_total = counter(
-            "claim_duplicate_acks", "Claim acks flagged duplicate (own retries included)."
+        first = self._first_claim
+        self.claims_won_total = counter("claims_won", "Claims this instance won.", on_new=first)
+        self.claims_lost_total = counter(
+            "claims_lost", "Claims another instance won.", on_new=first
+        )
+        # Per sidecar: per job it counted what claims_lost does (the losers' acks).
+        self.claim_duplicate_acks_total = Counter(
+            "claim_duplicate_acks",
+            "Claim acks flagged duplicate (own retries included).",
+            namespace=PREFIX,
+            registry=registry,
         )
         self.claims_skipped_total = counter(
             "claims_skipped", "Slots not claimed, by reason.", ("job", "reason")
@@ -117,8 +162,14 @@ class Metrics:
             DELAY_BUCKETS,
         )
         self.runs_in_progress = job_gauge("runs_in_progress", "Trigger requests running now.")
-        self.job_next_run_timestamp_seconds = job_gauge(
-            "job_next_run_timestamp_seconds", "Unix time of the job's next slot."
+        self.job_next_run_timestamp_seconds: Labelled[ShownGauge] = Labelled(
+            registry,
+            "gauge",
+            f"{PREFIX}_job_next_run_timestamp_seconds",
+            "Unix time of the job's next slot.",
+            job,
+            functools.partial(NextRun, self._soon),
+            shown=self._next_run_shown,
         )
         self.job_last_success_timestamp_seconds = job_gauge(
             "job_last_success_timestamp_seconds",
@@ -136,7 +187,9 @@ class Metrics:
         self.stream_covers_job = job_gauge(
             "stream_covers_job",
             "1 while the stream's duplicate window and history hold the job's claims for "
-            "jitter + max_late; 0 while its slots are skipped (reason stream).",
+            "jitter + max_late; 0 while its slots are skipped (reason stream). Exposed "
+            "once the stream did not hold them.",
+            QuietAtOne,
         )
         self.job_paused = job_gauge("job_paused", "1 while the job is paused (state bucket).")
         self.job_paused_until_timestamp_seconds = job_gauge(
@@ -277,51 +330,37 @@ class Metrics:
         )
         self.build_info = gauge("build_info", "Always 1; the version as a label.", ("version",))
         self.build_info.labels(version=__version__).set(1)
-        for event in NOTIFY_EVENTS:  # at 0 from the start, like the per-job series
+        for event in NOTIFY_EVENTS:  # at 0 from the start: a fixed set
             for outcome in ("sent", "failed"):
                 self.notifications_total.labels(event=event, outcome=outcome)
-        self.add_jobs(jobs)
 
-    def add_jobs(self, jobs: Iterable[str]) -> None:
-        """Expose the jobs' labelled series at zero so that rates and alerts see them
-        (each job once: call it once, as the constructor does)."""
-        names = tuple(jobs)
-        known = frozenset(names)  # one set of the names for every declaration below
-        alone = Declared(names, known=known)  # one for every metric labelled by the job alone
+    def _first_claim(self, key: tuple[str, ...]) -> None:
+        """A job's first claim here (won or lost): its series that the alert rules
+        count with increase() start at 0 now, so that the first failure, loss or
+        exhausted retry counts (a series born at 1 has no increase), and its next
+        run is shown from now on."""
+        (job,) = key
         for metric in (
             self.claims_won_total,
             self.claims_lost_total,
-            self.claim_duplicate_acks_total,
-            self.claim_errors_total,
             self.runs_lost_total,
-            self.runs_replaced_total,
-            self.cancel_requests_failed_total,
-            self.runs_buffered_total,
             self.retries_exhausted_total,
-            self.lease_renewal_failures_total,
-            self.claim_ack_seconds,
-            self.run_duration_seconds,
-            self.run_start_delay_seconds,
-            self.runs_in_progress,
-            self.job_next_run_timestamp_seconds,
-            self.job_last_success_timestamp_seconds,
-            self.stream_covers_job,
-            self.job_paused,
-            self.job_paused_until_timestamp_seconds,
-            self.job_skips_pending,
-            self.job_backfill_pending,
-            self.job_at_pending,
-            self.runs_overdue,
-            self.job_consecutive_failures,
-            self.job_auto_paused,
         ):
-            metric.declare(alone)
-        for labelled, values in (
-            (self.runs_skipped_total, RUN_SKIP_REASONS),
-            (self.attempts_due_total, DUE_REASONS),
-            (self.claims_skipped_total, SKIP_REASONS),
-            (self.claims_deferred_total, ("seen", "fallback")),  # candidates.DEFERRED_OUTCOMES
-            (self.runs_total, RUN_STATUSES),
-            (self.runs_anomalous_total, ("short", "long")),
-        ):
-            labelled.declare(Declared(names, tuple(values), known))
+            metric.add(job)
+        self.runs_total.add(job, "failed")
+        self.job_next_run_timestamp_seconds.labels(job=job).shown = True
+
+    def _soon(self, next_run: float) -> bool:
+        return 0 < next_run <= self.wall() + NEXT_RUN_HORIZON
+
+    def _next_run_shown(
+        self, items: list[tuple[tuple[str, ...], ShownGauge]]
+    ) -> list[tuple[tuple[str, ...], ShownGauge]]:
+        limit = self.wall() + NEXT_RUN_HORIZON
+        out = []
+        for key, series in items:
+            if not series.shown and 0 < series.value <= limit:
+                series.shown = True  # the job has something to say from now on
+            if series.shown:
+                out.append((key, series))
+        return out

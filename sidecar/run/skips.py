@@ -182,7 +182,7 @@ class Unclaimed:
         self._said.pop(claim.job, None)  # it claims again: a later skip is news
         m.claim_ack_seconds.labels(job=claim.job).observe(claim.ack_seconds)
         if claim.duplicate_acks:
-            m.claim_duplicate_acks_total.labels(job=claim.job).inc(claim.duplicate_acks)
+            m.claim_duplicate_acks_total.inc(claim.duplicate_acks)
         if claim.won:
             m.claims_won_total.labels(job=claim.job).inc()
             loop_log.debug("job %s slot %s won (seq %d)", claim.job, claim.slot, claim.seq)

@@ -282,6 +282,9 @@ class StreamGuard:
         m.stream_replicas.set(state.replicas)
 
     def _set_covered(self) -> None:
+        covers = self.metrics.stream_covers_job
         for job in self.config.jobs:
             ok = job.name in self.uncovered and not self.uncovered[job.name]
-            self.metrics.stream_covers_job.labels(job=job.name).set(1 if ok else 0)
+            # Held and never not held: no series to keep (docs/METRICS.md).
+            if not ok or covers.written(job.name):
+                covers.labels(job=job.name).set(1 if ok else 0)

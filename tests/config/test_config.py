@@ -864,3 +864,22 @@ def test_a_cron_macro_is_refused_with_what_to_write(macro: str, instead: str) ->
     assert error.key == "jobs[0].schedule", error
     assert f"'{macro}': cron macros are not supported; write '{instead}'" in error.message
     assert "'@every 1d'" in error.message
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_per_job_histograms_are_job_globs() -> None:
+    """Issue 49: the jobs whose histograms have series of their own."""
+    assert parse_config(config(), {}).metrics.per_job_histograms == ()
+    data = config(metrics={"per_job_histograms": ["nightly-*", "billing", "r[0-9]?"]})
+    cfg = parse_config(data, {})
+    assert cfg.metrics.per_job_histograms == ("nightly-*", "billing", "r[0-9]?")
+    err = error_of(config(metrics={"per_job_histograms": "nightly-*"}))
+    assert err.key == "metrics.per_job_histograms"
+    assert "list of at most 100 job names or globs" in err.message
+    err = error_of(config(metrics={"per_job_histograms": ["ok", "a.b"]}))
+    assert err.key == "metrics.per_job_histograms[1]"
+    assert "'a.b' is not a job name or glob" in err.message
+    err = error_of(config(metrics={"per_job_histograms": [f"j{i}" for i in range(101)]}))
+    assert err.key == "metrics.per_job_histograms"

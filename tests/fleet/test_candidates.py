@@ -222,7 +222,7 @@ async def test_candidates_read_the_fleet_view_and_the_run_leases(nats_server: Na
         {},
     )
     job = cfg.jobs[0]
-    metrics = Metrics(CollectorRegistry(), ("j",))
+    metrics = Metrics(CollectorRegistry())
     fleet = Fleet(cfg, metrics, Clock())
     nc = await nats.connect(nats_server.url)
     claimed: list[int] = []

@@ -41,7 +41,7 @@ async def test_the_view_holds_a_pause_stored_just_before_the_instant(
         {},
     )
     clock = Clock()
-    fleet = Fleet(cfg, Metrics(CollectorRegistry(), ("j",)), clock)
+    fleet = Fleet(cfg, Metrics(CollectorRegistry()), clock)
     nc = await nats.connect(nats_server.url)
     other = await nats.connect(nats_server.url)
     try:
@@ -88,7 +88,7 @@ async def test_a_host_whose_clock_runs_ahead_waits_for_the_servers_instant(
         {},
     )
     clock = Clock(offset=0.8)
-    fleet = Fleet(cfg, Metrics(CollectorRegistry(), ("j",)), clock)
+    fleet = Fleet(cfg, Metrics(CollectorRegistry()), clock)
     nc = await nats.connect(nats_server.url)
     try:
         fleet.start(nc.jetstream())

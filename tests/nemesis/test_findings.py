@@ -67,7 +67,7 @@ async def test_a_lease_ends_when_its_run_ends_as_a_renewal_is_answered(nc: NATS)
     """Failure 1: the renewer was stopped by cancel() alone, which Python 3.11's
     asyncio.wait_for drops when the awaited answer is already there (CPython gh-86296)."""
     keys = AckInFlight(await ensure_bucket(nc.jetstream(), SPEC))
-    metrics = Metrics(CollectorRegistry(), ("j",))
+    metrics = Metrics(CollectorRegistry())
     lease = Lease(keys, KEY, lease_value(), 1.0, metrics, Clock(), 1e12)
     await lease.__aenter__()
     ending: asyncio.Task[None] | None = None
@@ -111,7 +111,7 @@ class StaleReads(Keys):
 async def test_renewals_back_off_while_reads_are_stale(nc: NATS) -> None:
     """Failure 4: after a CAS conflict, a still-ours stale read renewed at once, for ever."""
     keys = StaleReads(await ensure_bucket(nc.jetstream(), SPEC))
-    metrics = Metrics(CollectorRegistry(), ("j",))
+    metrics = Metrics(CollectorRegistry())
     async with Lease(keys, KEY, lease_value(), 3.0, metrics, Clock(), 1e12) as lease:
         first = lease.revision
         # Our own value written again behind the lease's back: every renewal by
@@ -190,7 +190,7 @@ async def test_a_run_lease_created_while_its_run_goes_on_is_renewed_and_released
     """The other half of finding 6's fix: the run does not wait, the lease still
     comes (a dead runner is then seen), is renewed, and is released at the end."""
     keys = SlowCreate(await ensure_bucket(nc.jetstream(), SPEC), 0.8)
-    metrics = Metrics(CollectorRegistry(), ("j",))
+    metrics = Metrics(CollectorRegistry())
     lease = Lease(keys, KEY, lease_value(), 1.0, metrics, Clock(), 1e12)
     try:
         assert not await lease.start(0.2)  # the run goes on without it ...
@@ -209,7 +209,7 @@ async def test_a_run_lease_created_while_its_run_goes_on_is_renewed_and_released
 
 async def test_a_run_lease_never_created_leaves_nothing_behind(nc: NATS) -> None:
     keys = SlowCreate(await ensure_bucket(nc.jetstream(), SPEC), 30.0)
-    metrics = Metrics(CollectorRegistry(), ("j",))
+    metrics = Metrics(CollectorRegistry())
     lease = Lease(keys, KEY, lease_value(), 1.0, metrics, Clock(), 1e12)
     assert not await lease.start(0.1)
     ending = asyncio.create_task(lease.__aexit__(None, None, None))

@@ -167,16 +167,40 @@ def test_label_sets_at_zero_stay_apart_once_written(how: str) -> None:
             ours["runs"].declare(alone)
 
 
-def test_the_jobs_series_are_exposed_from_the_start_and_stored_once_written() -> None:
+def test_the_jobs_series_are_made_and_stored_once_written() -> None:
+    """Issue 49: nothing stored or exposed for a job before it has something to say
+    (until then every per-job series was exposed at 0 from the start)."""
     registry = CollectorRegistry()
-    metrics = Metrics(registry, tuple(f"job-{i}" for i in range(1000)))
+    metrics = Metrics(registry)
     assert metrics.claims_won_total._series == {} and metrics.runs_total._series == {}
-    assert registry.get_sample_value("anarchon_claims_won_total", {"job": "job-999"}) == 0.0
+    assert registry.get_sample_value("anarchon_claims_won_total", {"job": "job-999"}) is None
     labels = {"job": "job-7", "status": "failed"}
-    assert registry.get_sample_value("anarchon_runs_total", labels) == 0.0
+    assert registry.get_sample_value("anarchon_runs_total", labels) is None
     metrics.runs_total.labels(**labels).inc()
     assert registry.get_sample_value("anarchon_runs_total", labels) == 1.0
     assert len(metrics.runs_total._series) == 1
     exposed = text(registry).decode()
     assert exposed.count('anarchon_runs_total{job="job-7",status="failed"}') == 1
-    assert exposed.count("anarchon_claims_won_total{") == 1000
+    assert exposed.count("anarchon_claims_won_total{") == 0
+
+
+def test_shown_gauges_and_the_histogram_of_all_jobs_render_as_generate_latest() -> None:
+    """The scrape's own writer (``render``) and prometheus_client's agree on the
+    series issue 49 added: a histogram set without a job label beside a listed
+    job's, gauges not written before they leave their quiet value."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, ("listed",))
+    for job in ("listed", "other", "more"):
+        metrics.run_duration_seconds.labels(job=job).observe(0.2)
+    metrics.job_paused.labels(job="quiet").set(0)
+    metrics.job_paused.labels(job="said").set(1)
+    metrics.stream_covers_job.labels(job="held").set(1)
+    metrics.stream_covers_job.labels(job="gap").set(0)
+    body = asyncio.run(render(registry))
+    assert body == generate_latest(registry)
+    text = body.decode()
+    assert 'anarchon_run_duration_seconds_count{job="listed"} 1.0' in text
+    assert "anarchon_run_duration_seconds_count 2.0" in text
+    assert 'job="quiet"' not in text and 'job="held"' not in text
+    assert 'anarchon_job_paused{job="said"} 1.0' in text
+    assert 'anarchon_stream_covers_job{job="gap"} 0.0' in text

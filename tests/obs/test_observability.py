@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
+from sidecar.obs.metric_series import ByJobHistogram, Labelled
 from sidecar.obs.metrics import Metrics
 from tests.support import ROOT, NatsServer, RecordingApp, free_port, sidecars, wait_for
 
@@ -41,15 +42,18 @@ SCRAPE_JOB = "anarchon-sidecar"
 SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_claims_won_total": ("counter", frozenset({"job"})),
     "anarchon_claims_lost_total": ("counter", frozenset({"job"})),
-    "anarchon_claim_duplicate_acks_total": ("counter", frozenset({"job"})),
+    # Per sidecar since issue 49: per job it counted what claims_lost does.
+    "anarchon_claim_duplicate_acks_total": ("counter", frozenset()),
     "anarchon_claims_skipped_total": ("counter", frozenset({"job", "reason"})),
     "anarchon_claim_errors_total": ("counter", frozenset({"job"})),
     # claim.candidates (docs/METRICS.md): slots left to their candidates.
     "anarchon_claims_deferred_total": ("counter", frozenset({"job", "outcome"})),
-    "anarchon_claim_ack_seconds": ("histogram", frozenset({"job"})),
+    # The histograms: one series for every job (issue 49), a series of its own
+    # only for a job that metrics.per_job_histograms lists.
+    "anarchon_claim_ack_seconds": ("histogram", frozenset()),
     "anarchon_runs_total": ("counter", frozenset({"job", "status"})),
-    "anarchon_run_duration_seconds": ("histogram", frozenset({"job"})),
-    "anarchon_run_start_delay_seconds": ("histogram", frozenset({"job"})),
+    "anarchon_run_duration_seconds": ("histogram", frozenset()),
+    "anarchon_run_start_delay_seconds": ("histogram", frozenset()),
     "anarchon_runs_in_progress": ("gauge", frozenset({"job"})),
     "anarchon_job_next_run_timestamp_seconds": ("gauge", frozenset({"job"})),
     "anarchon_job_last_success_timestamp_seconds": ("gauge", frozenset({"job"})),
@@ -138,13 +142,44 @@ REASONS = {
         "excluded",
         "skip",
     },
-    "anarchon_runs_skipped_total": {"overlap", "bucket"},
+    "anarchon_runs_skipped_total": {
+        "overlap",
+        "late",
+        "bucket",
+        "paused",
+        "excluded",
+        "skip",
+        "max_runs",
+    },
     "anarchon_attempts_due_total": {"retry", "lost"},
 }
-# Per-job series made when first used, and why: only jobs with a ping have pings.
-MADE_ON_USE = {"anarchon_pings_total"}
+# Per-job series that a healthy job running every second never makes (issue 49:
+# a job's series exist once it has something to say). The end-to-end test runs
+# the queries that read only these, without asking them for series.
+MADE_ON_USE = {
+    "anarchon_claims_skipped_total",
+    "anarchon_claim_errors_total",
+    "anarchon_claims_deferred_total",
+    "anarchon_stream_covers_job",
+    "anarchon_job_paused",
+    "anarchon_job_paused_until_timestamp_seconds",
+    "anarchon_job_skips_pending",
+    "anarchon_job_backfill_pending",
+    "anarchon_job_at_pending",
+    "anarchon_runs_skipped_total",
+    "anarchon_attempts_due_total",
+    "anarchon_lease_renewal_failures_total",
+    "anarchon_runs_replaced_total",
+    "anarchon_cancel_requests_failed_total",
+    "anarchon_runs_buffered_total",
+    "anarchon_runs_anomalous_total",
+    "anarchon_runs_overdue",
+    "anarchon_job_consecutive_failures",
+    "anarchon_job_auto_paused",
+}
 KINDS = {"anarchon_runs_anomalous_total": {"short", "long"}}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+NEXT_RUN = "anarchon_job_next_run_timestamp_seconds"
 ALERTS = {
     "AnarchonJobNoRecentSuccess",
     "AnarchonRunsFailing",
@@ -267,6 +302,11 @@ def with_bool(expr: str) -> str:
     return "".join(out)
 
 
+def on_use_only(expr: str) -> bool:
+    """Whether every metric expr reads is one a healthy job does not make (MADE_ON_USE)."""
+    return all(family_of(name) in MADE_ON_USE for name, _ in selectors(expr))
+
+
 def github_anchor(heading: str) -> str:
     """The anchor GitHub gives a Markdown heading."""
     slug = re.sub(r"[^\w\- ]", "", heading.strip().lower())
@@ -276,10 +316,34 @@ def github_anchor(heading: str) -> str:
 # --------------------------------------------------------------------------- metrics
 
 
+def said_everything(metrics: Metrics, job: str) -> None:
+    """Give every per-job series of `job` something to say (a job's series exist
+    only then): each label value of SPEC_LABEL_VALUES, 2 in every gauge."""
+    for series in vars(metrics).values():
+        if not isinstance(series, Labelled):
+            continue
+        if isinstance(series, ByJobHistogram):
+            series.labels(job=job).observe(1)
+            continue
+        names = [n for n in series.labelnames if n != "job"]
+        choices = {
+            "reason": REASONS.get(series.name + "_total", ()),
+            "status": SPEC_LABEL_VALUES["status"],
+            "kind": KINDS.get(series.name + "_total", ("start", "success", "fail")),
+            "outcome": ("sent", "failed") if "pings" in series.name else ("seen", "fallback"),
+        }
+        combos: list[dict[str, str]] = [{}]
+        for name in names:
+            combos = [{**c, name: v} for c in combos for v in sorted(choices[name])]
+        for combo in combos:
+            one = series.labels(job=job, **combo)
+            one.inc(2) if series.kind == "counter" else one.set(2)
+
+
 def test_metrics_match_spec_names_types_and_labels() -> None:
     registry = CollectorRegistry()
-    metrics = Metrics(registry, ("j",))
-    metrics.pings_total.labels(job="j", kind="start", outcome="sent")  # MADE_ON_USE
+    metrics = Metrics(registry)
+    said_everything(metrics, "j")
     found: dict[str, tuple[str, frozenset[str]]] = {}
     values: dict[str, set[str]] = {}
     for family in registry.collect():
@@ -290,31 +354,88 @@ def test_metrics_match_spec_names_types_and_labels() -> None:
             for key, value in sample.labels.items():
                 values.setdefault(key, set()).add(value)
         found[name] = (family.type, frozenset(labels))
+    # The histograms have a job label only for the jobs listed: none here.
     assert found == SPEC_METRICS
     for label, expected in SPEC_LABEL_VALUES.items():
         assert values[label] == expected, label
     assert values["job"] == {"j"}
 
 
-def test_metrics_of_a_job_exist_at_zero_before_anything_happens() -> None:
-    """Rates and alerts need every per-job series from the start."""
+def per_job_lines(body: str, job: str) -> list[str]:
+    return [line for line in body.splitlines() if f'job="{job}"' in line]
+
+
+def test_a_job_has_no_series_until_it_has_something_to_say() -> None:
+    """Issue 49: no series made for a job that never ran, at most ~10 for one that
+    did, and the counters the alerts count with increase() at 0 from its first claim.
+    (Replaces the test that every per-job series exists at 0 from the start.)"""
     registry = CollectorRegistry()
-    Metrics(registry, ("j",))
-    for name, (kind, labels) in SPEC_METRICS.items():
-        if "job" not in labels or name in MADE_ON_USE:
-            continue
-        sample = name + "_count" if kind == "histogram" else name
-        extra = [{}]
-        if "reason" in labels:
-            extra = [{"reason": r} for r in REASONS[name]]
-        if "status" in labels:
-            extra = [{"status": s} for s in SPEC_LABEL_VALUES["status"]]
-        if "kind" in labels:
-            extra = [{"kind": k} for k in KINDS[name]]
-        if name == "anarchon_claims_deferred_total":
-            extra = [{"outcome": o} for o in ("seen", "fallback")]
-        for more in extra:
-            assert registry.get_sample_value(sample, {"job": "j", **more}) == 0.0, (name, more)
+    now = [1_800_000_000.0]
+    metrics = Metrics(registry, wall=lambda: now[0])
+    for i in range(1000):  # waiting for a slot a year away, as the fleet's jobs do
+        metrics.job_next_run_timestamp_seconds.labels(job=f"idle-{i}").set(now[0] + 3e7)
+        metrics.stream_covers_job.labels(job=f"idle-{i}").set(1)
+        metrics.job_paused.labels(job=f"idle-{i}").set(0)
+    body = generate_latest(registry).decode()
+    assert per_job_lines(body, "idle-7") == []
+    assert 'job="' not in body
+    # Its slot comes within the hour: its next run is shown, and stays shown.
+    metrics.job_next_run_timestamp_seconds.labels(job="idle-7").set(now[0] + 600)
+    assert registry.get_sample_value(NEXT_RUN, {"job": "idle-7"}) == now[0] + 600
+    metrics.job_next_run_timestamp_seconds.labels(job="idle-7").set(now[0] + 3e7)
+    assert registry.get_sample_value(NEXT_RUN, {"job": "idle-7"}) == now[0] + 3e7
+
+    # A job that claims, succeeds and fails, as a busy job does.
+    job = {"job": "busy"}
+    metrics.job_next_run_timestamp_seconds.labels(**job).set(now[0] + 3e7)
+    metrics.claims_lost_total.labels(**job).inc()
+    for name in ("claims_won", "runs_lost", "retries_exhausted"):
+        assert registry.get_sample_value(f"anarchon_{name}_total", job) == 0.0, name
+    assert registry.get_sample_value("anarchon_runs_total", {**job, "status": "failed"}) == 0.0
+    assert registry.get_sample_value(NEXT_RUN, job) == now[0] + 3e7
+    metrics.claims_won_total.labels(**job).inc()
+    metrics.claim_ack_seconds.labels(**job).observe(0.001)
+    metrics.claim_duplicate_acks_total.inc()
+    metrics.runs_in_progress.labels(**job).inc()
+    metrics.run_start_delay_seconds.labels(**job).observe(0.1)
+    metrics.run_duration_seconds.labels(**job).observe(1)
+    metrics.runs_in_progress.labels(**job).dec()
+    metrics.runs_total.labels(**job, status="succeeded").inc()
+    metrics.runs_total.labels(**job, status="failed").inc()
+    metrics.job_last_success_timestamp_seconds.labels(**job).set(now[0])
+    metrics.stream_covers_job.labels(**job).set(1)
+    metrics.job_paused.labels(**job).set(0)
+    lines = per_job_lines(generate_latest(registry).decode(), "busy")
+    assert 8 <= len(lines) <= 10, lines
+    assert not any("_bucket" in line for line in lines)
+    assert registry.get_sample_value("anarchon_run_duration_seconds_count") == 1.0
+
+
+def test_jobs_listed_have_histograms_of_their_own() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, ("nightly-*", "billing"))
+    for name in ("nightly-eu", "billing", "other", "billing-2"):
+        metrics.run_duration_seconds.labels(job=name).observe(0.2)
+    count = "anarchon_run_duration_seconds_count"
+    assert registry.get_sample_value(count, {"job": "nightly-eu"}) == 1.0
+    assert registry.get_sample_value(count, {"job": "billing"}) == 1.0
+    assert registry.get_sample_value(count, {"job": "other"}) is None
+    assert registry.get_sample_value(count) == 2.0  # other and billing-2
+
+
+def test_a_gauge_once_shown_stays_and_stream_covers_job_shows_only_a_gap() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.job_paused.labels(job="j").set(1)
+    metrics.job_paused.labels(job="j").set(0)  # a resume: seen as 0, not as a gap
+    assert registry.get_sample_value("anarchon_job_paused", {"job": "j"}) == 0.0
+    covers = "anarchon_stream_covers_job"
+    metrics.stream_covers_job.labels(job="j").set(1)
+    assert registry.get_sample_value(covers, {"job": "j"}) is None
+    metrics.stream_covers_job.labels(job="j").set(0)
+    assert registry.get_sample_value(covers, {"job": "j"}) == 0.0
+    metrics.stream_covers_job.labels(job="j").set(1)
+    assert registry.get_sample_value(covers, {"job": "j"}) == 1.0
 
 
 # --------------------------------------------------------------------------- dashboard
@@ -615,6 +736,8 @@ def test_dashboard_and_rules_evaluate_against_live_sidecars(
             for title, expr in dashboard_exprs():
                 query = substitute(expr, variables)
                 prom.query(query)  # a query that does not parse or run fails here at once
+                if on_use_only(expr):
+                    continue  # runs; its series come with what they count (MADE_ON_USE)
                 wait_for(lambda q=query: prom.query(q), 10, what=f"series of {title}: {query}")
 
         # Every rule loaded and evaluated without error.
@@ -628,12 +751,15 @@ def test_dashboard_and_rules_evaluate_against_live_sidecars(
             # Every metric it reads (and every recorded series) has series.
             prom.query(expr)  # parses and runs
             for metric, matchers in selectors(expr):
+                if family_of(metric) in MADE_ON_USE:
+                    continue
                 wait_for(lambda s=metric + matchers: prom.query(s), 10, what=f"{name}: {metric}")
             if "record" in rule:
                 assert prom.query(expr), f"recording rule {name} gives no series"
                 continue
             # The comparisons as `bool` see the series they compare...
-            assert prom.query(with_bool(expr)), f"{name}: {with_bool(expr)}"
+            if not on_use_only(expr):
+                assert prom.query(with_bool(expr)), f"{name}: {with_bool(expr)}"
             # ...and none of them crosses its threshold on a healthy fleet.
             matched = prom.query(expr)
             if name not in MAY_MATCH_WHEN_HEALTHY:

@@ -84,7 +84,7 @@ async def test_a_lease_outlives_its_ttl_while_renewed_and_its_delete_marker_expi
     nc: NATS,
 ) -> None:
     keys = Keys(await ensure_bucket(nc.jetstream(), SPEC))
-    metrics = Metrics(CollectorRegistry(), ("j",))
+    metrics = Metrics(CollectorRegistry())
     clock = Clock()
     async with Lease(keys, "run.j.1000", lease_value(), 1.0, metrics, clock, 1e12) as lease:
         await asyncio.sleep(2.6)  # more than twice the TTL
@@ -105,7 +105,7 @@ async def test_a_lease_outlives_its_ttl_while_renewed_and_its_delete_marker_expi
 
 async def test_a_spurious_conflict_is_checked_and_the_lease_kept(nc: NATS) -> None:
     keys = Keys(await ensure_bucket(nc.jetstream(), SPEC))
-    metrics = Metrics(CollectorRegistry(), ("j",))
+    metrics = Metrics(CollectorRegistry())
     async with Lease(keys, "run.j.1000", lease_value(), 1.0, metrics, Clock(), 1e12) as lease:
         # Our own value written again behind the lease's back (as when a
         # renewal's ack got lost): its revision is stale, the key still ours.
@@ -130,7 +130,7 @@ async def test_spurious_conflicts_in_a_row_back_off(nc: NATS) -> None:
             raise CasConflict(key)  # every renewal conflicts; the read says it is ours
 
     keys = StaleKeys(await ensure_bucket(nc.jetstream(), SPEC))
-    metrics = Metrics(CollectorRegistry(), ("j",))
+    metrics = Metrics(CollectorRegistry())
     async with Lease(keys, "run.j.1000", lease_value(), 3.0, metrics, Clock(), 1e12) as lease:
         await asyncio.sleep(2.5)  # the first renewal at 1 s, then 20, 40, 80, 160, 320 ms ...
         assert not lease.lost
@@ -139,7 +139,7 @@ async def test_spurious_conflicts_in_a_row_back_off(nc: NATS) -> None:
 
 async def test_a_lease_taken_over_is_lost_counted_and_not_deleted(nc: NATS) -> None:
     keys = Keys(await ensure_bucket(nc.jetstream(), SPEC))
-    metrics = Metrics(CollectorRegistry(), ("j",))
+    metrics = Metrics(CollectorRegistry())
     async with Lease(keys, "lock.j", lease_value(), 1.0, metrics, Clock(), 1e12) as lease:
         other = json.dumps(lease_value("t9", "other")).encode()
         await keys._publish("lock.j", other, {}, 10.0)

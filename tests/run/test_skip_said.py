@@ -68,7 +68,7 @@ def test_a_skip_is_said_once_per_reason_until_the_job_claims_again(
         {},
     )
     a, b = config.job("a"), config.job("b")
-    metrics = Metrics(CollectorRegistry(), ("a", "b"))
+    metrics = Metrics(CollectorRegistry())
     clock = HandClock()
     spawned: list[Any] = []
     hand = cast(Clock, clock)
