@@ -43,6 +43,7 @@ from sidecar.config.jobs import (
     MAX_RETRIES,
     ON_LOST,
     OVERLAP,
+    check_concurrency,
     check_fit,
     check_windows,
     parse_claim,
@@ -205,6 +206,7 @@ def _parse(data: dict[Any, Any]) -> Config:
         tracing=parse_tracing(data.get("tracing")),
         defaults=MappingProxyType(dict(defaults.data)),
     )
+    check_concurrency(config.jobs)
     size = config.effective_history_size  # once, not once per job
     for index, job in enumerate(config.jobs):
         check_windows(config, job, f"jobs[{index}]", size)
