@@ -188,13 +188,12 @@ class Metrics:
             "runs_buffered",
             "Slots this instance kept to run after the running one (overlap: buffer_one).",
         )
-        # jobs[].concurrency (sidecar/run/concurrency.py): summed over the fleet, the
-        # slots held now (each slot is held by one instance).
-        self.concurrency_slots_held = gauge(
+        # jobs[].concurrency (sidecar/run/concurrency.py): summed over the fleet and the
+        # jobs sharing a key, the key's slots held now (each slot is held by one run).
+        self.concurrency_slots_held = job_gauge(
             "concurrency_slots_held",
-            "Slots of a shared concurrency limit (jobs[].concurrency.key) this instance "
-            "holds now: one per run of such a job alive here.",
-            ("key",),
+            "Slots of the job's shared concurrency limit (jobs[].concurrency) its runs "
+            "hold on this instance now.",
         )
         self.attempts_due_total = counter(
             "attempts_due", "Further attempts this instance made due, by reason.", ("job", "reason")
@@ -316,6 +315,7 @@ class Metrics:
             self.runs_replaced_total,
             self.cancel_requests_failed_total,
             self.runs_buffered_total,
+            self.concurrency_slots_held,
             self.retries_exhausted_total,
             self.lease_renewal_failures_total,
             self.claim_ack_seconds,

@@ -122,7 +122,7 @@ class Limits:
                 except Exception as exc:  # no answer: the next slot, then again
                     log.warning("job %s: %s not taken: %r", job.name, key, exc)
                     continue
-                self.metrics.concurrency_slots_held.labels(key=conc.key).inc()
+                self.metrics.concurrency_slots_held.labels(job=job.name).inc()
                 if waited:
                     log.info("job %s slot %s: took %s after waiting", job.name, claim.slot, key)
                 return lease
@@ -147,11 +147,10 @@ class Limits:
 
     async def release(self, job: JobConfig, lease: Lease) -> None:
         """Delete the slot key by its revision (after the run's result is stored)."""
-        assert job.concurrency is not None
         try:
             await lease.__aexit__(None, None, None)
         finally:
-            self.metrics.concurrency_slots_held.labels(key=job.concurrency.key).dec()
+            self.metrics.concurrency_slots_held.labels(job=job.name).dec()
 
 
 __all__ = ["PREFIX", "REASON", "Limits", "conc_key", "held_slots"]

@@ -80,6 +80,8 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_runs_replaced_total": ("counter", frozenset({"job"})),
     "anarchon_cancel_requests_failed_total": ("counter", frozenset({"job"})),
     "anarchon_runs_buffered_total": ("counter", frozenset({"job"})),
+    # jobs[].concurrency (issue 50 item 3, docs/METRICS.md).
+    "anarchon_concurrency_slots_held": ("gauge", frozenset({"job"})),
     # Telling people (issue 29): pings, notifications, pause_after, expect.
     "anarchon_pings_total": ("counter", frozenset({"job", "kind", "outcome"})),
     "anarchon_notifications_total": ("counter", frozenset({"event", "outcome"})),
@@ -111,6 +113,7 @@ SPEC_LABEL_VALUES = {
         "excluded",
         "skip",
         "max_runs",
+        "concurrency",
     },
     "status": {"succeeded", "failed", "skipped", "lost"},
     "what": {
@@ -122,6 +125,7 @@ SPEC_LABEL_VALUES = {
         "lock_key",
         "buffer_key",
         "stop_key",
+        "conc_key",
         "unknown_key",
     },
     "operation": {"publish", "subscribe"},
