@@ -4,6 +4,7 @@ request a while; the limit is measured at the app, across the jobs' paths."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.store.test_hostile_state import total, with_nats
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -187,3 +189,34 @@ def test_a_runner_killed_while_holding_a_slot_frees_it_after_lease_ttl(
     assert 2.0 / 3 - 0.3 < freed < 2.0 + 1.5, freed
     # Never two at once at the app, the killed runner's request included.
     assert most_at_once([r for r in reqs if r is not holder_req]) == 1
+
+
+def test_a_forged_slot_key_without_a_ttl_is_counted_deleted_and_the_slot_taken(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """A ``conc.<key>.0`` written by hand without a TTL (limit 1) would hold every job of
+    the key for ever: it is refused like a forged lock (conc_key), and the jobs run."""
+    one = {"key": "db-heavy", "limit": 1}
+    cfg = config(nats_server.url, http_app, [job("solo", concurrency=one)])
+    forged = {"job": "solo", "slot": 1, "attempt": 1, "token": "t" * 32, "instance": "evil"}
+    hostile = {"what": "conc_key"}
+
+    async def put_forged(nc: Any) -> None:
+        await nc.jetstream().publish("$KV.CRON_STATE.conc.db-heavy.0", json.dumps(forged).encode())
+
+    with sidecars(tmp_path, [(f"s{i}", cfg, {}) for i in range(3)]) as procs:
+        wait_for(lambda: http_app.requests_for("/jobs/solo"), 20, what="a first run")
+        with_nats(nats_server.url, put_forged)
+        forged_at = time.time()
+        wait_for(
+            lambda: total(procs, "anarchon_hostile_input_total", hostile) >= 1,
+            10,
+            what="the forged slot key counted",
+        )
+        wait_for(
+            lambda: len([r for r in http_app.requests_for("/jobs/solo") if r.at > forged_at]) >= 3,
+            10,
+            what="solo running again after the forged slot key",
+        )
+        logs = [p.log() for p in procs]
+    assert any("conc.db-heavy.0 refused" in log for log in logs)
