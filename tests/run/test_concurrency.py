@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.admin.test_page import request
 from tests.store.test_hostile_state import total, with_nats
 from tests.support import (
     NatsServer,
@@ -127,6 +128,8 @@ def test_with_overlap_skip_the_third_is_recorded_skipped_and_counted(
 
         wait_for(lambda: len(skipped()) >= 3, 60, what="three runs skipped for the limit")
         status = run_cli("status", "-c", cli).stdout
+        page = request(procs[0], "/")[2].decode()
+        job_page = request(procs[0], "/jobs/a")[2].decode()
         counted = sum(
             p.metric("anarchon_runs_skipped_total", {"job": n, "reason": "concurrency"}) or 0
             for p in procs
@@ -143,6 +146,8 @@ def test_with_overlap_skip_the_third_is_recorded_skipped_and_counted(
     sent = {(r.path.rsplit("/", 1)[-1], slot_of(r)) for r in reqs}
     assert not sent & {(r["job"], r["slot"]) for r in skips}
     assert "concurrency db-heavy: " in status and "/2 held" in status, status
+    assert "<dt>concurrency db-heavy</dt><dd>" in page and "/2 held</dd>" in page
+    assert "concurrency: db-heavy (at most 2 at once)" in job_page
 
 
 def test_a_runner_killed_while_holding_a_slot_frees_it_after_lease_ttl(
