@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import KeyHeld
@@ -39,7 +39,6 @@ from sidecar.run.lease import Lease
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
-    from sidecar.config.model import ConcurrencyConfig
     from sidecar.run.claim import Claim
     from sidecar.run.context import Context
     from sidecar.store.kv import Keys
@@ -60,11 +59,6 @@ REASON = "concurrency"
 def conc_key(key: str, n: int) -> str:
     """The state bucket key of slot `n` of the concurrency key `key`."""
     return f"{PREFIX}{key}.{n}"
-
-
-def held_slots(keys: dict[str, Any], conc: ConcurrencyConfig) -> int:
-    """How many of `conc`'s slots the view `keys` shows held."""
-    return sum(1 for n in range(conc.limit) if conc_key(conc.key, n) in keys)
 
 
 class Limits:
@@ -153,4 +147,4 @@ class Limits:
             self.metrics.concurrency_slots_held.labels(job=job.name).dec()
 
 
-__all__ = ["PREFIX", "REASON", "Limits", "conc_key", "held_slots"]
+__all__ = ["PREFIX", "REASON", "Limits", "conc_key"]
