@@ -164,6 +164,7 @@ ALERTS = {
     "AnarchonRunLost",
     "AnarchonRetriesExhausted",
     "AnarchonOverlapSkipsPersist",
+    "AnarchonConcurrencySkipsPersist",
     "AnarchonJobAutoPaused",
     "AnarchonRunOverdue",
     "AnarchonRunsAnomalous",
