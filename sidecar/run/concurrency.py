@@ -31,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import KeyHeld
@@ -46,9 +47,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("sidecar.concurrency")
 
 PREFIX = "conc."
-# A waiting run tries the slot keys again this often when the watch says nothing
-# (a forged slot without a TTL is seen only by trying it).
-POLL = 0.5
+# A waiting run tries every slot key again after this long without a change the
+# watch delivers (a forged slot without a TTL is seen only by trying it).
+POLL = 1.0
 # How long one slot's create may be asked again when NATS does not answer: a
 # waiting run moves on to the next slot rather than hang on one.
 CREATE_WAIT = 2.0
@@ -70,14 +71,15 @@ class Limits:
         self.metrics = ctx.metrics
         self.clock = ctx.clock
         self.fleet = ctx.fleet
-        # Set on every change of a slot key (a waiting run looks again).
-        self._changed = asyncio.Event()
+        # One per waiting run, set on every change of a slot key (it looks again).
+        self._waiting: set[asyncio.Event] = set()
         ctx.fleet.key_listeners.append(self.changed)
 
     def changed(self, key: str) -> None:
         """A key of the state bucket changed ("" after a re-sync)."""
         if key == "" or key.startswith(PREFIX):
-            self._changed.set()
+            for event in self._waiting:
+                event.set()
 
     async def take(self, keys: Keys, job: JobConfig, claim: Claim, deadline: float) -> Lease | str:
         """A slot of `job`'s limit, created (the caller releases it: ``__aexit__``), or
@@ -97,14 +99,40 @@ class Limits:
             "fence": claim.seq,
             "concurrency": conc.key,
         }
+        changed = asyncio.Event()
+        self._waiting.add(changed)
+        try:
+            return await self._take(keys, job, claim, deadline, value, changed)
+        finally:
+            self._waiting.discard(changed)
+
+    async def _take(
+        self,
+        keys: Keys,
+        job: JobConfig,
+        claim: Claim,
+        deadline: float,
+        value: dict[str, Any],
+        changed: asyncio.Event,
+    ) -> Lease | str:
+        conc = job.concurrency
+        assert conc is not None
         ttl = self.config.nats.lease_ttl
         waited = False
+        tried_all = -math.inf  # when every slot was last tried (not only those seen free)
         while True:
-            self._changed.clear()
+            changed.clear()
+            every = self.clock.monotonic() - tried_all >= POLL
+            if every:
+                tried_all = self.clock.monotonic()
             view = self.fleet.view.keys
             # Free in the view first; then the held ones (a forged one is refused only
-            # when tried, and the view may lag a release).
+            # when tried, and the view may lag a release). Woken by the watch, only the
+            # slots it shows free (every slot once per POLL): many waiters do not each
+            # try every held slot at each renewal of one.
             order = sorted(range(conc.limit), key=lambda n: conc_key(conc.key, n) in view)
+            if not every:
+                order = [n for n in order if conc_key(conc.key, n) not in view]
             for n in order:
                 key = conc_key(conc.key, n)
                 until = min(deadline, self.clock.monotonic() + CREATE_WAIT)
@@ -137,7 +165,7 @@ class Limits:
                     conc.key,
                 )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(POLL, left))
+                await asyncio.wait_for(changed.wait(), min(POLL, left))
 
     async def release(self, job: JobConfig, lease: Lease) -> None:
         """Delete the slot key by its revision (after the run's result is stored)."""
