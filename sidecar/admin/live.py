@@ -182,6 +182,9 @@ class Live:
                 self.dirty.update(self._jobs)
             return
         head, _, rest = key.partition(".")
+        if head == "conc":  # a concurrency slot: the fleet's held/limit, of no one job
+            self._fleet_changed = True
+            return
         job = lease_job(key) if head in ("run", "lock") else rest.split(".", 1)[0]
         if job in self._jobs:
             self._changed.add(job)

@@ -34,6 +34,7 @@ from sidecar.core.clock import parse_rfc3339, rfc3339
 from sidecar.core.wire import FAILED, LOST, RUNNING, skip_key
 from sidecar.fleet.orphans import run_by
 from sidecar.run.backfill import backfill_key, done_of, running_of, slot_list
+from sidecar.run.concurrency import conc_key
 from sidecar.run.runcap import counted
 from sidecar.store.runs import attempt_of, join_runs
 from sidecar.store.state import (
@@ -356,6 +357,11 @@ def job_object(
         "overlap": job.overlap,
         "overlap_kept": _kept(view, job.name),
         "runs_counted": counted(view, job.name) if job.max_runs is not None else None,
+        "concurrency": (
+            {"key": job.concurrency.key, "limit": job.concurrency.limit}
+            if job.concurrency is not None
+            else None
+        ),
     }
 
 
@@ -457,7 +463,36 @@ def fleet_part(
             }
             for name in sorted(set(runners) - mine)
         ],
+        # Shared concurrency limits (jobs[].concurrency): slots held now, fleet-wide.
+        "concurrency": concurrency_of(config, view),
     }
+
+
+def concurrency_of(config: Config, view: View) -> list[dict[str, Any]]:
+    """Each concurrency key of the config: its limit, its jobs, the runs holding its
+    slots (``conc.<key>.<n>``) as the view shows them."""
+    limits: dict[str, tuple[int, list[str]]] = {}
+    for job in config.jobs:
+        if job.concurrency is not None:
+            limits.setdefault(job.concurrency.key, (job.concurrency.limit, []))[1].append(job.name)
+    out = []
+    for key, (limit, names) in sorted(limits.items()):
+        holders = []
+        for n in range(limit):
+            entry = view.keys.get(conc_key(key, n))
+            if entry is not None:
+                slot = slot_ms(entry.value.get("slot"))
+                holders.append(
+                    {
+                        "job": str(entry.value.get("job", "?"))[:100],
+                        "slot": rfc3339(slot / 1000) if slot is not None else None,
+                        "instance": str(entry.value.get("instance", "?"))[:100],
+                    }
+                )
+        out.append(
+            {"key": key, "limit": limit, "held": len(holders), "jobs": names, "holders": holders}
+        )
+    return out
 
 
 def _kept(view: View, job: str) -> str | None:

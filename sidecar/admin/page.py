@@ -163,6 +163,11 @@ def policy_lines(job: dict[str, Any], tz: object) -> str:
         out += f'<div class="words">until {when(job["end_at"], tz)} (end_at)</div>'
     if job.get("overlap") not in (None, "allow"):
         out += f'<div class="words">overlap: {e(job["overlap"])}</div>'
+    if conc := job.get("concurrency"):
+        out += (
+            f'<div class="words">concurrency: {e(conc.get("key"))} '
+            f"(at most {e(conc.get('limit'))} at once)</div>"
+        )
     return out
 
 
@@ -320,6 +325,11 @@ def fleet_section(fleet: dict[str, Any]) -> str:
                 [("jobs added at run time", f"{ran} run, {len(job_keys) - ran} not run")]
                 if job_keys
                 else []
+            ),
+            # Shared concurrency limits (jobs[].concurrency): slots held now.
+            *(
+                (f"concurrency {c.get('key')}", f"{c.get('held')}/{c.get('limit')} held")
+                for c in fleet.get("concurrency") or []
             ),
         ]
     )

@@ -194,6 +194,15 @@ def check_lines(config: Config, now_ms: int) -> list[str]:
             lines.append(f"  max_runs {job.max_runs}: counted fleet-wide in count.{job.name}")
         if job.overlap != "allow":
             lines.append(f"  overlap {job.overlap}: {_overlap_words(job)}")
+        if (conc := job.concurrency) is not None:
+            sharing = [
+                j.name for j in config.jobs if j.concurrency and j.concurrency.key == conc.key
+            ]
+            full = "skipped" if job.overlap == "skip" else "waits up to max_late, then skipped"
+            lines.append(
+                f"  concurrency {conc.key}: at most {conc.limit} run(s) at once of "
+                f"{', '.join(sharing)} (fleet-wide); when all are held, a slot {full}"
+            )
         # The next runs: spread moved, exclusions, start_at and end_at applied.
         runs = _next_runs(job, now_ms, 3)
         lines += [f"  next: {when(slot, job.timezone)}" for slot in runs]

@@ -112,6 +112,14 @@ def status_lines(view: dict[str, Any]) -> list[str]:
                 runs = job.get("runs_counted") or 0
                 lines.append(printable(f"{job['name']}: {runs} of max_runs {job['max_runs']} runs"))
         lines += schedule_status_lines(job)
+    for conc in view.get("concurrency") or []:
+        by = ", ".join(f"{h['job']} on {h['instance']}" for h in conc["holders"])
+        lines.append(
+            printable(
+                f"concurrency {conc['key']}: {conc['held']}/{conc['limit']} held"
+                f"{': ' + by if by else ''} (jobs {', '.join(conc['jobs'])})"
+            )
+        )
     return lines + drift_lines(view)
 
 

@@ -33,6 +33,7 @@ from sidecar.config.model import (
     MAX_CANDIDATES,
     CancelConfig,
     ClaimConfig,
+    ConcurrencyConfig,
     Config,
     JobConfig,
     RequestConfig,
@@ -77,11 +78,17 @@ JOB_KEYS = (
     "end_at",
     "max_runs",
     "cancel",
+    "concurrency",
 )
 # max_runs: at most this many runs (any more would not be a cap).
 MAX_RUNS = 2**31 - 1
 _REQUEST_KEYS = ("method", "path", "query", "headers", "body", "timeout", "url")
 _CANCEL_KEYS = ("method", "path", "grace")
+_CONCURRENCY_KEYS = ("key", "limit")
+# concurrency.limit: each slot is a key of the state bucket, tried in turn by a waiting run.
+MAX_CONCURRENCY = 100
+# concurrency.key: a token of the slot keys' names (conc.<key>.<n>).
+_CONC_KEY_LENGTH = 64
 # jobs[].cancel.grace when unset: how long a cancelled run may take to answer.
 CANCEL_GRACE = 5.0
 
@@ -164,7 +171,46 @@ def parse_job(
         expect=parse_expect(sec.data["expect"], sec.key("expect")) if sec.has("expect") else None,
         claim=parse_claim(sec, claim),
         max_runs=sec.integer("max_runs", None, 1, MAX_RUNS),
+        concurrency=_parse_concurrency(sec),
     )
+
+
+def _parse_concurrency(sec: ConfigSection) -> ConcurrencyConfig | None:
+    """``jobs[].concurrency: {key, limit}``: a limit shared by every job with the key."""
+    if not sec.has("concurrency"):
+        return None
+    conc = ConfigSection(sec.data["concurrency"], sec.key("concurrency"), _CONCURRENCY_KEYS)
+    key = conc.text("key", None)
+    if key is None:
+        raise ConfigError(conc.key("key"), "required: the name the jobs sharing the limit give")
+    if not JOB_NAME.fullmatch(key) or len(key) > _CONC_KEY_LENGTH:
+        raise ConfigError(
+            conc.key("key"),
+            f"{short(key)} is not a concurrency key: letters, digits, _ and - only, at most "
+            f"{_CONC_KEY_LENGTH} (it names the state bucket's keys conc.<key>.<n>)",
+        )
+    limit = conc.integer("limit", None, 1, MAX_CONCURRENCY)
+    if limit is None:
+        raise ConfigError(conc.key("limit"), "required: how many runs with this key at once")
+    return ConcurrencyConfig(key, limit)
+
+
+def check_concurrency(jobs: tuple[JobConfig, ...]) -> None:
+    """Every job sharing a concurrency key gives it the same limit: two limits for one
+    set of slot keys would let the larger one fill slots the smaller never counts."""
+    first: dict[str, tuple[int, int]] = {}
+    for index, job in enumerate(jobs):
+        if job.concurrency is None:
+            continue
+        key, limit = job.concurrency.key, job.concurrency.limit
+        seen = first.setdefault(key, (index, limit))
+        if seen[1] != limit:
+            raise ConfigError(
+                f"jobs[{index}].concurrency.limit",
+                f"concurrency key {key!r} has limit {limit} here but {seen[1]} in "
+                f"jobs[{seen[0]}] ({jobs[seen[0]].name}): every job sharing a key gives "
+                "the same limit",
+            )
 
 
 def _with_query(req: ConfigSection, path: str) -> str:

@@ -44,6 +44,7 @@ from sidecar.config.jobs import (
     MAX_RETRIES,
     ON_LOST,
     OVERLAP,
+    check_concurrency,
     check_fit,
     check_windows,
     parse_claim,
@@ -211,6 +212,7 @@ def _parse(data: dict[Any, Any]) -> Config:
         bucket_jobs=parse_bucket_jobs(data.get("bucket_jobs")),
         defaults=MappingProxyType(dict(defaults.data)),
     )
+    check_concurrency(config.jobs)
     size = config.effective_history_size  # once, not once per job
     for index, job in enumerate(config.jobs):
         check_windows(config, job, f"jobs[{index}]", size)

@@ -184,6 +184,15 @@ class CancelConfig:
     params: bool = False  # whether path has a run parameter (sidecar/config/params.py)
 
 
+@dataclass(frozen=True)
+class ConcurrencyConfig:
+    """``jobs[].concurrency``: at most `limit` runs of every job with this `key` alive
+    at once, fleet-wide (sidecar/run/concurrency.py, docs/CONFIG.md)."""
+
+    key: str
+    limit: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """One entry of ``jobs:``. Durations in seconds."""
@@ -209,6 +218,8 @@ class JobConfig:
     # At most this many slots run, fleet-wide (a counter in the state bucket:
     # sidecar/run/runcap.py); None: no cap.
     max_runs: int | None = None
+    # A limit shared with other jobs (slot keys conc.<key>.<n>); None: no limit.
+    concurrency: ConcurrencyConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ HOSTILE_KINDS = (
     "lock_key",
     "buffer_key",
     "stop_key",
+    "conc_key",
     "unknown_key",
 )
 
@@ -210,7 +211,8 @@ class Metrics:
             "runs_skipped",
             "Slots won but not run, by reason (overlap: a run of the job was still alive; "
             "late: frozen past slot + max_late before the request went out; bucket: the job "
-            "needs a lease and the state bucket cannot hold one).",
+            "needs a lease and the state bucket cannot hold one; concurrency: every slot of "
+            "its shared concurrency limit stayed held).",
             ("job", "reason"),
         )
         self.runs_lost_total = counter(
@@ -229,6 +231,13 @@ class Metrics:
         self.runs_buffered_total = counter(
             "runs_buffered",
             "Slots this instance kept to run after the running one (overlap: buffer_one).",
+        )
+        # jobs[].concurrency (sidecar/run/concurrency.py): summed over the fleet and the
+        # jobs sharing a key, the key's slots held now (each slot is held by one run).
+        self.concurrency_slots_held = job_gauge(
+            "concurrency_slots_held",
+            "Slots of the job's shared concurrency limit (jobs[].concurrency) its runs "
+            "hold on this instance now.",
         )
         self.attempts_due_total = counter(
             "attempts_due", "Further attempts this instance made due, by reason.", ("job", "reason")
@@ -254,9 +263,9 @@ class Metrics:
             "out of range, e.g. an absurd slot), at_key (an entry of a one-off run that the "
             "`at` command would not have written), job (a job.<name> key of the state "
             "bucket that is not a valid job), lock_key (a lock.<job> held without the TTL "
-            "a sidecar writes), buffer_key / stop_key (a buffer.<job> or "
-            "stop.<job> key that no stored claim of the job backs), unknown_key (a key of "
-            "no family the sidecar knows).",
+            "a sidecar writes; conc_key: the same of a conc.<key>.<n> slot), buffer_key / "
+            "stop_key (a buffer.<job> or stop.<job> key that no stored claim of the job "
+            "backs), unknown_key (a key of no family the sidecar knows).",
             ("what",),
             namespace=PREFIX,
             registry=registry,

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from sidecar.run.catchup import CatchUp
     from sidecar.run.claim import Claim
     from sidecar.run.claimwindow import ClaimWindow
+    from sidecar.run.concurrency import Limits
     from sidecar.run.context import Context
     from sidecar.run.lostruns import LostRuns
     from sidecar.run.onkey import OnFirstKey
@@ -107,6 +108,8 @@ class Jobs:
     # (``overlap_part``): None until then, and then none of its parts is needed.
     overlap: Overlap | None = None
     make_overlap: Callable[[], Overlap]
+    # jobs[].concurrency: made (its code imported) by the first run of a job with one.
+    limits: Limits | None = None
 
     def __init__(self, ctx: Context, trigger: Trigger) -> None:
         self.ctx = ctx
@@ -418,7 +421,7 @@ class Jobs:
                     # existed (sidecar/run/claimwindow.py): the lost record stands.
                     if lease.judged or await self.window.judged_lost(job, claim):
                         return
-                    await self._run(job, claim, deadline)
+                    await self._limited(job, claim, deadline)
                     return
                 try:
                     await stack.enter_async_context(lease)
@@ -457,7 +460,37 @@ class Jobs:
                     error = f"{lease.key} not taken: {exc!r}"
                     await self._end(job, claim, not_sent(claim, FAILED, error, self.clock.wall()))
                     return
+            await self._limited(job, claim, deadline)
+
+    async def _limited(self, job: JobConfig, claim: Claim, deadline: float) -> None:
+        """``_run`` inside a slot of the job's shared concurrency limit, if it has one
+        (sidecar/run/concurrency.py): none free (skip), or none by slot + max_late,
+        and the run is recorded skipped (reason concurrency), never sent."""
+        if job.concurrency is None:
             await self._run(job, claim, deadline)
+            return
+        from sidecar.run.concurrency import REASON, Limits  # loaded by the first such run
+
+        keys = self.keys()
+        if keys is None:  # turned unfit since run_slot looked: never run past the limit
+            why = f"{REASON}: the state bucket cannot hold its slot now"
+            await self._end(job, claim, not_sent(claim, SKIPPED, why, self.clock.wall(), "bucket"))
+            return
+        if self.limits is None:
+            self.limits = Limits(self.ctx)
+        try:
+            took = await self.limits.take(keys, job, claim, deadline)
+        except asyncio.CancelledError:  # the drain: never sent
+            why = f"{REASON}: the sidecar stopped while it waited for a slot"
+            await self._end(job, claim, not_sent(claim, SKIPPED, why, self.clock.wall(), REASON))
+            raise
+        if isinstance(took, str):
+            await self._end(job, claim, not_sent(claim, SKIPPED, took, self.clock.wall(), REASON))
+            return
+        try:
+            await self._run(job, claim, deadline)
+        finally:
+            await self.limits.release(job, took)
 
     async def _run(self, job: JobConfig, claim: Claim, deadline: float) -> None:
         """Trigger the app for a won claim and record the result."""

@@ -13,7 +13,8 @@ is lost only when the owner or token stored there is not ours.
 The keys are written by sidecar/store/kv.py; an expired lease is judged and
 recorded ``lost`` by sidecar/run/lostruns.py.
 
-A lock is always written with a TTL. One found without a TTL, or with one
+A lock (and a slot of a concurrency limit, ``conc.<key>.<n>``) is always
+written with a TTL. One found without a TTL, or with one
 longer than any sidecar's lease (``kv.lock_ttl_limit``), was written by hand:
 it would hold the job for ever. It is hostile input, counted
 (``hostile_input_total{what="lock_key"}``), logged once, and deleted by its
@@ -67,6 +68,9 @@ JUDGED_BY = "judged_by"
 
 # The record's error of a replaced run starts with this (no retry follows it).
 REPLACED = "replaced"
+# Leases that must carry a TTL a sidecar writes: one without is forged, refused and
+# taken (the locks of overlap, the slots of concurrency limits: sidecar/run/concurrency.py).
+TIMED = ("lock.", "conc.")
 # What became of a won slot that found the lock held.
 TAKEN, KEPT, SKIPPED = "taken", "kept", "skipped"
 
@@ -149,13 +153,14 @@ class Lease:
     async def _create(self) -> int:
         if failpoints.ENABLED:
             await failpoints.hit("lease.create")
-        if not self.key.startswith("lock."):
+        if not self.key.startswith(TIMED):
             return await self.keys.create(self.key, self.value, self.ttl, self.marker)
         limit = lock_ttl_limit(self.ttl)
         try:
             return await self.keys.create(self.key, self.value, self.ttl, self.marker, limit)
         except Untimed as forged:
-            self.metrics.hostile_input_total.labels(what="lock_key").inc()
+            what = "conc_key" if self.key.startswith("conc.") else "lock_key"
+            self.metrics.hostile_input_total.labels(what=what).inc()
             _untimed_log.warning(
                 f"untimed {self.key}",
                 "state bucket: %s refused: held without a TTL a sidecar writes (Nats-TTL "

@@ -81,6 +81,7 @@ def needs_leases(job: JobConfig) -> bool:
         or job.on_lost == "rerun"
         or job.retry.max >= 1
         or getattr(job, "max_runs", None) is not None
+        or getattr(job, "concurrency", None) is not None
     )
 
 

@@ -142,6 +142,14 @@ FAMILIES: tuple[Family, ...] = (
         "counted lock_key",
     ),
     Family(
+        "conc.",
+        "conc.<key>.<n>",
+        (LEASE,),
+        True,
+        "sidecar/run/concurrency.py: a slot of a shared concurrency limit; one held "
+        "without a TTL a sidecar writes is deleted, counted conc_key",
+    ),
+    Family(
         "stop.",
         "stop.<job>",
         (LEASE,),

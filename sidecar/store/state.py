@@ -154,6 +154,8 @@ def job_hash(job: JobConfig) -> str:
         parts.append(f"expect={job.expect}")
     if getattr(job, "max_runs", None) is not None:
         parts.append(f"max_runs={job.max_runs}")
+    if (conc := getattr(job, "concurrency", None)) is not None:
+        parts.append(f"concurrency={conc.key}/{conc.limit}")
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
 
 

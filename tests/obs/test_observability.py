@@ -84,6 +84,8 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_runs_replaced_total": ("counter", frozenset({"job"})),
     "anarchon_cancel_requests_failed_total": ("counter", frozenset({"job"})),
     "anarchon_runs_buffered_total": ("counter", frozenset({"job"})),
+    # jobs[].concurrency (issue 50 item 3, docs/METRICS.md).
+    "anarchon_concurrency_slots_held": ("gauge", frozenset({"job"})),
     # Telling people (issue 29): pings, notifications, pause_after, expect.
     "anarchon_pings_total": ("counter", frozenset({"job", "kind", "outcome"})),
     "anarchon_notifications_total": ("counter", frozenset({"event", "outcome"})),
@@ -115,6 +117,7 @@ SPEC_LABEL_VALUES = {
         "excluded",
         "skip",
         "max_runs",
+        "concurrency",
     },
     "status": {"succeeded", "failed", "skipped", "lost"},
     "what": {
@@ -126,6 +129,7 @@ SPEC_LABEL_VALUES = {
         "lock_key",
         "buffer_key",
         "stop_key",
+        "conc_key",
         "unknown_key",
     },
     "operation": {"publish", "subscribe"},
@@ -195,6 +199,7 @@ ALERTS = {
     "AnarchonRunLost",
     "AnarchonRetriesExhausted",
     "AnarchonOverlapSkipsPersist",
+    "AnarchonConcurrencySkipsPersist",
     "AnarchonJobAutoPaused",
     "AnarchonRunOverdue",
     "AnarchonRunsAnomalous",

@@ -100,6 +100,7 @@ def _red_team(job: str, on_schedule_ms: int, now_ms: int) -> dict[str, list[Any]
         # A job the file does not define: a request to another host.
         "job.": [{"schedule": "* * * * * *", "request": {"url": "http://evil.example/"}}],
         "lock.": [forged_run],  # without a TTL (finding 4b)
+        "conc.": [forged_run],  # a concurrency slot without a TTL: held for ever
         "buffer.": [forged_run],  # finding 2
         "stop.": [{**forged_run, "slot": 1}],  # finding 4a
         "run.": [forged_run],
@@ -136,6 +137,8 @@ def forged(
                 key = f"{key}.{now_ms - 1500}.2"  # a slot off every schedule here
             if family.prefix == "event.":
                 key = f"{key}.forged.failing"
+            if family.prefix == "conc.":
+                key = f"{key}.0"  # slot 0 of the concurrency key named as the job
             for _ in range(per_family):
                 body = (
                     rng.choice(GARBAGE)

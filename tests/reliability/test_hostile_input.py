@@ -510,7 +510,8 @@ def test_fuzzed_keys_of_every_family_trigger_nothing_the_config_and_stream_would
     families = tuple(p for p in BY_PREFIX if overlap or p not in OVERLAP_FAMILIES)
 
     jobs = [
-        every_second("tick", overlap="skip"),
+        # Its concurrency key is its name: the forged conc.tick.0 holds its one slot.
+        every_second("tick", overlap="skip", concurrency={"key": "tick", "limit": 1}),
         every_second("yearly", schedule=YEARLY, overlap="buffer_one", retry={"max": 2}),
         every_second("capped", schedule=YEARLY, overlap="replace", max_runs=3, max_late="10s"),
     ]
@@ -526,7 +527,8 @@ def test_fuzzed_keys_of_every_family_trigger_nothing_the_config_and_stream_would
             on_schedule[job.name] = instant
         writes = forged([j["name"] for j in jobs], on_schedule, now_ms, FUZZ_SEED, "tick", families)
         sent = asyncio.run(_forge_keys(nats_server.url, writes))
-        refused = ("due_key", "backfill_key", "at_key", "job", "lock_key", "unknown_key")
+        refused = ("due_key", "backfill_key", "at_key", "job", "lock_key", "conc_key")
+        refused += ("unknown_key",)
         refused += ("buffer_key",) if overlap else ()
         wait_for(
             lambda: all(
