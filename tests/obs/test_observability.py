@@ -154,6 +154,7 @@ REASONS = {
         "excluded",
         "skip",
         "max_runs",
+        "concurrency",
     },
     "anarchon_attempts_due_total": {"retry", "lost"},
 }
@@ -178,6 +179,7 @@ MADE_ON_USE = {
     "anarchon_runs_buffered_total",
     "anarchon_runs_anomalous_total",
     "anarchon_runs_overdue",
+    "anarchon_concurrency_slots_held",
     "anarchon_job_consecutive_failures",
     "anarchon_job_auto_paused",
 }
