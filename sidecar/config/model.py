@@ -206,6 +206,9 @@ class JobConfig:
     # At most this many slots run, fleet-wide (a counter in the state bucket:
     # sidecar/run/runcap.py); None: no cap.
     max_runs: int | None = None
+    # ``one``: once per slot for the fleet; ``every``: once per slot on every live
+    # instance, each triggering its own app (docs/GUARANTEES.md).
+    run_on: str = "one"
 
 
 @dataclass(frozen=True)
