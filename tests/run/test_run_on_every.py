@@ -176,3 +176,42 @@ def iso(slot: int) -> str:
     from sidecar.core.clock import rfc3339
 
     return rfc3339(slot / 1000)
+
+
+@pytest.mark.parametrize(
+    "args", [("run-now", "every"), ("at", "every", "30m"), ("backfill", "every", "--from", "1h")]
+)
+def test_commands_that_run_a_slot_once_for_the_fleet_refuse_a_run_on_every_job(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    raw = {"nats": {"servers": ["nats://127.0.0.1:9"]}, "target": {"url": "http://127.0.0.1:9"}}
+    raw["jobs"] = [every_job()]
+    done = run_cli(*args, "-c", cli_config(tmp_path, raw))
+    assert done.returncode == 2, done
+    assert f"{args[0]} runs a slot of every once for the fleet" in done.stderr
+    assert "run_on: every" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_status_text_has_a_line_per_instance_with_what_it_missed() -> None:
+    from sidecar.cli.status_text import every_lines
+
+    jobs = [
+        {"name": "plain", "run_on": "one"},
+        {
+            "name": "every",
+            "run_on": "every",
+            "instances": {
+                "a": {"slot": "2026-12-06T07:00:04.000Z", "status": "succeeded"},
+                "c": {"slot": "2026-12-06T07:00:00.000Z", "status": "succeeded"},
+            },
+            "missed": [
+                {"slot": "2026-12-06T07:00:04.000Z", "instance": "c"},
+                {"slot": "2026-12-06T07:00:02.000Z", "instance": "c"},
+            ],
+        },
+    ]
+    assert every_lines(jobs) == [
+        "every on a: last 2026-12-06T07:00:04.000Z succeeded",
+        "every on c: last 2026-12-06T07:00:00.000Z succeeded, missed 2 "
+        "(newest 2026-12-06T07:00:04.000Z)",
+    ]
