@@ -218,3 +218,10 @@ def test_status_text_has_a_line_per_instance_with_what_it_missed() -> None:
         "every on c: last 2026-12-06T07:00:00.000Z succeeded, missed 2 "
         "(newest 2026-12-06T07:00:04.000Z)",
     ]
+
+
+def test_check_says_a_job_runs_on_every_instance(tmp_path: Path) -> None:
+    raw = {"target": {"url": "http://127.0.0.1:9"}, "jobs": [every_job()]}
+    done = run_cli("check", "-c", cli_config(tmp_path, raw))
+    assert done.returncode == 0, done
+    assert "  run_on every: each slot runs once on every live instance" in done.stdout
