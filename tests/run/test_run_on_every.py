@@ -225,3 +225,27 @@ def test_check_says_a_job_runs_on_every_instance(tmp_path: Path) -> None:
     done = run_cli("check", "-c", cli_config(tmp_path, raw))
     assert done.returncode == 0, done
     assert "  run_on every: each slot runs once on every live instance" in done.stdout
+
+
+def test_the_page_row_of_a_run_on_every_job_names_each_instance_and_what_it_missed() -> None:
+    from sidecar.admin.page import job_row
+
+    row = job_row(
+        {
+            "name": "every",
+            "schedules": [],
+            "timezone": "UTC",
+            "run_on": "every",
+            "instances": {
+                "a": {"slot": "2026-12-06T07:00:04.000Z", "status": "succeeded"},
+                "c": {"slot": "2026-12-06T07:00:00.000Z", "status": "succeeded"},
+            },
+            "missed": [{"slot": "2026-12-06T07:00:02.000Z", "instance": "c"}],
+            "recent": [
+                {"slot": "2026-12-06T07:00:04.000Z", "status": "succeeded", "instance": "a"}
+            ],
+        }
+    )
+    assert "every instance" in row
+    assert "a: " in row and "c: " in row and "missed 1" in row
+    assert 'title="succeeded 2026-12-06T07:00:04.000Z on a"' in row
