@@ -344,6 +344,9 @@ class PageApp:
             return 400, {"error": str(exc), **not_done}
         until: str | None = None
         count = 1
+        every = any(j.name == job and j.run_on == "every" for j in self.config.jobs)
+        if every and action in ("run-now", "at"):  # once for the fleet: not per instance
+            return 400, {"error": f"{action}: not for a job with run_on: every", **not_done}
         # What is asked is checked before anything is written.
         if action == "pause":
             asked = form.get("until", "").strip() or None

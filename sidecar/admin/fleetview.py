@@ -15,9 +15,12 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from sidecar.admin.bucket_jobs import listing, with_bucket_jobs, with_sources
+from sidecar.admin.everyview import of_runs
 from sidecar.admin.objects import Recent, fleet_object, read_recent, running, stream_object
 from sidecar.config.load import Config
+from sidecar.core.wire import EVERY
 from sidecar.store.bucketcheck import check_bucket
+from sidecar.store.runs import read_history
 from sidecar.store.state import View, read_view, state_spec
 from sidecar.store.stream import answering_domain, state_of, stream_spec
 from sidecar.store.streamfit import coverage
@@ -61,8 +64,25 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
         bucket["problem"] = "the state bucket does not exist (a running sidecar creates it)"
     except Exception:  # no answer: the rest is still shown
         pass
-    return with_sources(
-        fleet_object(config, view, recent, stream, held, now_ms, bucket, seen),
-        file_names,
-        bucket_jobs,
-    )
+    out = fleet_object(config, view, recent, stream, held, now_ms, bucket, seen)
+    if stream is not None:
+        await _every_jobs(js, config, out, now_ms)
+    return with_sources(out, file_names, bucket_jobs)
+
+
+async def _every_jobs(
+    js: JetStreamContext, config: Config, out: dict[str, Any], now_ms: int
+) -> None:
+    """``run_on: every`` jobs: ``instances`` and ``missed`` from the whole history, not
+    only the recent runs the page keeps (sidecar/admin/everyview.py)."""
+    spec = stream_spec(config)
+    every = {job.name: job for job in config.jobs if job.run_on == EVERY}
+    for entry in out.get("jobs", []):
+        job = every.get(entry.get("name"))
+        if job is None:
+            continue
+        try:
+            hist = await read_history(js, spec.name, spec.prefix, job.name)
+        except Exception:  # no answer: the recent runs' view stays
+            continue
+        entry.update(of_runs(hist.runs, now_ms, round(job.max_late * 1000)))

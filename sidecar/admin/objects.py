@@ -27,11 +27,12 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from sidecar.admin.everyview import per_instance
 from sidecar.config.fields import redact_url
 from sidecar.config.load import Config, JobConfig
 from sidecar.core.bounds import attempt_no, slot_ms
 from sidecar.core.clock import parse_rfc3339, rfc3339
-from sidecar.core.wire import FAILED, LOST, RUNNING, skip_key
+from sidecar.core.wire import EVERY, FAILED, LOST, RUN_ON_FIELD, RUNNING, skip_key
 from sidecar.fleet.orphans import run_by
 from sidecar.run.backfill import backfill_key, done_of, running_of, slot_list
 from sidecar.run.concurrency import conc_key
@@ -67,7 +68,7 @@ class JobRecent:
 
     claim: tuple[int, bytes] | None = None
     result: tuple[int, bytes] | None = None
-    # token -> [slot, seq, status, attempt, manual]
+    # token -> [slot, seq, status, attempt, manual, instance, every (run_on: every)]
     marks: dict[str, list[Any]] = field(default_factory=dict)
 
 
@@ -118,6 +119,8 @@ class Recent:
                     RUNNING,
                     attempt_of(body),
                     body.get("manual") is True,
+                    instance if isinstance(instance := body.get("instance"), str) else None,
+                    body.get(RUN_ON_FIELD) == EVERY,
                 ]
                 if len(rec.marks) > STRIP:  # the oldest goes (reads may come out of order)
                     oldest = min(rec.marks.items(), key=lambda item: (item[1][0], item[1][1]))
@@ -164,9 +167,17 @@ class Recent:
                 "attempt": m[3],
                 "manual": m[4],
                 "fence": m[1],
+                "instance": m[5],
             }
             for token, m in marks
         ]
+
+    def every_marks(self, job: str) -> list[tuple[int, str, str]]:
+        """(slot, instance, status) of the job's per-instance runs in the strip."""
+        rec = self.jobs.get(job)
+        if rec is None:
+            return []
+        return [(m[0], m[5], m[2]) for m in rec.marks.values() if m[6] and m[5] is not None]
 
 
 def consecutive_failures(strip: list[dict[str, Any]]) -> int:
@@ -339,6 +350,12 @@ def job_object(
         "schedules": schedules_of(job),
         "timezone": job.timezone.key,
         "recent": strip,
+        "run_on": job.run_on,
+        **(
+            per_instance(recent.every_marks(job.name), now_ms, round(job.max_late * 1000))
+            if job.run_on == EVERY
+            else {}
+        ),
         "consecutive_failures": consecutive_failures(strip),
         "target": f"{job.request.method} {redact_url(job.request.url)}{job.request.path}",
         "settings_differ": job.name in mismatch,

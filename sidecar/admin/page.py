@@ -226,8 +226,22 @@ def job_row(job: dict[str, Any]) -> str:
             f'<span class="tag run">kept</span> slot {when(job["overlap_kept"], tz)} runs '
             "after the running one (buffer_one)"
         )
+    if job.get("run_on") == "every":  # each instance's last run, and what it missed
+        state.append('<span class="tag run">every instance</span> runs each slot')
+        gaps = job.get("missed") or []
+        for instance, last_of in (job.get("instances") or {}).items():
+            own = [g["slot"] for g in gaps if g.get("instance") == instance]
+            missed = f', <span class="tag bad">missed {len(own)}</span>' if own else ""
+            state.append(
+                f"{e(instance)}: {mark(last_of.get('status'))} "
+                f"{when(last_of.get('slot'), tz)}{missed}"
+            )
     strip = "".join(
-        mark(r["status"], f"{r['slot']}{' manual' if r.get('manual') else ''}")
+        mark(
+            r["status"],
+            f"{r['slot']}{' manual' if r.get('manual') else ''}"
+            + (f" on {r['instance']}" if r.get("instance") else ""),
+        )
         for r in reversed(job.get("recent") or [])
     )
     fails = job.get("consecutive_failures") or 0

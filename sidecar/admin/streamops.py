@@ -33,13 +33,14 @@ from sidecar.config.load import Config, Secrets
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import StreamError, StreamNotFound, UnknownJob
 from sidecar.core.natspy import api_prefix
-from sidecar.core.wire import ERR_STREAM_NOT_FOUND, MANUAL, TRANSIENT, paused_key
+from sidecar.core.wire import ERR_STREAM_NOT_FOUND, EVERY, MANUAL, TRANSIENT, paused_key
 from sidecar.run.claim import Claimer
 from sidecar.run.record import Recorder, sent
 from sidecar.run.since import since_key
 from sidecar.run.trigger import RetryReport, Trigger, TriggerResult, why_of
 from sidecar.store.connection import Client, connected, one_shot_js
 from sidecar.store.kv import Keys, Paused, delete_at, put_json, store_pause
+from sidecar.store.missed import with_missed
 from sidecar.store.runs import History, read_history, stream_job_names
 from sidecar.store.state import decode, ensure_bucket, state_spec
 from sidecar.store.stream import (
@@ -112,9 +113,13 @@ async def history(
         await _read(read_stream(js, spec))  # StreamNotFound, plainly
         # No instance claims a slot earlier than that (its clock would have to
         # run ahead by more than the window that de-duplicates it).
-        latest = (clock or Clock()).wall_ms() + round(config.nats.duplicate_window * 1000)
+        now_ms = (clock or Clock()).wall_ms()
+        latest = now_ms + round(config.nats.duplicate_window * 1000)
         with answered(f"cannot read the history of {job}", also=(APIError,)):
             hist = await read_history(js, spec.name, spec.prefix, job, latest)
+            if hist.runs and job in config.job_names and config.job(job).run_on == EVERY:
+                late_ms = round(config.job(job).max_late * 1000)
+                hist = dataclasses.replace(hist, runs=with_missed(hist.runs, now_ms, late_ms))
             if hist.runs or hist.skipped or job in config.job_names:
                 return hist
             in_stream = await stream_job_names(js, spec.name, spec.prefix)

@@ -276,6 +276,17 @@ def any_job(ld: Loaded, name: str) -> tuple[Loaded, JobConfig]:
     return Loaded(config, ld.secrets), job
 
 
+def fleet_once(job: JobConfig, command: str) -> None:
+    """`command` (run-now, backfill, at) runs a slot once for the fleet: exit 2 for a
+    ``run_on: every`` job, whose runs are each instance's own (docs/CONFIG.md)."""
+    if job.run_on == "every":
+        fail(
+            EXIT_USAGE,
+            f"{command} runs a slot of {job.name} once for the fleet, but {job.name} has "
+            "run_on: every (each instance runs each slot itself): not supported",
+        )
+
+
 def job_timezone(config: Config, name: str) -> ZoneInfo:
     """The job's timezone; UTC for a job of another scheduler sharing the stream."""
     if not JOB_NAME.fullmatch(name):

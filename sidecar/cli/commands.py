@@ -24,6 +24,7 @@ from sidecar.cli.command import (
     config_option,
     duration_option,
     fail,
+    fleet_once,
     job_argument,
     job_timezone,
     json_option,
@@ -147,6 +148,7 @@ def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
     from sidecar.admin import streamops
 
     ld, spec = any_job(load(config_path), job)
+    fleet_once(spec, "run-now")
     retry_for = spec.max_late if timeout is None else timeout
     progress = output.RetryProgress(job, retry_for, note)
     done = call(streamops.run_now(ld.config, ld.secrets, job, Clock(), retry_for, progress))
@@ -400,6 +402,7 @@ def backfill(
         left = call(skipops.cancel_backfill(ld.config, ld.secrets, job))
         say(f"{job}: backfill cancelled, {left} slot(s) not run")
         return
+    fleet_once(spec, "backfill")
     if not from_text:
         fail(EXIT_USAGE, "backfill needs --from (RFC 3339, or a duration back: 2h), or --cancel")
     now = time.time()
@@ -474,6 +477,8 @@ def at_command(
     ld, spec = any_job(load(config_path), job)
     if sum((time_text is not None, listing, cancel_text is not None)) != 1:
         fail(EXIT_USAGE, "at needs one of: TIME, --list, or --cancel TIME|all")
+    if time_text is not None:
+        fleet_once(spec, "at")
     if listing:
         runs = call(atops.cli_list(ld.config, ld.secrets, job))
         say(output.as_json({"job": job, "pending": [r.as_dict() for r in runs]}) if as_json

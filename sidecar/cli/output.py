@@ -203,6 +203,11 @@ def check_lines(config: Config, now_ms: int) -> list[str]:
                 f"  concurrency {conc.key}: at most {conc.limit} run(s) at once of "
                 f"{', '.join(sharing)} (fleet-wide); when all are held, a slot {full}"
             )
+        if job.run_on == "every":
+            lines.append(
+                "  run_on every: each slot runs once on every live instance, on its own app "
+                f"(claim id {job.name}:<slot>:every:<instance>)"
+            )
         # The next runs: spread moved, exclusions, start_at and end_at applied.
         runs = _next_runs(job, now_ms, 3)
         lines += [f"  next: {when(slot, job.timezone)}" for slot in runs]

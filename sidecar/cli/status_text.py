@@ -70,6 +70,7 @@ def status_lines(view: dict[str, Any]) -> list[str]:
             )
         )
     lines += table(("JOB", "STATE", "LAST RUN", "STATUS", "INSTANCE", "NEXT", "FROM"), rows)
+    lines += every_lines(view["jobs"])
     for item in view.get("bucket_jobs") or []:
         if item.get("state") != "run":
             lines.append(
@@ -121,6 +122,23 @@ def status_lines(view: dict[str, Any]) -> list[str]:
             )
         )
     return lines + drift_lines(view)
+
+
+def every_lines(jobs: list[dict[str, Any]]) -> list[str]:
+    """``run_on: every`` jobs: each instance's last run and the slots it missed."""
+    lines = []
+    for job in jobs:
+        if job.get("run_on") != "every":
+            continue
+        for instance, last in (job.get("instances") or {}).items():
+            gaps = [m["slot"] for m in job.get("missed") or [] if m["instance"] == instance]
+            said = f", missed {len(gaps)} (newest {gaps[0]})" if gaps else ""
+            lines.append(
+                printable(
+                    f"{job['name']} on {instance}: last {last['slot']} {last['status']}{said}"
+                )
+            )
+    return lines
 
 
 def schedule_status_lines(job: dict[str, Any]) -> list[str]:

@@ -79,7 +79,10 @@ JOB_KEYS = (
     "max_runs",
     "cancel",
     "concurrency",
+    "run_on",
 )
+# jobs[].run_on: once per slot for the fleet (one), or on every live instance.
+RUN_ON = ("one", "every")
 # max_runs: at most this many runs (any more would not be a cap).
 MAX_RUNS = 2**31 - 1
 _REQUEST_KEYS = ("method", "path", "query", "headers", "body", "timeout", "url")
@@ -153,6 +156,10 @@ def parse_job(
         )
     overlap = sec.get("overlap", "allow", one_of(OVERLAP))
     cancel = _parse_cancel(sec, request, overlap)
+    run_on = sec.get("run_on", "one", one_of(RUN_ON))
+    max_runs = sec.integer("max_runs", None, 1, MAX_RUNS)
+    if run_on == "every":
+        _check_every(sec, overlap, retry.max, on_lost, max_runs)
     return JobConfig(
         name=name,
         schedule=schedule,
@@ -170,8 +177,9 @@ def parse_job(
         pause_after=parse_pause_after(sec),
         expect=parse_expect(sec.data["expect"], sec.key("expect")) if sec.has("expect") else None,
         claim=parse_claim(sec, claim),
-        max_runs=sec.integer("max_runs", None, 1, MAX_RUNS),
+        max_runs=max_runs,
         concurrency=_parse_concurrency(sec),
+        run_on=run_on,
     )
 
 
@@ -211,6 +219,26 @@ def check_concurrency(jobs: tuple[JobConfig, ...]) -> None:
                 f"jobs[{seen[0]}] ({jobs[seen[0]].name}): every job sharing a key gives "
                 "the same limit",
             )
+
+
+def _check_every(
+    sec: ConfigSection, overlap: str, retries: int, on_lost: str, max_runs: int | None
+) -> None:
+    """``run_on: every`` refuses what it cannot make exact per instance: each of these
+    keys is a fleet-wide lock, count or lease, or a further claim of the slot
+    (docs/CONFIG.md, docs/GUARANTEES.md)."""
+    why = "does not go with run_on: every (each instance runs each slot once, on its own)"
+    if overlap != "allow":
+        raise ConfigError(sec.key("overlap"), f"{overlap} {why}: leave it allow")
+    if retries > 0:
+        raise ConfigError(f"{sec.key('retry')}.max", f"{retries} {why}: leave it 0")
+    if on_lost != "record":
+        raise ConfigError(sec.key("on_lost"), f"{on_lost} {why}: leave it record")
+    if max_runs is not None:
+        raise ConfigError(sec.key("max_runs"), f"a fleet-wide count {why}")
+    own = sec.data.get("claim")
+    if isinstance(own, dict) and own.get("candidates") is not None:
+        raise ConfigError(f"{sec.key('claim')}.candidates", f"every instance claims: it {why}")
 
 
 def _with_query(req: ConfigSection, path: str) -> str:

@@ -220,6 +220,9 @@ class JobConfig:
     max_runs: int | None = None
     # A limit shared with other jobs (slot keys conc.<key>.<n>); None: no limit.
     concurrency: ConcurrencyConfig | None = None
+    # ``one``: once per slot for the fleet; ``every``: once per slot on every live
+    # instance, each triggering its own app (docs/GUARANTEES.md).
+    run_on: str = "one"
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,21 @@ def claim_msg_id(job: str, slot: int, token: str, manual: bool, attempt: int = 1
     return f"{job}:{slot}" if attempt <= 1 else f"{job}:{slot}:a{attempt}"
 
 
+# ``jobs[].run_on: every`` (docs/GUARANTEES.md): each instance claims its own
+# (job, slot, instance). The claim's body says so in this field, so that no
+# reader takes it for the fleet's claim of the slot (whose id is ``<job>:<slot>``).
+RUN_ON_FIELD = "run_on"
+EVERY = "every"
+
+
+def every_msg_id(job: str, slot: int, instance: str) -> str:
+    """The claim id of `instance`'s own run of `slot` (``run_on: every``):
+    ``<job>:<slot>:every:<instance>``. Never the fleet's ``<job>:<slot>`` nor an
+    attempt's ``<job>:<slot>:a<n>``: a per-instance claim takes no one else's id,
+    and a restarted instance finds its own (a duplicate: not run again)."""
+    return f"{job}:{slot}:every:{instance}"
+
+
 def lost_msg_id(job: str, slot: int, attempt: int) -> str:
     """The id of a ``lost`` result: every sidecar publishes it, one is stored."""
     return f"{job}:{slot}:{attempt}:lost"

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sidecar.core.wire import CATCHUP
+from sidecar.core.wire import CATCHUP, EVERY
 from sidecar.run.since import floor_ms, settle, since_key
 from sidecar.store.runs import last_messages, last_scheduled_slot
 
@@ -67,11 +67,14 @@ class CatchUp:
         candidates = [s for s in candidates if s >= floor]
         if not candidates:
             return
-        try:
-            messages = await last_messages(self.js, self.spec.name, self.spec.prefix, job.name)
-        except Exception as exc:  # no answer: claim them all; duplicates do not run
-            log.debug("catch-up of %s: reading its last claim failed: %r", job.name, exc)
-            messages = []
+        messages: list[tuple[int, str, bytes]] = []
+        # run_on: every: the job's last claim is any instance's; each instance claims
+        # every candidate under its own id instead (the ones it ran are duplicates).
+        if job.run_on != EVERY:
+            try:
+                messages = await last_messages(self.js, self.spec.name, self.spec.prefix, job.name)
+            except Exception as exc:  # no answer: claim them all; duplicates do not run
+                log.debug("catch-up of %s: reading its last claim failed: %r", job.name, exc)
         last = last_scheduled_slot(messages, self.spec.prefix, job.name)
         missed = [s for s in candidates if last is None or s > last]
         if not missed:

@@ -35,7 +35,7 @@ from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimDisconnected, ClaimForeign, CountUnavailable, KeyHeld
 from sidecar.core.tasks import TaskSet
-from sidecar.core.wire import CATCHUP, FAILED, SCHEDULED, SKIPPED
+from sidecar.core.wire import CATCHUP, EVERY, FAILED, RUN_ON_FIELD, SCHEDULED, SKIPPED, every_msg_id
 from sidecar.run.lease import (
     KEPT,
     REPLACED,
@@ -257,12 +257,21 @@ class Jobs:
             else:
                 self.unclaimed.skip(job, slot, *skipped)
             return
-        if not deferred and self.candidates.defer(job, slot, number, trigger):
+        every = job.run_on == EVERY  # every instance claims its own (job, slot, instance)
+        if not every and not deferred and self.candidates.defer(job, slot, number, trigger):
             return  # not a candidate: claimed after claim.fallback unless its run is seen
         start = slot / 1000 if due_at is None else due_at
         deadline = self.clock.monotonic() + (start + job.max_late - now)
         try:
-            claim = await self.claimer.claim(name, slot, deadline, attempt=number, trigger=trigger)
+            claim = await self.claimer.claim(
+                name,
+                slot,
+                deadline,
+                attempt=number,
+                trigger=trigger,
+                msg_id=every_msg_id(name, slot, self.config.instance_id) if every else None,
+                extra={RUN_ON_FIELD: EVERY} if every else None,
+            )
         except asyncio.CancelledError:
             m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
             raise
@@ -279,6 +288,10 @@ class Jobs:
                 if number > 1:
                     self.due.claimed(name, slot, number)
                 self._start_run(job, claim, start)
+            elif every:
+                # Only this instance takes this id: it claimed the slot before a
+                # restart (or a catch-up), and the slot is not run here again.
+                log.info("job %s slot %s already claimed by this instance", name, slot)
             else:
                 self.window.lost_claim(job, claim)
             self.unclaimed.count(claim)
@@ -388,6 +401,11 @@ class Jobs:
         `start` is when the attempt was due (the slot's time for attempt 1).
         """
         deadline = self.clock.monotonic() + max(0.0, start + job.max_late - self.clock.wall())
+        if job.run_on == EVERY:
+            # No lease: the run is this instance's alone, nobody else would judge
+            # it or take it over (a runner killed mid-run reads running in history).
+            await self._run(job, claim, deadline)
+            return
         keys = self.keys()
         if keys is None and needs_leases(job):
             # The bucket turned unfit (or was replaced) between the check and the

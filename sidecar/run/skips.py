@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimError
-from sidecar.core.wire import SKIPPED, claim_msg_id
+from sidecar.core.wire import EVERY, RUN_ON_FIELD, SKIPPED, claim_msg_id, every_msg_id
 from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.run.record import Outcome, Recorder
 
@@ -71,13 +71,20 @@ class SkipRecorder:
         m = self.metrics
         m.claims_skipped_total.labels(job=job.name, reason=reason).inc()
         deadline = self.clock.monotonic() + max(1.0, slot / 1000 + job.max_late - self.clock.wall())
+        # run_on: every: each instance records its own kept slot (so it does not read
+        # as missed there), under its own claim id of the slot.
+        every = job.run_on == EVERY
         try:
             claim = await self.claimer.claim(
                 job.name,
                 slot,
                 deadline,
-                msg_id=skip_record_id(job.name, slot),
-                extra={"skipped": reason},
+                msg_id=(
+                    every_msg_id(job.name, slot, self.instance)
+                    if every
+                    else skip_record_id(job.name, slot)
+                ),
+                extra={"skipped": reason, RUN_ON_FIELD: EVERY} if every else {"skipped": reason},
             )
         except Exception as exc:  # NATS away: counted, not recorded (said once here)
             log.warning(

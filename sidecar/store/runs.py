@@ -27,7 +27,15 @@ from nats.js.api import DeliverPolicy
 from nats.js.errors import APIError
 
 from sidecar.core.bounds import slot_ms
-from sidecar.core.wire import ERR_NO_MESSAGE, ERR_STREAM_NOT_FOUND, LOST, RESULT_STATUSES, RUNNING
+from sidecar.core.wire import (
+    ERR_NO_MESSAGE,
+    ERR_STREAM_NOT_FOUND,
+    EVERY,
+    LOST,
+    RESULT_STATUSES,
+    RUN_ON_FIELD,
+    RUNNING,
+)
 from sidecar.core.wire import claims_subject as wire_claims_subject
 from sidecar.core.wire import results_subject as result_subject
 
@@ -78,6 +86,8 @@ class Run:
     trigger: str | None = None  # why it ran (X-Anarchon-Trigger); None: it did not
     anomaly: str | None = None
     trace_id: str | None = None  # from the result record (absent: none was sent)
+    # One instance's own run of the slot (``run_on: every``): its claim says so.
+    every: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in RUN_FIELDS}
@@ -213,6 +223,7 @@ def join_runs(
                 trigger=trigger_of(c, r),
                 anomaly=_opt(r.get("anomaly"), str),
                 trace_id=_opt(r.get("trace_id"), str),
+                every=c.get(RUN_ON_FIELD) == EVERY,
             )
         )
     runs.sort(key=lambda run: (run.slot, run.seq), reverse=True)
@@ -304,6 +315,8 @@ def last_scheduled_slot(
             return None
         claim = _claim_of(data, job)
         if claim is None or claim.get("manual") is True or data.get("trigger") == "at":
+            return None
+        if claim.get(RUN_ON_FIELD) == EVERY:  # one instance's own run: not the fleet's claim
             return None
         return int(claim["slot"])
     return None

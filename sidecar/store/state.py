@@ -156,6 +156,8 @@ def job_hash(job: JobConfig) -> str:
         parts.append(f"max_runs={job.max_runs}")
     if (conc := getattr(job, "concurrency", None)) is not None:
         parts.append(f"concurrency={conc.key}/{conc.limit}")
+    if getattr(job, "run_on", "one") != "one":
+        parts.append(f"run_on={job.run_on}")
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
 
 

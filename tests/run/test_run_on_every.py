@@ -1,0 +1,251 @@
+"""``jobs[].run_on: every``: each live instance runs each slot once, on its own app.
+
+The config's refusals, then one real fleet: a nats-server, three sidecar
+processes and three receivers (one app per sidecar): every slot once per
+instance; a sidecar killed (-9) just after a slot and started again tries that
+slot again (catch-up) and finds its own claim: not run twice; a sidecar
+stopped for a few slots shows them ``missed`` for itself in ``history --json``
+and ``status --json``; a ``run_on: one`` job beside it still runs once for the
+fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.config.load import parse_config
+from sidecar.core.errors import ConfigError
+from sidecar.store.missed import TRAIL, Seen, missed
+from tests.receivers import Receiver, receiver
+from tests.support import NatsServer, Sidecar, cli_config, job, run_cli, sidecars, wait_for
+
+EVERY = "/jobs/every"
+ONE = "/jobs/one"
+PERIOD_MS = 2000
+MAX_LATE_MS = 5000
+
+
+def every_job(**extra: Any) -> dict[str, Any]:
+    keys = {"schedule": "*/2 * * * * *", "run_on": "every", "catchup": "all"}
+    return job("every", **{**keys, "max_late": f"{MAX_LATE_MS}ms", **extra})
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "words"),
+    [
+        ({"overlap": "skip"}, "jobs[0].overlap", "skip does not go with run_on: every"),
+        ({"retry": {"max": 2}}, "jobs[0].retry.max", "2 does not go with run_on: every"),
+        ({"max_runs": 3}, "jobs[0].max_runs", "a fleet-wide count does not go with run_on"),
+        ({"claim": {"candidates": 1}}, "jobs[0].claim.candidates", "every instance claims"),
+        ({"run_on": "all"}, "jobs[0].run_on", "one, every"),
+    ],
+)
+def test_run_on_every_refuses_what_it_cannot_make_exact(
+    extra: dict[str, Any], key: str, words: str
+) -> None:
+    raw = {"target": {"url": "http://127.0.0.1:9"}, "jobs": [every_job(**extra)]}
+    with pytest.raises(ConfigError) as err:
+        parse_config({"instance_id": "x", **raw}, {})
+    assert err.value.key == key and words in str(err.value), str(err.value)
+
+
+def test_run_on_every_with_on_lost_rerun_is_refused_on_the_command_line(tmp_path: Path) -> None:
+    raw = {"target": {"url": "http://127.0.0.1:9"}}
+    raw["jobs"] = [every_job(on_lost="rerun", retry={"max": 1})]
+    done = run_cli("check", "-c", cli_config(tmp_path, raw))
+    assert done.returncode == 2, done
+    assert "jobs[0].retry.max: 1 does not go with run_on: every" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_missed_is_the_slots_an_instance_was_away_for_and_a_trail_after_its_last() -> None:
+    slots = [i * PERIOD_MS for i in range(1, 30)]
+    seen = [Seen(s, "a") for s in slots]
+    seen += [Seen(s, "b") for s in slots[2:] if s not in (slots[5], slots[6])]
+    seen += [Seen(s, "c") for s in slots[:3]]  # away from slots[3] on, for good
+    gaps = missed(seen, slots[-1] + MAX_LATE_MS + 1, MAX_LATE_MS)
+    assert {g.slot for g in gaps if g.instance == "b"} == {slots[5], slots[6]}
+    # c: the first TRAIL judged slots after its newest claim, then it counts as gone.
+    assert {g.slot for g in gaps if g.instance == "c"} == set(slots[3 : 3 + TRAIL])
+    assert not [g for g in gaps if g.instance == "a"]  # a came before b: b missed none before
+    # A slot whose window is still open is not judged.
+    assert missed([Seen(0, "a"), Seen(PERIOD_MS, "b")], PERIOD_MS + 1, MAX_LATE_MS) == []
+
+
+@pytest.fixture
+def apps() -> Iterator[list[Receiver]]:
+    gens = [receiver() for _ in range(3)]
+    try:
+        yield [next(g) for g in gens]
+    finally:
+        for g in gens:
+            next(g, None)
+
+
+def slots_of(app: Receiver, path: str) -> list[int]:
+    return [int(r.headers["X-Anarchon-Slot"]) for r in app.received(path)]
+
+
+def cli_json(tmp_path: Path, config: dict[str, Any], *args: str) -> list[Any]:
+    done = run_cli(*args, "--json", "-c", cli_config(tmp_path, config))
+    assert done.returncode == 0, done
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+def test_three_sidecars_run_each_slot_once_each_and_show_what_one_missed(
+    tmp_path: Path, nats_server: NatsServer, apps: list[Receiver]
+) -> None:
+    names = ["a", "b", "c"]
+    jobs = [every_job(), job("one", schedule="* * * * * *", max_late="5s")]
+    configs = [
+        {"nats": {"servers": [nats_server.url]}, "target": {"url": app.url}, "jobs": jobs}
+        for app in apps
+    ]
+    config = configs[0]
+    with sidecars(tmp_path, [(n, c, {}) for n, c in zip(names, configs, strict=True)]) as procs:
+        a, c = apps[0], apps[2]
+        # Steady: every instance runs three slots that all three ran.
+        wait_for(
+            lambda: len(set.intersection(*(set(slots_of(x, EVERY)) for x in apps))) >= 3,
+            40,
+            what="three slots run on all three instances",
+        )
+        # Restart c with kill -9 right after it ran a slot: its catch-up claims that slot
+        # again under its own id, finds it stored, and does not run it a second time.
+        ran = len(slots_of(c, EVERY))
+        wait_for(lambda: len(slots_of(c, EVERY)) > ran, 10, what="c runs a slot")
+        last = max(slots_of(c, EVERY))
+        sidecar_c: Sidecar = procs[2]
+        sidecar_c.kill()
+        sidecar_c.start().wait_ready()
+        wait_for(
+            lambda: f"job every slot {last} already claimed by this instance" in sidecar_c.log(),
+            10,
+            what="c's catch-up finding its own claim of the slot it ran",
+        )
+        wait_for(lambda: max(slots_of(c, EVERY)) > last, 10, what="c runs on after its restart")
+        # Stopped for a few slots: those show as missed for c, and only for c.
+        sidecar_c.terminate()
+        stopped_after = max(slots_of(c, EVERY))
+        wait_for(
+            lambda: len([s for s in slots_of(a, EVERY) if s > stopped_after]) >= 3,
+            20,
+            what="three slots while c is away",
+        )
+        away = {s for s in slots_of(a, EVERY) if s > stopped_after}
+        deadline = max(away) + MAX_LATE_MS + 500
+        wait_for(lambda: time.time() * 1000 > deadline, 15, what="their windows over")
+        status = cli_json(tmp_path, config, "status")[0]
+        entry = next(j for j in status["jobs"] if j["name"] == "every")
+        assert entry["run_on"] == "every"
+        assert set(entry["instances"]) == set(names)
+        said_missed = {(m["instance"], m["slot"]) for m in entry["missed"]}
+        assert {iso(s) for s in away} <= {slot for who, slot in said_missed if who == "c"}
+        history = cli_json(tmp_path, config, "history", "every", "--limit", "500")
+        missed_c = {r["slot"] for r in history if r["status"] == "missed" and r["instance"] == "c"}
+        assert away <= missed_c, (away, missed_c)
+        sidecar_c.start().wait_ready()
+        wait_for(lambda: max(slots_of(c, EVERY)) > max(away), 15, what="c back")
+    # Exactly once per instance per slot, and the history holds one run per
+    # instance and slot that the instance's app got; missed only what it did not get.
+    history = cli_json(tmp_path, config, "history", "every", "--limit", "1000")
+    for name, app in zip(names, apps, strict=True):
+        got = Counter(slots_of(app, EVERY))
+        assert got and max(got.values()) == 1, (name, got)
+        mine = [r for r in history if r["instance"] == name]
+        ran = Counter(r["slot"] for r in mine if r["status"] != "missed")
+        assert max(ran.values()) == 1, (name, ran)
+        # Each slot its app got is its run there (running: killed before its result).
+        by_slot = {r["slot"]: r["status"] for r in mine if r["status"] != "missed"}
+        assert set(got) <= set(by_slot), (name, got, by_slot)
+        assert {by_slot[s] for s in got} <= {"succeeded", "running"}, (name, by_slot)
+        gaps = {r["slot"] for r in mine if r["status"] == "missed"}
+        assert not gaps & set(got), (name, gaps)
+        assert {r.headers["X-Anarchon-Instance"] for r in app.received(EVERY)} == {name}
+    assert away <= {r["slot"] for r in history if r["status"] == "missed" and r["instance"] == "c"}
+    # The run_on: one job beside it: once for the fleet, on any instance.
+    one = Counter(s for app in apps for s in slots_of(app, ONE))
+    assert len(one) >= 10 and max(one.values()) == 1, one
+
+
+def iso(slot: int) -> str:
+    from sidecar.core.clock import rfc3339
+
+    return rfc3339(slot / 1000)
+
+
+@pytest.mark.parametrize(
+    "args", [("run-now", "every"), ("at", "every", "30m"), ("backfill", "every", "--from", "1h")]
+)
+def test_commands_that_run_a_slot_once_for_the_fleet_refuse_a_run_on_every_job(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    raw = {"nats": {"servers": ["nats://127.0.0.1:9"]}, "target": {"url": "http://127.0.0.1:9"}}
+    raw["jobs"] = [every_job()]
+    done = run_cli(*args, "-c", cli_config(tmp_path, raw))
+    assert done.returncode == 2, done
+    assert f"{args[0]} runs a slot of every once for the fleet" in done.stderr
+    assert "run_on: every" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_status_text_has_a_line_per_instance_with_what_it_missed() -> None:
+    from sidecar.cli.status_text import every_lines
+
+    jobs = [
+        {"name": "plain", "run_on": "one"},
+        {
+            "name": "every",
+            "run_on": "every",
+            "instances": {
+                "a": {"slot": "2026-12-06T07:00:04.000Z", "status": "succeeded"},
+                "c": {"slot": "2026-12-06T07:00:00.000Z", "status": "succeeded"},
+            },
+            "missed": [
+                {"slot": "2026-12-06T07:00:04.000Z", "instance": "c"},
+                {"slot": "2026-12-06T07:00:02.000Z", "instance": "c"},
+            ],
+        },
+    ]
+    assert every_lines(jobs) == [
+        "every on a: last 2026-12-06T07:00:04.000Z succeeded",
+        "every on c: last 2026-12-06T07:00:00.000Z succeeded, missed 2 "
+        "(newest 2026-12-06T07:00:04.000Z)",
+    ]
+
+
+def test_check_says_a_job_runs_on_every_instance(tmp_path: Path) -> None:
+    raw = {"target": {"url": "http://127.0.0.1:9"}, "jobs": [every_job()]}
+    done = run_cli("check", "-c", cli_config(tmp_path, raw))
+    assert done.returncode == 0, done
+    assert "  run_on every: each slot runs once on every live instance" in done.stdout
+
+
+def test_the_page_row_of_a_run_on_every_job_names_each_instance_and_what_it_missed() -> None:
+    from sidecar.admin.page import job_row
+
+    row = job_row(
+        {
+            "name": "every",
+            "schedules": [],
+            "timezone": "UTC",
+            "run_on": "every",
+            "instances": {
+                "a": {"slot": "2026-12-06T07:00:04.000Z", "status": "succeeded"},
+                "c": {"slot": "2026-12-06T07:00:00.000Z", "status": "succeeded"},
+            },
+            "missed": [{"slot": "2026-12-06T07:00:02.000Z", "instance": "c"}],
+            "recent": [
+                {"slot": "2026-12-06T07:00:04.000Z", "status": "succeeded", "instance": "a"}
+            ],
+        }
+    )
+    assert "every instance" in row
+    assert "a: " in row and "c: " in row and "missed 1" in row
+    assert 'title="succeeded 2026-12-06T07:00:04.000Z on a"' in row
