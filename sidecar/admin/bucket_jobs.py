@@ -98,6 +98,37 @@ class BucketJob:
     canon: str
 
 
+# Headers that choose where or how a request goes rather than what it says: behind
+# a proxy or mesh sidecar that routes by Host, a bucket job naming one would reach
+# another backend than the file's target (issue 48: Host went out unchanged).
+ROUTING_HEADERS = frozenset(
+    {
+        "host",
+        "forwarded",
+        "via",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "expect",
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+        "x-real-ip",
+    }
+)
+ROUTING_PREFIXES = ("x-forwarded-", "proxy-", "x-original-")
+
+
+def routes(name: str) -> bool:
+    """Whether the header `name` is one a bucket job may not set (ROUTING_HEADERS)."""
+    lowered = name.lower()
+    return lowered in ROUTING_HEADERS or lowered.startswith(ROUTING_PREFIXES)
+
+
 def definition(value: Mapping[str, Any]) -> dict[str, Any]:
     """The stored mapping without ``by``/``at``: what makes two writes the same job."""
     return {k: v for k, v in value.items() if k not in ("by", "at")}
@@ -144,6 +175,12 @@ def parse_bucket_job(config: Config, value: object, path: str) -> BucketJob:
                         f"{path}.request.headers.{name}",
                         "set by target.headers in the config file; a job of the state "
                         "bucket cannot replace it",
+                    )
+                if isinstance(name, str) and routes(name):
+                    raise ConfigError(
+                        f"{path}.request.headers.{name}",
+                        "a routing, proxy or hop-by-hop header: a job of the state bucket "
+                        "cannot choose where or how its request goes (docs/CONFIG.md)",
                     )
     defaults = ConfigSection(dict(config.defaults), "defaults", ("ping", "claim"))
     job = parse_job(sec, config.target, defaults, parse_claim(defaults))
