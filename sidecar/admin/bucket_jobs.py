@@ -4,11 +4,12 @@ A key ``job.<name>`` holds one job as JSON: the same mapping as an entry of
 ``jobs:`` plus ``id`` (the caller's external id: adding the same job with the
 same id again changes nothing) and ``by``/``at`` (who wrote it, when). It is
 parsed by the config's own parser (``parse_job``, ``check_windows``,
-``check_fit``) with the file's ``target`` and ``defaults``, and three more
+``check_fit``) with the file's ``target`` and ``defaults``, and four more
 rules, because whoever can write the bucket is not whoever wrote the file
 (SECURITY.md): the target is the file's (no ``request.url``), no ``ping``
-(its URL would be anywhere), and no header the file's ``target.headers``
-sets (the app's credentials stay the file's).
+(its URL would be anywhere), no header the file's ``target.headers`` sets
+(the app's credentials stay the file's), and no routing, proxy or hop-by-hop
+header (``ROUTING_HEADERS``: where the request goes stays the file's).
 
 ``BucketJobs`` runs them in a daemon, made on the first ``job.`` key
 (sidecar/admin/jobkeys.py): it follows the view (every change the watch
