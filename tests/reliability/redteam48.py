@@ -234,8 +234,10 @@ def _kept(name: str, slot: int, token: str, seq: int, **fields: Any) -> dict[str
 
 def buffer_round(url: str, procs: list[Sidecar], app: RecordingApp, r: int) -> None:
     now_ms = int(time.time() * 1000)
-    buf = claims_of(url, "buf")
+    # Results first: a claim is stored before its result, so every result read here has
+    # its claim in the claims read after.
     done = [m.data for m in results(url, "buf") if m.data.get("status") == "succeeded"][-1]
+    buf = claims_of(url, "buf")
     done_seq = buf[done["token"]][0]
     other_seq = max(s for s, _ in claims_of(url, "sk").values())
     k = _kept
@@ -426,7 +428,7 @@ def scenario_stop(tmp: Path, rounds: int) -> None:
     path = "/jobs/rep"
     app.delay[path] = 60.0  # only a cancel request ends a run
     rep = job(
-        "rep", schedule="*/8 * * * * *", max_late="6s", overlap="replace", cancel={"grace": "1s"}
+        "rep", schedule="*/10 * * * * *", max_late="8s", overlap="replace", cancel={"grace": "1s"}
     )
     jobs = [rep, job("plain")]
     try:
@@ -478,11 +480,11 @@ def stop_round(url: str, procs: list[Sidecar], app: RecordingApp, r: int, seen: 
     variants = [
         ("slot 1, token from lock.rep, no fence (the red team's)", stop()),
         ("fence of the running run itself", stop(fence=run_fence, slot=slot)),
-        ("fence 2^53-1", stop(fence=MAX_FENCE, slot=slot + 8000)),
-        ("fence of another job's newer claim", stop(fence=plain, slot=slot + 8000)),
-        ("fence 1, an older slot", stop(fence=1, slot=slot - 8000)),
+        ("fence 2^53-1", stop(fence=MAX_FENCE, slot=slot + 10000)),
+        ("fence of another job's newer claim", stop(fence=plain, slot=slot + 10000)),
+        ("fence 1, an older slot", stop(fence=1, slot=slot - 10000)),
     ]
-    next_slot_s = slot / 1000 + 8
+    next_slot_s = slot / 1000 + 10
     for variant, value in variants:
         refused = forge_and_wait(
             url, procs, "stop_key", "stop.rep", lambda v=value: put(url, "stop.rep", v), 6
@@ -508,7 +510,7 @@ def final_stop_checks(url: str, app: RecordingApp) -> None:
         d
         for d in recs
         if not str(d.get("error", "")).startswith(
-            f"replaced: stopped for slot {rfc3339(d['slot'] / 1000 + 8)}"
+            f"replaced: stopped for slot {rfc3339(d['slot'] / 1000 + 10)}"
         )
     ]
     reqs = [q for q in app.requests_for("/jobs/rep") if q.headers.get("X-Anarchon-Cancel") is None]
@@ -517,6 +519,120 @@ def final_stop_checks(url: str, app: RecordingApp) -> None:
         bool(wrong or twice),
         False,
         f"wrong={[d.get('error') for d in wrong][:2]} twice={twice[:2]}",
+    )
+
+
+def scenario_stoprace(tmp: Path, rounds: int) -> None:
+    """A sceptic's stop.*: at each new slot, the forger reads the newer REAL claim from
+    the stream the moment it is stored and writes the stop request before the real
+    replacer can: the next slot must still run once, the run be replaced once."""
+    app = RecordingApp()
+    app.start()
+    app.delay["/jobs/rep"] = 60.0
+    rep = job(
+        "rep", schedule="*/10 * * * * *", max_late="8s", overlap="replace", cancel={"grace": "1s"}
+    )
+    try:
+        with fleet(tmp, "stoprace", [rep], app) as (server, procs, _):
+            url = server.url
+            seen: set[str] = set()
+            for r in range(rounds):
+                stoprace_round(url, procs, app, r, seen)
+                say(f"stoprace round {r + 1}/{rounds}")
+    finally:
+        app.stop()
+
+
+async def _race(url: str, token: str, fence: int, deadline: float) -> tuple[int, int, float]:
+    """Poll the claims of rep; at the first one after `fence`, write its stop request.
+    (slot, seq, seconds from the claim's store time to the forged write)."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        while time.time() < deadline:
+            try:
+                msg = await js.get_last_msg("CRON", "cron.rep.claims")
+            except Exception:  # none yet
+                msg = None
+            if msg is not None and int(msg.seq or 0) > fence:
+                data = json.loads(msg.data or b"{}")
+                value = {
+                    "job": "rep",
+                    "token": token,
+                    "slot": data["slot"],
+                    "fence": int(msg.seq or 0),
+                    "instance": "s9",
+                    "at": rfc3339(time.time()),
+                }
+                await js.publish(
+                    "$KV.CRON_STATE.stop.rep", json.dumps(value).encode(), stream="KV_CRON_STATE"
+                )
+                stored = msg.time.timestamp() if msg.time is not None else time.time()
+                return int(data["slot"]), int(msg.seq or 0), time.time() - stored
+            await asyncio.sleep(0.005)
+        raise AssertionError("no newer claim of rep")
+    finally:
+        await nc.close()
+
+
+def stoprace_round(
+    url: str, procs: list[Sidecar], app: RecordingApp, r: int, seen: set[str]
+) -> None:
+    path = "/jobs/rep"
+    running = wait_for(
+        lambda: next(
+            (
+                q
+                for q in reversed(app.requests_for(path))
+                if q.headers.get("X-Anarchon-Cancel") is None
+                and q.headers["X-Anarchon-Run-Id"] not in seen
+                and not q.finished
+            ),
+            None,
+        ),
+        30,
+        what="a new live run of rep",
+    )
+    token = running.headers["X-Anarchon-Run-Id"]
+    seen.add(token)
+    before = hostile(procs, "stop_key")
+    slot, _seq, lag = asyncio.run(
+        _race(url, token, int(running.headers["X-Anarchon-Fence"]), time.time() + 15)
+    )
+    newer = wait_for(
+        lambda: [
+            q
+            for q in app.requests_for(path)
+            if q.headers.get("X-Anarchon-Cancel") is None
+            and int(q.headers["X-Anarchon-Slot"]) == slot
+        ],
+        15,
+        what="the newer slot's run",
+    )
+    record = wait_for(
+        lambda: next((m.data for m in results(url, "rep") if m.data["token"] == token), None),
+        15,
+        what="the replaced run's record",
+    )
+    time.sleep(1)
+    runs_of_newer = [
+        q
+        for q in app.requests_for(path)
+        if q.headers.get("X-Anarchon-Cancel") is None and int(q.headers["X-Anarchon-Slot"]) == slot
+    ]
+    cancels = [q for q in app.requests_for(path) if q.headers.get("X-Anarchon-Cancel") == token]
+    want = f"replaced: stopped for slot {rfc3339(slot / 1000)}"
+    bad = (
+        len(runs_of_newer) != 1
+        or not str(record.get("error", "")).startswith(want)
+        or newer[0].headers["X-Anarchon-Run-Id"] == token
+    )
+    refused = hostile(procs, "stop_key") > before
+    tally("stoprace", "stop.* naming the REAL newer claim, written first").add(
+        bad,
+        refused,
+        f"round {r}: lag {lag * 1000:.0f} ms, newer ran {len(runs_of_newer)}x, "
+        f"{len(cancels)} cancel(s), record {str(record.get('error'))[:60]!r}",
     )
 
 
@@ -571,6 +687,81 @@ def lock_round(url: str, procs: list[Sidecar], app: RecordingApp, r: int) -> Non
         tally("lock", variant).add(bad, refused, f"round {r}: 0 runs in 3.5 s" if bad else "")
         purge(url, f"lock.{name}")
     time.sleep(1.5)
+
+
+def scenario_lease(tmp: Path, rounds: int) -> None:
+    """A sceptic's live lease: a bucket writer rewrites the lease of a LIVE run with a
+    1 s TTL (run.<job>.*, on_lost: rerun) or deletes lock.<job> (overlap: skip) while
+    the run is in flight. Bad: the slot runs a second time while the first is still
+    in flight, or two runs of the skip job overlap."""
+    app = RecordingApp()
+    app.start()
+    app.delay["/jobs/lr"] = 6.0
+    app.delay["/jobs/ls"] = 6.0
+    jobs = [
+        job(
+            "lr",
+            schedule="*/10 * * * * *",
+            max_late="5s",
+            on_lost="rerun",
+            retry={"max": 1, "backoff": "1s"},
+        ),
+        job("ls", schedule="* * * * * *", overlap="skip", max_late="5s"),
+    ]
+    try:
+        with fleet(tmp, "lease", jobs, app) as (server, procs, _):
+            url = server.url
+            seen: set[str] = set()
+            for r in range(rounds):
+                lease_round(url, procs, app, r, seen)
+                say(f"lease round {r + 1}/{rounds}")
+    finally:
+        app.stop()
+
+
+def _live(app: RecordingApp, path: str, seen: set[str]) -> Any:
+    return next(
+        (
+            q
+            for q in reversed(app.requests_for(path))
+            if q.headers.get("X-Anarchon-Run-Id") not in seen and not q.finished
+        ),
+        None,
+    )
+
+
+def lease_round(url: str, procs: list[Sidecar], app: RecordingApp, r: int, seen: set[str]) -> None:
+    run = wait_for(lambda: _live(app, "/jobs/lr", seen), 30, what="a live run of lr")
+    seen.add(run.headers["X-Anarchon-Run-Id"])
+    slot = int(run.headers["X-Anarchon-Slot"])
+    key = next((k for k in live_keys(url) if k.startswith(f"run.lr.{slot}")), None)
+    value = get_key(url, key) if key else None
+    if key and value:
+        put(url, key, value, ttl=1)
+    held = wait_for(lambda: _live(app, "/jobs/ls", seen), 10, what="a live run of ls")
+    seen.add(held.headers["X-Anarchon-Run-Id"])
+    purge(url, "lock.ls")
+    wait_for(lambda: run.finished and held.finished, 15, what="both runs' end")
+    twice = [
+        q
+        for q in app.requests_for("/jobs/lr")
+        if int(q.headers["X-Anarchon-Slot"]) == slot
+        and q.headers["X-Anarchon-Run-Id"] != run.headers["X-Anarchon-Run-Id"]
+        and q.at < run.finished
+    ]
+    tally("lease", "run.* of a live run rewritten with a 1 s TTL: slot rerun while in flight").add(
+        bool(twice),
+        False,
+        f"round {r}: key {key}, {len(twice)} more run(s) of slot"
+        + f" (live keys: {[k for k in live_keys(url) if k.startswith('run.')][:3]})",
+    )
+    overlap = [
+        q for q in app.requests_for("/jobs/ls") if held.at < q.at < held.finished and q is not held
+    ]
+    tally("lease", "lock.* of a live run deleted: a second run overlaps it").add(
+        bool(overlap), False, f"round {r}: {len(overlap)} overlapping run(s)" if overlap else ""
+    )
+    time.sleep(1)
 
 
 # ------------------------------------------------------------------ finding 5: headers
@@ -669,6 +860,8 @@ SCENARIOS: dict[str, Callable[[Path, int], None]] = {
     "buffer": scenario_buffer,
     "at": scenario_at,
     "stop": scenario_stop,
+    "stoprace": scenario_stoprace,
+    "lease": scenario_lease,
     "lock": scenario_lock,
     "headers": scenario_headers,
     "unknown": scenario_unknown,
