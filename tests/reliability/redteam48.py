@@ -283,6 +283,20 @@ def buffer_round(url: str, procs: list[Sidecar], app: RecordingApp, r: int) -> N
                 k("sk", claim["slot"], claim["token"], seq),
             )
         )
+    # Sceptic: a REAL claim of bslow (buffer_one) that lost while a slot was kept
+    # already, recorded skipped: does a buffer.bslow naming it run it after all?
+    lost_b = [m.data for m in results(url, "bslow") if m.data.get("status") == "skipped"]
+    bs = claims_of(url, "bslow")
+    one = next((d for d in reversed(lost_b) if d["token"] in bs), None)
+    if one is not None:
+        seq, claim = bs[one["token"]]
+        variants.append(
+            (
+                "bslow (buffer_one): copy of a real claim recorded skipped",
+                "buffer.bslow",
+                k("bslow", claim["slot"], claim["token"], seq),
+            )
+        )
     # Sceptic: the claim of the run holding lock.bslow right now (it would run twice).
     lock = get_key(url, "lock.bslow")
     if lock and isinstance(lock.get("fence"), int):
@@ -312,7 +326,7 @@ def buffer_round(url: str, procs: list[Sidecar], app: RecordingApp, r: int) -> N
         ]
         # A copied REAL claim is bad only if its run id reaches the app twice (or, for
         # sk's skipped slot, at all).
-        if variant.startswith("bslow"):
+        if variant.startswith("bslow: copy of the claim holding"):
             n = len(
                 [
                     q
