@@ -29,6 +29,11 @@ Scenarios (issue 48's findings and a sceptic's variants of them):
   Proxy-Authorization, X-HTTP-Method-Override), written as a ``job.*`` key
   and through ``job add``.
 - unknown: keys of no family with huge values; the sidecars stay up.
+- stoprace: a ``stop.<job>`` naming the REAL newer claim, written the moment it
+  is stored (before the real replacer): the newer slot runs once.
+- lease: a live run's ``run.*`` rewritten with a 1 s TTL (``on_lost: rerun``),
+  and a live run's ``lock.*`` deleted (``overlap: skip``: the next slot then
+  runs beside it, as docs/GUARANTEES.md's "while leases hold" allows).
 """
 
 from __future__ import annotations
@@ -912,7 +917,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    asyncio.set_event_loop_policy(None)
     sys.exit(main())
 
-__all__ = ["main", "nats"]
+__all__ = ["main"]
