@@ -353,6 +353,23 @@ def parsed_config(**extra: Any) -> Config:
             "job.request.headers.X-Anarchon-Slot",
             "reserved",
         ),
+        *(
+            (
+                {"request": {"headers": {name: "internal-admin"}}},
+                f"job.request.headers.{name}",
+                "cannot set this header",
+            )
+            for name in (
+                "Host",
+                "Forwarded",
+                "X-Forwarded-Host",
+                "x-forwarded-for",
+                "Proxy-Authorization",
+                "X-HTTP-Method-Override",
+                "Connection",
+                "Transfer-Encoding",
+            )
+        ),
         ({"history_size": 51}, "job.history_size", "at most the stream's history size 50"),
         ({"jitter": "5m"}, "job.jitter", "duplicate_window"),
         ({"nope": 1}, "job.nope", "unknown key"),
