@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 
 from sidecar.config import params
 from sidecar.config.alerting import PingConfig, parse_expect, parse_pause_after, parse_ping
+from sidecar.config.answer import parse_answer
 from sidecar.config.fields import (
     CONTROL_RE,
     Section,
@@ -77,6 +78,7 @@ JOB_KEYS = (
     "end_at",
     "max_runs",
     "cancel",
+    "answer",
 )
 # max_runs: at most this many runs (any more would not be a cap).
 MAX_RUNS = 2**31 - 1
@@ -164,6 +166,7 @@ def parse_job(
         expect=parse_expect(sec.data["expect"], sec.key("expect")) if sec.has("expect") else None,
         claim=parse_claim(sec, claim),
         max_runs=sec.integer("max_runs", None, 1, MAX_RUNS),
+        answer=parse_answer(sec),
     )
 
 

@@ -25,6 +25,8 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
+from sidecar.core.excerpt import Excerpt
+
 # --- subjects, ids, keys, headers ---
 
 # NATS headers.
@@ -242,11 +244,16 @@ class ResultRecord:
     attempt: int = 1
     trigger: str | None = None  # X-Anarchon-Trigger of the run; None: no request (skipped)
     anomaly: str | None = None  # short or long: outside the job's expect (min, max)
+    excerpt: Excerpt | None = None  # the start of the app's answer (sidecar/core/excerpt.py)
 
     def to_json(self) -> bytes:
         """The body; ``attempt`` only after the first (absent means 1), ``trigger`` and
-        ``anomaly`` only when set; ``trace_id`` always (sidecar/obs/tracing.py)."""
+        ``anomaly`` only when set; ``trace_id`` always (sidecar/obs/tracing.py); the
+        answer's fields (``answer``, ``answer_type``...) only when one was kept."""
         data = asdict(self)
+        del data["excerpt"]
+        if self.excerpt is not None:
+            data.update(self.excerpt.fields())
         if self.attempt <= 1:
             del data["attempt"]
         if self.trigger is None:

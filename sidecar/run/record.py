@@ -30,6 +30,7 @@ from nats.js.errors import APIError
 
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import rfc3339
+from sidecar.core.excerpt import excerpt
 from sidecar.core.wire import (
     CAS_CONFLICT,
     EXPECTED_LAST_SUBJECT_SEQ,
@@ -79,7 +80,8 @@ class Outcome:
     http_status: int | None = None
     reason: str | None = None  # skipped: why (runs_skipped_total's reason label)
     duration: float | None = None  # measured seconds (monotonic); None: not measured
-    answer: bytes = b""  # the app's answer, for pings
+    answer: bytes = b""  # the start of the app's answer (redacted), for pings and the record
+    content_type: str | None = None  # the answer's Content-Type
     instance: str | None = None  # who ran it; None: this sidecar
     run: bool = True  # False: a slot kept from running (skips.py), no run to count
 
@@ -101,6 +103,7 @@ def sent(claim: Claim, result: TriggerResult) -> Outcome:
         http_status=result.http_status,
         duration=result.duration,
         answer=result.answer,
+        content_type=result.content_type,
     )
 
 
@@ -247,6 +250,11 @@ class Recorder:
             manual=outcome.manual,
             attempt=outcome.attempt,
             trigger=outcome.trigger if outcome.sent else None,
+            # The start of the app's answer (docs/TRIGGER.md); none for a run that
+            # got none (timeout, lost, skipped).
+            excerpt=excerpt(outcome.answer, job.answer.size, outcome.content_type)
+            if outcome.sent and job is not None
+            else None,
         )
         if outcome.sent and job is not None and self.aftermath is not None:
             record = self.aftermath.marked(job, record)  # its anomaly (expect)
