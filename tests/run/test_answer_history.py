@@ -244,6 +244,8 @@ def test_history_keeps_the_start_of_the_apps_answer(
     for p in procs:
         assert "hunter2" not in p.log()
 
-    # last-run says why the newest failure failed, in the app's words.
+    # last-run and status say why the newest failure failed, in the app's words.
     last = run_cli("last-run", "fail", "-c", cli_config(tmp_path, config))
     assert "HTTP 500: database is locked" in last.stdout, last
+    status = run_cli("status", "-c", cli_config(tmp_path, config))
+    assert "fail: last run failed: HTTP 500: database is locked: <the nightly" in status.stdout
