@@ -175,6 +175,7 @@ def decode(value: bytes | None) -> dict[str, Any]:
 
 # JetStream API error codes (nats-server's errors.json) that callers tell apart.
 ERR_NO_MESSAGE = 10037  # JSNoMessageFoundErr: no message on the subject / at the sequence
+ERR_MESSAGE_TOO_LARGE = 10054  # JSStreamMessageExceedsMaximumErr: past the stream's max_msg_size
 ERR_STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr: created by someone else meanwhile
 ERR_STREAM_NOT_FOUND = 10059  # JSStreamNotFoundErr
 ERR_SUBJECTS_OVERLAP = 10065  # JSStreamSubjectOverlapErr: another stream captures them

@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import APIError
@@ -33,6 +34,7 @@ from sidecar.core.clock import rfc3339
 from sidecar.core.excerpt import excerpt
 from sidecar.core.wire import (
     CAS_CONFLICT,
+    ERR_MESSAGE_TOO_LARGE,
     EXPECTED_LAST_SUBJECT_SEQ,
     FAILED,
     LOST,
@@ -149,6 +151,13 @@ RESULT_RETRY = Retry(PUBLISH_TRIES, None, 0.05, 2.0, (*TRANSIENT, APIError))
 LOST_RETRY = Retry(None, 10.0, 0.1, 1.0, TRANSIENT, logging.DEBUG)
 
 
+def too_large(exc: Exception) -> bool:
+    """Whether `exc` says a message is larger than the server or the stream takes."""
+    return isinstance(exc, MaxPayloadError) or (
+        isinstance(exc, APIError) and exc.err_code == ERR_MESSAGE_TOO_LARGE
+    )
+
+
 async def publish_with_retry(
     js: JetStreamContext,
     stream: str,
@@ -173,7 +182,23 @@ async def publish_with_retry(
             return await js.publish(
                 subject, payload, timeout=timeout, stream=stream, headers=sent_headers
             )
-        except retry.on as exc:
+        except Exception as exc:
+            if record.excerpt is not None and too_large(exc):
+                # The server's max_payload or the stream's max_msg_size is below a
+                # record with the app's answer (docs/TRIGGER.md): the run's result
+                # matters more than its answer, so it goes without it.
+                log.warning(
+                    "job %s slot %s: the result with the app's answer is too large for "
+                    "NATS (%r); recorded without the answer",
+                    record.job,
+                    record.slot,
+                    exc,
+                )
+                record = replace(record, excerpt=None)
+                payload = record.to_json()
+                continue
+            if not isinstance(exc, retry.on):
+                raise
             log.log(
                 retry.level,
                 "job %s slot %s: recording the result failed (try %d): %r",
