@@ -349,6 +349,8 @@ def job_object(
         "overlap": job.overlap,
         "overlap_kept": _kept(view, job.name),
         "runs_counted": counted(view, job.name) if job.max_runs is not None else None,
+        # answer.bytes (docs/TRIGGER.md): how much of the app's answer a result keeps.
+        "answer_bytes": job.answer.size,
     }
 
 

@@ -15,9 +15,20 @@ from sidecar.config.model import AnswerConfig
 from sidecar.core.errors import ConfigError
 from sidecar.core.excerpt import DEFAULT_ANSWER_BYTES, MAX_ANSWER_BYTES
 
-__all__ = ["parse_answer"]
+__all__ = ["describe_answer", "parse_answer"]
 
 _ANSWER_KEYS = ("bytes", "redact")
+
+
+def describe_answer(answer: AnswerConfig) -> str:
+    """``check``'s words for what a job's results keep of the app's answer."""
+    if answer.size == 0:
+        return "answer: none kept in history"
+    if answer.redact is None:
+        redacted = "every configured header's value"
+    else:
+        redacted = ", ".join(answer.redact) or "nothing"
+    return f"answer: first {answer.size} bytes kept in history, redacting {redacted}"
 
 
 def parse_answer(job: ConfigSection) -> AnswerConfig:

@@ -59,3 +59,13 @@ def test_errors_name_the_key(answer: Any, key: str, words: str) -> None:
         answer_of(answer)
     assert info.value.key == key
     assert words in str(info.value)
+
+
+def test_check_says_what_is_kept() -> None:
+    from sidecar.config.answer import describe_answer
+
+    assert describe_answer(AnswerConfig(size=0)) == "answer: none kept in history"
+    assert describe_answer(AnswerConfig(size=2048, redact=("authorization",))) == (
+        "answer: first 2048 bytes kept in history, redacting authorization"
+    )
+    assert describe_answer(AnswerConfig()).endswith("redacting every configured header's value")
