@@ -244,6 +244,7 @@ class ManualRuns:
             http_status=result.http_status,
             duration=result.duration,
             answer=result.answer,
+            content_type=result.content_type,
         )
         # Not counted (a manual run is no slot's run), said, told (sidecar/run/record.py).
         recorder = Recorder(

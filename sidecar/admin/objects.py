@@ -379,6 +379,8 @@ def job_object(
             if job.concurrency is not None
             else None
         ),
+        # answer.bytes (docs/TRIGGER.md): how much of the app's answer a result keeps.
+        "answer_bytes": job.answer.size,
     }
 
 

@@ -385,13 +385,30 @@ def not_run(listed: list[dict[str, Any]]) -> str:
 # ---------------------------------------------------------------------- one job
 
 
+def answer_block(run: dict[str, Any]) -> str:
+    """The start of the app's answer its result kept (docs/TRIGGER.md), escaped: its
+    content type and how much, then the text (base64 when binary); "" when none."""
+    answer = run.get("answer")
+    if not isinstance(answer, str):
+        return ""
+    ctype = run.get("answer_type")
+    marks = [str(ctype) if ctype else "no content type"]
+    if run.get("answer_base64") is True:
+        marks.append("binary, base64")
+    if run.get("answer_cut") is True:
+        marks.append("cut")
+    return (
+        f'<details class="answer"><summary>answer ({e(", ".join(marks))})</summary>'
+        # Line by line: a newline is the answer's own, any other control is escaped.
+        f"<pre>{chr(10).join(e(line) for line in answer.split(chr(10)))}</pre></details>"
+    )
+
+
 def run_row(run: dict[str, Any], tz: object = None) -> str:
     trigger = "manual" if run.get("manual") else "schedule"
     error = run.get("error")
-    answer = run.get("answer")  # the start of the app's answer, when a result records it
     detail = e(error) if error else ""
-    if answer:
-        detail += f'<pre class="answer">{e(answer)}</pre>'
+    detail += answer_block(run)
     late = run.get("late_ms")
     took = run.get("duration_ms")
     return (

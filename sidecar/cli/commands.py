@@ -106,13 +106,26 @@ def read_runs(ld: Loaded, job: str) -> list[Run] | None:
 @config_option
 @click.option("--limit", type=Whole(min=1), default=20, show_default=True)
 @json_option("One JSON object per run, per line (none when there is no run)")
-def history(job: str, config_path: str | None, limit: int, as_json: bool) -> None:
+@click.option(
+    "--output",
+    "show_output",
+    is_flag=True,
+    help="Under each run, the start of the app's answer its result kept, and its "
+    "content type (--json always carries them).",
+)
+def history(
+    job: str, config_path: str | None, limit: int, as_json: bool, show_output: bool
+) -> None:
     """Runs of JOB, newest first, joined from the stream's claims and results."""
     ld = load(config_path)
     tz = job_timezone(ld.config, job)
     runs = (read_runs(ld, job) or [])[:limit]
     if as_json:
         say([output.as_json(r.as_dict()) for r in runs])
+    elif runs and show_output:
+        from sidecar.cli.answer_text import runs_with_output
+
+        say(runs_with_output(runs, tz))
     elif runs:
         say(output.runs_table(runs, tz))
 

@@ -20,8 +20,10 @@ from zoneinfo import ZoneInfo
 
 from sidecar.config import params
 from sidecar.config.alerting import describe_job, describe_notify
+from sidecar.config.answer import describe_answer
 from sidecar.config.fields import UNSHOWN_RE, format_duration, redact_url
 from sidecar.config.load import Config, JobConfig
+from sidecar.config.model import AnswerConfig
 from sidecar.core.clock import parse_rfc3339, rfc3339
 from sidecar.core.errors import ScheduleError
 from sidecar.store.runs import History, Run
@@ -208,6 +210,8 @@ def check_lines(config: Config, now_ms: int) -> list[str]:
                 "  run_on every: each slot runs once on every live instance, on its own app "
                 f"(claim id {job.name}:<slot>:every:<instance>)"
             )
+        if job.answer != AnswerConfig():  # the default is docs/TRIGGER.md's, said there
+            lines.append(f"  {describe_answer(job.answer)}")
         # The next runs: spread moved, exclusions, start_at and end_at applied.
         runs = _next_runs(job, now_ms, 3)
         lines += [f"  next: {when(slot, job.timezone)}" for slot in runs]

@@ -112,6 +112,10 @@ def status_lines(view: dict[str, Any]) -> list[str]:
             if job.get("max_runs") is not None:
                 runs = job.get("runs_counted") or 0
                 lines.append(printable(f"{job['name']}: {runs} of max_runs {job['max_runs']} runs"))
+        last = job["last_run"] or {}
+        if last.get("status") in ("failed", "lost") and last.get("error"):
+            # Why, in the app's own words for a failed answer (``HTTP 500: ...``).
+            lines.append(printable(f"{job['name']}: last run {last['status']}: {last['error']}"))
         lines += schedule_status_lines(job)
     for conc in view.get("concurrency") or []:
         by = ", ".join(f"{h['job']} on {h['instance']}" for h in conc["holders"])

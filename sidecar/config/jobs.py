@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 
 from sidecar.config import params
 from sidecar.config.alerting import PingConfig, parse_expect, parse_pause_after, parse_ping
+from sidecar.config.answer import parse_answer
 from sidecar.config.fields import (
     CONTROL_RE,
     Section,
@@ -80,6 +81,7 @@ JOB_KEYS = (
     "cancel",
     "concurrency",
     "run_on",
+    "answer",
 )
 # jobs[].run_on: once per slot for the fleet (one), or on every live instance.
 RUN_ON = ("one", "every")
@@ -180,6 +182,7 @@ def parse_job(
         max_runs=max_runs,
         concurrency=_parse_concurrency(sec),
         run_on=run_on,
+        answer=parse_answer(sec),
     )
 
 

@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo
 from sidecar.config.alerting import ExpectConfig, NotifyConfig, PingConfig, TracingConfig
 from sidecar.config.bucketrules import BucketJobsConfig
 from sidecar.core.errors import ConfigError
+from sidecar.core.excerpt import DEFAULT_ANSWER_BYTES
 from sidecar.when.slots import Calendar
 
 
@@ -166,6 +167,22 @@ class RequestConfig(_Addressed):
 
 
 @dataclass(frozen=True)
+class AnswerConfig:
+    """``jobs[].answer``: what a result keeps of the app's answer (docs/TRIGGER.md)."""
+
+    size: int = DEFAULT_ANSWER_BYTES  # answer.bytes; 0: nothing; at most MAX_ANSWER_BYTES
+    # Request headers (lower case) whose values are redacted from the answer;
+    # None: every header the request sends from the config.
+    redact: tuple[str, ...] | None = None
+
+    def secrets(self, headers: Mapping[str, str]) -> list[str]:
+        """The values of `headers` (the request as sent) to redact from the answer."""
+        if self.redact is None:
+            return list(headers.values())
+        return [value for name, value in headers.items() if name.lower() in self.redact]
+
+
+@dataclass(frozen=True)
 class RetryConfig:
     """``jobs[].retry``: extra attempts after a failed (or lost) one. Seconds."""
 
@@ -223,6 +240,7 @@ class JobConfig:
     # ``one``: once per slot for the fleet; ``every``: once per slot on every live
     # instance, each triggering its own app (docs/GUARANTEES.md).
     run_on: str = "one"
+    answer: AnswerConfig = field(default_factory=AnswerConfig)
 
 
 @dataclass(frozen=True)

@@ -116,10 +116,17 @@ class ClaimError(SidecarError):
 class TriggerError(SidecarError):
     """The trigger request did not succeed."""
 
-    def __init__(self, message: str, http_status: int | None = None, answer: bytes = b"") -> None:
+    def __init__(
+        self,
+        message: str,
+        http_status: int | None = None,
+        answer: bytes = b"",
+        content_type: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.http_status = http_status
         self.answer = answer  # the start of the app's answer, when there was one
+        self.content_type = content_type  # its Content-Type, when it had one
 
 
 class TriggerUndelivered(TriggerError):

@@ -25,6 +25,8 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
+from sidecar.core.excerpt import Excerpt
+
 # --- subjects, ids, keys, headers ---
 
 # NATS headers.
@@ -188,6 +190,7 @@ def decode(value: bytes | None) -> dict[str, Any]:
 
 # JetStream API error codes (nats-server's errors.json) that callers tell apart.
 ERR_NO_MESSAGE = 10037  # JSNoMessageFoundErr: no message on the subject / at the sequence
+ERR_MESSAGE_TOO_LARGE = 10054  # JSStreamMessageExceedsMaximumErr: past the stream's max_msg_size
 ERR_STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr: created by someone else meanwhile
 ERR_STREAM_NOT_FOUND = 10059  # JSStreamNotFoundErr
 ERR_SUBJECTS_OVERLAP = 10065  # JSStreamSubjectOverlapErr: another stream captures them
@@ -257,11 +260,16 @@ class ResultRecord:
     attempt: int = 1
     trigger: str | None = None  # X-Anarchon-Trigger of the run; None: no request (skipped)
     anomaly: str | None = None  # short or long: outside the job's expect (min, max)
+    excerpt: Excerpt | None = None  # the start of the app's answer (sidecar/core/excerpt.py)
 
     def to_json(self) -> bytes:
         """The body; ``attempt`` only after the first (absent means 1), ``trigger`` and
-        ``anomaly`` only when set; ``trace_id`` always (sidecar/obs/tracing.py)."""
+        ``anomaly`` only when set; ``trace_id`` always (sidecar/obs/tracing.py); the
+        answer's fields (``answer``, ``answer_type``...) only when one was kept."""
         data = asdict(self)
+        del data["excerpt"]
+        if self.excerpt is not None:
+            data.update(self.excerpt.fields())
         if self.attempt <= 1:
             del data["attempt"]
         if self.trigger is None:

@@ -24,14 +24,17 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import APIError
 
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import rfc3339
+from sidecar.core.excerpt import excerpt
 from sidecar.core.wire import (
     CAS_CONFLICT,
+    ERR_MESSAGE_TOO_LARGE,
     EXPECTED_LAST_SUBJECT_SEQ,
     FAILED,
     LOST,
@@ -79,7 +82,8 @@ class Outcome:
     http_status: int | None = None
     reason: str | None = None  # skipped: why (runs_skipped_total's reason label)
     duration: float | None = None  # measured seconds (monotonic); None: not measured
-    answer: bytes = b""  # the app's answer, for pings
+    answer: bytes = b""  # the start of the app's answer (redacted), for pings and the record
+    content_type: str | None = None  # the answer's Content-Type
     instance: str | None = None  # who ran it; None: this sidecar
     run: bool = True  # False: a slot kept from running (skips.py), no run to count
 
@@ -101,6 +105,7 @@ def sent(claim: Claim, result: TriggerResult) -> Outcome:
         http_status=result.http_status,
         duration=result.duration,
         answer=result.answer,
+        content_type=result.content_type,
     )
 
 
@@ -146,6 +151,13 @@ RESULT_RETRY = Retry(PUBLISH_TRIES, None, 0.05, 2.0, (*TRANSIENT, APIError))
 LOST_RETRY = Retry(None, 10.0, 0.1, 1.0, TRANSIENT, logging.DEBUG)
 
 
+def too_large(exc: Exception) -> bool:
+    """Whether `exc` says a message is larger than the server or the stream takes."""
+    return isinstance(exc, MaxPayloadError) or (
+        isinstance(exc, APIError) and exc.err_code == ERR_MESSAGE_TOO_LARGE
+    )
+
+
 async def publish_with_retry(
     js: JetStreamContext,
     stream: str,
@@ -170,7 +182,23 @@ async def publish_with_retry(
             return await js.publish(
                 subject, payload, timeout=timeout, stream=stream, headers=sent_headers
             )
-        except retry.on as exc:
+        except Exception as exc:
+            if record.excerpt is not None and too_large(exc):
+                # The server's max_payload or the stream's max_msg_size is below a
+                # record with the app's answer (docs/TRIGGER.md): the run's result
+                # matters more than its answer, so it goes without it.
+                log.warning(
+                    "job %s slot %s: the result with the app's answer is too large for "
+                    "NATS (%r); recorded without the answer",
+                    record.job,
+                    record.slot,
+                    exc,
+                )
+                record = replace(record, excerpt=None)
+                payload = record.to_json()
+                continue
+            if not isinstance(exc, retry.on):
+                raise
             log.log(
                 retry.level,
                 "job %s slot %s: recording the result failed (try %d): %r",
@@ -247,6 +275,11 @@ class Recorder:
             manual=outcome.manual,
             attempt=outcome.attempt,
             trigger=outcome.trigger if outcome.sent else None,
+            # The start of the app's answer (docs/TRIGGER.md); none for a run that
+            # got none (timeout, lost, skipped).
+            excerpt=excerpt(outcome.answer, job.answer.size, outcome.content_type)
+            if outcome.sent and job is not None
+            else None,
         )
         if outcome.sent and job is not None and self.aftermath is not None:
             record = self.aftermath.marked(job, record)  # its anomaly (expect)

@@ -10,8 +10,12 @@ never blur that line.
 HTTP/1.1 framing and parsing are h11's; this module only moves bytes between
 h11 and an asyncio stream, bounded in time (the request's timeout covers
 connecting, sending, the answer and its whole body) and in memory: of the
-answer's body at most ``MAX_ERROR_BODY`` bytes are kept (for the message of a
-non-2xx answer), the rest is discarded as it arrives. Errors are translated
+answer's body at most ``MAX_ANSWER_KEPT`` bytes are kept (the start of a
+non-2xx answer is its error message, the start of any answer what its result
+record keeps: sidecar/core/excerpt.py), the rest is discarded as it arrives,
+and a non-2xx answer is not read past them. The values of the request's
+headers that ``answer.redact`` names are redacted from what is kept before
+anything sees it. Errors are translated
 where they cross into our code: ``OSError`` while connecting becomes
 TriggerUndelivered, the timeout TriggerTimeout, anything after the connection
 was made (reset, a malformed answer, an early close) a TriggerError.
@@ -27,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlsplit
 
 import h11
@@ -45,6 +49,7 @@ from sidecar.core.errors import (
     TriggerTimeout,
     TriggerUndelivered,
 )
+from sidecar.core.excerpt import MAX_ANSWER_BYTES, redact
 from sidecar.core.wire import (
     ATTEMPT_HEADER,
     FENCE_HEADER,
@@ -68,8 +73,9 @@ log = logging.getLogger("sidecar.trigger")
 
 # Only this much of an answer's body goes into the message of a non-2xx answer.
 MAX_ERROR_BODY = 200
-# Only this much of an answer's body is kept at all (for the run's ping).
-MAX_ANSWER_KEPT = 10 * 1024
+# Only this much of an answer's body is kept at all (for the run's ping and
+# record); more than the record's cap, so that the record knows it was cut.
+MAX_ANSWER_KEPT = MAX_ANSWER_BYTES + 2048
 # The answer is read in chunks of at most this many bytes.
 READ_CHUNK = 64 * 1024
 # Between two tries of a request the app did not receive (refused, no socket).
@@ -111,7 +117,8 @@ class TriggerResult:
     error: str | None
     delivery_tries: int  # requests sent to deliver this run (1: delivered at the first)
     late: bool = False  # nothing was sent: the last instant it could go out had passed
-    answer: bytes = b""  # at most MAX_ANSWER_KEPT bytes of the app's answer
+    answer: bytes = b""  # at most MAX_ANSWER_KEPT bytes of the app's answer, redacted
+    content_type: str | None = None  # the answer's Content-Type; None: none or no answer
 
 
 def cut_off(started_at: float, ran: float, error: str) -> TriggerResult:
@@ -175,8 +182,18 @@ def encode_request(req: RequestConfig, headers: Mapping[str, str], body: bytes) 
     return data + (conn.send(h11.EndOfMessage()) or b"")
 
 
-async def read_answer(reader: asyncio.StreamReader, conn: h11.Connection) -> tuple[int, bytes]:
-    """The status and at most MAX_ANSWER_KEPT bytes of the body of the answer.
+class Answer(NamedTuple):
+    """The app's answer as kept: its status, at most MAX_ANSWER_KEPT bytes of its
+    body and its Content-Type (None: none given)."""
+
+    status: int
+    body: bytes
+    content_type: str | None = None
+
+
+async def read_answer(reader: asyncio.StreamReader, conn: h11.Connection) -> Answer:
+    """The status, at most MAX_ANSWER_KEPT bytes of the body and the content type of
+    the answer.
 
     A 2xx answer's body is read to its end, the rest discarded as it arrives; for
     any other status reading stops once MAX_ANSWER_KEPT bytes are kept. Raises
@@ -184,19 +201,23 @@ async def read_answer(reader: asyncio.StreamReader, conn: h11.Connection) -> tup
     """
     status = 0
     kept = b""
+    ctype: str | None = None
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
             conn.receive_data(await reader.read(READ_CHUNK))
         elif isinstance(event, h11.Response):
             status = event.status_code
+            for name, value in event.headers:  # h11 lowers the names
+                if name == b"content-type":
+                    ctype = value.decode("latin-1")
         elif isinstance(event, h11.Data):
             if len(kept) < MAX_ANSWER_KEPT:
                 kept += bytes(event.data[: MAX_ANSWER_KEPT - len(kept)])
             if not 200 <= status < 300 and len(kept) >= MAX_ANSWER_KEPT:
-                return status, kept
+                return Answer(status, kept, ctype)
         elif isinstance(event, h11.EndOfMessage):
-            return status, kept
+            return Answer(status, kept, ctype)
         elif isinstance(event, h11.ConnectionClosed):  # cannot come before EndOfMessage
             raise h11.RemoteProtocolError("connection closed before the answer")
         # h11.InformationalResponse (1xx): the real answer follows.
@@ -302,7 +323,7 @@ class Trigger:
         while True:
             delivery_tries += 1
             try:
-                status, answer = await self._send(job, slot, token, attempt, fence, send_by, why)
+                answer = await self._send(job, slot, token, attempt, fence, send_by, why)
             except TriggerLate as exc:
                 return self._result(started_at, t0, None, str(exc), delivery_tries, late=True)
             except TriggerUndelivered as exc:
@@ -323,9 +344,14 @@ class Trigger:
                 continue
             except TriggerError as exc:
                 return self._result(
-                    started_at, t0, exc.http_status, str(exc), delivery_tries, answer=exc.answer
+                    started_at,
+                    t0,
+                    exc.http_status,
+                    str(exc),
+                    delivery_tries,
+                    answer=Answer(exc.http_status or 0, exc.answer, exc.content_type),
                 )
-            return self._result(started_at, t0, status, None, delivery_tries, answer=answer)
+            return self._result(started_at, t0, answer.status, None, delivery_tries, answer=answer)
 
     async def send_once(
         self,
@@ -338,7 +364,8 @@ class Trigger:
     ) -> tuple[int, bytes]:
         """One request of `job`'s request, never retried: the 2xx status and the start of
         the answer, or a TriggerError (the cancel request of sidecar/run/overlap.py)."""
-        return await self._send(job, slot, token, attempt, fence, None, why)
+        answer = await self._send(job, slot, token, attempt, fence, None, why)
+        return answer.status, answer.body
 
     def _result(
         self,
@@ -348,7 +375,7 @@ class Trigger:
         error: str | None,
         delivery_tries: int,
         late: bool = False,
-        answer: bytes = b"",
+        answer: Answer | None = None,
     ) -> TriggerResult:
         duration = time.perf_counter() - t0
         return TriggerResult(
@@ -360,7 +387,8 @@ class Trigger:
             error=error,
             delivery_tries=delivery_tries,
             late=late,
-            answer=answer,
+            answer=answer.body if answer is not None else b"",
+            content_type=answer.content_type if answer is not None else None,
         )
 
     def _too_late(self, send_by: float | None) -> None:
@@ -377,9 +405,9 @@ class Trigger:
         fence: int | None,
         send_by: float | None = None,
         why: Why | None = None,
-    ) -> tuple[int, bytes]:
-        """One request over a fresh connection: the 2xx status and the start of the
-        answer, or a TriggerError."""
+    ) -> Answer:
+        """One request over a fresh connection: the 2xx answer as kept, or a
+        TriggerError."""
         self._too_late(send_by)
         if job.request.params:
             # Run parameters (docs/TRIGGER.md): the rendered request is the one
@@ -421,7 +449,7 @@ class Trigger:
                 self._too_late(send_by)
                 writer.write(request)
                 await writer.drain()
-                status, kept = await read_answer(reader, h11.Connection(h11.CLIENT))
+                answer = await read_answer(reader, h11.Connection(h11.CLIENT))
         except TimeoutError as exc:
             if writer is None:
                 raise TriggerUndelivered(
@@ -435,7 +463,13 @@ class Trigger:
         finally:
             if writer is not None:
                 writer.transport.abort()
+        # Before anything reads it (the error message, the record, pings): an app
+        # that echoes the request's credentials does not put them in history.
+        kept = redact(answer.body, job.answer.secrets(req.headers))
+        status = answer.status
         if 200 <= status < 300:
-            return status, kept
+            return answer._replace(body=kept)
         detail = " ".join(kept[:MAX_ERROR_BODY].decode(errors="replace").split())
-        raise TriggerFailed(f"HTTP {status}" + (f": {detail}" if detail else ""), status, kept)
+        raise TriggerFailed(
+            f"HTTP {status}" + (f": {detail}" if detail else ""), status, kept, answer.content_type
+        )

@@ -27,6 +27,7 @@ from nats.js.api import DeliverPolicy
 from nats.js.errors import APIError
 
 from sidecar.core.bounds import slot_ms
+from sidecar.core.excerpt import MAX_ANSWER_BYTES, MAX_TYPE
 from sidecar.core.wire import (
     ERR_NO_MESSAGE,
     ERR_STREAM_NOT_FOUND,
@@ -61,7 +62,14 @@ RUN_FIELDS = (
     "error",
     "anomaly",
     "trace_id",
+    "answer",
+    "answer_type",
+    "answer_base64",
+    "answer_cut",
 )
+# The longest excerpt a sidecar writes (base64 of the cap); a longer one read
+# from the stream is forged and cut to this.
+MAX_ANSWER_TEXT = 4 * ((MAX_ANSWER_BYTES + 2) // 3)
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,11 @@ class Run:
     trace_id: str | None = None  # from the result record (absent: none was sent)
     # One instance's own run of the slot (``run_on: every``): its claim says so.
     every: bool = False
+    # The start of the app's answer (sidecar/core/excerpt.py); None: none kept.
+    answer: str | None = None
+    answer_type: str | None = None
+    answer_base64: bool = False  # `answer` is base64: the bytes were not UTF-8
+    answer_cut: bool = False  # the app's answer went on after `answer`
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in RUN_FIELDS}
@@ -166,6 +179,20 @@ def loads(raw: bytes) -> Any:
     return json.loads(raw)
 
 
+def _answer_of(result: dict[str, Any]) -> dict[str, Any]:
+    """A result's answer fields as Run takes them; hostile ones cut or dropped."""
+    answer = _opt(result.get("answer"), str)
+    if answer is None:
+        return {}
+    ctype = _opt(result.get("answer_type"), str)
+    return {
+        "answer": answer[:MAX_ANSWER_TEXT],
+        "answer_type": ctype[:MAX_TYPE] if ctype is not None else None,
+        "answer_base64": result.get("answer_base64") is True,
+        "answer_cut": result.get("answer_cut") is True or len(answer) > MAX_ANSWER_TEXT,
+    }
+
+
 def join_runs(
     job: str,
     messages: list[tuple[int, str, bytes]],
@@ -224,6 +251,7 @@ def join_runs(
                 anomaly=_opt(r.get("anomaly"), str),
                 trace_id=_opt(r.get("trace_id"), str),
                 every=c.get(RUN_ON_FIELD) == EVERY,
+                **_answer_of(r),
             )
         )
     runs.sort(key=lambda run: (run.slot, run.seq), reverse=True)

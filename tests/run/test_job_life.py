@@ -24,6 +24,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from sidecar.config.load import Config, JobConfig, parse_config
+from sidecar.core.excerpt import Excerpt
 from sidecar.core.tasks import cancel_all
 from sidecar.core.wire import FAILED, LOST, SKIPPED, SUCCEEDED, ResultRecord, results_subject
 from sidecar.fleet.member import Fleet
@@ -110,6 +111,13 @@ async def results(js: JetStreamContext, spec_name: str = "CRON") -> list[dict[st
         data = json.loads(msg.data or b"{}")
         # Built by ResultRecord and nothing else: the record read back is one, byte for byte.
         known = {f.name: data[f.name] for f in fields(ResultRecord) if f.name in data}
+        if "answer" in data:  # the start of the app's answer: one Excerpt's fields
+            known["excerpt"] = Excerpt(
+                data["answer"],
+                data.get("answer_type"),
+                data.get("answer_base64", False),
+                data.get("answer_cut", False),
+            )
         required = [f.name for f in fields(ResultRecord) if f.default is MISSING]
         missing = [name for name in required if name not in data]
         assert not missing, missing

@@ -15,7 +15,14 @@ import nats
 import pytest
 
 from sidecar.core.clock import rfc3339
-from sidecar.store.runs import RUN_FIELDS, join_runs, loads, read_history, read_job_messages
+from sidecar.store.runs import (
+    MAX_ANSWER_TEXT,
+    RUN_FIELDS,
+    join_runs,
+    loads,
+    read_history,
+    read_job_messages,
+)
 from sidecar.store.stream import StreamSpec, ensure_stream
 from tests.support import (
     NatsServer,
@@ -506,3 +513,30 @@ def test_sidecar_records_results_that_history_shows(
     assert len(done) == len(http_app.requests)
     assert {r["token"] for r in done} == {r.headers["X-Anarchon-Run-Id"] for r in http_app.requests}
     assert all(r["instance"] in ("x", "y") for r in runs)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, (None, None, False, False)),
+        (
+            {"answer": "ok", "answer_type": "text/plain", "answer_cut": True},
+            ("ok", "text/plain", False, True),
+        ),
+        ({"answer": "AAE=", "answer_base64": True}, ("AAE=", None, True, False)),
+        # Forged: not a string, not a true, too long.
+        ({"answer": 3, "answer_type": "text/plain"}, (None, None, False, False)),
+        ({"answer": "x", "answer_type": 3, "answer_base64": "yes"}, ("x", None, False, False)),
+        ({"answer": "y" * 100_000}, ("y" * MAX_ANSWER_TEXT, None, False, True)),
+        ({"answer": "z", "answer_type": "t" * 500}, ("z", "t" * 200, False, False)),
+    ],
+)
+def test_a_results_answer_is_read_as_hostile(fields: dict[str, Any], expected: tuple) -> None:
+    claim = {"job": "j", "slot": 1000, "token": "t", "instance": "i"}
+    result = {"job": "j", "token": "t", "status": "succeeded", **fields}
+    messages = [
+        (1, "cron.j.claims", json.dumps(claim).encode()),
+        (2, "cron.j.results", json.dumps(result).encode()),
+    ]
+    (run,) = join_runs("j", messages, "cron.").runs
+    assert (run.answer, run.answer_type, run.answer_base64, run.answer_cut) == expected
