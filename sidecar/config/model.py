@@ -181,6 +181,19 @@ class CancelConfig:
     params: bool = False  # whether path has a run parameter (sidecar/config/params.py)
 
 
+@dataclass(frozen=True)
+class AfterConfig:
+    """``jobs[].after``: the job runs once after each run of `job` that ended `on`
+    (success, failure or always; docs/CONFIG.md, sidecar/run/chains.py)."""
+
+    job: str
+    on: str = "success"
+
+    def words(self) -> str:
+        """How ``check``, ``status`` and the page say it: ``after A on success``."""
+        return f"after {self.job} on {self.on}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """One entry of ``jobs:``. Durations in seconds."""
@@ -206,6 +219,9 @@ class JobConfig:
     # At most this many slots run, fleet-wide (a counter in the state bucket:
     # sidecar/run/runcap.py); None: no cap.
     max_runs: int | None = None
+    # Runs after another job's runs instead of on a schedule (``schedule`` is then
+    # a calendar with no slot: sidecar/config/jobs.py ``NO_SLOTS``); None: scheduled.
+    after: AfterConfig | None = None
 
 
 @dataclass(frozen=True)

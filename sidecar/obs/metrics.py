@@ -55,6 +55,7 @@ HOSTILE_KINDS = (
     "buffer_key",
     "stop_key",
     "unknown_key",
+    "result",
 )
 
 # The ``_created`` series double every counter for no use here.
@@ -203,7 +204,8 @@ class Metrics:
             "bucket that is not a valid job), lock_key (a lock.<job> held without the TTL "
             "a sidecar writes), buffer_key / stop_key (a buffer.<job> or "
             "stop.<job> key that no stored claim of the job backs), unknown_key (a key of "
-            "no family the sidecar knows).",
+            "no family the sidecar knows), result (a message on a followed job's results "
+            "that is no result of it: a chain does not act on it).",
             ("what",),
             namespace=PREFIX,
             registry=registry,

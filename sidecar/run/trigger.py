@@ -46,6 +46,7 @@ from sidecar.core.errors import (
     TriggerUndelivered,
 )
 from sidecar.core.wire import (
+    AFTER_RUN_HEADER,
     ATTEMPT_HEADER,
     FENCE_HEADER,
     INSTANCE_HEADER,
@@ -87,6 +88,7 @@ class Why:
 
     trigger: str
     previous: str | None = None
+    after_run: str | None = None  # X-Anarchon-After-Run: the run this one follows
 
 
 def why_of(job: JobConfig, slot: int, trigger: str) -> Why:
@@ -253,6 +255,8 @@ class Trigger:
             headers[TRIGGER_HEADER] = why.trigger
             if why.previous is not None:
                 headers[PREVIOUS_HEADER] = why.previous
+            if why.after_run is not None:
+                headers[AFTER_RUN_HEADER] = why.after_run
         if self.signer is not None:
             from sidecar.after.signing import SIGNATURE_HEADER, SignedFields
 

@@ -123,6 +123,7 @@ SPEC_LABEL_VALUES = {
         "buffer_key",
         "stop_key",
         "unknown_key",
+        "result",
     },
     "operation": {"publish", "subscribe"},
 }
