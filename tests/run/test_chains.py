@@ -7,6 +7,7 @@ the run it follows is killed the moment after (sidecar/run/chains.py)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from collections import Counter
@@ -14,14 +15,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.admin.test_page import request, row_of
 from tests.support import (
     NatsServer,
     RecordingApp,
     Sidecar,
     StoredMsg,
     base,
+    cli_config,
     job,
     results,
+    run_cli,
     sidecars,
     wait_for,
 )
@@ -76,9 +80,21 @@ def test_a_job_after_a_succeeding_job_runs_once_per_run_with_its_run_id(
         after("d", "b", "always"),  # a chain of two
     ]
     config = base(nats_server, http_app, jobs)
-    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]):
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
         wait_for(lambda: settled(nats_server.url, "a", http_app, "b", 4), 40, what="4 runs of a")
         wait_for(lambda: settled(nats_server.url, "b", http_app, "d", 4), 20, what="4 runs of b")
+        # status, status --json and the page show the chain.
+        cfg = cli_config(tmp_path, config)
+        text = run_cli("status", "-c", cfg)
+        assert text.returncode == 0, text.stderr
+        assert "b: after a on success" in text.stdout and "d: after b on always" in text.stdout
+        assert "ENDED" not in text.stdout
+        shown = json.loads(run_cli("status", "-c", cfg, "--json").stdout)
+        by_name = {j["name"]: j for j in shown["jobs"]}
+        assert by_name["c"]["after"] == {"job": "a", "on": "failure"}
+        assert by_name["c"]["chain"] == "after a on failure" and by_name["a"]["after"] is None
+        assert by_name["b"]["ended"] is None and by_name["b"]["schedules"] == []
+        assert "after a on success" in row_of(request(procs[0], "/")[2].decode(), "b")
     a_runs = {m.data["token"]: m.data for m in runs_of(nats_server.url, "a")}
     b = followers(http_app, "b")
     assert b and all(n == 1 for n in b.values()), b  # exactly once per run of a
