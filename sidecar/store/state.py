@@ -154,6 +154,9 @@ def job_hash(job: JobConfig) -> str:
         parts.append(f"expect={job.expect}")
     if getattr(job, "max_runs", None) is not None:
         parts.append(f"max_runs={job.max_runs}")
+    # after (a chain): which job's runs it follows, and on which endings.
+    if getattr(job, "after", None) is not None:
+        parts.append(f"after={job.after}")
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
 
 
