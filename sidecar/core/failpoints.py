@@ -42,8 +42,9 @@ Points (``POINTS``):
   bucket (``ackloss``: as if its stream had no leader to answer).
 - ``trigger.before_send``: the connection to the app is open, the request
   not yet written.
-- ``record.published``: a run's result was stored in the stream, before the
-  aftermath (pings, notifications) and before its lease is released.
+- ``record.published``: the result of a run whose request went out was
+  stored in the stream, before the aftermath (pings, notifications) and before
+  its lease is released.
 
 Inert in production: without the variable ``ENABLED`` is False, and every
 point is ``if failpoints.ENABLED: ...``, a module attribute read and a

@@ -264,7 +264,7 @@ class Recorder:
         )
         if not seq:
             log.error("job %s slot %s: result not recorded", outcome.job, outcome.slot)
-        elif failpoints.ENABLED:
+        elif failpoints.ENABLED and outcome.sent:
             await failpoints.hit("record.published")
         if outcome.run and self.aftermath is not None:
             self.aftermath.after_outcome(job, record, outcome.answer, outcome.trigger)

@@ -196,7 +196,7 @@ def test_the_follower_runs_when_the_sidecar_that_recorded_the_run_is_killed(
                 (m for m in runs_of(nats_server.url, "a") if m.data["instance"] == victim.name),
                 None,
             ),
-            10,
+            20,
             what="the killed sidecar's result",
         )
         token = recorded.data["token"]
