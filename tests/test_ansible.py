@@ -572,7 +572,7 @@ def test_bad_job_fails_at_validate_and_keeps_the_config(
         (
             {"anarchon_sidecar_jobs": [{"name": "no-schedule"}]},
             ARGSPEC_TASK,
-            "missing required arguments: schedule",
+            "one of the following is required: schedule, after",
         ),
         (
             {

@@ -139,6 +139,12 @@ def parse_bucket_job(config: Config, value: object, path: str) -> BucketJob:
             "a job of the state bucket cannot set ping (its URL could be anywhere); "
             "defaults.ping of the config file applies",
         )
+    if sec.has("after"):
+        raise ConfigError(
+            sec.key("after"),
+            "a job of the state bucket cannot run after another job (chains are "
+            "checked for cycles across the config file's jobs): give it a schedule",
+        )
     request = data.get("request")
     if isinstance(request, dict):
         if request.get("url") is not None:

@@ -282,6 +282,8 @@ def running(view: View, job: str, now_ms: int) -> list[dict[str, Any]]:
 def schedules_of(job: JobConfig) -> list[dict[str, str]]:
     """The job's schedule(s) with their words. Several schedules per job, when the
     config gives them (``job.schedules``), are listed each; today there is one."""
+    if job.after is not None:  # no schedule: ``chain`` says what it follows
+        return []
     tz = job.timezone.key
     return [{"cron": expr, "text": describe(expr, tz)} for expr in job.schedule.exprs]
 
@@ -343,6 +345,7 @@ def job_object(
         # A pause with an end (``pause --until``): it ends by itself then.
         "paused_until": pause.get("until"),
         **schedule_fields(job, view, now_ms, upcoming),
+        **({"schedule_lines": [job.after.words()]} if job.after is not None else {}),
         "running": running(view, job.name, now_ms),
         "last_run": recent.last_run(job.name),
         "next_slot": rfc3339(upcoming[0] / 1000) if upcoming else None,
@@ -381,11 +384,17 @@ def job_object(
         ),
         # answer.bytes (docs/TRIGGER.md): how much of the app's answer a result keeps.
         "answer_bytes": job.answer.size,
+        # after (docs/CONFIG.md): the job it runs after and on which endings; the words
+        # status and the page show ("after a on success"); None: a scheduled job.
+        "after": ({"job": job.after.job, "on": job.after.on} if job.after is not None else None),
+        "chain": job.after.words() if job.after is not None else None,
     }
 
 
 def no_more_runs(job: JobConfig, view: View, now_ms: int) -> str | None:
     """Why the job claims no more slots (end_at passed, max_runs reached); None if it does."""
+    if job.after is not None:  # no slots of its own, and none missed
+        return None
     if job.schedule.ended(now_ms):
         return f"end_at {utc_text(job.schedule.end_ms or 0)} passed"
     if job.max_runs is not None and (runs := counted(view, job.name)) >= job.max_runs:

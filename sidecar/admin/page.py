@@ -192,7 +192,10 @@ def job_row(job: dict[str, Any]) -> str:
     scheds = "".join(
         f'<div><code>{e(s["cron"])}</code><br><span class="words">{e(s["text"])}</span></div>'
         for s in job.get("schedules") or []
-    ) + policy_lines(job, tz)
+    )
+    if job.get("chain"):  # a job run after another's runs (docs/CONFIG.md, after)
+        scheds += f'<div><span class="words">{e(job["chain"])}</span></div>'
+    scheds += policy_lines(job, tz)
     state = []
     if job.get("paused"):
         why = f": {e(job.get('paused_reason'))}" if job.get("paused_reason") else ""

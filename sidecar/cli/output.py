@@ -181,14 +181,20 @@ def check_lines(config: Config, now_ms: int) -> list[str]:
     for job in config.jobs:
         req = job.request
         where = f"unix:{req.unix_socket} " if req.unix_socket else redact_url(req.base_url)
+        if job.after is not None:  # no schedule: each run follows one of another job
+            head = [f"{job.name}: {job.after.words()} (trigger after, once per run of it)"]
+        else:
+            head = [
+                f"{job.name}: {job.schedule.expr!r} in {job.timezone.key}",
+                *(f"  {line}" for line in schedule_lines(job.schedule)),
+            ]
         lines += [
             "",
-            f"{job.name}: {job.schedule.expr!r} in {job.timezone.key}",
-            *(f"  {line}" for line in schedule_lines(job.schedule)),
+            *head,
             f"  {req.method} {where}{req.path}  timeout {format_duration(req.timeout)}, "
             f"jitter {format_duration(job.jitter)}, max_late {format_duration(job.max_late)}",
         ]
-        if req.params:
+        if req.params and job.after is None:
             lines.append(_rendered_line(job, config.instance_id, now_ms))
         if told := describe_job(job.ping, job.pause_after, job.expect):
             lines.append(told)
@@ -213,6 +219,8 @@ def check_lines(config: Config, now_ms: int) -> list[str]:
         if job.answer != AnswerConfig():  # the default is docs/TRIGGER.md's, said there
             lines.append(f"  {describe_answer(job.answer)}")
         # The next runs: spread moved, exclusions, start_at and end_at applied.
+        if job.after is not None:
+            continue
         runs = _next_runs(job, now_ms, 3)
         lines += [f"  next: {when(slot, job.timezone)}" for slot in runs]
         if job.schedule.end_ms is not None and not runs:

@@ -64,7 +64,7 @@ def status_lines(view: dict[str, Any]) -> list[str]:
                     last.get("scheduled_at") or "-",
                     last.get("status") or "-",
                     last.get("instance") or "-",
-                    job["next_slot"] or "-",
+                    job["next_slot"] or job.get("chain") or "-",
                     job.get("source") or "file",
                 )
             )

@@ -32,6 +32,7 @@ from sidecar.config.fields import (
 from sidecar.config.keys import JOB_NAME, ConfigSection, one_of
 from sidecar.config.model import (
     MAX_CANDIDATES,
+    AfterConfig,
     CancelConfig,
     ClaimConfig,
     ConcurrencyConfig,
@@ -82,9 +83,20 @@ JOB_KEYS = (
     "concurrency",
     "run_on",
     "answer",
+    "after",
 )
 # jobs[].run_on: once per slot for the fleet (one), or on every live instance.
 RUN_ON = ("one", "every")
+# jobs[].after.on: which endings of the other job's run are followed.
+AFTER_ON = ("success", "failure", "always")
+_AFTER_KEYS = ("job", "on")
+# The keys a job with ``after`` may not have: its runs follow another job's, not
+# a calendar, and are not retried (sidecar/run/chains.py).
+_NOT_WITH_AFTER = ("schedule", "spread", "exclude", "start_at", "end_at", "catchup", "max_runs")
+# The schedule of a job with ``after``: a calendar whose end_at (the epoch) is
+# before every slot, so that its job loop claims nothing and status shows no
+# next run.
+NO_SLOTS = ("0 0 1 1 *", 0)
 # max_runs: at most this many runs (any more would not be a cap).
 MAX_RUNS = 2**31 - 1
 _REQUEST_KEYS = ("method", "path", "query", "headers", "body", "timeout", "url")
@@ -119,7 +131,11 @@ def parse_job(
             "(it is a token of the NATS subjects)",
         )
     timezone = sec.get("timezone", ZoneInfo("UTC"), zone)
-    schedule = _parse_calendar(sec, name, timezone)
+    after = _parse_after(sec, name)
+    if after is None:
+        schedule = _parse_calendar(sec, name, timezone)
+    else:
+        schedule = parse_calendar([NO_SLOTS[0]], timezone, name, end_ms=NO_SLOTS[1])
     req = ConfigSection(sec.data.get("request"), sec.key("request"), _REQUEST_KEYS)
     method = req.text("method", "POST").upper()
     if method not in _METHODS:
@@ -156,6 +172,12 @@ def parse_job(
             sec.key("on_lost"),
             "rerun needs retry.max of at least 1 (the rerun is the next attempt)",
         )
+    if after is not None and (retry.max or on_lost == "rerun"):
+        raise ConfigError(
+            sec.key("retry" if retry.max else "on_lost"),
+            "a job with after is not retried (each run follows one run of "
+            f"{after.job}; as one-off runs): remove it",
+        )
     overlap = sec.get("overlap", "allow", one_of(OVERLAP))
     cancel = _parse_cancel(sec, request, overlap)
     run_on = sec.get("run_on", "one", one_of(RUN_ON))
@@ -183,6 +205,7 @@ def parse_job(
         concurrency=_parse_concurrency(sec),
         run_on=run_on,
         answer=parse_answer(sec),
+        after=after,
     )
 
 
@@ -242,6 +265,58 @@ def _check_every(
     own = sec.data.get("claim")
     if isinstance(own, dict) and own.get("candidates") is not None:
         raise ConfigError(f"{sec.key('claim')}.candidates", f"every instance claims: it {why}")
+
+
+def _parse_after(sec: ConfigSection, name: str) -> AfterConfig | None:
+    """``jobs[].after``: ``{job: A, on: success|failure|always}``; None when absent.
+    Whether A exists and the chain has no cycle is ``check_chains``'s (the whole
+    config)."""
+    if sec.data.get("after") is None:
+        return None
+    raw = sec.data["after"]
+    if isinstance(raw, dict) and True in raw and "on" not in raw:
+        # YAML 1.1 reads a bare ``on:`` key as the boolean true.
+        raw = {("on" if k is True else k): v for k, v in raw.items()}
+    aft = ConfigSection(raw, sec.key("after"), _AFTER_KEYS)
+    other = aft.get("job", None, string)
+    if other is None:
+        raise ConfigError(aft.key("job"), "required: the name of the job this one runs after")
+    if other == name:
+        raise ConfigError(
+            aft.key("job"), f"{short(other)} is this job: a job cannot run after itself"
+        )
+    for key in _NOT_WITH_AFTER:
+        if sec.has(key):
+            raise ConfigError(
+                sec.key(key),
+                f"not with after: this job runs after each run of {short(other)}, "
+                "not on a calendar of its own (remove one of them)",
+            )
+    return AfterConfig(job=other, on=aft.get("on", "success", one_of(AFTER_ON)))
+
+
+def check_chains(jobs: tuple[JobConfig, ...] | list[JobConfig], path: str = "jobs") -> None:
+    """Every ``after.job`` names a job of `jobs`, and no chain comes back to where it
+    began (A after B after A). ConfigError names the ``after.job`` key."""
+    index = {job.name: i for i, job in enumerate(jobs)}
+    by_name = {job.name: job for job in jobs}
+    for i, job in enumerate(jobs):
+        if job.after is None:
+            continue
+        key = f"{path}[{i}].after.job"
+        if job.after.job not in by_name:
+            raise ConfigError(key, f"no job named {short(job.after.job)} in jobs")
+        seen = [job.name]
+        other: JobConfig | None = by_name[job.after.job]
+        while other is not None:
+            if other.name == job.name:
+                chain = " after ".join([*seen, job.name])
+                raise ConfigError(key, f"a cycle: {chain}; a chain must end at a scheduled job")
+            seen.append(other.name)
+            after = other.after
+            other = by_name.get(after.job) if after is not None else None
+            if len(seen) > len(index) + 1:  # a cycle not through this job: its own error
+                break
 
 
 def _with_query(req: ConfigSection, path: str) -> str:

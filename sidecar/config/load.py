@@ -44,6 +44,7 @@ from sidecar.config.jobs import (
     MAX_RETRIES,
     ON_LOST,
     OVERLAP,
+    check_chains,
     check_concurrency,
     check_fit,
     check_windows,
@@ -196,6 +197,7 @@ def _parse(data: dict[Any, Any]) -> Config:
             raise ConfigError(f"jobs[{index}].name", f"duplicate job name {job.name!r}")
         names.add(job.name)
         jobs.append(job)
+    check_chains(jobs)
     config = Config(
         instance_id=instance_id,
         nats=nats,

@@ -210,6 +210,19 @@ class ConcurrencyConfig:
     limit: int
 
 
+@dataclass(frozen=True)
+class AfterConfig:
+    """``jobs[].after``: the job runs once after each run of `job` that ended `on`
+    (success, failure or always; docs/CONFIG.md, sidecar/run/chains.py)."""
+
+    job: str
+    on: str = "success"
+
+    def words(self) -> str:
+        """How ``check``, ``status`` and the page say it: ``after A on success``."""
+        return f"after {self.job} on {self.on}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """One entry of ``jobs:``. Durations in seconds."""
@@ -241,6 +254,9 @@ class JobConfig:
     # instance, each triggering its own app (docs/GUARANTEES.md).
     run_on: str = "one"
     answer: AnswerConfig = field(default_factory=AnswerConfig)
+    # Runs after another job's runs instead of on a schedule (``schedule`` is then
+    # a calendar with no slot: sidecar/config/jobs.py ``NO_SLOTS``); None: scheduled.
+    after: AfterConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,9 @@ Points (``POINTS``):
   bucket (``ackloss``: as if its stream had no leader to answer).
 - ``trigger.before_send``: the connection to the app is open, the request
   not yet written.
+- ``record.published``: the result of a run whose request went out was
+  stored in the stream, before the aftermath (pings, notifications) and before
+  its lease is released.
 
 Inert in production: without the variable ``ENABLED`` is False, and every
 point is ``if failpoints.ENABLED: ...``, a module attribute read and a
@@ -78,6 +81,7 @@ POINTS = frozenset(
         "claim.before_retry",
         "lease.create",
         "trigger.before_send",
+        "record.published",
     }
 )
 _ENTRY = re.compile(

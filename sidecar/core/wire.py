@@ -44,9 +44,11 @@ FENCE_HEADER = "X-Anarchon-Fence"
 TRIGGER_HEADER = "X-Anarchon-Trigger"
 PREVIOUS_HEADER = "X-Anarchon-Previous-Scheduled-At"
 SIGNATURE_HEADER = "X-Anarchon-Signature"
+# A run of a job with ``after`` (trigger ``after``): the run id of the run it follows.
+AFTER_RUN_HEADER = "X-Anarchon-After-Run"
 
 # X-Anarchon-Trigger (and a record's ``trigger``): why a request was sent.
-SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL, AT = (
+SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL, AT, AFTER = (
     "scheduled",
     "catchup",
     "manual",
@@ -54,8 +56,9 @@ SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL, AT = (
     "rerun",
     "backfill",
     "at",
+    "after",
 )
-TRIGGERS = (SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL, AT)
+TRIGGERS = (SCHEDULED, CATCHUP, MANUAL, RETRY, RERUN, BACKFILL, AT, AFTER)
 
 # W3C trace context, sent with every trigger (sidecar/obs/tracing.py exports the span).
 TRACEPARENT = "traceparent"
@@ -126,6 +129,13 @@ def every_msg_id(job: str, slot: int, instance: str) -> str:
     attempt's ``<job>:<slot>:a<n>``: a per-instance claim takes no one else's id,
     and a restarted instance finds its own (a duplicate: not run again)."""
     return f"{job}:{slot}:every:{instance}"
+
+
+def after_msg_id(job: str, after: str, slot: int, token: str, manual: bool) -> str:
+    """The claim id of `job`'s run after a run of job `after`: one per slot of
+    `after` (all its attempts: a retried or lost run fires `job` once), or per run
+    for a manual run of `after` (its slot is not one of its schedule's)."""
+    return f"{job}:after:{after}:{f'manual:{token}' if manual else slot}"
 
 
 def lost_msg_id(job: str, slot: int, attempt: int) -> str:

@@ -50,6 +50,7 @@ HOSTILE_KINDS = (
     "stop_key",
     "conc_key",
     "unknown_key",
+    "result",
 )
 
 # The ``_created`` series double every counter for no use here.
@@ -265,7 +266,8 @@ class Metrics:
             "bucket that is not a valid job), lock_key (a lock.<job> held without the TTL "
             "a sidecar writes; conc_key: the same of a conc.<key>.<n> slot), buffer_key / "
             "stop_key (a buffer.<job> or stop.<job> key that no stored claim of the job "
-            "backs), unknown_key (a key of no family the sidecar knows).",
+            "backs), unknown_key (a key of no family the sidecar knows), result (a message on a "
+            "followed job's results that is no result of it: a chain does not act on it).",
             ("what",),
             namespace=PREFIX,
             registry=registry,

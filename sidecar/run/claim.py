@@ -113,6 +113,8 @@ class Claim:
     # claim made elsewhere. A winner whose lease came much later asks whether
     # it was judged lost meanwhile (sidecar/run/claimwindow.py).
     sent_at: float | None = None
+    # The run id this run follows (``after``: sidecar/run/chains.py); None: none.
+    after_run: str | None = None
 
 
 @dataclass

@@ -162,6 +162,10 @@ class Jobs:
         runs in flight go on, in ``runs``."""
         m = self.metrics
         name = job.name
+        if job.after is not None:  # no slots: its runs follow another job's (chains.py)
+            m.job_next_run_timestamp_seconds.labels(job=name).set(0)
+            await self.stopping.wait()
+            return
         slot = job.schedule.next_slot(self.clock.wall_ms())
         self._next[name] = slot
         # The first slot's previous instant is found by the run that needs it
@@ -560,6 +564,8 @@ class Jobs:
 
     def _why(self, job: JobConfig, claim: Claim) -> Why:
         """X-Anarchon-Trigger and -Previous-Scheduled-At; the loop's answer when it has one."""
+        if claim.after_run is not None:  # no schedule: the run it follows instead
+            return Why(claim.trigger, None, claim.after_run)
         known = self._previous.get(job.name)
         if known is None or known[0] != claim.slot:
             return why_of(job, claim.slot, claim.trigger)

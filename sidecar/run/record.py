@@ -29,6 +29,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import APIError
 
+from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import rfc3339
 from sidecar.core.excerpt import excerpt
@@ -296,6 +297,8 @@ class Recorder:
         )
         if not seq:
             log.error("job %s slot %s: result not recorded", outcome.job, outcome.slot)
+        elif failpoints.ENABLED and outcome.sent:
+            await failpoints.hit("record.published")
         if outcome.run and self.aftermath is not None:
             self.aftermath.after_outcome(job, record, outcome.answer, outcome.trigger)
         return seq

@@ -51,6 +51,7 @@ from sidecar.core.errors import (
 )
 from sidecar.core.excerpt import MAX_ANSWER_BYTES, redact
 from sidecar.core.wire import (
+    AFTER_RUN_HEADER,
     ATTEMPT_HEADER,
     FENCE_HEADER,
     INSTANCE_HEADER,
@@ -93,6 +94,7 @@ class Why:
 
     trigger: str
     previous: str | None = None
+    after_run: str | None = None  # X-Anarchon-After-Run: the run this one follows
 
 
 def why_of(job: JobConfig, slot: int, trigger: str) -> Why:
@@ -274,6 +276,8 @@ class Trigger:
             headers[TRIGGER_HEADER] = why.trigger
             if why.previous is not None:
                 headers[PREVIOUS_HEADER] = why.previous
+            if why.after_run is not None:
+                headers[AFTER_RUN_HEADER] = why.after_run
         if self.signer is not None:
             from sidecar.after.signing import SIGNATURE_HEADER, SignedFields
 

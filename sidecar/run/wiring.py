@@ -65,6 +65,12 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
 
     jobs.at_runs = OnFirstKey("at", config.jobs, fleet.view, at_runs)
     fleet.key_listeners.append(jobs.at_runs.changed)
+    # Jobs run after another job's runs (sidecar/run/chains.py): its code imported
+    # only when a job has ``after``.
+    if any(job.after is not None for job in config.jobs):
+        from sidecar.run.chains import Chains
+
+        Chains(ctx, jobs.unclaimed, jobs._start_run).begin()
     # Pings, notifications, auto-pause, anomalies, spans (sidecar/after/aftermath.py).
     jobs.aftermath = Aftermath(config, metrics, clock, ctx.keys, _secret(trigger), fleet)
     # Every ending of a run is recorded there (sidecar/run/record.py).

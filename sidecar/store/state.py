@@ -158,6 +158,9 @@ def job_hash(job: JobConfig) -> str:
         parts.append(f"concurrency={conc.key}/{conc.limit}")
     if getattr(job, "run_on", "one") != "one":
         parts.append(f"run_on={job.run_on}")
+    # after (a chain): which job's runs it follows, and on which endings.
+    if getattr(job, "after", None) is not None:
+        parts.append(f"after={job.after}")
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
 
 

@@ -79,6 +79,7 @@ def test_history_marks_every_trigger_kind_but_scheduled() -> None:
         "rerun": " (rerun, attempt 2)",
         "backfill": " (backfill)",
         "at": " (at)",
+        "after": " (after)",
     }
     # A skipped slot has no trigger; a reference claim says only `manual`.
     assert output.run_marks(run(None)) == ""

@@ -131,6 +131,7 @@ SPEC_LABEL_VALUES = {
         "stop_key",
         "conc_key",
         "unknown_key",
+        "result",
     },
     "operation": {"publish", "subscribe"},
 }
