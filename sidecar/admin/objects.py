@@ -36,7 +36,7 @@ from sidecar.fleet.orphans import run_by
 from sidecar.run.backfill import backfill_key, done_of, running_of, slot_list
 from sidecar.run.runcap import counted
 from sidecar.store.runs import attempt_of, join_runs
-from sidecar.store.state import View, config_hash, mismatched_jobs
+from sidecar.store.state import View, config_hash, mismatched_calendars, mismatched_jobs
 from sidecar.store.stream import StreamState
 from sidecar.when.atkey import at_key, pending_of
 from sidecar.when.attempts import lease_job
@@ -329,6 +329,8 @@ def job_object(
         "next_slot": rfc3339(upcoming[0] / 1000) if upcoming else None,
         "next_slots": [rfc3339(s / 1000) for s in upcoming],
         "schedules": schedules_of(job),
+        # exclude: [calendar:<name>] (docs/SCHEDULES.md): each with its content hash.
+        "calendars": [{"name": s.name, "digest": s.digest} for s in job.schedule.shared],
         "timezone": job.timezone.key,
         "recent": strip,
         "consecutive_failures": consecutive_failures(strip),
@@ -429,6 +431,8 @@ def fleet_part(
         "instances": instances_of(view, seen),
         "config_mismatch": bool(mismatch),
         "mismatched_jobs": sorted(mismatch),
+        # Shared calendars whose contents differ between live instances.
+        "mismatched_calendars": sorted(mismatched_calendars(instances)),
         # Jobs live instances run that this config does not have (removed,
         # renamed or added on part of the fleet), with their leftover state.
         "other_jobs": [

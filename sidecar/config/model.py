@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo
 
 from sidecar.config.alerting import ExpectConfig, NotifyConfig, PingConfig, TracingConfig
 from sidecar.core.errors import ConfigError
+from sidecar.when.shared import SharedCalendar
 from sidecar.when.slots import Calendar
 
 
@@ -208,6 +209,10 @@ class JobConfig:
     max_runs: int | None = None
 
 
+def _no_calendars() -> Mapping[str, SharedCalendar]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole config, valid by construction through ``parse_config``."""
@@ -225,6 +230,11 @@ class Config:
     # file's jobs were (sidecar/admin/bucket_jobs.py).
     defaults: Mapping[str, Any] = field(
         default_factory=_no_defaults, compare=False, hash=False, repr=False
+    )
+    # ``calendars:`` (sidecar/config/calendars.py): a job of the state bucket names
+    # them as the file's jobs do.
+    calendars: Mapping[str, SharedCalendar] = field(
+        default_factory=_no_calendars, compare=False, hash=False, repr=False
     )
 
     @property
