@@ -91,7 +91,8 @@ class Event:
             every = "yearly" if self.yearly.interval == 1 else f"every {self.yearly.interval} years"
             text += f" {every}"
             if self.yearly.count is not None:
-                text += f", {self.yearly.count} times"
+                count = self.yearly.count
+                text += ", once" if count == 1 else f", {count} times"
             if self.yearly.until is not None:
                 text += f", until {self.yearly.until.isoformat()}"
             if self.zone not in (None, "UTC"):
@@ -176,7 +177,7 @@ def parse_ics(text: str) -> list[Event]:
                     props = {}
                 continue
             if not stack or stack[-1][0] != kind:
-                open_ = f"BEGIN:{stack[-1][0]}" if stack else "nothing"
+                open_ = f"BEGIN:{stack[-1][0]} of line {stack[-1][1]}" if stack else "nothing"
                 raise IcsError(number, f"END:{kind} does not end {open_}")
             begun = stack.pop()[1]
             if kind == "VEVENT" and stack and stack[-1][0] == "VCALENDAR":
