@@ -791,3 +791,44 @@ def test_examples_connect_as_a_user_restricted_by_permissions_conf() -> None:
     assert (ROLE_DIR / links[0]).resolve() == ROOT / "deploy" / "nats" / "permissions.conf"
     assert "permissions: $ANARCHON_SIDECAR_PERMISSIONS" in readme
     assert "restrict" in readme.lower()
+
+
+@pytest.mark.timeout(420)  # three converges (and the first one, when run alone)
+def test_calendar_files_are_written_before_the_config_that_names_them(site: Site) -> None:
+    """anarchon_sidecar_calendars: a file's content lands in <config_dir>/calendars and the
+    config names it there (absolute: the validate's copy of the config is elsewhere); a
+    file that does not parse fails the validate and keeps the config in place."""
+    ics = (
+        "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\n"
+        "DTSTART;VALUE=DATE:20261225\r\nDTEND;VALUE=DATE:20261227\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n"
+    )
+    jobs = [
+        {
+            "name": "nightly",
+            "schedule": "30 2 * * *",
+            "timezone": "Europe/Berlin",
+            "exclude": ["calendar:holidays-de", "calendar:freeze"],
+        }
+    ]
+    calendars = {"holidays-de": {"content": ics}, "freeze": {"dates": ["2026-12-24"]}}
+    try:
+        play = site.converge(
+            site.vars(anarchon_sidecar_jobs=jobs, anarchon_sidecar_calendars=calendars)
+        )
+        assert play.rc == 0, play.output
+        (written,) = (site.config.parent / "calendars").glob("holidays-de-*.ics")
+        assert written.read_bytes() == ics.encode()  # CRLF kept
+        config = yaml.safe_load(site.config.read_text())
+        assert config["calendars"] == {
+            "holidays-de": {"file": str(written)},
+            "freeze": {"dates": ["2026-12-24"]},
+        }
+        before = site.config.read_bytes()
+        bad = {**calendars, "holidays-de": {"content": ics.replace("20261227", "2026-12-27")}}
+        play = site.converge(site.vars(anarchon_sidecar_jobs=jobs, anarchon_sidecar_calendars=bad))
+        assert play.rc != 0, play.output
+        assert "calendars.holidays-de.file" in play.task(CONFIG_TASK)  # check names it
+        assert site.config.read_bytes() == before
+        assert written.read_bytes() == ics.encode()  # the file the config names: as it was
+    finally:
+        site.converge_base()

@@ -209,10 +209,12 @@ def test_the_parts_each_values_set_renders(rendered: dict[str, Path]) -> None:
 
 
 def rendered_config(path: Path, tmp_path: Path) -> Path:
+    """The ConfigMap's files, written as mounted: sidecar.yaml and the calendar files
+    beside it (its calendars name them relative to its directory)."""
     configmap = one(path, "ConfigMap", "-config")
-    config = tmp_path / "sidecar.yaml"
-    config.write_text(configmap["data"]["sidecar.yaml"])
-    return config
+    for name, content in configmap["data"].items():
+        (tmp_path / name).write_text(content)
+    return tmp_path / "sidecar.yaml"
 
 
 @pytest.mark.parametrize("values", ["defaults", "everything"])
@@ -315,6 +317,32 @@ def test_grace_outlasts_the_drain_and_a_config_change_rolls_the_pods(
     other.write_text(helm.template(CHART, changed))
     new = one(other, "Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert new["checksum/config"] != checksum
+
+
+def test_calendar_files_are_beside_the_config_and_roll_the_pods(
+    rendered: dict[str, Path], helm: Helm, tmp_path: Path
+) -> None:
+    path = rendered["everything"]
+    config = load_config(str(rendered_config(path, tmp_path)), {})
+    (job,) = [j for j in config.jobs if j.name == "nightly-report"]
+    assert [s.name for s in job.schedule.shared] == ["holidays-de"]  # read from the file
+    annotations = one(path, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert "checksum/calendars" in annotations
+    assert (
+        "checksum/calendars"
+        not in (
+            one(rendered["defaults"], "Deployment")["spec"]["template"]["metadata"]["annotations"]
+        )
+    )  # no calendar files: the pods' annotations as before
+    data = load_values(VALUES["everything"]) or {}
+    files = data["sidecar"]["calendarFiles"]  # type: ignore[index]
+    files["holidays-de.ics"] = files["holidays-de.ics"].replace("20261227", "20261228")
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(data))
+    other = tmp_path / "other.yaml"
+    other.write_text(helm.template(CHART, changed))
+    new = one(other, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert new["checksum/calendars"] != annotations["checksum/calendars"]
 
 
 def test_defaults_match_the_kustomize_base() -> None:
@@ -557,7 +585,11 @@ def test_rendered_pod_runs_against_nats_with_the_rendered_permissions(
     container = sidecar_container(pod)
     secrets = {d["metadata"]["name"]: d for d in docs(path) if d["kind"] == "Secret"}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    config_text = one(path, "ConfigMap", "-config")["data"]["sidecar.yaml"]
+    config_map = one(path, "ConfigMap", "-config")["data"]
+    config_text = config_map["sidecar.yaml"]
+    for name, content in config_map.items():  # the calendar files, beside the config
+        if name != "sidecar.yaml":
+            (tmp_path / name).write_text(content)
     # Each Secret as the kubelet mounts it: a directory with one file per key.
     for mount in container["volumeMounts"]:
         secret_name = volumes[mount["name"]].get("secret", {}).get("secretName")

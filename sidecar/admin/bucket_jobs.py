@@ -165,7 +165,7 @@ def parse_bucket_job(config: Config, value: object, path: str) -> BucketJob:
                         "bucket cannot replace it",
                     )
     defaults = ConfigSection(dict(config.defaults), "defaults", ("ping", "claim"))
-    job = parse_job(sec, config.target, defaults, parse_claim(defaults))
+    job = parse_job(sec, config.target, defaults, parse_claim(defaults), config.calendars)
     check_name_length(limits, job.name, path)
     size = config.effective_history_size
     if job.history_size is not None and job.history_size > size:

@@ -44,6 +44,7 @@ from sidecar.store.state import (
     bucket_job_names,
     bucket_set,
     config_hash,
+    mismatched_calendars,
     mismatched_jobs,
 )
 from sidecar.store.stream import StreamState
@@ -351,6 +352,8 @@ def job_object(
         "next_slot": rfc3339(upcoming[0] / 1000) if upcoming else None,
         "next_slots": [rfc3339(s / 1000) for s in upcoming],
         "schedules": schedules_of(job),
+        # exclude: [calendar:<name>] (docs/SCHEDULES.md): each with its content hash.
+        "calendars": [{"name": s.name, "digest": s.digest} for s in job.schedule.shared],
         "timezone": job.timezone.key,
         "recent": strip,
         "run_on": job.run_on,
@@ -480,6 +483,8 @@ def fleet_part(
         "instances": instances_of(view, seen),
         "config_mismatch": bool(mismatch),
         "mismatched_jobs": sorted(mismatch),
+        # Shared calendars whose contents differ between live instances.
+        "mismatched_calendars": sorted(mismatched_calendars(instances)),
         # Jobs live instances run that this config does not have (removed,
         # renamed or added on part of the fleet), with their leftover state.
         "other_jobs": [

@@ -311,6 +311,11 @@ def fleet_section(fleet: dict[str, Any]) -> str:
             '<p class="warn" role="alert">⚠ Live instances run these jobs with different '
             f"settings: {e(', '.join(fleet.get('mismatched_jobs') or []))}</p>"
         )
+    if fleet.get("mismatched_calendars"):
+        warn += (
+            '<p class="warn" role="alert">⚠ Live instances hold these calendars with '
+            f"different contents: {e(', '.join(fleet['mismatched_calendars']))}</p>"
+        )
 
     def dl(pairs: list[tuple[str, object]]) -> str:
         return "<dl>" + "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in pairs) + "</dl>"

@@ -177,6 +177,10 @@ def check_lines(config: Config, now_ms: int) -> list[str]:
         f"history size {config.effective_history_size}, "
         f"duplicate window {format_duration(n.duplicate_window)}, replicas {replicas}",
         *describe_notify(config.notify, config.tracing),
+        *(
+            f"calendar {name}: {cal.source}, {len(cal.entries)} entries, content hash {cal.digest}"
+            for name, cal in config.calendars.items()
+        ),
     ]
     for job in config.jobs:
         req = job.request

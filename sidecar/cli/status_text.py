@@ -42,6 +42,13 @@ def status_lines(view: dict[str, Any]) -> list[str]:
             "WARNING: live instances run these jobs with different settings: "
             + ", ".join(view["mismatched_jobs"])
         )
+    if view.get("mismatched_calendars"):
+        lines.append(
+            printable(
+                "WARNING: live instances hold these calendars with different contents: "
+                + ", ".join(view["mismatched_calendars"])
+            )
+        )
     lines.append("")
     rows = []
     for job in view["jobs"]:

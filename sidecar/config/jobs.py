@@ -15,6 +15,7 @@ from types import MappingProxyType
 from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
+from sidecar.config import calendars as shared
 from sidecar.config import params
 from sidecar.config.alerting import PingConfig, parse_expect, parse_pause_after, parse_ping
 from sidecar.config.answer import parse_answer
@@ -45,6 +46,7 @@ from sidecar.config.model import (
 from sidecar.core.clock import INSTANT_RANGE, epoch_of, in_range
 from sidecar.core.errors import ConfigError, ScheduleError
 from sidecar.when.schedule import parse_schedule
+from sidecar.when.shared import Resolved, SharedCalendar
 from sidecar.when.slots import Calendar, parse_calendar, parse_exclusion
 
 CATCHUP = ("none", "latest", "all")
@@ -118,9 +120,14 @@ def _merge_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> Mapping
 
 
 def parse_job(
-    sec: ConfigSection, target: TargetConfig, defaults: ConfigSection, claim: ClaimConfig
+    sec: ConfigSection,
+    target: TargetConfig,
+    defaults: ConfigSection,
+    claim: ClaimConfig,
+    calendars: Mapping[str, SharedCalendar] = MappingProxyType({}),
 ) -> JobConfig:
-    """A job; `claim`: ``defaults.claim``, parsed once for every job."""
+    """A job; `claim`: ``defaults.claim``, parsed once for every job; `calendars`:
+    the config's ``calendars:``, which ``exclude: [calendar:<name>]`` names."""
     name = sec.get("name", None, string)
     if name is None:
         raise ConfigError(sec.key("name"), "required: letters, digits, _ and - only")
@@ -133,7 +140,7 @@ def parse_job(
     timezone = sec.get("timezone", ZoneInfo("UTC"), zone)
     after = _parse_after(sec, name)
     if after is None:
-        schedule = _parse_calendar(sec, name, timezone)
+        schedule = _parse_calendar(sec, name, timezone, calendars)
     else:
         schedule = parse_calendar([NO_SLOTS[0]], timezone, name, end_ms=NO_SLOTS[1])
     req = ConfigSection(sec.data.get("request"), sec.key("request"), _REQUEST_KEYS)
@@ -364,8 +371,11 @@ def _check_params(
     return params.parse(body, params.BODY, req.key("body")) is not None or found
 
 
-def _parse_calendar(sec: ConfigSection, name: str, timezone: ZoneInfo) -> Calendar:
-    """``schedule`` (one expression or a list), ``spread`` and ``exclude`` of a job."""
+def _parse_calendar(
+    sec: ConfigSection, name: str, timezone: ZoneInfo, calendars: Mapping[str, SharedCalendar]
+) -> Calendar:
+    """``schedule`` (one expression or a list), ``spread`` and ``exclude`` of a job
+    (its dates and intervals, and the shared calendars it names)."""
     raw = sec.data.get("schedule")
     if raw is None:
         raise ConfigError(sec.key("schedule"), "required, e.g. '*/5 * * * *'")
@@ -387,20 +397,29 @@ def _parse_calendar(sec: ConfigSection, name: str, timezone: ZoneInfo) -> Calend
         raise ConfigError(sec.key("spread"), "0, or at least 1s (offsets are whole seconds)")
     excludes = sec.data.get("exclude") or []
     if not isinstance(excludes, list):
-        raise ConfigError(sec.key("exclude"), "expected a list of dates and ISO 8601 intervals")
+        raise ConfigError(
+            sec.key("exclude"),
+            "expected a list of dates, ISO 8601 intervals and calendar:<name> entries",
+        )
+    plain: list[str] = []
+    used: list[Resolved] = []
     for i, text in enumerate(excludes):
         key = f"{sec.key('exclude')}[{i}]"
+        if shared.is_reference(string(text, key)):
+            found = shared.resolve(text, key, calendars, timezone)
+            if found.name not in {u.name for u in used}:
+                used.append(found)
+            continue
         try:
-            parse_exclusion(string(text, key), timezone)
+            parse_exclusion(text, timezone)
         except ValueError as exc:
             raise ConfigError(key, str(exc)) from exc
+        plain.append(str(text))
     start_ms = _instant_ms(sec, "start_at", timezone)
     end_ms = _instant_ms(sec, "end_at", timezone)
     if start_ms is not None and end_ms is not None and end_ms < start_ms:
         raise ConfigError(sec.key("end_at"), "must not be before start_at")
-    calendar = parse_calendar(
-        exprs, timezone, name, spread, [str(t) for t in excludes], start_ms, end_ms
-    )
+    calendar = parse_calendar(exprs, timezone, name, spread, plain, start_ms, end_ms, tuple(used))
     if start_ms is not None:
         try:
             calendar.next_slot(start_ms - 1)

@@ -21,6 +21,7 @@ from sidecar.config.alerting import ExpectConfig, NotifyConfig, PingConfig, Trac
 from sidecar.config.bucketrules import BucketJobsConfig
 from sidecar.core.errors import ConfigError
 from sidecar.core.excerpt import DEFAULT_ANSWER_BYTES
+from sidecar.when.shared import SharedCalendar
 from sidecar.when.slots import Calendar
 
 
@@ -259,6 +260,10 @@ class JobConfig:
     after: AfterConfig | None = None
 
 
+def _no_calendars() -> Mapping[str, SharedCalendar]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole config, valid by construction through ``parse_config``."""
@@ -277,6 +282,11 @@ class Config:
     # file's jobs were (sidecar/admin/bucket_jobs.py).
     defaults: Mapping[str, Any] = field(
         default_factory=_no_defaults, compare=False, hash=False, repr=False
+    )
+    # ``calendars:`` (sidecar/config/calendars.py): a job of the state bucket names
+    # them as the file's jobs do.
+    calendars: Mapping[str, SharedCalendar] = field(
+        default_factory=_no_calendars, compare=False, hash=False, repr=False
     )
 
     @property

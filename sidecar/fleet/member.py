@@ -122,6 +122,8 @@ class Fleet:
             "digest": HASH_KIND,  # the kind of those hashes (state.mismatched_jobs)
             "metrics": f"{config.metrics.host}:{config.metrics.port}",
         }
+        if config.calendars:  # content hashes: a mismatch is named (state.mismatched_calendars)
+            self.presence["calendars"] = {n: c.digest for n, c in config.calendars.items()}
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -471,6 +471,24 @@ def mismatched_jobs(instances: dict[str, dict[str, Any]]) -> set[str]:
     return {name for (_, name), digests in seen.items() if len(digests) > 1}
 
 
+def mismatched_calendars(instances: dict[str, dict[str, Any]]) -> set[str]:
+    """Shared calendars that two live instances hold with different contents.
+
+    Each presence names its ``calendars`` with their content hashes; an instance
+    without the name (or without the field: an older version) is not compared.
+    Only a name: the jobs that use one already differ (their hash covers it).
+    """
+    seen: dict[str, set[str]] = {}
+    for value in instances.values():
+        calendars = value.get("calendars")
+        if not isinstance(calendars, dict):
+            continue
+        for name, digest in calendars.items():
+            if isinstance(name, str) and isinstance(digest, str):
+                seen.setdefault(name, set()).add(digest)
+    return {name for name, digests in seen.items() if len(digests) > 1}
+
+
 # A one-shot read of the whole bucket (status, job list) waits this long per entry.
 READ_TIMEOUT = 10.0
 

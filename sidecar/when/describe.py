@@ -88,6 +88,10 @@ def schedule_lines(calendar: Calendar) -> list[str]:
             "(from the job name)"
         )
     lines += [f"excluded: {e.text}" for e in calendar.exclusions]
+    lines += [
+        f"excluded: calendar:{s.name} ({len(s)} entries, content hash {s.digest})"
+        for s in calendar.shared
+    ]
     if calendar.start_ms is not None:
         lines.append(f"start_at {utc_text(calendar.start_ms)}: no slot before it")
     if calendar.end_ms is not None:

@@ -31,6 +31,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from typing import Protocol
 from zoneinfo import ZoneInfo
 
 from sidecar.core.errors import ScheduleError
@@ -136,6 +137,20 @@ def _ms(aware: datetime) -> int:
     return round((aware - _EPOCH_UTC) / _ONE_MS)
 
 
+class SharedExclusions(Protocol):
+    """A shared calendar resolved in the job's zone (sidecar/when/shared.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def digest(self) -> str: ...
+
+    def excluded(self, slot_ms: int) -> Exclusion | None: ...
+
+    def __len__(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class Calendar:
     """The slots of one job. Build it with ``parse_calendar``."""
@@ -147,6 +162,8 @@ class Calendar:
     exclusions: tuple[Exclusion, ...] = field(default=())
     start_ms: int | None = None  # ``start_at``: no slot before it
     end_ms: int | None = None  # ``end_at``: no slot after it is claimed
+    # ``exclude: [calendar:NAME]``: the shared calendars, in the order written.
+    shared: tuple[SharedExclusions, ...] = field(default=())
 
     @property
     def exprs(self) -> tuple[str, ...]:
@@ -170,6 +187,10 @@ class Calendar:
             text += f" start_at={self.start_ms}"
         if self.end_ms is not None:
             text += f" end_at={self.end_ms}"
+        if self.shared:
+            # By content: a calendar that differs between replicas makes the job's
+            # hash differ, shown as a config mismatch (docs/SCHEDULES.md).
+            text += " calendars=" + ",".join(f"{s.name}:{s.digest}" for s in self.shared)
         return text
 
     def outside(self, slot_ms: int) -> str | None:
@@ -207,6 +228,9 @@ class Calendar:
         for exclusion in self.exclusions:
             if exclusion.covers(slot_ms):
                 return exclusion
+        for calendar in self.shared:
+            if (found := calendar.excluded(slot_ms)) is not None:
+                return found
         return None
 
     def next_run(self, after_ms: int) -> int | None:
@@ -301,6 +325,7 @@ def parse_calendar(
     exclude: tuple[str, ...] | list[str] = (),
     start_ms: int | None = None,
     end_ms: int | None = None,
+    shared: tuple[SharedExclusions, ...] = (),
 ) -> Calendar:
     """Validate the expressions and exclusions; ScheduleError/ValueError name the bad one."""
     texts = [exprs] if isinstance(exprs, str) else list(exprs)
@@ -313,7 +338,7 @@ def parse_calendar(
             schedules.append(sched)
     exclusions = tuple(parse_exclusion(text, tz) for text in exclude)
     offset = spread_offset_ms(job, spread)
-    return Calendar(tuple(schedules), tz, spread, offset, exclusions, start_ms, end_ms)
+    return Calendar(tuple(schedules), tz, spread, offset, exclusions, start_ms, end_ms, shared)
 
 
 def utc_text(epoch_ms: int) -> str:

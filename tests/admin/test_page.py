@@ -446,3 +446,19 @@ def test_the_page_says_where_a_job_comes_from_and_why_it_runs_no_more(
             "no slot before start_at 2099-01-01T00:00:00Z"
         )
         assert api(procs[0], "/api/v1/jobs/every")["not_started"] is None
+
+
+def test_the_fleet_section_names_a_calendar_that_differs() -> None:
+    """``mismatched_calendars`` (sidecar/store/state.py) is named on the page, escaped."""
+    from sidecar.admin.page import fleet_section
+
+    html = fleet_section(
+        {
+            "config_mismatch": True,
+            "mismatched_jobs": ["report"],
+            "mismatched_calendars": ["holidays", "<b>"],
+        }
+    )
+    assert "different settings: report" in html
+    assert "these calendars with different contents: holidays, &lt;b&gt;</p>" in html
+    assert "calendars" not in fleet_section({"mismatched_calendars": []})

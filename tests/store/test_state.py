@@ -15,7 +15,13 @@ from nats.js.api import KeyValueConfig
 from sidecar.store import watch as watching
 from sidecar.store.bucketcheck import StateSpec
 from sidecar.store.kv import put_json, put_with_ttl
-from sidecar.store.state import Bucket, View, ensure_bucket, mismatched_jobs
+from sidecar.store.state import (
+    Bucket,
+    View,
+    ensure_bucket,
+    mismatched_calendars,
+    mismatched_jobs,
+)
 from sidecar.store.watch import Stall, Watch
 from tests.support import NatsServer, until
 
@@ -152,6 +158,16 @@ async def test_resync_drops_keys_deleted_while_the_watch_was_away(nc: NATS) -> N
         watch.resync()  # what a reconnect does
         await until(lambda: view.paused("sync") is None, 10)
         assert "" in changes  # one recount after the re-sync
+
+
+def test_mismatched_calendars() -> None:
+    """Only instances that name a calendar are compared; hostile values are ignored."""
+    a = {"calendars": {"hol": "1a", "freeze": "2b"}}
+    assert mismatched_calendars({"s1": a, "s2": {"calendars": {"hol": "1a"}}, "old": {}}) == set()
+    odd = {"calendars": {"hol": "9z", "freeze": "2b", 3: "x"}}
+    assert mismatched_calendars({"s1": a, "s2": odd}) == {"hol"}
+    assert mismatched_calendars({"s1": a, "s2": {"calendars": ["hol"]}}) == set()
+    assert mismatched_calendars({"s1": a, "s2": {"calendars": {"hol": 5}}}) == set()
 
 
 def test_mismatched_jobs() -> None:
