@@ -19,8 +19,8 @@ from zoneinfo import ZoneInfo
 
 from sidecar.config.fields import key_text, read_capped, short, string, type_name
 from sidecar.config.keys import JOB_NAME, ConfigSection
-from sidecar.core.errors import ConfigError
-from sidecar.when.ics import IcsError, parse_ics
+from sidecar.core.errors import ConfigError, IcsError
+from sidecar.when.ics import parse_ics
 from sidecar.when.shared import PREFIX, Resolved, SharedCalendar
 
 #: The largest calendar file: thirty years of a country's holidays take about 100 KiB.

@@ -23,9 +23,10 @@
      │    └── HostileBackfill   a backfill.<job> value the backfill command would not write
      ├── CountUnavailable       a job's max_runs count could not be read or written
      ├── BucketJobRefused       job add/update/remove could not be done as asked (exit 1)
- ├── ForgetRefused          forget: the job is still in use (run, leased, a bucket job; exit 1)
+     ├── ForgetRefused          forget: the job is still in use (run, leased, a bucket job; exit 1)
      ├── SendError              a ping, webhook or span send failed (``retry``: worth another)
      ├── ScheduleError          a cron expression is invalid (also a ValueError)
+     ├── IcsError               a calendar file is not one the reader takes (also a ValueError)
      ├── FailpointError         ANARCHON_FAILPOINTS cannot be parsed (also a ValueError)
      └── TriggerError           the app was not triggered successfully
           ├── TriggerUndelivered  the request provably never reached the app (retryable)
@@ -240,6 +241,16 @@ class SendError(SidecarError):
 
 class ScheduleError(SidecarError, ValueError):
     """The cron expression is invalid; the message says which part and why."""
+
+
+class IcsError(SidecarError, ValueError):
+    """A calendar file is not a calendar the reader takes (sidecar/when/ics.py);
+    ``line`` is 1-based."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+        self.message = message
 
 
 class FailpointError(SidecarError, ValueError):

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from sidecar.core.errors import IcsError
+
 # At most this many events in one calendar (each slot is checked against them).
 MAX_EVENTS = 10_000
 _DATE = re.compile(r"(\d{4})(\d{2})(\d{2})", re.ASCII)
@@ -42,15 +44,6 @@ _REFUSED = {
 }
 # A yearly event longer than this would overlap its next year's occurrence.
 _MAX_YEARLY = timedelta(days=300)
-
-
-class IcsError(ValueError):
-    """The file is not a calendar this reader takes; ``line`` is 1-based."""
-
-    def __init__(self, line: int, message: str) -> None:
-        super().__init__(f"line {line}: {message}")
-        self.line = line
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from sidecar.when.ics import Event, IcsError, Yearly, parse_ics, unfold
+from sidecar.core.errors import IcsError
+from sidecar.when.ics import Event, Yearly, parse_ics, unfold
 from sidecar.when.shared import SharedCalendar
 from sidecar.when.slots import parse_calendar
 

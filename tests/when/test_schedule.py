@@ -236,7 +236,7 @@ def test_min_interval_ms(expr: str, zone: str, expected_ms: int) -> None:
         ("* * * * * * *", "got 7"),
         ("0 0 0 1 1 * 2026", "got 7"),
         ("garbage", "got 1"),
-        ("@daily", "got 1"),
+        ("@daily", "cron macros are not supported"),
         ("", "got 0"),
         ("a b c d e", "bad minute field 'a'"),
         ("0 0 15W * *", "bad day-of-month field '15W'"),  # cronsim knows only LW
