@@ -305,6 +305,10 @@ def check(history: History) -> Report:
 
     # ---------------------------------------------------------------- the stream
     claims: dict[tuple[str, int, int], dict[str, Any]] = {}
+    # (job, slot) asked for again (a backfill of it): that run holds the slot's run
+    # key too, which the claim-window judge cannot tell from its winner's lease
+    # (docs/GUARANTEES.md: backfills are not judged there).
+    again_slots: set[tuple[Any, Any]] = set()
     results: dict[str, list[dict[str, Any]]] = defaultdict(list)  # by token
     lost: list[dict[str, Any]] = []
     ids: dict[str, int] = defaultdict(int)
@@ -317,6 +321,7 @@ def check(history: History) -> Report:
             continue
         if m["subject"].endswith(".claims"):
             if "backfill" in data:
+                again_slots.add((data.get("job"), data.get("slot")))
                 continue  # a run asked for again: its own id (check_operated)
             key = (data.get("job"), data.get("slot"), int(data.get("attempt") or 1))
             claims.setdefault(key, {**data, "_seq": m["seq"], "_time": m["time"]})  # type: ignore[arg-type]
@@ -395,8 +400,10 @@ def check(history: History) -> Report:
         if float(claim["_time"]) + CLAIM_KILL_JUDGED < window_end
         and not results.get(str(claim.get("token")))
         and not any(rec.get("token") == claim.get("token") for rec in lost)
+        and (key[0], key[1]) not in again_slots
     ]
     fig["claim_kills_unjudged"] = len(unjudged)
+    fig["claim_kills_backfilled"] = sum((k[0], k[1]) in again_slots for k in killed)
     for key in unjudged[:10]:
         fails.append(f"killed before its lease and never recorded: {key}")
 

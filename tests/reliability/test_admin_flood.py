@@ -54,7 +54,9 @@ def test_flooded_admin_port_does_not_delay_the_jobs(
         assert proc.proc is not None
         pid = proc.proc.pid
         status, body = proc.get("/metrics")
-        assert status == 200 and len(body) > 3_000_000
+        # Issue 49: idle jobs have no series, so the body is small now; the flood's
+        # many connections and slow readers are what the admin port is held to.
+        assert status == 200 and "anarchon_build_info" in body
         quiet_from = time.time()
         time.sleep(5)
         rss_before = _status_kib(pid, "VmRSS")
