@@ -401,6 +401,7 @@ def check(history: History) -> Report:
         and not results.get(str(claim.get("token")))
         and not any(rec.get("token") == claim.get("token") for rec in lost)
         and (key[0], key[1]) not in again_slots
+        and claim.get("trigger") != "at"  # one-off runs: not judged yet (GUARANTEES)
     ]
     fig["claim_kills_unjudged"] = len(unjudged)
     fig["claim_kills_backfilled"] = sum((k[0], k[1]) in again_slots for k in killed)
