@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from sidecar.core.bounds import attempt_no, epoch_s, seq_no, slot_ms
@@ -44,6 +45,29 @@ RECHECKS = 5
 REPLACED_GRACE = 2.0
 # At most this many results of a job stored since a run's claim are read.
 MAX_RESULTS_READ = 10_000
+
+
+async def scan_results(
+    js: JetStreamContext, stream: str, subject: str, token: str, after: int, last: int
+) -> bool | None:
+    """Whether a result of the run `token` is stored on `subject` after sequence
+    `after` and before `last` (the newest, which the caller looked at): True found,
+    False not there, None when MAX_RESULTS_READ of them were read without an end
+    (what that means is the caller's: sidecar/run/overlapcheck.py ``has_result``)."""
+    seq = after + 1
+    for _ in range(MAX_RESULTS_READ):
+        if seq >= last:
+            return False
+        try:
+            msg = await js.get_msg(stream, seq, subject=subject, next=True)
+        except NotFoundError:
+            return False
+        if int(msg.seq or 0) >= last:
+            return False
+        if token_of(msg.data or b"") == token:
+            return True
+        seq = int(msg.seq or 0) + 1
+    return None
 
 
 class LostRuns:
@@ -175,20 +199,8 @@ class LostRuns:
         last = int(newest.seq or 0)
         if token_of(newest.data or b"") == token:
             return True, last
-        seq = (after or last) + 1
-        for _ in range(MAX_RESULTS_READ):
-            if seq >= last:
-                break
-            try:
-                msg = await self.js.get_msg(self.spec.name, seq, subject=subject, next=True)
-            except NotFoundError:
-                break
-            if int(msg.seq or 0) >= last:
-                break
-            if token_of(msg.data or b"") == token:
-                return True, last
-            seq = int(msg.seq or 0) + 1
-        return False, last
+        found = await scan_results(self.js, self.spec.name, subject, token, after or last, last)
+        return found is True, last
 
     async def _publish(
         self,

@@ -55,6 +55,7 @@ from sidecar.core.wire import (
     results_subject,
 )
 from sidecar.run.claim import token_of
+from sidecar.run.lostruns import scan_results
 from sidecar.store.kv import last_msg
 
 if TYPE_CHECKING:
@@ -67,8 +68,6 @@ log = logging.getLogger("sidecar.overlap")
 # A run id is 128 random bits in hex (sidecar/core/wire.py new_token); other
 # implementations may write longer ones, never longer than this.
 MAX_TOKEN = 128
-# At most this many results of a job stored since a claim are read to find its own.
-MAX_RESULTS_READ = 10_000
 # A kept slot is taken this long after the claim at most, beyond the run it waited
 # for: that run's request timeout and a dead runner's lock expiry, twice (it may
 # be kept again behind one more run), plus the job's max_late.
@@ -202,19 +201,8 @@ async def has_result(
         return False
     if token_of(newest.data or b"") == token:
         return True
-    last, seq = int(newest.seq or 0), after + 1
-    for _ in range(MAX_RESULTS_READ):
-        try:
-            msg = await js.get_msg(spec.name, seq, subject=subject, next=True)
-        except NotFoundError:
-            return False
-        got = int(msg.seq or 0)
-        if got >= last:
-            return False
-        if token_of(msg.data or b"") == token:
-            return True
-        seq = got + 1
-    return True  # more results than that since the claim: it is not waiting any more
+    found = await scan_results(js, spec.name, subject, token, after, int(newest.seq or 0))
+    return found is not False  # None: more results than that since: not waiting any more
 
 
 class KeyChecks:
