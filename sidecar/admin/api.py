@@ -48,6 +48,8 @@ from sidecar.admin.actions import (
 )
 from sidecar.admin.atops import act as at_act
 from sidecar.admin.bucket_jobs import API_ACTIONS, api_action
+from sidecar.admin.filterform import job_filter, next_jobs
+from sidecar.admin.jobfilter import DEFAULT_LIMIT, MAX_LIMIT, Selection, check_glob
 from sidecar.admin.live import Live
 from sidecar.admin.pagecache import PageData
 from sidecar.admin.server import Answer, Request, Stream
@@ -164,7 +166,11 @@ class PageApp:
     async def _get(self, req: Request, parts: list[str]) -> Answer | Stream | None:
         q = parse_qs(req.query)
         if parts == [""]:
-            return _html(200, await self._index(req))
+            try:
+                return _html(200, await self._index(req))
+            except ValueError as exc:
+                said = page.message("Not a job filter", str(exc))
+                return _html(400, self._wrap(req, "Bad request", said))
         if parts == ["favicon.ico"]:
             parts = ["static", "icon.svg"]
         if parts[:1] == ["static"] and len(parts) == 2 and parts[1] in self._static:
@@ -180,7 +186,12 @@ class PageApp:
             return None
         rest = parts[2:]
         if rest == ["jobs"]:
-            return _json(200, {"jobs": await self.data.jobs_data()})
+            try:
+                sel = _selection(q)
+            except ValueError as exc:
+                return _json(400, {"error": str(exc)})
+            jobs, picked = await self.data.selected(sel)
+            return _json(200, {"jobs": jobs, "selection": picked})
         if rest == ["fleet"]:
             return _json(200, await self.data.fleet_data())
         if rest == ["events"]:
@@ -206,7 +217,8 @@ class PageApp:
         return page.layout(title, body, who, csrf, self.tokens.enabled)
 
     async def _index(self, req: Request) -> str:
-        jobs = await self.data.jobs_data()
+        sel = _selection(parse_qs(req.query))  # ValueError: a 400 (_get)
+        jobs, picked = await self.data.selected(sel)
         rows = []
         since = time.perf_counter()
         for job in jobs:
@@ -214,7 +226,12 @@ class PageApp:
             if time.perf_counter() - since > RENDER_SLICE:
                 await asyncio.sleep(0)
                 since = time.perf_counter()
-        body = page.jobs_table(rows, len(jobs)) + page.fleet_section(await self.data.fleet_data())
+        body = (
+            job_filter(sel, picked, len(self.config.jobs))
+            + page.jobs_table(rows, len(jobs) if not picked["next_after"] else picked["matched"])
+            + next_jobs(sel, picked)
+            + page.fleet_section(await self.data.fleet_data())
+        )
         if not self.guard.connected.is_set():
             body = page.UNREACHABLE + body
         return self._wrap(req, f"Fleet · {self.config.instance_id}", body)
@@ -496,6 +513,26 @@ def _form(req: Request) -> dict[str, str]:
         return {str(k): str(v) for k, v in data.items() if isinstance(v, str | int | float)}
     fields = parse_qs(req.body.decode("utf-8", "replace"), keep_blank_values=True)
     return {k: v[0] for k, v in fields.items() if v}
+
+
+def _selection(q: dict[str, list[str]]) -> Selection:
+    """``?job=GLOB&job=...&problems=1&limit=N&after=NAME`` (docs/ADMIN.md); ValueError
+    naming the parameter when one is not what it may be."""
+    globs = tuple(g for v in q.get("job", []) for g in v.split(",") if g)
+    for glob in globs:
+        try:
+            check_glob(glob)
+        except ValueError as exc:
+            raise ValueError(f"job: {exc}") from None
+    try:
+        limit = whole(q["limit"][0]) if "limit" in q else DEFAULT_LIMIT
+    except ValueError:
+        raise ValueError("limit: a whole number") from None
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit: from 1 to {MAX_LIMIT}")
+    after = q["after"][0] if q.get("after") else None
+    problems = q.get("problems", [""])[0] not in ("", "0", "false")
+    return Selection(globs, problems, limit, after)
 
 
 def _paging(q: dict[str, list[str]]) -> tuple[int, int | None]:

@@ -570,7 +570,7 @@ class Written:
 
 
 @contextlib.asynccontextmanager
-async def _bucket(config: Config, secrets: Secrets, create: bool) -> AsyncIterator[Any]:
+async def state_kv(config: Config, secrets: Secrets, create: bool) -> AsyncIterator[Any]:
     """The state bucket's KeyValue (created when missing if `create`; else None when
     missing), on a connection of its own."""
     from sidecar.store.connection import connected
@@ -588,7 +588,7 @@ async def _bucket(config: Config, secrets: Secrets, create: bool) -> AsyncIterat
         yield kv
 
 
-async def _current(kv: Any, key: str) -> tuple[dict[str, Any], int] | None:
+async def stored_job(kv: Any, key: str) -> tuple[dict[str, Any], int] | None:
     try:
         entry = await kv.get(key)
     except KeyNotFoundError:
@@ -600,7 +600,7 @@ async def _current(kv: Any, key: str) -> tuple[dict[str, Any], int] | None:
 
 async def add(config: Config, secrets: Secrets, spec: BucketJob, value: dict[str, Any]) -> Written:
     """`job add`: ``add_in`` on a connection of its own (the bucket made when missing)."""
-    async with _bucket(config, secrets, create=True) as kv:
+    async with state_kv(config, secrets, create=True) as kv:
         return await add_in(kv, spec, value, config.bucket_jobs.max_jobs)
 
 
@@ -622,7 +622,7 @@ async def add_in(kv: Any, spec: BucketJob, value: dict[str, Any], max_jobs: int)
     name = spec.job.name
     key = job_key(name)
     for _ in range(3):
-        now = await _current(kv, key)
+        now = await stored_job(kv, key)
         if now is not None:
             stored, revision = now
             if str(stored.get("id", name)) != spec.id:
@@ -661,7 +661,7 @@ async def update(
     config: Config, secrets: Secrets, spec: BucketJob, value: dict[str, Any], id_given: bool
 ) -> Written:
     """`job update`: ``update_in`` on a connection of its own."""
-    async with _bucket(config, secrets, create=False) as kv:
+    async with state_kv(config, secrets, create=False) as kv:
         return await update_in(kv, spec, value, id_given)
 
 
@@ -675,7 +675,7 @@ async def update_in(kv: Any, spec: BucketJob, value: dict[str, Any], id_given: b
             f"{name}: no such job in the state bucket (`job add` adds it)", missing=True
         )
     for _ in range(3):
-        now = await _current(kv, key)
+        now = await stored_job(kv, key)
         if now is None:
             raise BucketJobRefused(
                 f"{name}: no such job in the state bucket (`job add` adds it)", missing=True
@@ -704,14 +704,14 @@ async def update_in(kv: Any, spec: BucketJob, value: dict[str, Any], id_given: b
 
 async def remove(config: Config, secrets: Secrets, name: str, ident: str | None) -> Written:
     """`job remove`: ``remove_in`` on a connection of its own."""
-    async with _bucket(config, secrets, create=False) as kv:
+    async with state_kv(config, secrets, create=False) as kv:
         return await remove_in(kv, name, ident)
 
 
 async def remove_in(kv: Any, name: str, ident: str | None) -> Written:
     """Delete ``job.<name>`` (only if its id is `ident`, when given)."""
     key = job_key(name)
-    now = await _current(kv, key) if kv is not None else None
+    now = await stored_job(kv, key) if kv is not None else None
     if now is None:
         raise BucketJobRefused(f"{name}: no such job in the state bucket", missing=True)
     stored, revision = now
@@ -848,8 +848,8 @@ async def read_job(
     (for `pause`, `skip`, `at`, `run-now`, `backfill`): the job and no names; or
     None and the names of the bucket's jobs (for the closest name). ConfigError
     naming the key when it holds no valid job (the fleet does not run it either)."""
-    async with _bucket(config, secrets, create=False) as kv:
-        found = await _current(kv, job_key(name)) if kv is not None else None
+    async with state_kv(config, secrets, create=False) as kv:
+        found = await stored_job(kv, job_key(name)) if kv is not None else None
     if found is not None:
         return judge(config, job_key(name), found[0]).job, ()
     if kv is None:

@@ -9,6 +9,7 @@ API builds them.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from nats.js import JetStreamContext
@@ -16,6 +17,7 @@ from nats.js.errors import NotFoundError
 
 from sidecar.admin.bucket_jobs import listing, with_bucket_jobs, with_sources
 from sidecar.admin.everyview import of_runs
+from sidecar.admin.jobfilter import Selection, named, select
 from sidecar.admin.objects import Recent, fleet_object, read_recent, running, stream_object
 from sidecar.config.load import Config
 from sidecar.core.wire import EVERY
@@ -28,8 +30,11 @@ from sidecar.store.streamfit import coverage
 __all__ = ["fleet_status", "running"]
 
 
-async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dict[str, Any]:
-    """The object of FLEET.md's ``status --json``."""
+async def fleet_status(
+    js: JetStreamContext, config: Config, now_ms: int, sel: Selection | None = None
+) -> dict[str, Any]:
+    """The object of ``status --json`` (docs/CLI.md): the jobs `sel` picks (every
+    job when None), with ``selection`` saying how many matched and where to go on."""
     seen: dict[str, float] = {}
     view = await read_view(js, config, seen) or View()
     file_names = config.job_names
@@ -64,9 +69,15 @@ async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dic
         bucket["problem"] = "the state bucket does not exist (a running sidecar creates it)"
     except Exception:  # no answer: the rest is still shown
         pass
+    if sel is not None and sel.globs:  # only the named jobs' objects are built
+        wanted = set(named(config.job_names, sel.globs))
+        config = dataclasses.replace(config, jobs=tuple(j for j in config.jobs if j.name in wanted))
     out = fleet_object(config, view, recent, stream, held, now_ms, bucket, seen)
     if stream is not None:
         await _every_jobs(js, config, out, now_ms)
+    if sel is not None:
+        out["jobs"], out["selection"] = select(out["jobs"], sel, len(out["instances"]))
+        out["selection"].update(globs=list(sel.globs), problems=sel.problems, after=sel.after)
     return with_sources(out, file_names, bucket_jobs)
 
 

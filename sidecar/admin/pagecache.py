@@ -22,6 +22,7 @@ from nats.js import JetStreamContext
 
 from sidecar.admin import page
 from sidecar.admin.actions import actions_key, actions_of
+from sidecar.admin.jobfilter import Selection, select
 from sidecar.admin.live import Live
 from sidecar.admin.objects import NEXT_RUNS, fleet_part, job_object, runners_of, stream_object
 from sidecar.config.load import Config
@@ -83,6 +84,11 @@ class PageData:
         if self._jobs_pending is None:
             self._jobs_pending = asyncio.ensure_future(self._build_jobs())
         return await asyncio.shield(self._jobs_pending)
+
+    async def selected(self, sel: Selection) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The jobs `sel` picks (sidecar/admin/jobfilter.py) and what it left out."""
+        jobs = await self.jobs_data()
+        return select(jobs, sel, len(self.fleet.view.instances()))
 
     async def _build_jobs(self) -> list[dict[str, Any]]:
         try:

@@ -26,6 +26,7 @@ from nats.js.errors import (
     KeyNotFoundError,
 )
 
+from sidecar.admin.jobfilter import Selection
 from sidecar.after.aftermath import Aftermath
 from sidecar.after.health import reset
 from sidecar.after.signing import signer_for
@@ -321,9 +322,11 @@ async def resume(
         return decode(entry.value)
 
 
-async def status(config: Config, secrets: Secrets, now_ms: int) -> dict[str, Any]:
+async def status(
+    config: Config, secrets: Secrets, now_ms: int, sel: Selection | None = None
+) -> dict[str, Any]:
     from sidecar.admin.fleetview import fleet_status
 
     async with connected(config, secrets) as conn:
         with answered():
-            return await fleet_status(_js(conn), config, now_ms)
+            return await fleet_status(_js(conn), config, now_ms, sel)

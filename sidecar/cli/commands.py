@@ -13,6 +13,7 @@ import time
 
 import click
 
+from sidecar.admin import jobfilter
 from sidecar.cli import output
 from sidecar.cli.command import (
     EXIT_FAILED,
@@ -35,6 +36,7 @@ from sidecar.cli.command import (
     unknown_job,
     who,
 )
+from sidecar.cli.output import printable
 from sidecar.config.load import JOB_NAME, JobConfig
 from sidecar.core.clock import Clock, parse_rfc3339
 from sidecar.core.errors import ConfigError, StreamNotFound, UnknownJob
@@ -544,14 +546,47 @@ def _at_slot(option: str, text: str, now: float) -> int:
 @click.command()
 @config_option
 @json_option("The fleet view as one JSON object")
-def status(config_path: str | None, as_json: bool) -> None:
-    """The fleet at a glance: live instances, paused jobs, last runs, config mismatches."""
+@click.option(
+    "--job",
+    "globs",
+    multiple=True,
+    metavar="GLOB",
+    help="Only jobs whose name matches GLOB (* ? [..]); again for more.",
+)
+@click.option("--problems", is_flag=True, help="Only jobs with a problem: failing, lost, drift.")
+@click.option(
+    "--limit",
+    type=Whole(min=0),
+    default=jobfilter.DEFAULT_LIMIT,
+    show_default=True,
+    help="At most this many jobs, in name order (0: every one).",
+)
+@click.option("--after", metavar="JOB", default=None, help="Go on after this job name.")
+def status(
+    config_path: str | None,
+    as_json: bool,
+    globs: tuple[str, ...],
+    problems: bool,
+    limit: int,
+    after: str | None,
+) -> None:
+    """The fleet at a glance: live instances, paused jobs, last runs, config mismatches.
+
+    With many jobs: --job GLOB and --problems pick, --limit and --after page."""
     from sidecar.admin import streamops
     from sidecar.cli import status_text
 
+    for glob in globs:
+        try:
+            jobfilter.check_glob(glob)
+        except ValueError as exc:
+            fail(EXIT_USAGE, f"--job {printable(glob)}: {exc}")
+    sel = jobfilter.Selection(globs, problems, limit or None, after)
     ld = load(config_path)
-    view = call(streamops.status(ld.config, ld.secrets, Clock().wall_ms()))
+    view = call(streamops.status(ld.config, ld.secrets, Clock().wall_ms(), sel))
     say(output.as_json(view) if as_json else status_text.status_lines(view))
+    if (globs or problems) and not view["jobs"] and not after:
+        sys.exit(EXIT_FAILED if globs and not problems else 0)
 
 
 @click.command(short_help="Try it here: a nats-server, a toy app and three sidecars.")

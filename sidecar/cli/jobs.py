@@ -93,6 +93,44 @@ def update(file: str, config_path: str | None, ident: str | None) -> None:
     say(_done_line(done, p.spec))
 
 
+@job_group.command("import")
+@click.argument("file")
+@config_option
+@json_option("One JSON object per job, per line: name, id, result, why")
+def import_jobs(file: str, config_path: str | None, as_json: bool) -> None:
+    """Add or update every job in FILE (a list of jobs as `job add` takes them, YAML or
+    JSON; - reads standard input), idempotent by id: one answer per job.
+
+    Every job is checked first: one bad job exits 2 naming it and nothing is
+    written. Exit 0 when every job is there as FILE says; 1 when one was refused
+    (held by another id, or bucket_jobs.max_jobs reached).
+    """
+    from sidecar.admin import jobimport
+
+    ld = load(config_path)
+    try:
+        items = jobimport.read_import_file(file)
+    except ConfigError as exc:
+        fail(EXIT_USAGE, config_error(exc))
+    prepared, problems = jobimport.prepare_all(ld.config, items, who())
+    if problems:
+        fail(EXIT_USAGE, "\n".join(["nothing imported:", *(printable(p) for p in problems)]))
+    done = call(jobimport.import_jobs(ld.config, ld.secrets, prepared))
+    if as_json:
+        say([output.as_json(o.as_dict()) for o in done])
+    else:
+        for o in done:
+            why = f": {o.why}" if o.why else ""
+            say(printable(f"{o.name} (id {o.id}): {o.what}{why}"))
+        counts = {w: sum(o.what == w for o in done) for w in ("created", "updated", "unchanged")}
+        refused = sum(o.what == jobimport.REFUSED for o in done)
+        say(
+            f"{len(done)} jobs: {counts['created']} created, {counts['updated']} updated, "
+            f"{counts['unchanged']} unchanged, {refused} refused"
+        )
+    sys.exit(EXIT_FAILED if any(o.what == jobimport.REFUSED for o in done) else 0)
+
+
 @job_group.command("remove")
 @name_argument
 @config_option

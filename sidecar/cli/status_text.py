@@ -77,6 +77,7 @@ def status_lines(view: dict[str, Any]) -> list[str]:
             )
         )
     lines += table(("JOB", "STATE", "LAST RUN", "STATUS", "INSTANCE", "NEXT", "FROM"), rows)
+    lines += selection_lines(view)
     lines += every_lines(view["jobs"])
     for item in view.get("bucket_jobs") or []:
         if item.get("state") != "run":
@@ -133,6 +134,29 @@ def status_lines(view: dict[str, Any]) -> list[str]:
             )
         )
     return lines + drift_lines(view)
+
+
+def selection_lines(view: dict[str, Any]) -> list[str]:
+    """What ``--job``, ``--problems`` and ``--limit`` left out, and how to go on."""
+    sel = view.get("selection")
+    if not sel:
+        return []
+    lines = [
+        printable(f"{job['name']}: {'; '.join(job['problems'])}")
+        for job in view["jobs"]
+        if sel.get("problems") and job.get("problems")
+    ]
+    what = "jobs with a problem" if sel.get("problems") else "jobs"
+    if sel.get("globs"):
+        what += " named " + " or ".join(sel["globs"])
+    if sel["shown"] < sel["matched"] or sel.get("after"):
+        where = f" after {sel['after']}" if sel.get("after") else ""
+        lines.append(printable(f"{sel['shown']} of {sel['matched']} {what} shown{where}"))
+    elif sel.get("globs") or sel.get("problems"):
+        lines.append(printable(f"{sel['matched']} {what}"))
+    if sel.get("next_after"):
+        lines.append(printable(f"more: status --after {sel['next_after']} (or --limit, --job)"))
+    return lines
 
 
 def every_lines(jobs: list[dict[str, Any]]) -> list[str]:

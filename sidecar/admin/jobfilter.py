@@ -1,0 +1,111 @@
+"""Which jobs a view shows: by name (``--job GLOB``), problems only, a page at a time.
+
+A fleet of 100,000 jobs is not printed or sent whole (docs/CLI.md ``status``,
+docs/ADMIN.md ``/?job=&problems=&after=``): ``status``, the fleet page and
+``/api/v1/jobs`` pick the jobs by glob, keep only those with a problem when
+asked, and send one page in name order with the name to go on after. Pure: it
+reads the job objects of sidecar/admin/objects.py and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+from sidecar.core.wire import FAILED_STATUSES
+
+# A page of jobs when the caller names no --limit: what a terminal or a browser
+# shows at once; MAX_LIMIT bounds what one request may ask for.
+DEFAULT_LIMIT = 200
+MAX_LIMIT = 10_000
+# A glob is a job name's characters plus * ? [ ]: no more than a name's length bound.
+MAX_GLOB = 200
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a caller asked for: name globs (any matches; none: every job), problems
+    only, at most `limit` jobs, those named after `after` (paging on)."""
+
+    globs: tuple[str, ...] = ()
+    problems: bool = False
+    limit: int | None = DEFAULT_LIMIT
+    after: str | None = None
+
+    @property
+    def narrowed(self) -> bool:
+        """Whether some job may be left out by name or problem (not by paging)."""
+        return bool(self.globs) or self.problems
+
+
+def check_glob(glob: str) -> str:
+    """`glob` as a name pattern, or ValueError saying why not."""
+    if not glob or len(glob) > MAX_GLOB:
+        raise ValueError(f"a job glob has 1 to {MAX_GLOB} characters")
+    if any(not c.isprintable() or c.isspace() for c in glob):
+        raise ValueError("a job glob has no spaces or control characters")
+    return glob
+
+
+def named(names: Iterable[str], globs: Sequence[str]) -> list[str]:
+    """The names that match any of `globs` (all of them when none), in name order.
+
+    Used before job objects are built: the cost of a view is its jobs', so a
+    glob for ten tenants' jobs of 100,000 builds ten."""
+    if not globs:
+        return sorted(names)
+    return sorted(n for n in names if any(fnmatchcase(n, g) for g in globs))
+
+
+def problems(job: dict[str, Any], live: int = 1) -> list[str]:
+    """What on-call would look at in job object `job`, in words; [] when nothing.
+    `live`: how many instances are live (with none, no job is "run by none").
+
+    A pause is operator intent, not a problem; a job that ended or has not
+    started claims nothing on purpose."""
+    out: list[str] = []
+    fails = job.get("consecutive_failures") or 0
+    last = job.get("last_run") or {}
+    if fails:
+        out.append(f"{fails} failed in a row")
+    elif last.get("status") in FAILED_STATUSES:
+        out.append(f"last run {last.get('status')}")
+    if job.get("settings_differ"):
+        out.append("settings differ between instances")
+    if job.get("stream_problem"):
+        out.append(str(job["stream_problem"]))
+    if job.get("missed"):
+        out.append("missed on an instance")
+    quiet = job.get("ended") or job.get("not_started") or job.get("paused")
+    if live and not quiet and job.get("run_by") == []:
+        out.append("no live instance runs it")
+    return out
+
+
+def select(
+    jobs: Sequence[dict[str, Any]], sel: Selection, live: int = 1
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The jobs `sel` shows, in name order, and what was left out:
+    ``{"matched": n, "shown": k, "next_after": name or None}``.
+
+    Job objects not yet narrowed by name are matched here too, so a caller
+    may pass every job."""
+    chosen = [
+        j
+        for j in sorted(jobs, key=lambda j: str(j.get("name")))
+        if (not sel.globs or any(fnmatchcase(str(j.get("name")), g) for g in sel.globs))
+        and (not sel.problems or problems(j, live))
+    ]
+    matched = len(chosen)
+    if sel.after is not None:
+        chosen = [j for j in chosen if str(j.get("name")) > sel.after]
+    more = sel.limit is not None and len(chosen) > sel.limit
+    shown = chosen[: sel.limit] if sel.limit is not None else chosen
+    shown = [{**j, "problems": problems(j, live)} for j in shown]
+    return shown, {
+        "matched": matched,
+        "shown": len(shown),
+        "next_after": str(shown[-1]["name"]) if more and shown else None,
+    }
