@@ -206,7 +206,7 @@ def beyond_cap(view: View, cap: int) -> set[str]:
 class _Running:
     spec: BucketJob
     revision: int
-    task: asyncio.Task[None]
+    task: asyncio.Future[None]  # the job's walk (sidecar/run/timetable.py)
     retired: asyncio.Event
 
 
@@ -250,9 +250,6 @@ class BucketJobs:
         """Stop taking up changes; the loops end with the daemon's (``loops``)."""
         await self.tasks.cancel()
         self._worker = self._presence = None
-
-    def loops(self) -> list[asyncio.Task[None]]:
-        return [r.task for r in self.running.values()]
 
     def origin(self, name: str) -> tuple[str, str | None]:
         """(``file``, None) or (``bucket``, its external id): where job `name` comes from."""

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -47,6 +46,7 @@ from sidecar.run.lease import (
 )
 from sidecar.run.record import Outcome, Recorder, not_sent, sent
 from sidecar.run.skips import EXCLUDED, Unclaimed
+from sidecar.run.timetable import Timetable
 from sidecar.run.trigger import Trigger, Why, interrupted, why_of
 from sidecar.store.bucketcheck import needs_leases
 from sidecar.when.pauses import PAUSED, SKIP
@@ -121,22 +121,27 @@ class Jobs:
         self.trigger = trigger
         self.guard = ctx.guard
         self.fleet = ctx.fleet
-        # Per job: the slot its loop handles next; catch-up claims only before it.
-        self._next: dict[str, int] = {}
-        # Per job: (slot, the schedule's slot before it), computed before the slot's time.
-        self._previous: dict[str, tuple[int, int | None]] = {}
-        # Per job: why its loop said it claims no more slots (end_at, max_runs).
-        self._said_over: dict[str, str] = {}
         self.spec = ctx.spec
         self.connected = ctx.connected
         self.stopping = ctx.stopping
         # The runs started (the drain waits for them, bounded) and the job loops.
         self.runs = TaskSet("a run")
-        self.loops = TaskSet("a job loop", say=False)
-        # Precise sleeps until a slot, woken at once on stop (sidecar/core/sleeper.py).
+        # Precise sleeps until an instant, woken at once on stop (sidecar/core/sleeper.py).
         self.sleeper = ctx.sleeper
-        self.sleep_until, self.wake = self.sleeper.until, self.sleeper.wake
+        self.sleep_until = self.sleeper.until
         self.side_tasks = ctx.tasks
+        # Every job's slots on one timer (sidecar/run/timetable.py); the parts it
+        # calls are wired after this (sidecar/run/wiring.py): looked up per call.
+        self.timetable = Timetable(
+            clock=self.clock,
+            stopping=self.stopping,
+            metrics=self.metrics,
+            tasks=self.side_tasks,
+            attempt=lambda job, slot, now: self.attempt(job, slot, now),
+            late=lambda job, slot, now: self.unclaimed.late(job, slot, now),
+            over=self._over,
+            catch_up=lambda job: self.catch_up(job),
+        )
         # The state bucket's key writer; None while unknown or unfit for leases.
         self.keys = ctx.keys
 
@@ -148,68 +153,24 @@ class Jobs:
 
     def _next_slot(self, job: JobConfig) -> int:
         """The slot the job's loop handles next: catch-up claims only before it."""
-        return self._next.get(job.name, job.schedule.next_slot(self.clock.wall_ms()))
+        return self.timetable.next.get(job.name, job.schedule.next_slot(self.clock.wall_ms()))
 
-    def start(self, job: JobConfig, retired: asyncio.Event | None = None) -> asyncio.Task[None]:
-        """The job's ``loop`` in a task of ``loops``."""
-        return self.loops.spawn(self.loop(job, retired))
+    def start(self, job: JobConfig, retired: asyncio.Event | None = None) -> asyncio.Future[None]:
+        """Walk the job's schedule on the one timer (sidecar/run/timetable.py) until
+        stop; `retired`: set (then ``wake()``) to end this job's walk alone, between
+        two slots (a job removed from the state bucket: sidecar/admin/bucket_jobs.py);
+        its runs in flight go on, in ``runs``. The future ends with the walk."""
+        return self.timetable.start(job, retired)
 
-    async def loop(self, job: JobConfig, retired: asyncio.Event | None = None) -> None:
-        """The job's schedule until stopping: wait, check, claim, run each slot.
+    @property
+    def loops(self) -> TaskSet:
+        """The tasks handling a slot now (checked, claimed, run started)."""
+        return self.timetable.tasks
 
-        `retired`: set (then ``wake()``) to end this job's loop alone, between two
-        claims (a job removed from the state bucket: sidecar/admin/bucket_jobs.py); its
-        runs in flight go on, in ``runs``."""
-        m = self.metrics
-        name = job.name
-        if job.after is not None:  # no slots: its runs follow another job's (chains.py)
-            m.job_next_run_timestamp_seconds.labels(job=name).set(0)
-            await self.stopping.wait()
-            return
-        slot = job.schedule.next_slot(self.clock.wall_ms())
-        self._next[name] = slot
-        # The first slot's previous instant is found by the run that needs it
-        # (_why): finding it here for every job took a fifth of the time to
-        # ready with 1,000 jobs, most of them never due before the next one.
-        previous: int | None = None
-        known = False
-        if job.catchup != "none":
-            self.side_tasks.spawn(self.catch_up(job))
-        while not self.stopping.is_set():
-            if retired is not None and retired.is_set():
-                return
-            self._next[name] = slot
-            if (over := self._over(job, slot)) is not None:
-                # end_at passed, or max_runs reached: no slot is claimed (nor counted
-                # skipped: the job is done, not failing). Said once; no next run.
-                m.job_next_run_timestamp_seconds.labels(job=name).set(0)
-                if self._said_over.get(name) != over:
-                    self._said_over[name] = over
-                    log.info("job %s: no more runs: %s", name, over)
-                if job.schedule.outside(slot) is not None:
-                    await self.stopping.wait()  # end_at: nothing after it ever runs
-                    return
-                # max_runs: the slots pass unclaimed (deleting count.<job> resets it).
-                if await self.sleep_until(slot / 1000):
-                    return
-                previous, slot, known = slot, job.schedule.next_slot(slot), True
-                continue
-            self._said_over.pop(name, None)
-            if known:  # X-Anarchon-Previous-Scheduled-At, known before the slot's time
-                self._previous[name] = (slot, previous)
-            m.job_next_run_timestamp_seconds.labels(job=name).set(slot / 1000)
-            fire_at = slot / 1000 + random.uniform(0.0, job.jitter)
-            if await self.sleep_until(fire_at, retired):
-                if self.stopping.is_set() and self.clock.wall() >= slot / 1000:
-                    m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
-                return
-            now = self.clock.wall()
-            if now - slot / 1000 > job.max_late:
-                slot = self.unclaimed.late(job, slot, now)
-                previous, known = job.schedule.previous_slot(slot), True
-                continue
-            await self.attempt(job, slot, now)
-            previous, slot, known = slot, job.schedule.next_slot(slot), True
+    def wake(self) -> None:
+        """Wake every sleep (on stop), and end the walks that are retired."""
+        self.sleeper.wake()
+        self.timetable.wake()
 
     async def attempt(
         self,
@@ -566,7 +527,7 @@ class Jobs:
         """X-Anarchon-Trigger and -Previous-Scheduled-At; the loop's answer when it has one."""
         if claim.after_run is not None:  # no schedule: the run it follows instead
             return Why(claim.trigger, None, claim.after_run)
-        known = self._previous.get(job.name)
+        known = self.timetable.previous.get(job.name)
         if known is None or known[0] != claim.slot:
             return why_of(job, claim.slot, claim.trigger)
         previous = known[1]

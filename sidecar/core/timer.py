@@ -1,0 +1,119 @@
+"""One timer for every job: a heap of wall-clock instants and one task that sleeps
+until the earliest.
+
+A job waiting for its slot costs a heap entry, not a task: with 100,000 jobs
+a task each was 2.8 KiB of memory and a wake-up every 30 s (a third of a core
+for jobs that were not due); here one task wakes, at the earliest instant, or
+every HOP seconds so that a corrected wall clock is noticed as the sleeper
+notices it (sidecar/core/sleeper.py). An instant is fired as the sleeper ends
+a sleep: the timer is set PRECISE_WAKE early and the rest is slept precisely,
+never early. A callback runs on the timer's task: it must only start work
+(``TaskSet.spawn``), never await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+
+from sidecar.core.clock import Clock
+from sidecar.core.sleeper import PRECISE_WAKE
+
+# The longest one sleep lasts before the wall clock is read again.
+HOP = 30.0
+
+
+class Entry:
+    """One instant in the heap; ``cancel()`` drops it (it stays in the heap, skipped)."""
+
+    __slots__ = ("callback", "wall")
+
+    def __init__(self, wall: float, callback: Callable[[], None] | None) -> None:
+        self.wall = wall
+        self.callback = callback
+
+    def cancel(self) -> None:
+        self.callback = None
+
+    @property
+    def active(self) -> bool:
+        return self.callback is not None
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class Timer:
+    """``timer.at(wall, callback)``; ``run()`` is the one task; ``wake()`` on stop."""
+
+    def __init__(self, clock: Clock, stopping: asyncio.Event) -> None:
+        self.clock = clock
+        self.stopping = stopping
+        self._heap: list[tuple[float, int, Entry]] = []
+        self._seq = itertools.count()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def at(self, wall: float, callback: Callable[[], None]) -> Entry:
+        """Call `callback` at wall-clock time `wall` (at once, on the timer's task, when
+        it has passed). An instant earlier than the one slept for wakes the timer."""
+        entry = Entry(wall, callback)
+        head = self._heap[0][0] if self._heap else None
+        heapq.heappush(self._heap, (wall, next(self._seq), entry))
+        if head is None or wall < head:
+            self.wake()
+        return entry
+
+    def wake(self) -> None:
+        """End the current sleep: the heap is read again (a new earliest, or stop)."""
+        if self._waiter is not None:
+            _wake(self._waiter)
+
+    def compact(self) -> None:
+        """Drop cancelled entries when they are most of the heap (jobs removed)."""
+        live = [item for item in self._heap if item[2].active]
+        if len(live) < len(self._heap) // 2:
+            heapq.heapify(live)
+            self._heap = live
+
+    async def run(self) -> None:
+        """Fire every instant as it comes, until stopping."""
+        loop = asyncio.get_running_loop()
+        cancelled = 0
+        while not self.stopping.is_set():
+            while self._heap and not self._heap[0][2].active:
+                heapq.heappop(self._heap)
+                cancelled += 1
+            if cancelled > 1024:
+                self.compact()
+                cancelled = 0
+            delay = self._heap[0][0] - self.clock.wall() if self._heap else HOP
+            if delay <= 0:
+                self._fire_due()
+                await asyncio.sleep(0)  # what was started runs before the next instant
+                continue
+            if delay <= PRECISE_WAKE:
+                time.sleep(delay)  # noqa: ASYNC251 - never early, as the sleeper
+                continue
+            self._waiter = loop.create_future()
+            handle = loop.call_later(min(delay - PRECISE_WAKE, HOP), _wake, self._waiter)
+            try:
+                await self._waiter
+            finally:
+                handle.cancel()
+                self._waiter = None
+
+    def _fire_due(self) -> None:
+        now = self.clock.wall()
+        while self._heap and self._heap[0][0] <= now:
+            entry = heapq.heappop(self._heap)[2]
+            callback, entry.callback = entry.callback, None
+            if callback is not None:
+                callback()

@@ -1,0 +1,198 @@
+"""Every job's schedule on one timer: wait for a slot, then check, claim, run it.
+
+A job waiting for its next slot is an entry of one heap (sidecar/core/timer.py),
+not a task of its own: at 100,000 jobs that is the difference between a few
+hundred MiB and idle CPU that grows with the jobs, and a flat cost. A job has
+a task only while one of its slots is handled (``Jobs.attempt``: checked,
+claimed, its run started); the run itself is a task of ``Jobs.runs``. The slot
+after is armed when that task ends, so one job's slots are handled one after
+the other, in order, as its own loop handled them before.
+
+What each slot goes through is unchanged (docs/GUARANTEES.md): fired at the slot
+plus a random jitter in [0, jitter]; skipped `late` past max_late; not claimed
+after end_at or with max_runs reached (the slots pass unclaimed, said once);
+a job of the state bucket removed ("retired") ends between two slots; on stop,
+a slot whose time had come but whose jitter had not is counted ``shutdown``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from sidecar.core.clock import Clock
+from sidecar.core.tasks import TaskSet
+from sidecar.core.timer import Entry, Timer
+
+if TYPE_CHECKING:
+    from sidecar.config.load import JobConfig
+    from sidecar.obs.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class Walk:
+    """One job's place in its schedule: the slot it waits for, and how it ends."""
+
+    __slots__ = ("done", "entry", "firing", "job", "known", "over", "previous", "retired", "slot")
+
+    def __init__(self, job: JobConfig, slot: int, retired: asyncio.Event | None) -> None:
+        self.job = job
+        self.slot = slot
+        self.previous: int | None = None
+        self.known = False  # previous is the schedule's slot before `slot`
+        self.over = False  # waiting for a slot that is not claimed (max_runs)
+        self.retired = retired
+        self.entry: Entry | None = None
+        self.firing = False  # a task handles a slot now
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+class Timetable:
+    """The walks of one sidecar's jobs, on one timer. What a slot goes through is
+    the caller's (sidecar/run/job.py): `attempt` it, skip it `late` (the slot to
+    go on from), why it is `over` (end_at, max_runs; None: it may run), the
+    job's `catch_up`."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        stopping: asyncio.Event,
+        metrics: Metrics,
+        tasks: TaskSet,
+        attempt: Callable[[JobConfig, int, float], Awaitable[None]],
+        late: Callable[[JobConfig, int, float], int],
+        over: Callable[[JobConfig, int], str | None],
+        catch_up: Callable[[JobConfig], Coroutine[Any, Any, None]],
+    ) -> None:
+        self.clock = clock
+        self.stopping = stopping
+        self.metrics = metrics
+        self.side_tasks = tasks
+        self.attempt, self.late, self.over, self.catch_up = attempt, late, over, catch_up
+        self.timer = Timer(clock, stopping)
+        self.walks: dict[str, Walk] = {}
+        # Per job: the slot its walk handles next (catch-up claims only before it).
+        self.next: dict[str, int] = {}
+        # Per job: (slot, the schedule's slot before it), known before the slot's time.
+        self.previous: dict[str, tuple[int, int | None]] = {}
+        # Per job: why its walk said it claims no more slots (end_at, max_runs).
+        self.said_over: dict[str, str] = {}
+        # The tasks handling a slot now (the drain waits for them, bounded).
+        self.tasks = TaskSet("a job loop", say=False)
+        self._runner: asyncio.Task[None] | None = None
+
+    def start(self, job: JobConfig, retired: asyncio.Event | None = None) -> asyncio.Future[None]:
+        """Walk `job`'s schedule until stop (or `retired` is set, then ``wake()``); the
+        future ends when the walk has (its runs in flight go on, in ``Jobs.runs``)."""
+        if self._runner is None:
+            self._runner = self.side_tasks.spawn(self.timer.run())
+        m = self.metrics
+        walk = Walk(job, job.schedule.next_slot(self.clock.wall_ms()), retired)
+        self.walks[job.name] = walk
+        self.next[job.name] = walk.slot
+        if job.after is not None:  # no slots: its runs follow another job's (chains.py)
+            m.job_next_run_timestamp_seconds.labels(job=job.name).set(0)
+            return walk.done  # ends at stop or retirement, by wake()
+        if job.catchup != "none":
+            self.side_tasks.spawn(self.catch_up(job))
+        self._arm(walk)
+        return walk.done
+
+    def wake(self) -> None:
+        """On stop, or after a walk's ``retired`` was set: end the walks that should."""
+        self.timer.wake()
+        stopping = self.stopping.is_set()
+        for walk in list(self.walks.values()):
+            if walk.firing:
+                continue  # its task ends it once the slot in hand is handled
+            if stopping or (walk.retired is not None and walk.retired.is_set()):
+                self._end(walk)
+
+    def _gone(self, walk: Walk) -> bool:
+        return self.stopping.is_set() or (walk.retired is not None and walk.retired.is_set())
+
+    def _end(self, walk: Walk) -> None:
+        """The walk is over: no slot more is handled."""
+        if walk.entry is not None:
+            walk.entry.cancel()
+            walk.entry = None
+            if self.stopping.is_set() and not walk.over and self.clock.wall_ms() >= walk.slot:
+                # Its time had come, its jitter not: the slot goes unclaimed.
+                name = walk.job.name
+                self.metrics.claims_skipped_total.labels(job=name, reason="shutdown").inc()
+        if self.walks.get(walk.job.name) is walk:
+            del self.walks[walk.job.name]
+        if not walk.done.done():
+            walk.done.set_result(None)
+
+    def _arm(self, walk: Walk) -> None:
+        """Wait for `walk`'s slot (the top of the old per-job loop)."""
+        job = walk.job
+        name = job.name
+        if self._gone(walk):
+            self._end(walk)
+            return
+        self.next[name] = walk.slot
+        m = self.metrics
+        if (over := self.over(job, walk.slot)) is not None:
+            # end_at passed, or max_runs reached: no slot is claimed (nor counted
+            # skipped: the job is done, not failing). Said once; no next run.
+            m.job_next_run_timestamp_seconds.labels(job=name).set(0)
+            if self.said_over.get(name) != over:
+                self.said_over[name] = over
+                log.info("job %s: no more runs: %s", name, over)
+            if job.schedule.outside(walk.slot) is not None:
+                walk.over = True
+                return  # end_at: nothing after it ever runs; ended by stop
+            # max_runs: the slots pass unclaimed (deleting count.<job> resets it).
+            walk.over = True
+            walk.entry = self.timer.at(walk.slot / 1000, lambda: self._passed(walk))
+            return
+        walk.over = False
+        self.said_over.pop(name, None)
+        if walk.known:  # X-Anarchon-Previous-Scheduled-At, known before the slot's time
+            self.previous[name] = (walk.slot, walk.previous)
+        m.job_next_run_timestamp_seconds.labels(job=name).set(walk.slot / 1000)
+        fire_at = walk.slot / 1000 + random.uniform(0.0, job.jitter)
+        walk.entry = self.timer.at(fire_at, lambda: self._due(walk))
+
+    def _passed(self, walk: Walk) -> None:
+        """A slot of a capped job passed unclaimed: wait for the next."""
+        walk.entry = None
+        walk.previous, walk.slot, walk.known = (
+            walk.slot,
+            walk.job.schedule.next_slot(walk.slot),
+            True,
+        )
+        self._arm(walk)
+
+    def _due(self, walk: Walk) -> None:
+        walk.entry = None
+        walk.firing = True
+        self.tasks.spawn(self._handle(walk))
+
+    async def _handle(self, walk: Walk) -> None:
+        """The slot's time (plus jitter) has come: skip it late, or attempt it."""
+        job = walk.job
+        try:
+            if self._gone(walk):
+                if self.stopping.is_set():
+                    name = job.name
+                    self.metrics.claims_skipped_total.labels(job=name, reason="shutdown").inc()
+                return
+            now = self.clock.wall()
+            if now - walk.slot / 1000 > job.max_late:
+                walk.slot = self.late(job, walk.slot, now)
+                walk.previous, walk.known = job.schedule.previous_slot(walk.slot), True
+            else:
+                await self.attempt(job, walk.slot, now)
+                walk.previous, walk.known = walk.slot, True
+                walk.slot = job.schedule.next_slot(walk.slot)
+        finally:
+            walk.firing = False
+            self._arm(walk)

@@ -1,0 +1,89 @@
+"""The one timer (sidecar/core/timer.py): instants fired in order, never early, an
+earlier instant wakes it, a cancelled one never fires, a stepped wall clock is
+noticed within a hop, and stop ends it at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import cast
+
+import pytest
+
+from sidecar.core import timer as timer_module
+from sidecar.core.clock import Clock
+from sidecar.core.timer import Timer
+from tests.support import until
+
+
+class SteppedClock:
+    """The real clock plus an offset a test steps (a corrected wall clock)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def wall(self) -> float:
+        return time.time() + self.offset
+
+
+async def test_instants_fire_in_order_never_early_and_cancelled_never() -> None:
+    stopping = asyncio.Event()
+    t = Timer(Clock(), stopping)
+    runner = asyncio.create_task(t.run())
+    fired: list[tuple[str, float]] = []
+    now = time.time()
+    entries = {
+        name: t.at(
+            now + after, lambda name=name, at=now + after: fired.append((name, time.time() - at))
+        )
+        for name, after in (("c", 0.30), ("a", 0.10), ("b", 0.20), ("x", 0.15))
+    }
+    entries["x"].cancel()
+    # An instant earlier than the one slept for (0.10 s) wakes the timer.
+    t.at(now + 0.05, lambda: fired.append(("first", time.time() - (now + 0.05))))
+    await until(lambda: len(fired) >= 4, 5, "four instants fired")
+    # c (0.30 s) fired after x's instant (0.15 s) had passed: x was cancelled.
+    assert [name for name, _ in fired] == ["first", "a", "b", "c"]
+    assert all(late >= 0 for _, late in fired), fired  # never early
+    assert all(late < 1.0 for _, late in fired), fired  # not a timing test: loaded CI
+    stopping.set()
+    t.wake()
+    await asyncio.wait_for(runner, 1)
+
+
+async def test_a_stepped_wall_clock_is_noticed_within_a_hop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(timer_module, "HOP", 0.2)
+    clock = SteppedClock()
+    stopping = asyncio.Event()
+    t = Timer(cast(Clock, clock), stopping)
+    runner = asyncio.create_task(t.run())
+    fired = asyncio.Event()
+    t.at(time.time() + 3600, fired.set)  # an hour away
+    await asyncio.sleep(0.05)
+    clock.offset = 3600.0  # the wall clock is corrected forward by an hour
+    started = time.monotonic()
+    await asyncio.wait_for(fired.wait(), 2)
+    assert time.monotonic() - started < 0.5
+    stopping.set()
+    t.wake()
+    await asyncio.wait_for(runner, 1)
+
+
+async def test_many_entries_one_task_and_compaction() -> None:
+    stopping = asyncio.Event()
+    t = Timer(Clock(), stopping)
+    far = time.time() + 3600
+    entries = [t.at(far + i, lambda: None) for i in range(10_000)]
+    for e in entries[:9_000]:
+        e.cancel()
+    t.compact()
+    assert len(t) == 1_000
+    tasks_before = len(asyncio.all_tasks())
+    runner = asyncio.create_task(t.run())
+    await asyncio.sleep(0.01)
+    assert len(asyncio.all_tasks()) == tasks_before + 1  # one task for every instant
+    stopping.set()
+    t.wake()
+    await asyncio.wait_for(runner, 1)
