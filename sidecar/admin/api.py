@@ -187,10 +187,9 @@ class PageApp:
         rest = parts[2:]
         if rest == ["jobs"]:
             try:
-                sel = _selection(q)
-            except ValueError as exc:
+                jobs, picked = await self.data.selected(_selection(q))
+            except ValueError as exc:  # a parameter, named
                 return _json(400, {"error": str(exc)})
-            jobs, picked = await self.data.selected(sel)
             return _json(200, {"jobs": jobs, "selection": picked})
         if rest == ["fleet"]:
             return _json(200, await self.data.fleet_data())

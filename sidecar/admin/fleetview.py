@@ -77,7 +77,6 @@ async def fleet_status(
         await _every_jobs(js, config, out, now_ms)
     if sel is not None:
         out["jobs"], out["selection"] = select(out["jobs"], sel, len(out["instances"]))
-        out["selection"].update(globs=list(sel.globs), problems=sel.problems, after=sel.after)
     return with_sources(out, file_names, bucket_jobs)
 
 

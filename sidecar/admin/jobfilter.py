@@ -3,7 +3,8 @@
 A fleet of 100,000 jobs is not printed or sent whole (docs/CLI.md ``status``,
 docs/ADMIN.md ``/?job=&problems=&after=``): ``status``, the fleet page and
 ``/api/v1/jobs`` pick the jobs by glob, keep only those with a problem when
-asked, and send one page in name order with the name to go on after. Pure: it
+asked, and send one page (in the config's order, then the bucket's) with the
+name to go on after. Pure: it
 reads the job objects of sidecar/admin/objects.py and nothing else.
 """
 
@@ -50,13 +51,11 @@ def check_glob(glob: str) -> str:
 
 
 def named(names: Iterable[str], globs: Sequence[str]) -> list[str]:
-    """The names that match any of `globs` (all of them when none), in name order.
+    """The names that match any of `globs` (all of them when none), in their order.
 
     Used before job objects are built: the cost of a view is its jobs', so a
     glob for ten tenants' jobs of 100,000 builds ten."""
-    if not globs:
-        return sorted(names)
-    return sorted(n for n in names if any(fnmatchcase(n, g) for g in globs))
+    return [n for n in names if not globs or any(fnmatchcase(n, g) for g in globs)]
 
 
 def problems(job: dict[str, Any], live: int = 1) -> list[str]:
@@ -87,24 +86,32 @@ def problems(job: dict[str, Any], live: int = 1) -> list[str]:
 def select(
     jobs: Sequence[dict[str, Any]], sel: Selection, live: int = 1
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The jobs `sel` shows, in name order, and what was left out:
-    ``{"matched": n, "shown": k, "next_after": name or None}``.
+    """The jobs `sel` shows, in the order given (the config file's, then the state
+    bucket's), and what was left out: ``{"globs", "problems", "after", "matched",
+    "shown", "next_after"}``. Each shown job gets its ``problems``.
 
-    Job objects not yet narrowed by name are matched here too, so a caller
-    may pass every job."""
+    ``after`` goes on after that job in the same order; ValueError when no job
+    of that name matches (removed since the page before).
+    """
     chosen = [
         j
-        for j in sorted(jobs, key=lambda j: str(j.get("name")))
+        for j in jobs
         if (not sel.globs or any(fnmatchcase(str(j.get("name")), g) for g in sel.globs))
         and (not sel.problems or problems(j, live))
     ]
     matched = len(chosen)
     if sel.after is not None:
-        chosen = [j for j in chosen if str(j.get("name")) > sel.after]
+        at = next((i for i, j in enumerate(chosen) if j.get("name") == sel.after), None)
+        if at is None:
+            raise ValueError(f"after: no job {sel.after!r} among those picked (removed since?)")
+        chosen = chosen[at + 1 :]
     more = sel.limit is not None and len(chosen) > sel.limit
     shown = chosen[: sel.limit] if sel.limit is not None else chosen
     shown = [{**j, "problems": problems(j, live)} for j in shown]
     return shown, {
+        "globs": list(sel.globs),
+        "problems": sel.problems,
+        "after": sel.after,
         "matched": matched,
         "shown": len(shown),
         "next_after": str(shown[-1]["name"]) if more and shown else None,

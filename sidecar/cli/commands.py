@@ -583,7 +583,10 @@ def status(
             fail(EXIT_USAGE, f"--job {printable(glob)}: {exc}")
     sel = jobfilter.Selection(globs, problems, limit or None, after)
     ld = load(config_path)
-    view = call(streamops.status(ld.config, ld.secrets, Clock().wall_ms(), sel))
+    try:
+        view = call(streamops.status(ld.config, ld.secrets, Clock().wall_ms(), sel))
+    except ValueError as exc:  # --after names no job among those picked
+        fail(EXIT_USAGE, f"--{exc}")
     say(output.as_json(view) if as_json else status_text.status_lines(view))
     if (globs or problems) and not view["jobs"] and not after:
         sys.exit(EXIT_FAILED if globs and not problems else 0)

@@ -128,7 +128,9 @@ def test_import_then_pick_jobs_on_three_sidecars(
 
         # status: by glob, problems only, a page at a time.
         picked = status(cfg, "--job", "tenant-00*")
-        assert [j["name"] for j in picked["jobs"]] == [f"tenant-00{i}" for i in range(10)]
+        assert sorted(j["name"] for j in picked["jobs"]) == [f"tenant-00{i}" for i in range(10)]
+        # In the order jobs are listed (the file's, then the bucket's): keep first.
+        assert status(cfg, "--limit", "1")["jobs"][0]["name"] == "keep"
         assert picked["selection"]["matched"] == 10
         wait_for(
             lambda: [j["name"] for j in status(cfg, "--problems")["jobs"]] == ["tenant-009"],
@@ -142,7 +144,9 @@ def test_import_then_pick_jobs_on_three_sidecars(
         after = first["selection"]["next_after"]
         assert after == first["jobs"][-1]["name"]
         second = status(cfg, "--limit", "50", "--after", after)
-        assert second["jobs"][0]["name"] > after
+        assert second["jobs"][0]["name"] not in {j["name"] for j in first["jobs"]}
+        gone = run_cli("status", "-c", cfg, "--after", "nosuch")
+        assert gone.returncode == 2 and "--after: no job 'nosuch'" in gone.stderr, gone.stderr
         text = run_cli("status", "-c", cfg, "--limit", "5")
         assert text.returncode == 0, text.stderr
         assert f"5 of {TENANTS + 2} jobs shown" in text.stdout
@@ -157,7 +161,7 @@ def test_import_then_pick_jobs_on_three_sidecars(
         code, body = p.get("/api/v1/jobs?job=tenant-01*&job=keep")
         assert code == 200
         names = [j["name"] for j in json.loads(body)["jobs"]]
-        assert names == ["keep"] + [f"tenant-01{i}" for i in range(10)], names
+        assert names[0] == "keep" and sorted(names[1:]) == [f"tenant-01{i}" for i in range(10)]
         code, body = p.get("/api/v1/jobs?problems=1")
         assert [j["name"] for j in json.loads(body)["jobs"]] == ["tenant-009"]
         assert p.get("/api/v1/jobs?limit=0")[0] == 400
@@ -168,7 +172,7 @@ def test_import_then_pick_jobs_on_three_sidecars(
         assert 'id="next-jobs"' in html and "after=" in html
         code, html = p.get("/?job=tenant-3*&problems=")
         rows = re.findall(r'<tr id="job-([^"]+)"', html)
-        assert rows == [f"tenant-{i}" for i in range(300, 400)], rows[:3]
+        assert sorted(rows) == [f"tenant-{i}" for i in range(300, 400)], rows[:3]
         assert "100 of 100 matching" in html and 'id="next-jobs"' not in html
         assert p.get("/?limit=abc")[0] == 400
 
@@ -195,7 +199,7 @@ def test_problems_name_what_on_call_looks_at() -> None:
 
 @pytest.mark.parametrize("limit", [1, 3, 7, None])
 def test_paging_visits_every_match_once(limit: int | None) -> None:
-    jobs = [{"name": f"j{i:02d}", "consecutive_failures": i % 3} for i in range(20)]
+    jobs = [{"name": f"j{i:02d}", "consecutive_failures": i % 3} for i in reversed(range(20))]
     sel = Selection(("j1*",), problems=True, limit=limit)
     seen: list[str] = []
     after = None
@@ -205,6 +209,8 @@ def test_paging_visits_every_match_once(limit: int | None) -> None:
         after = picked["next_after"]
         if after is None:
             break
-    want = [f"j{i}" for i in range(10, 20) if i % 3]
+    want = [f"j{i}" for i in reversed(range(10, 20)) if i % 3]  # in the order given
     assert seen == want
-    assert named(["b", "a", "c"], ()) == ["a", "b", "c"]
+    assert named(["b", "a", "c"], ()) == ["b", "a", "c"]
+    with pytest.raises(ValueError, match="after: no job 'x'"):
+        select(jobs, Selection(after="x"))

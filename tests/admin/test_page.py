@@ -82,9 +82,10 @@ def test_api_agrees_with_status_json_and_the_pages_answer(
         done = run_cli("status", "-c", cfg, "--json")
         assert done.returncode == 0, done.stderr
         status = json.loads(done.stdout)
-        jobs = api(procs[0], "/api/v1/jobs")["jobs"]
+        listed = api(procs[0], "/api/v1/jobs")
+        jobs = listed["jobs"]
         fleet = api(procs[0], "/api/v1/fleet")
-        from_api = {**fleet, "jobs": jobs}
+        from_api = {**fleet, "jobs": jobs, "selection": listed["selection"]}
         assert from_api.pop("served_by") == "s0"
         same_keys(status, from_api)
         by_name = {j["name"]: j for j in jobs}
