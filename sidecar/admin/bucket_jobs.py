@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import time
@@ -104,7 +105,7 @@ class BucketJob:
     job: JobConfig
     id: str
     # The stored mapping without by/at, as canonical JSON: equal means the same job.
-    canon: str
+    canon: bytes  # canonical(): a digest of the definition
 
 
 def definition(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -112,8 +113,11 @@ def definition(value: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if k not in ("by", "at")}
 
 
-def canonical(value: Mapping[str, Any]) -> str:
-    return json.dumps(definition(value), sort_keys=True, separators=(",", ":"), default=str)
+def canonical(value: Mapping[str, Any]) -> bytes:
+    """A digest of the job's definition (its sorted JSON): equal for the same job.
+    A digest, not the text: 100,000 jobs keep one each (issue 49)."""
+    text = json.dumps(definition(value), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def external_id(value: object, key: str) -> str:
@@ -206,8 +210,6 @@ def beyond_cap(view: View, cap: int) -> set[str]:
 class _Running:
     spec: BucketJob
     revision: int
-    task: asyncio.Future[None]  # the job's walk (sidecar/run/timetable.py)
-    retired: asyncio.Event
 
 
 class BucketJobs:
@@ -402,9 +404,8 @@ class BucketJobs:
         self._register([spec.job for spec, _ in batch])
         for spec, revision in batch:
             job = spec.job
-            retired = asyncio.Event()
-            task = self.jobs.start(job, retired)
-            self.running[job.name] = _Running(spec, revision, task, retired)
+            self.jobs.start(job)
+            self.running[job.name] = _Running(spec, revision)
             log.info(
                 "job %s (id %s) taken up from the state bucket: %s",
                 job.name,
@@ -416,10 +417,7 @@ class BucketJobs:
     async def _retire(self, name: str, current: _Running, replaced: bool) -> None:
         """End the job's loop between two claims; its runs in flight go on (``runs``)."""
         assert self.jobs is not None
-        current.retired.set()
-        self.jobs.wake()
-        with contextlib.suppress(Exception):
-            await current.task
+        await self.jobs.retire(name)
         del self.running[name]
         if not replaced:
             self._unregister(name)

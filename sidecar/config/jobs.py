@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import date, datetime
 from types import MappingProxyType
+from typing import TypeVar
 from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
@@ -201,19 +202,39 @@ def parse_job(
         request=request,
         catchup=sec.get("catchup", "none", one_of(CATCHUP)),
         overlap=overlap,
-        cancel=cancel,
+        cancel=interned(cancel),
         on_lost=on_lost,
-        retry=retry,
+        retry=interned(retry),
         ping=_job_ping(sec, defaults, name),
         pause_after=parse_pause_after(sec),
         expect=parse_expect(sec.data["expect"], sec.key("expect")) if sec.has("expect") else None,
-        claim=parse_claim(sec, claim),
+        claim=interned(parse_claim(sec, claim)),
         max_runs=max_runs,
         concurrency=_parse_concurrency(sec),
         run_on=run_on,
-        answer=parse_answer(sec),
+        answer=interned(parse_answer(sec)),
         after=after,
     )
+
+
+_T = TypeVar("_T")
+# Equal small settings (retry, cancel, claim, answer) shared by every job that has
+# them: 100,000 jobs of a few kinds hold a few objects, not 100,000 (issue 49).
+_SHARED: dict[object, object] = {}
+_SHARED_MAX = 4096
+
+
+def interned(value: _T) -> _T:
+    """`value`, or an equal one made before (frozen, so sharing changes nothing)."""
+    try:
+        kept = _SHARED.get(value)
+    except TypeError:  # not hashable
+        return value
+    if kept is not None:
+        return kept  # type: ignore[return-value]
+    if len(_SHARED) < _SHARED_MAX:
+        _SHARED[value] = value
+    return value
 
 
 def _parse_concurrency(sec: ConfigSection) -> ConcurrencyConfig | None:

@@ -34,7 +34,7 @@ MAX_CANDIDATES = 1000
 DEFAULT_FALLBACK = 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClaimConfig:
     """``jobs[].claim`` (or ``defaults.claim``): who claims a slot at its time. Seconds."""
 
@@ -121,9 +121,13 @@ def base_url_of(url: str) -> str:
     return f"http://{host}:{parts.port or 80}"
 
 
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
 class _Addressed:
     """``unix_socket`` and ``base_url`` of a config that has a ``url``."""
 
+    __slots__ = ()  # its subclasses may have slots (a job's request: issue 49)
     url: str
 
     @property
@@ -141,7 +145,7 @@ class _Addressed:
 class TargetConfig(_Addressed):
     """``target:``: the app every job's request goes to, and request defaults."""
 
-    url: str = "http://127.0.0.1:8080"
+    url: str = DEFAULT_URL
     timeout: float = 30.0
     # Not in repr: a header may carry the app's credentials (Authorization).
     headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False, repr=False)
@@ -151,7 +155,7 @@ class TargetConfig(_Addressed):
     allow_remote: bool = False
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RequestConfig(_Addressed):
     """One job's trigger request, with the target's defaults already applied."""
 
@@ -161,13 +165,13 @@ class RequestConfig(_Addressed):
     headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False, repr=False)
     body: str = ""
     timeout: float = 30.0
-    url: str = TargetConfig.url  # the job's own ``request.url``, else ``target.url``
+    url: str = DEFAULT_URL  # the job's own ``request.url``, else ``target.url``
     # Whether path, a header or body has a run parameter (sidecar/config/params.py):
     # a request without one is sent as written, never rendered.
     params: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AnswerConfig:
     """``jobs[].answer``: what a result keeps of the app's answer (docs/TRIGGER.md)."""
 
@@ -183,7 +187,7 @@ class AnswerConfig:
         return [value for name, value in headers.items() if name.lower() in self.redact]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RetryConfig:
     """``jobs[].retry``: extra attempts after a failed (or lost) one. Seconds."""
 
@@ -191,7 +195,7 @@ class RetryConfig:
     backoff: float = 30.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CancelConfig:
     """``jobs[].cancel``: how the app is asked to stop a run that ``overlap: replace``
     replaces (docs/TRIGGER.md). `grace`: seconds its run has to answer after it."""
@@ -202,7 +206,7 @@ class CancelConfig:
     params: bool = False  # whether path has a run parameter (sidecar/config/params.py)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ConcurrencyConfig:
     """``jobs[].concurrency``: at most `limit` runs of every job with this `key` alive
     at once, fleet-wide (sidecar/run/concurrency.py, docs/CONFIG.md)."""
@@ -211,7 +215,7 @@ class ConcurrencyConfig:
     limit: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AfterConfig:
     """``jobs[].after``: the job runs once after each run of `job` that ended `on`
     (success, failure or always; docs/CONFIG.md, sidecar/run/chains.py)."""
@@ -224,7 +228,7 @@ class AfterConfig:
         return f"after {self.job} on {self.on}"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class JobConfig:
     """One entry of ``jobs:``. Durations in seconds."""
 

@@ -7,7 +7,7 @@ for jobs that were not due); here one task wakes, at the earliest instant, or
 every HOP seconds so that a corrected wall clock is noticed as the sleeper
 notices it (sidecar/core/sleeper.py). An instant is fired as the sleeper ends
 a sleep: the timer is set PRECISE_WAKE early and the rest is slept precisely,
-never early. A callback runs on the timer's task: it must only start work
+never early. ``fire`` runs on the timer's task: it must only start work
 (``TaskSet.spawn``), never await.
 """
 
@@ -18,6 +18,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable
+from typing import Any
 
 from sidecar.core.clock import Clock
 from sidecar.core.sleeper import PRECISE_WAKE
@@ -27,20 +28,20 @@ HOP = 30.0
 
 
 class Entry:
-    """One instant in the heap; ``cancel()`` drops it (it stays in the heap, skipped)."""
+    """One instant in the heap, for `item`; ``cancel()`` drops it (it stays in the
+    heap, skipped). No closure per instant: the timer's one ``fire`` gets the item."""
 
-    __slots__ = ("callback", "wall")
+    __slots__ = ("item",)
 
-    def __init__(self, wall: float, callback: Callable[[], None] | None) -> None:
-        self.wall = wall
-        self.callback = callback
+    def __init__(self, item: object) -> None:
+        self.item: object | None = item
 
     def cancel(self) -> None:
-        self.callback = None
+        self.item = None
 
     @property
     def active(self) -> bool:
-        return self.callback is not None
+        return self.item is not None
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -49,11 +50,13 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 class Timer:
-    """``timer.at(wall, callback)``; ``run()`` is the one task; ``wake()`` on stop."""
+    """``timer.at(wall, item)``: ``fire(item)`` then; ``run()`` is the one task;
+    ``wake()`` on stop."""
 
-    def __init__(self, clock: Clock, stopping: asyncio.Event) -> None:
+    def __init__(self, clock: Clock, stopping: asyncio.Event, fire: Callable[[Any], None]) -> None:
         self.clock = clock
         self.stopping = stopping
+        self.fire = fire
         self._heap: list[tuple[float, int, Entry]] = []
         self._seq = itertools.count()
         self._waiter: asyncio.Future[None] | None = None
@@ -61,10 +64,10 @@ class Timer:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def at(self, wall: float, callback: Callable[[], None]) -> Entry:
-        """Call `callback` at wall-clock time `wall` (at once, on the timer's task, when
+    def at(self, wall: float, item: object) -> Entry:
+        """``fire(item)`` at wall-clock time `wall` (at once, on the timer's task, when
         it has passed). An instant earlier than the one slept for wakes the timer."""
-        entry = Entry(wall, callback)
+        entry = Entry(item)
         head = self._heap[0][0] if self._heap else None
         heapq.heappush(self._heap, (wall, next(self._seq), entry))
         if head is None or wall < head:
@@ -114,6 +117,6 @@ class Timer:
         now = self.clock.wall()
         while self._heap and self._heap[0][0] <= now:
             entry = heapq.heappop(self._heap)[2]
-            callback, entry.callback = entry.callback, None
-            if callback is not None:
-                callback()
+            item, entry.item = entry.item, None
+            if item is not None:
+                self.fire(item)

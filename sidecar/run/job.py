@@ -155,12 +155,15 @@ class Jobs:
         """The slot the job's loop handles next: catch-up claims only before it."""
         return self.timetable.next.get(job.name, job.schedule.next_slot(self.clock.wall_ms()))
 
-    def start(self, job: JobConfig, retired: asyncio.Event | None = None) -> asyncio.Future[None]:
+    def start(self, job: JobConfig) -> None:
         """Walk the job's schedule on the one timer (sidecar/run/timetable.py) until
-        stop; `retired`: set (then ``wake()``) to end this job's walk alone, between
-        two slots (a job removed from the state bucket: sidecar/admin/bucket_jobs.py);
-        its runs in flight go on, in ``runs``. The future ends with the walk."""
-        return self.timetable.start(job, retired)
+        stop, or ``retire``."""
+        self.timetable.start(job)
+
+    async def retire(self, name: str) -> None:
+        """End job `name`'s walk alone, between two slots (a job removed from the state
+        bucket: sidecar/admin/bucket_jobs.py); its runs in flight go on, in ``runs``."""
+        await self.timetable.retire(name)
 
     @property
     def loops(self) -> TaskSet:
@@ -168,7 +171,7 @@ class Jobs:
         return self.timetable.tasks
 
     def wake(self) -> None:
-        """Wake every sleep (on stop), and end the walks that are retired."""
+        """Wake every sleep and end every walk (on stop)."""
         self.sleeper.wake()
         self.timetable.wake()
 

@@ -37,18 +37,31 @@ log = logging.getLogger(__name__)
 class Walk:
     """One job's place in its schedule: the slot it waits for, and how it ends."""
 
-    __slots__ = ("done", "entry", "firing", "job", "known", "over", "previous", "retired", "slot")
+    __slots__ = (
+        "done",
+        "entry",
+        "firing",
+        "job",
+        "known",
+        "over",
+        "passing",
+        "previous",
+        "retired",
+        "slot",
+    )
 
-    def __init__(self, job: JobConfig, slot: int, retired: asyncio.Event | None) -> None:
+    def __init__(self, job: JobConfig, slot: int) -> None:
         self.job = job
         self.slot = slot
         self.previous: int | None = None
         self.known = False  # previous is the schedule's slot before `slot`
         self.over = False  # waiting for a slot that is not claimed (max_runs)
-        self.retired = retired
+        self.passing = False  # the instant armed is the slot itself, passed unclaimed
+        self.retired = False  # ended alone (a job removed from the state bucket)
         self.entry: Entry | None = None
         self.firing = False  # a task handles a slot now
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Made when someone waits for the walk's end (``retire``): none per job.
+        self.done: asyncio.Future[None] | None = None
 
 
 class Timetable:
@@ -74,7 +87,7 @@ class Timetable:
         self.metrics = metrics
         self.side_tasks = tasks
         self.attempt, self.late, self.over, self.catch_up = attempt, late, over, catch_up
-        self.timer = Timer(clock, stopping)
+        self.timer = Timer(clock, stopping, self._fired)
         self.walks: dict[str, Walk] = {}
         # Per job: the slot its walk handles next (catch-up claims only before it).
         self.next: dict[str, int] = {}
@@ -86,35 +99,46 @@ class Timetable:
         self.tasks = TaskSet("a job loop", say=False)
         self._runner: asyncio.Task[None] | None = None
 
-    def start(self, job: JobConfig, retired: asyncio.Event | None = None) -> asyncio.Future[None]:
-        """Walk `job`'s schedule until stop (or `retired` is set, then ``wake()``); the
-        future ends when the walk has (its runs in flight go on, in ``Jobs.runs``)."""
+    def start(self, job: JobConfig) -> None:
+        """Walk `job`'s schedule until stop, or until ``retire(job.name)``."""
         if self._runner is None:
             self._runner = self.side_tasks.spawn(self.timer.run())
         m = self.metrics
-        walk = Walk(job, job.schedule.next_slot(self.clock.wall_ms()), retired)
+        walk = Walk(job, job.schedule.next_slot(self.clock.wall_ms()))
         self.walks[job.name] = walk
         self.next[job.name] = walk.slot
         if job.after is not None:  # no slots: its runs follow another job's (chains.py)
             m.job_next_run_timestamp_seconds.labels(job=job.name).set(0)
-            return walk.done  # ends at stop or retirement, by wake()
+            return  # ends at stop or retirement
         if job.catchup != "none":
             self.side_tasks.spawn(self.catch_up(job))
         self._arm(walk)
-        return walk.done
+
+    async def retire(self, name: str) -> None:
+        """End job `name`'s walk alone, between two slots (a job removed from the state
+        bucket): at once, or once the slot in hand is handled. Its runs in flight go
+        on (``Jobs.runs``)."""
+        walk = self.walks.get(name)
+        if walk is None:
+            return
+        walk.retired = True
+        if not walk.firing:
+            self._end(walk)
+            return
+        walk.done = asyncio.get_running_loop().create_future()
+        await walk.done
 
     def wake(self) -> None:
-        """On stop, or after a walk's ``retired`` was set: end the walks that should."""
+        """On stop: end every walk (those handling a slot, once it is handled)."""
         self.timer.wake()
-        stopping = self.stopping.is_set()
+        if not self.stopping.is_set():
+            return
         for walk in list(self.walks.values()):
-            if walk.firing:
-                continue  # its task ends it once the slot in hand is handled
-            if stopping or (walk.retired is not None and walk.retired.is_set()):
+            if not walk.firing:
                 self._end(walk)
 
     def _gone(self, walk: Walk) -> bool:
-        return self.stopping.is_set() or (walk.retired is not None and walk.retired.is_set())
+        return self.stopping.is_set() or walk.retired
 
     def _end(self, walk: Walk) -> None:
         """The walk is over: no slot more is handled."""
@@ -127,7 +151,7 @@ class Timetable:
                 self.metrics.claims_skipped_total.labels(job=name, reason="shutdown").inc()
         if self.walks.get(walk.job.name) is walk:
             del self.walks[walk.job.name]
-        if not walk.done.done():
+        if walk.done is not None and not walk.done.done():
             walk.done.set_result(None)
 
     def _arm(self, walk: Walk) -> None:
@@ -150,16 +174,24 @@ class Timetable:
                 walk.over = True
                 return  # end_at: nothing after it ever runs; ended by stop
             # max_runs: the slots pass unclaimed (deleting count.<job> resets it).
-            walk.over = True
-            walk.entry = self.timer.at(walk.slot / 1000, lambda: self._passed(walk))
+            walk.over = walk.passing = True
+            walk.entry = self.timer.at(walk.slot / 1000, walk)
             return
-        walk.over = False
+        walk.over = walk.passing = False
         self.said_over.pop(name, None)
         if walk.known:  # X-Anarchon-Previous-Scheduled-At, known before the slot's time
             self.previous[name] = (walk.slot, walk.previous)
         m.job_next_run_timestamp_seconds.labels(job=name).set(walk.slot / 1000)
         fire_at = walk.slot / 1000 + random.uniform(0.0, job.jitter)
-        walk.entry = self.timer.at(fire_at, lambda: self._due(walk))
+        walk.entry = self.timer.at(fire_at, walk)
+
+    def _fired(self, item: object) -> None:
+        """The timer's one callback: `item` is the walk whose instant came."""
+        assert isinstance(item, Walk)
+        if item.passing:
+            self._passed(item)
+        else:
+            self._due(item)
 
     def _passed(self, walk: Walk) -> None:
         """A slot of a capped job passed unclaimed: wait for the next."""

@@ -167,10 +167,36 @@ def job_hash(job: JobConfig) -> str:
 # ---------------------------------------------------------------------- the view
 
 
-@dataclass
 class Entry:
-    value: dict[str, Any]
-    revision: int
+    """A key's value as the view holds it, and its revision.
+
+    A ``job.<name>`` key (a job of the state bucket) keeps its bytes and is
+    decoded when read: 100,000 decoded job values were about 860 B a job, their
+    bytes about 200 (issue 49); they are read when a job changes or ``status``
+    lists them, not per slot."""
+
+    __slots__ = ("_value", "raw", "revision")
+
+    def __init__(
+        self, value: dict[str, Any] | None, revision: int, raw: bytes | None = None
+    ) -> None:
+        self._value = value
+        self.revision = revision
+        self.raw = raw
+
+    @property
+    def value(self) -> dict[str, Any]:
+        return self._value if self._value is not None else decode(self.raw)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Entry):
+            return NotImplemented
+        return (self.value, self.revision) == (other.value, other.revision)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Entry({self.value!r}, {self.revision})"
 
 
 # How a key went away: an explicit delete, or its TTL ran out (a MaxAge
@@ -351,6 +377,8 @@ class View:
                 self.on_removed(Removal(key, old, how, at))
         elif key.startswith("instance."):
             self._apply_presence(key, value or b"", revision)
+        elif key.startswith(BUCKET_PREFIX):
+            self.keys[key] = Entry(None, revision, bytes(value or b""))
         else:
             self.keys[key] = Entry(decode(value), revision)
         if self.on_change is not None:

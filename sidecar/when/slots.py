@@ -66,7 +66,7 @@ def spread_offset_ms(job: str, spread_s: float) -> int:
     return (int.from_bytes(digest[:8], "big") % seconds) * 1000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Exclusion:
     """Slots in [start_ms, end_ms) do not run. ``text`` is as configured."""
 
@@ -151,7 +151,7 @@ class SharedExclusions(Protocol):
     def __len__(self) -> int: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Calendar:
     """The slots of one job. Build it with ``parse_calendar``."""
 

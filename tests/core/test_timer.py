@@ -28,7 +28,7 @@ class SteppedClock:
 
 async def test_instants_fire_in_order_never_early_and_cancelled_never() -> None:
     stopping = asyncio.Event()
-    t = Timer(Clock(), stopping)
+    t = Timer(Clock(), stopping, fire=lambda call: call())
     runner = asyncio.create_task(t.run())
     fired: list[tuple[str, float]] = []
     now = time.time()
@@ -57,7 +57,7 @@ async def test_a_stepped_wall_clock_is_noticed_within_a_hop(
     monkeypatch.setattr(timer_module, "HOP", 0.2)
     clock = SteppedClock()
     stopping = asyncio.Event()
-    t = Timer(cast(Clock, clock), stopping)
+    t = Timer(cast(Clock, clock), stopping, fire=lambda call: call())
     runner = asyncio.create_task(t.run())
     fired = asyncio.Event()
     t.at(time.time() + 3600, fired.set)  # an hour away
@@ -73,7 +73,7 @@ async def test_a_stepped_wall_clock_is_noticed_within_a_hop(
 
 async def test_many_entries_one_task_and_compaction() -> None:
     stopping = asyncio.Event()
-    t = Timer(Clock(), stopping)
+    t = Timer(Clock(), stopping, fire=lambda call: call())
     far = time.time() + 3600
     entries = [t.at(far + i, lambda: None) for i in range(10_000)]
     for e in entries[:9_000]:
