@@ -58,7 +58,7 @@ from sidecar.store.stream import stream_spec
 if TYPE_CHECKING:
     from sidecar.after.aftermath import Aftermath
 
-log = logging.getLogger("sidecar.actions")
+log = logging.getLogger(__name__)
 
 CAS_TRIES = 8
 CLAIM_WAIT = 10.0

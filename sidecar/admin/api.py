@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from sidecar.fleet.member import Fleet
     from sidecar.store.guard import StreamGuard
 
-log = logging.getLogger("sidecar.api")
+log = logging.getLogger(__name__)
 
 RUNS_LIMIT = 50
 RUNS_MAX = 200

@@ -19,7 +19,7 @@ from sidecar.core.clock import rfc3339
 from sidecar.run.atqueue import Queued, cancel, listing, queue
 from sidecar.when.atkey import AtRun, instant_problem, on_schedule
 
-log = logging.getLogger("sidecar.atops")
+log = logging.getLogger(__name__)
 
 
 def action_entry(

@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from sidecar.obs.metrics import Metrics
     from sidecar.run.job import Jobs
 
-log = logging.getLogger("sidecar.bucket_jobs")
+log = logging.getLogger(__name__)
 
 PREFIX = "job."
 FILE, BUCKET = "file", "bucket"

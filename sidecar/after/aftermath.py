@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from sidecar.obs.outbound import Outbox
     from sidecar.obs.tracing import SpanExporter
 
-log = logging.getLogger("sidecar.aftermath")
+log = logging.getLogger(__name__)
 
 AUTO_BY = "auto"
 

@@ -38,7 +38,7 @@ from sidecar.core.wire import (
 from sidecar.core.wire import health_key as health_key  # re-exported
 from sidecar.store.kv import Keys, create_or_update
 
-log = logging.getLogger("sidecar.health")
+log = logging.getLogger(__name__)
 
 OK = "ok"
 FAILING = "failing"

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Daemon", "start", "stream_spec"]
 
-log = logging.getLogger("sidecar.daemon")
+log = logging.getLogger(__name__)
 
 # On SIGTERM, how long a claim in flight may still take before it is abandoned.
 CLAIM_DRAIN = 2.0

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from sidecar.fleet.member import Fleet
     from sidecar.obs.metrics import Metrics
 
-log = logging.getLogger("sidecar.candidates")
+log = logging.getLogger(__name__)
 
 # The slots of a job whose run was seen, kept for the fallbacks (per job).
 SEEN_PER_JOB = 512

@@ -36,7 +36,7 @@ from sidecar.core.errors import SendError
 from sidecar.core.tasks import TaskSet, cancel_all
 from sidecar.obs.ratelog import RateLimitedLog
 
-log = logging.getLogger("sidecar.outbound")
+log = logging.getLogger(__name__)
 
 USER_AGENT = f"anarchon-sidecar/{__version__}"
 # Of an answer only this much is read (for the message of a refusal).

@@ -33,7 +33,7 @@ from sidecar.when.atkey import (
     pending_of,
 )
 
-log = logging.getLogger("sidecar.atqueue")
+log = logging.getLogger(__name__)
 
 CAS_TRIES = 8
 

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from sidecar.run.context import Context
     from sidecar.run.skips import Unclaimed
 
-log = logging.getLogger("sidecar.atruns")
+log = logging.getLogger(__name__)
 
 #: ``start(job, claim, start)``: run a won claim (sidecar/run/job.py ``_start_run``).
 Start = Callable[["JobConfig", "Claim", float], Any]

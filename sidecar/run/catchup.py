@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from sidecar.run.context import Context
     from sidecar.run.retries import Attempt
 
-log = logging.getLogger("sidecar.catchup")
+log = logging.getLogger(__name__)
 
 # catchup: all claims at most this many missed slots of a job at once.
 MAX_CATCHUP = 100

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from sidecar.run.skips import Unclaimed
     from sidecar.run.trigger import Trigger
 
-log = logging.getLogger("sidecar.job")
+log = logging.getLogger(__name__)
 
 # A slot is judged at most this long after its decider first looks (Fleet.caught_up).
 CAUGHT_UP_WAIT = 2.0

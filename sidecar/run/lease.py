@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from sidecar.obs.metrics import Metrics
     from sidecar.run.claim import Claim
 
-log = logging.getLogger("sidecar.lease")
+log = logging.getLogger(__name__)
 
 # The longest a won run waits for its run lease before it triggers the app
 # (``Lease.start``); the create goes on meanwhile. The state bucket's stream has

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
     from sidecar.run.context import Context
 
-log = logging.getLogger("sidecar.lostruns")
+log = logging.getLogger(__name__)
 
 # A lost record is checked against the results this often at most when results
 # keep coming in between the check and the record.

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from sidecar.run.claim import Claim
     from sidecar.run.context import Context
 
-log = logging.getLogger("sidecar.followup")
+log = logging.getLogger(__name__)
 
 # Between the three reads of the stream that back a due key (s, not growing:
 # the key waits meanwhile, and a stream that does not answer leaves it).

@@ -70,7 +70,7 @@ if TYPE_CHECKING:  # signing's code is loaded only with a signer (sidecar/cli/da
 
 __all__ = ["Trigger", "TriggerResult"]
 
-log = logging.getLogger("sidecar.trigger")
+log = logging.getLogger(__name__)
 
 # Only this much of an answer's body goes into the message of a non-2xx answer.
 MAX_ERROR_BODY = 200

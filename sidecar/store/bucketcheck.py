@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 from sidecar.config.jobs import LOCKED
 from sidecar.core.wire import kv_stream
 
-log = logging.getLogger("sidecar.bucketcheck")
+log = logging.getLogger(__name__)
 
 # A marker TTL this long is enough whatever lease_ttl is (the sidecar creates the
 # bucket with max(60 s, duplicate_window)); a shorter one must outlive a lease.

@@ -50,7 +50,7 @@ from sidecar.core.wire import (
 from sidecar.store.state import Bucket
 from sidecar.when.pauses import pause_active
 
-log = logging.getLogger("sidecar.kv")
+log = logging.getLogger(__name__)
 
 EXPECTED_LAST = EXPECTED_LAST_SUBJECT_SEQ
 KV_OPERATION = "KV-Operation"

@@ -42,7 +42,7 @@ from sidecar.store.keyfamilies import family_of
 if TYPE_CHECKING:
     from sidecar.config.load import Config, JobConfig
 
-log = logging.getLogger("sidecar.state")
+log = logging.getLogger(__name__)
 
 # A key token: what an instance id or a job name may be inside a key.
 KEY_TOKEN = re.compile(r"[A-Za-z0-9_-]+")

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from sidecar.config.load import Config
 
-log = logging.getLogger("sidecar.stream")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from sidecar.core.tasks import TaskSet
 from sidecar.store.bucketcheck import BucketFacts, facts_of
 from sidecar.store.state import REPLACED, Bucket, Removal, View
 
-log = logging.getLogger("sidecar.watch")
+log = logging.getLogger(__name__)
 
 # Watchdog: how often the bucket's last sequence is compared with the view's.
 WATCHDOG_EVERY = 3.0

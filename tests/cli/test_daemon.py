@@ -197,7 +197,9 @@ def test_nats_down_is_one_warning_and_a_count_not_a_line_per_second(
         nats_server.start()
         proc.wait_ready(20)
         assert proc.terminate() == 0
-    warnings = [line for line in proc.log().splitlines() if "sidecar.connection: nats: " in line]
+    warnings = [
+        line for line in proc.log().splitlines() if "sidecar.store.connection: nats: " in line
+    ]
     # Each distinct reason (the EOF of the drop, then a refused connect every
     # second) at once; its repeats counted in one line when NATS is back.
     refused = [line for line in warnings if "ConnectionRefusedError" in line]

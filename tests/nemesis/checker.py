@@ -219,7 +219,7 @@ def leaderless_from_logs(
 
 
 _SIDECAR_LOG = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) \S+ sidecar\.bucket_jobs: job (\S+) \(id .*\) "
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) \S+ sidecar\.admin\.bucket_jobs: job (\S+) \(id .*\) "
     r"(taken up from the state bucket|left the state bucket)"
 )
 
