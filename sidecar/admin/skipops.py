@@ -1,4 +1,4 @@
-"""One-shot writes of the schedule features to the state bucket: timed pause, skip, unskip.
+"""One-shot writes of the calendar to the state bucket: timed pause, skip, unskip, backfill.
 
 Each is a compare-and-set (create, or update with the revision read), so two
 operators typing at once never lose each other's change silently. Every

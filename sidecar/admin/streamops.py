@@ -1,4 +1,4 @@
-"""One-shot commands: history, last-run, run-now, stream.
+"""One-shot commands on the stream: history, last-run, run-now, stream, pause, resume.
 
 Each connects once (ConnectError when NATS is unreachable: exit 3), does its
 work and closes. ``history``, ``last-run`` and ``stream`` only read; they

@@ -1,4 +1,4 @@
-"""The command line of SPEC.md: each command parses, calls one function, prints.
+"""The command line of docs/CLI.md: each command parses, calls one function, prints.
 
 What is shown lives in `sidecar/cli/output.py`, what is done in `sidecar/admin/streamops.py`
 (one-shot commands) and `sidecar/cli/daemon.py` (`run`); loading, failing and the

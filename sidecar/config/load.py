@@ -1,4 +1,4 @@
-"""The config of SPEC.md, parsed once into frozen dataclasses.
+"""The config of docs/CONFIG.md, parsed once into frozen dataclasses.
 
 ``load_config`` reads the YAML file, ``parse_config`` applies the env
 overrides and checks every rule, raising :class:`ConfigError` with the key's

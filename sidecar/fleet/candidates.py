@@ -54,7 +54,6 @@ SEEN_PER_JOB = 512
 # Outcomes of a deferred slot (``anarchon_claims_deferred_total{outcome}``).
 SEEN = "seen"
 FALLBACK = "fallback"
-DEFERRED_OUTCOMES = (SEEN, FALLBACK)
 
 
 # ---------------------------------------------------------------------- ranking

@@ -1,4 +1,4 @@
-"""Prometheus metrics of SPEC.md, on a registry that the caller injects.
+"""Prometheus metrics of docs/METRICS.md, on a registry that the caller injects.
 
 No global registry: tests create as many sidecars in one process as they like
 and read values with ``registry.get_sample_value``. Every name is prefixed
@@ -85,7 +85,7 @@ class NextRun(ShownGauge):
 
 
 class Metrics:
-    """Every metric of SPEC.md; attribute names are the metric names without prefix."""
+    """Every metric of docs/METRICS.md; attribute names are the metric names without prefix."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""Catch-up (FLEET.md): claim the slots of the last max_late that nobody claimed.
+"""Catch-up (docs/GUARANTEES.md): claim the slots of the last max_late that nobody claimed.
 
 Run at a job loop's start and after each reconnect, for jobs with
 ``catchup: latest`` or ``all``. Only slots before the one the loop handles

@@ -1,4 +1,4 @@
-"""Run leases on the state bucket (FLEET.md): held while a run runs, lost when they expire.
+"""Run leases on the state bucket (docs/GUARANTEES.md): held while a run runs, lost at expiry.
 
 ``async with Lease(...)``: the key (``run.<job>.<slot>[.<attempt>]``, or
 ``lock.<job>`` for ``overlap: skip``) is created before the trigger with a

@@ -1,4 +1,4 @@
-"""Lost runs (FLEET.md): a lease that expired is a run whose runner is gone.
+"""Lost runs (docs/GUARANTEES.md): a lease that expired is a run whose runner is gone.
 
 Every sidecar sees a lease expire (a ``MaxAge`` marker, not a delete) and
 publishes a ``lost`` result for that run with ``Nats-Msg-Id:

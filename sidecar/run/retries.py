@@ -1,4 +1,4 @@
-"""What follows a failed or lost run (FLEET.md): retries and due attempts.
+"""What follows a failed or lost run (docs/GUARANTEES.md): retries and due attempts.
 
 Lost runs themselves are judged and recorded in sidecar/run/lostruns.py; what
 follows one (``on_lost: rerun``) is made due here.

@@ -1,6 +1,6 @@
 """The state bucket checked like the stream: the settings leases need, fixed where safe.
 
-Leases (FLEET.md) need a bucket that keeps one message per key (history 1),
+Leases (docs/GUARANTEES.md) need a bucket that keeps one message per key (history 1),
 accepts per-message TTLs (``allow_msg_ttl``) and leaves a ``MaxAge`` marker
 when a key expires (``subject_delete_marker_ttl``, the marker TTL), and whose
 markers stay at least ``lease_ttl`` (or a minute), so that a watch that re-reads the bucket

@@ -1,4 +1,4 @@
-"""The state bucket's one writer (FLEET.md): single keys by CAS, with TTLs.
+"""The state bucket's one writer (its keys: SECURITY.md's table): single keys by CAS, with TTLs.
 
 Writes are plain publishes on ``$KV.<bucket>.<key>`` with the headers set
 here: nats-py's ``kv.update`` has no TTL, and its ``kv.create`` does not see
