@@ -30,13 +30,12 @@ from sidecar.run.backfill import (
 from sidecar.run.since import RESUMED, schedule_hash
 from sidecar.store.connection import connected
 from sidecar.store.connection import one_shot_js as _js
-from sidecar.store.kv import create_or_update, delete_at
+from sidecar.store.kv import COMMAND_CAS_TRIES, create_or_update, delete_at
 from sidecar.store.runs import read_job_messages
 from sidecar.store.state import decode, ensure_bucket, state_spec
 from sidecar.store.stream import stream_spec
 from sidecar.when.pauses import MAX_SKIP, new_skip_value, pending, skip_slots
 
-CAS_TRIES = 5
 # backfill counts the slots of a range up to this many to name the count.
 COUNT_LIMIT = 100_000
 # ``skip`` leaves a slot this close alone: its claim may be out already.
@@ -111,7 +110,7 @@ async def skip(
     async with connected(config, secrets) as conn:
         bucket = await ensure_bucket(_js(conn), state_spec(config))
         kv = bucket.kv
-        for _ in range(CAS_TRIES):
+        for _ in range(COMMAND_CAS_TRIES):
             now_ms = round(time.time() * 1000)
             old, revision = await _get(kv, key)
             ahead = [s for s in skip_slots(old) if s > now_ms]
@@ -134,7 +133,7 @@ async def skip(
             except CasConflict:
                 continue  # someone else changed it meanwhile: read again
             return runs, pending(value, now_ms)
-        raise KeptChanging(key, CAS_TRIES)
+        raise KeptChanging(key, COMMAND_CAS_TRIES)
 
 
 def undecided(old: dict[str, Any] | None, job: JobConfig, now_ms: int) -> list[int]:
@@ -149,7 +148,7 @@ async def unskip(config: Config, secrets: Secrets, job: str) -> int:
     key = skip_key(job)
     async with connected(config, secrets) as conn:
         bucket = await ensure_bucket(_js(conn), state_spec(config))
-        for _ in range(CAS_TRIES):
+        for _ in range(COMMAND_CAS_TRIES):
             old, revision = await _get(bucket.kv, key)
             if old is None:
                 return 0
@@ -160,7 +159,7 @@ async def unskip(config: Config, secrets: Secrets, job: str) -> int:
             except CasConflict:
                 continue  # changed meanwhile (another skip): read again
             return pending(old, round(time.time() * 1000))
-        raise KeptChanging(key, CAS_TRIES)
+        raise KeptChanging(key, COMMAND_CAS_TRIES)
 
 
 async def _get(kv: Any, key: str) -> tuple[dict[str, Any] | None, int | None]:
@@ -231,7 +230,7 @@ async def backfill(
         kv = bucket.kv
         key = backfill_key(job.name)
         tag = f"b{int(time.time())}" if again else "b"
-        for _ in range(CAS_TRIES):
+        for _ in range(COMMAND_CAS_TRIES):
             old, revision = await _get(kv, key)
             if old is not None and (old.get("tag"), old.get("trigger")) != (tag, trigger):
                 left = len(slot_list(old)) + (1 if running_of(old) else 0)
@@ -261,7 +260,7 @@ async def backfill(
             except CasConflict:
                 continue
             return BackfillPlan(todo, done, len(pending))
-        raise KeptChanging(key, CAS_TRIES)
+        raise KeptChanging(key, COMMAND_CAS_TRIES)
 
 
 async def cancel_backfill(config: Config, secrets: Secrets, job: str) -> int:

@@ -25,6 +25,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
+from sidecar import __version__
 from sidecar.core.excerpt import Excerpt
 
 # --- subjects, ids, keys, headers ---
@@ -32,6 +33,10 @@ from sidecar.core.excerpt import Excerpt
 # NATS headers.
 MSG_ID = "Nats-Msg-Id"  # JetStream de-duplicates on it within the duplicate window
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"  # a compare-and-set
+
+# Every request the sidecar sends (the trigger, pings, webhooks, spans) says
+# who sends it, and which release (docs/TRIGGER.md).
+USER_AGENT = f"anarchon-sidecar/{__version__}"
 
 # Trigger request headers (docs/TRIGGER.md).
 JOB_HEADER = "X-Anarchon-Job"

@@ -45,7 +45,8 @@ CLOCK_SLACK = 5.0
 FIELDS = frozenset({"pending", "running", "tag", "trigger", "by", "at", "done"})
 RUNNING_FIELDS = frozenset({"slot", "instance", "at"})
 TAG = re.compile(r"b(?:[0-9]{1,12})?")
-TRIGGERS = ("backfill", "catchup")
+# The triggers a backfill run may carry (core/wire.py's TRIGGERS has every kind).
+BACKFILL_TRIGGERS = ("backfill", "catchup")
 MAX_TEXT = 256  # ``by``, ``instance``: a user@host, an instance id
 
 
@@ -99,7 +100,7 @@ def check_backfill(job: JobConfig, value: dict[str, Any], now: float) -> None:
     tag, trigger = value["tag"], value["trigger"]
     if not isinstance(tag, str) or not TAG.fullmatch(tag):
         raise HostileBackfill("tag is not b or b<seconds>")
-    if trigger not in TRIGGERS:
+    if trigger not in BACKFILL_TRIGGERS:
         raise HostileBackfill("trigger is not backfill or catchup")
     _text(value["by"], "by")
     written = _time(value["at"], "at")

@@ -28,7 +28,7 @@ from sidecar.core.wire import LOST, results_subject
 from sidecar.run.claim import token_of
 from sidecar.run.record import Outcome, Recorder
 from sidecar.store.kv import last_msg
-from sidecar.store.state import EXPIRED, REPLACED, Removal, View
+from sidecar.store.state import BUCKET_REPLACED, EXPIRED, Removal, View
 from sidecar.when.attempts import is_lease_key, lease_job, renew_every
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class LostRuns:
             if removal.how != EXPIRED or not self.judges_foreign(removal):
                 return
             coro = self.record_lost(name, removal)
-        elif removal.how == REPLACED:
+        elif removal.how == BUCKET_REPLACED:
             coro = self.replaced(job, removal)
         elif removal.how != EXPIRED:
             if removal.how is None:

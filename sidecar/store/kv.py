@@ -333,6 +333,10 @@ async def delete_at(kv: KeyValue, key: str, revision: int | None = None) -> None
 # (the CLI's pause --force), "overwrite" it with a plain put (the page's pause).
 WhenPaused = Literal["keep", "replace", "overwrite"]
 PAUSE_TRIES = 3
+# An operator's one compare-and-set (a command, the page's or the API's act):
+# tried this many times, then KeptChanging, nothing changed. A person waits
+# for it, and only another person or a sidecar taking up the key conflicts.
+COMMAND_CAS_TRIES = 8
 
 
 @dataclass(frozen=True)

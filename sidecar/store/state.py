@@ -177,7 +177,7 @@ DELETED = "DEL"
 EXPIRED = "PURGE"
 # The bucket was deleted (and made again) under the watch: its keys vanished
 # without a marker. A lease gone so is judged after lease_ttl (LostRuns).
-REPLACED = "REPLACED"
+BUCKET_REPLACED = "REPLACED"
 
 
 @dataclass(frozen=True)
