@@ -19,7 +19,7 @@ from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
 from sidecar.run.claim import Claimer
 from sidecar.run.context import Context
-from sidecar.run.job import Jobs
+from sidecar.run.job_loop import Jobs
 from sidecar.run.trigger import Trigger
 from sidecar.run.wiring import wire
 from sidecar.store.guard import StreamGuard

@@ -33,7 +33,7 @@ from aiohttp import web
 
 if TYPE_CHECKING:
     from sidecar.config.load import Config
-    from sidecar.run.job import Jobs
+    from sidecar.run.job_loop import Jobs
 
 #: ``async with make_jobs(config) as jobs``: the ``make_jobs`` fixture (tests/conftest.py).
 MakeJobs = Callable[["Config"], AbstractAsyncContextManager["Jobs"]]

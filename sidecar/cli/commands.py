@@ -14,7 +14,7 @@ import time
 import click
 
 from sidecar.cli import output
-from sidecar.cli.command import (
+from sidecar.cli.shared import (
     EXIT_FAILED,
     EXIT_USAGE,
     Loaded,

@@ -4,7 +4,7 @@ Every section of docs/CONFIG.md has its dataclass here, with units already
 normalised (durations float seconds, timezones ``ZoneInfo``, schedules
 :class:`Calendar`), and :class:`Secrets`, the values ``load_secrets`` reads.
 No parsing here: the rules live in ``sidecar.config.load`` (top level, ``nats``,
-``target``) and ``sidecar.config.jobs`` (``jobs:``). Import these names from
+``target``) and ``sidecar.config.job_entry`` (``jobs:``). Import these names from
 ``sidecar.config.load``.
 """
 
@@ -256,7 +256,7 @@ class JobConfig:
     run_on: str = "one"
     answer: AnswerConfig = field(default_factory=AnswerConfig)
     # Runs after another job's runs instead of on a schedule (``schedule`` is then
-    # a calendar with no slot: sidecar/config/jobs.py ``NO_SLOTS``); None: scheduled.
+    # a calendar with no slot: sidecar/config/job_entry.py ``NO_SLOTS``); None: scheduled.
     after: AfterConfig | None = None
 
 

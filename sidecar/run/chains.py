@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: ``start(job, claim, start)``: run a won claim (sidecar/run/job.py ``_start_run``).
+#: ``start(job, claim, start)``: run a won claim (sidecar/run/job_loop.py ``_start_run``).
 Start = Callable[["JobConfig", "Claim", float], Any]
 
 _TOKEN = re.compile(r"[0-9a-f]{32}")

@@ -31,7 +31,7 @@ import math
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from sidecar.config.jobs import LOCKED
+from sidecar.config.job_entry import LOCKED
 from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import slot_ms

@@ -14,12 +14,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sidecar.after.aftermath import Aftermath
-from sidecar.config.jobs import WAITING
+from sidecar.config.job_entry import WAITING
 from sidecar.fleet.candidates import Candidates
 from sidecar.run.catchup import CatchUp
 from sidecar.run.claimwindow import ClaimWindow
 from sidecar.run.context import Context
-from sidecar.run.job import Jobs
+from sidecar.run.job_loop import Jobs
 from sidecar.run.onkey import OnFirstKey
 from sidecar.run.record import Recorder
 from sidecar.run.retries import follow

@@ -29,7 +29,7 @@ from nats.js.api import StreamInfo
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
 
-from sidecar.config.jobs import LOCKED
+from sidecar.config.job_entry import LOCKED
 from sidecar.core.wire import kv_stream
 
 log = logging.getLogger(__name__)

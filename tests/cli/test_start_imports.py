@@ -39,7 +39,7 @@ NOT_AT_START = (
     "sidecar.run.overlapcheck",
     "sidecar.run.runcap",
     "sidecar.cli.commands",
-    "sidecar.cli.jobs",
+    "sidecar.cli.job_commands",
     "sidecar.cli.output",
     "sidecar.admin.bucket_jobs",
     "sidecar.obs.outbound",

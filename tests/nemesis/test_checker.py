@@ -729,7 +729,7 @@ def test_the_sidecars_logs_say_when_each_took_a_bucket_job_up_or_let_it_go(
     log.write_text(
         "2026-12-05 11:00:00,250 INFO sidecar.admin.bucket_jobs: job rt (id nemesis/rt) taken up "
         "from the state bucket: */2 * * * * *\n"
-        "2026-12-05 11:00:01,500 INFO sidecar.run.job: something else\n"
+        "2026-12-05 11:00:01,500 INFO sidecar.run.job_loop: something else\n"
         "2026-12-05 11:00:09,000 INFO sidecar.admin.bucket_jobs: job rt (id nemesis/rt) left the "
         "state bucket: not run any more\n"
     )

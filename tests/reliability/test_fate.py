@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from sidecar.admin import skipops, streamops
-from sidecar.cli.command import load
+from sidecar.cli.shared import load
 from sidecar.core.clock import parse_rfc3339
 from sidecar.when.pauses import until_ms
 from tests.reliability.conftest import Figures

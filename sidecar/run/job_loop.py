@@ -30,7 +30,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sidecar.config.jobs import WAITING
+from sidecar.config.job_entry import WAITING
 from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimDisconnected, ClaimForeign, CountUnavailable, KeyHeld

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import click
 
-from sidecar.cli.command import (
+from sidecar.cli.output import printable
+from sidecar.cli.shared import (
     EXIT_FAILED,
     EXIT_USAGE,
     call,
@@ -19,7 +20,6 @@ from sidecar.cli.command import (
     note,
     say,
 )
-from sidecar.cli.output import printable
 from sidecar.config.keys import JOB_NAME
 from sidecar.core.errors import StreamNotFound
 
