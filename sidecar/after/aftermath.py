@@ -51,7 +51,7 @@ AUTO_BY = "auto"
 
 
 class Aftermath:
-    """The hook of run/job_loop.py, run/lease.py (lost runs) and admin/streamops.py (run-now)."""
+    """The hook of run/job_loop.py, run/lease.py (lost runs) and ops/streamops.py (run-now)."""
 
     def __init__(
         self,

@@ -1,7 +1,7 @@
 """`anarchon-sidecar forget JOB`: the keys of a job retired from the whole fleet, removed.
 
 The fleet never removes them on its own (docs/GUARANTEES.md); what is
-removed and what is refused is sidecar/admin/forget.py's.
+removed and what is refused is sidecar/ops/forget.py's.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def forget(job: str, config_path: str | None) -> None:
     its pause, max_runs count, skips, one-off runs, backfill, catch-up bound, kept
     slot, due attempts, health and recorded acts. Exit 1 when a live instance runs
     JOB, a run of it holds a lease, or nothing was there."""
-    from sidecar.admin.forget import forget as forget_keys
+    from sidecar.ops.forget import forget as forget_keys
 
     if not JOB_NAME.fullmatch(job):
         fail(EXIT_USAGE, f"bad job name {printable(repr(job))}: letters, digits, _ and - only")

@@ -1,6 +1,6 @@
 """The command line of docs/CLI.md: each command parses, calls one function, prints.
 
-What is shown lives in `sidecar/cli/output.py`, what is done in `sidecar/admin/streamops.py`
+What is shown lives in `sidecar/cli/output.py`, what is done in `sidecar/ops/streamops.py`
 (one-shot commands) and `sidecar/cli/daemon.py` (`run`); loading, failing and the
 exit codes every command shares in `sidecar/cli/shared.py`. The group and `run`
 are here, every other command in `sidecar/cli/commands.py`, imported by the

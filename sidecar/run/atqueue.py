@@ -2,8 +2,8 @@
 
 Each write is a compare-and-set of ``at.<job>``, so two operators, or an
 operator and the sidecar dropping an entry it ran, never lose each other's
-change. The commands, the page and the API call these through
-sidecar/admin/atops.py; the fleet's part (sidecar/run/atruns.py) drops what it ran.
+change. The command calls these through sidecar/ops/atops.py, the page and
+the API through sidecar/admin/atacts.py; the fleet's part (sidecar/run/atruns.py) drops what it ran.
 """
 
 from __future__ import annotations

@@ -33,12 +33,11 @@ from typing import TYPE_CHECKING, Any
 from sidecar.core.bounds import is_int, slot_ms
 from sidecar.core.clock import in_range, parse_rfc3339
 from sidecar.core.errors import HostileBackfill
+from sidecar.when.backfillrange import MAX_SLOTS
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
 
-# The command refuses more; a value holding more was not written by it.
-MAX_SLOTS = 1000
 # A command on a host whose clock runs this far ahead is still believed (NTP-kept
 # fleets are within a second; one further ahead has its backfill refused, said in the log).
 CLOCK_SLACK = 5.0

@@ -3,7 +3,7 @@
 Every path of a run ends in an ``Outcome`` (succeeded, failed, skipped with a
 reason, lost; with its error, times, attempt and trigger kind): the job loop
 (sidecar/run/job_loop.py), a slot kept from running (sidecar/run/skips.py), lost-run
-judging (sidecar/run/lostruns.py), ``run-now`` (sidecar/admin/streamops.py) and a run
+judging (sidecar/run/lostruns.py), ``run-now`` (sidecar/ops/streamops.py) and a run
 started from the page (sidecar/admin/actions.py). ``Recorder.record`` turns it into
 the ``ResultRecord`` (built nowhere else), publishes it, counts it, writes the
 run line and calls the aftermath's hooks (pings, notifications, health,

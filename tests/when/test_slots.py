@@ -219,7 +219,7 @@ NOW = 1_796_227_910.0
     ],
 )
 def test_until_takes_a_duration_or_an_rfc3339_time(text: str, expected: float) -> None:
-    from sidecar.admin.skipops import until_of
+    from sidecar.config.instants import until_of
 
     assert until_of(text, NOW) == expected
 
@@ -235,7 +235,7 @@ def test_until_takes_a_duration_or_an_rfc3339_time(text: str, expected: float) -
     ],
 )
 def test_until_refuses_what_it_cannot_use(text: str, fragment: str) -> None:
-    from sidecar.admin.skipops import until_of
+    from sidecar.config.instants import until_of
 
     with pytest.raises(ValueError, match=fragment):
         until_of(text, NOW)
@@ -273,6 +273,6 @@ def test_pause_skip_and_since_values() -> None:
     ],
 )
 def test_backfill_instants_count_durations_back_from_now(text: str, expected: float) -> None:
-    from sidecar.admin.skipops import instant_of
+    from sidecar.config.instants import instant_of
 
     assert instant_of(text, NOW, back=True) == expected

@@ -21,11 +21,12 @@ from zoneinfo import ZoneInfo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.admin.skipops import backfill_slots, until_of
+from sidecar.config.instants import until_of
 from sidecar.config.load import JobConfig
 from sidecar.core.bounds import MAX_SLOT_MS, MAX_TIME_S
 from sidecar.core.clock import in_range, parse_instant
 from sidecar.core.errors import ScheduleError
+from sidecar.when.backfillrange import backfill_slots
 from sidecar.when.slots import parse_calendar, parse_exclusion
 from tests.admin.test_page import TOKEN, request
 from tests.support import (
@@ -131,7 +132,7 @@ def test_runs_are_slots_in_range_or_a_schedule_error(
 def test_backfill_slots_are_slots_or_a_value_error(expr: str, tz: ZoneInfo, a: int, b: int) -> None:
     spec = cast(JobConfig, SimpleNamespace(name="j", schedule=parse_calendar(expr, tz)))
     try:
-        found = backfill_slots(spec, min(a, b), max(a, b))
+        found = backfill_slots(spec.schedule, min(a, b), max(a, b))
     except ValueError:
         return
     assert all(min(a, b) <= s <= max(a, b) for s in found)

@@ -322,7 +322,7 @@ async def resume(
 
 
 async def status(config: Config, secrets: Secrets, now_ms: int) -> dict[str, Any]:
-    from sidecar.admin.fleetview import fleet_status
+    from sidecar.ops.fleetview import fleet_status
 
     async with connected(config, secrets) as conn:
         with answered():
