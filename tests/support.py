@@ -81,6 +81,14 @@ def listens(pid: int, port: int) -> bool:
     return False
 
 
+def examples(wanted: int) -> int:
+    """A property test's ``max_examples``: what it asks for, capped by the Hypothesis
+    profile in use (tests/conftest.py: 100 under "ci", make test's)."""
+    from hypothesis import settings
+
+    return min(wanted, settings.default.max_examples)
+
+
 def wait_for(
     condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, what: str = ""
 ) -> Any:

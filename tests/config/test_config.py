@@ -23,6 +23,7 @@ from sidecar.config.load import (
     parse_config,
 )
 from sidecar.core.errors import ConfigError
+from tests.support import examples
 
 SECRET = "s3cr3t-Value-42"
 
@@ -719,7 +720,7 @@ CONFIGS = (
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=CONFIGS, env=st.dictionaries(st.sampled_from(["ANARCHON_NATS_SERVERS"]), st.text()))
 def test_fuzz_only_config_errors(data: object, env: dict[str, str]) -> None:
     try:

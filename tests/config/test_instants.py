@@ -14,13 +14,16 @@ from hypothesis import strategies as st
 from sidecar.config.instants import instant_of, until_of
 from sidecar.core.bounds import MAX_TIME_S
 from sidecar.core.clock import in_range, parse_instant
+from tests.support import examples
 
 NOW = 1_796_227_910.0
 PROPERTY_NOW = 1_780_000_000.0  # 2026-05-28
 OFFSETS = st.integers(-14 * 60, 14 * 60).map(lambda m: timezone(timedelta(minutes=m)))
 # Every datetime in every offset, so both ends of the range in both directions.
 AWARE = st.datetimes(min_value=datetime.min, max_value=datetime.max, timezones=OFFSETS)
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def text_of(dt: datetime) -> str:

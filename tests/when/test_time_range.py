@@ -24,6 +24,7 @@ from sidecar.core.bounds import MAX_SLOT_MS
 from sidecar.core.errors import ScheduleError
 from sidecar.when.backfillrange import backfill_slots
 from sidecar.when.slots import parse_calendar, parse_exclusion
+from tests.support import examples
 
 OFFSETS = st.integers(-14 * 60, 14 * 60).map(lambda m: timezone(timedelta(minutes=m)))
 # Every datetime in every offset, so both ends of the range in both directions.
@@ -32,7 +33,9 @@ ZONES = st.sampled_from(
     [ZoneInfo(z) for z in ("UTC", "Pacific/Kiritimati", "Etc/GMT+12", "America/New_York")]
 )
 SCHEDULES = st.sampled_from(["0 0 1 1 *", "* * * * *", "*/7 * * * * *", "0 3 29 2 *"])
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def text_of(dt: datetime) -> str:
