@@ -1,8 +1,8 @@
 """The slots of a time range a backfill runs: the job's calendar, at most MAX_SLOTS.
 
-Pure: ``backfill`` (sidecar/ops/skipops.py) asks for them before it writes
-``backfill.<job>``; the sidecars refuse a value holding more
-(sidecar/run/backfillcheck.py).
+Pure: the ``backfill`` command (sidecar/cli/commands.py) asks for them, then
+sidecar/ops/skipops.py writes them to ``backfill.<job>``; the sidecars refuse
+a value holding more (sidecar/run/backfillcheck.py).
 """
 
 from __future__ import annotations
