@@ -245,7 +245,10 @@ class Metrics:
         self.every_slots_missed_total = counter(
             "every_slots_missed",
             "Slots of a run_on: every job that an instance of it missed (no claim within "
-            "max_late: it was away), as this instance judged them; max over instances.",
+            "max_late), as this instance judged them; max over instances. reason: stopped "
+            "(it had exited cleanly: a rollout, a scale-down) or away (it died, froze, "
+            "lost NATS, or how it left is not known here).",
+            ("job", "reason"),
         )
         # jobs[].after (sidecar/run/chains.py): each final run of the job followed,
         # once for the fleet, by whether it fired this job's run.

@@ -10,7 +10,13 @@ of the newest slots. At each slot's ``jitter + max_late`` (plus a little) it
 judges the slot by store/missed.py's rule, on the claims up to it: an
 instance of the job with no claim of it, whose newest claim lies within
 ``TRAIL`` judged slots, missed it. Each miss counts in
-``anarchon_every_slots_missed_total{job}`` and is logged with the instance.
+``anarchon_every_slots_missed_total{job, reason}`` and is logged with the
+instance. ``reason`` is ``stopped`` when the instance's presence
+(``instance.<id>``) was deleted, seen by this sidecar: it exited cleanly (a
+rollout that gives each pod a new instance id, a scale-down, a stop on
+purpose), and ``away`` otherwise (it died, froze or lost NATS: its presence
+expired or is still there; or it left before this sidecar started). The alert
+counts ``away`` only, so that a rollout does not page.
 
 Every live sidecar judges every slot, so each counts the same misses (the
 missing one, being away, counts none): the fleet's number is the max over
@@ -33,8 +39,9 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import rfc3339
-from sidecar.core.wire import EVERY, RUN_ON_FIELD, claims_subject, decode
+from sidecar.core.wire import EVERY, RUN_ON_FIELD, claims_subject, decode, instance_key
 from sidecar.store.missed import TRAIL, Seen, missed
+from sidecar.store.state import DELETED, Removal
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -47,6 +54,9 @@ log = logging.getLogger("sidecar.everymissed")
 KEEP = 3 * TRAIL
 # After jitter + max_late: a claim made at the very end of the window is stored.
 SETTLE = 1.0
+# anarchon_every_slots_missed_total's reasons (module doc).
+STOPPED, AWAY = "stopped", "away"
+PRESENCE = instance_key("")
 # A sidecar suspended for long judges the slots of this last stretch only.
 BEHIND = 3600.0
 
@@ -91,19 +101,32 @@ class EveryMissed:
         self.ctx = ctx
         self.jobs = [job for job in ctx.config.jobs if job.run_on == EVERY]
         self.claims: dict[str, Claims] = {job.name: Claims() for job in self.jobs}
+        # Instances whose presence this sidecar saw deleted (a clean exit), until it
+        # is written again.
+        self.stopped: set[str] = set()
 
     def begin(self) -> None:
         """Follow and judge each job, in tasks that end with the sidecar."""
+        self.ctx.fleet.removal_listeners.append(self.removed)
+        self.ctx.fleet.key_listeners.append(self.changed)
         for job in self.jobs:
             self.ctx.tasks.spawn(self._follow(job))
             self.ctx.tasks.spawn(self._judge(job))
+
+    def removed(self, removal: Removal) -> None:
+        if removal.key.startswith(PRESENCE) and removal.how == DELETED:
+            self.stopped.add(removal.key[len(PRESENCE) :])
+
+    def changed(self, key: str) -> None:
+        if key.startswith(PRESENCE) and key in self.ctx.fleet.view.keys:
+            self.stopped.discard(key[len(PRESENCE) :])
 
     def on_claim(self, name: str, data: bytes) -> None:
         seen = claim_of(data, name)
         if seen is None:
             return
         if not self.claims[name].slots:  # the job has something to say from now on
-            self.ctx.metrics.every_slots_missed_total.add(name)
+            self.ctx.metrics.every_slots_missed_total.add(name, AWAY)
         self.claims[name].add(seen)
 
     async def _follow(self, job: JobConfig) -> None:
@@ -146,11 +169,14 @@ class EveryMissed:
         """Count and say the instances that missed `slot`; returns them."""
         gone = self.claims[job.name].missed_at(slot, now_ms, max_late_ms)
         for instance in gone:
-            self.ctx.metrics.every_slots_missed_total.labels(job=job.name).inc()
-            log.warning(
-                "job %s: instance %s missed slot %s (no claim of it within max_late: it was away)",
+            reason = STOPPED if instance in self.stopped else AWAY
+            self.ctx.metrics.every_slots_missed_total.labels(job=job.name, reason=reason).inc()
+            log.log(
+                logging.INFO if reason == STOPPED else logging.WARNING,
+                "job %s: instance %s missed slot %s (no claim of it within max_late: %s)",
                 job.name,
                 instance,
                 rfc3339(slot / 1000),
+                "it had exited cleanly" if reason == STOPPED else "it was away",
             )
         return gone

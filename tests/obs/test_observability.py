@@ -87,7 +87,7 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     # jobs[].concurrency (issue 50 item 3, docs/METRICS.md).
     "anarchon_concurrency_slots_held": ("gauge", frozenset({"job"})),
     # run_on: every and after (issue 50, docs/METRICS.md).
-    "anarchon_every_slots_missed_total": ("counter", frozenset({"job"})),
+    "anarchon_every_slots_missed_total": ("counter", frozenset({"job", "reason"})),
     "anarchon_chain_links_total": ("counter", frozenset({"job", "outcome"})),
     # Telling people (issue 29): pings, notifications, pause_after, expect.
     "anarchon_pings_total": ("counter", frozenset({"job", "kind", "outcome"})),
@@ -121,6 +121,8 @@ SPEC_LABEL_VALUES = {
         "skip",
         "max_runs",
         "concurrency",
+        "away",
+        "stopped",
     },
     "status": {"succeeded", "failed", "skipped", "lost"},
     "what": {
@@ -161,6 +163,7 @@ REASONS = {
         "concurrency",
     },
     "anarchon_attempts_due_total": {"retry", "lost"},
+    "anarchon_every_slots_missed_total": {"away", "stopped"},
 }
 # Per-job series that a healthy job running every second never makes (issue 49:
 # a job's series exist once it has something to say). The end-to-end test runs

@@ -31,6 +31,8 @@ ONE = "/jobs/one"
 PERIOD_MS = 2000
 MAX_LATE_MS = 5000
 MISSED = "anarchon_every_slots_missed_total"
+AWAY = {"job": "every", "reason": "away"}
+STOPPED = {"job": "every", "reason": "stopped"}
 
 
 def every_job(**extra: Any) -> dict[str, Any]:
@@ -144,7 +146,7 @@ def test_three_sidecars_run_each_slot_once_each_and_show_what_one_missed(
             what="three slots run on all three instances",
         )
         # The series an alert counts with increase() exists at 0 while none is missed.
-        assert procs[0].metric(MISSED, {"job": "every"}) == 0
+        assert procs[0].metric(MISSED, AWAY) == 0
         # Restart c with kill -9 right after it ran a slot: its catch-up claims that slot
         # again under its own id, finds it stored, and does not run it a second time.
         ran = len(slots_of(c, EVERY))
@@ -179,20 +181,44 @@ def test_three_sidecars_run_each_slot_once_each_and_show_what_one_missed(
         history = cli_json(tmp_path, config, "history", "every", "--limit", "500")
         missed_c = {r["slot"] for r in history if r["status"] == "missed" and r["instance"] == "c"}
         assert away <= missed_c, (away, missed_c)
-        # ... and in the metric an alert reads: each live sidecar counts c's misses
-        # (docs/METRICS.md, anarchon_every_slots_missed_total), and names c in its log.
+        # ... and in the metric: each live sidecar counts c's misses (docs/METRICS.md,
+        # anarchon_every_slots_missed_total), as stopped: c exited cleanly (SIGTERM
+        # deleted its presence), which the alert leaves alone (a rollout does that).
         for live in procs[:2]:
             wait_for(
-                lambda live=live: (live.metric(MISSED, {"job": "every"}) or 0) >= len(away),
+                lambda live=live: (live.metric(MISSED, STOPPED) or 0) >= len(away),
                 10,
                 what=f"{live.name} counting c's missed slots",
             )
+            assert live.metric(MISSED, AWAY) == 0
             assert f"job every: instance c missed slot {iso(min(away))}" in live.log()
             assert "instance a missed" not in live.log() and "instance b missed" not in live.log()
         sidecar_c.start().wait_ready()
         wait_for(lambda: max(slots_of(c, EVERY)) > max(away), 15, what="c back")
         # c, started after those windows closed, does not count them again.
-        wait_for(lambda: sidecar_c.metric(MISSED, {"job": "every"}) == 0, 10, what="c's series")
+        wait_for(lambda: sidecar_c.metric(MISSED, AWAY) == 0, 10, what="c's series")
+        assert sidecar_c.metric(MISSED, STOPPED) is None
+        # b killed (-9) for a few slots: away (its presence expires, nobody deleted
+        # it), what AnarchonEveryInstanceMissedSlot pages for; a and c count them.
+        b, sidecar_b = apps[1], procs[1]
+        # The slot after its last may have been claimed before the kill: not counted.
+        killed_after = max(slots_of(b, EVERY)) + PERIOD_MS
+        sidecar_b.kill()
+        wait_for(
+            lambda: len([s for s in slots_of(a, EVERY) if s > killed_after]) >= 3,
+            20,
+            what="three slots while b is dead",
+        )
+        dead = {s for s in slots_of(a, EVERY) if s > killed_after}
+        for live in (procs[0], sidecar_c):
+            wait_for(
+                lambda live=live: (live.metric(MISSED, AWAY) or 0) >= len(dead),
+                15,
+                what=f"{live.name} counting b's missed slots as away",
+            )
+            assert f"job every: instance b missed slot {iso(min(dead))}" in live.log()
+        sidecar_b.start().wait_ready()
+        wait_for(lambda: max(slots_of(b, EVERY)) > max(dead), 15, what="b back")
     # Exactly once per instance per slot, and the history holds one run per
     # instance and slot that the instance's app got; missed only what it did not get.
     history = cli_json(tmp_path, config, "history", "every", "--limit", "1000")
