@@ -57,6 +57,7 @@ SETTLE = 1.0
 # anarchon_every_slots_missed_total's reasons (module doc).
 STOPPED, AWAY = "stopped", "away"
 PRESENCE = instance_key("")
+STOPPED_KEEP = 1000
 # A sidecar suspended for long judges the slots of this last stretch only.
 BEHIND = 3600.0
 
@@ -102,8 +103,8 @@ class EveryMissed:
         self.jobs = [job for job in ctx.config.jobs if job.run_on == EVERY]
         self.claims: dict[str, Claims] = {job.name: Claims() for job in self.jobs}
         # Instances whose presence this sidecar saw deleted (a clean exit), until it
-        # is written again.
-        self.stopped: set[str] = set()
+        # is written again; the newest STOPPED_KEEP (each rollout adds its old ids).
+        self.stopped: dict[str, None] = {}
 
     def begin(self) -> None:
         """Follow and judge each job, in tasks that end with the sidecar."""
@@ -115,11 +116,13 @@ class EveryMissed:
 
     def removed(self, removal: Removal) -> None:
         if removal.key.startswith(PRESENCE) and removal.how == DELETED:
-            self.stopped.add(removal.key[len(PRESENCE) :])
+            self.stopped[removal.key[len(PRESENCE) :]] = None
+            if len(self.stopped) > STOPPED_KEEP:
+                del self.stopped[next(iter(self.stopped))]
 
     def changed(self, key: str) -> None:
         if key.startswith(PRESENCE) and key in self.ctx.fleet.view.keys:
-            self.stopped.discard(key[len(PRESENCE) :])
+            self.stopped.pop(key[len(PRESENCE) :], None)
 
     def on_claim(self, name: str, data: bytes) -> None:
         seen = claim_of(data, name)

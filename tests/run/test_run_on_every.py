@@ -107,6 +107,29 @@ def test_a_live_sidecar_judges_a_slot_missed_by_the_rule_of_history() -> None:
     assert claim_of(body, "other") is None and claim_of(b"[", "every") is None
 
 
+def test_an_instance_seen_leaving_cleanly_counts_as_stopped_until_it_is_back() -> None:
+    from types import SimpleNamespace
+
+    from sidecar.run.everymissed import STOPPED_KEEP, EveryMissed
+    from sidecar.store.state import DELETED, EXPIRED, Entry, Removal
+
+    keys: dict[str, Entry] = {}
+    ctx: Any = SimpleNamespace(
+        config=SimpleNamespace(jobs=[]), fleet=SimpleNamespace(view=SimpleNamespace(keys=keys))
+    )
+    judge = EveryMissed(ctx)
+    judge.removed(Removal("instance.c", Entry({}, 1), DELETED, None))  # SIGTERM: deleted
+    judge.removed(Removal("instance.b", Entry({}, 2), EXPIRED, None))  # killed: expired
+    judge.removed(Removal("paused.c", Entry({}, 3), DELETED, None))
+    assert list(judge.stopped) == ["c"]
+    keys["instance.c"] = Entry({}, 4)
+    judge.changed("instance.c")  # back
+    assert not judge.stopped
+    for i in range(STOPPED_KEEP + 3):  # bounded: each rollout adds its old ids
+        judge.removed(Removal(f"instance.p{i}", Entry({}, 5 + i), DELETED, None))
+    assert len(judge.stopped) == STOPPED_KEEP and "p0" not in judge.stopped
+
+
 @pytest.fixture
 def apps() -> Iterator[list[Receiver]]:
     gens = [receiver() for _ in range(3)]
