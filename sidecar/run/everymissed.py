@@ -58,6 +58,8 @@ SETTLE = 1.0
 STOPPED, AWAY = "stopped", "away"
 PRESENCE = instance_key("")
 STOPPED_KEEP = 1000
+# A claim of a slot further ahead than this is not taken (on_claim).
+AHEAD_MS = 300_000
 # A sidecar suspended for long judges the slots of this last stretch only.
 BEHIND = 3600.0
 
@@ -126,7 +128,9 @@ class EveryMissed:
 
     def on_claim(self, name: str, data: bytes) -> None:
         seen = claim_of(data, name)
-        if seen is None:
+        if seen is None or seen.slot > self.ctx.clock.wall_ms() + AHEAD_MS:
+            # No instance claims a slot before its time: one far ahead is forged
+            # (or its clock is far off), and kept it would push real slots out.
             return
         if not self.claims[name].slots:  # the job has something to say from now on
             self.ctx.metrics.every_slots_missed_total.add(name, AWAY)

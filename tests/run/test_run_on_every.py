@@ -130,6 +130,29 @@ def test_an_instance_seen_leaving_cleanly_counts_as_stopped_until_it_is_back() -
     assert len(judge.stopped) == STOPPED_KEEP and "p0" not in judge.stopped
 
 
+def test_a_claim_of_a_slot_far_ahead_is_not_taken() -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from sidecar.obs.metrics import Metrics
+    from sidecar.run.everymissed import AHEAD_MS, Claims, EveryMissed
+
+    now = 10**12
+    ctx: Any = SimpleNamespace(
+        config=SimpleNamespace(jobs=[]),
+        clock=SimpleNamespace(wall_ms=lambda: now),
+        metrics=Metrics(CollectorRegistry()),
+    )
+    judge = EveryMissed(ctx)
+    judge.claims["every"] = Claims()
+    body = '{"job":"every","slot":%d,"instance":"a","run_on":"every","token":"t"}'
+    judge.on_claim("every", (body % (now + AHEAD_MS + 1)).encode())
+    assert not judge.claims["every"].slots  # forged, or a clock far off
+    judge.on_claim("every", (body % now).encode())
+    assert judge.claims["every"].slots == {now: {"a"}}
+
+
 @pytest.fixture
 def apps() -> Iterator[list[Receiver]]:
     gens = [receiver() for _ in range(3)]
