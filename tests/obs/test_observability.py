@@ -86,6 +86,9 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_runs_buffered_total": ("counter", frozenset({"job"})),
     # jobs[].concurrency (issue 50 item 3, docs/METRICS.md).
     "anarchon_concurrency_slots_held": ("gauge", frozenset({"job"})),
+    # run_on: every and after (issue 50, docs/METRICS.md).
+    "anarchon_every_slots_missed_total": ("counter", frozenset({"job", "reason"})),
+    "anarchon_chain_links_total": ("counter", frozenset({"job", "outcome"})),
     # Telling people (issue 29): pings, notifications, pause_after, expect.
     "anarchon_pings_total": ("counter", frozenset({"job", "kind", "outcome"})),
     "anarchon_notifications_total": ("counter", frozenset({"event", "outcome"})),
@@ -118,6 +121,8 @@ SPEC_LABEL_VALUES = {
         "skip",
         "max_runs",
         "concurrency",
+        "away",
+        "stopped",
     },
     "status": {"succeeded", "failed", "skipped", "lost"},
     "what": {
@@ -158,6 +163,7 @@ REASONS = {
         "concurrency",
     },
     "anarchon_attempts_due_total": {"retry", "lost"},
+    "anarchon_every_slots_missed_total": {"away", "stopped"},
 }
 # Per-job series that a healthy job running every second never makes (issue 49:
 # a job's series exist once it has something to say). The end-to-end test runs
@@ -181,6 +187,8 @@ MADE_ON_USE = {
     "anarchon_runs_anomalous_total",
     "anarchon_runs_overdue",
     "anarchon_concurrency_slots_held",
+    "anarchon_every_slots_missed_total",
+    "anarchon_chain_links_total",
     "anarchon_job_consecutive_failures",
     "anarchon_job_auto_paused",
 }
@@ -203,6 +211,7 @@ ALERTS = {
     "AnarchonRetriesExhausted",
     "AnarchonOverlapSkipsPersist",
     "AnarchonConcurrencySkipsPersist",
+    "AnarchonEveryInstanceMissedSlot",
     "AnarchonJobAutoPaused",
     "AnarchonRunOverdue",
     "AnarchonRunsAnomalous",
