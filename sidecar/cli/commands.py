@@ -15,7 +15,8 @@ import click
 
 from sidecar.admin import jobfilter
 from sidecar.cli import output
-from sidecar.cli.command import (
+from sidecar.cli.output import printable
+from sidecar.cli.shared import (
     EXIT_FAILED,
     EXIT_USAGE,
     Loaded,
@@ -36,7 +37,6 @@ from sidecar.cli.command import (
     unknown_job,
     who,
 )
-from sidecar.cli.output import printable
 from sidecar.config.load import JOB_NAME, JobConfig
 from sidecar.core.clock import Clock, parse_rfc3339
 from sidecar.core.errors import ConfigError, StreamNotFound, UnknownJob
@@ -67,7 +67,7 @@ def check(config_path: str | None, connect: bool, no_files: bool) -> None:
     Reads the files the config names as `run` does (exit 2 when `run` would
     refuse one); connects to nothing unless --connect is given.
     """
-    from sidecar.admin import streamops
+    from sidecar.ops import streamops
 
     ld = load(config_path, secrets=connect, every_file=not no_files)
     say(output.check_lines(ld.config, Clock().wall_ms()))
@@ -83,7 +83,7 @@ def check(config_path: str | None, connect: bool, no_files: bool) -> None:
 
 def read_runs(ld: Loaded, job: str) -> list[Run] | None:
     """The runs of `job`, newest first; None when there is no stream yet (said on stderr)."""
-    from sidecar.admin import streamops
+    from sidecar.ops import streamops
 
     config = ld.config
     try:
@@ -160,7 +160,7 @@ def last_run(job: str, config_path: str | None, as_json: bool) -> None:
 )
 def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
     """Claim a manual run of JOB, trigger it from here and record it; exit 0 or 1."""
-    from sidecar.admin import streamops
+    from sidecar.ops import streamops
 
     ld, spec = any_job(load(config_path), job)
     fleet_once(spec, "run-now")
@@ -186,7 +186,7 @@ def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
 @click.option("--yes", is_flag=True, help="With --lower: do not ask.")
 def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> None:
     """The stream's settings and state (and, with --lower, the one way to lower them)."""
-    from sidecar.admin import streamops
+    from sidecar.ops import streamops
 
     ld = load(config_path)
     if lower:
@@ -212,7 +212,7 @@ def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> No
 
 def _lower(ld: Loaded, yes: bool) -> None:
     """`stream --lower`: say what lowering deletes, ask, then lower (one connection)."""
-    from sidecar.admin import streamops
+    from sidecar.ops import streamops
 
     refused: list[str] = []
 
@@ -258,7 +258,7 @@ def pause(
 ) -> None:
     """Pause JOB on every sidecar until `resume` or --until; a pause in force is kept
     (--force replaces)."""
-    from sidecar.admin import streamops
+    from sidecar.ops import streamops
 
     ld, _ = any_job(load(config_path), job)
     until = _until(until_text)
@@ -276,21 +276,21 @@ def pause(
 
 def _instant(option: str, text: str, now: float) -> float:
     """--from/--to of backfill: RFC 3339 or a duration back from now, else exit 2."""
-    from sidecar.admin import skipops
+    from sidecar.config.instants import instant_of
 
     try:
-        return skipops.instant_of(text, now, back=True)
+        return instant_of(text, now, back=True)
     except ValueError as exc:
         fail(EXIT_USAGE, f"{option}: {exc}")
 
 
 def _until(text: str | None) -> float | None:
-    from sidecar.admin import skipops
+    from sidecar.config.instants import until_of
 
     if text is None:
         return None
     try:
-        return skipops.until_of(text, time.time())
+        return until_of(text, time.time())
     except ValueError as exc:
         fail(EXIT_USAGE, f"--until: {exc}")
 
@@ -310,7 +310,7 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
     The slots that fell during the pause are not run (not even by sidecars
     that were down and catch up on start), unless --catchup asks for them.
     """
-    from sidecar.admin import skipops, streamops
+    from sidecar.ops import skipops, streamops
 
     ld = load(config_path)
     spec = ld.config.job(job) if job in ld.config.job_names else _added_job(ld, job)
@@ -355,11 +355,11 @@ def _added_job(ld: Loaded, name: str) -> JobConfig | None:
 @reason_option("in history and the logs")
 def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
     """Skip the next COUNT runs of JOB on every replica (recorded skipped, reason skip)."""
-    from sidecar.admin import skipops
+    from sidecar.admin import skipwrite
 
     ld, spec = any_job(load(config_path), job)
     try:
-        added, left = call(skipops.skip(ld.config, ld.secrets, spec, count, who(), reason))
+        added, left = call(skipwrite.skip(ld.config, ld.secrets, spec, count, who(), reason))
     except ValueError as exc:  # e.g. fewer runs left before the year 10000
         fail(EXIT_USAGE, f"--count: {exc}")
     say(output.skipping(spec, added, left, config_path))
@@ -370,7 +370,7 @@ def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
 @config_option
 def unskip(job: str, config_path: str | None) -> None:
     """Cancel the skips of JOB still ahead; exit 1 when there were none."""
-    from sidecar.admin import skipops
+    from sidecar.ops import skipops
 
     ld, _ = any_job(load(config_path), job)
     left = call(skipops.unskip(ld.config, ld.secrets, job))
@@ -410,7 +410,7 @@ def backfill(
     Any healthy replica takes each slot, one at a time, with its own claim id
     (<job>:<slot>:b) and trigger backfill; at most 1000 slots.
     """
-    from sidecar.admin import skipops
+    from sidecar.ops import skipops
 
     ld, spec = any_job(load(config_path), job)
     if cancel:
@@ -443,10 +443,11 @@ def _queue_backfill(
     again: bool = False,
 ) -> None:
 
-    from sidecar.admin import skipops
+    from sidecar.ops import skipops
+    from sidecar.when.backfillrange import backfill_slots
 
     try:
-        slots = skipops.backfill_slots(job, start, end)
+        slots = backfill_slots(job.schedule, start, end)
     except ValueError as exc:
         fail(EXIT_USAGE, f"{job.name}: {exc}")
     try:
@@ -487,7 +488,8 @@ def at_command(
     job's jitter, with claim id <job>:<ms>:at and trigger `at`; not retried.
     --list shows those pending, --cancel TIME|all drops them.
     """
-    from sidecar.admin import atops
+    from sidecar.admin import atacts
+    from sidecar.ops import atops
 
     ld, spec = any_job(load(config_path), job)
     if sum((time_text is not None, listing, cancel_text is not None)) != 1:
@@ -513,10 +515,10 @@ def at_command(
             say(output.at_lines(spec, gone, "cancelled"))
         if not gone:
             if late:
-                fail(EXIT_FAILED, atops.too_late(job, late))
-            fail(EXIT_FAILED, atops.nothing_to_cancel(job, cancel_text))
+                fail(EXIT_FAILED, atacts.too_late(job, late))
+            fail(EXIT_FAILED, atacts.nothing_to_cancel(job, cancel_text))
         if late:
-            note(atops.too_late(job, late))
+            note(atacts.too_late(job, late))
         return
     assert time_text is not None
     now = time.time()
@@ -535,10 +537,10 @@ def at_command(
 
 def _at_slot(option: str, text: str, now: float) -> int:
     """TIME of `at`: RFC 3339 or a duration from now, as epoch ms; else exit 2."""
-    from sidecar.admin import skipops
+    from sidecar.config.instants import instant_of
 
     try:
-        return round(skipops.instant_of(text, now) * 1000)
+        return round(instant_of(text, now) * 1000)
     except ValueError as exc:
         fail(EXIT_USAGE, f"{option}: {exc}")
 
@@ -559,7 +561,7 @@ def _at_slot(option: str, text: str, now: float) -> int:
     type=Whole(min=0),
     default=jobfilter.DEFAULT_LIMIT,
     show_default=True,
-    help="At most this many jobs, in name order (0: every one).",
+    help="At most this many jobs, in the order they are listed (0: every one).",
 )
 @click.option("--after", metavar="JOB", default=None, help="Go on after this job name.")
 def status(
@@ -573,8 +575,8 @@ def status(
     """The fleet at a glance: live instances, paused jobs, last runs, config mismatches.
 
     With many jobs: --job GLOB and --problems pick, --limit and --after page."""
-    from sidecar.admin import streamops
     from sidecar.cli import status_text
+    from sidecar.ops import streamops
 
     for glob in globs:
         try:

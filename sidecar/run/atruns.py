@@ -10,7 +10,7 @@ claimed), and claims ``<job>:<ms>:at`` with trigger ``at``: the duplicate
 window makes exactly one sidecar win, whichever of them are alive then. A
 sidecar that cannot read or mark the key (NATS away) does not claim: a cancel
 it cannot see must not be overtaken. The winner runs it like any
-won slot (lease, trigger, record; sidecar/run/job.py); the claim's deciders drop
+won slot (lease, trigger, record; sidecar/run/job_loop.py); the claim's deciders drop
 the entry from the key. A one-off is not retried and not rerun when lost (as
 ``run-now``): its instant is not a slot of the schedule, and a retry's due
 key names a slot of the schedule (sidecar/run/duecheck.py).
@@ -44,9 +44,9 @@ if TYPE_CHECKING:
     from sidecar.run.context import Context
     from sidecar.run.skips import Unclaimed
 
-log = logging.getLogger("sidecar.atruns")
+log = logging.getLogger(__name__)
 
-#: ``start(job, claim, start)``: run a won claim (sidecar/run/job.py ``_start_run``).
+#: ``start(job, claim, start)``: run a won claim (sidecar/run/job_loop.py ``_start_run``).
 Start = Callable[["JobConfig", "Claim", float], Any]
 
 

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from sidecar.run.context import Context
     from sidecar.run.lostruns import LostRuns
 
-log = logging.getLogger("sidecar.claimwindow")
+log = logging.getLogger(__name__)
 
 # A winner's presence must stay away this long (two renewals and a margin)
 # before it is taken for dead: a presence that expired while the bucket had no

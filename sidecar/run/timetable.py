@@ -66,7 +66,7 @@ class Walk:
 
 class Timetable:
     """The walks of one sidecar's jobs, on one timer. What a slot goes through is
-    the caller's (sidecar/run/job.py): `attempt` it, skip it `late` (the slot to
+    the caller's (sidecar/run/job_loop.py): `attempt` it, skip it `late` (the slot to
     go on from), why it is `over` (end_at, max_runs; None: it may run), the
     job's `catch_up`."""
 

@@ -59,6 +59,7 @@ RECORDED = (
     "Instance",
     "Scheduled-At",
     "Trigger",
+    "After-Run",
 )
 
 
@@ -336,10 +337,16 @@ class Apps:
         loop.close()
 
 
-def job_configs(max_late: str, candidates: int = 0) -> list[dict[str, Any]]:
-    """Two jobs: `tick` every second, and `lease` every 2 s whose app takes 2 s (leases).
+# The run_on: every job and the job run after `lease` (job_configs).
+EVERY_JOB = "each"
+CHAINED_JOB = "then"
 
-    With `candidates` (``NEMESIS_CANDIDATES``), both claim with ``claim.candidates``.
+
+def job_configs(max_late: str, candidates: int = 0) -> list[dict[str, Any]]:
+    """`tick` every second, `lease` every 2 s whose app takes 2 s (leases), `each` on
+    every sidecar every 2 s (run_on: every), `then` after each final run of `lease`.
+
+    With `candidates` (``NEMESIS_CANDIDATES``), tick and lease claim with ``claim.candidates``.
     """
     claim = {"claim": {"candidates": candidates, "fallback": "1s"}} if candidates else {}
     jobs = [
@@ -353,7 +360,30 @@ def job_configs(max_late: str, candidates: int = 0) -> list[dict[str, Any]]:
             "on_lost": "rerun",
         },
     ]
-    return [{**job, **claim} for job in jobs]
+    jobs = [{**job, **claim} for job in jobs]
+    # Issue 50's kinds, checked by check_every and check_chain (checker.py): `each`
+    # runs every slot on every sidecar, `then` once per final run of `lease`
+    # (retried and rerun after a loss: it must still follow each slot once).
+    # Neither takes claim.candidates (run_on: every refuses it; a chain has no slot).
+    jobs.append(
+        {
+            "name": EVERY_JOB,
+            "schedule": "*/2 * * * * *",
+            "run_on": "every",
+            "catchup": "all",
+            "jitter": "300ms",
+            "max_late": max_late,
+        }
+    )
+    jobs.append(
+        {
+            "name": CHAINED_JOB,
+            "after": {"job": "lease", "on": "always"},
+            "jitter": "300ms",
+            "max_late": max_late,
+        }
+    )
+    return jobs
 
 
 LEASE_APP_DELAY = 2.0

@@ -15,7 +15,8 @@ import click
 
 from sidecar.admin import bucket_jobs
 from sidecar.cli import output
-from sidecar.cli.command import (
+from sidecar.cli.output import printable, table
+from sidecar.cli.shared import (
     EXIT_FAILED,
     EXIT_USAGE,
     Loaded,
@@ -29,7 +30,6 @@ from sidecar.cli.command import (
     say,
     who,
 )
-from sidecar.cli.output import printable, table
 from sidecar.core.errors import ConfigError
 
 
@@ -105,7 +105,7 @@ def import_jobs(file: str, config_path: str | None, as_json: bool) -> None:
     written. Exit 0 when every job is there as FILE says; 1 when one was refused
     (held by another id, or bucket_jobs.max_jobs reached).
     """
-    from sidecar.admin import jobimport
+    from sidecar.ops import jobimport
 
     ld = load(config_path)
     try:
