@@ -224,6 +224,10 @@ class BucketJobs:
 
     def __init__(self, config: Config, metrics: Metrics, fleet: Fleet) -> None:
         self.config = config
+        # The config as the file made it, never given the bucket's jobs: a job key is
+        # judged against it (the file's names, the stream's history size) in a time
+        # that does not grow with the bucket's jobs.
+        self.file_config = dataclasses.replace(config)
         self.metrics = metrics
         self.fleet = fleet
         self.file_jobs = config.jobs
@@ -271,7 +275,7 @@ class BucketJobs:
 
     def listing(self) -> list[dict[str, Any]]:
         """Every job key of the bucket with its state, as ``status --json`` lists them."""
-        return listing(self.config, self.fleet.view, self.file_names)
+        return listing(self.file_config, self.fleet.view, self.file_names)
 
     # ------------------------------------------------------------------ following the view
 
@@ -310,7 +314,7 @@ class BucketJobs:
                     log.exception("job %s of the state bucket: taking up its change failed", name)
                 if loop.time() - began > SLICE:
                     # Thousands of keys at once: the file's jobs' slots come first.
-                    self._flush()
+                    # The batch is not started yet: nothing of it runs meanwhile.
                     await asyncio.sleep(0)
                     began = loop.time()
             self._flush()
@@ -358,7 +362,7 @@ class BucketJobs:
             )
         else:
             try:
-                spec = judge(self.config, key, entry.value)
+                spec = judge(self.file_config, key, entry.value)
             except ConfigError as exc:
                 self._hostile(key, str(exc))
         self._judged[name] = (entry.revision, spec)
@@ -477,8 +481,8 @@ class BucketJobs:
 
     def _register(self, batch: list[JobConfig]) -> None:
         """Make the jobs of `batch` this sidecar's jobs for everything that looks jobs
-        up by name. One pass for the batch: 10,000 keys taken up one copy of the set
-        each took 47 s; a batch at a time, each set is rebuilt once per batch."""
+        up by name. One pass for the batch (a round of the take-up): 10,000 keys
+        taken up with a copy of the set each took 47 s."""
         assert self.jobs is not None
         if not batch:
             return
