@@ -164,7 +164,9 @@ class Daemon:
             )
             self.guard.on_domain.append(lambda domain: _expect_domain(claimer, domain))
             signer = signer_of(self.config, self.secrets)
-            async with Trigger(signer, self.clock, self.config.instance_id) as trigger:
+            async with Trigger(
+                signer, self.clock, self.config.instance_id, self.config.target.max_in_flight
+            ) as trigger:
                 # What every part of a job's life needs, made once (sidecar/run/context.py).
                 ctx = Context.build(
                     self.config,

@@ -328,7 +328,12 @@ def _parse_target(data: object) -> TargetConfig:
         signing_secret_next_file=sec.text("signing_secret_next_file", None),
         signing_v1=sec.get("signing_v1", True, boolean),
         allow_remote=allow_remote,
+        max_in_flight=sec.integer("max_in_flight", 256, 1, MAX_IN_FLIGHT),
     )
+
+
+# target.max_in_flight at most: connections one process may hold open at once.
+MAX_IN_FLIGHT = 10_000
 
 
 def load_config(path: str | None, env: Mapping[str, str]) -> Config:

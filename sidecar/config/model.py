@@ -153,6 +153,9 @@ class TargetConfig(_Addressed):
     signing_secret_next_file: str | None = None
     signing_v1: bool = True
     allow_remote: bool = False
+    # At most this many trigger requests in flight at once from this sidecar to
+    # its app (a burst of due jobs waits its turn, up to slot + max_late).
+    max_in_flight: int = 256
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

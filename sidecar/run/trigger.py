@@ -227,10 +227,16 @@ async def read_answer(reader: asyncio.StreamReader, conn: h11.Connection) -> Ans
 class Trigger:
     """Sends trigger requests to the app; use as ``async with Trigger(...)``."""
 
-    def __init__(self, signer: Signer | None, clock: Clock, instance: str = "") -> None:
+    def __init__(
+        self, signer: Signer | None, clock: Clock, instance: str = "", max_in_flight: int = 0
+    ) -> None:
         self.signer = signer
         self.clock = clock
         self.instance = instance
+        # target.max_in_flight (docs/CONFIG.md): 10,000 jobs due at one instant must
+        # not open 10,000 connections to the app. 0: no bound (a one-shot command).
+        self.max_in_flight = max_in_flight
+        self._gate = asyncio.Semaphore(max_in_flight) if max_in_flight > 0 else None
 
     async def __aenter__(self) -> Trigger:
         return self
@@ -326,7 +332,12 @@ class Trigger:
         while True:
             delivery_tries += 1
             try:
-                answer = await self._send(job, slot, token, attempt, fence, send_by, why)
+                await self._enter(send_by)
+                try:
+                    answer = await self._send(job, slot, token, attempt, fence, send_by, why)
+                finally:
+                    if self._gate is not None:
+                        self._gate.release()
             except TriggerLate as exc:
                 return self._result(started_at, t0, None, str(exc), delivery_tries, late=True)
             except TriggerUndelivered as exc:
@@ -393,6 +404,27 @@ class Trigger:
             answer=answer.body if answer is not None else b"",
             content_type=answer.content_type if answer is not None else None,
         )
+
+    async def _enter(self, send_by: float | None) -> None:
+        """A place among the requests in flight (``max_in_flight``), waited for up to
+        `send_by`; TriggerLate when none was free by then."""
+        if self._gate is None:
+            return
+        if send_by is None:
+            await self._gate.acquire()
+            return
+        self._too_late(send_by)
+        if not self._gate.locked():
+            await self._gate.acquire()
+            return
+        try:
+            async with asyncio.timeout(send_by - self.clock.monotonic()):
+                await self._gate.acquire()
+        except TimeoutError:
+            raise TriggerLate(
+                f"late: not sent, {self.max_in_flight} requests to the app still in flight "
+                "(target.max_in_flight) at slot + max_late"
+            ) from None
 
     def _too_late(self, send_by: float | None) -> None:
         """TriggerLate when the last instant the request could go out has passed."""
