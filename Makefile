@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all install test lint typecheck prometheus verifiers git-tool netns-tools chromium helm oldest-python rules unit demo bench bench.scale bench-year reliability nemesis e2e hosts clean
+.PHONY: all install test lint typecheck prometheus verifiers git-tool netns-tools chromium helm oldest-python rules unit demo bench bench.scale bench.jobs bench-year reliability nemesis e2e hosts clean
 
 all: test
 
@@ -135,6 +135,14 @@ bench.scale: $(STAMP)
 	$(BIN)/pip install --quiet 'matplotlib>=3.8'
 	$(BIN)/python -m bench.scale $(BENCH_SCALE_ARGS)
 	$(BIN)/python -m bench.report --write
+
+# 100,000 jobs (docs/PERFORMANCE.md, "100,000 jobs"): one sidecar with 1,000,
+# 10,000 and 100,000 jobs of the state bucket, none due (time to ready and to
+# take them up, RSS against the floor, idle CPU, /metrics), and /metrics with
+# that many jobs that ran. About 10 minutes on 2 cores; not in make test.
+bench.jobs: $(STAMP)
+	$(BIN)/python -m bench.jobs_scale
+	$(BIN)/python -m bench.metrics_size --jobs 1000,10000,100000
 
 # A year of history (docs/PERFORMANCE.md): the stream filled to 1,000 jobs x
 # 1,000 runs (two million messages) and the state bucket over 100,000 leased

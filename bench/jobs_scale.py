@@ -66,7 +66,15 @@ def config(server: NatsServer, jobs: int) -> dict[str, Any]:
 
 
 async def fill(server: NatsServer, cfg: dict[str, Any], jobs: int) -> float:
-    """The bucket made as a sidecar makes it, emptied, then `jobs` job keys written."""
+    """The bucket made as a sidecar makes it, emptied, then `jobs` job keys written,
+    none due for hours."""
+    return await fill_with(server, cfg, jobs, None)
+
+
+async def fill_with(
+    server: NatsServer, cfg: dict[str, Any], jobs: int, same: dict[str, Any] | None
+) -> float:
+    """As ``fill``; `same`: settings every job has (bench/burst.py: one instant)."""
     parsed = parse_config(cfg, {})
     nc = await nats.connect(server.url)
     try:
@@ -86,6 +94,7 @@ async def fill(server: NatsServer, cfg: dict[str, Any], jobs: int) -> float:
                         "schedule": schedule(i),
                         "timezone": ZONES[i % len(ZONES)],
                         "request": {"path": f"/tenants/{i}/sync"},
+                        **(same or {}),
                     }
                 ).encode(),
             )
@@ -98,12 +107,13 @@ async def fill(server: NatsServer, cfg: dict[str, Any], jobs: int) -> float:
         await nc.close()
 
 
-async def taken_up(server: NatsServer, bucket: str) -> int:
+async def taken_up(server: NatsServer, bucket: str, instance: str = "scale-1") -> int:
+    """How many jobs of the bucket `instance`'s presence says it runs (-1: none yet)."""
     nc = await nats.connect(server.url)
     try:
         kv = await nc.jetstream().key_value(bucket)
         try:
-            entry = await kv.get("instance.scale-1")
+            entry = await kv.get(f"instance.{instance}")
         except Exception:  # not written yet
             return -1
         value = json.loads(entry.value or b"{}")

@@ -1,0 +1,132 @@
+"""A burst at one instant (issue 49): 10,000 jobs due at the same second on three
+sidecars.
+
+``python -m bench.burst [JOBS]`` (``make bench.jobs``). Real processes: a
+nats-server, three sidecars of the runtime-only venv, the bench app
+(``bench.app``) noting when each trigger arrives. JOBS jobs of the state bucket
+(default 10,000), every one due once at the same instant T (``S M H * * *``,
+``jitter: 0``), are written before the sidecars start; once every sidecar runs
+them all, T comes. Then: every slot ran once (doubles and misses counted from
+the app's records), the time from T to the first, median and last trigger, and
+the claims per second per sidecar (JOBS claims each, over T to the last
+trigger) against the raw nats-py publisher (``bench.raw_publish``: claims with
+message ids, 100 at a time, flat out) on the same server in the same run.
+
+Writes ``bench/results/burst.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+from bench import runtime
+from bench.common import machine, nats_server, workdir, write_result
+from bench.fleet import App
+from bench.jobs_scale import fill_with, taken_up
+from sidecar.config.load import parse_config
+from sidecar.store.state import state_spec
+from tests.support import ROOT, sidecar_env
+
+JOBS = 10_000
+SIDECARS = 3
+# From the last sidecar's take-up to T: the fleet settles.
+LEAD = 10.0
+
+
+def main() -> None:
+    jobs = int(sys.argv[1]) if len(sys.argv) > 1 else JOBS
+    runtime.ensure()
+    result: dict[str, Any] = {"jobs": jobs, "sidecars": SIDECARS}
+    with workdir("burst") as work, nats_server(work) as server:
+        app = App()
+        procs = []
+        try:
+            config: dict[str, Any] = {
+                "nats": {"servers": [server.url]},
+                "target": {"url": app.url},
+                "bucket_jobs": {"max_jobs": jobs},
+                "jobs": [{"name": "keep", "schedule": "0 0 1 1 *"}],
+            }
+            # T: far enough ahead for the take-up (about 3 s a sidecar for 10,000).
+            t = int(time.time()) + 60 + jobs // 1000
+            at = datetime.fromtimestamp(t, UTC)
+            spec = {
+                "schedule": f"{at.second} {at.minute} {at.hour} * * *",
+                "timezone": "UTC",
+                "jitter": "0ms",
+            }
+            asyncio.run(fill_with(server, {**config, "instance_id": "x"}, jobs, spec))
+            bucket = state_spec(parse_config(config, {})).bucket
+            for i in range(SIDECARS):
+                cfg = {**config, "instance_id": f"b{i}"}
+                procs.append(runtime.RuntimeSidecar(work, f"b{i}", cfg, {}))
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.wait_ready(120)
+            for i in range(SIDECARS):
+                while asyncio.run(taken_up(server, bucket, f"b{i}")) < jobs:
+                    assert time.time() < t - LEAD, "not taken up before T"
+                    time.sleep(0.5)
+            while time.time() < t + 5:
+                time.sleep(0.5)
+            records: list[tuple[str, int, float]] = []
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                records += app.records()
+                if len({p for p, _, _ in records}) >= jobs:
+                    break
+                time.sleep(1)
+            records += app.records()
+        finally:
+            for p in procs:
+                p.terminate(60)
+            app.stop()
+        raw = subprocess.run(
+            [runtime.python(), "-m", "bench.raw_publish", server.url, "100", "5"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=sidecar_env(),
+            check=True,
+        )
+        raw_rate = json.loads(raw.stdout)["publishes"] / json.loads(raw.stdout)["seconds"]
+    per_path = Counter(p for p, _, _ in records)
+    arrivals = sorted(a - t for _, _, a in records)
+    last = arrivals[-1] if arrivals else float("nan")
+    rate = jobs / last if arrivals else 0.0
+    result.update(
+        {
+            "ran": len(per_path),
+            "doubles": sum(n - 1 for n in per_path.values() if n > 1),
+            "missed": jobs - len(per_path),
+            "first_s": arrivals[0] if arrivals else None,
+            "median_s": statistics.median(arrivals) if arrivals else None,
+            "last_s": last,
+            "claims_per_s_per_sidecar": rate,
+            "raw_publishes_per_s": raw_rate,
+            "claim_rate_ratio_vs_raw": rate / raw_rate if raw_rate else None,
+            "machine": machine(),
+        }
+    )
+    print(
+        f"{jobs} jobs due at one instant on {SIDECARS} sidecars: ran {result['ran']}, "
+        f"doubles {result['doubles']}, missed {result['missed']}; first trigger "
+        f"{result['first_s']:.2f} s after the instant, median {result['median_s']:.2f} s, "
+        f"last {last:.2f} s; claims/s per sidecar {rate:.0f} = "
+        f"{result['claim_rate_ratio_vs_raw']:.2f}x the raw publisher's {raw_rate:.0f}",
+        flush=True,
+    )
+    write_result("burst", result)
+
+
+if __name__ == "__main__":
+    main()
