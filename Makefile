@@ -142,6 +142,7 @@ bench.scale: $(STAMP)
 # that many jobs that ran. About 10 minutes on 2 cores; not in make test.
 bench.jobs: $(STAMP)
 	$(BIN)/python -m bench.jobs_scale
+	$(BIN)/python -m bench.burst
 	$(BIN)/python -m bench.metrics_size --jobs 1000,10000,100000
 
 # A year of history (docs/PERFORMANCE.md): the stream filled to 1,000 jobs x

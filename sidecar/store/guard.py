@@ -75,6 +75,8 @@ class StreamGuard:
         # Per job: why the stream cannot hold its claims now (None: it can).
         # Empty until the first check: no job is claimed before it.
         self.uncovered: dict[str, str | None] = {}
+        # The stream's settings and the job set ``uncovered`` was judged for.
+        self._covered_for: tuple[tuple[object, ...], tuple[JobConfig, ...]] | None = None
 
     def not_ready(self) -> str | None:
         """Why the stream keeps the sidecar from being ready; None when it does not."""
@@ -235,6 +237,7 @@ class StreamGuard:
         if forget:
             self.stream_state = None
             self.uncovered = {}
+            self._covered_for = None
             self._set_covered()
 
     def _stream_up(self, state: StreamState) -> None:
@@ -259,7 +262,28 @@ class StreamGuard:
             if placement:
                 log.warning("%s; the sidecar does not move streams (nats stream edit)", placement)
             self._placement_said = placement
-        uncovered = coverage(state, self.spec, self.config.jobs)
+        # What ``covers`` reads of the stream, and the job set: unchanged since the
+        # last look (the usual case, every refresh), nothing is judged again: with
+        # 100,000 jobs that pass was most of an idle sidecar's CPU (issue 49).
+        jobs = self.config.jobs
+        key = (
+            state.name,
+            tuple(state.subjects),
+            state.duplicate_window,
+            state.max_age,
+            state.history_size,
+        )
+        if (
+            self._covered_for is not None
+            and self._covered_for[0] == key
+            and (self._covered_for[1] is jobs)
+        ):
+            self.stream_state = state
+            self.stream_ready = True
+            self._gauges(state)
+            return
+        uncovered = coverage(state, self.spec, jobs)
+        self._covered_for = (key, jobs)
         for job, why in uncovered.items():
             if why and why != self.uncovered.get(job):
                 log.error(
@@ -274,6 +298,9 @@ class StreamGuard:
         self.uncovered = uncovered
         self.stream_ready = True
         self._set_covered()
+        self._gauges(state)
+
+    def _gauges(self, state: StreamState) -> None:
         m = self.metrics
         m.stream_messages.set(state.messages)
         m.stream_bytes.set(state.bytes)
