@@ -32,8 +32,19 @@ the judging) creates its lease, so it also asks, when its claim-to-lease time
 was long (more than ``lease_ttl / 2``, half what any judge waits), whether
 its run was recorded lost, and does not run if it was (``judged_lost``).
 
-Only jobs with a run lease are judged here: the lock of ``overlap: skip``,
-``replace`` and ``buffer_one`` is the job's, not the run's (docs/GUARANTEES.md).
+Jobs whose runs hold ``lock.<job>`` (``overlap: skip``, ``replace``,
+``buffer_one``) are judged the same way, with these differences:
+
+* The run's lease is known when ``lock.<job>`` holds (or was seen holding) the
+  claim's token, or ``buffer.<job>`` keeps it; a slot its winner recorded
+  skipped has a result. A winner waiting for the lock (``replace``) keeps its
+  presence, so the lock's absence is never evidence by itself.
+* The judge's one-winner marker is still the run key's copy (the winner never
+  makes that key for its own run), so the winner, when its claim-to-lock time
+  was long (more than ``lease_ttl / 2``), creates that key itself with the
+  bucket's compare-and-set before its request (``lock_judged``): a judge's
+  copy there, or a lost record, and it does not run; its own marker shuts the
+  judges out (``covered_by``: its expiry is not judged, the lock's is).
 """
 
 from __future__ import annotations
@@ -48,9 +59,10 @@ from sidecar.core.clock import parse_rfc3339
 from sidecar.core.errors import KeyHeld
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key, run_key
-from sidecar.run.lease import JUDGED_BY, uses_lock
+from sidecar.run.lease import COVERED_BY, JUDGED_BY, uses_lock
 from sidecar.store.kv import until_answered
 from sidecar.store.state import EXPIRED, PRESENCE_RENEW, Entry, Removal
+from sidecar.when.attempts import lock_key
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -109,26 +121,32 @@ class ClaimWindow:
 
     def delivered(self, key: str) -> None:
         """The watch delivered `key` ("" after a re-read): wake who waits for it."""
-        if key.startswith("run."):
+        seen = key
+        if key.startswith(("lock.", "buffer.")):
+            # Which claim's run held it: a lock job's run lease (see the module doc).
+            entry = self.view.keys.get(key)
+            token = entry.value.get("token") if entry is not None else None
+            seen = f"{key}#{token}" if isinstance(token, str) else ""
+        if seen.startswith(("run.", "lock.", "buffer.")):
             now = self.clock.monotonic()
-            self._seen.pop(key, None)
-            self._seen[key] = now
+            self._seen.pop(seen, None)
+            self._seen[seen] = now
             horizon = now - self._keep
             while self._seen:
                 first = next(iter(self._seen))
                 if self._seen[first] >= horizon:
                     break
                 del self._seen[first]
-            self._pending.pop(key, None)
+            self._pending.pop(seen, None)
         for event in self._waiting.get(key, ()) if key else _every(self._waiting):
             event.set()
 
     def lost_claim(self, job: JobConfig, claim: Claim) -> None:
         """This sidecar lost `claim`: judge its winner unless its lease is known."""
-        if uses_lock(job) or claim.seq <= 0 or self.stopping.is_set() or self.keys() is None:
+        if claim.seq <= 0 or self.stopping.is_set() or self.keys() is None:
             return
         key = run_key(job.name, claim.slot, claim.attempt)
-        if key in self.view.keys or key in self._seen:
+        if self._known(job, claim.token, key):
             return
         self._pending[key] = (job, claim, self.clock.monotonic())
         if self._sweeper is None or self._sweeper.done():
@@ -143,9 +161,61 @@ class ClaimWindow:
                 await asyncio.sleep(min(wait, POLL))
                 continue
             del self._pending[key]
-            if key not in self.view.keys and key not in self._seen:
+            if not self._known(job, claim.token, key):
                 self.tasks.spawn(self._judge(job, claim, key, lost_at))
         self._pending.clear()  # stopping: nothing more is judged
+
+    def _known(self, job: JobConfig, token: str, key: str) -> bool:
+        """Whether the run's lease (or a marker of it) is in the view or was seen."""
+        if key in self.view.keys or key in self._seen:
+            return True
+        if not uses_lock(job):
+            return False
+        # buffer.<job>: a slot buffer_one kept (sidecar/run/overlap.py buffer_key).
+        for held in (lock_key(job.name), f"buffer.{job.name}"):
+            entry = self.view.keys.get(held)
+            if entry is not None and entry.value.get("token") == token:
+                return True
+            if f"{held}#{token}" in self._seen:
+                return True
+        return False
+
+    async def lock_judged(self, job: JobConfig, claim: Claim) -> bool:
+        """A lock job's winner, holding ``lock.<job>``: whether its run was judged
+        lost while it was away between its claim and its lock (see the module doc).
+        Asked only when that took long; True: it does not run."""
+        if claim.sent_at is None or self.clock.monotonic() - claim.sent_at <= self.ttl / 2:
+            return False
+        keys = self.keys()
+        key = run_key(job.name, claim.slot, claim.attempt)
+        if keys is not None:
+            value: dict[str, Any] = {
+                "job": job.name,
+                "slot": claim.slot,
+                "attempt": claim.attempt,
+                "token": claim.token,
+                "instance": self.instance,
+                "fence": claim.seq,
+                COVERED_BY: lock_key(job.name),
+            }
+            create = functools.partial(keys.create, key, value, self.ttl + COPY_EXTRA)
+            try:
+                await until_answered(
+                    f"marker {key}", create, self.clock, self.clock.monotonic() + self.ttl
+                )
+            except KeyHeld as held:
+                if held.value.get(JUDGED_BY) and held.value.get("token") == claim.token:
+                    log.error(
+                        "%s: %s judged this run lost before it took its lock; not run "
+                        "(on_lost says whether it runs again)",
+                        key,
+                        str(held.value.get(JUDGED_BY))[:100],
+                    )
+                    return True
+            except Exception as exc:  # unknown: the results say (a judge needs us gone)
+                log.warning("%s not made: %r", key, exc)
+        # A judge's copy that expired already: its lost record was stored before.
+        return await self.judged_lost(job, claim)
 
     async def judged_lost(self, job: JobConfig, claim: Claim) -> bool:
         """The winner's side: whether its run was recorded lost while it was away
@@ -248,7 +318,7 @@ class ClaimWindow:
                 log.info("job %s slot %s: its winner %s neither ran nor died", job.name,
                          claim.slot, runner[:100])  # fmt: skip
                 return None
-            if key in self.view.keys or key in self._seen:
+            if self._known(job, token, key):
                 return None  # its lease: the usual judging covers the run
             if now >= recheck:
                 recheck = now + RECHECK

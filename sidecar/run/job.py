@@ -482,6 +482,10 @@ class Jobs:
                     error = f"{lease.key} not taken: {exc!r}"
                     await self._end(job, claim, not_sent(claim, FAILED, error, self.clock.wall()))
                     return
+                # The lock held: judged lost while this sidecar was away before it
+                # took it (sidecar/run/claimwindow.py)? The lost record stands.
+                if await self.window.lock_judged(job, claim):
+                    return
             await self._limited(job, claim, deadline)
 
     async def _limited(self, job: JobConfig, claim: Claim, deadline: float) -> None:
