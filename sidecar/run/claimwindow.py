@@ -45,6 +45,10 @@ Jobs whose runs hold ``lock.<job>`` (``overlap: skip``, ``replace``,
   bucket's compare-and-set before its request (``lock_judged``): a judge's
   copy there, or a lost record, and it does not run; its own marker shuts the
   judges out (``covered_by``: its expiry is not judged, the lock's is).
+  Before it asks for the lock, such a winner also looks for a judge's copy or
+  the lost record (``judged_before_lock``): a stale winner must not take the
+  lock from the rerun, record the judged attempt ``skipped`` as well, keep it
+  in ``buffer.<job>`` or ask a live run to stop.
 """
 
 from __future__ import annotations
@@ -179,6 +183,27 @@ class ClaimWindow:
             if f"{held}#{token}" in self._seen:
                 return True
         return False
+
+    async def judged_before_lock(self, job: JobConfig, claim: Claim) -> bool:
+        """A lock job's winner, before it asks for ``lock.<job>``: whether its run was
+        judged lost already (a judge's copy in the view, or the lost record). Asked
+        only when its claim is old (more than ``lease_ttl / 2``); True: it neither
+        takes the lock, nor keeps or skips the slot, nor asks a run to stop: the
+        lost record (and its rerun) stands. Not atomic: ``lock_judged`` is."""
+        if claim.sent_at is None or self.clock.monotonic() - claim.sent_at <= self.ttl / 2:
+            return False
+        key = run_key(job.name, claim.slot, claim.attempt)
+        copy = self.view.keys.get(key)
+        value = copy.value if copy is not None else {}
+        if value.get(JUDGED_BY) and value.get("token") == claim.token:
+            log.error(
+                "%s: %s judged this run lost before it took its lock; not run "
+                "(on_lost says whether it runs again)",
+                key,
+                str(value.get(JUDGED_BY))[:100],
+            )
+            return True
+        return await self.judged_lost(job, claim)
 
     async def lock_judged(self, job: JobConfig, claim: Claim) -> bool:
         """A lock job's winner, holding ``lock.<job>``: whether its run was judged

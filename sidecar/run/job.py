@@ -445,6 +445,9 @@ class Jobs:
                         return
                     await self._limited(job, claim, deadline)
                     return
+                # Judged lost while this sidecar was away since its claim (claimwindow.py)?
+                if await self.window.judged_before_lock(job, claim):
+                    return
                 try:
                     await stack.enter_async_context(lease)
                 except KeyHeld as held:  # a run of the job is alive: nothing sent
