@@ -61,7 +61,10 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     def at_runs() -> AtRuns:
         from sidecar.run.atruns import AtRuns
 
-        return AtRuns(ctx, jobs.unclaimed, jobs._start_run)
+        # jobs.window is made below, before the first key of this kind comes.
+        return AtRuns(
+            ctx, jobs.unclaimed, jobs._start_run, lambda j, c: jobs.window.lost_claim(j, c)
+        )
 
     jobs.at_runs = OnFirstKey("at", config.jobs, fleet.view, at_runs)
     fleet.key_listeners.append(jobs.at_runs.changed)
