@@ -58,7 +58,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sidecar.core.bounds import attempt_no, slot_ms
+from sidecar.core.bounds import attempt_no, seq_no, slot_ms
 from sidecar.core.clock import parse_rfc3339
 from sidecar.core.errors import KeyHeld
 from sidecar.core.tasks import TaskSet
@@ -80,6 +80,8 @@ log = logging.getLogger("sidecar.claimwindow")
 # before it is taken for dead: a presence that expired while the bucket had no
 # leader comes back at the live runner's next renewal.
 ABSENT_GRACE = 2 * PRESENCE_RENEW + 1.0
+# The keys that hold a run's lease or mark it (run.*, lock.*, buffer.*).
+HELD = ("run.", "lock.", "buffer.")
 # A judge looks again at least this often (and sees the drain start).
 POLL = 1.0
 # A judge whose winner lives on without a lease reads the results again this often.
@@ -125,23 +127,24 @@ class ClaimWindow:
 
     def delivered(self, key: str) -> None:
         """The watch delivered `key` ("" after a re-read): wake who waits for it."""
-        seen = key
-        if key.startswith(("lock.", "buffer.")):
-            # Which claim's run held it: a lock job's run lease (see the module doc).
+        if key.startswith(HELD):
+            # Which claim's run holds it: the fence every lease, kept slot and judge's
+            # copy carries is that claim's sequence, which a loser knows from its ack
+            # (a backfill of the same slot holds the same run key under its own).
             entry = self.view.keys.get(key)
-            token = entry.value.get("token") if entry is not None else None
-            seen = f"{key}#{token}" if isinstance(token, str) else ""
-        if seen.startswith(("run.", "lock.", "buffer.")):
-            now = self.clock.monotonic()
-            self._seen.pop(seen, None)
-            self._seen[seen] = now
-            horizon = now - self._keep
-            while self._seen:
-                first = next(iter(self._seen))
-                if self._seen[first] >= horizon:
-                    break
-                del self._seen[first]
-            self._pending.pop(seen, None)
+            fence = seq_no(entry.value.get("fence")) if entry is not None else None
+            if fence is not None:
+                seen = _mark(key, fence)
+                now = self.clock.monotonic()
+                self._seen.pop(seen, None)
+                self._seen[seen] = now
+                horizon = now - self._keep
+                while self._seen:
+                    first = next(iter(self._seen))
+                    if self._seen[first] >= horizon:
+                        break
+                    del self._seen[first]
+                self._pending.pop(seen, None)
         for event in self._waiting.get(key, ()) if key else _every(self._waiting):
             event.set()
 
@@ -149,40 +152,49 @@ class ClaimWindow:
         """This sidecar lost `claim`: judge its winner unless its lease is known."""
         if claim.seq <= 0 or self.stopping.is_set() or self.keys() is None:
             return
-        key = run_key(job.name, claim.slot, claim.attempt)
-        if self._known(job, claim.token, key):
+        if self._known(job, claim):
             return
-        self._pending[key] = (job, claim, self.clock.monotonic())
+        held = (
+            lock_key(job.name) if uses_lock(job) else run_key(job.name, claim.slot, claim.attempt)
+        )
+        self._pending[_mark(held, claim.seq)] = (job, claim, self.clock.monotonic())
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = self.tasks.spawn(self._sweep())
 
     async def _sweep(self) -> None:
         """Judge each pending claim whose lease did not come within lease_ttl."""
         while self._pending and not self.stopping.is_set():
-            key, (job, claim, lost_at) = next(iter(self._pending.items()))
+            mark, (job, claim, lost_at) = next(iter(self._pending.items()))
             wait = lost_at + self.ttl - self.clock.monotonic()
             if wait > 0:
                 await asyncio.sleep(min(wait, POLL))
                 continue
-            del self._pending[key]
-            if not self._known(job, claim.token, key):
+            del self._pending[mark]
+            if not self._known(job, claim):
+                key = run_key(job.name, claim.slot, claim.attempt)
                 self.tasks.spawn(self._judge(job, claim, key, lost_at))
         self._pending.clear()  # stopping: nothing more is judged
 
-    def _known(self, job: JobConfig, token: str, key: str) -> bool:
-        """Whether the run's lease (or a marker of it) is in the view or was seen."""
-        if key in self.view.keys or key in self._seen:
-            return True
-        if not uses_lock(job):
-            return False
-        # buffer.<job>: a slot buffer_one kept (sidecar/run/overlap.py buffer_key).
-        for held in (lock_key(job.name), f"buffer.{job.name}"):
+    def _known(self, job: JobConfig, claim: Claim) -> bool:
+        """Whether the winning claim's lease (or a mark of its run: a kept slot, a
+        judge's copy, a winner's marker) is in the view or was seen: a key whose
+        ``fence`` is that claim's sequence."""
+        keys = [run_key(job.name, claim.slot, claim.attempt)]
+        if uses_lock(job):
+            # buffer.<job>: a slot buffer_one kept (sidecar/run/overlap.py buffer_key).
+            keys += [lock_key(job.name), f"buffer.{job.name}"]
+        for held in keys:
             entry = self.view.keys.get(held)
-            if entry is not None and entry.value.get("token") == token:
+            if entry is not None and seq_no(entry.value.get("fence")) == claim.seq:
                 return True
-            if f"{held}#{token}" in self._seen:
+            if _mark(held, claim.seq) in self._seen:
                 return True
         return False
+
+    def late(self, claim: Claim) -> bool:
+        """Whether the time since `claim` (won here) passed ``lease_ttl / 2``, half
+        what any judge waits for its lease: a judge may be at work then."""
+        return claim.sent_at is not None and self.clock.monotonic() - claim.sent_at > self.ttl / 2
 
     async def judged_before_lock(self, job: JobConfig, claim: Claim) -> bool:
         """A lock job's winner, before it asks for ``lock.<job>``: whether its run was
@@ -190,7 +202,7 @@ class ClaimWindow:
         only when its claim is old (more than ``lease_ttl / 2``); True: it neither
         takes the lock, nor keeps or skips the slot, nor asks a run to stop: the
         lost record (and its rerun) stands. Not atomic: ``lock_judged`` is."""
-        if claim.sent_at is None or self.clock.monotonic() - claim.sent_at <= self.ttl / 2:
+        if not self.late(claim):
             return False
         key = run_key(job.name, claim.slot, claim.attempt)
         copy = self.view.keys.get(key)
@@ -209,7 +221,7 @@ class ClaimWindow:
         """A lock job's winner, holding ``lock.<job>``: whether its run was judged
         lost while it was away between its claim and its lock (see the module doc).
         Asked only when that took long; True: it does not run."""
-        if claim.sent_at is None or self.clock.monotonic() - claim.sent_at <= self.ttl / 2:
+        if not self.late(claim):
             return False
         keys = self.keys()
         key = run_key(job.name, claim.slot, claim.attempt)
@@ -245,7 +257,7 @@ class ClaimWindow:
     async def judged_lost(self, job: JobConfig, claim: Claim) -> bool:
         """The winner's side: whether its run was recorded lost while it was away
         between its claim and its lease (asked only when that took long)."""
-        if claim.sent_at is None or self.clock.monotonic() - claim.sent_at <= self.ttl / 2:
+        if not self.late(claim):
             return False
         try:
             recorded, _ = await self.lost.recorded(job.name, claim.token, claim.seq)
@@ -302,14 +314,26 @@ class ClaimWindow:
             JUDGED_BY: self.instance,
         }
         create = functools.partial(keys.create, key, value, self.ttl + COPY_EXTRA)
-        try:
-            # Asked again while NATS gives no answer: a create stored but answered
-            # late is found ours (same instance and token) by the next one.
-            revision = await until_answered(
-                f"lease {key}", create, self.clock, self.clock.monotonic() + self.ttl
-            )
-        except KeyHeld:
-            return  # the winner's lease (alive after all), or another judge's copy
+        while True:
+            try:
+                # Asked again while NATS gives no answer: a create stored but answered
+                # late is found ours (same instance and token) by the next one.
+                revision = await until_answered(
+                    f"lease {key}", create, self.clock, self.clock.monotonic() + self.ttl
+                )
+                break
+            except KeyHeld as held:
+                if seq_no(held.value.get("fence")) == claim.seq:
+                    return  # the winner's lease (alive after all), or another judge's copy
+            # Another claim's run holds the slot's run key (a backfill of the slot, or
+            # the slot's scheduled run when a backfill's taker is judged): the copy is
+            # made once it is gone, so that a winner that wakes meanwhile still finds
+            # the key held and does not run late (sidecar/run/job.py).
+            log.info("%s held by another run of the slot; judged once it is gone", key)
+            while key in self.view.keys:
+                if self.stopping.is_set() or self.clock.monotonic() >= lost_at + JUDGE_MAX:
+                    return
+                await self._wait((key,), POLL)
         log.warning(
             "lease %s: instance %s %s before it took it; recording its run lost",
             key,
@@ -343,7 +367,7 @@ class ClaimWindow:
                 log.info("job %s slot %s: its winner %s neither ran nor died", job.name,
                          claim.slot, runner[:100])  # fmt: skip
                 return None
-            if self._known(job, token, key):
+            if self._known(job, claim):
                 return None  # its lease: the usual judging covers the run
             if now >= recheck:
                 recheck = now + RECHECK
@@ -379,6 +403,11 @@ class ClaimWindow:
                     waiting.discard(event)
                     if not waiting:
                         del self._waiting[key]
+
+
+def _mark(key: str, fence: int) -> str:
+    """A held key as seen for one claim's run: ``<key>#<its claim's sequence>``."""
+    return f"{key}#{fence}"
 
 
 def _every(waiting: dict[str, set[asyncio.Event]]) -> list[asyncio.Event]:

@@ -443,6 +443,14 @@ class Jobs:
                     # existed (sidecar/run/claimwindow.py): the lost record stands.
                     if lease.judged or await self.window.judged_lost(job, claim):
                         return
+                    if lease.elsewhere and self.window.late(claim):
+                        # A judge of this claim waits for that key to go, then records
+                        # the run lost: a late winner without its lease does not run.
+                        why = f"not run: {lease.key} is held by another run of the slot and "
+                        why += "this claim's lease came late (docs/GUARANTEES.md, lost runs)"
+                        outcome = not_sent(claim, SKIPPED, why, self.clock.wall(), "late")
+                        await self._end(job, claim, outcome)
+                        return
                     await self._limited(job, claim, deadline)
                     return
                 # Judged lost while this sidecar was away since its claim (claimwindow.py)?

@@ -116,6 +116,9 @@ class Lease:
         # Its run was judged lost before the lease existed: the key holds a
         # judge's copy of it (JUDGED_BY), and the run must not start.
         self.judged = False
+        # The key is held by another claim's run of the same slot (a backfill of
+        # it): this run goes without its lease, unless it came late (job.py).
+        self.elsewhere = False
         self._created = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
         self._tasks = TaskSet("a lease", say=False)
@@ -195,6 +198,7 @@ class Lease:
                     str(held.value.get(JUDGED_BY))[:100],
                 )
                 return
+            self.elsewhere = True
             log.warning("lease %s exists already; running without it", self.key)
             return
         except Exception as exc:  # a definite refusal: the run goes on without it
