@@ -52,7 +52,7 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     def backfills() -> Backfills:
         from sidecar.run.backfill import Backfills
 
-        return Backfills(ctx, jobs._run_tracked)
+        return Backfills(ctx, jobs._run_tracked, lambda j, c: jobs.window.lost_claim(j, c))
 
     jobs.backfills = OnFirstKey("backfill", config.jobs, fleet.view, backfills)
     fleet.key_listeners.append(jobs.backfills.changed)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sidecar.core.clock import rfc3339
 from tests.run.test_claim_window import ARMED, JUDGED_WITHIN, stopped
 from tests.support import (
     NatsServer,
@@ -107,4 +108,98 @@ def test_a_one_off_runs_winner_killed_before_its_lease_is_lost_once_and_not_reru
     assert [(m.data.get("attempt", 1), m.data["instance"]) for m in records] == [(1, "s0")]
     assert "never made" in records[0].data["error"]
     assert calls(http_app, slot) == []
+    assert lost == 1
+
+
+# Midnight every day: no slot of its own comes during a test, past ones to backfill.
+DAILY = "0 0 * * *"
+DAYS = 15
+
+
+def test_a_backfills_taker_killed_before_its_lease_is_lost_once_and_the_backfill_goes_on(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base(nats_server, http_app, [job("w", schedule=DAILY, max_late="5s")])
+    config["nats"]["lease_ttl"] = "2s"
+    cfg = cli_config(tmp_path, config)
+    fleet3 = [("s0", config, ARMED), ("s1", config, {}), ("s2", config, {})]
+    with sidecars(tmp_path, fleet3) as procs:
+        s0 = procs[0]
+        assert s0.proc is not None
+        pid = s0.proc.pid
+        now = time.time()
+        since = rfc3339(now - DAYS * 86400)
+        done = run_cli("backfill", "w", "-c", cfg, "--from", since, "--to", rfc3339(now))
+        assert done.returncode == 0, done.stderr
+        days = [
+            d * 1000 for d in range(int(now) - int(now) % 86400, int(now) - DAYS * 86400, -86400)
+        ]
+        # One slot at a time, each taken by whichever sidecar comes first: s0 takes
+        # one sooner or later (about a third of them), and stops at its claim.
+        wait_for(lambda: stopped(pid) or len(ran(http_app)) == DAYS, 120, what="s0's slot")
+        assert stopped(pid), "s0 never took a backfill slot"
+        taken = claims_by(nats_server, "s0")
+        assert len(taken) == 1 and taken[0]["backfill"] == "b", taken
+        slot = int(taken[0]["slot"])
+        s0.kill()
+        wait_for(lambda: lost_of(nats_server, slot), JUDGED_WITHIN, what="its slot lost")
+        # The others run, once each; no second lost record comes meanwhile.
+        wait_for(lambda: len(ran(http_app)) == DAYS - 1, 60, what="the rest of the backfill")
+        later = time.time() + 5
+        wait_for(lambda: time.time() > later, 10, what="a second record's time")
+        lost = sum(p.metric("anarchon_runs_lost_total", {"job": "w"}) or 0 for p in procs[1:])
+    records = lost_of(nats_server, slot)
+    assert [(m.data.get("attempt", 1), m.data["instance"]) for m in records] == [(1, "s0")]
+    assert "never made" in records[0].data["error"]
+    assert calls(http_app, slot) == []
+    assert sorted(ran(http_app)) == sorted(d for d in days if d != slot)
+    assert lost == 1
+
+
+def ran(app: RecordingApp) -> list[int]:
+    """The slots backfilled runs were sent for."""
+    return [
+        int(r.headers["X-Anarchon-Slot"])
+        for r in app.requests_for("/jobs/w")
+        if r.headers.get("X-Anarchon-Trigger") == "backfill"
+    ]
+
+
+def test_a_slots_winner_killed_while_a_backfill_of_the_slot_holds_its_run_key_is_judged(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    # Every 5 s; each run takes 40 s: the backfill of s0's slot holds run.w.<slot>
+    # (its own claim's fence) past the time s0 is judged.
+    config = base(
+        nats_server, http_app, [job("w", schedule="*/5 * * * * *", jitter="0s", max_late="90s")]
+    )
+    config["nats"]["lease_ttl"] = "2s"
+    config["target"]["timeout"] = "60s"
+    http_app.delay["/jobs/w"] = 40.0
+    cfg = cli_config(tmp_path, config)
+    fleet3 = [("s0", config, ARMED), ("s1", config, {}), ("s2", config, {})]
+    with sidecars(tmp_path, fleet3) as procs:
+        s0 = procs[0]
+        assert s0.proc is not None
+        pid = s0.proc.pid
+        wait_for(lambda: stopped(pid), 60, what="s0 stopped at its first won claim")
+        won = claims_by(nats_server, "s0")
+        assert len(won) == 1, won
+        slot, token = int(won[0]["slot"]), won[0]["token"]
+        at = rfc3339(slot / 1000)
+        done = run_cli("backfill", "w", "-c", cfg, "--from", at, "--to", at)
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: slot in ran(http_app), 15, what="the backfill of s0's slot")
+        s0.kill()
+        wait_for(lambda: lost_of(nats_server, slot), JUDGED_WITHIN, what="s0's claim lost")
+        later = time.time() + 5
+        wait_for(lambda: time.time() > later, 10, what="a second record's time")
+        lost = sum(p.metric("anarchon_runs_lost_total", {"job": "w"}) or 0 for p in procs[1:])
+        judges = "".join(p.log() for p in procs[1:])
+    records = lost_of(nats_server, slot)
+    assert [(m.data["token"], m.data["instance"]) for m in records] == [(token, "s0")]
+    assert "never made" in records[0].data["error"]
+    # The backfill's run was never taken for s0's lease, nor recorded lost.
+    assert "held by another run of the slot" in judges
+    assert [t for _, t, _ in calls(http_app, slot)] == ["backfill"]
     assert lost == 1
