@@ -24,6 +24,7 @@ from sidecar.run.onkey import OnFirstKey
 from sidecar.run.record import Recorder
 from sidecar.run.retries import follow
 from sidecar.run.skips import SkipRecorder, Unclaimed
+from sidecar.run.straybuffers import StrayBuffers
 from sidecar.run.trigger import Trigger
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     # Winners of claims lost here that died before their lease (sidecar/run/claimwindow.py).
     jobs.window = ClaimWindow(ctx, jobs.lost)
     fleet.key_listeners.append(jobs.window.delivered)
+    # buffer.<job> of a job that is not buffer_one here: counted (straybuffers.py).
+    fleet.key_listeners.append(StrayBuffers(ctx).changed)
 
     # overlap: replace and buffer_one (sidecar/run/overlap.py). Made, its code
     # imported, now if a job has one of them, else for the first job of the state
