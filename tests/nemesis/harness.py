@@ -337,12 +337,14 @@ class Apps:
 
 
 def job_configs(max_late: str, candidates: int = 0) -> list[dict[str, Any]]:
-    """Two jobs: `tick` every second, and `lease` every 2 s whose app takes 2 s (leases).
+    """Three jobs: `tick` every second, `lease` every 2 s whose app takes 2 s (leases),
+    and `locked` every 2 s with ``overlap: skip`` (its runs hold ``lock.locked``:
+    a claim-kill lands on a lock job's winner too).
 
     With `candidates` (``NEMESIS_CANDIDATES``), both claim with ``claim.candidates``.
     """
     claim = {"claim": {"candidates": candidates, "fallback": "1s"}} if candidates else {}
-    jobs = [
+    jobs: list[dict[str, Any]] = [
         {"name": "tick", "schedule": "* * * * * *", "jitter": "300ms", "max_late": max_late},
         {
             "name": "lease",
@@ -352,8 +354,22 @@ def job_configs(max_late: str, candidates: int = 0) -> list[dict[str, Any]]:
             "retry": {"max": 1, "backoff": "1s"},
             "on_lost": "rerun",
         },
+        {
+            "name": LOCKED,
+            "schedule": "*/2 * * * * *",
+            "jitter": "300ms",
+            "max_late": max_late,
+            "overlap": "skip",
+            "retry": {"max": 1, "backoff": "1s"},
+            "on_lost": "rerun",
+        },
     ]
     return [{**job, **claim} for job in jobs]
+
+
+# The lock job: checked for what runs (doubles, late, unclaimed, claim kills), not
+# for misses: a slot whose lock a frozen or killed runner still holds is skipped.
+LOCKED = "locked"
 
 
 LEASE_APP_DELAY = 2.0
