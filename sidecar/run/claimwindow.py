@@ -30,7 +30,8 @@ judging (sidecar/run/lostruns.py) never sees it. The losers close that window
 A winner woken after the copy expired (frozen longer than ``lease_ttl`` past
 the judging) creates its lease, so it also asks, when its claim-to-lease time
 was long (more than ``lease_ttl / 2``, half what any judge waits), whether
-its run was recorded lost, and does not run if it was (``judged_lost``).
+its run was recorded lost, and does not run if it was (``judged_lost``; the
+winner's side is sidecar/run/claimwinner.py).
 
 Jobs whose runs hold ``lock.<job>`` (``overlap: skip``, ``replace``,
 ``buffer_one``) are judged the same way, with these differences:
@@ -63,7 +64,8 @@ from sidecar.core.clock import parse_rfc3339
 from sidecar.core.errors import KeyHeld
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key, run_key
-from sidecar.run.lease import COVERED_BY, JUDGED_BY, uses_lock
+from sidecar.run.claimwinner import COPY_EXTRA, WinnerSide
+from sidecar.run.lease import JUDGED_BY, uses_lock
 from sidecar.store.kv import until_answered
 from sidecar.store.state import EXPIRED, PRESENCE_RENEW, Entry, Removal
 from sidecar.when.attempts import lock_key
@@ -88,27 +90,19 @@ POLL = 1.0
 RECHECK = 30.0
 # A judge gives up after this long (its winner alive, without lease nor result).
 JUDGE_MAX = 3600.0
-# The judge's copy of the lease outlives lease_ttl by the time a lost record's
-# publish may take (sidecar/run/record.py LOST_RETRY): it is stored before the copy
-# expires and a late winner's create succeeds.
-COPY_EXTRA = 10.0
 # Run keys the watch delivered are remembered this much longer than a job's
 # jitter + max_late: a loser's ack may come after the winner's short run ended.
 SEEN_MARGIN = 60.0
 
 
-class ClaimWindow:
-    """Judges the winners of claims this sidecar lost (see the module doc)."""
+class ClaimWindow(WinnerSide):
+    """Judges the winners of claims this sidecar lost (see the module doc); its
+    winner's side (whether a run won here was judged meanwhile) is WinnerSide's."""
 
     def __init__(self, ctx: Context, lost: LostRuns) -> None:
-        self.lost = lost
-        self.clock = ctx.clock
-        self.view = ctx.fleet.view
-        self.keys = ctx.keys
+        super().__init__(ctx, lost)
         self.claimer = ctx.claimer
         self.stopping = ctx.stopping
-        self.instance = ctx.config.instance_id
-        self.ttl = ctx.config.nats.lease_ttl
         self.tasks = TaskSet("judging a claim's winner")
         # Run keys the watch delivered (put or removed), oldest first: monotonic time.
         self._seen: dict[str, float] = {}
@@ -190,88 +184,6 @@ class ClaimWindow:
             if _mark(held, claim.seq) in self._seen:
                 return True
         return False
-
-    def late(self, claim: Claim) -> bool:
-        """Whether the time since `claim` (won here) passed ``lease_ttl / 2``, half
-        what any judge waits for its lease: a judge may be at work then."""
-        return claim.sent_at is not None and self.clock.monotonic() - claim.sent_at > self.ttl / 2
-
-    async def judged_before_lock(self, job: JobConfig, claim: Claim) -> bool:
-        """A lock job's winner, before it asks for ``lock.<job>``: whether its run was
-        judged lost already (a judge's copy in the view, or the lost record). Asked
-        only when its claim is old (more than ``lease_ttl / 2``); True: it neither
-        takes the lock, nor keeps or skips the slot, nor asks a run to stop: the
-        lost record (and its rerun) stands. Not atomic: ``lock_judged`` is."""
-        if not self.late(claim):
-            return False
-        key = run_key(job.name, claim.slot, claim.attempt)
-        copy = self.view.keys.get(key)
-        value = copy.value if copy is not None else {}
-        if value.get(JUDGED_BY) and value.get("token") == claim.token:
-            log.error(
-                "%s: %s judged this run lost before it took its lock; not run "
-                "(on_lost says whether it runs again)",
-                key,
-                str(value.get(JUDGED_BY))[:100],
-            )
-            return True
-        return await self.judged_lost(job, claim)
-
-    async def lock_judged(self, job: JobConfig, claim: Claim) -> bool:
-        """A lock job's winner, holding ``lock.<job>``: whether its run was judged
-        lost while it was away between its claim and its lock (see the module doc).
-        Asked only when that took long; True: it does not run."""
-        if not self.late(claim):
-            return False
-        keys = self.keys()
-        key = run_key(job.name, claim.slot, claim.attempt)
-        if keys is not None:
-            value: dict[str, Any] = {
-                "job": job.name,
-                "slot": claim.slot,
-                "attempt": claim.attempt,
-                "token": claim.token,
-                "instance": self.instance,
-                "fence": claim.seq,
-                COVERED_BY: lock_key(job.name),
-            }
-            create = functools.partial(keys.create, key, value, self.ttl + COPY_EXTRA)
-            try:
-                await until_answered(
-                    f"marker {key}", create, self.clock, self.clock.monotonic() + self.ttl
-                )
-            except KeyHeld as held:
-                if held.value.get(JUDGED_BY) and held.value.get("token") == claim.token:
-                    log.error(
-                        "%s: %s judged this run lost before it took its lock; not run "
-                        "(on_lost says whether it runs again)",
-                        key,
-                        str(held.value.get(JUDGED_BY))[:100],
-                    )
-                    return True
-            except Exception as exc:  # unknown: the results say (a judge needs us gone)
-                log.warning("%s not made: %r", key, exc)
-        # A judge's copy that expired already: its lost record was stored before.
-        return await self.judged_lost(job, claim)
-
-    async def judged_lost(self, job: JobConfig, claim: Claim) -> bool:
-        """The winner's side: whether its run was recorded lost while it was away
-        between its claim and its lease (asked only when that took long)."""
-        if not self.late(claim):
-            return False
-        try:
-            recorded, _ = await self.lost.recorded(job.name, claim.token, claim.seq)
-        except Exception as exc:  # unknown: it runs (a judge needs its presence gone)
-            log.warning("job %s slot %s: results not read: %r", job.name, claim.slot, exc)
-            return False
-        if recorded:
-            log.error(
-                "job %s slot %s: judged lost while this sidecar was away between its claim "
-                "and its lease; not run (on_lost says whether it runs again)",
-                job.name,
-                claim.slot,
-            )
-        return recorded
 
     async def _judge(self, job: JobConfig, claim: Claim, key: str, lost_at: float) -> None:
         try:

@@ -66,7 +66,7 @@ _untimed_log = RateLimitedLog(log)
 # finds it and does not run.
 JUDGED_BY = "judged_by"
 # The same run key made by a lock job's winner that took long between its claim
-# and its lock (claimwindow.py ``lock_judged``): it shuts the judges out and
+# and its lock (claimwinner.py ``lock_judged``): it shuts the judges out and
 # names the lock that covers the run; its expiry is no lost run (lostruns.py).
 COVERED_BY = "covered_by"
 
