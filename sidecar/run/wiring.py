@@ -74,7 +74,8 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     if any(job.after is not None for job in config.jobs):
         from sidecar.run.chains import Chains
 
-        Chains(ctx, jobs.unclaimed, jobs._start_run).begin()
+        lost = lambda j, c: jobs.window.lost_claim(j, c)  # noqa: E731 (jobs.window: below)
+        Chains(ctx, jobs.unclaimed, jobs._start_run, lost).begin()
     # Pings, notifications, auto-pause, anomalies, spans (sidecar/after/aftermath.py).
     jobs.aftermath = Aftermath(config, metrics, clock, ctx.keys, _secret(trigger), fleet)
     # Every ending of a run is recorded there (sidecar/run/record.py).

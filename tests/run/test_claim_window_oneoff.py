@@ -203,3 +203,56 @@ def test_a_slots_winner_killed_while_a_backfill_of_the_slot_holds_its_run_key_is
     assert "held by another run of the slot" in judges
     assert [t for _, t, _ in calls(http_app, slot)] == ["backfill"]
     assert lost == 1
+
+
+def test_an_after_runs_winner_killed_before_its_lease_is_lost_once(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    # b runs after each succeeded run of a. s0's a is yearly (it claims none of
+    # a's slots, a config mismatch the fleet only warns of): its first won claim,
+    # where it stops, is one of b's.
+    b = {"name": "b", "after": {"job": "a", "on": "success"}, "jitter": "0s", "max_late": "20s"}
+
+    def config(schedule: str) -> dict[str, Any]:
+        a = job("a", schedule=schedule, jitter="0s", max_late="5s")
+        made = base(nats_server, http_app, [a, b])
+        made["nats"]["lease_ttl"] = "2s"
+        return made
+
+    every = config("*/2 * * * * *")
+    fleet3 = [("s0", config(YEARLY), ARMED), ("s1", every, {}), ("s2", every, {})]
+    with sidecars(tmp_path, fleet3) as procs:
+        s0 = procs[0]
+        assert s0.proc is not None
+        pid = s0.proc.pid
+        wait_for(lambda: stopped(pid), 60, what="s0 stopped at a won claim of b")
+        won = [c for c in read_stream_claims(nats_server, "b") if c["instance"] == "s0"]
+        assert len(won) == 1, won
+        token, slot = won[0]["token"], int(won[0]["slot"])
+        s0.kill()
+
+        def lost() -> list[StoredMsg]:
+            return [
+                m
+                for m in read_stream(nats_server.url)
+                if m.subject == "cron.b.results"
+                and m.data.get("token") == token
+                and m.data.get("status") == "lost"
+            ]
+
+        wait_for(lost, JUDGED_WITHIN, what="b's run lost")
+        later = time.time() + 5
+        wait_for(lambda: time.time() > later, 10, what="a second record's time")
+        counted = sum(p.metric("anarchon_runs_lost_total", {"job": "b"}) or 0 for p in procs[1:])
+    assert [m.data["instance"] for m in lost()] == ["s0"]
+    assert not [
+        r
+        for r in http_app.requests_for("/jobs/b")
+        if r.headers.get("X-Anarchon-Run-Id") == token
+        or (r.headers["X-Anarchon-Instance"] == "s0" and int(r.headers["X-Anarchon-Slot"]) == slot)
+    ]
+    assert counted == 1
+
+
+def read_stream_claims(nats_server: NatsServer, name: str) -> list[dict[str, Any]]:
+    return [m.data for m in read_stream(nats_server.url) if m.subject == f"cron.{name}.claims"]
