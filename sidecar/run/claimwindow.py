@@ -59,6 +59,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
+from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import attempt_no, seq_no, slot_ms
 from sidecar.core.clock import parse_rfc3339
 from sidecar.core.errors import KeyHeld
@@ -88,6 +89,9 @@ HELD = ("run.", "lock.", "buffer.")
 POLL = 1.0
 # A judge whose winner lives on without a lease reads the results again this often.
 RECHECK = 30.0
+# A judge whose reads failed begins again after this long, doubling up to RETRY_CAP.
+RETRY_START = 1.0
+RETRY_CAP = 15.0
 # A judge gives up after this long (its winner alive, without lease nor result).
 JUDGE_MAX = 3600.0
 # Run keys the watch delivered are remembered this much longer than a job's
@@ -186,10 +190,25 @@ class ClaimWindow(WinnerSide):
         return False
 
     async def _judge(self, job: JobConfig, claim: Claim, key: str, lost_at: float) -> None:
-        try:
-            await self._judged(job, claim, key, lost_at)
-        except Exception as exc:  # another loser judges it too; say so here
-            log.warning("job %s slot %s: judging its winner failed: %r", job.name, claim.slot, exc)
+        """``_judged``, begun again after an error (the stream or the bucket without a
+        leader: every loser's judge may meet it at once, so none may give up on it),
+        until the judging's hour is over. Each step is safe to make again: reads, the
+        wait for evidence, the copy's compare-and-set, the de-duplicated record."""
+        retry = Backoff(start=RETRY_START, cap=RETRY_CAP, jitter=0.5)
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                await self._judged(job, claim, key, lost_at)
+                return
+            except Exception as exc:
+                failures += 1
+                left = lost_at + JUDGE_MAX - self.clock.monotonic()
+                level = logging.WARNING if failures == 1 or left <= 0 else logging.DEBUG
+                log.log(level, "job %s slot %s: judging its winner failed (%r); %s", job.name,
+                        claim.slot, exc, "given up" if left <= 0 else "trying again")  # fmt: skip
+                if left <= 0:
+                    return
+                await retry.sleep(at_most=left)
 
     async def _judged(self, job: JobConfig, claim: Claim, key: str, lost_at: float) -> None:
         winner = _winner(await self.claimer.stored_claim(claim.seq), claim)
