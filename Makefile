@@ -33,14 +33,15 @@ typecheck: $(STAMP)
 
 # The suite in two passes: the tests that start their own servers, sidecars and
 # apps on free ports two at a time (pytest-xdist, a module per worker), then
-# the reliability scenarios and the nemesis alone, since their figures and
+# the serial ones alone (marker `serial`: the reliability scenarios, the nemesis
+# and the tests with a margin under a millisecond), since their figures and
 # margins are about timing. The second pass runs even when the first failed:
 # one run shows every failure. Skips say why at the end of each pass.
 unit: $(STAMP) prometheus verifiers git-tool netns-tools chromium helm oldest-python
 	status=0; \
-	$(BIN)/pytest -m "not slow" -n 2 --dist loadfile -p no:cacheprovider \
+	$(BIN)/pytest -m "not slow and not serial" -n 2 --dist loadfile -p no:cacheprovider \
 	  --ignore=tests/reliability --ignore=tests/nemesis || status=$$?; \
-	$(BIN)/pytest -m "not slow" -p no:cacheprovider tests/reliability tests/nemesis || status=$$?; \
+	$(BIN)/pytest -m "serial and not slow" -p no:cacheprovider tests tests/reliability tests/nemesis || status=$$?; \
 	exit $$status
 
 # prometheus and promtool for the rule tests and the end-to-end metrics test,

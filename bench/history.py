@@ -1,7 +1,7 @@
 """History: reading 1,000 runs against a raw read of the same messages.
 
 The stream holds 1,000 runs of the job ``hist`` (a claim and a result each,
-2,000 messages, bodies as SPEC.md's wire format) and 1,000 of another job.
+2,000 messages, bodies as the wire format of sidecar/core/wire.py) and 1,000 of another job.
 Interleaved, in one process on one connection:
 - sidecar: ``runs.read_history`` (stream info for the count, an ordered
   consumer on ``cron.hist.*``, the join of claims and results);

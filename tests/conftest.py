@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import nats
 import pytest
+from hypothesis import settings
 from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
 
@@ -19,11 +21,31 @@ from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
 from sidecar.run.claim import Claimer
 from sidecar.run.context import Context
-from sidecar.run.job import Jobs
+from sidecar.run.job_loop import Jobs
 from sidecar.run.trigger import Trigger
 from sidecar.run.wiring import wire
 from sidecar.store.guard import StreamGuard
 from tests.support import MakeJobs, NatsServer, RecordingApp
+
+# Property tests: each asks for its examples with tests.support.examples(N), which
+# the profile in use caps. "ci" (the default, what make test runs) caps them at
+# 100; HYPOTHESIS_PROFILE=thorough lets each try all it asks for (up to 1000).
+# The reliability scenarios keep their own counts: their figures are recorded.
+settings.register_profile("ci", max_examples=100, deadline=None)
+settings.register_profile("thorough", max_examples=1000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+SERIAL_DIRS = ("reliability", "nemesis")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The reliability scenarios and the nemesis are serial too: their figures and
+    margins are about timing (make test runs every serial test in its second pass)."""
+    root = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(root).parts if item.path.is_relative_to(root) else ()
+        if parts[:1] and parts[0] in SERIAL_DIRS:
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from aiohttp import web
 
 if TYPE_CHECKING:
     from sidecar.config.load import Config
-    from sidecar.run.job import Jobs
+    from sidecar.run.job_loop import Jobs
 
 #: ``async with make_jobs(config) as jobs``: the ``make_jobs`` fixture (tests/conftest.py).
 MakeJobs = Callable[["Config"], AbstractAsyncContextManager["Jobs"]]
@@ -79,6 +79,14 @@ def listens(pid: int, port: int) -> bool:
                 if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
                     return True
     return False
+
+
+def examples(wanted: int) -> int:
+    """A property test's ``max_examples``: what it asks for, capped by the Hypothesis
+    profile in use (tests/conftest.py: 100 under "ci", make test's)."""
+    from hypothesis import settings
+
+    return min(wanted, settings.default.max_examples)
 
 
 def wait_for(

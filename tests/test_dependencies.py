@@ -70,7 +70,8 @@ def test_the_otel_extra_is_optional_and_never_imported_without_an_endpoint() -> 
     assert [requirement_name(r) for r in otel] == ["opentelemetry-proto"]
     code = (
         "import sys\n"
-        "import sidecar.cli.main, sidecar.cli.daemon, sidecar.run.job, sidecar.after.aftermath\n"
+        "import sidecar.cli.main, sidecar.cli.daemon, sidecar.run.job_loop\n"
+        "import sidecar.after.aftermath\n"
         "from sidecar.config.load import parse_config\n"
         "from sidecar.obs.spans import span_exporter\n"
         "jobs = [{'name': 'a', 'schedule': '* * * * *'}]\n"
@@ -96,7 +97,7 @@ def test_the_uvloop_extra_is_optional_and_only_used_when_asked_for(tmp_path: Pat
     assert [requirement_name(r) for r in extra] == ["uvloop"]
     code = (
         "import os, sys\n"
-        "from sidecar.cli.command import loop_factory\n"
+        "from sidecar.cli.shared import loop_factory\n"
         "os.environ.pop('ANARCHON_EVENT_LOOP', None)\n"
         "assert loop_factory() is None\n"
         "os.environ['ANARCHON_EVENT_LOOP'] = 'asyncio'\n"

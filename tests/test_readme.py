@@ -336,7 +336,9 @@ def run_daemons(world: World) -> None:
     world.start_sidecar("web-2")
     wait_for(lambda: world.ready("web-2"), 30, what="web-2 ready")
     # The sample shows runs of web-1; slots go to either replica.
-    wait_for(lambda: "INFO sidecar.job: run job=sync" in world.log("web-1"), 90, what="a run")
+    wait_for(
+        lambda: "INFO sidecar.run.record: run job=sync" in world.log("web-1"), 90, what="a run"
+    )
 
 
 def stop_daemon(world: World, name: str) -> list[str]:

@@ -131,7 +131,7 @@ SIGNING = [
     ),
     sign(
         "attempt-and-fence",
-        "X-Anarchon-Attempt and X-Anarchon-Fence sent (FLEET.md); UTF-8 body;"
+        "X-Anarchon-Attempt and X-Anarchon-Fence sent (docs/TRIGGER.md); UTF-8 body;"
         " percent-encoding kept as is",
         T + 60,
         [CUR],

@@ -51,16 +51,15 @@ from sidecar.core.wire import FAILED, SUCCEEDED, paused_key
 from sidecar.run.claim import Claimer
 from sidecar.run.record import Outcome, Recorder
 from sidecar.run.trigger import Trigger
-from sidecar.store.kv import create_or_update, delete_at, store_pause
+from sidecar.store.kv import COMMAND_CAS_TRIES, create_or_update, delete_at, store_pause
 from sidecar.store.state import decode
 from sidecar.store.stream import stream_spec
 
 if TYPE_CHECKING:
     from sidecar.after.aftermath import Aftermath
 
-log = logging.getLogger("sidecar.actions")
+log = logging.getLogger(__name__)
 
-CAS_TRIES = 8
 CLAIM_WAIT = 10.0
 # The whole ``actions.<job>`` value stays under this (NATS refuses 1 MiB).
 MAX_BYTES = 64 * 1024
@@ -118,7 +117,7 @@ async def _change(kv: KeyValue, job: str, change: Callable[[list[Any]], list[Any
     """Apply `change` to the entries of ``actions.<job>`` by compare-and-set (None: no
     write); StreamError when it cannot."""
     key = actions_key(job)
-    for _ in range(CAS_TRIES):
+    for _ in range(COMMAND_CAS_TRIES):
         try:
             try:
                 current = await kv.get(key)
@@ -136,7 +135,7 @@ async def _change(kv: KeyValue, job: str, change: Callable[[list[Any]], list[Any
             continue
         except Exception as exc:
             raise StreamError(f"cannot record the action on {job}: {exc!r}") from exc
-    raise StreamError(f"cannot record the action on {job}: {CAS_TRIES} conflicting writes")
+    raise StreamError(f"cannot record the action on {job}: {COMMAND_CAS_TRIES} conflicting writes")
 
 
 async def record_action(kv: KeyValue, job: str, entry: dict[str, Any]) -> None:

@@ -46,16 +46,16 @@ from sidecar.admin.actions import (
     resume,
     skip_detail,
 )
-from sidecar.admin.atops import act as at_act
+from sidecar.admin.atacts import act as at_act
 from sidecar.admin.bucket_jobs import API_ACTIONS, api_action
 from sidecar.admin.live import Live
 from sidecar.admin.pagecache import PageData
 from sidecar.admin.server import Answer, Request, Stream
 from sidecar.admin.sessions import Sessions
-from sidecar.admin.skipops import skip as skip_runs
-from sidecar.admin.skipops import until_of
+from sidecar.admin.skipwrite import skip as skip_runs
 from sidecar.admin.tokens import TokenFile
 from sidecar.config.fields import MAX_REASON, shown_text, whole
+from sidecar.config.instants import until_of
 from sidecar.config.load import Config, Secrets
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import ConfigError, SidecarError, StreamError
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from sidecar.fleet.member import Fleet
     from sidecar.store.guard import StreamGuard
 
-log = logging.getLogger("sidecar.api")
+log = logging.getLogger(__name__)
 
 RUNS_LIMIT = 50
 RUNS_MAX = 200
@@ -370,7 +370,7 @@ class PageApp:
             if self.runs is None:
                 return 503, {"error": "not connected to NATS yet", **not_done}
             intent = "run"
-        elif action in ("at", "cancel-at"):  # one-off runs (sidecar/admin/atops.py)
+        elif action in ("at", "cancel-at"):  # one-off runs (sidecar/admin/atacts.py)
             asked = form.get("time", "").strip()
             intent = ("one-off run at " if action == "at" else "cancel one-off run(s) at ") + (
                 asked[:64] + (f": {reason}" if reason and action == "at" else "")

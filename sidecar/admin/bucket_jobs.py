@@ -39,7 +39,14 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
 from sidecar.config.bucketrules import check_headers, check_name_length, check_value_size
 from sidecar.config.fields import short, shown_text, type_name
-from sidecar.config.jobs import JOB_KEYS, WAITING, check_fit, check_windows, parse_claim, parse_job
+from sidecar.config.job_entry import (
+    JOB_KEYS,
+    WAITING,
+    check_fit,
+    check_windows,
+    parse_claim,
+    parse_job,
+)
 from sidecar.config.keys import JOB_NAME, ConfigSection
 from sidecar.config.model import Config, JobConfig, Secrets
 from sidecar.core import failpoints
@@ -73,9 +80,9 @@ from sidecar.store.streamfit import coverage
 if TYPE_CHECKING:
     from sidecar.fleet.member import Fleet
     from sidecar.obs.metrics import Metrics
-    from sidecar.run.job import Jobs
+    from sidecar.run.job_loop import Jobs
 
-log = logging.getLogger("sidecar.bucket_jobs")
+log = logging.getLogger(__name__)
 
 PREFIX = "job."
 FILE, BUCKET = "file", "bucket"

@@ -2,7 +2,7 @@
 the job, and the slots an instance missed (sidecar/store/missed.py's rule).
 
 Fed with (slot, instance, status) of the job's per-instance claims: the page's
-recent strip, or the whole history (``status``, sidecar/admin/fleetview.py).
+recent strip, or the whole history (``status``, sidecar/ops/fleetview.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from sidecar.config.model import Config
     from sidecar.fleet.member import Fleet
     from sidecar.obs.metrics import Metrics
-    from sidecar.run.job import Jobs
+    from sidecar.run.job_loop import Jobs
     from sidecar.store.state import Removal
 
 PREFIX = "job."  # sidecar/admin/bucket_jobs.py PREFIX

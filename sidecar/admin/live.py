@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from sidecar.config.load import Config
     from sidecar.fleet.member import Fleet
 
-log = logging.getLogger("sidecar.live")
+log = logging.getLogger(__name__)
 
 FLUSH_EVERY = 0.25
 QUEUE = 64

@@ -28,6 +28,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from sidecar.admin.everyview import per_instance
+from sidecar.admin.requestview import next_excluded, request_object, shown_path
 from sidecar.config.fields import redact_url
 from sidecar.config.load import Config, JobConfig
 from sidecar.core.bounds import attempt_no, slot_ms
@@ -337,6 +338,7 @@ def job_object(
     pause = paused.value if paused is not None and pause_active(paused.value, now_ms) else {}
     active = bool(pause)
     strip = recent.strip(job.name)
+    req = job.request
     return {
         "name": job.name,
         "paused": active,
@@ -363,7 +365,8 @@ def job_object(
             else {}
         ),
         "consecutive_failures": consecutive_failures(strip),
-        "target": f"{job.request.method} {redact_url(job.request.url)}{job.request.path}",
+        # The path's query values redacted unless only placeholders (a token in the query).
+        "target": f"{req.method} {redact_url(req.url)}{shown_path(req.path)}",
         "settings_differ": job.name in mismatch,
         # Why the stream cannot hold this job's claims (its slots are skipped).
         "stream_problem": held.get(job.name),
@@ -380,11 +383,11 @@ def job_object(
         "overlap": job.overlap,
         "overlap_kept": _kept(view, job.name),
         "runs_counted": counted(view, job.name) if job.max_runs is not None else None,
-        "concurrency": (
-            {"key": job.concurrency.key, "limit": job.concurrency.limit}
-            if job.concurrency is not None
-            else None
-        ),
+        "concurrency": conc_of(job, view),
+        # The request's template and run parameters, never a secret (requestview.py).
+        "request": request_object(job),
+        # The next slot, when an exclusion (a calendar:<name> one too) keeps it from running.
+        "next_excluded": next_excluded(job, now_ms),
         # answer.bytes (docs/TRIGGER.md): how much of the app's answer a result keeps.
         "answer_bytes": job.answer.size,
         # after (docs/CONFIG.md): the job it runs after and on which endings; the words
@@ -499,6 +502,18 @@ def fleet_part(
         # Shared concurrency limits (jobs[].concurrency): slots held now, fleet-wide.
         "concurrency": concurrency_of(config, view),
     }
+
+
+def conc_of(job: JobConfig, view: View) -> dict[str, Any] | None:
+    """A job's concurrency key and limit, the key's slots held now fleet-wide
+    (``held``) and how many of them runs of this job hold (``held_by_job``)."""
+    if job.concurrency is None:
+        return None
+    key, limit = job.concurrency.key, job.concurrency.limit
+    entries = [view.keys.get(conc_key(key, n)) for n in range(limit)]
+    held = [e for e in entries if e is not None]
+    mine = sum(1 for e in held if e.value.get("job") == job.name)
+    return {"key": key, "limit": limit, "held": len(held), "held_by_job": mine}
 
 
 def concurrency_of(config: Config, view: View) -> list[dict[str, Any]]:

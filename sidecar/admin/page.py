@@ -164,11 +164,36 @@ def policy_lines(job: dict[str, Any], tz: object) -> str:
     if job.get("overlap") not in (None, "allow"):
         out += f'<div class="words">overlap: {e(job["overlap"])}</div>'
     if conc := job.get("concurrency"):
+        held = f"; {e(conc['held'])} held now" if conc.get("held") is not None else ""
         out += (
             f'<div class="words">concurrency: {e(conc.get("key"))} '
-            f"(at most {e(conc.get('limit'))} at once)</div>"
+            f"(at most {e(conc.get('limit'))} at once){held}</div>"
+        )
+    if cals := job.get("calendars"):  # exclude: [calendar:<name>] (docs/SCHEDULES.md)
+        names = ", ".join(e(c.get("name")) for c in cals)
+        out += f'<div class="words">calendars: {names}</div>'
+    if gap := job.get("next_excluded"):
+        out += (
+            f'<div class="words">next slot {when(gap.get("slot"), tz)} excluded '
+            f"({e(gap.get('by'))})</div>"
         )
     return out
+
+
+def request_line(job: dict[str, Any]) -> str:
+    """The job's request template (admin/requestview.py: no secrets), for its own page."""
+    req = job.get("request")
+    if not req:
+        return ""
+    parts = [f"<code>{e(req.get('method'))} {e(req.get('path'))}</code>"]
+    if headers := req.get("headers"):
+        listed = ", ".join(f"{e(k)}: {e(v)}" for k, v in headers.items())
+        parts.append(f"headers {listed}")
+    if body := req.get("body_params"):
+        parts.append("body with " + ", ".join(e(f"{{{name}}}") for name in body))
+    if used := req.get("params"):
+        parts.append("run parameters " + ", ".join(e(f"{{{name}}}") for name in used))
+    return f'<p class="src" id="job-request">Request: {"; ".join(parts)}</p>'
 
 
 def at_lines(job: dict[str, Any], tz: object, shown: int = 3) -> list[str]:
@@ -523,7 +548,7 @@ def job_page(
     )
     return (
         f'<h1 id="job-title" data-job="{e(name)}">{e(name)} <small>{e(job.get("target"))}</small>'
-        f"</h1>{source_line(job)}{head}{forms}"
+        f"</h1>{source_line(job)}{request_line(job)}{head}{forms}"
         '<section aria-labelledby="runs-h"><h2 id="runs-h">Runs</h2><div class="scroll">'
         '<table class="runs"><thead><tr><th scope="col">Status</th><th scope="col">Trigger</th>'
         '<th scope="col">Attempt</th><th scope="col">Instance</th><th scope="col">Scheduled</th>'

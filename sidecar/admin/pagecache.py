@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from sidecar.fleet.member import Fleet
     from sidecar.store.guard import StreamGuard
 
-log = logging.getLogger("sidecar.page_data")
+log = logging.getLogger(__name__)
 
 HISTORY_REUSE = 1.0
 STREAM_REUSE = 2.0

@@ -50,7 +50,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from sidecar.core.errors import ConfigError, ListenError
 from sidecar.obs.exposition import MetricsCache
 
-log = logging.getLogger("sidecar.server")
+log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = 5.0
 EXCHANGE_TIMEOUT = 10.0

@@ -18,7 +18,7 @@ import re
 from sidecar.config.fields import MAX_SECRET_FILE, read_capped
 from sidecar.core.errors import ConfigError
 
-log = logging.getLogger("sidecar.tokens")
+log = logging.getLogger(__name__)
 
 KEY = "admin.token_file"
 NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")

@@ -45,13 +45,13 @@ if TYPE_CHECKING:
     from sidecar.obs.outbound import Outbox
     from sidecar.obs.tracing import SpanExporter
 
-log = logging.getLogger("sidecar.aftermath")
+log = logging.getLogger(__name__)
 
 AUTO_BY = "auto"
 
 
 class Aftermath:
-    """The hook of run/job.py, run/lease.py (lost runs) and admin/streamops.py (run-now)."""
+    """The hook of run/job_loop.py, run/lease.py (lost runs) and ops/streamops.py (run-now)."""
 
     def __init__(
         self,

@@ -38,13 +38,16 @@ from sidecar.core.wire import (
 from sidecar.core.wire import health_key as health_key  # re-exported
 from sidecar.store.kv import Keys, create_or_update
 
-log = logging.getLogger("sidecar.health")
+log = logging.getLogger(__name__)
 
 OK = "ok"
 FAILING = "failing"
 # An event key lives this long: far longer than any retry of its outcome.
 EVENT_TTL = 3600.0
-CAS_TRIES = 20
+# More than a command's COMMAND_CAS_TRIES (sidecar/store/kv.py): nobody waits
+# for it, and the runs of one job ending on several sidecars at once (retries,
+# backfills, one-off runs) all write health.<job>, each on top of the others.
+HEALTH_CAS_TRIES = 20
 # Between two compare-and-set tries of apply (after a conflict or no answer),
 # and the fixed pause of reset's after a conflict.
 CAS_RETRY_START = 0.02
@@ -103,7 +106,7 @@ async def apply(
     """Apply one run's outcome to ``health.<job>``; the new value and the events made."""
     key = health_key(job)
     backoff = Backoff(CAS_RETRY_START, CAS_RETRY_CAP)
-    for _ in range(CAS_TRIES):
+    for _ in range(HEALTH_CAS_TRIES):
         try:
             last = await keys.last(key)
             revision, prev = last if last is not None else (0, None)
@@ -120,7 +123,7 @@ async def apply(
         except TRANSIENT as exc:
             log.debug("%s: %r; asking again", key, exc)
         await backoff.sleep()
-    raise TimeoutError(f"{key}: no compare-and-set succeeded in {CAS_TRIES} tries")
+    raise TimeoutError(f"{key}: no compare-and-set succeeded in {HEALTH_CAS_TRIES} tries")
 
 
 async def reset(keys: Keys, job: str) -> bool:
@@ -128,7 +131,7 @@ async def reset(keys: Keys, job: str) -> bool:
     ``recovered``). False when the job had no health key."""
     key = health_key(job)
     backoff = Backoff(CAS_RETRY_START, CAS_RETRY_START)
-    for _ in range(CAS_TRIES):
+    for _ in range(HEALTH_CAS_TRIES):
         last = await keys.last(key)
         if last is None or last[1] is None:
             return False
@@ -139,7 +142,7 @@ async def reset(keys: Keys, job: str) -> bool:
             return True
         except KeyHeld:
             await backoff.sleep()
-    raise TimeoutError(f"{key}: no compare-and-set succeeded in {CAS_TRIES} tries")
+    raise TimeoutError(f"{key}: no compare-and-set succeeded in {HEALTH_CAS_TRIES} tries")
 
 
 async def claim_event(keys: Keys, job: str, run: str, event: str, ttl: float | None) -> bool:
@@ -161,7 +164,7 @@ async def reset_kv(kv: Any, job: str) -> bool:
 
     key = health_key(job)
     backoff = Backoff(CAS_RETRY_START, CAS_RETRY_START)
-    for _ in range(CAS_TRIES):
+    for _ in range(HEALTH_CAS_TRIES):
         try:
             entry = await kv.get(key)
         except KeyNotFoundError:
@@ -176,4 +179,4 @@ async def reset_kv(kv: Any, job: str) -> bool:
             return True
         except CasConflict:
             await backoff.sleep()
-    raise TimeoutError(f"{key}: no compare-and-set succeeded in {CAS_TRIES} tries")
+    raise TimeoutError(f"{key}: no compare-and-set succeeded in {HEALTH_CAS_TRIES} tries")

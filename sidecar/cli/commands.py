@@ -14,7 +14,7 @@ import time
 import click
 
 from sidecar.cli import output
-from sidecar.cli.command import (
+from sidecar.cli.shared import (
     EXIT_FAILED,
     EXIT_USAGE,
     Loaded,
@@ -65,7 +65,7 @@ def check(config_path: str | None, connect: bool, no_files: bool) -> None:
     Reads the files the config names as `run` does (exit 2 when `run` would
     refuse one); connects to nothing unless --connect is given.
     """
-    from sidecar.admin import streamops
+    from sidecar.ops import streamops
 
     ld = load(config_path, secrets=connect, every_file=not no_files)
     say(output.check_lines(ld.config, Clock().wall_ms()))
@@ -81,7 +81,7 @@ def check(config_path: str | None, connect: bool, no_files: bool) -> None:
 
 def read_runs(ld: Loaded, job: str) -> list[Run] | None:
     """The runs of `job`, newest first; None when there is no stream yet (said on stderr)."""
-    from sidecar.admin import streamops
+    from sidecar.ops import streamops
 
     config = ld.config
     try:
@@ -158,7 +158,7 @@ def last_run(job: str, config_path: str | None, as_json: bool) -> None:
 )
 def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
     """Claim a manual run of JOB, trigger it from here and record it; exit 0 or 1."""
-    from sidecar.admin import streamops
+    from sidecar.ops import streamops
 
     ld, spec = any_job(load(config_path), job)
     fleet_once(spec, "run-now")
@@ -184,7 +184,7 @@ def run_now(job: str, config_path: str | None, timeout: float | None) -> None:
 @click.option("--yes", is_flag=True, help="With --lower: do not ask.")
 def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> None:
     """The stream's settings and state (and, with --lower, the one way to lower them)."""
-    from sidecar.admin import streamops
+    from sidecar.ops import streamops
 
     ld = load(config_path)
     if lower:
@@ -210,7 +210,7 @@ def stream(config_path: str | None, as_json: bool, lower: bool, yes: bool) -> No
 
 def _lower(ld: Loaded, yes: bool) -> None:
     """`stream --lower`: say what lowering deletes, ask, then lower (one connection)."""
-    from sidecar.admin import streamops
+    from sidecar.ops import streamops
 
     refused: list[str] = []
 
@@ -256,7 +256,7 @@ def pause(
 ) -> None:
     """Pause JOB on every sidecar until `resume` or --until; a pause in force is kept
     (--force replaces)."""
-    from sidecar.admin import streamops
+    from sidecar.ops import streamops
 
     ld, _ = any_job(load(config_path), job)
     until = _until(until_text)
@@ -274,21 +274,21 @@ def pause(
 
 def _instant(option: str, text: str, now: float) -> float:
     """--from/--to of backfill: RFC 3339 or a duration back from now, else exit 2."""
-    from sidecar.admin import skipops
+    from sidecar.config.instants import instant_of
 
     try:
-        return skipops.instant_of(text, now, back=True)
+        return instant_of(text, now, back=True)
     except ValueError as exc:
         fail(EXIT_USAGE, f"{option}: {exc}")
 
 
 def _until(text: str | None) -> float | None:
-    from sidecar.admin import skipops
+    from sidecar.config.instants import until_of
 
     if text is None:
         return None
     try:
-        return skipops.until_of(text, time.time())
+        return until_of(text, time.time())
     except ValueError as exc:
         fail(EXIT_USAGE, f"--until: {exc}")
 
@@ -308,7 +308,7 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
     The slots that fell during the pause are not run (not even by sidecars
     that were down and catch up on start), unless --catchup asks for them.
     """
-    from sidecar.admin import skipops, streamops
+    from sidecar.ops import skipops, streamops
 
     ld = load(config_path)
     spec = ld.config.job(job) if job in ld.config.job_names else _added_job(ld, job)
@@ -353,11 +353,11 @@ def _added_job(ld: Loaded, name: str) -> JobConfig | None:
 @reason_option("in history and the logs")
 def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
     """Skip the next COUNT runs of JOB on every replica (recorded skipped, reason skip)."""
-    from sidecar.admin import skipops
+    from sidecar.admin import skipwrite
 
     ld, spec = any_job(load(config_path), job)
     try:
-        added, left = call(skipops.skip(ld.config, ld.secrets, spec, count, who(), reason))
+        added, left = call(skipwrite.skip(ld.config, ld.secrets, spec, count, who(), reason))
     except ValueError as exc:  # e.g. fewer runs left before the year 10000
         fail(EXIT_USAGE, f"--count: {exc}")
     say(output.skipping(spec, added, left, config_path))
@@ -368,7 +368,7 @@ def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
 @config_option
 def unskip(job: str, config_path: str | None) -> None:
     """Cancel the skips of JOB still ahead; exit 1 when there were none."""
-    from sidecar.admin import skipops
+    from sidecar.ops import skipops
 
     ld, _ = any_job(load(config_path), job)
     left = call(skipops.unskip(ld.config, ld.secrets, job))
@@ -408,7 +408,7 @@ def backfill(
     Any healthy replica takes each slot, one at a time, with its own claim id
     (<job>:<slot>:b) and trigger backfill; at most 1000 slots.
     """
-    from sidecar.admin import skipops
+    from sidecar.ops import skipops
 
     ld, spec = any_job(load(config_path), job)
     if cancel:
@@ -441,10 +441,11 @@ def _queue_backfill(
     again: bool = False,
 ) -> None:
 
-    from sidecar.admin import skipops
+    from sidecar.ops import skipops
+    from sidecar.when.backfillrange import backfill_slots
 
     try:
-        slots = skipops.backfill_slots(job, start, end)
+        slots = backfill_slots(job.schedule, start, end)
     except ValueError as exc:
         fail(EXIT_USAGE, f"{job.name}: {exc}")
     try:
@@ -485,7 +486,8 @@ def at_command(
     job's jitter, with claim id <job>:<ms>:at and trigger `at`; not retried.
     --list shows those pending, --cancel TIME|all drops them.
     """
-    from sidecar.admin import atops
+    from sidecar.admin import atacts
+    from sidecar.ops import atops
 
     ld, spec = any_job(load(config_path), job)
     if sum((time_text is not None, listing, cancel_text is not None)) != 1:
@@ -511,10 +513,10 @@ def at_command(
             say(output.at_lines(spec, gone, "cancelled"))
         if not gone:
             if late:
-                fail(EXIT_FAILED, atops.too_late(job, late))
-            fail(EXIT_FAILED, atops.nothing_to_cancel(job, cancel_text))
+                fail(EXIT_FAILED, atacts.too_late(job, late))
+            fail(EXIT_FAILED, atacts.nothing_to_cancel(job, cancel_text))
         if late:
-            note(atops.too_late(job, late))
+            note(atacts.too_late(job, late))
         return
     assert time_text is not None
     now = time.time()
@@ -533,10 +535,10 @@ def at_command(
 
 def _at_slot(option: str, text: str, now: float) -> int:
     """TIME of `at`: RFC 3339 or a duration from now, as epoch ms; else exit 2."""
-    from sidecar.admin import skipops
+    from sidecar.config.instants import instant_of
 
     try:
-        return round(skipops.instant_of(text, now) * 1000)
+        return round(instant_of(text, now) * 1000)
     except ValueError as exc:
         fail(EXIT_USAGE, f"{option}: {exc}")
 
@@ -546,8 +548,8 @@ def _at_slot(option: str, text: str, now: float) -> int:
 @json_option("The fleet view as one JSON object")
 def status(config_path: str | None, as_json: bool) -> None:
     """The fleet at a glance: live instances, paused jobs, last runs, config mismatches."""
-    from sidecar.admin import streamops
     from sidecar.cli import status_text
+    from sidecar.ops import streamops
 
     ld = load(config_path)
     view = call(streamops.status(ld.config, ld.secrets, Clock().wall_ms()))

@@ -1,7 +1,7 @@
 """The daemon: wiring and lifecycle of one sidecar; a bounded drain.
 
 It connects, starts the admin server, the stream guard (sidecar/store/guard.py)
-and one loop per job (sidecar/run/job.py: a job's whole life), and stops them in
+and one loop per job (sidecar/run/job_loop.py: a job's whole life), and stops them in
 order. SIGTERM/SIGINT/SIGHUP: stop claiming, let running triggers finish
 within ``shutdown_grace``, record their results, drain the connection, exit 0.
 SIGHUP does not reload the config (nothing in it can change in place): it
@@ -35,7 +35,7 @@ from sidecar.obs.metrics import Metrics
 from sidecar.obs.spans import span_exporter
 from sidecar.run.claim import Claimer
 from sidecar.run.context import Context
-from sidecar.run.job import Jobs
+from sidecar.run.job_loop import Jobs
 from sidecar.run.trigger import Trigger
 from sidecar.run.wiring import wire
 from sidecar.store.connection import Connection, jetstream
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Daemon", "start", "stream_spec"]
 
-log = logging.getLogger("sidecar.daemon")
+log = logging.getLogger(__name__)
 
 # On SIGTERM, how long a claim in flight may still take before it is abandoned.
 CLAIM_DRAIN = 2.0

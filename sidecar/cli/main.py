@@ -1,8 +1,8 @@
-"""The command line of SPEC.md: each command parses, calls one function, prints.
+"""The command line of docs/CLI.md: each command parses, calls one function, prints.
 
-What is shown lives in `sidecar/cli/output.py`, what is done in `sidecar/admin/streamops.py`
+What is shown lives in `sidecar/cli/output.py`, what is done in `sidecar/ops/streamops.py`
 (one-shot commands) and `sidecar/cli/daemon.py` (`run`); loading, failing and the
-exit codes every command shares in `sidecar/cli/command.py`. The group and `run`
+exit codes every command shares in `sidecar/cli/shared.py`. The group and `run`
 are here, every other command in `sidecar/cli/commands.py`, imported by the
 first of them asked for (``LATER``): `run` leaves their code unloaded. A new
 command goes there, gets its line in ``LATER``, and takes
@@ -20,7 +20,7 @@ import sys
 import click
 
 from sidecar import __version__
-from sidecar.cli.command import (
+from sidecar.cli.shared import (
     Commands,
     ShortOptions,
     call,
@@ -45,9 +45,9 @@ LATER = {
     "backfill": ("sidecar.cli.commands", "backfill"),
     "at": ("sidecar.cli.commands", "at_command"),
     "status": ("sidecar.cli.commands", "status"),
-    "forget": ("sidecar.cli.forget", "forget"),
+    "forget": ("sidecar.cli.forget_command", "forget"),
     "demo": ("sidecar.cli.commands", "demo"),
-    "job": ("sidecar.cli.jobs", "job_group"),
+    "job": ("sidecar.cli.job_commands", "job_group"),
 }
 
 

@@ -32,7 +32,7 @@ from sidecar.when.describe import schedule_lines
 from sidecar.when.slots import utc_text
 
 if TYPE_CHECKING:
-    from sidecar.admin.streamops import ManualRun
+    from sidecar.ops.streamops import ManualRun
 
 # Job names listed in full in an unknown-job error; more are counted.
 MAX_LISTED = 20

@@ -1,4 +1,4 @@
-"""The text of ``status``: the fleet view (sidecar/admin/fleetview.py) as lines for a terminal.
+"""The text of ``status``: the fleet view (sidecar/ops/fleetview.py) as lines for a terminal.
 
 Every value in the view came from the state bucket or the stream, so it is
 hostile: each line goes through ``printable`` (sidecar/cli/output.py).

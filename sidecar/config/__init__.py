@@ -1,1 +1,1 @@
-"""The config of SPEC.md: YAML and env in, frozen dataclasses out."""
+"""The config of docs/CONFIG.md: YAML and env in, frozen dataclasses out."""

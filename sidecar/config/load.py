@@ -1,4 +1,4 @@
-"""The config of SPEC.md, parsed once into frozen dataclasses.
+"""The config of docs/CONFIG.md, parsed once into frozen dataclasses.
 
 ``load_config`` reads the YAML file, ``parse_config`` applies the env
 overrides and checks every rule, raising :class:`ConfigError` with the key's
@@ -10,7 +10,7 @@ so that ``check`` works where the secret files are absent.
 This module is the config's front: the top level with its sections (one
 parser each: ``nats``, ``metrics``, ``admin``, ``target``, ``defaults``),
 the env overrides and the secrets. The dataclasses are in
-``sidecar.config.model``, a ``jobs:`` entry is read by ``sidecar.config.jobs``
+``sidecar.config.model``, a ``jobs:`` entry is read by ``sidecar.config.job_entry``
 and the notify/ping/tracing sections by ``sidecar.config.alerting``; every
 public name is importable from here.
 """
@@ -40,7 +40,7 @@ from sidecar.config.fields import (
     target_url,
     type_name,
 )
-from sidecar.config.jobs import (
+from sidecar.config.job_entry import (
     CATCHUP,
     JOB_KEYS,
     MAX_RETRIES,

@@ -1,10 +1,10 @@
 """What a valid config is: the frozen dataclasses ``parse_config`` builds.
 
-Every section of SPEC.md has its dataclass here, with units already
+Every section of docs/CONFIG.md has its dataclass here, with units already
 normalised (durations float seconds, timezones ``ZoneInfo``, schedules
 :class:`Calendar`), and :class:`Secrets`, the values ``load_secrets`` reads.
 No parsing here: the rules live in ``sidecar.config.load`` (top level, ``nats``,
-``target``) and ``sidecar.config.jobs`` (``jobs:``). Import these names from
+``target``) and ``sidecar.config.job_entry`` (``jobs:``). Import these names from
 ``sidecar.config.load``.
 """
 
@@ -235,7 +235,7 @@ class JobConfig:
     max_late: float = 60.0
     history_size: int | None = None
     request: RequestConfig
-    catchup: str = "none"  # none, latest or all (FLEET.md)
+    catchup: str = "none"  # none, latest or all (docs/GUARANTEES.md, catch-up)
     overlap: str = "allow"  # skip, replace, buffer_one: sidecar/run/overlap.py
     cancel: CancelConfig = field(default_factory=CancelConfig)  # overlap: replace
     on_lost: str = "record"  # or rerun: a lost run's next attempt is due at once
@@ -256,7 +256,7 @@ class JobConfig:
     run_on: str = "one"
     answer: AnswerConfig = field(default_factory=AnswerConfig)
     # Runs after another job's runs instead of on a schedule (``schedule`` is then
-    # a calendar with no slot: sidecar/config/jobs.py ``NO_SLOTS``); None: scheduled.
+    # a calendar with no slot: sidecar/config/job_entry.py ``NO_SLOTS``); None: scheduled.
     after: AfterConfig | None = None
 
 

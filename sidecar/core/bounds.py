@@ -17,7 +17,7 @@ MAX_SLOT_MS = 253_402_300_799_999
 MAX_TIME_S = MAX_SLOT_MS / 1000
 # JetStream sequences are unsigned 64-bit; beyond 2^63 nothing real is stored.
 MAX_SEQ = 2**63 - 1
-# retry.max is at most 10 (FLEET.md): attempt 11 is the last that can exist.
+# retry.max is at most 10 (docs/CONFIG.md): attempt 11 is the last that can exist.
 MAX_ATTEMPT = 11
 
 

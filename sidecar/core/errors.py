@@ -228,7 +228,7 @@ class BucketJobRefused(SidecarError):
 
 class ForgetRefused(SidecarError):
     """`forget JOB` refused: a live instance runs the job, a run of it holds a lease,
-    or it is a job of the state bucket (exit 1; sidecar/admin/forget.py)."""
+    or it is a job of the state bucket (exit 1; sidecar/ops/forget.py)."""
 
 
 class SendError(SidecarError):

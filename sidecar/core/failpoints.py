@@ -68,7 +68,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from sidecar.core import clock
 from sidecar.core.errors import FailpointError
 
-log = logging.getLogger("sidecar.failpoints")
+log = logging.getLogger(__name__)
 
 ENV = "ANARCHON_FAILPOINTS"
 POINTS = frozenset(

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
-log = logging.getLogger("sidecar.tasks")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

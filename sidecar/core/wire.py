@@ -4,8 +4,8 @@ Subjects, message ids, state-bucket key names, NATS and trigger headers, the
 compact JSON every record is written in, the result record and its
 statuses, and the NATS error codes and transient errors every caller tells
 apart. Nothing here does I/O or holds a connection: names and values only,
-so that a change to the wire is a change to this file (SPEC.md and FLEET.md
-are the contract it follows).
+so that a change to the wire is a change to this file (docs/TRIGGER.md, docs/CLI.md and
+SECURITY.md's key table describe it).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
+from sidecar import __version__
 from sidecar.core.excerpt import Excerpt
 
 # --- subjects, ids, keys, headers ---
@@ -33,7 +34,11 @@ from sidecar.core.excerpt import Excerpt
 MSG_ID = "Nats-Msg-Id"  # JetStream de-duplicates on it within the duplicate window
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"  # a compare-and-set
 
-# Trigger request headers (SPEC.md).
+# Every request the sidecar sends (the trigger, pings, webhooks, spans) says
+# who sends it, and which release (docs/TRIGGER.md).
+USER_AGENT = f"anarchon-sidecar/{__version__}"
+
+# Trigger request headers (docs/TRIGGER.md).
 JOB_HEADER = "X-Anarchon-Job"
 SLOT_HEADER = "X-Anarchon-Slot"
 RUN_ID_HEADER = "X-Anarchon-Run-Id"
@@ -143,7 +148,7 @@ def lost_msg_id(job: str, slot: int, attempt: int) -> str:
     return f"{job}:{slot}:{attempt}:lost"
 
 
-# State-bucket keys (FLEET.md).
+# State-bucket keys (SECURITY.md's key table).
 def paused_key(job: str) -> str:
     return f"paused.{job}"
 
@@ -241,7 +246,7 @@ def cas_conflict(exc: BaseException) -> bool:
 SUCCEEDED: Final = "succeeded"
 FAILED: Final = "failed"
 SKIPPED: Final = "skipped"  # won or kept from running, nothing sent: error says why
-LOST: Final = "lost"  # its lease expired: the runner stopped renewing (FLEET.md)
+LOST: Final = "lost"  # its lease expired: the runner stopped renewing (docs/GUARANTEES.md)
 RUNNING: Final = "running"  # history only: a claim with no result yet
 RESULT_STATUSES: Final = (SUCCEEDED, FAILED, SKIPPED, LOST)
 # The statuses of a run whose request went out, or may have (pings, notify).

@@ -20,7 +20,7 @@ whose candidates died still runs, ``jitter + fallback`` late. A direct read of
 the stored claim would cost one request, exactly like the duplicate claim it
 would save, so the fallback claims instead of reading.
 
-``sidecar/config/jobs.py`` keeps ``jitter + claim.fallback + nats.ack_timeout < max_late``
+``sidecar/config/job_entry.py`` keeps ``jitter + claim.fallback + nats.ack_timeout < max_late``
 (``check_fit``), so the fallback's claim is always made in time.
 
 Fail open: when the view cannot be trusted (not read yet, the bucket without
@@ -47,14 +47,13 @@ if TYPE_CHECKING:
     from sidecar.fleet.member import Fleet
     from sidecar.obs.metrics import Metrics
 
-log = logging.getLogger("sidecar.candidates")
+log = logging.getLogger(__name__)
 
 # The slots of a job whose run was seen, kept for the fallbacks (per job).
 SEEN_PER_JOB = 512
 # Outcomes of a deferred slot (``anarchon_claims_deferred_total{outcome}``).
 SEEN = "seen"
 FALLBACK = "fallback"
-DEFERRED_OUTCOMES = (SEEN, FALLBACK)
 
 
 # ---------------------------------------------------------------------- ranking

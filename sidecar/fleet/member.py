@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from sidecar.obs.metrics import Metrics
     from sidecar.store.permissions import Denial
 
-log = logging.getLogger("sidecar.fleet")
+log = logging.getLogger(__name__)
 
 # Between two tries to open the state bucket.
 BUCKET_RETRY_START = 0.2

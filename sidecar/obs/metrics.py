@@ -1,4 +1,4 @@
-"""Prometheus metrics of SPEC.md, on a registry that the caller injects.
+"""Prometheus metrics of docs/METRICS.md, on a registry that the caller injects.
 
 No global registry: tests create as many sidecars in one process as they like
 and read values with ``registry.get_sample_value``. Every name is prefixed
@@ -85,7 +85,7 @@ class NextRun(ShownGauge):
 
 
 class Metrics:
-    """Every metric of SPEC.md; attribute names are the metric names without prefix."""
+    """Every metric of docs/METRICS.md; attribute names are the metric names without prefix."""
 
     def __init__(
         self,
@@ -239,6 +239,25 @@ class Metrics:
             "concurrency_slots_held",
             "Slots of the job's shared concurrency limit (jobs[].concurrency) its runs "
             "hold on this instance now.",
+        )
+        # run_on: every (sidecar/run/everymissed.py): every live sidecar counts each
+        # miss, so the fleet's number is the max over instances, not the sum.
+        self.every_slots_missed_total = counter(
+            "every_slots_missed",
+            "Slots of a run_on: every job that an instance of it missed (no claim within "
+            "max_late), as this instance judged them; max over instances. reason: stopped "
+            "(it had exited cleanly: a rollout, a scale-down) or away (it died, froze, "
+            "lost NATS, or how it left is not known here).",
+            ("job", "reason"),
+        )
+        # jobs[].after (sidecar/run/chains.py): each final run of the job followed,
+        # once for the fleet, by whether it fired this job's run.
+        self.chain_links_total = counter(
+            "chain_links",
+            "Final runs of the job this one runs after: outcome fired (this instance won "
+            "the chained run's claim) or not_fired (it ended otherwise than `on` asks; "
+            "counted by the instance that ran it).",
+            ("job", "outcome"),
         )
         self.attempts_due_total = counter(
             "attempts_due", "Further attempts this instance made due, by reason.", ("job", "reason")

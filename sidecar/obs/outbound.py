@@ -29,16 +29,15 @@ from urllib.parse import urlsplit
 
 import h11
 
-from sidecar import __version__
 from sidecar.config.alerting import mask_url
 from sidecar.core.backoff import Backoff
 from sidecar.core.errors import SendError
 from sidecar.core.tasks import TaskSet, cancel_all
+from sidecar.core.wire import USER_AGENT
 from sidecar.obs.ratelog import RateLimitedLog
 
-log = logging.getLogger("sidecar.outbound")
+log = logging.getLogger(__name__)
 
-USER_AGENT = f"anarchon-sidecar/{__version__}"
 # Of an answer only this much is read (for the message of a refusal).
 MAX_ANSWER = 512
 # The drain waits at most this long for queued sends before dropping them.

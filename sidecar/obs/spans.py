@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from sidecar.config.load import Config
     from sidecar.obs.tracing import SpanExporter
 
-log = logging.getLogger("sidecar.tracing")
+log = logging.getLogger(__name__)
 
 
 def span_exporter(config: Config) -> SpanExporter | None:

@@ -2,8 +2,8 @@
 
 Each write is a compare-and-set of ``at.<job>``, so two operators, or an
 operator and the sidecar dropping an entry it ran, never lose each other's
-change. The commands, the page and the API call these through
-sidecar/admin/atops.py; the fleet's part (sidecar/run/atruns.py) drops what it ran.
+change. The command calls these through sidecar/ops/atops.py, the page and
+the API through sidecar/admin/atacts.py; the fleet's part (sidecar/run/atruns.py) drops what it ran.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sidecar.config.load import JobConfig
 from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import CasConflict, KeptChanging
-from sidecar.store.kv import create_or_update, delete_at
+from sidecar.store.kv import COMMAND_CAS_TRIES, create_or_update, delete_at
 from sidecar.store.state import decode
 from sidecar.when.atkey import (
     MAX_PENDING,
@@ -33,9 +33,7 @@ from sidecar.when.atkey import (
     pending_of,
 )
 
-log = logging.getLogger("sidecar.atqueue")
-
-CAS_TRIES = 8
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,7 +68,7 @@ async def queue(kv: KeyValue, job: JobConfig, slot: int, by: str, reason: str) -
     """Add the one-off at `slot` (checked by the caller) to ``at.<job>``."""
     key = at_key(job.name)
     run = AtRun(slot, by[:MAX_TEXT], rfc3339(time.time()), reason[:MAX_TEXT])
-    for _ in range(CAS_TRIES):
+    for _ in range(COMMAND_CAS_TRIES):
         runs, revision = await _read(kv, key)
         held = next((r for r in runs if r.slot == slot), None)
         if held is not None:
@@ -85,13 +83,13 @@ async def queue(kv: KeyValue, job: JobConfig, slot: int, by: str, reason: str) -
         except CasConflict:
             continue
         return Queued(run, True, sorted([*runs, run], key=lambda r: r.slot))
-    raise KeptChanging(key, CAS_TRIES)
+    raise KeptChanging(key, COMMAND_CAS_TRIES)
 
 
 async def drop(kv: KeyValue, job: str, slots: set[int] | None) -> list[AtRun]:
     """Remove the entries at `slots` (all when None) from ``at.<job>``; those removed."""
     key = at_key(job)
-    for _ in range(CAS_TRIES):
+    for _ in range(COMMAND_CAS_TRIES):
         runs, revision = await _read(kv, key)
         if revision is None:
             return []
@@ -103,7 +101,7 @@ async def drop(kv: KeyValue, job: str, slots: set[int] | None) -> list[AtRun]:
         except CasConflict:
             continue
         return gone
-    raise KeptChanging(key, CAS_TRIES)
+    raise KeptChanging(key, COMMAND_CAS_TRIES)
 
 
 async def mark(kv: KeyValue, job: str, slot: int, instance: str) -> AtRun | None:
@@ -111,7 +109,7 @@ async def mark(kv: KeyValue, job: str, slot: int, instance: str) -> AtRun | None
     from then on a cancel is too late (``cancel``). The entry as marked (by this or
     another sidecar), or None when it is gone (cancelled, or claimed and dropped)."""
     key = at_key(job)
-    for _ in range(CAS_TRIES):
+    for _ in range(COMMAND_CAS_TRIES):
         runs, revision = await _read(kv, key)
         held = next((r for r in runs if r.slot == slot), None)
         if held is None or held.claiming:
@@ -122,14 +120,14 @@ async def mark(kv: KeyValue, job: str, slot: int, instance: str) -> AtRun | None
         except CasConflict:
             continue
         return marked
-    raise KeptChanging(key, CAS_TRIES)
+    raise KeptChanging(key, COMMAND_CAS_TRIES)
 
 
 async def cancel(kv: KeyValue, job: str, slots: set[int] | None) -> tuple[list[AtRun], list[AtRun]]:
     """Cancel the entries at `slots` (all when None) that no sidecar started claiming:
     (those removed, those too late: marked ``claiming``, left in the key)."""
     key = at_key(job)
-    for _ in range(CAS_TRIES):
+    for _ in range(COMMAND_CAS_TRIES):
         runs, revision = await _read(kv, key)
         if revision is None:
             return [], []
@@ -143,14 +141,14 @@ async def cancel(kv: KeyValue, job: str, slots: set[int] | None) -> tuple[list[A
         except CasConflict:
             continue
         return gone, late
-    raise KeptChanging(key, CAS_TRIES)
+    raise KeptChanging(key, COMMAND_CAS_TRIES)
 
 
 async def rewrite(kv: KeyValue, job: JobConfig) -> None:
     """Write ``at.<job>`` again with its good entries only (hostile ones dropped, an
     entry on an instant of the job's schedule too)."""
     key = at_key(job.name)
-    for _ in range(CAS_TRIES):
+    for _ in range(COMMAND_CAS_TRIES):
         runs, revision = await _read(kv, key, instants_of(job.schedule))
         if revision is None:
             return

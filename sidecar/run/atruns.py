@@ -10,7 +10,7 @@ claimed), and claims ``<job>:<ms>:at`` with trigger ``at``: the duplicate
 window makes exactly one sidecar win, whichever of them are alive then. A
 sidecar that cannot read or mark the key (NATS away) does not claim: a cancel
 it cannot see must not be overtaken. The winner runs it like any
-won slot (lease, trigger, record; sidecar/run/job.py); the claim's deciders drop
+won slot (lease, trigger, record; sidecar/run/job_loop.py); the claim's deciders drop
 the entry from the key. A winner that dies between its claim and its lease is
 judged by the losers as a slot's (sidecar/run/claimwindow.py): recorded lost
 once. A one-off is not retried and not rerun when lost (as
@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     from sidecar.run.context import Context
     from sidecar.run.skips import Unclaimed
 
-log = logging.getLogger("sidecar.atruns")
+log = logging.getLogger(__name__)
 
-#: ``start(job, claim, start)``: run a won claim (sidecar/run/job.py ``_start_run``).
+#: ``start(job, claim, start)``: run a won claim (sidecar/run/job_loop.py ``_start_run``).
 Start = Callable[["JobConfig", "Claim", float], Any]
 #: ``lost(job, claim)``: a claim lost here, whose winner is judged if it never
 #: makes its lease (sidecar/run/claimwindow.py ``lost_claim``).

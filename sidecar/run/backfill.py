@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from sidecar.run.claim import Claim
     from sidecar.run.context import Context
 
-log = logging.getLogger("sidecar.backfill")
+log = logging.getLogger(__name__)
 
 # A running entry whose instance has left the fleet is cleared after this long.
 STALE_AFTER = 20.0

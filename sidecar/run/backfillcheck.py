@@ -33,19 +33,19 @@ from typing import TYPE_CHECKING, Any
 from sidecar.core.bounds import is_int, slot_ms
 from sidecar.core.clock import in_range, parse_rfc3339
 from sidecar.core.errors import HostileBackfill
+from sidecar.when.backfillrange import MAX_SLOTS
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
 
-# The command refuses more; a value holding more was not written by it.
-MAX_SLOTS = 1000
 # A command on a host whose clock runs this far ahead is still believed (NTP-kept
 # fleets are within a second; one further ahead has its backfill refused, said in the log).
 CLOCK_SLACK = 5.0
 FIELDS = frozenset({"pending", "running", "tag", "trigger", "by", "at", "done"})
 RUNNING_FIELDS = frozenset({"slot", "instance", "at"})
 TAG = re.compile(r"b(?:[0-9]{1,12})?")
-TRIGGERS = ("backfill", "catchup")
+# The triggers a backfill run may carry (core/wire.py's TRIGGERS has every kind).
+BACKFILL_TRIGGERS = ("backfill", "catchup")
 MAX_TEXT = 256  # ``by``, ``instance``: a user@host, an instance id
 
 
@@ -99,7 +99,7 @@ def check_backfill(job: JobConfig, value: dict[str, Any], now: float) -> None:
     tag, trigger = value["tag"], value["trigger"]
     if not isinstance(tag, str) or not TAG.fullmatch(tag):
         raise HostileBackfill("tag is not b or b<seconds>")
-    if trigger not in TRIGGERS:
+    if trigger not in BACKFILL_TRIGGERS:
         raise HostileBackfill("trigger is not backfill or catchup")
     _text(value["by"], "by")
     written = _time(value["at"], "at")

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
     from sidecar.run.claim import Claimer
 
-log = logging.getLogger("sidecar.backfill")
+log = logging.getLogger(__name__)
 
 #: ``lost(job, claim)``: judge the winner of `claim` (claimwindow.py ``lost_claim``).
 Lost = Callable[["JobConfig", Claim], None]

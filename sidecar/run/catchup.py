@@ -1,4 +1,4 @@
-"""Catch-up (FLEET.md): claim the slots of the last max_late that nobody claimed.
+"""Catch-up (docs/GUARANTEES.md): claim the slots of the last max_late that nobody claimed.
 
 Run at a job loop's start and after each reconnect, for jobs with
 ``catchup: latest`` or ``all``. Only slots before the one the loop handles
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from sidecar.run.context import Context
     from sidecar.run.retries import Attempt
 
-log = logging.getLogger("sidecar.catchup")
+log = logging.getLogger(__name__)
 
 # catchup: all claims at most this many missed slots of a job at once.
 MAX_CATCHUP = 100

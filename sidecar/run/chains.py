@@ -22,6 +22,10 @@ within B's ``max_late``; anything else is counted as hostile input and
 ignored. At start the consumer reads back B's ``max_late``: a result stored
 while this sidecar was away is still followed, and a claim made that late is
 still within the duplicate window (``check_windows``).
+
+``anarchon_chain_links_total{job=B, outcome}`` counts each final run of A
+once for the fleet: ``fired`` by the sidecar that won B's claim, ``not_fired``
+(A ended otherwise than ``on`` asks) by the sidecar that ran A (docs/METRICS.md).
 """
 
 from __future__ import annotations
@@ -62,9 +66,9 @@ if TYPE_CHECKING:
     from sidecar.run.context import Context
     from sidecar.run.skips import Unclaimed
 
-log = logging.getLogger("sidecar.chains")
+log = logging.getLogger(__name__)
 
-#: ``start(job, claim, start)``: run a won claim (sidecar/run/job.py ``_start_run``).
+#: ``start(job, claim, start)``: run a won claim (sidecar/run/job_loop.py ``_start_run``).
 Start = Callable[["JobConfig", "Claim", float], Any]
 #: ``lost(job, claim)``: a claim lost here, whose winner is judged if it never
 #: makes its lease (sidecar/run/claimwindow.py ``lost_claim``).
@@ -186,10 +190,14 @@ class Chains:
         if not final(prior, status, attempt, manual, record.get("trigger")):
             return
         stored = msg.metadata.timestamp.timestamp()
+        # A link not fired is counted once for the fleet: by the sidecar that ran A.
+        ran_here = record.get("instance") == self.config.instance_id
         for job in afters:
             assert job.after is not None
             if fires(job.after.on, status):
                 self.spawn(self._claim(job, name, record, stored))
+            elif ran_here:
+                self.metrics.chain_links_total.labels(job=job.name, outcome="not_fired").inc()
 
     async def _may_run(self, job: JobConfig, name: str, slot: int, stored: float) -> bool:
         """Whether `job` may be claimed now: not paused; while what this sidecar knows
@@ -242,6 +250,7 @@ class Chains:
                 return
             if claim.won:
                 log.info("job %s: won its run after %s (run %s)", job.name, name, token)
+                self.metrics.chain_links_total.labels(job=job.name, outcome="fired").inc()
                 if failpoints.ENABLED:
                     await failpoints.hit("claim.won")
                 self.start(job, dataclasses.replace(claim, after_run=token), now)

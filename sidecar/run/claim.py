@@ -43,7 +43,7 @@ from sidecar.core.wire import MSG_ID as MSG_ID  # re-exported: the run's ending 
 from sidecar.core.wire import TRANSIENT as TRANSIENT  # re-exported: the run's ending uses it
 from sidecar.core.wire import claim_msg_id as claim_msg_id  # re-exported
 
-log = logging.getLogger("sidecar.claim")
+log = logging.getLogger(__name__)
 
 # Between two publishes of one claim: short (a claim has a deadline of seconds),
 # jittered so that the replicas that timed out together do not ask together.

@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from sidecar.run.context import Context
     from sidecar.run.lostruns import LostRuns
 
-log = logging.getLogger("sidecar.claimwindow")
+log = logging.getLogger(__name__)
 
 # A winner's presence must stay away this long (two renewals and a margin)
 # before it is taken for dead: a presence that expired while the bucket had no
@@ -259,7 +259,7 @@ class ClaimWindow(WinnerSide):
             # Another claim's run holds the slot's run key (a backfill of the slot, or
             # the slot's scheduled run when a backfill's taker is judged): the copy is
             # made once it is gone, so that a winner that wakes meanwhile still finds
-            # the key held and does not run late (sidecar/run/job.py).
+            # the key held and does not run late (sidecar/run/job_loop.py).
             log.info("%s held by another run of the slot; judged once it is gone", key)
             while key in self.view.keys:
                 if self.stopping.is_set() or self.clock.monotonic() >= lost_at + JUDGE_MAX:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from sidecar.run.context import Context
     from sidecar.run.lostruns import LostRuns
 
-log = logging.getLogger("sidecar.claimwindow")
+log = logging.getLogger(__name__)
 
 # The judge's copy of the lease outlives lease_ttl by the time a lost record's
 # publish may take (sidecar/run/record.py LOST_RETRY): it is stored before the copy

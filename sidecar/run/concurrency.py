@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from sidecar.run.context import Context
     from sidecar.store.kv import Keys
 
-log = logging.getLogger("sidecar.concurrency")
+log = logging.getLogger(__name__)
 
 PREFIX = "conc."
 # A waiting run tries every slot key again after this long without a change the

@@ -1,4 +1,4 @@
-"""Run leases on the state bucket (FLEET.md): held while a run runs, lost when they expire.
+"""Run leases on the state bucket (docs/GUARANTEES.md): held while a run runs, lost at expiry.
 
 ``async with Lease(...)``: the key (``run.<job>.<slot>[.<attempt>]``, or
 ``lock.<job>`` for ``overlap: skip``) is created before the trigger with a
@@ -31,7 +31,7 @@ import math
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from sidecar.config.jobs import LOCKED
+from sidecar.config.job_entry import LOCKED
 from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import slot_ms
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from sidecar.obs.metrics import Metrics
     from sidecar.run.claim import Claim
 
-log = logging.getLogger("sidecar.lease")
+log = logging.getLogger(__name__)
 
 # The longest a won run waits for its run lease before it triggers the app
 # (``Lease.start``); the create goes on meanwhile. The state bucket's stream has

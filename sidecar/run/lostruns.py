@@ -1,4 +1,4 @@
-"""Lost runs (FLEET.md): a lease that expired is a run whose runner is gone.
+"""Lost runs (docs/GUARANTEES.md): a lease that expired is a run whose runner is gone.
 
 Every sidecar sees a lease expire (a ``MaxAge`` marker, not a delete) and
 publishes a ``lost`` result for that run with ``Nats-Msg-Id:
@@ -29,14 +29,14 @@ from sidecar.run.claim import token_of
 from sidecar.run.lease import COVERED_BY
 from sidecar.run.record import Outcome, Recorder
 from sidecar.store.kv import last_msg
-from sidecar.store.state import EXPIRED, REPLACED, Removal, View
+from sidecar.store.state import BUCKET_REPLACED, EXPIRED, Removal, View
 from sidecar.when.attempts import is_lease_key, lease_job, renew_every
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
     from sidecar.run.context import Context
 
-log = logging.getLogger("sidecar.lostruns")
+log = logging.getLogger(__name__)
 
 # A lost record is checked against the results this often at most when results
 # keep coming in between the check and the record.
@@ -112,7 +112,7 @@ class LostRuns:
             if removal.how != EXPIRED or not self.judges_foreign(removal):
                 return
             coro = self.record_lost(name, removal)
-        elif removal.how == REPLACED:
+        elif removal.how == BUCKET_REPLACED:
             coro = self.replaced(job, removal)
         elif removal.how != EXPIRED:
             if removal.how is None:

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
     from sidecar.run.context import Context
 
-log = logging.getLogger("sidecar.overlap")
+log = logging.getLogger(__name__)
 
 # The header of a cancel request: the run token (X-Anarchon-Run-Id) of the run to stop.
 CANCEL_HEADER = "X-Anarchon-Cancel"

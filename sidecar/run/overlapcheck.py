@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from sidecar.run.context import Context
     from sidecar.store.stream import StreamSpec
 
-log = logging.getLogger("sidecar.overlap")
+log = logging.getLogger(__name__)
 
 # A run id is 128 random bits in hex (sidecar/core/wire.py new_token); other
 # implementations may write longer ones, never longer than this.

@@ -2,8 +2,8 @@
 
 Every path of a run ends in an ``Outcome`` (succeeded, failed, skipped with a
 reason, lost; with its error, times, attempt and trigger kind): the job loop
-(sidecar/run/job.py), a slot kept from running (sidecar/run/skips.py), lost-run
-judging (sidecar/run/lostruns.py), ``run-now`` (sidecar/admin/streamops.py) and a run
+(sidecar/run/job_loop.py), a slot kept from running (sidecar/run/skips.py), lost-run
+judging (sidecar/run/lostruns.py), ``run-now`` (sidecar/ops/streamops.py) and a run
 started from the page (sidecar/admin/actions.py). ``Recorder.record`` turns it into
 the ``ResultRecord`` (built nowhere else), publishes it, counts it, writes the
 run line and calls the aftermath's hooks (pings, notifications, health,
@@ -56,10 +56,9 @@ if TYPE_CHECKING:
     from sidecar.run.claim import Claim
     from sidecar.run.trigger import TriggerResult
 
-# The run line's logger is what operators grep for (docs/CLI.md shows it):
-# ``sidecar.run.job``, wherever the ending is recorded.
-run_log = logging.getLogger("sidecar.job")
-log = logging.getLogger("sidecar.record")
+# Every ending is recorded here, so the run line (docs/CLI.md shows it) always
+# comes from this module's logger, ``sidecar.run.record``.
+log = logging.getLogger(__name__)
 
 # How many times a result's publish is tried (de-duplicated by its msg id).
 PUBLISH_TRIES = 30
@@ -367,8 +366,8 @@ class Recorder:
             parts.append(f"error={outcome.error!r}")
         line = " ".join(parts)
         if kind == LOST:
-            run_log.error("%s: the runner died, hung or lost NATS", line)
+            log.error("%s: the runner died, hung or lost NATS", line)
         elif kind == SUCCEEDED or not outcome.run:
-            run_log.info("%s", line)
+            log.info("%s", line)
         else:
-            run_log.warning("%s", line)
+            log.warning("%s", line)

@@ -1,4 +1,4 @@
-"""What follows a failed or lost run (FLEET.md): retries and due attempts.
+"""What follows a failed or lost run (docs/GUARANTEES.md): retries and due attempts.
 
 Lost runs themselves are judged and recorded in sidecar/run/lostruns.py; what
 follows one (``on_lost: rerun``) is made due here.
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from sidecar.run.claim import Claim
     from sidecar.run.context import Context
 
-log = logging.getLogger("sidecar.followup")
+log = logging.getLogger(__name__)
 
 # Between the three reads of the stream that back a due key (s, not growing:
 # the key waits meanwhile, and a stream that does not answer leaves it).

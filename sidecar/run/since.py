@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from sidecar.config.load import JobConfig
 
-log = logging.getLogger("sidecar.since")
+log = logging.getLogger(__name__)
 
 RESUMED = "resumed"
 CHANGED = "schedule changed"

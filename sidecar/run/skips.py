@@ -29,9 +29,7 @@ if TYPE_CHECKING:
     from sidecar.run.claim import Claim
     from sidecar.run.context import Context
 
-log = logging.getLogger("sidecar.skips")
-# The job loop's lines keep the logger operators filter on (docs/CLI.md).
-loop_log = logging.getLogger("sidecar.job")
+log = logging.getLogger(__name__)
 
 EXCLUDED = "excluded"
 # Reasons that are the fleet's trouble, said by the stream check itself: a job
@@ -125,7 +123,7 @@ class Unclaimed:
         self.spawn = ctx.tasks.spawn
         # Per job: the reason last said; forgotten when the job claims again.
         self._said: dict[str, str] = {}
-        self.warnings = RateLimitedLog(loop_log)
+        self.warnings = RateLimitedLog(log)
 
     def late(self, job: JobConfig, slot: int, now: float) -> int:
         """Count every slot whose claim can no longer start in time; return the next one."""
@@ -138,7 +136,7 @@ class Unclaimed:
         # Late because NATS was away: say so, it is what the operator must fix.
         reason = "late" if self.connected.is_set() else "disconnected"
         self.metrics.claims_skipped_total.labels(job=job.name, reason=reason).inc(skipped)
-        loop_log.warning(
+        log.warning(
             "job %s: %d slot(s) skipped, later than max_late %gs%s",
             job.name,
             skipped,
@@ -177,11 +175,9 @@ class Unclaimed:
         """No claim made (a ClaimError, or a bug): counted, said; nothing ran."""
         self.metrics.claim_errors_total.labels(job=job.name).inc()
         if isinstance(exc, ClaimError):
-            loop_log.warning("job %s slot %s not claimed: %s", job.name, rfc3339(slot / 1000), exc)
+            log.warning("job %s slot %s not claimed: %s", job.name, rfc3339(slot / 1000), exc)
         else:
-            loop_log.error(
-                "job %s slot %s: claim failed unexpectedly", job.name, slot, exc_info=exc
-            )
+            log.error("job %s slot %s: claim failed unexpectedly", job.name, slot, exc_info=exc)
 
     def count(self, claim: Claim) -> None:
         """A claim decided: its ack time, duplicate acks, won or lost."""
@@ -192,10 +188,10 @@ class Unclaimed:
             m.claim_duplicate_acks_total.inc(claim.duplicate_acks)
         if claim.won:
             m.claims_won_total.labels(job=claim.job).inc()
-            loop_log.debug("job %s slot %s won (seq %d)", claim.job, claim.slot, claim.seq)
+            log.debug("job %s slot %s won (seq %d)", claim.job, claim.slot, claim.seq)
         else:
             m.claims_lost_total.labels(job=claim.job).inc()
-            loop_log.debug("job %s slot %s lost (seq %d)", claim.job, claim.slot, claim.seq)
+            log.debug("job %s slot %s lost (seq %d)", claim.job, claim.slot, claim.seq)
 
     def _say(self, job: JobConfig, slot: int, reason: str, why: str) -> None:
         """Said once per reason: nothing more while the job's slots keep being kept
@@ -212,4 +208,4 @@ class Unclaimed:
         if self._said.get(job.name) == said:
             return
         self._said[job.name] = said
-        loop_log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)
+        log.warning("job %s slot %s skipped: %s", job.name, rfc3339(slot / 1000), why)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sidecar.run.context import Context
 
-log = logging.getLogger("sidecar.overlap")
+log = logging.getLogger(__name__)
 
 # The family of kept slots (sidecar/run/overlap.py buffer_key).
 BUFFER = "buffer."

@@ -36,7 +36,6 @@ from urllib.parse import urlsplit
 
 import h11
 
-from sidecar import __version__
 from sidecar.config import params
 from sidecar.config.load import JobConfig, RequestConfig, base_url_of, unix_socket_of
 from sidecar.core import failpoints
@@ -62,6 +61,7 @@ from sidecar.core.wire import (
     SLOT_HEADER,
     TRACEPARENT,
     TRIGGER_HEADER,
+    USER_AGENT,
     traceparent,
 )
 
@@ -70,7 +70,7 @@ if TYPE_CHECKING:  # signing's code is loaded only with a signer (sidecar/cli/da
 
 __all__ = ["Trigger", "TriggerResult"]
 
-log = logging.getLogger("sidecar.trigger")
+log = logging.getLogger(__name__)
 
 # Only this much of an answer's body goes into the message of a non-2xx answer.
 MAX_ERROR_BODY = 200
@@ -82,7 +82,6 @@ READ_CHUNK = 64 * 1024
 # Between two tries of a request the app did not receive (refused, no socket).
 UNDELIVERED_RETRY_START = 0.1
 UNDELIVERED_RETRY_CAP = 5.0
-USER_AGENT = f"anarchon-sidecar/{__version__}"
 # Framing headers are the sidecar's own; a configured one is dropped.
 FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sidecar.after.aftermath import Aftermath
-from sidecar.config.jobs import WAITING
+from sidecar.config.job_entry import WAITING
+from sidecar.core.wire import EVERY
 from sidecar.fleet.candidates import Candidates
 from sidecar.run.catchup import CatchUp
 from sidecar.run.claimwindow import ClaimWindow
 from sidecar.run.context import Context
-from sidecar.run.job import Jobs
+from sidecar.run.job_loop import Jobs
 from sidecar.run.onkey import OnFirstKey
 from sidecar.run.record import Recorder
 from sidecar.run.retries import follow
@@ -76,6 +77,11 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
 
         lost = lambda j, c: jobs.window.lost_claim(j, c)  # noqa: E731 (jobs.window: below)
         Chains(ctx, jobs.unclaimed, jobs._start_run, lost).begin()
+    # run_on: every: the slots an instance missed, counted (sidecar/run/everymissed.py).
+    if any(job.run_on == EVERY for job in config.jobs):
+        from sidecar.run.everymissed import EveryMissed
+
+        EveryMissed(ctx).begin()
     # Pings, notifications, auto-pause, anomalies, spans (sidecar/after/aftermath.py).
     jobs.aftermath = Aftermath(config, metrics, clock, ctx.keys, _secret(trigger), fleet)
     # Every ending of a run is recorded there (sidecar/run/record.py).

@@ -1,6 +1,6 @@
 """The state bucket checked like the stream: the settings leases need, fixed where safe.
 
-Leases (FLEET.md) need a bucket that keeps one message per key (history 1),
+Leases (docs/GUARANTEES.md) need a bucket that keeps one message per key (history 1),
 accepts per-message TTLs (``allow_msg_ttl``) and leaves a ``MaxAge`` marker
 when a key expires (``subject_delete_marker_ttl``, the marker TTL), and whose
 markers stay at least ``lease_ttl`` (or a minute), so that a watch that re-reads the bucket
@@ -29,10 +29,10 @@ from nats.js.api import StreamInfo
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
 
-from sidecar.config.jobs import LOCKED
+from sidecar.config.job_entry import LOCKED
 from sidecar.core.wire import kv_stream
 
-log = logging.getLogger("sidecar.bucketcheck")
+log = logging.getLogger(__name__)
 
 # A marker TTL this long is enough whatever lease_ttl is (the sidecar creates the
 # bucket with max(60 s, duplicate_window)); a shorter one must outlive a lease.

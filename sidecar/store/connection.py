@@ -35,7 +35,7 @@ from sidecar.store.permissions import Denials
 if TYPE_CHECKING:  # the metrics (prometheus_client) are the daemon's, not the one-shot commands'
     from sidecar.obs.metrics import Metrics
 
-log = logging.getLogger("sidecar.connection")
+log = logging.getLogger(__name__)
 
 # Seconds between reconnect attempts to one server once running.
 RECONNECT_WAIT = 1.0

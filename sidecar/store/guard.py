@@ -29,7 +29,7 @@ from sidecar.store.permissions import Denial
 from sidecar.store.stream import StreamState, ensure_stream, stream_spec
 from sidecar.store.streamfit import coverage, placement_problem
 
-log = logging.getLogger("sidecar.guard")
+log = logging.getLogger(__name__)
 
 # How often the stream is checked (and raised back when someone weakened it):
 # one stream_info call, whose cost does not depend on the number of messages.

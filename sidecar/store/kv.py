@@ -1,4 +1,4 @@
-"""The state bucket's one writer (FLEET.md): single keys by CAS, with TTLs.
+"""The state bucket's one writer (its keys: SECURITY.md's table): single keys by CAS, with TTLs.
 
 Writes are plain publishes on ``$KV.<bucket>.<key>`` with the headers set
 here: nats-py's ``kv.update`` has no TTL, and its ``kv.create`` does not see
@@ -50,7 +50,7 @@ from sidecar.core.wire import (
 from sidecar.store.state import Bucket
 from sidecar.when.pauses import pause_active
 
-log = logging.getLogger("sidecar.kv")
+log = logging.getLogger(__name__)
 
 EXPECTED_LAST = EXPECTED_LAST_SUBJECT_SEQ
 KV_OPERATION = "KV-Operation"
@@ -333,6 +333,10 @@ async def delete_at(kv: KeyValue, key: str, revision: int | None = None) -> None
 # (the CLI's pause --force), "overwrite" it with a plain put (the page's pause).
 WhenPaused = Literal["keep", "replace", "overwrite"]
 PAUSE_TRIES = 3
+# An operator's one compare-and-set (a command, the page's or the API's act):
+# tried this many times, then KeptChanging, nothing changed. A person waits
+# for it, and only another person or a sidecar taking up the key conflicts.
+COMMAND_CAS_TRIES = 8
 
 
 @dataclass(frozen=True)

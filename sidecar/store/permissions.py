@@ -36,7 +36,7 @@ from sidecar.obs.ratelog import RateLimitedLog
 if TYPE_CHECKING:
     from sidecar.obs.metrics import Metrics
 
-log = logging.getLogger("sidecar.permissions")
+log = logging.getLogger(__name__)
 
 # The server's text, e.g. Permissions Violation for Publish to "$KV.CRON_STATE.lock.x"
 # or Permissions Violation for Subscription to "cron.>" (using queue "q").

@@ -40,7 +40,7 @@ from sidecar.core.wire import (
 from sidecar.core.wire import claims_subject as wire_claims_subject
 from sidecar.core.wire import results_subject as result_subject
 
-log = logging.getLogger("sidecar.runs")
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------- history
 

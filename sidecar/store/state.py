@@ -1,10 +1,10 @@
-"""The fleet's state bucket (FLEET.md) and one sidecar's in-memory view of it.
+"""The fleet's state bucket (docs/CONFIG.md) and one sidecar's in-memory view of it.
 
 The bucket is a NATS KV bucket, ``nats.state_bucket`` (default
 ``<stream>_STATE``): history 1, file storage, replicas as the stream's, with
 ``limit_marker_ttl`` so that keys written with a TTL leave a ``MaxAge``
 marker when they expire. It is created on start like the stream; an existing
-bucket is used as it is (FLEET.md: adding a marker TTL in place once stopped
+bucket is used as it is (docs/CONFIG.md, `state_bucket`: adding a marker TTL in place once stopped
 keys expiring), and one without TTL support turns off the features that need
 it with one clear line.
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -42,10 +41,8 @@ from sidecar.store.keyfamilies import family_of
 if TYPE_CHECKING:
     from sidecar.config.load import Config, JobConfig
 
-log = logging.getLogger("sidecar.state")
+log = logging.getLogger(__name__)
 
-# A key token: what an instance id or a job name may be inside a key.
-KEY_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 # Presence: the key lives this long after its last renewal.
 PRESENCE_TTL = 15.0
 PRESENCE_RENEW = 5.0
@@ -142,7 +139,7 @@ def job_hash(job: JobConfig) -> str:
         req.path,
         getattr(job, "catchup", "none"),
     ]
-    # Leases and attempts (FLEET.md), only when not the defaults: a job left
+    # Leases and attempts (docs/CONFIG.md: retry, on_lost), only when not the defaults: a job left
     # at the defaults hashes as it did before they existed.
     extra = (job.overlap, job.on_lost, repr(job.retry.max), repr(job.retry.backoff))
     if extra != ("allow", "record", "0", "30.0"):
@@ -180,7 +177,7 @@ DELETED = "DEL"
 EXPIRED = "PURGE"
 # The bucket was deleted (and made again) under the watch: its keys vanished
 # without a marker. A lease gone so is judged after lease_ttl (LostRuns).
-REPLACED = "REPLACED"
+BUCKET_REPLACED = "REPLACED"
 
 
 @dataclass(frozen=True)

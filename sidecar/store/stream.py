@@ -1,4 +1,4 @@
-"""The JetStream stream: create it, raise it, read it, and judge what it can hold.
+"""The JetStream stream: create it, raise it (``desired_update``), read it, lower it.
 
 Create when missing: subjects ``<prefix>>``, the duplicate window, one history
 size per subject (``max_msgs_per_subject``), replicas as configured or 1.
@@ -10,8 +10,9 @@ never lowered (lowering is ``lower_stream``, an explicit act of the CLI),
 window cannot pass the stream's ``max_age``, which is someone else's choice
 and stays as it is.
 
-What the stream must be and whether it holds a job's claims (the pure
-rules: ``desired_update``, ``coverage``) are in sidecar/store/streamfit.py.
+Whether the stream holds a job's claims and what a raise would leave (the
+pure rules: ``coverage``, ``covers``, ``raised_state``) are in
+sidecar/store/streamfit.py.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
     from sidecar.config.load import Config
 
-log = logging.getLogger("sidecar.stream")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """What the stream must be for a config, and whether it holds a job's claims: pure.
 
-``desired_update`` strengthens an existing stream's config (window,
-per-subject limit and replicas only go up; subjects gain ``<prefix>>``) and
-``raised_state`` shows what that would leave, for checks that change
-nothing. ``covers`` says whether the stream as it really is holds a job's
-claims for as long as another claim of the same slot can come (``jitter +
-max_late``): the daemon claims a job only while it does. ``placement_problem``
-compares its placement with ``nats.placement``. No I/O here: the stream's
+``raised_state`` shows what ``desired_update`` (sidecar/store/stream.py:
+window, per-subject limit and replicas only go up; subjects gain
+``<prefix>>``) would leave, for checks that change nothing. ``covers`` says
+whether the stream as it really is holds a job's claims for as long as
+another claim of the same slot can come (``jitter + max_late``): the daemon
+claims a job only while it does. ``placement_problem`` compares its
+placement with ``nats.placement``. No I/O here: the stream's
 reads and writes are sidecar/store/stream.py's.
 """
 

@@ -22,9 +22,9 @@ from sidecar.core.backoff import Backoff
 from sidecar.core.natspy import jetstream_of
 from sidecar.core.tasks import TaskSet
 from sidecar.store.bucketcheck import BucketFacts, facts_of
-from sidecar.store.state import REPLACED, Bucket, Removal, View
+from sidecar.store.state import BUCKET_REPLACED, Bucket, Removal, View
 
-log = logging.getLogger("sidecar.watch")
+log = logging.getLogger(__name__)
 
 # Watchdog: how often the bucket's last sequence is compared with the view's.
 WATCHDOG_EVERY = 3.0
@@ -156,7 +156,7 @@ class Watch:
             # Every key of the old bucket vanished without a marker; a key of the
             # same name in the new one (another holder's lock) is not the old one.
             gone = [
-                Removal(key, entry, REPLACED, None)
+                Removal(key, entry, BUCKET_REPLACED, None)
                 for key, entry in self.view.keys.items()
                 if key not in fresh.keys
                 or fresh.keys[key].value.get("token") != entry.value.get("token")

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sidecar.core.bounds import is_int, slot_ms
+from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ScheduleError
 
@@ -207,7 +207,3 @@ def status_lines(name: str, pending: list[dict[str, Any]]) -> list[str]:
         why = f": {run['reason']}" if run.get("reason") else ""
         lines.append(f"{name}: one-off run at {run.get('at')} (by {run.get('by')}){why}")
     return lines
-
-
-def is_slot(value: Any) -> bool:
-    return is_int(value) and slot_ms(value) is not None

@@ -1,4 +1,4 @@
-"""Pure arithmetic of attempts and leases (FLEET.md): ids, keys, due times, windows.
+"""Pure arithmetic of attempts and leases (docs/GUARANTEES.md): ids, keys, due times, windows.
 
 Nothing here talks to NATS or reads a clock. Attempt 1 of a slot is the
 reference's claim (``Nats-Msg-Id: <job>:<slot>``); attempt N > 1 has its own
@@ -21,7 +21,7 @@ from sidecar.core.wire import lost_msg_id as lost_msg_id
 from sidecar.core.wire import run_key as run_key
 
 # The replica whose app failed an attempt competes for the next one this much
-# later at least (FLEET.md: max(jitter, 500ms)), so a healthy one usually wins.
+# later at least (docs/CONFIG.md, `retry`: max(jitter, 500ms)), so a healthy one usually wins.
 FAILED_REPLICA_WAIT = 0.5
 # A due key outlives the end of its attempt's window by this much.
 DUE_KEY_SLACK = 5.0
@@ -78,11 +78,6 @@ def may_follow(attempt: int, retry_max: int) -> bool:
 def failed_replica_wait(jitter: float) -> float:
     """The extra wait of the replica whose app failed the previous attempt."""
     return max(jitter, FAILED_REPLICA_WAIT)
-
-
-def attempt_window_end(due_at: float, max_late: float) -> float:
-    """The last moment (epoch seconds) an attempt due at `due_at` may be claimed."""
-    return due_at + max_late
 
 
 def due_key_ttl(due_at: float, now: float, jitter: float, max_late: float) -> float:

@@ -183,7 +183,7 @@ async def test_the_page_in_chromium(
             cells = await page.js(DURATIONS)
             # A run still going (the newest, loaded mid-run) has no duration yet: a dash.
             durations = [d for status, d in cells if not status.endswith("running")]
-            assert all(d == "–" for status, d in cells if status.endswith("running")), cells
+            assert all(d == "\u2013" for status, d in cells if status.endswith("running")), cells
             assert any(d.endswith(" ms") for d in durations), cells
             assert all(re.fullmatch(r"\d+ ms|\d+\.\d s", d) for d in durations), cells
             assert "0.0 s" not in durations, cells

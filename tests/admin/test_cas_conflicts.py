@@ -3,7 +3,7 @@
 ``skip``, ``unskip``, ``backfill``, ``at``, ``at --cancel`` and ``job update``
 each read a key of the state bucket and compare-and-set it. Another writer
 that changes the key between every read and write made ``skip``, ``backfill``
-and ``at`` end in a traceback (a RuntimeError from sidecar/admin/skipops.py and
+and ``at`` end in a traceback (a RuntimeError from sidecar/ops/skipops.py and
 sidecar/run/atqueue.py) and ``unskip`` exit with the bare key name. Now each
 says the key kept changing and that nothing was changed (exit 1, docs/CLI.md).
 

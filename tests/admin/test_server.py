@@ -200,7 +200,7 @@ async def test_a_request_beyond_the_cap_displaces_the_oldest_idle_connection(
     server: AdminServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An idle flood cannot lock a scraper out: each newcomer displaces the oldest idle one."""
-    caplog.set_level(logging.WARNING, logger="sidecar.server")
+    caplog.set_level(logging.WARNING, logger="sidecar.admin.server")
     held = []
     for _ in range(MAX_CONNECTIONS):
         held.append(await asyncio.open_connection("127.0.0.1", server.port))

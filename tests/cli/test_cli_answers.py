@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.cli import command
+from sidecar.cli import shared
 from tests.support import ROOT, NatsServer, RecordingApp, run_cli, write_config
 
 JOB_COMMANDS = ("history", "last-run", "run-now", "pause", "resume")
@@ -170,7 +170,7 @@ def test_the_exit_code_table_of_docs_cli_is_the_code_s() -> None:
     text = (ROOT / "docs" / "CLI.md").read_text()
     section = text[text.index("## Exit codes") :]
     documented = {int(m) for m in re.findall(r"^\| (\d+) +\|", section, re.M)}
-    in_code = {0} | {value for name, value in vars(command).items() if name.startswith("EXIT_")}
+    in_code = {0} | {value for name, value in vars(shared).items() if name.startswith("EXIT_")}
     assert documented == in_code
     # the module's docstring says the same
-    assert {int(m) for m in re.findall(r"^    (\d+) ", command.__doc__ or "", re.M)} == in_code
+    assert {int(m) for m in re.findall(r"^    (\d+) ", shared.__doc__ or "", re.M)} == in_code

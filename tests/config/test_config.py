@@ -1,4 +1,4 @@
-"""Config parsing: every key of SPEC.md, every rule with its key path, secrets."""
+"""Config parsing: every key of docs/CONFIG.md, every rule with its key path, secrets."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from sidecar.config.load import (
     parse_config,
 )
 from sidecar.core.errors import ConfigError
+from tests.support import examples
 
 SECRET = "s3cr3t-Value-42"
 
@@ -242,7 +243,7 @@ RULES = [
     ("nats.state_bucket", "CRON.STATE", "nats.state_bucket", "letters, digits, _ and - only"),
     ("nats.lease_ttl", "500ms", "nats.lease_ttl", "at least"),
     ("jobs.0.catchup", "some", "jobs[0].catchup", "expected one of none, latest, all"),
-    # leases and attempts (FLEET.md)
+    # leases and attempts (docs/CONFIG.md)
     ("jobs.1.overlap", "forbid", "jobs[1].overlap", "expected one of allow, skip"),
     ("jobs.1.overlap", True, "jobs[1].overlap", "expected one of allow, skip"),
     ("jobs.1.overlap", "queue", "jobs[1].overlap", "allow, skip, replace, buffer_one"),
@@ -719,7 +720,7 @@ CONFIGS = (
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=CONFIGS, env=st.dictionaries(st.sampled_from(["ANARCHON_NATS_SERVERS"]), st.text()))
 def test_fuzz_only_config_errors(data: object, env: dict[str, str]) -> None:
     try:

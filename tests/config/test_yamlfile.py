@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from sidecar.config import yamlfile
 from sidecar.core.errors import ConfigError
+from tests.support import examples
 
 
 def typed(value: Any) -> Any:
@@ -60,7 +61,7 @@ documents = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None, derandomize=True)
+@settings(max_examples=examples(400), deadline=None, derandomize=True)
 @given(data=documents, flow=st.sampled_from([None, True, False]))
 def test_any_dumped_document_loads_as_pyyaml_loads_it(data: Any, flow: bool | None) -> None:
     text = yaml.safe_dump(data, default_flow_style=flow, allow_unicode=True)

@@ -1,4 +1,4 @@
-"""The wire module: ids, keys and subjects as SPEC.md and FLEET.md name them; one
+"""The wire module: ids, keys and subjects as docs/ and SECURITY.md name them; one
 transient list; the compare-and-set conflict codes; compact JSON and safe decode."""
 
 from __future__ import annotations

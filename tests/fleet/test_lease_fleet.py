@@ -1,4 +1,4 @@
-"""Run leases on NATS KV (FLEET.md), with real sidecar processes and a real nats-server.
+"""Run leases on NATS KV (docs/GUARANTEES.md), with real sidecar processes and a real nats-server.
 
 Overlap protection, lost runs after `kill -9` and SIGSTOP, reruns and retries
 as further attempts of the same slot, and the cluster leader killed while

@@ -30,6 +30,7 @@ Safety figures (each must be 0; a failure names the slots):
   killed at ``claim.won`` (before its run lease existed), stored at least
   ``CLAIM_KILL_JUDGED`` seconds before the window's end, with no result: the
   claim-to-lease window left open (docs/GUARANTEES.md).
+- issue 50's kinds (``run_on: every``, chains): tests/nemesis/kinds.py.
 - **missed_quiet**: a slot that did not run although no fault touched NATS, and
   some sidecar was untouched, from `settle` seconds before the slot to
   max_late after it.
@@ -81,6 +82,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tests.nemesis.cpu import stalled, waited
+from tests.nemesis.kinds import check_chain, check_every
 
 PROCESS_KINDS = ("pause-node", "pause-sidecar", "kill-node", "kill-sidecar", "clock")
 LATE_MARGIN = 1.0
@@ -219,7 +221,7 @@ def leaderless_from_logs(
 
 
 _SIDECAR_LOG = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) \S+ sidecar\.bucket_jobs: job (\S+) \(id .*\) "
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) \S+ sidecar\.admin\.bucket_jobs: job (\S+) \(id .*\) "
     r"(taken up from the state bucket|left the state bucket)"
 )
 
@@ -297,8 +299,17 @@ def check(history: History) -> Report:
     all_jobs = {**jobs, **operated, **(run.get("runtime") or {}), **(run.get("locked") or {})}
     # Runs of slots asked for again (backfill, resume --catchup) are checked by
     # check_operated: they run a past slot by design, under their own claim id.
+    # Issue 50's kinds are checked by their own rules (tests/nemesis/kinds.py): an
+    # every job's slot runs once per instance, a chained job's slot is its leader's.
+    every: dict[str, dict[str, Any]] = run.get("every") or {}
+    chained: dict[str, dict[str, Any]] = run.get("chained") or {}
     requests = [
-        r for r in history.requests if r.get("slot") is not None and r.get("trigger") not in AGAIN
+        r
+        for r in history.requests
+        if r.get("slot") is not None
+        and r.get("trigger") not in AGAIN
+        and r.get("job") not in every
+        and r.get("job") not in chained
     ]
     by_run: dict[tuple[str, int, int], list[dict[str, Any]]] = defaultdict(list)
     for r in requests:
@@ -309,6 +320,8 @@ def check(history: History) -> Report:
     # Claims of slots asked for again (backfill, catch-up), by their sequence: a
     # taker killed at claim.won must be judged too (docs/GUARANTEES.md).
     again_claims: dict[int, dict[str, Any]] = {}
+    # Every stored claim by its token (a lost record names its run's).
+    by_token: dict[str, dict[str, Any]] = {}
     results: dict[str, list[dict[str, Any]]] = defaultdict(list)  # by token
     lost: list[dict[str, Any]] = []
     ids: dict[str, int] = defaultdict(int)
@@ -320,6 +333,11 @@ def check(history: History) -> Report:
         if not isinstance(data, dict) or data.get("manual"):
             continue
         if m["subject"].endswith(".claims"):
+            by_token.setdefault(
+                str(data.get("token")), {**data, "_seq": m["seq"], "_time": m["time"]}
+            )
+            if data.get("job") in every:
+                continue  # one claim per instance, no lease: check_every
             if "backfill" in data:
                 again_claims[int(m["seq"])] = {**data, "_seq": m["seq"], "_time": m["time"]}
                 continue  # a run asked for again: its own id (check_operated)
@@ -480,12 +498,8 @@ def check(history: History) -> Report:
     lost_wrong = []
     for rec in lost:
         key = (rec.get("job"), rec.get("slot"), int(rec.get("attempt") or 1))
-        claim = claims.get(key)  # type: ignore[arg-type]
-        if claim is None or claim.get("token") != rec.get("token"):
-            # A backfill's run recorded lost (its claim has its own id).
-            claim = next(
-                (c for c in again_claims.values() if c.get("token") == rec.get("token")), claim
-            )
+        # Its run's claim: a slot's, a backfill's or a chained run's (their own ids).
+        claim = by_token.get(str(rec.get("token"))) or claims.get(key)  # type: ignore[arg-type]
         own = [x for x in results.get(str(rec.get("token")), []) if x["_seq"] < rec["_seq"]]
         why = ""
         if claim is None or claim.get("token") != rec.get("token"):
@@ -530,6 +544,8 @@ def check(history: History) -> Report:
     fig["reruns_bad"] = reruns_bad
     fig["faults"] = len(history.faults)
     check_operated(history, report, ts)
+    check_every(history.requests, history.stream, every, report)
+    check_chain(history.requests, history.stream, chained, report)
     check_at(history, report)
     check_runtime(history, report, ts)
     return report
@@ -891,6 +907,15 @@ def summary(report: Report) -> str:
         "rt_removals",
         "rt_after_removal_excused",
         "runtime_violations",
+        "every_pairs",
+        "every_slots",
+        "every_doubles",
+        "every_foreign",
+        "chain_fired",
+        "chain_ran",
+        "chain_missed",
+        "chain_doubles",
+        "chain_wrong",
         "stream_msgs",
         "max_delay_s",
         "tracebacks",

@@ -59,6 +59,7 @@ RECORDED = (
     "Instance",
     "Scheduled-At",
     "Trigger",
+    "After-Run",
 )
 
 
@@ -336,12 +337,19 @@ class Apps:
         loop.close()
 
 
-def job_configs(max_late: str, candidates: int = 0) -> list[dict[str, Any]]:
-    """Three jobs: `tick` every second, `lease` every 2 s whose app takes 2 s (leases),
-    and `locked` every 2 s with ``overlap: skip`` (its runs hold ``lock.locked``:
-    a claim-kill lands on a lock job's winner too).
+# The run_on: every job and the job run after `lease` (job_configs).
+EVERY_JOB = "each"
+CHAINED_JOB = "then"
 
-    With `candidates` (``NEMESIS_CANDIDATES``), both claim with ``claim.candidates``.
+
+def job_configs(max_late: str, candidates: int = 0) -> list[dict[str, Any]]:
+    """`tick` every second, `lease` every 2 s whose app takes 2 s (leases), `locked`
+    every 2 s with ``overlap: skip`` (its runs hold ``lock.locked``: a claim-kill
+    lands on a lock job's winner too), `each` on every sidecar every 2 s (run_on:
+    every), `then` after each final run of `lease`.
+
+    With `candidates` (``NEMESIS_CANDIDATES``), tick, lease and locked claim with
+    ``claim.candidates``.
     """
     claim = {"claim": {"candidates": candidates, "fallback": "1s"}} if candidates else {}
     jobs: list[dict[str, Any]] = [
@@ -364,7 +372,30 @@ def job_configs(max_late: str, candidates: int = 0) -> list[dict[str, Any]]:
             "on_lost": "rerun",
         },
     ]
-    return [{**job, **claim} for job in jobs]
+    jobs = [{**job, **claim} for job in jobs]
+    # Issue 50's kinds, checked by check_every and check_chain (checker.py): `each`
+    # runs every slot on every sidecar, `then` once per final run of `lease`
+    # (retried and rerun after a loss: it must still follow each slot once).
+    # Neither takes claim.candidates (run_on: every refuses it; a chain has no slot).
+    jobs.append(
+        {
+            "name": EVERY_JOB,
+            "schedule": "*/2 * * * * *",
+            "run_on": "every",
+            "catchup": "all",
+            "jitter": "300ms",
+            "max_late": max_late,
+        }
+    )
+    jobs.append(
+        {
+            "name": CHAINED_JOB,
+            "after": {"job": "lease", "on": "always"},
+            "jitter": "300ms",
+            "max_late": max_late,
+        }
+    )
+    return jobs
 
 
 # The lock job: checked for what runs (doubles, late, unclaimed, claim kills), not

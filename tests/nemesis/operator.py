@@ -2,13 +2,13 @@
 
 One job, ``ops`` (every 2 s, ``jitter: 1s``), is operated on: pause, ``pause
 --until``, resume, ``resume --catchup``, skip, unskip and backfill, each through
-the CLI's own calls (sidecar/admin/streamops.py, sidecar/admin/skipops.py: one NATS connection
+the CLI's own calls (sidecar/ops/streamops.py, sidecar/ops/skipops.py: one NATS connection
 per command, as the command line makes), at a random moment every 0.3 to 3 s,
 seeded like the faults. What was asked, when, and what the command answered
 goes to ``skipops.jsonl``; the checker (tests/nemesis/checker.py, ``check_operated``)
 then requires every slot of ``ops`` to end as one run or one skip record.
 
-It also queues one-off runs of ``ops`` (``at``, sidecar/admin/atops.py: an
+It also queues one-off runs of ``ops`` (``at``, sidecar/ops/atops.py: an
 instant 1.5 to 5 s ahead, off the schedule) and cancels some (``cancel-at``,
 most often right after an ``at``: the next to come, at a moment from 0.3 s
 before its instant to 0.8 s after, the race a cancel can lose), and
@@ -29,9 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sidecar.admin import skipops, streamops
+from sidecar.admin import skipwrite
 from sidecar.config.load import Config, Secrets, load_config
 from sidecar.core.clock import parse_rfc3339
+from sidecar.ops import skipops, streamops
+from sidecar.when.backfillrange import backfill_slots
 
 OPERATED = "ops"
 ACTIONS = ("pause", "pause-until", "resume", "resume-catchup", "skip", "unskip", "backfill")
@@ -154,19 +156,19 @@ class Operator:
             was = await streamops.resume(c, s, OPERATED, skipops.resume_bound(job))
             if action == "resume-catchup" and was is not None:
                 since = round(parse_rfc3339(str(was.get("at"))) * 1000)
-                slots = skipops.backfill_slots(job, since, round(time.time() * 1000))
+                slots = backfill_slots(job.schedule, since, round(time.time() * 1000))
                 if slots:
                     await skipops.backfill(c, s, job, slots, "operator", False, False, "catchup")
                 return {"was": was, "catchup": slots}
             return {"was": was}
         if action == "skip":
-            added, left = await skipops.skip(c, s, job, self.rng.randint(1, 3), "operator", "")
+            added, left = await skipwrite.skip(c, s, job, self.rng.randint(1, 3), "operator", "")
             return {"added": added, "left": left}
         if action == "unskip":
             return {"left": await skipops.unskip(c, s, OPERATED)}
         # backfill: a few past slots, run anew by the fleet (trigger backfill)
         end = round((now - self.rng.uniform(1.0, 10.0)) * 1000)
-        slots = skipops.backfill_slots(job, end - 6000, end)
+        slots = backfill_slots(job.schedule, end - 6000, end)
         try:
             plan = await skipops.backfill(c, s, job, slots, "operator", False, False)
         except ValueError as exc:  # another backfill (or catch-up) is under way
@@ -174,7 +176,7 @@ class Operator:
         return {"slots": plan.slots}
 
     async def _at(self, action: str, job: Any, now: float) -> Any:
-        from sidecar.admin import atops
+        from sidecar.ops import atops
 
         c, s = self.config, self.secrets
         if action == "at":

@@ -755,10 +755,10 @@ def test_the_sidecars_logs_say_when_each_took_a_bucket_job_up_or_let_it_go(
 ) -> None:
     log = tmp_path / "s1.log"
     log.write_text(
-        "2026-12-05 11:00:00,250 INFO sidecar.bucket_jobs: job rt (id nemesis/rt) taken up "
+        "2026-12-05 11:00:00,250 INFO sidecar.admin.bucket_jobs: job rt (id nemesis/rt) taken up "
         "from the state bucket: */2 * * * * *\n"
-        "2026-12-05 11:00:01,500 INFO sidecar.job: something else\n"
-        "2026-12-05 11:00:09,000 INFO sidecar.bucket_jobs: job rt (id nemesis/rt) left the "
+        "2026-12-05 11:00:01,500 INFO sidecar.run.job_loop: something else\n"
+        "2026-12-05 11:00:09,000 INFO sidecar.admin.bucket_jobs: job rt (id nemesis/rt) left the "
         "state bucket: not run any more\n"
     )
     events = bucket_job_logs({"s1": log, "s2": tmp_path / "none.log"})

@@ -1,4 +1,4 @@
-"""Observability: the metric names of SPEC.md, the Grafana dashboard, the alert rules.
+"""Observability: the metric names of docs/METRICS.md, the Grafana dashboard, the alert rules.
 
 The static tests read the shipped files. The end-to-end test starts a real
 Prometheus scraping two real sidecars (against a real nats-server and app)
@@ -38,7 +38,7 @@ RUNBOOK = ROOT / "docs" / "RUNBOOK.md"
 METRICS_DOC = ROOT / "docs" / "METRICS.md"
 SCRAPE_JOB = "anarchon-sidecar"
 
-# SPEC.md's metrics table: name -> (type, labels). `job` wherever per job.
+# docs/METRICS.md's metrics: name -> (type, labels). `job` wherever per job.
 SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_claims_won_total": ("counter", frozenset({"job"})),
     "anarchon_claims_lost_total": ("counter", frozenset({"job"})),
@@ -62,10 +62,10 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_stream_history_size": ("gauge", frozenset()),
     "anarchon_stream_duplicate_window_seconds": ("gauge", frozenset()),
     "anarchon_stream_replicas": ("gauge", frozenset()),
-    # Not in SPEC.md's table: the stream guard of issue 21 (docs/METRICS.md).
+    # The stream guard of issue 21 (docs/METRICS.md).
     "anarchon_stream_covers_job": ("gauge", frozenset({"job"})),
     "anarchon_stream_raised_total": ("counter", frozenset()),
-    # FLEET.md's additions.
+    # Leases, attempts and lost runs.
     "anarchon_job_paused": ("gauge", frozenset({"job"})),
     # Schedules (docs/METRICS.md): a timed pause's end, the slots `skip` holds back.
     "anarchon_job_paused_until_timestamp_seconds": ("gauge", frozenset({"job"})),
@@ -78,7 +78,7 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_runs_lost_total": ("counter", frozenset({"job"})),
     "anarchon_attempts_due_total": ("counter", frozenset({"job", "reason"})),
     "anarchon_lease_renewal_failures_total": ("counter", frozenset({"job"})),
-    # Not in FLEET.md's table: the alert on retries exhausted needs it (docs/METRICS.md).
+    # The alert on retries exhausted needs it (docs/METRICS.md).
     "anarchon_retries_exhausted_total": ("counter", frozenset({"job"})),
     # overlap: replace and buffer_one (issue 42 item 4, docs/METRICS.md).
     "anarchon_runs_replaced_total": ("counter", frozenset({"job"})),
@@ -86,6 +86,9 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "anarchon_runs_buffered_total": ("counter", frozenset({"job"})),
     # jobs[].concurrency (issue 50 item 3, docs/METRICS.md).
     "anarchon_concurrency_slots_held": ("gauge", frozenset({"job"})),
+    # run_on: every and after (issue 50, docs/METRICS.md).
+    "anarchon_every_slots_missed_total": ("counter", frozenset({"job", "reason"})),
+    "anarchon_chain_links_total": ("counter", frozenset({"job", "outcome"})),
     # Telling people (issue 29): pings, notifications, pause_after, expect.
     "anarchon_pings_total": ("counter", frozenset({"job", "kind", "outcome"})),
     "anarchon_notifications_total": ("counter", frozenset({"event", "outcome"})),
@@ -118,6 +121,8 @@ SPEC_LABEL_VALUES = {
         "skip",
         "max_runs",
         "concurrency",
+        "away",
+        "stopped",
     },
     "status": {"succeeded", "failed", "skipped", "lost"},
     "what": {
@@ -158,6 +163,7 @@ REASONS = {
         "concurrency",
     },
     "anarchon_attempts_due_total": {"retry", "lost"},
+    "anarchon_every_slots_missed_total": {"away", "stopped"},
 }
 # Per-job series that a healthy job running every second never makes (issue 49:
 # a job's series exist once it has something to say). The end-to-end test runs
@@ -181,6 +187,8 @@ MADE_ON_USE = {
     "anarchon_runs_anomalous_total",
     "anarchon_runs_overdue",
     "anarchon_concurrency_slots_held",
+    "anarchon_every_slots_missed_total",
+    "anarchon_chain_links_total",
     "anarchon_job_consecutive_failures",
     "anarchon_job_auto_paused",
 }
@@ -203,6 +211,7 @@ ALERTS = {
     "AnarchonRetriesExhausted",
     "AnarchonOverlapSkipsPersist",
     "AnarchonConcurrencySkipsPersist",
+    "AnarchonEveryInstanceMissedSlot",
     "AnarchonJobAutoPaused",
     "AnarchonRunOverdue",
     "AnarchonRunsAnomalous",
@@ -260,7 +269,7 @@ def alert_rules() -> dict[str, dict[str, Any]]:
 
 
 def family_of(name: str) -> str | None:
-    """The SPEC.md metric a sample name belongs to (histogram suffixes stripped)."""
+    """The docs/METRICS.md metric a sample name belongs to (histogram suffixes stripped)."""
     if name in SPEC_METRICS:
         return name
     for suffix in HISTOGRAM_SUFFIXES:
@@ -504,7 +513,7 @@ def test_dashboard_queries_are_filtered_and_use_rate_interval() -> None:
         assert found, f"{title}: no anarchon metric in {expr}"
         for name, matchers in found:
             family = family_of(name)
-            assert family, f"{title}: {name} is not a metric of SPEC.md"
+            assert family, f"{title}: {name} is not a metric of docs/METRICS.md"
             shown.add(family)
             has_job = "job" in SPEC_METRICS[family][1]
             assert ('job=~"$job"' in matchers) == has_job, f"{title}: job filter in {expr}"
@@ -513,7 +522,7 @@ def test_dashboard_queries_are_filtered_and_use_rate_interval() -> None:
             assert window == "$__rate_interval", f"{title}: [{window}] in {expr}"
         if re.search(r"\b(rate|irate|increase)\(", expr):
             assert "[$__rate_interval]" in expr, f"{title}: {expr}"
-    # Every metric of SPEC.md is on the dashboard (build_info feeds $instance).
+    # Every metric of docs/METRICS.md is on the dashboard (build_info feeds $instance).
     assert shown | {"anarchon_build_info"} == set(SPEC_METRICS)
 
 

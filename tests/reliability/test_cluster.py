@@ -142,7 +142,7 @@ async def test_concurrent_claims_on_r3_stream_meet_10158_and_keep_one_winner(
     cluster: NatsCluster, figures: Figures, caplog: pytest.LogCaptureFixture
 ) -> None:
     """8 claimers (spread over the 3 nodes) claim each slot at once; two step-downs meanwhile."""
-    caplog.set_level(logging.DEBUG, logger="sidecar.claim")
+    caplog.set_level(logging.DEBUG, logger="sidecar.run.claim")
     conns = [
         await nats.connect([cluster.urls[i % 3]], dont_randomize=True) for i in range(CLAIMERS)
     ]

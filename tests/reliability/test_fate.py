@@ -25,9 +25,11 @@ from typing import Any
 
 import pytest
 
-from sidecar.admin import skipops, streamops
-from sidecar.cli.command import load
+from sidecar.admin import skipwrite
+from sidecar.cli.shared import load
 from sidecar.core.clock import parse_rfc3339
+from sidecar.ops import skipops, streamops
+from sidecar.when.backfillrange import backfill_slots
 from sidecar.when.pauses import until_ms
 from tests.reliability.conftest import Figures
 from tests.reliability.helpers import config
@@ -100,7 +102,7 @@ class Operator:
         )
         if catchup and was is not None:
             since = round(parse_rfc3339(str(was["at"])) * 1000)
-            slots = skipops.backfill_slots(spec, since, round(time.time() * 1000))
+            slots = backfill_slots(spec.schedule, since, round(time.time() * 1000))
             if slots:
                 await skipops.backfill(
                     self.ld.config, self.ld.secrets, spec, slots, "op", False, False, "catchup"
@@ -108,7 +110,7 @@ class Operator:
         return was
 
     async def skip(self, job: str) -> list[int]:
-        added, _ = await skipops.skip(self.ld.config, self.ld.secrets, self.job(job), 1, "op", "")
+        added, _ = await skipwrite.skip(self.ld.config, self.ld.secrets, self.job(job), 1, "op", "")
         return added
 
     async def skip_next(self, job: str) -> tuple[int, float] | None:

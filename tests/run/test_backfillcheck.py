@@ -18,6 +18,7 @@ from sidecar.config.load import parse_config
 from sidecar.core.clock import rfc3339
 from sidecar.run.backfill import done_of, running_of, slot_list
 from sidecar.run.backfillcheck import HostileBackfill, check_backfill, decode_backfill
+from tests.support import examples
 
 NOW = 1_780_000_000.0  # 2026-05-28T20:26:40Z, on the minute + 40 s
 JOB = parse_config(
@@ -87,7 +88,7 @@ JSON = st.recursive(
 FIELD = st.sampled_from(["pending", "running", "tag", "trigger", "by", "at", "done"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.dictionaries(FIELD, JSON) | JSON, st.dictionaries(FIELD, JSON))
 def test_no_value_makes_a_reader_fail(raw: Any, overlay: dict[str, Any]) -> None:
     for candidate in (raw, {**value(), **overlay}):

@@ -31,6 +31,7 @@ from tests.support import (
 )
 
 EVERY_2S = "*/2 * * * * *"
+LINKS = "anarchon_chain_links_total"
 
 
 def after(name: str, other: str, on: str) -> dict[str, Any]:
@@ -117,8 +118,26 @@ def test_a_job_after_a_failing_job_on_failure(
     http_app.status["/jobs/a"] = 500
     jobs = [job("a", schedule=EVERY_2S), after("f", "a", "failure"), after("s", "a", "success")]
     config = base(nats_server, http_app, jobs)
-    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]):
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
         wait_for(lambda: settled(nats_server.url, "a", http_app, "f", 3), 40, what="3 runs of a")
+
+        def links(name: str, outcome: str) -> float:
+            labels = {"job": name, "outcome": outcome}
+            return sum(p.metric(LINKS, labels) or 0 for p in procs)
+
+        # Each link counted once for the fleet: f fired once per run it made, s's
+        # links not fired once per failed run of a (by the sidecar that ran it).
+        wait_for(
+            lambda: links("f", "fired") == sum(followers(http_app, "f").values()) >= 3,
+            20,
+            what="f's fired links, summed over the fleet, one per run of f",
+        )
+        wait_for(
+            lambda: 3 <= links("s", "not_fired") <= len(runs_of(nats_server.url, "a")),
+            20,
+            what="s's links not fired",
+        )
+        assert links("s", "fired") == 0 and links("f", "not_fired") == 0
     f = followers(http_app, "f")
     assert f and all(n == 1 for n in f.values()), f
     failed = {m.data["token"] for m in runs_of(nats_server.url, "a")}

@@ -414,7 +414,7 @@ async def test_timed_out_ack_of_a_stored_claim_is_decided_by_token(
     server resumes, stores the first copy and answers the retry as a
     duplicate, whose stored token is ours.
     """
-    caplog.set_level(logging.DEBUG, logger="sidecar.claim")
+    caplog.set_level(logging.DEBUG, logger="sidecar.run.claim")
     assert nats_server.proc is not None
     pid = nats_server.proc.pid
     claimer = claimer_for(nc, "web-1", ack_timeout=0.3)

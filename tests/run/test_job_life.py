@@ -1,4 +1,4 @@
-"""A job's life (sidecar/run/job.py) built without the daemon, against a real nats-server
+"""A job's life (sidecar/run/job_loop.py) built without the daemon, against a real nats-server
 and a real HTTP app: its parts wired as the daemon wires them (the ``make_jobs``
 fixture, tests/conftest.py), nothing mocked.
 
@@ -29,7 +29,7 @@ from sidecar.core.tasks import cancel_all
 from sidecar.core.wire import FAILED, LOST, SKIPPED, SUCCEEDED, ResultRecord, results_subject
 from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
-from sidecar.run.job import Jobs
+from sidecar.run.job_loop import Jobs
 from sidecar.store.kv import Keys
 from sidecar.store.state import EXPIRED, Entry, Removal
 from sidecar.when.attempts import due_key, run_key

@@ -34,7 +34,7 @@ def record() -> ResultRecord:
 async def test_a_result_not_stored_is_tried_publish_tries_times_then_reads_0(
     nc: NATS, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, "sidecar.record")
+    caplog.set_level(logging.WARNING, "sidecar.run.record")
     assert await publish_result(nc.jetstream(), "NONE", "cron.", record(), 0.5, 3) == 0
     tries = [r.getMessage() for r in caplog.records if "recording the result failed" in r.message]
     assert len(tries) == 3 and "(try 3)" in tries[-1], tries
@@ -53,7 +53,7 @@ async def test_a_result_too_large_for_the_stream_is_recorded_without_the_answer(
 ) -> None:
     """A stream whose max_msg_size is below a record with the app's answer (8 KiB of
     it here) still gets the run's result, without the answer; a small one keeps it."""
-    caplog.set_level(logging.WARNING, "sidecar.record")
+    caplog.set_level(logging.WARNING, "sidecar.run.record")
     js = nc.jetstream()
     await js.add_stream(name="SMALL", subjects=["cron.>"], max_msg_size=2048)
     big = replace(record(), excerpt=excerpt(b"x" * 9000, MAX_ANSWER_BYTES, "text/plain"))

@@ -30,6 +30,9 @@ EVERY = "/jobs/every"
 ONE = "/jobs/one"
 PERIOD_MS = 2000
 MAX_LATE_MS = 5000
+MISSED = "anarchon_every_slots_missed_total"
+AWAY = {"job": "every", "reason": "away"}
+STOPPED = {"job": "every", "reason": "stopped"}
 
 
 def every_job(**extra: Any) -> dict[str, Any]:
@@ -79,6 +82,77 @@ def test_missed_is_the_slots_an_instance_was_away_for_and_a_trail_after_its_last
     assert missed([Seen(0, "a"), Seen(PERIOD_MS, "b")], PERIOD_MS + 1, MAX_LATE_MS) == []
 
 
+def test_a_live_sidecar_judges_a_slot_missed_by_the_rule_of_history() -> None:
+    from sidecar.run.everymissed import KEEP, Claims, claim_of
+
+    claims = Claims()
+    slots = [i * PERIOD_MS for i in range(1, 6)]
+    for s in slots:
+        claims.add(Seen(s, "a"))
+        if s != slots[3]:
+            claims.add(Seen(s, "b"))
+    claims.add(Seen(slots[0], "c"))  # c: one claim, then away
+    now = slots[-1] + MAX_LATE_MS + 1
+    assert claims.missed_at(slots[3], now, MAX_LATE_MS) == ["b", "c"]
+    assert claims.missed_at(slots[4], now, MAX_LATE_MS) == ["c"]
+    assert claims.missed_at(slots[0], now, MAX_LATE_MS) == []  # nobody before it
+    # A slot whose window is still open is not judged.
+    assert claims.missed_at(slots[4], slots[4] + 1, MAX_LATE_MS) == []
+    for i in range(KEEP + 5):  # bounded: the newest KEEP slots only
+        claims.add(Seen(10**6 + i, "a"))
+    assert len(claims.slots) == KEEP
+    body = b'{"job":"every","slot":2000,"instance":"a","run_on":"every","token":"t"}'
+    assert claim_of(body, "every") == Seen(2000, "a")
+    assert claim_of(body.replace(b',"run_on":"every"', b""), "every") is None  # the fleet's
+    assert claim_of(body, "other") is None and claim_of(b"[", "every") is None
+
+
+def test_an_instance_seen_leaving_cleanly_counts_as_stopped_until_it_is_back() -> None:
+    from types import SimpleNamespace
+
+    from sidecar.run.everymissed import STOPPED_KEEP, EveryMissed
+    from sidecar.store.state import DELETED, EXPIRED, Entry, Removal
+
+    keys: dict[str, Entry] = {}
+    ctx: Any = SimpleNamespace(
+        config=SimpleNamespace(jobs=[]), fleet=SimpleNamespace(view=SimpleNamespace(keys=keys))
+    )
+    judge = EveryMissed(ctx)
+    judge.removed(Removal("instance.c", Entry({}, 1), DELETED, None))  # SIGTERM: deleted
+    judge.removed(Removal("instance.b", Entry({}, 2), EXPIRED, None))  # killed: expired
+    judge.removed(Removal("paused.c", Entry({}, 3), DELETED, None))
+    assert list(judge.stopped) == ["c"]
+    keys["instance.c"] = Entry({}, 4)
+    judge.changed("instance.c")  # back
+    assert not judge.stopped
+    for i in range(STOPPED_KEEP + 3):  # bounded: each rollout adds its old ids
+        judge.removed(Removal(f"instance.p{i}", Entry({}, 5 + i), DELETED, None))
+    assert len(judge.stopped) == STOPPED_KEEP and "p0" not in judge.stopped
+
+
+def test_a_claim_of_a_slot_far_ahead_is_not_taken() -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from sidecar.obs.metrics import Metrics
+    from sidecar.run.everymissed import AHEAD_MS, Claims, EveryMissed
+
+    now = 10**12
+    ctx: Any = SimpleNamespace(
+        config=SimpleNamespace(jobs=[]),
+        clock=SimpleNamespace(wall_ms=lambda: now),
+        metrics=Metrics(CollectorRegistry()),
+    )
+    judge = EveryMissed(ctx)
+    judge.claims["every"] = Claims()
+    body = '{"job":"every","slot":%d,"instance":"a","run_on":"every","token":"t"}'
+    judge.on_claim("every", (body % (now + AHEAD_MS + 1)).encode())
+    assert not judge.claims["every"].slots  # forged, or a clock far off
+    judge.on_claim("every", (body % now).encode())
+    assert judge.claims["every"].slots == {now: {"a"}}
+
+
 @pytest.fixture
 def apps() -> Iterator[list[Receiver]]:
     gens = [receiver() for _ in range(3)]
@@ -117,6 +191,8 @@ def test_three_sidecars_run_each_slot_once_each_and_show_what_one_missed(
             40,
             what="three slots run on all three instances",
         )
+        # The series an alert counts with increase() exists at 0 while none is missed.
+        assert procs[0].metric(MISSED, AWAY) == 0
         # Restart c with kill -9 right after it ran a slot: its catch-up claims that slot
         # again under its own id, finds it stored, and does not run it a second time.
         ran = len(slots_of(c, EVERY))
@@ -151,8 +227,44 @@ def test_three_sidecars_run_each_slot_once_each_and_show_what_one_missed(
         history = cli_json(tmp_path, config, "history", "every", "--limit", "500")
         missed_c = {r["slot"] for r in history if r["status"] == "missed" and r["instance"] == "c"}
         assert away <= missed_c, (away, missed_c)
+        # ... and in the metric: each live sidecar counts c's misses (docs/METRICS.md,
+        # anarchon_every_slots_missed_total), as stopped: c exited cleanly (SIGTERM
+        # deleted its presence), which the alert leaves alone (a rollout does that).
+        for live in procs[:2]:
+            wait_for(
+                lambda live=live: (live.metric(MISSED, STOPPED) or 0) >= len(away),
+                10,
+                what=f"{live.name} counting c's missed slots",
+            )
+            assert live.metric(MISSED, AWAY) == 0
+            assert f"job every: instance c missed slot {iso(min(away))}" in live.log()
+            assert "instance a missed" not in live.log() and "instance b missed" not in live.log()
         sidecar_c.start().wait_ready()
         wait_for(lambda: max(slots_of(c, EVERY)) > max(away), 15, what="c back")
+        # c, started after those windows closed, does not count them again.
+        wait_for(lambda: sidecar_c.metric(MISSED, AWAY) == 0, 10, what="c's series")
+        assert sidecar_c.metric(MISSED, STOPPED) is None
+        # b killed (-9) for a few slots: away (its presence expires, nobody deleted
+        # it), what AnarchonEveryInstanceMissedSlot pages for; a and c count them.
+        b, sidecar_b = apps[1], procs[1]
+        # The slot after its last may have been claimed before the kill: not counted.
+        killed_after = max(slots_of(b, EVERY)) + PERIOD_MS
+        sidecar_b.kill()
+        wait_for(
+            lambda: len([s for s in slots_of(a, EVERY) if s > killed_after]) >= 3,
+            20,
+            what="three slots while b is dead",
+        )
+        dead = {s for s in slots_of(a, EVERY) if s > killed_after}
+        for live in (procs[0], sidecar_c):
+            wait_for(
+                lambda live=live: (live.metric(MISSED, AWAY) or 0) >= len(dead),
+                15,
+                what=f"{live.name} counting b's missed slots as away",
+            )
+            assert f"job every: instance b missed slot {iso(min(dead))}" in live.log()
+        sidecar_b.start().wait_ready()
+        wait_for(lambda: max(slots_of(b, EVERY)) > max(dead), 15, what="b back")
     # Exactly once per instance per slot, and the history holds one run per
     # instance and slot that the instance's app got; missed only what it did not get.
     history = cli_json(tmp_path, config, "history", "every", "--limit", "1000")

@@ -46,14 +46,14 @@ def said(caplog: pytest.LogCaptureFixture, job_name: str) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "sidecar.job" and r.getMessage().startswith(f"job {job_name} slot ")
+        if r.name == "sidecar.run.skips" and r.getMessage().startswith(f"job {job_name} slot ")
     ]
 
 
 def test_a_skip_is_said_once_per_reason_until_the_job_claims_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="sidecar.job")
+    caplog.set_level(logging.INFO, logger="sidecar.run.skips")
     config = load_config(
         str(
             write_config(

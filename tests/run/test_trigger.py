@@ -201,7 +201,7 @@ def unstarted_app(kind: str, tmp_path: Path) -> RecordingApp:
 async def test_undelivered_is_retried_until_the_app_listens(
     kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="sidecar.trigger")
+    caplog.set_level(logging.WARNING, logger="sidecar.run.trigger")
     app = unstarted_app(kind, tmp_path)
     try:
         pending = asyncio.create_task(fire(job_for(app.url), within=20))

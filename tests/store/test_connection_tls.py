@@ -353,7 +353,7 @@ async def test_every_reconnect_refuses_plaintext(
     """A second server speaks no TLS; then the real one goes away and an impostor takes
     its port. Every attempt to either is refused, the client keeps trying, and it is
     back on the real server as soon as that returns."""
-    caplog.set_level(logging.WARNING, logger="sidecar.connection")
+    caplog.set_level(logging.WARNING, logger="sidecar.store.connection")
     server = tls_server(tmp_path, certs)
     await asyncio.to_thread(server.start)
     servers = [f"tls://127.0.0.1:{p}" for p in (server.port, plaintext_server.port)]

@@ -398,7 +398,9 @@ def test_a_bucket_without_a_marker_ttl_stops_the_jobs_that_need_leases_with_a_re
     assert not http_app.requests_for("/jobs/guarded")  # never run as overlap: allow
     assert skipped and skipped >= 1
     assert "WARNING: state bucket CRON_STATE cannot hold leases" in status.stdout, status.stdout
-    lines = [line for line in proc.log().splitlines() if "sidecar.fleet: state bucket" in line]
+    lines = [
+        line for line in proc.log().splitlines() if "sidecar.fleet.member: state bucket" in line
+    ]
     assert len(lines) == 1, lines  # one line, not one per check
 
 

@@ -25,9 +25,9 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from sidecar.admin import streamops
 from sidecar.config.load import Config, Secrets, load_secrets, parse_config
 from sidecar.core.clock import Clock
+from sidecar.ops import streamops
 from sidecar.run.claim import MSG_ID, Claimer
 from sidecar.store.stream import ensure_stream, stream_spec
 from tests.support import ROOT, NatsServer, RecordingApp, free_port, run_cli, until

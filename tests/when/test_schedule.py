@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 import sidecar.when.schedule as schedule_module
 from sidecar.core.errors import ScheduleError
 from sidecar.when.schedule import Schedule, parse_schedule
+from tests.support import examples
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BERLIN, NEW_YORK, LORD_HOWE = "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"
@@ -303,7 +304,7 @@ def test_the_check_leaves_the_next_slot_known(monkeypatch: pytest.MonkeyPatch) -
     assert walked[-1] == slot
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=examples(300), deadline=None, derandomize=True)
 @given(
     expr=st.sampled_from(["*/15 * * * *", "30 2 * * *", "*/7 * * * * *", "0 9 * * 1-5"]),
     zone=st.sampled_from(["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]),
@@ -361,7 +362,7 @@ TRANSITIONS = [
 
 
 @pytest.mark.parametrize("expr", ["*/15 * * * *", "30 2 * * *", "*/7 * * * * *", "0 * * * *"])
-@settings(max_examples=150, deadline=None, derandomize=True)
+@settings(max_examples=examples(150), deadline=None, derandomize=True)
 @given(
     transition=st.sampled_from(TRANSITIONS),
     delta_ms=st.integers(-3 * 3_600_000, 3 * 3_600_000),

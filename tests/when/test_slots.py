@@ -205,41 +205,6 @@ def test_bad_expression_in_a_list_is_named() -> None:
 
 # ---------------------------------------------------------------- the state bucket's values
 
-NOW = 1_796_227_910.0
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("30m", NOW + 1800),
-        ("2h", NOW + 7200),
-        ("2026-12-04T12:00:00Z", datetime(2026, 12, 4, 12, tzinfo=UTC).timestamp()),
-        ("2026-12-04T13:00:00+01:00", datetime(2026, 12, 4, 12, tzinfo=UTC).timestamp()),
-        ("+1m30s", NOW + 90),
-    ],
-)
-def test_until_takes_a_duration_or_an_rfc3339_time(text: str, expected: float) -> None:
-    from sidecar.admin.skipops import until_of
-
-    assert until_of(text, NOW) == expected
-
-
-@pytest.mark.parametrize(
-    ("text", "fragment"),
-    [
-        ("2026-12-04T12:00:00", "has no offset"),
-        ("2020-01-01T00:00:00Z", "is in the past"),
-        ("-5m", "is in the past"),
-        ("soon", "neither an RFC 3339 time"),
-        ("0s", "not in the future"),
-    ],
-)
-def test_until_refuses_what_it_cannot_use(text: str, fragment: str) -> None:
-    from sidecar.admin.skipops import until_of
-
-    with pytest.raises(ValueError, match=fragment):
-        until_of(text, NOW)
-
 
 def test_pause_skip_and_since_values() -> None:
     from sidecar.run.since import floor_ms
@@ -260,19 +225,3 @@ def test_pause_skip_and_since_values() -> None:
     assert floor_ms({"at": 500}, {"until": "1970-01-01T00:00:01Z"}, now) == 1000
     assert floor_ms({"at": 500}, {"until": "1970-01-01T01:00:00Z"}, now) == 500  # not ended
     assert floor_ms({"at": True}, None, now) == 0
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("2h", NOW - 7200),
-        ("24h", NOW - 86400),
-        ("0s", NOW),
-        ("-30m", NOW - 1800),
-        ("2026-12-04T12:00:00Z", datetime(2026, 12, 4, 12, tzinfo=UTC).timestamp()),
-    ],
-)
-def test_backfill_instants_count_durations_back_from_now(text: str, expected: float) -> None:
-    from sidecar.admin.skipops import instant_of
-
-    assert instant_of(text, NOW, back=True) == expected

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from nats.js import JetStreamContext
 
 from sidecar.admin.bucket_jobs import job_key
-from sidecar.admin.streamops import answered
 from sidecar.config.load import Config, Secrets
 from sidecar.core.errors import CasConflict, ForgetRefused, StreamNotFound
 from sidecar.fleet.orphans import PER_JOB, job_of, run_by
+from sidecar.ops.streamops import answered
 from sidecar.store.connection import connected, one_shot_js
 from sidecar.store.kv import delete_at
 from sidecar.store.state import read_view, state_spec

@@ -1,4 +1,4 @@
-"""One-shot commands: history, last-run, run-now, stream.
+"""One-shot commands on the stream: history, last-run, run-now, stream, pause, resume.
 
 Each connects once (ConnectError when NATS is unreachable: exit 3), does its
 work and closes. ``history``, ``last-run`` and ``stream`` only read; they
@@ -322,7 +322,7 @@ async def resume(
 
 
 async def status(config: Config, secrets: Secrets, now_ms: int) -> dict[str, Any]:
-    from sidecar.admin.fleetview import fleet_status
+    from sidecar.ops.fleetview import fleet_status
 
     async with connected(config, secrets) as conn:
         with answered():

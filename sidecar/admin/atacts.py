@@ -1,9 +1,10 @@
-"""``anarchon-sidecar at``, and the page's and API's one-off run acts.
+"""One-off runs (``at.<job>``) from the page and its API, and what ``at`` shares with them.
 
-The command works on a connection of its own, the page and its API on the
-sidecar's own bucket; both change ``at.<job>`` through sidecar/run/atqueue.py.
-Each act is also written to ``actions.<job>`` (sidecar/admin/actions.py), as the
-page's acts are, with ``via`` ``cli``, ``page`` or ``api``.
+The page and its API act on the sidecar's own bucket (``act``); the command
+``at`` on a connection of its own (sidecar/ops/atops.py). Both change
+``at.<job>`` through sidecar/run/atqueue.py, say the same words (here) and
+write each act to ``actions.<job>`` (sidecar/admin/actions.py) with ``via``
+``cli``, ``page`` or ``api``.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import Any
 
 from nats.js.kv import KeyValue
 
-from sidecar.config.load import Config, JobConfig, Secrets
+from sidecar.config.load import JobConfig
 from sidecar.core.clock import rfc3339
-from sidecar.run.atqueue import Queued, cancel, listing, queue
+from sidecar.run.atqueue import cancel, queue
 from sidecar.when.atkey import AtRun, instant_problem, on_schedule
 
-log = logging.getLogger("sidecar.atops")
+log = logging.getLogger(__name__)
 
 
 def action_entry(
@@ -64,7 +65,7 @@ def cancelled_detail(gone: list[AtRun]) -> str:
     return "cancelled one-off run(s) at " + ", ".join(rfc3339(r.slot / 1000) for r in gone)
 
 
-async def _audit(kv: KeyValue, job: str, entry: dict[str, Any]) -> None:
+async def audit(kv: KeyValue, job: str, entry: dict[str, Any]) -> None:
     """Best effort from the CLI: the act is done; a lost audit line is said, not fatal."""
     from sidecar.admin.actions import record_action
 
@@ -74,59 +75,12 @@ async def _audit(kv: KeyValue, job: str, entry: dict[str, Any]) -> None:
         log.warning("%s: the act was not written to actions.%s: %r", job, job, exc)
 
 
-# ---------------------------------------------------------------------- the CLI
-
-
-async def cli_queue(
-    config: Config, secrets: Secrets, job: JobConfig, slot: int, by: str, reason: str
-) -> Queued:
-    from sidecar.store.connection import connected
-    from sidecar.store.connection import one_shot_js as _js
-    from sidecar.store.state import ensure_bucket, state_spec
-
-    async with connected(config, secrets) as conn:
-        bucket = await ensure_bucket(_js(conn), state_spec(config))
-        done = await queue(bucket.kv, job, slot, by, reason)
-        if done.new:
-            entry = action_entry("at", by, "", "cli", config.instance_id, queued_detail(done.run))
-            await _audit(bucket.kv, job.name, entry)
-        return done
-
-
-async def cli_cancel(
-    config: Config, secrets: Secrets, job: str, slots: set[int] | None, by: str
-) -> tuple[list[AtRun], list[AtRun]]:
-    """(those cancelled, those too late: a sidecar started claiming them)."""
-    from sidecar.store.connection import connected
-    from sidecar.store.connection import one_shot_js as _js
-    from sidecar.store.state import ensure_bucket, state_spec
-
-    async with connected(config, secrets) as conn:
-        bucket = await ensure_bucket(_js(conn), state_spec(config))
-        gone, late = await cancel(bucket.kv, job, slots)
-        if gone:
-            detail = cancelled_detail(gone)
-            entry = action_entry("cancel-at", by, "", "cli", config.instance_id, detail)
-            await _audit(bucket.kv, job, entry)
-        return gone, late
-
-
-async def cli_list(config: Config, secrets: Secrets, job: str) -> list[AtRun]:
-    from sidecar.store.connection import connected
-    from sidecar.store.connection import one_shot_js as _js
-    from sidecar.store.state import ensure_bucket, state_spec
-
-    async with connected(config, secrets) as conn:
-        bucket = await ensure_bucket(_js(conn), state_spec(config))
-        return await listing(bucket.kv, job)
-
-
 # ---------------------------------------------------------------------- the page and API
 
 
 def _slot_of(text: str, now: float) -> int:
     """A one-off's instant from a form: epoch ms, RFC 3339, or a duration from now."""
-    from sidecar.admin.skipops import instant_of
+    from sidecar.config.instants import instant_of
 
     text = text.strip()
     # epoch ms, as --list --json and the page give it; ASCII digits (int() reads others)

@@ -29,7 +29,7 @@ __all__ = ["fleet_status", "running"]
 
 
 async def fleet_status(js: JetStreamContext, config: Config, now_ms: int) -> dict[str, Any]:
-    """The object of FLEET.md's ``status --json``."""
+    """The object ``status --json`` prints (docs/CLI.md, status)."""
     seen: dict[str, float] = {}
     view = await read_view(js, config, seen) or View()
     file_names = config.job_names

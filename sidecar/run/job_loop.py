@@ -30,7 +30,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sidecar.config.jobs import WAITING
+from sidecar.config.job_entry import WAITING
 from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimDisconnected, ClaimForeign, CountUnavailable, KeyHeld
@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from sidecar.run.skips import Unclaimed
     from sidecar.run.trigger import Trigger
 
-log = logging.getLogger("sidecar.job")
+log = logging.getLogger(__name__)
 
 # A slot is judged at most this long after its decider first looks (Fleet.caught_up).
 CAUGHT_UP_WAIT = 2.0

@@ -1,14 +1,15 @@
 """`anarchon-sidecar forget JOB`: the keys of a job retired from the whole fleet, removed.
 
 The fleet never removes them on its own (docs/GUARANTEES.md); what is
-removed and what is refused is sidecar/admin/forget.py's.
+removed and what is refused is sidecar/ops/forget.py's.
 """
 
 from __future__ import annotations
 
 import click
 
-from sidecar.cli.command import (
+from sidecar.cli.output import printable
+from sidecar.cli.shared import (
     EXIT_FAILED,
     EXIT_USAGE,
     call,
@@ -19,7 +20,6 @@ from sidecar.cli.command import (
     note,
     say,
 )
-from sidecar.cli.output import printable
 from sidecar.config.keys import JOB_NAME
 from sidecar.core.errors import StreamNotFound
 
@@ -32,7 +32,7 @@ def forget(job: str, config_path: str | None) -> None:
     its pause, max_runs count, skips, one-off runs, backfill, catch-up bound, kept
     slot, due attempts, health and recorded acts. Exit 1 when a live instance runs
     JOB, a run of it holds a lease, or nothing was there."""
-    from sidecar.admin.forget import forget as forget_keys
+    from sidecar.ops.forget import forget as forget_keys
 
     if not JOB_NAME.fullmatch(job):
         fail(EXIT_USAGE, f"bad job name {printable(repr(job))}: letters, digits, _ and - only")

@@ -15,7 +15,8 @@ import click
 
 from sidecar.admin import bucket_jobs
 from sidecar.cli import output
-from sidecar.cli.command import (
+from sidecar.cli.output import printable, table
+from sidecar.cli.shared import (
     EXIT_FAILED,
     EXIT_USAGE,
     Loaded,
@@ -29,7 +30,6 @@ from sidecar.cli.command import (
     say,
     who,
 )
-from sidecar.cli.output import printable, table
 from sidecar.core.errors import ConfigError
 
 

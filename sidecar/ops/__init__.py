@@ -1,0 +1,1 @@
+"""The operators' one-shot commands: each connects once, does its work, closes."""

@@ -1,0 +1,189 @@
+"""``run_on: every``: the slots an instance missed, counted as their windows close.
+
+``status`` and ``history`` show which instance missed which slot, from the
+claims in the stream (sidecar/store/missed.py); an alert needs a number that
+rises when it happens. Every sidecar with a ``run_on: every`` job of its
+config follows that job's claims (an ordered consumer on
+``<prefix><job>.claims``, from the first one the stream keeps: the
+per-subject limit bounds the read) and remembers which instance claimed which
+of the newest slots. At each slot's ``jitter + max_late`` (plus a little) it
+judges the slot by store/missed.py's rule, on the claims up to it: an
+instance of the job with no claim of it, whose newest claim lies within
+``TRAIL`` judged slots, missed it. Each miss counts in
+``anarchon_every_slots_missed_total{job, reason}`` and is logged with the
+instance. ``reason`` is ``stopped`` when the instance's presence
+(``instance.<id>``) was deleted, seen by this sidecar: it exited cleanly (a
+rollout that gives each pod a new instance id, a scale-down, a stop on
+purpose), and ``away`` otherwise (it died, froze or lost NATS: its presence
+expired or is still there; or it left before this sidecar started). The alert
+counts ``away`` only, so that a rollout does not page.
+
+Every live sidecar judges every slot, so each counts the same misses (the
+missing one, being away, counts none): the fleet's number is the max over
+instances, not the sum (docs/METRICS.md). A sidecar judges only the slots
+whose window closes while it runs, so a restart does not count a slot again.
+The series exists at 0 from the first claim of the job this sidecar reads
+(docs/METRICS.md, "Series per job": the alert's ``increase()`` sees the first
+miss). Jobs added at run time (``job.<name>`` keys) are not followed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from sidecar.core.backoff import Backoff
+from sidecar.core.bounds import slot_ms
+from sidecar.core.clock import rfc3339
+from sidecar.core.wire import EVERY, RUN_ON_FIELD, claims_subject, decode, instance_key
+from sidecar.store.missed import TRAIL, Seen, missed
+from sidecar.store.state import DELETED, Removal
+
+if TYPE_CHECKING:
+    from sidecar.config.load import JobConfig
+    from sidecar.run.context import Context
+
+log = logging.getLogger("sidecar.everymissed")
+
+# Slots remembered per job: the rule looks TRAIL judged slots past an
+# instance's newest claim; three times that keeps an instance away a while known.
+KEEP = 3 * TRAIL
+# After jitter + max_late: a claim made at the very end of the window is stored.
+SETTLE = 1.0
+# anarchon_every_slots_missed_total's reasons (module doc).
+STOPPED, AWAY = "stopped", "away"
+PRESENCE = instance_key("")
+STOPPED_KEEP = 1000
+# A claim of a slot further ahead than this is not taken (on_claim).
+AHEAD_MS = 300_000
+# A sidecar suspended for long judges the slots of this last stretch only.
+BEHIND = 3600.0
+
+
+def claim_of(data: bytes, job: str) -> Seen | None:
+    """A per-instance claim of `job` (its slot and instance); None for anything else
+    (the fleet's claims of other jobs' kinds, or what no sidecar writes)."""
+    record = decode(data)
+    slot = slot_ms(record.get("slot"))
+    instance = record.get("instance")
+    if record.get("job") != job or record.get(RUN_ON_FIELD) != EVERY or slot is None:
+        return None
+    if not isinstance(instance, str) or not instance:
+        return None
+    return Seen(slot, instance)
+
+
+class Claims:
+    """One job's per-instance claims of its newest ``KEEP`` slots (pure)."""
+
+    def __init__(self) -> None:
+        self.slots: dict[int, set[str]] = {}
+
+    def add(self, seen: Seen) -> None:
+        if seen.slot not in self.slots and len(self.slots) >= KEEP:
+            oldest = min(self.slots)
+            if seen.slot < oldest:
+                return
+            del self.slots[oldest]
+        self.slots.setdefault(seen.slot, set()).add(seen.instance)
+
+    def missed_at(self, slot: int, now_ms: int, max_late_ms: int) -> list[str]:
+        """The instances that missed `slot`, judged on the claims up to it (sorted)."""
+        seen = [Seen(s, i) for s, who in self.slots.items() if s <= slot for i in who]
+        return [g.instance for g in missed(seen, now_ms, max_late_ms) if g.slot == slot]
+
+
+class EveryMissed:
+    """The ``run_on: every`` jobs of the config, followed and judged (module doc)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.jobs = [job for job in ctx.config.jobs if job.run_on == EVERY]
+        self.claims: dict[str, Claims] = {job.name: Claims() for job in self.jobs}
+        # Instances whose presence this sidecar saw deleted (a clean exit), until it
+        # is written again; the newest STOPPED_KEEP (each rollout adds its old ids).
+        self.stopped: dict[str, None] = {}
+
+    def begin(self) -> None:
+        """Follow and judge each job, in tasks that end with the sidecar."""
+        self.ctx.fleet.removal_listeners.append(self.removed)
+        self.ctx.fleet.key_listeners.append(self.changed)
+        for job in self.jobs:
+            self.ctx.tasks.spawn(self._follow(job))
+            self.ctx.tasks.spawn(self._judge(job))
+
+    def removed(self, removal: Removal) -> None:
+        if removal.key.startswith(PRESENCE) and removal.how == DELETED:
+            self.stopped[removal.key[len(PRESENCE) :]] = None
+            if len(self.stopped) > STOPPED_KEEP:
+                del self.stopped[next(iter(self.stopped))]
+
+    def changed(self, key: str) -> None:
+        if key.startswith(PRESENCE) and key in self.ctx.fleet.view.keys:
+            self.stopped.pop(key[len(PRESENCE) :], None)
+
+    def on_claim(self, name: str, data: bytes) -> None:
+        seen = claim_of(data, name)
+        if seen is None or seen.slot > self.ctx.clock.wall_ms() + AHEAD_MS:
+            # No instance claims a slot before its time: one far ahead is forged
+            # (or its clock is far off), and kept it would push real slots out.
+            return
+        if not self.claims[name].slots:  # the job has something to say from now on
+            self.ctx.metrics.every_slots_missed_total.add(name, AWAY)
+        self.claims[name].add(seen)
+
+    async def _follow(self, job: JobConfig) -> None:
+        ctx, backoff = self.ctx, Backoff(start=0.5, cap=10.0)
+
+        async def on_msg(msg: Msg) -> None:  # nats-py takes only a coroutine function
+            self.on_claim(job.name, msg.data)
+
+        while not ctx.stopping.is_set():
+            try:
+                sub: Any = await ctx.js.subscribe(
+                    claims_subject(ctx.spec.prefix, job.name),
+                    stream=ctx.spec.name,
+                    cb=on_msg,
+                    ordered_consumer=True,
+                    config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+                )
+            except Exception as exc:  # NATS away: asked again
+                log.debug("job %s: following its claims failed (%r); again", job.name, exc)
+                await backoff.sleep()
+                continue
+            await ctx.stopping.wait()
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            return
+
+    async def _judge(self, job: JobConfig) -> None:
+        clock, max_late_ms = self.ctx.clock, round(job.max_late * 1000)
+        window = job.jitter + job.max_late + SETTLE
+        slot = job.schedule.next_slot(clock.wall_ms())
+        while not self.ctx.stopping.is_set():
+            if await self.ctx.sleeper.until(slot / 1000 + window):
+                return
+            now_ms = clock.wall_ms()
+            self.judge(job, slot, now_ms, max_late_ms)
+            # Each slot in turn; after a long suspend, not further back than BEHIND.
+            slot = job.schedule.next_slot(max(slot, now_ms - round((window + BEHIND) * 1000)))
+
+    def judge(self, job: JobConfig, slot: int, now_ms: int, max_late_ms: int) -> list[str]:
+        """Count and say the instances that missed `slot`; returns them."""
+        gone = self.claims[job.name].missed_at(slot, now_ms, max_late_ms)
+        for instance in gone:
+            reason = STOPPED if instance in self.stopped else AWAY
+            self.ctx.metrics.every_slots_missed_total.labels(job=job.name, reason=reason).inc()
+            log.log(
+                logging.INFO if reason == STOPPED else logging.WARNING,
+                "job %s: instance %s missed slot %s (no claim of it within max_late: %s)",
+                job.name,
+                instance,
+                rfc3339(slot / 1000),
+                "it had exited cleanly" if reason == STOPPED else "it was away",
+            )
+        return gone
