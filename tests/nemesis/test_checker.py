@@ -182,8 +182,12 @@ def test_a_claim_killed_before_its_lease_must_be_recorded() -> None:
 
 @pytest.mark.parametrize(
     ("slot_s", "extra"),
-    [(T0 + 2.5, {"trigger": "at"}), (T0 + 2, {"trigger": "backfill", "backfill": "b"})],
-    ids=["at", "backfill"],
+    [
+        (T0 + 2.5, {"trigger": "at"}),
+        (T0 + 2, {"job": "then", "trigger": "after", "after_job": "tick", "after_run": "r"}),
+        (T0 + 2, {"trigger": "backfill", "backfill": "b"}),
+    ],
+    ids=["at", "after", "backfill"],
 )
 def test_a_one_off_or_backfill_claim_killed_before_its_lease_must_be_recorded(
     slot_s: float, extra: dict[str, Any]
