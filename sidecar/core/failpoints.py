@@ -33,7 +33,9 @@ Points (``POINTS``):
   is too late from here), before it is claimed.
 - ``at.due``: a one-off run's time came (sidecar/run/atruns.py), before it is
   read again and claimed.
-- ``claim.won``: a claim was won, before its run starts (lease, trigger).
+- ``claim.won``: a claim was won, before its run starts (lease, trigger): a
+  slot's, a retry's, an ``at`` run's, an ``after`` run's or a backfill's;
+  not a ``run_on: every`` claim's (no lease, no claim-to-lease window).
 - ``claim.after_publish``: a claim's publish was answered, before the
   answer is read.
 - ``claim.before_retry``: a claim had no definite answer and will be asked

@@ -11,7 +11,9 @@ window makes exactly one sidecar win, whichever of them are alive then. A
 sidecar that cannot read or mark the key (NATS away) does not claim: a cancel
 it cannot see must not be overtaken. The winner runs it like any
 won slot (lease, trigger, record; sidecar/run/job_loop.py); the claim's deciders drop
-the entry from the key. A one-off is not retried and not rerun when lost (as
+the entry from the key. A winner that dies between its claim and its lease is
+judged by the losers as a slot's (sidecar/run/claimwindow.py): recorded lost
+once. A one-off is not retried and not rerun when lost (as
 ``run-now``): its instant is not a slot of the schedule, and a retry's due
 key names a slot of the schedule (sidecar/run/duecheck.py).
 
@@ -48,12 +50,15 @@ log = logging.getLogger(__name__)
 
 #: ``start(job, claim, start)``: run a won claim (sidecar/run/job_loop.py ``_start_run``).
 Start = Callable[["JobConfig", "Claim", float], Any]
+#: ``lost(job, claim)``: a claim lost here, whose winner is judged if it never
+#: makes its lease (sidecar/run/claimwindow.py ``lost_claim``).
+Lost = Callable[["JobConfig", "Claim"], None]
 
 
 class AtRuns:
     """The one-off runs this sidecar waits for (module doc)."""
 
-    def __init__(self, ctx: Context, unclaimed: Unclaimed, start: Start) -> None:
+    def __init__(self, ctx: Context, unclaimed: Unclaimed, start: Start, lost: Lost) -> None:
         self.config = ctx.config
         self.metrics = ctx.metrics
         self.clock = ctx.clock
@@ -62,6 +67,7 @@ class AtRuns:
         self.fleet = ctx.fleet
         self.unclaimed = unclaimed
         self.start = start
+        self.lost = lost
         self.spawn = ctx.tasks.spawn
         self.sleep_until = ctx.sleeper.until
         self.stopping = ctx.stopping
@@ -212,7 +218,13 @@ class AtRuns:
             return
         if claim.won:
             log.info("job %s: one-off run at %s won", name, rfc3339(slot / 1000))
+            if failpoints.ENABLED:
+                await failpoints.hit("claim.won")
             self.start(job, claim, slot / 1000)
+        else:
+            # Its winner may die before its lease: judged as a slot's (recorded
+            # lost, never rerun: a one-off is not, sidecar/run/retries.py).
+            self.lost(job, claim)
         self.unclaimed.count(claim)
         await self._drop(name, slot)
 

@@ -14,7 +14,9 @@ and runs it like any won slot (lease, trigger ``backfill``, result), then
 clears ``running``. So the fleet, not the CLI, runs them; one at a time per
 job; and a sidecar that dies while running one leaves it to be noticed: its
 ``instance.<id>`` key expires, another sidecar clears ``running`` (the run
-is lost, as any run of a dead runner, not repeated) and goes on.
+is lost, as any run of a dead runner, not repeated) and goes on; a taker that
+died between its claim and its lease is judged as a slot's winner and its run
+recorded lost once (sidecar/run/backfilllost.py).
 
 The CLI leaves out slots that already have a backfill claim in the stream
 (the same backfill asked again runs nothing again); ``--again`` uses a new
@@ -35,6 +37,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import parse_rfc3339, rfc3339
@@ -159,7 +162,10 @@ class Backfills:
     """One sidecar's part in the fleet's backfills."""
 
     def __init__(
-        self, ctx: Context, run: Callable[[JobConfig, Claim, float], Coroutine[Any, Any, None]]
+        self,
+        ctx: Context,
+        run: Callable[[JobConfig, Claim, float], Coroutine[Any, Any, None]],
+        lost: Callable[[JobConfig, Claim], None] | None = None,
     ) -> None:
         self.config = ctx.config
         self.metrics = ctx.metrics
@@ -167,6 +173,8 @@ class Backfills:
         self.claimer = ctx.claimer
         self.fleet = ctx.fleet
         self.run = run
+        # The claim-window judge (claimwindow.py lost_claim): a stale taker's claim.
+        self.lost = lost
         self.spawn = ctx.tasks.spawn
         self.stopping = ctx.stopping
         self._jobs = {job.name: job for job in ctx.config.jobs}
@@ -259,6 +267,11 @@ class Backfills:
                 )
                 if not await self._cas(kv, key, {**value, "running": None}, revision):
                     await contended.sleep()
+                elif self.lost is not None:  # died before its lease? (backfilllost.py)
+                    from sidecar.run.backfilllost import judge_taken
+
+                    tag = str(value.get("tag") or "b")
+                    self.spawn(judge_taken(self.claimer, job, running, tag, self.lost))
                 continue
             if not pending:
                 if running is None:
@@ -337,6 +350,8 @@ class Backfills:
             log.info("job %s: backfill of %s was run already", job.name, rfc3339(slot / 1000))
             return
         self.metrics.claims_won_total.labels(job=job.name).inc()
+        if failpoints.ENABLED:
+            await failpoints.hit("claim.won")
         log.info("job %s: backfill runs slot %s", job.name, rfc3339(slot / 1000))
         await self.run(job, claim, self.clock.wall())
 

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import attempt_no, slot_ms
 from sidecar.core.clock import rfc3339
@@ -69,6 +70,9 @@ log = logging.getLogger(__name__)
 
 #: ``start(job, claim, start)``: run a won claim (sidecar/run/job_loop.py ``_start_run``).
 Start = Callable[["JobConfig", "Claim", float], Any]
+#: ``lost(job, claim)``: a claim lost here, whose winner is judged if it never
+#: makes its lease (sidecar/run/claimwindow.py ``lost_claim``).
+Lost = Callable[["JobConfig", "Claim"], None]
 
 _TOKEN = re.compile(r"[0-9a-f]{32}")
 
@@ -114,7 +118,7 @@ def result_of(data: bytes, job: str) -> dict[str, Any] | None:
 class Chains:
     """The chained jobs this sidecar follows (module doc)."""
 
-    def __init__(self, ctx: Context, unclaimed: Unclaimed, start: Start) -> None:
+    def __init__(self, ctx: Context, unclaimed: Unclaimed, start: Start, lost: Lost) -> None:
         self.ctx = ctx
         self.config = ctx.config
         self.metrics = ctx.metrics
@@ -123,6 +127,7 @@ class Chains:
         self.guard = ctx.guard
         self.fleet = ctx.fleet
         self.unclaimed = unclaimed
+        self.lost = lost
         self.start = start
         self.spawn = ctx.tasks.spawn
         by_name = {job.name: job for job in ctx.config.jobs}
@@ -246,7 +251,11 @@ class Chains:
             if claim.won:
                 log.info("job %s: won its run after %s (run %s)", job.name, name, token)
                 self.metrics.chain_links_total.labels(job=job.name, outcome="fired").inc()
+                if failpoints.ENABLED:
+                    await failpoints.hit("claim.won")
                 self.start(job, dataclasses.replace(claim, after_run=token), now)
+            else:  # its winner may die before its lease: judged as a slot's
+                self.lost(job, claim)
             self.unclaimed.count(claim)
         except Exception:  # a bug must not stop the others; said
             log.exception("job %s: the run after %s (run %s) failed", job.name, name, token)

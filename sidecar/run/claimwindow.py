@@ -30,10 +30,26 @@ judging (sidecar/run/lostruns.py) never sees it. The losers close that window
 A winner woken after the copy expired (frozen longer than ``lease_ttl`` past
 the judging) creates its lease, so it also asks, when its claim-to-lease time
 was long (more than ``lease_ttl / 2``, half what any judge waits), whether
-its run was recorded lost, and does not run if it was (``judged_lost``).
+its run was recorded lost, and does not run if it was (``judged_lost``; the
+winner's side is sidecar/run/claimwinner.py).
 
-Only jobs with a run lease are judged here: the lock of ``overlap: skip``,
-``replace`` and ``buffer_one`` is the job's, not the run's (docs/GUARANTEES.md).
+Jobs whose runs hold ``lock.<job>`` (``overlap: skip``, ``replace``,
+``buffer_one``) are judged the same way, with these differences:
+
+* The run's lease is known when ``lock.<job>`` holds (or was seen holding) the
+  claim's token, or ``buffer.<job>`` keeps it; a slot its winner recorded
+  skipped has a result. A winner waiting for the lock (``replace``) keeps its
+  presence, so the lock's absence is never evidence by itself.
+* The judge's one-winner marker is still the run key's copy (the winner never
+  makes that key for its own run), so the winner, when its claim-to-lock time
+  was long (more than ``lease_ttl / 2``), creates that key itself with the
+  bucket's compare-and-set before its request (``lock_judged``): a judge's
+  copy there, or a lost record, and it does not run; its own marker shuts the
+  judges out (``covered_by``: its expiry is not judged, the lock's is).
+  Before it asks for the lock, such a winner also looks for a judge's copy or
+  the lost record (``judged_before_lock``): a stale winner must not take the
+  lock from the rerun, record the judged attempt ``skipped`` as well, keep it
+  in ``buffer.<job>`` or ask a live run to stop.
 """
 
 from __future__ import annotations
@@ -43,14 +59,17 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sidecar.core.bounds import attempt_no, slot_ms
+from sidecar.core.backoff import Backoff
+from sidecar.core.bounds import attempt_no, seq_no, slot_ms
 from sidecar.core.clock import parse_rfc3339
 from sidecar.core.errors import KeyHeld
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key, run_key
+from sidecar.run.claimwinner import COPY_EXTRA, WinnerSide
 from sidecar.run.lease import JUDGED_BY, uses_lock
 from sidecar.store.kv import until_answered
 from sidecar.store.state import EXPIRED, PRESENCE_RENEW, Entry, Removal
+from sidecar.when.attempts import lock_key
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -64,33 +83,30 @@ log = logging.getLogger(__name__)
 # before it is taken for dead: a presence that expired while the bucket had no
 # leader comes back at the live runner's next renewal.
 ABSENT_GRACE = 2 * PRESENCE_RENEW + 1.0
+# The keys that hold a run's lease or mark it (run.*, lock.*, buffer.*).
+HELD = ("run.", "lock.", "buffer.")
 # A judge looks again at least this often (and sees the drain start).
 POLL = 1.0
 # A judge whose winner lives on without a lease reads the results again this often.
 RECHECK = 30.0
+# A judge whose reads failed begins again after this long, doubling up to RETRY_CAP.
+RETRY_START = 1.0
+RETRY_CAP = 15.0
 # A judge gives up after this long (its winner alive, without lease nor result).
 JUDGE_MAX = 3600.0
-# The judge's copy of the lease outlives lease_ttl by the time a lost record's
-# publish may take (sidecar/run/record.py LOST_RETRY): it is stored before the copy
-# expires and a late winner's create succeeds.
-COPY_EXTRA = 10.0
 # Run keys the watch delivered are remembered this much longer than a job's
 # jitter + max_late: a loser's ack may come after the winner's short run ended.
 SEEN_MARGIN = 60.0
 
 
-class ClaimWindow:
-    """Judges the winners of claims this sidecar lost (see the module doc)."""
+class ClaimWindow(WinnerSide):
+    """Judges the winners of claims this sidecar lost (see the module doc); its
+    winner's side (whether a run won here was judged meanwhile) is WinnerSide's."""
 
     def __init__(self, ctx: Context, lost: LostRuns) -> None:
-        self.lost = lost
-        self.clock = ctx.clock
-        self.view = ctx.fleet.view
-        self.keys = ctx.keys
+        super().__init__(ctx, lost)
         self.claimer = ctx.claimer
         self.stopping = ctx.stopping
-        self.instance = ctx.config.instance_id
-        self.ttl = ctx.config.nats.lease_ttl
         self.tasks = TaskSet("judging a claim's winner")
         # Run keys the watch delivered (put or removed), oldest first: monotonic time.
         self._seen: dict[str, float] = {}
@@ -109,68 +125,90 @@ class ClaimWindow:
 
     def delivered(self, key: str) -> None:
         """The watch delivered `key` ("" after a re-read): wake who waits for it."""
-        if key.startswith("run."):
-            now = self.clock.monotonic()
-            self._seen.pop(key, None)
-            self._seen[key] = now
-            horizon = now - self._keep
-            while self._seen:
-                first = next(iter(self._seen))
-                if self._seen[first] >= horizon:
-                    break
-                del self._seen[first]
-            self._pending.pop(key, None)
+        if key.startswith(HELD):
+            # Which claim's run holds it: the fence every lease, kept slot and judge's
+            # copy carries is that claim's sequence, which a loser knows from its ack
+            # (a backfill of the same slot holds the same run key under its own).
+            entry = self.view.keys.get(key)
+            fence = seq_no(entry.value.get("fence")) if entry is not None else None
+            if fence is not None:
+                seen = _mark(key, fence)
+                now = self.clock.monotonic()
+                self._seen.pop(seen, None)
+                self._seen[seen] = now
+                horizon = now - self._keep
+                while self._seen:
+                    first = next(iter(self._seen))
+                    if self._seen[first] >= horizon:
+                        break
+                    del self._seen[first]
+                self._pending.pop(seen, None)
         for event in self._waiting.get(key, ()) if key else _every(self._waiting):
             event.set()
 
     def lost_claim(self, job: JobConfig, claim: Claim) -> None:
         """This sidecar lost `claim`: judge its winner unless its lease is known."""
-        if uses_lock(job) or claim.seq <= 0 or self.stopping.is_set() or self.keys() is None:
+        if claim.seq <= 0 or self.stopping.is_set() or self.keys() is None:
             return
-        key = run_key(job.name, claim.slot, claim.attempt)
-        if key in self.view.keys or key in self._seen:
+        if self._known(job, claim):
             return
-        self._pending[key] = (job, claim, self.clock.monotonic())
+        held = (
+            lock_key(job.name) if uses_lock(job) else run_key(job.name, claim.slot, claim.attempt)
+        )
+        self._pending[_mark(held, claim.seq)] = (job, claim, self.clock.monotonic())
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = self.tasks.spawn(self._sweep())
 
     async def _sweep(self) -> None:
         """Judge each pending claim whose lease did not come within lease_ttl."""
         while self._pending and not self.stopping.is_set():
-            key, (job, claim, lost_at) = next(iter(self._pending.items()))
+            mark, (job, claim, lost_at) = next(iter(self._pending.items()))
             wait = lost_at + self.ttl - self.clock.monotonic()
             if wait > 0:
                 await asyncio.sleep(min(wait, POLL))
                 continue
-            del self._pending[key]
-            if key not in self.view.keys and key not in self._seen:
+            del self._pending[mark]
+            if not self._known(job, claim):
+                key = run_key(job.name, claim.slot, claim.attempt)
                 self.tasks.spawn(self._judge(job, claim, key, lost_at))
         self._pending.clear()  # stopping: nothing more is judged
 
-    async def judged_lost(self, job: JobConfig, claim: Claim) -> bool:
-        """The winner's side: whether its run was recorded lost while it was away
-        between its claim and its lease (asked only when that took long)."""
-        if claim.sent_at is None or self.clock.monotonic() - claim.sent_at <= self.ttl / 2:
-            return False
-        try:
-            recorded, _ = await self.lost.recorded(job.name, claim.token, claim.seq)
-        except Exception as exc:  # unknown: it runs (a judge needs its presence gone)
-            log.warning("job %s slot %s: results not read: %r", job.name, claim.slot, exc)
-            return False
-        if recorded:
-            log.error(
-                "job %s slot %s: judged lost while this sidecar was away between its claim "
-                "and its lease; not run (on_lost says whether it runs again)",
-                job.name,
-                claim.slot,
-            )
-        return recorded
+    def _known(self, job: JobConfig, claim: Claim) -> bool:
+        """Whether the winning claim's lease (or a mark of its run: a kept slot, a
+        judge's copy, a winner's marker) is in the view or was seen: a key whose
+        ``fence`` is that claim's sequence."""
+        keys = [run_key(job.name, claim.slot, claim.attempt)]
+        if uses_lock(job):
+            # buffer.<job>: a slot buffer_one kept (sidecar/run/overlap.py buffer_key).
+            keys += [lock_key(job.name), f"buffer.{job.name}"]
+        for held in keys:
+            entry = self.view.keys.get(held)
+            if entry is not None and seq_no(entry.value.get("fence")) == claim.seq:
+                return True
+            if _mark(held, claim.seq) in self._seen:
+                return True
+        return False
 
     async def _judge(self, job: JobConfig, claim: Claim, key: str, lost_at: float) -> None:
-        try:
-            await self._judged(job, claim, key, lost_at)
-        except Exception as exc:  # another loser judges it too; say so here
-            log.warning("job %s slot %s: judging its winner failed: %r", job.name, claim.slot, exc)
+        """``_judged``, begun again after an error (the stream or the bucket without a
+        leader: every loser's judge may meet it at once, so none may give up on it),
+        until the judging's hour is over. Each step is safe to make again: reads, the
+        wait for evidence, the copy's compare-and-set, the de-duplicated record."""
+        retry = Backoff(start=RETRY_START, cap=RETRY_CAP, jitter=0.5)
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                await self._judged(job, claim, key, lost_at)
+                return
+            except Exception as exc:
+                failures += 1
+                left = lost_at + JUDGE_MAX - self.clock.monotonic()
+                level = logging.WARNING if failures == 1 or left <= 0 else logging.DEBUG
+                log.log(level, "job %s slot %s: judging its winner failed (%r); %s", job.name,
+                        claim.slot, exc, "given up" if left <= 0 else "trying again")  # fmt: skip
+                if left <= 0:
+                    return
+                await retry.sleep(at_most=left)
 
     async def _judged(self, job: JobConfig, claim: Claim, key: str, lost_at: float) -> None:
         winner = _winner(await self.claimer.stored_claim(claim.seq), claim)
@@ -207,14 +245,26 @@ class ClaimWindow:
             JUDGED_BY: self.instance,
         }
         create = functools.partial(keys.create, key, value, self.ttl + COPY_EXTRA)
-        try:
-            # Asked again while NATS gives no answer: a create stored but answered
-            # late is found ours (same instance and token) by the next one.
-            revision = await until_answered(
-                f"lease {key}", create, self.clock, self.clock.monotonic() + self.ttl
-            )
-        except KeyHeld:
-            return  # the winner's lease (alive after all), or another judge's copy
+        while True:
+            try:
+                # Asked again while NATS gives no answer: a create stored but answered
+                # late is found ours (same instance and token) by the next one.
+                revision = await until_answered(
+                    f"lease {key}", create, self.clock, self.clock.monotonic() + self.ttl
+                )
+                break
+            except KeyHeld as held:
+                if seq_no(held.value.get("fence")) == claim.seq:
+                    return  # the winner's lease (alive after all), or another judge's copy
+            # Another claim's run holds the slot's run key (a backfill of the slot, or
+            # the slot's scheduled run when a backfill's taker is judged): the copy is
+            # made once it is gone, so that a winner that wakes meanwhile still finds
+            # the key held and does not run late (sidecar/run/job_loop.py).
+            log.info("%s held by another run of the slot; judged once it is gone", key)
+            while key in self.view.keys:
+                if self.stopping.is_set() or self.clock.monotonic() >= lost_at + JUDGE_MAX:
+                    return
+                await self._wait((key,), POLL)
         log.warning(
             "lease %s: instance %s %s before it took it; recording its run lost",
             key,
@@ -248,7 +298,7 @@ class ClaimWindow:
                 log.info("job %s slot %s: its winner %s neither ran nor died", job.name,
                          claim.slot, runner[:100])  # fmt: skip
                 return None
-            if key in self.view.keys or key in self._seen:
+            if self._known(job, claim):
                 return None  # its lease: the usual judging covers the run
             if now >= recheck:
                 recheck = now + RECHECK
@@ -284,6 +334,11 @@ class ClaimWindow:
                     waiting.discard(event)
                     if not waiting:
                         del self._waiting[key]
+
+
+def _mark(key: str, fence: int) -> str:
+    """A held key as seen for one claim's run: ``<key>#<its claim's sequence>``."""
+    return f"{key}#{fence}"
 
 
 def _every(waiting: dict[str, set[asyncio.Event]]) -> list[asyncio.Event]:

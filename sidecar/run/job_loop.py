@@ -251,7 +251,9 @@ class Jobs:
             self.unclaimed.failed(job, slot, exc)
         else:
             if claim.won:
-                if failpoints.ENABLED:
+                # Not for run_on: every: its run has no lease, hence no claim-to-lease
+                # window (a kill there leaves its slot running in history).
+                if failpoints.ENABLED and not every:
                     await failpoints.hit("claim.won")
                 if number > 1:
                     self.due.claimed(name, slot, number)
@@ -407,7 +409,18 @@ class Jobs:
                     # existed (sidecar/run/claimwindow.py): the lost record stands.
                     if lease.judged or await self.window.judged_lost(job, claim):
                         return
+                    if lease.elsewhere and self.window.late(claim):
+                        # A judge of this claim waits for that key to go, then records
+                        # the run lost: a late winner without its lease does not run.
+                        why = f"not run: {lease.key} is held by another run of the slot and "
+                        why += "this claim's lease came late (docs/GUARANTEES.md, lost runs)"
+                        outcome = not_sent(claim, SKIPPED, why, self.clock.wall(), "late")
+                        await self._end(job, claim, outcome)
+                        return
                     await self._limited(job, claim, deadline)
+                    return
+                # Judged lost while this sidecar was away since its claim (claimwindow.py)?
+                if await self.window.judged_before_lock(job, claim):
                     return
                 try:
                     await stack.enter_async_context(lease)
@@ -445,6 +458,10 @@ class Jobs:
                     # Nothing sent, failed: a retry may follow.
                     error = f"{lease.key} not taken: {exc!r}"
                     await self._end(job, claim, not_sent(claim, FAILED, error, self.clock.wall()))
+                    return
+                # The lock held: judged lost while this sidecar was away before it
+                # took it (sidecar/run/claimwindow.py)? The lost record stands.
+                if await self.window.lock_judged(job, claim):
                     return
             await self._limited(job, claim, deadline)
 

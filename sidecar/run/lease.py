@@ -65,6 +65,10 @@ _untimed_log = RateLimitedLog(log)
 # (sidecar/run/claimwindow.py) names its maker here: the winner, woken late,
 # finds it and does not run.
 JUDGED_BY = "judged_by"
+# The same run key made by a lock job's winner that took long between its claim
+# and its lock (claimwinner.py ``lock_judged``): it shuts the judges out and
+# names the lock that covers the run; its expiry is no lost run (lostruns.py).
+COVERED_BY = "covered_by"
 
 # The record's error of a replaced run starts with this (no retry follows it).
 REPLACED = "replaced"
@@ -112,6 +116,9 @@ class Lease:
         # Its run was judged lost before the lease existed: the key holds a
         # judge's copy of it (JUDGED_BY), and the run must not start.
         self.judged = False
+        # The key is held by another claim's run of the same slot (a backfill of
+        # it): this run goes without its lease, unless it came late (job.py).
+        self.elsewhere = False
         self._created = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
         self._tasks = TaskSet("a lease", say=False)
@@ -191,6 +198,7 @@ class Lease:
                     str(held.value.get(JUDGED_BY))[:100],
                 )
                 return
+            self.elsewhere = True
             log.warning("lease %s exists already; running without it", self.key)
             return
         except Exception as exc:  # a definite refusal: the run goes on without it

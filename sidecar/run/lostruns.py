@@ -26,6 +26,7 @@ from sidecar.core.clock import parse_rfc3339
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import LOST, results_subject
 from sidecar.run.claim import token_of
+from sidecar.run.lease import COVERED_BY
 from sidecar.run.record import Outcome, Recorder
 from sidecar.store.kv import last_msg
 from sidecar.store.state import BUCKET_REPLACED, EXPIRED, Removal, View
@@ -101,6 +102,8 @@ class LostRuns:
         """The view lost `removal.key`; an expired lease of one of our jobs was lost."""
         if not is_lease_key(removal.key) or self.stopping.is_set():
             return
+        if removal.entry.value.get(COVERED_BY):
+            return  # a lock job's marker (claimwindow.py): its lock is judged instead
         name = lease_job(removal.key) or ""
         job = self.jobs.get(name)
         if job is None:

@@ -25,6 +25,7 @@ from sidecar.run.onkey import OnFirstKey
 from sidecar.run.record import Recorder
 from sidecar.run.retries import follow
 from sidecar.run.skips import SkipRecorder, Unclaimed
+from sidecar.run.straybuffers import StrayBuffers
 from sidecar.run.trigger import Trigger
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     def backfills() -> Backfills:
         from sidecar.run.backfill import Backfills
 
-        return Backfills(ctx, jobs._run_tracked)
+        return Backfills(ctx, jobs._run_tracked, lambda j, c: jobs.window.lost_claim(j, c))
 
     jobs.backfills = OnFirstKey("backfill", config.jobs, fleet.view, backfills)
     fleet.key_listeners.append(jobs.backfills.changed)
@@ -62,7 +63,10 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     def at_runs() -> AtRuns:
         from sidecar.run.atruns import AtRuns
 
-        return AtRuns(ctx, jobs.unclaimed, jobs._start_run)
+        # jobs.window is made below, before the first key of this kind comes.
+        return AtRuns(
+            ctx, jobs.unclaimed, jobs._start_run, lambda j, c: jobs.window.lost_claim(j, c)
+        )
 
     jobs.at_runs = OnFirstKey("at", config.jobs, fleet.view, at_runs)
     fleet.key_listeners.append(jobs.at_runs.changed)
@@ -71,7 +75,8 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     if any(job.after is not None for job in config.jobs):
         from sidecar.run.chains import Chains
 
-        Chains(ctx, jobs.unclaimed, jobs._start_run).begin()
+        lost = lambda j, c: jobs.window.lost_claim(j, c)  # noqa: E731 (jobs.window: below)
+        Chains(ctx, jobs.unclaimed, jobs._start_run, lost).begin()
     # run_on: every: the slots an instance missed, counted (sidecar/run/everymissed.py).
     if any(job.run_on == EVERY for job in config.jobs):
         from sidecar.run.everymissed import EveryMissed
@@ -89,6 +94,8 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     # Winners of claims lost here that died before their lease (sidecar/run/claimwindow.py).
     jobs.window = ClaimWindow(ctx, jobs.lost)
     fleet.key_listeners.append(jobs.window.delivered)
+    # buffer.<job> of a job that is not buffer_one here: counted (straybuffers.py).
+    fleet.key_listeners.append(StrayBuffers(ctx).changed)
 
     # overlap: replace and buffer_one (sidecar/run/overlap.py). Made, its code
     # imported, now if a job has one of them, else for the first job of the state

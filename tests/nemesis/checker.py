@@ -79,7 +79,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.nemesis.cpu import stalled, waited
 from tests.nemesis.kinds import check_chain, check_every
@@ -245,11 +245,12 @@ def bucket_job_logs(logs: dict[str, Path]) -> dict[str, list[tuple[float, str, s
 # A claim killed at claim.won is judged within this (the winner's restart, or
 # presence expiry and two renewals, plus lease_ttl and the lost record's write).
 CLAIM_KILL_JUDGED = 30.0
+K = TypeVar("K")
 
 
 def claim_kills(
-    faults: Iterable[dict[str, Any]], claims: dict[tuple[str, int, int], dict[str, Any]]
-) -> dict[tuple[str, int, int], dict[str, Any]]:
+    faults: Iterable[dict[str, Any]], claims: dict[K, dict[str, Any]]
+) -> dict[K, dict[str, Any]]:
     """The stored claims won by a sidecar that a claim-kill fault then killed at
     ``claim.won``: its claims stored between its armed restart and the kill."""
     out = {}
@@ -295,7 +296,7 @@ def check(history: History) -> Report:
     ts = touches(history.faults, nodes)
 
     operated: dict[str, dict[str, Any]] = run.get("operated") or {}
-    all_jobs = {**jobs, **operated, **(run.get("runtime") or {})}
+    all_jobs = {**jobs, **operated, **(run.get("runtime") or {}), **(run.get("locked") or {})}
     # Runs of slots asked for again (backfill, resume --catchup) are checked by
     # check_operated: they run a past slot by design, under their own claim id.
     # Issue 50's kinds are checked by their own rules (tests/nemesis/kinds.py): an
@@ -316,10 +317,11 @@ def check(history: History) -> Report:
 
     # ---------------------------------------------------------------- the stream
     claims: dict[tuple[str, int, int], dict[str, Any]] = {}
-    # (job, slot) asked for again (a backfill of it): that run holds the slot's run
-    # key too, which the claim-window judge cannot tell from its winner's lease
-    # (docs/GUARANTEES.md: backfills are not judged there).
-    again_slots: set[tuple[Any, Any]] = set()
+    # Claims of slots asked for again (backfill, catch-up), by their sequence: a
+    # taker killed at claim.won must be judged too (docs/GUARANTEES.md).
+    again_claims: dict[int, dict[str, Any]] = {}
+    # Every stored claim by its token (a lost record names its run's).
+    by_token: dict[str, dict[str, Any]] = {}
     results: dict[str, list[dict[str, Any]]] = defaultdict(list)  # by token
     lost: list[dict[str, Any]] = []
     ids: dict[str, int] = defaultdict(int)
@@ -331,10 +333,13 @@ def check(history: History) -> Report:
         if not isinstance(data, dict) or data.get("manual"):
             continue
         if m["subject"].endswith(".claims"):
+            by_token.setdefault(
+                str(data.get("token")), {**data, "_seq": m["seq"], "_time": m["time"]}
+            )
             if data.get("job") in every:
                 continue  # one claim per instance, no lease: check_every
             if "backfill" in data:
-                again_slots.add((data.get("job"), data.get("slot")))
+                again_claims[int(m["seq"])] = {**data, "_seq": m["seq"], "_time": m["time"]}
                 continue  # a run asked for again: its own id (check_operated)
             key = (data.get("job"), data.get("slot"), int(data.get("attempt") or 1))
             claims.setdefault(key, {**data, "_seq": m["seq"], "_time": m["time"]})  # type: ignore[arg-type]
@@ -405,21 +410,22 @@ def check(history: History) -> Report:
 
     # ---------------------------------------------------------------- claim kills
     killed = claim_kills(history.faults, claims)
-    fig["claim_kills"] = len(killed)
+    killed_again = claim_kills(history.faults, again_claims)
+    fig["claim_kills"] = len(killed) + len(killed_again)
     window_end = float(run["window"][1])
+    # Every claim killed before its lease is judged: scheduled, retried, one-off
+    # (at), backfilled, and a slot whose run key a backfill holds meanwhile.
     unjudged = [
-        key
-        for key, claim in killed.items()
+        (claim.get("job"), claim.get("slot"), claim.get("trigger"), claim.get("backfill"))
+        for claim in [*killed.values(), *killed_again.values()]
         if float(claim["_time"]) + CLAIM_KILL_JUDGED < window_end
         and not results.get(str(claim.get("token")))
         and not any(rec.get("token") == claim.get("token") for rec in lost)
-        and (key[0], key[1]) not in again_slots
-        and claim.get("trigger") not in ("at", "after")  # not judged yet (GUARANTEES)
     ]
     fig["claim_kills_unjudged"] = len(unjudged)
-    fig["claim_kills_backfilled"] = sum((k[0], k[1]) in again_slots for k in killed)
-    for key in unjudged[:10]:
-        fails.append(f"killed before its lease and never recorded: {key}")
+    fig["claim_kills_again"] = len(killed_again)
+    for what in unjudged[:10]:
+        fails.append(f"killed before its lease and never recorded: {what}")
 
     # ---------------------------------------------------------------- slots, misses
     slots = runs = 0
@@ -492,7 +498,8 @@ def check(history: History) -> Report:
     lost_wrong = []
     for rec in lost:
         key = (rec.get("job"), rec.get("slot"), int(rec.get("attempt") or 1))
-        claim = claims.get(key)  # type: ignore[arg-type]
+        # Its run's claim: a slot's, a backfill's or a chained run's (their own ids).
+        claim = by_token.get(str(rec.get("token"))) or claims.get(key)  # type: ignore[arg-type]
         own = [x for x in results.get(str(rec.get("token")), []) if x["_seq"] < rec["_seq"]]
         why = ""
         if claim is None or claim.get("token") != rec.get("token"):

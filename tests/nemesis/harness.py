@@ -343,19 +343,31 @@ CHAINED_JOB = "then"
 
 
 def job_configs(max_late: str, candidates: int = 0) -> list[dict[str, Any]]:
-    """`tick` every second, `lease` every 2 s whose app takes 2 s (leases), `each` on
-    every sidecar every 2 s (run_on: every), `then` after each final run of `lease`.
+    """`tick` every second, `lease` every 2 s whose app takes 2 s (leases), `locked`
+    every 2 s with ``overlap: skip`` (its runs hold ``lock.locked``: a claim-kill
+    lands on a lock job's winner too), `each` on every sidecar every 2 s (run_on:
+    every), `then` after each final run of `lease`.
 
-    With `candidates` (``NEMESIS_CANDIDATES``), tick and lease claim with ``claim.candidates``.
+    With `candidates` (``NEMESIS_CANDIDATES``), tick, lease and locked claim with
+    ``claim.candidates``.
     """
     claim = {"claim": {"candidates": candidates, "fallback": "1s"}} if candidates else {}
-    jobs = [
+    jobs: list[dict[str, Any]] = [
         {"name": "tick", "schedule": "* * * * * *", "jitter": "300ms", "max_late": max_late},
         {
             "name": "lease",
             "schedule": "*/2 * * * * *",
             "jitter": "300ms",
             "max_late": max_late,
+            "retry": {"max": 1, "backoff": "1s"},
+            "on_lost": "rerun",
+        },
+        {
+            "name": LOCKED,
+            "schedule": "*/2 * * * * *",
+            "jitter": "300ms",
+            "max_late": max_late,
+            "overlap": "skip",
             "retry": {"max": 1, "backoff": "1s"},
             "on_lost": "rerun",
         },
@@ -384,6 +396,11 @@ def job_configs(max_late: str, candidates: int = 0) -> list[dict[str, Any]]:
         }
     )
     return jobs
+
+
+# The lock job: checked for what runs (doubles, late, unclaimed, claim kills), not
+# for misses: a slot whose lock a frozen or killed runner still holds is skipped.
+LOCKED = "locked"
 
 
 LEASE_APP_DELAY = 2.0

@@ -26,7 +26,7 @@ from pathlib import Path
 from tests.nemesis.checker import History, Report, check, log_figures, summary
 from tests.nemesis.cpu import CpuWatch, loadavg
 from tests.nemesis.faults import Fault, Nemesis, plan
-from tests.nemesis.harness import CHAINED_JOB, EVERY_JOB, STREAM, System
+from tests.nemesis.harness import CHAINED_JOB, EVERY_JOB, LOCKED, STREAM, System
 from tests.nemesis.net import sweep_leftovers
 from tests.nemesis.operator import OPERATED, RUNTIME, RUNTIME_PERIOD_S, Operator
 from tests.support import ROOT, read_stream, wait_for
@@ -160,6 +160,8 @@ def run(workdir: Path, seed: int, seconds: float, candidates: int | None = None)
                 "tick": {"period_s": 1, "max_late": MAX_LATE},
                 "lease": {"period_s": 2, "max_late": MAX_LATE},
             },
+            # overlap: skip (harness.py): not required to run every slot.
+            "locked": {LOCKED: {"period_s": 2, "max_late": MAX_LATE}},
             # Issue 50's kinds (harness.job_configs): checked per instance and per run.
             "every": {EVERY_JOB: {"period_s": 2, "max_late": MAX_LATE}},
             "chained": {CHAINED_JOB: {"after": "lease", "on": "always", "retry_max": 1}},

@@ -178,6 +178,38 @@ def test_a_claim_killed_before_its_lease_must_be_recorded() -> None:
     stream.append(result(60, T0 + 2, "lost", at=T0 + 9))
     report = check(History(reqs, stream, [kill], info))
     assert report.ok, report.failures
+
+
+@pytest.mark.parametrize(
+    ("slot_s", "extra"),
+    [
+        (T0 + 2.5, {"trigger": "at"}),
+        (T0 + 2, {"job": "then", "trigger": "after", "after_job": "tick", "after_run": "r"}),
+        (T0 + 2, {"trigger": "backfill", "backfill": "b"}),
+    ],
+    ids=["at", "after", "backfill"],
+)
+def test_a_one_off_or_backfill_claim_killed_before_its_lease_must_be_recorded(
+    slot_s: float, extra: dict[str, Any]
+) -> None:
+    reqs, stream = clean(41)
+    # Only the one-off's (or the backfill's) claim was stored while s1 was armed.
+    kill = {"kind": "claim-kill", "target": "s1", "start": T0 + 2.2, "applied": T0 + 2.3,
+            "killed_at": T0 + 2.8, "end": T0 + 6}  # fmt: skip
+    killed = claim(60, slot_s, token="tok-killed", at=T0 + 2.6)
+    killed["data"].update(extra)
+    info = run_info(window=[T0, T0 + 40.5])
+    report = check(History(reqs, [*stream, killed], [kill], info))
+    assert report.figures["claim_kills"] == 1
+    assert report.figures["claim_kills_unjudged"] == 1
+    assert any(
+        "killed before its lease and never recorded" in f and extra["trigger"] in f
+        for f in report.failures
+    )
+    lost = result(61, slot_s, "lost", token="tok-killed", at=T0 + 9)
+    report = check(History(reqs, [*stream, killed, lost], [kill], info))
+    assert report.figures["claim_kills_unjudged"] == 0
+    assert report.figures["lost_wrong"] == 0, report.failures
     assert report.figures["lost_wrong"] == 0
 
 

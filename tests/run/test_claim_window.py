@@ -4,18 +4,24 @@ A winner killed at ``claim.won`` (won, its lease not yet made) is recorded
 ``lost`` once and, with ``on_lost: rerun``, run again once; a winner frozen
 there for a few seconds runs its slot once and nobody records it lost; one
 frozen until its presence is gone is recorded lost and rerun, and does not
-run the slot itself when it wakes.
+run the slot itself when it wakes. The same for a job whose runs hold
+``lock.<job>`` (overlap: skip): killed before its lock, lost once and the job
+goes on; frozen a while, it runs once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
+from nats.js.errors import KeyNotFoundError
 
 from sidecar.run.claim import Claim
 from sidecar.run.claimwindow import _winner
@@ -163,6 +169,109 @@ def test_a_winner_frozen_past_its_presence_is_lost_once_and_does_not_run_on_waki
         wait_for(lambda: time.time() > thaw + 5, 10, what="a run of s0's would have come")
     assert [attempt for _, attempt in calls(http_app, slot)] == ["2"]
     assert len(lost_records(nats_server, slot)) == 1
+
+
+# A lock job (overlap: skip): its winner takes lock.<job>, not a run lease.
+LOCKED = {"overlap": "skip", **RERUN}
+
+
+def test_a_lock_jobs_winner_killed_before_its_lock_is_lost_once_and_the_job_goes_on(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    with sidecars(tmp_path, fleet(nats_server, http_app, **LOCKED)) as procs:
+        s0 = procs[0]
+        slot = frozen_slot(nats_server, s0)
+        s0.kill()
+        wait_for(
+            lambda: lost_records(nats_server, slot), JUDGED_WITHIN, what="the slot recorded lost"
+        )
+        wait_for(lambda: calls(http_app, slot), 15, what="its rerun")
+        judged = time.time()
+        # Later slots still run (the lock was never taken), and no second record comes.
+        wait_for(
+            lambda: any(
+                int(r.headers["X-Anarchon-Slot"]) / 1000 > judged + 4
+                for r in http_app.requests_for("/jobs/w")
+            ),
+            20,
+            what="a later slot's run",
+        )
+        lost = sum(p.metric("anarchon_runs_lost_total", {"job": "w"}) or 0 for p in procs[1:])
+    records = lost_records(nats_server, slot)
+    assert [(m.data.get("attempt", 1), m.data["instance"]) for m in records] == [(1, "s0")]
+    assert "never made" in records[0].data["error"]
+    assert [attempt for _, attempt in calls(http_app, slot)] == ["2"]
+    assert lost == 1
+
+
+def test_a_lock_jobs_winner_frozen_a_while_before_its_lock_runs_once_and_is_not_lost(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    with sidecars(tmp_path, fleet(nats_server, http_app, **LOCKED)) as procs:
+        s0 = procs[0]
+        slot = frozen_slot(nats_server, s0)
+        assert s0.proc is not None
+        # Woken between two slots (every 2 s): the lock it takes is free.
+        wait_for(lambda: time.time() > slot / 1000 + 7, 20, what="frozen a while")
+        os.kill(s0.proc.pid, signal.SIGCONT)
+        wait_for(lambda: calls(http_app, slot), 15, what="its run")
+        wait_for(lambda: time.time() > slot / 1000 + 35, 40, what="the judges' time")
+        assert s0.proc.poll() is None
+        assert any("no lease of its winner s0" in p.log() for p in procs[1:])
+    assert calls(http_app, slot) == [("s0", "1")]
+    assert lost_records(nats_server, slot) == []
+
+
+def lock_token(url: str) -> str | None:
+    """The token ``lock.w`` holds now (None: free), read as any bucket reader can."""
+
+    async def read() -> str | None:
+        nc = await nats.connect(url)
+        try:
+            kv = await nc.jetstream().key_value("CRON_STATE")
+            try:
+                entry = await kv.get("lock.w")
+            except KeyNotFoundError:
+                return None
+            token = json.loads(entry.value or b"{}").get("token") if entry.value else None
+            return token if isinstance(token, str) else None
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def test_a_lock_jobs_winner_woken_after_its_judging_while_the_lock_is_held_does_nothing(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    # Runs of 3 s every 2 s (skip): the lock is held most of the time.
+    http_app.delay["/jobs/w"] = 3.0
+    with sidecars(tmp_path, fleet(nats_server, http_app, **LOCKED)) as procs:
+        s0 = procs[0]
+        slot = frozen_slot(nats_server, s0)
+        assert s0.proc is not None
+        wait_for(
+            lambda: lost_records(nats_server, slot), JUDGED_WITHIN, what="the slot recorded lost"
+        )
+        wait_for(lambda: lock_token(nats_server.url), 20, what="the lock held by a run")
+        os.kill(s0.proc.pid, signal.SIGCONT)
+        wait_for(
+            lambda: "judged" in s0.log().split("claim.won: sig", 1)[-1],
+            15,
+            what="s0 woke and found its run judged",
+        )
+        later = time.time() + 5
+        wait_for(lambda: time.time() > later, 10, what="a record of s0's would have come")
+    # Neither run nor skipped (nor kept, nor a stop asked): the lost record alone.
+    first = [
+        m.data["status"]
+        for m in read_stream(nats_server.url)
+        if m.subject == "cron.w.results"
+        and m.data.get("slot") == slot
+        and m.data.get("attempt", 1) == 1
+    ]
+    assert first == ["lost"]
+    assert ("s0", "1") not in calls(http_app, slot)
 
 
 def won(**fields: Any) -> dict[str, object]:

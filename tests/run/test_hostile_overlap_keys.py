@@ -289,3 +289,39 @@ def test_forged_stop_requests_leave_the_live_run_alone(
     assert counted == len(said) == len(forged)
     for _, why in forged:
         assert why in logs, why
+
+
+def test_a_kept_slot_of_a_job_that_does_not_keep_slots_is_counted_and_runs_nothing(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    url = nats_server.url
+    config = base(url, http_app, [job("skipper", overlap="skip"), job("plain")])
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(3)]) as procs:
+        wait_for(lambda: http_app.requests_for("/jobs/skipper"), 20, what="a run of skipper")
+        kept = {"job": "skipper", "slot": int(time.time() // 1 * 1000), "attempt": 1,
+                "token": "f" * 32, "trigger": "scheduled", "manual": False, "fence": 1,
+                "instance": "s0", "kept_at": rfc3339(time.time()), "behind": "x"}  # fmt: skip
+        counted = {"what": "buffer_key"}
+        for key in ("buffer.skipper", "buffer.plain"):
+            put(url, key, kept)
+        # Counted by each of the three sidecars, once per key (not again for the
+        # same revision), said once; another app's job's key is not looked at.
+        wait_for(
+            lambda: total(procs, "anarchon_hostile_input_total", counted) == 6,
+            15,
+            what="both keys counted by every sidecar",
+        )
+        put(url, "buffer.elsewhere", {**kept, "job": "elsewhere"})
+        later = time.time() + 3
+        wait_for(lambda: time.time() > later, 5, what="a recount's time")
+        assert total(procs, "anarchon_hostile_input_total", counted) == 6
+        assert len([line for p in procs for line in p.log().splitlines()
+                    if "buffer.skipper ignored" in line]) == 3  # fmt: skip
+        # Nothing of it ran; the keys are left (a replica of another config's, maybe).
+        assert not [
+            r
+            for r in http_app.requests
+            if r.headers.get("X-Anarchon-Buffered")
+            or r.headers.get("X-Anarchon-Run-Id") == "f" * 32
+        ]
+        assert {"buffer.skipper", "buffer.plain", "buffer.elsewhere"} <= set(live_keys(url))
