@@ -1,7 +1,8 @@
 """Requests the sidecar sends out on its own behalf: pings, webhooks, spans.
 
-``post`` sends one POST over a fresh connection (HTTP/1.1 through h11, TLS
-from the standard library for ``https://``) and returns the status.
+``post`` sends one POST over a fresh connection (HTTP/1.1 framed and read by
+sidecar/obs/http1.py, the trigger's client too; TLS from the standard library
+for ``https://``) and returns the status.
 ``Outbox`` runs such sends in the background with bounded retries and
 backoff: nothing here ever delays a trigger, and the daemon's drain waits for
 what is still queued for a bounded time.
@@ -33,7 +34,7 @@ from sidecar.config.alerting import mask_url
 from sidecar.core.backoff import Backoff
 from sidecar.core.errors import SendError
 from sidecar.core.tasks import TaskSet, cancel_all
-from sidecar.core.wire import USER_AGENT
+from sidecar.obs import http1
 from sidecar.obs.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -70,13 +71,10 @@ async def post(
     port = parts.port or (443 if tls else 80)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     host_header = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
-    fields = [("Host", host_header), ("User-Agent", USER_AGENT), *headers.items()]
-    fields += [("Content-Length", str(len(body))), ("Connection", "close")]
-    conn = h11.Connection(h11.CLIENT)
-    request = conn.send(h11.Request(method="POST", target=target, headers=fields)) or b""
-    if body:
-        request += conn.send(h11.Data(data=body)) or b""
-    request += conn.send(h11.EndOfMessage()) or b""
+    try:
+        conn, request = http1.encode("POST", target, host_header, headers.items(), body)
+    except h11.LocalProtocolError as exc:
+        raise SendError(f"cannot build the request: {exc}") from exc
     writer: asyncio.StreamWriter | None = None
     try:
         async with asyncio.timeout(timeout):
@@ -90,20 +88,9 @@ async def post(
                 raise SendError(f"cannot connect: {exc.strerror or type(exc).__name__}") from exc
             writer.write(request)
             await writer.drain()
-            status = 0
-            kept = b""
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(await reader.read(65536))
-                elif isinstance(event, h11.Response):
-                    status = event.status_code
-                elif isinstance(event, h11.Data):
-                    kept += bytes(event.data[: max(0, MAX_ANSWER - len(kept))])
-                    if len(kept) >= MAX_ANSWER:
-                        break
-                elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                    break
+            # Only the start of any answer is kept, a 2xx one's too (a ping's
+            # receiver answers "OK"; nothing waits on the rest).
+            answer = await http1.read_answer(reader, conn, MAX_ANSWER, whole_2xx=False)
     except TimeoutError as exc:
         raise SendError(f"no answer within {timeout:g}s") from exc
     except (OSError, h11.RemoteProtocolError) as exc:
@@ -111,7 +98,7 @@ async def post(
     finally:
         if writer is not None:
             writer.transport.abort()
-    return status, kept
+    return answer.status, answer.body
 
 
 async def _dropped(done: Callable[[bool], None] | None) -> bool:

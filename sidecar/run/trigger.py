@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import h11
@@ -61,9 +61,10 @@ from sidecar.core.wire import (
     SLOT_HEADER,
     TRACEPARENT,
     TRIGGER_HEADER,
-    USER_AGENT,
     traceparent,
 )
+from sidecar.obs import http1
+from sidecar.obs.http1 import Answer
 
 if TYPE_CHECKING:  # signing's code is loaded only with a signer (sidecar/cli/daemon.py)
     from sidecar.after.signing import Signer
@@ -77,13 +78,9 @@ MAX_ERROR_BODY = 200
 # Only this much of an answer's body is kept at all (for the run's ping and
 # record); more than the record's cap, so that the record knows it was cut.
 MAX_ANSWER_KEPT = MAX_ANSWER_BYTES + 2048
-# The answer is read in chunks of at most this many bytes.
-READ_CHUNK = 64 * 1024
 # Between two tries of a request the app did not receive (refused, no socket).
 UNDELIVERED_RETRY_START = 0.1
 UNDELIVERED_RETRY_CAP = 5.0
-# Framing headers are the sidecar's own; a configured one is dropped.
-FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
 
 
 @dataclass(frozen=True)
@@ -167,61 +164,12 @@ def host_header(req: RequestConfig) -> str:
     return address_of(req.url).host_header
 
 
-def encode_request(req: RequestConfig, headers: Mapping[str, str], body: bytes) -> bytes:
-    """The whole request as bytes: h11's framing of `headers` plus the transport's own."""
-    lowered = {name.lower() for name in headers}
-    fields = [(name, value) for name, value in headers.items() if name.lower() not in FRAMING]
-    if "host" not in lowered:
-        fields.insert(0, ("Host", host_header(req)))
-    if "user-agent" not in lowered:
-        fields.append(("User-Agent", USER_AGENT))
-    fields += [("Content-Length", str(len(body))), ("Connection", "close")]
-    conn = h11.Connection(h11.CLIENT)
-    data = conn.send(h11.Request(method=req.method, target=req.path, headers=fields))
-    if body:
-        data += conn.send(h11.Data(data=body)) or b""
-    return data + (conn.send(h11.EndOfMessage()) or b"")
-
-
-class Answer(NamedTuple):
-    """The app's answer as kept: its status, at most MAX_ANSWER_KEPT bytes of its
-    body and its Content-Type (None: none given)."""
-
-    status: int
-    body: bytes
-    content_type: str | None = None
-
-
-async def read_answer(reader: asyncio.StreamReader, conn: h11.Connection) -> Answer:
-    """The status, at most MAX_ANSWER_KEPT bytes of the body and the content type of
-    the answer.
-
-    A 2xx answer's body is read to its end, the rest discarded as it arrives; for
-    any other status reading stops once MAX_ANSWER_KEPT bytes are kept. Raises
-    h11.RemoteProtocolError for a malformed answer or one cut short.
-    """
-    status = 0
-    kept = b""
-    ctype: str | None = None
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            conn.receive_data(await reader.read(READ_CHUNK))
-        elif isinstance(event, h11.Response):
-            status = event.status_code
-            for name, value in event.headers:  # h11 lowers the names
-                if name == b"content-type":
-                    ctype = value.decode("latin-1")
-        elif isinstance(event, h11.Data):
-            if len(kept) < MAX_ANSWER_KEPT:
-                kept += bytes(event.data[: MAX_ANSWER_KEPT - len(kept)])
-            if not 200 <= status < 300 and len(kept) >= MAX_ANSWER_KEPT:
-                return Answer(status, kept, ctype)
-        elif isinstance(event, h11.EndOfMessage):
-            return Answer(status, kept, ctype)
-        elif isinstance(event, h11.ConnectionClosed):  # cannot come before EndOfMessage
-            raise h11.RemoteProtocolError("connection closed before the answer")
-        # h11.InformationalResponse (1xx): the real answer follows.
+def encode_request(
+    req: RequestConfig, headers: Mapping[str, str], body: bytes
+) -> tuple[h11.Connection, bytes]:
+    """The whole request as bytes (sidecar/obs/http1.py's framing), and the state to
+    read its answer with."""
+    return http1.encode(req.method, req.path, host_header(req), headers.items(), body)
 
 
 class Trigger:
@@ -460,7 +408,7 @@ class Trigger:
         req = job.request
         body = req.body.encode()
         try:
-            request = encode_request(
+            conn, request = encode_request(
                 req, self.headers(job, slot, token, body, attempt, fence, why), body
             )
         except h11.LocalProtocolError as exc:  # config validation should make this unreachable
@@ -484,7 +432,7 @@ class Trigger:
                 self._too_late(send_by)
                 writer.write(request)
                 await writer.drain()
-                answer = await read_answer(reader, h11.Connection(h11.CLIENT))
+                answer = await http1.read_answer(reader, conn, MAX_ANSWER_KEPT)
         except TimeoutError as exc:
             if writer is None:
                 raise TriggerUndelivered(
