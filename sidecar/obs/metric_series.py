@@ -163,37 +163,6 @@ S = TypeVar("S", CounterSeries, GaugeSeries, ShownGauge, HistogramSeries)
 Pick = Callable[[list[tuple[tuple[str, ...], S]]], list[tuple[tuple[str, ...], S]]]
 
 
-class Declared:
-    """Label sets given once for several metrics: ``(name,)`` for each name, or
-    ``(name, value)`` for each name and each value, in that order."""
-
-    def __init__(
-        self,
-        names: tuple[str, ...],
-        values: tuple[str, ...] = (),
-        known: frozenset[str] | None = None,
-    ) -> None:
-        self.names = names
-        self.values = values
-        self.width = 2 if values else 1
-        self._alone: list[tuple[str, ...]] = [(name,) for name in names] if not values else []
-        # `known`: frozenset(names), made once for the several declarations of the
-        # same names (about 0.5 KiB a job each, kept for the process's life).
-        self._set = known if known is not None else frozenset(names)
-
-    def label_sets(self) -> list[tuple[str, ...]]:
-        if not self.values:
-            return self._alone
-        return [(name, value) for name in self.names for value in self.values]
-
-    def __contains__(self, key: tuple[str, ...]) -> bool:
-        return (
-            len(key) == self.width
-            and key[0] in self._set
-            and (not self.values or key[1] in self.values)
-        )
-
-
 # One tuple per distinct label values, shared by every metric: most per-job
 # series are labelled by the job alone, so ``(job,)`` is the same key in a
 # few dozen metrics. Keeping one copy took about 2 KiB a job off the RSS.
@@ -229,7 +198,6 @@ class Labelled(Generic[S]):
         self._zero: S = new_series()
         # Label sets exposed at zero from the start (`declare`), with no entry
         # of their own until written: the jobs' 47 series each were 2.7 KiB a job.
-        self._declared: list[Declared] = []
         # Called with a label set's values when its series is first made (the
         # companions a job's first claim brings: ``sidecar.obs.metrics``).
         self._on_new = on_new
@@ -260,20 +228,9 @@ class Labelled(Generic[S]):
                 self._on_new(key)
         return series
 
-    def declare(self, declared: Declared) -> None:
-        """Expose these label sets at zero until written (the jobs', from the start)."""
-        if declared.width != len(self.labelnames):
-            raise ValueError("Incorrect label names")
-        self._declared.append(declared)
-
     def items(self) -> list[tuple[tuple[str, ...], S]]:
-        """Every series now, in order: the declared label sets, then the others."""
-        series, zero = self._series, self._zero
-        if self._declared:
-            out = [(key, series.get(key, zero)) for d in self._declared for key in d.label_sets()]
-            out += [(k, s) for k, s in series.items() if not any(k in d for d in self._declared)]
-        else:  # the jobs' metrics: 100,000 series or more, each looked at every scrape
-            out = list(series.items())
+        """Every series now, in the order they were made."""
+        out = list(self._series.items())
         return out if self._shown is None else self._shown(out)
 
     def written(self, *values: str) -> bool:

@@ -300,20 +300,6 @@ async def make_due(
     return True
 
 
-def parse_due(entry_value: dict[str, Any]) -> tuple[float, str, str] | None:
-    """(due_at, reason, failed_on) of a due key's value; None when malformed."""
-    due_at = entry_value.get("due_at")
-    if not isinstance(due_at, int | float) or isinstance(due_at, bool):
-        return None
-    reason = entry_value.get("reason")
-    failed_on = entry_value.get("instance")
-    return (
-        float(due_at),
-        reason if isinstance(reason, str) else "",
-        failed_on if isinstance(failed_on, str) else "",
-    )
-
-
 def follow(ctx: Context, recorder: Recorder, attempt: Attempt) -> tuple[DueAttempts, LostRuns]:
     """The due attempts and lost-run judging of one sidecar, listening to the fleet's
     watch of the state bucket."""

@@ -12,7 +12,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from sidecar.obs.exposition import render
 from sidecar.obs.metric_series import (
     CounterSeries,
-    Declared,
     GaugeSeries,
     HistogramSeries,
     Labelled,
@@ -119,30 +118,21 @@ def test_series_made_by_add_are_those_labels_makes() -> None:
             ours["runs"].add(*bad)
 
 
-@pytest.mark.parametrize("how", ["add", "declare"])
-def test_label_sets_at_zero_stay_apart_once_written(how: str) -> None:
-    """Label sets not yet written share one zero series, whether added one by one
-    (``add``) or declared for every metric at once (``declare``, the start's way,
-    with no entry of their own): writing one never moves another, of any kind; a label
-    set never declared comes after the declared ones, as it was made."""
+def test_label_sets_at_zero_stay_apart_once_written() -> None:
+    """Label sets not yet written share one zero series (``add``): writing one never
+    moves another, of any kind; a label set never added comes after the added
+    ones, as it was made."""
     ours_registry, ref_registry = CollectorRegistry(), CollectorRegistry()
     ours, ref = lean(ours_registry), reference(ref_registry)
     jobs = [f"job-{i}" for i in range(4)]
-    alone = Declared(tuple(jobs))
     for name in ("late", "busy", "delay", "took"):
-        if how == "declare":
-            ours[name].declare(alone)
-        else:
-            for job in jobs:
-                ours[name].add(job)
+        for job in jobs:
+            ours[name].add(job)
         for job in jobs:
             ref[name].labels(job=job)
-    if how == "declare":
-        ours["runs"].declare(Declared(tuple(jobs), ("ok", "failed")))
-    else:
-        for job in jobs:
-            for status in ("ok", "failed"):
-                ours["runs"].add(job, status)
+    for job in jobs:
+        for status in ("ok", "failed"):
+            ours["runs"].add(job, status)
     for job in jobs:
         for status in ("ok", "failed"):
             ref["runs"].labels(job=job, status=status)
@@ -161,10 +151,6 @@ def test_label_sets_at_zero_stay_apart_once_written(how: str) -> None:
     assert [key for key, _ in ours["late"].items()] == [(job,) for job in [*jobs, "other"]]
     assert [ours["busy"].written(job) for job in jobs] == [False, False, True, True]
     assert not ours["busy"].written("never-added")
-    if how == "declare":  # nothing stored for what was never written
-        assert len(ours["busy"]._series) == 2 and len(ours["runs"]._series) == 2
-        with pytest.raises(ValueError, match="Incorrect label names"):
-            ours["runs"].declare(alone)
 
 
 def test_the_jobs_series_are_made_and_stored_once_written() -> None:

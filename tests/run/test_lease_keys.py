@@ -22,7 +22,6 @@ from sidecar.core.clock import Clock
 from sidecar.core.errors import CasConflict, KeyHeld
 from sidecar.obs.metrics import Metrics
 from sidecar.run.lease import Lease
-from sidecar.run.retries import parse_due
 from sidecar.store import watch as watching
 from sidecar.store.bucketcheck import StateSpec
 from sidecar.store.kv import Keys
@@ -197,9 +196,6 @@ def test_ids_and_keys_of_attempts() -> None:
     assert parsed is not None and (parsed.job, parsed.slot, parsed.attempt) == ("sync", 60000, 2)
     for bad in ("due.sync.60000", "due.sync.x.2", "due.sync.60000.1", "run.sync.1.2", "due..1.2"):
         assert parse_due_key(bad) is None, bad
-    assert parse_due({"due_at": 12.5, "reason": "retry", "instance": "a"}) == (12.5, "retry", "a")
-    assert parse_due({"due_at": True}) is None
-    assert parse_due({"due_at": "soon"}) is None
 
 
 def test_backoff_limits_and_windows() -> None:
