@@ -148,18 +148,7 @@ def parse_job(
     method = req.text("method", "POST").upper()
     if method not in _METHODS:
         raise ConfigError(req.key("method"), f"expected one of {', '.join(_METHODS)}")
-    path = req.text("path", f"/jobs/{name}")
-    if not path.startswith("/") or CONTROL_RE.search(path) or " " in path:
-        raise ConfigError(
-            req.key("path"), "must start with / and contain no spaces or control chars"
-        )
-    # Sent and signed (v2) exactly as written: only what HTTP allows in a
-    # request target as is, so nothing on the way re-encodes it.
-    if not path.isascii() or "#" in path:
-        raise ConfigError(
-            req.key("path"),
-            "ASCII only and no '#': percent-encode other characters (e.g. %C3%A4 for ä)",
-        )
+    path = _request_path(req, f"/jobs/{name}")
     path = _with_query(req, path)
     own_headers = req.get("headers", {}, headers)
     merged = _merge_headers(target.headers, own_headers)
@@ -508,16 +497,7 @@ def _parse_cancel(sec: ConfigSection, request: RequestConfig, overlap: str) -> C
     method = can.text("method", "DELETE").upper()
     if method not in _METHODS:
         raise ConfigError(can.key("method"), f"expected one of {', '.join(_METHODS)}")
-    path = can.text("path", request.path)
-    if not path.startswith("/") or CONTROL_RE.search(path) or " " in path:
-        raise ConfigError(
-            can.key("path"), "must start with / and contain no spaces or control chars"
-        )
-    if not path.isascii() or "#" in path:
-        raise ConfigError(
-            can.key("path"),
-            "ASCII only and no '#': percent-encode other characters (e.g. %C3%A4 for ä)",
-        )
+    path = _request_path(can, request.path)
     # Rendered with the run's values as the trigger's path is (docs/TRIGGER.md).
     cancel_params = params.parse(path, params.PATH, can.key("path")) is not None
     if method == request.method and path == request.path:
@@ -536,6 +516,23 @@ def _parse_cancel(sec: ConfigSection, request: RequestConfig, overlap: str) -> C
             "replaced run to end",
         )
     return CancelConfig(method=method, path=path, grace=grace, params=cancel_params)
+
+
+def _request_path(sec: ConfigSection, default: str) -> str:
+    """``path`` of a request (or of its cancel): a request target as written."""
+    path = sec.text("path", default)
+    if not path.startswith("/") or CONTROL_RE.search(path) or " " in path:
+        raise ConfigError(
+            sec.key("path"), "must start with / and contain no spaces or control chars"
+        )
+    # Sent and signed (v2) exactly as written: only what HTTP allows in a
+    # request target as is, so nothing on the way re-encodes it.
+    if not path.isascii() or "#" in path:
+        raise ConfigError(
+            sec.key("path"),
+            "ASCII only and no '#': percent-encode other characters (e.g. %C3%A4 for ä)",
+        )
+    return path
 
 
 def _parse_retry(sec: ConfigSection) -> RetryConfig:
