@@ -141,7 +141,9 @@ bench.scale: $(STAMP)
 # take them up, RSS against the floor, idle CPU, /metrics), and /metrics with
 # that many jobs that ran. About 10 minutes on 2 cores; not in make test.
 bench.jobs: $(STAMP)
+	$(BIN)/pip install --quiet 'matplotlib>=3.8'
 	$(BIN)/python -m bench.jobs_scale
+	$(BIN)/python -m bench.jobs_scale --plot
 	$(BIN)/python -m bench.burst
 	$(BIN)/python -m bench.metrics_size --jobs 1000,10000,100000
 

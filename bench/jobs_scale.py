@@ -167,7 +167,34 @@ def measure(work: Path, server: NatsServer, jobs: int) -> dict[str, float]:
     }
 
 
+def plot(result: dict[str, Any], out: Path) -> None:
+    """The curves of docs/PERFORMANCE.md ("100,000 jobs"): RSS above the floor and
+    the time to take every job up, against the jobs (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = result["points"]
+    jobs = [p["jobs"] for p in points]
+    fig, (rss, up) = plt.subplots(1, 2, figsize=(10, 4))
+    rss.plot(jobs, [p["rss_mib"] for p in points], marker="o", label="sidecar")
+    rss.axhline(result["floor"]["rss_mib"], color="grey", linestyle="--", label="floor")
+    rss.set(xscale="log", xlabel="jobs (state bucket)", ylabel="RSS (MiB)", title="Memory")
+    rss.legend()
+    up.plot(jobs, [p["ready_s"] for p in points], marker="o", label="ready")
+    up.plot(jobs, [p["taken_up_s"] for p in points], marker="o", label="every job taken up")
+    up.set(xscale="log", xlabel="jobs (state bucket)", ylabel="seconds from exec", title="Start")
+    up.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--plot"]:  # from the last run's results, into docs/
+        data = json.loads((Path(__file__).parent / "results" / "jobs_scale.json").read_text())
+        plot(data, Path(__file__).parent.parent / "docs" / "jobs-scale.png")
+        return
     sizes = [int(s) for s in sys.argv[1].split(",")] if len(sys.argv) > 1 else list(SIZES)
     runtime.ensure()
     result: dict[str, Any] = {"idle_seconds": IDLE_SECONDS}
