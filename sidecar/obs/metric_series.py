@@ -12,7 +12,7 @@ they need no lock. A job's series exist only once it has something to say
 (docs/METRICS.md, "Series per job"): :class:`ShownGauge` is not written
 before it leaves its quiet value, :class:`ByJobHistogram` keeps one series for
 the jobs not listed. Which metrics exist, and their names, is
-``sidecar.obs.metrics``'s business.
+``sidecar.obs.metric_table``'s business.
 """
 
 from __future__ import annotations
