@@ -123,7 +123,23 @@ def test_import_then_pick_jobs_on_three_sidecars(
         assert answers["tenant-002"]["result"] == "refused"
         assert "with id 't/2'" in answers["tenant-002"]["why"]
         results = Counter(answers[n]["result"] for n in ("tenant-400", "tenant-401"))
-        assert results == {"created": 1, "refused": 1}, results  # the cap: 401 jobs in all
+        # The cap, 401 jobs in all: the import counts the bucket's jobs once and
+        # refuses the one too many. The count may come short of a write made
+        # meanwhile; the fleet then runs the first 401 written and lists the
+        # other as beyond the cap (sidecar/admin/bucket_jobs.py), never 402.
+        assert results["created"] >= 1 and results["created"] + results["refused"] == 2
+        if results["created"] == 2:
+            wait_for(
+                lambda: (
+                    sum(
+                        json.loads(line)["state"] != "run"
+                        for line in run_cli("job", "list", "-c", cfg, "--json").stdout.splitlines()
+                    )
+                    == 1
+                ),
+                20,
+                what="one job beyond bucket_jobs.max_jobs",
+            )
         assert Counter(a["result"] for a in answers.values())["unchanged"] == TENANTS - 2
 
         # status: by glob, problems only, a page at a time.
