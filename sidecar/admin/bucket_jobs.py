@@ -641,6 +641,20 @@ async def count_jobs(kv: Any) -> int:
     return count
 
 
+async def create_job(kv: Any, spec: BucketJob, value: dict[str, Any]) -> int:
+    """Create ``job.<name>`` (CasConflict when it was written meanwhile); its revision.
+
+    First the catch-up bound (sidecar/run/since.py): a job that is new, or removed
+    and added again, never catches up a slot from before now. `job add` and
+    `job import` both create through here."""
+    name = spec.job.name
+    now_ms = round(time.time() * 1000)
+    await put_json(kv, since_key(name), since_object(now_ms, ADDED, schedule_hash(spec.job)))
+    if failpoints.ENABLED:
+        await failpoints.hit("cas.before_write")
+    return await create_or_update(kv, job_key(name), value, None)
+
+
 async def add_in(kv: Any, spec: BucketJob, value: dict[str, Any], max_jobs: int) -> Written:
     """Store ``job.<name>`` when absent; the same job with the same id again: unchanged.
     A new job when the bucket already holds `max_jobs`: ConfigError naming the limit."""
@@ -668,14 +682,8 @@ async def add_in(kv: Any, spec: BucketJob, value: dict[str, Any], max_jobs: int)
                 f"the state bucket holds {held} jobs, the most the config file allows "
                 f"({max_jobs}): {name} not added (`job remove` one, or raise the limit)",
             )
-        # First the catch-up bound (sidecar/run/since.py): a job that is new, or
-        # removed and added again, never catches up a slot from before now.
-        now_ms = round(time.time() * 1000)
-        await put_json(kv, since_key(name), since_object(now_ms, ADDED, schedule_hash(spec.job)))
-        if failpoints.ENABLED:
-            await failpoints.hit("cas.before_write")
         try:
-            revision = await create_or_update(kv, key, value, None)
+            revision = await create_job(kv, spec, value)
         except CasConflict:
             continue  # written meanwhile: read again
         return Written(name, spec.id, "created", revision)

@@ -55,7 +55,12 @@ def named(names: Iterable[str], globs: Sequence[str]) -> list[str]:
 
     Used before job objects are built: the cost of a view is its jobs', so a
     glob for ten tenants' jobs of 100,000 builds ten."""
-    return [n for n in names if not globs or any(fnmatchcase(n, g) for g in globs)]
+    return [n for n in names if matches(n, globs)]
+
+
+def matches(name: str, globs: Sequence[str]) -> bool:
+    """Whether `name` matches any of `globs` (every name does when there is none)."""
+    return not globs or any(fnmatchcase(name, g) for g in globs)
 
 
 def problems(job: dict[str, Any], live: int = 1) -> list[str]:
@@ -96,8 +101,7 @@ def select(
     chosen = [
         j
         for j in jobs
-        if (not sel.globs or any(fnmatchcase(str(j.get("name")), g) for g in sel.globs))
-        and (not sel.problems or problems(j, live))
+        if matches(str(j.get("name")), sel.globs) and (not sel.problems or problems(j, live))
     ]
     matched = len(chosen)
     if sel.after is not None:

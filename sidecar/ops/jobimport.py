@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.admin.bucket_jobs import (
-    ADDED,
     BucketJob,
     canonical,
     count_jobs,
+    create_job,
     job_key,
     prepare,
     state_kv,
@@ -38,9 +37,7 @@ from sidecar.config.fields import read_capped, short
 from sidecar.config.model import Config, Secrets
 from sidecar.config.yamlfile import load as load_yaml
 from sidecar.core.errors import CasConflict, ConfigError
-from sidecar.run.since import schedule_hash, since_key
-from sidecar.run.since import value_object as since_object
-from sidecar.store.kv import create_or_update, put_json
+from sidecar.store.kv import create_or_update
 
 # An import file at most: 100,000 jobs of a few hundred bytes each.
 MAX_IMPORT_FILE = 128 << 20
@@ -172,10 +169,7 @@ async def _write(
             return Outcome(
                 name, spec.id, REFUSED, "bucket_jobs.max_jobs reached (raise it in the config)"
             )
-        # The catch-up bound first, as `job add` (sidecar/run/since.py).
-        now_ms = round(time.time() * 1000)
-        await put_json(kv, since_key(name), since_object(now_ms, ADDED, schedule_hash(spec.job)))
-        await create_or_update(kv, key, value, None)
+        await create_job(kv, spec, value)
         return Outcome(name, spec.id, CREATED)
     stored, revision = now
     stored_id = str(stored.get("id", name))
