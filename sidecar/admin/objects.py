@@ -33,7 +33,7 @@ from sidecar.config.fields import redact_url
 from sidecar.config.load import Config, JobConfig
 from sidecar.core.bounds import attempt_no, slot_ms
 from sidecar.core.clock import parse_rfc3339, rfc3339
-from sidecar.core.wire import EVERY, FAILED, LOST, RUN_ON_FIELD, RUNNING, skip_key
+from sidecar.core.wire import EVERY, FAILED, LOST, RUN_ON_FIELD, RUNNING, SKIPPED, skip_key
 from sidecar.fleet.orphans import run_by
 from sidecar.run.backfill import backfill_key, done_of, running_of, slot_list
 from sidecar.run.concurrency import conc_key
@@ -183,10 +183,12 @@ class Recent:
 
 
 def consecutive_failures(strip: list[dict[str, Any]]) -> int:
-    """Finished runs that failed (or were lost) in a row, newest first; running ones skipped."""
+    """Finished runs that failed (or were lost) in a row, newest first: as the fleet's
+    ``health.<job>`` counts them (sidecar/after/health.py), only a success ends the
+    row; a slot still running or skipped (nothing sent) neither ends nor adds."""
     count = 0
     for run in strip:
-        if run["status"] == RUNNING:
+        if run["status"] in (RUNNING, SKIPPED):
             continue
         if run["status"] not in (FAILED, LOST):
             break

@@ -69,3 +69,6 @@ def test_consecutive_failures_count_finished_runs_newest_first() -> None:
     assert consecutive_failures(runs) == 3
     assert consecutive_failures([{"status": "succeeded"}, {"status": "failed"}]) == 0
     assert consecutive_failures([]) == 0
+    # A skipped slot sent nothing: the row goes on, as health.<job> counts it.
+    skipped = [{"status": s} for s in ("skipped", "failed", "skipped", "failed", "succeeded")]
+    assert consecutive_failures(skipped) == 2
