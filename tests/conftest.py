@@ -14,6 +14,7 @@ from hypothesis import settings
 from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
 
+from sidecar.config.jobset import JobSet
 from sidecar.config.load import Config
 from sidecar.core.clock import Clock
 from sidecar.core.tasks import cancel_all
@@ -84,8 +85,9 @@ def make_jobs(nc: NATS) -> MakeJobs:
         js = nc.jetstream()
         connected, stopping = asyncio.Event(), asyncio.Event()
         connected.set()
-        guard = StreamGuard(config, metrics, clock, connected)
-        fleet = Fleet(config, metrics, clock)
+        job_set = JobSet(config.jobs)  # one set, as the daemon makes it
+        guard = StreamGuard(config, metrics, clock, connected, jobs=job_set)
+        fleet = Fleet(config, metrics, clock, jobs=job_set)
         spec, instance = guard.spec, config.instance_id
         claimer = Claimer(
             nc, js, spec.name, spec.prefix, instance, clock, config.nats.ack_timeout, None

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from nats.js import JetStreamContext
@@ -44,7 +44,7 @@ from nats.js.kv import KeyValue
 
 from sidecar.admin.objects import ACTIONS_KEPT
 from sidecar.after.health import reset_kv
-from sidecar.config.load import Config
+from sidecar.config.load import Config, JobConfig
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import CasConflict, StreamError
 from sidecar.core.wire import FAILED, SUCCEEDED, paused_key
@@ -193,26 +193,31 @@ class ManualRuns:
 
     def __init__(
         self,
+        *,
         config: Config,
+        jobs: Mapping[str, JobConfig],
         js: JetStreamContext,
         claimer: Claimer,
         trigger: Trigger,
         clock: Clock,
         spawn: Callable[[Coroutine[Any, Any, None]], object],
+        aftermath: Aftermath | None = None,
     ) -> None:
         self.config = config
+        # The job set (sidecar/config/jobset.py): a job of the state bucket runs too.
+        self.jobs = jobs
         self.js = js
         self.claimer = claimer
         self.trigger = trigger
         self.clock = clock
         self.spawn = spawn  # the task set of the runs: the drain waits for them
         self.spec = stream_spec(config)
-        # Pings, notifications, anomalies, spans of these runs (set by the daemon).
-        self.aftermath: Aftermath | None = None
+        # Pings, notifications, anomalies, spans of these runs.
+        self.aftermath = aftermath
 
     async def start(self, job_name: str) -> str:
         """Claim a manual run and start it; its run id (the claim's token)."""
-        job = self.config.job(job_name)
+        job = self.jobs[job_name]
         slot = self.clock.wall_ms()
         claim = await self.claimer.claim(
             job.name, slot, self.clock.monotonic() + CLAIM_WAIT, manual=True
@@ -223,7 +228,7 @@ class ManualRuns:
         return claim.token
 
     async def _run(self, job_name: str, slot: int, token: str, seq: int) -> None:
-        job = self.config.job(job_name)
+        job = self.jobs[job_name]
         deadline = self.clock.monotonic() + job.max_late
         after = self.aftermath
         if after is not None:

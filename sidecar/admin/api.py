@@ -117,6 +117,7 @@ class PageApp:
     ) -> None:
         self.config = config
         self.fleet = fleet
+        self.jobs = fleet.jobs  # the job set (sidecar/config/jobset.py)
         self.guard = guard
         self.clock = clock or Clock()
         self.live = Live(config, fleet)
@@ -177,7 +178,7 @@ class PageApp:
             body, ctype = self._static[parts[1]]
             return Answer(200, ctype, body, (*SECURITY[:-1], ("Cache-Control", "max-age=300")))
         if parts[:1] == ["jobs"] and len(parts) == 2:
-            if parts[1] not in self.config.job_names:
+            if parts[1] not in self.jobs:
                 return _html(404, self._wrap(req, "Not found", page.message("No such job", "")))
             return _html(200, await self._job_page(req, parts[1], q))
         if parts[:1] == ["fragment"]:
@@ -197,7 +198,7 @@ class PageApp:
             return Stream(self.live.events(), headers=SECURITY)
         if rest[:1] == ["jobs"] and len(rest) in (2, 3):
             name = rest[1]
-            if name not in self.config.job_names:
+            if name not in self.jobs:
                 return _json(404, {"error": f"no job named {name!r} in this sidecar's config"})
             limit, before = _paging(q)
             if len(rest) == 3 and rest[2] == "runs":
@@ -226,7 +227,7 @@ class PageApp:
                 await asyncio.sleep(0)
                 since = time.perf_counter()
         body = (
-            job_filter(sel, picked, len(self.config.jobs))
+            job_filter(sel, picked, len(self.jobs))
             + page.jobs_table(rows, len(jobs) if not picked["next_after"] else picked["matched"])
             + next_jobs(sel, picked)
             + page.fleet_section(await self.data.fleet_data())
@@ -277,7 +278,7 @@ class PageApp:
             return _html(200, "".join(rows))
         if rest == ["fleet"]:
             return _html(200, page.fleet_section(await self.data.fleet_data()))
-        if len(rest) == 2 and rest[0] == "job" and rest[1] in self.config.job_names:
+        if len(rest) == 2 and rest[0] == "job" and rest[1] in self.jobs:
             limit, before = _paging(q)
             return _html(200, await self._job_body(req, rest[1], limit, before))
         return None
@@ -320,7 +321,7 @@ class PageApp:
                 and hmac.compare_digest(given, self.sessions.csrf(req))
             ):
                 return _json(403, {"error": "bad or missing CSRF token; reload the page"})
-        if job not in self.config.job_names:
+        if job not in self.jobs:
             return _json(404, {"error": f"no job named {job!r} in this sidecar's config"})
         via = "api" if api else "page"
         status, result = await self._act(job, action, who, req.peer, form, via)
@@ -360,7 +361,8 @@ class PageApp:
             return 400, {"error": str(exc), **not_done}
         until: str | None = None
         count = 1
-        every = any(j.name == job and j.run_on == "every" for j in self.config.jobs)
+        found = self.jobs.get(job)
+        every = found is not None and found.run_on == "every"
         if every and action in ("run-now", "at"):  # once for the fleet: not per instance
             return 400, {"error": f"{action}: not for a job with run_on: every", **not_done}
         # What is asked is checked before anything is written.
@@ -444,7 +446,7 @@ class PageApp:
         bucket = self.fleet.bucket
         assert bucket is not None
         if action in ("at", "cancel-at"):
-            return await at_act(bucket.kv, self.config.job(job), action, form, who)
+            return await at_act(bucket.kv, self.jobs.job(job), action, form, who)
         if action == "pause":
             value = await pause(bucket.kv, job, who, reason, until)
             return 200, reason + (f" (until {until})" if until else ""), {"pause": value}
@@ -460,7 +462,7 @@ class PageApp:
         assert self.secrets is not None
         try:  # the same write as `anarchon-sidecar skip`
             added, left = await skip_runs(
-                self.config, self.secrets, self.config.job(job), count, who, reason
+                self.config, self.secrets, self.jobs.job(job), count, who, reason
             )
         except ValueError as exc:
             return 400, "", {"error": f"count: {exc}"}

@@ -42,7 +42,6 @@ from sidecar.config.bucketrules import check_headers, check_name_length, check_v
 from sidecar.config.fields import short, shown_text, type_name
 from sidecar.config.job_entry import (
     JOB_KEYS,
-    WAITING,
     check_fit,
     check_windows,
     parse_claim,
@@ -62,7 +61,6 @@ from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key
 from sidecar.run.since import schedule_hash, since_key
 from sidecar.run.since import value_object as since_object
-from sidecar.store.bucketcheck import needs_leases
 from sidecar.store.kv import create_or_update, delete_at, put_json, put_with_ttl
 from sidecar.store.state import (
     BUCKET_SET,
@@ -76,7 +74,6 @@ from sidecar.store.state import (
     job_hash,
     state_spec,
 )
-from sidecar.store.streamfit import coverage
 
 if TYPE_CHECKING:
     from sidecar.fleet.member import Fleet
@@ -222,15 +219,20 @@ class _Running:
 class BucketJobs:
     """The state bucket's jobs as one sidecar runs them, beside the file's."""
 
-    def __init__(self, config: Config, metrics: Metrics, fleet: Fleet) -> None:
-        self.config = config
-        # The config as the file made it, never given the bucket's jobs: a job key is
-        # judged against it (the file's names, the stream's history size) in a time
-        # that does not grow with the bucket's jobs.
-        self.file_config = dataclasses.replace(config)
+    def __init__(
+        self,
+        *,
+        config: Config,
+        metrics: Metrics,
+        fleet: Fleet,
+        listeners: list[Callable[[], None]] | None = None,
+    ) -> None:
+        # The config as the file made it (the job set holds the bucket's jobs): a job
+        # key is judged against it (the file's names, the stream's history size) in a
+        # time that does not grow with the bucket's jobs.
+        self.config = self.file_config = config
         self.metrics = metrics
         self.fleet = fleet
-        self.file_jobs = config.jobs
         self.file_names = frozenset(config.job_names)
         self.running: dict[str, _Running] = {}
         # Per name: the revision last judged (said once) and what it was judged.
@@ -255,7 +257,7 @@ class BucketJobs:
         self.jobs: Jobs | None = None
         # Called with the running job set after each change (the page's objects):
         # JobKeys's list, which the page may have joined before this was made.
-        self.listeners: list[Callable[[], None]] = []
+        self.listeners = listeners if listeners is not None else []
 
     def start(self, jobs: Jobs) -> None:
         self.jobs = jobs
@@ -480,69 +482,18 @@ class BucketJobs:
     # ------------------------------------------------------------------ the job set
 
     def _register(self, batch: list[JobConfig]) -> None:
-        """Make the jobs of `batch` this sidecar's jobs for everything that looks jobs
-        up by name. One pass for the batch (a round of the take-up): 10,000 keys
-        taken up with a copy of the set each took 47 s."""
-        assert self.jobs is not None
-        if not batch:
-            return
-        by_name = self._by_name()
-        by_name.update((job.name, job) for job in batch)
-        self._set_jobs(by_name)
-        jobs, fleet = self.jobs, self.fleet
-        names = {job.name for job in batch}
-        # Whether the stream holds their claims, from the guard's last look (the next
-        # look, up to STREAM_REFRESH away, includes them): not "not checked yet".
-        guard = jobs.guard
-        if guard.stream_state is not None:
-            why = coverage(guard.stream_state, guard.spec, tuple(batch))
-            guard.uncovered = {**guard.uncovered, **{n: why.get(n) for n in names}}
-            guard._set_covered()
+        """Make the jobs of `batch` this sidecar's jobs: one ``put`` into the job set
+        (sidecar/config/jobset.py) for the batch (a round of the take-up); the parts
+        that keep something derived from the jobs are told by the set."""
+        self.fleet.jobs.put(batch)
         for job in batch:
-            jobs.aftermath._jobs[job.name] = job
-            jobs.due.by_name[job.name] = job
-            jobs.lost.jobs[job.name] = job
-            jobs.backfills._jobs[job.name] = job
-            jobs.at_runs._jobs[job.name] = job  # `at` on a bucket job (issue 51)
-            if job.overlap in WAITING:  # its overlap part listens to the bucket from now on
-                jobs.overlap_part()
             self.hashes[job.name] = job_hash(job)
-        fleet._jobs = fleet._jobs | names
-        leased = {job.name for job in batch if needs_leases(job)}
-        fleet._lease_jobs = (fleet._lease_jobs - names) | leased
 
     def _unregister(self, name: str) -> None:
-        assert self.jobs is not None
-        by_name = self._by_name()
-        by_name.pop(name, None)
-        self._set_jobs(by_name)
-        jobs, fleet = self.jobs, self.fleet
-        jobs.guard.uncovered = {k: v for k, v in jobs.guard.uncovered.items() if k != name}
-        jobs.aftermath._jobs.pop(name, None)
-        jobs.due.by_name.pop(name, None)
-        # Lost runs of a removed job are still judged (no longer in "ours": as
-        # for a job removed from the file, sidecar/fleet/orphans.py).
-        jobs.lost.jobs.pop(name, None)
-        jobs.backfills._jobs.pop(name, None)
-        jobs.at_runs._jobs.pop(name, None)
-        fleet._jobs = fleet._jobs - {name}
-        fleet._lease_jobs = fleet._lease_jobs - {name}
+        # Lost runs of a removed job are still judged (no longer in "ours": as for
+        # a job removed from the file, sidecar/fleet/orphans.py).
+        self.fleet.jobs.remove((name,))
         self.hashes.pop(name, None)
-
-    def _by_name(self) -> dict[str, JobConfig]:
-        return {job.name: job for job in self.config.jobs}
-
-    def _set_jobs(self, by_name: dict[str, JobConfig]) -> None:
-        """The daemon's config lists the file's jobs, then the bucket's by name.
-
-        The one change made to a parsed config, on the event loop only: the
-        page, the API, the stream guard and the manual runs read
-        ``config.jobs``/``config.job()`` when they need them, so they see the
-        bucket's jobs as they come and go.
-        """
-        bucket = sorted(n for n in by_name if n not in self.file_names)
-        jobs = (*self.file_jobs, *(by_name[n] for n in bucket))
-        object.__setattr__(self.config, "jobs", jobs)
 
 
 # ---------------------------------------------------------------------- one-shot commands

@@ -78,8 +78,9 @@ class JobKeys:
     def _make(self) -> BucketJobs:
         from sidecar.admin.bucket_jobs import BucketJobs
 
-        runner = self.runner = BucketJobs(self.config, self.metrics, self.fleet)
-        runner.listeners = self.listeners
+        runner = self.runner = BucketJobs(
+            config=self.config, metrics=self.metrics, fleet=self.fleet, listeners=self.listeners
+        )
         if self._jobs is not None:
             runner.start(self._jobs)
         return runner

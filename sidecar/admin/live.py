@@ -56,7 +56,7 @@ class Live:
         self.recent = Recent(self.prefix)
         self.loaded = asyncio.Event()
         self.viewers: set[asyncio.Queue[bytes | None]] = set()
-        self._jobs = frozenset(config.job_names)
+        self._jobs = fleet.jobs  # the job set (sidecar/config/jobset.py)
         # Counts every change seen: objects built before the last one are stale.
         self.version = 0
         # Jobs changed since the page last rebuilt them (it empties this).
@@ -164,7 +164,6 @@ class Live:
 
     def jobs_changed(self) -> None:
         """The config's jobs changed (a job of the state bucket came or went)."""
-        self._jobs = frozenset(self.config.job_names)
         self.version += 1
         self._fleet_changed = True
         self._changed.update(self._jobs)
@@ -186,7 +185,7 @@ class Live:
             self._fleet_changed = True
             return
         job = lease_job(key) if head in ("run", "lock") else rest.split(".", 1)[0]
-        if job in self._jobs:
+        if job is not None and job in self._jobs:
             self._changed.add(job)
             self.dirty.add(job)
 

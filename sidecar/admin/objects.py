@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -30,7 +31,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from sidecar.admin.everyview import per_instance
 from sidecar.admin.requestview import next_excluded, request_object, shown_path
 from sidecar.config.fields import redact_url
-from sidecar.config.load import Config, JobConfig
+from sidecar.config.load import JobConfig
 from sidecar.core.bounds import attempt_no, slot_ms
 from sidecar.core.clock import parse_rfc3339, rfc3339
 from sidecar.core.wire import EVERY, FAILED, LOST, RUN_ON_FIELD, RUNNING, SKIPPED, skip_key
@@ -436,11 +437,11 @@ def stream_object(state: StreamState, domain: str | None) -> dict[str, Any]:
     }
 
 
-def runners_of(config: Config, view: View) -> dict[str, list[str]]:
+def runners_of(jobs: Sequence[JobConfig], view: View) -> dict[str, list[str]]:
     """For each job a live instance runs, which instances (``run_by``): the jobs of
-    the state bucket among `config`'s are run by every instance running a set of them."""
+    the state bucket among `jobs` are run by every instance running a set of them."""
     bucket = bucket_job_names(view)
-    return run_by(view.instances(), bucket & set(config.job_names) if bucket else ())
+    return run_by(view.instances(), bucket & {job.name for job in jobs} if bucket else ())
 
 
 def instances_of(view: View, seen: dict[str, float] | None = None) -> list[dict[str, Any]]:
@@ -470,7 +471,7 @@ def instances_of(view: View, seen: dict[str, float] | None = None) -> list[dict[
 
 
 def fleet_part(
-    config: Config,
+    jobs: Sequence[JobConfig],
     view: View,
     stream: dict[str, Any] | None,
     bucket: dict[str, Any] | None,
@@ -480,8 +481,8 @@ def fleet_part(
     """``status --json`` without its ``jobs``: ``/api/v1/fleet``."""
     instances = view.instances()
     mismatch = mismatched_jobs(instances)
-    runners = runners_of(config, view)
-    mine = set(config.job_names)
+    runners = runners_of(jobs, view)
+    mine = {job.name for job in jobs}
     return {
         "stream": stream,
         "state_bucket": bucket,
@@ -502,7 +503,7 @@ def fleet_part(
             for name in sorted(set(runners) - mine)
         ],
         # Shared concurrency limits (jobs[].concurrency): slots held now, fleet-wide.
-        "concurrency": concurrency_of(config, view),
+        "concurrency": concurrency_of(jobs, view),
     }
 
 
@@ -518,11 +519,11 @@ def conc_of(job: JobConfig, view: View) -> dict[str, Any] | None:
     return {"key": key, "limit": limit, "held": len(held), "held_by_job": mine}
 
 
-def concurrency_of(config: Config, view: View) -> list[dict[str, Any]]:
+def concurrency_of(jobs: Sequence[JobConfig], view: View) -> list[dict[str, Any]]:
     """Each concurrency key of the config: its limit, its jobs, the runs holding its
     slots (``conc.<key>.<n>``) as the view shows them."""
     limits: dict[str, tuple[int, list[str]]] = {}
-    for job in config.jobs:
+    for job in jobs:
         if job.concurrency is not None:
             limits.setdefault(job.concurrency.key, (job.concurrency.limit, []))[1].append(job.name)
     out = []
@@ -553,7 +554,7 @@ def _kept(view: View, job: str) -> str | None:
 
 
 def fleet_object(
-    config: Config,
+    jobs: Sequence[JobConfig],
     view: View,
     recent: Recent,
     stream: dict[str, Any] | None,
@@ -564,9 +565,8 @@ def fleet_object(
 ) -> dict[str, Any]:
     """The object of ``status --json``: stream, instances, mismatches and every job."""
     mismatch = mismatched_jobs(view.instances())
-    runners = runners_of(config, view)
-    jobs = [
-        job_object(job, view, recent, now_ms, mismatch, held, runners=runners)
-        for job in config.jobs
+    runners = runners_of(jobs, view)
+    objects = [
+        job_object(job, view, recent, now_ms, mismatch, held, runners=runners) for job in jobs
     ]
-    return {**fleet_part(config, view, stream, bucket, now_ms, seen), "jobs": jobs}
+    return {**fleet_part(jobs, view, stream, bucket, now_ms, seen), "jobs": objects}

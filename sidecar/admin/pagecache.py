@@ -52,6 +52,7 @@ class PageData:
     ) -> None:
         self.config = config
         self.fleet = fleet
+        self.jobs = fleet.jobs  # the job set (sidecar/config/jobset.py)
         self.guard = guard
         self.clock = clock
         self.live = live
@@ -104,14 +105,14 @@ class PageData:
             now_ms = self.clock.wall_ms()
             dirty = self.live.dirty
             self.live.dirty = set()
-            runners = runners_of(self.config, view)
+            runners = runners_of(self.jobs.all, view)
             if (mismatch, held, runners) != self._built_with:
-                dirty = set(self.config.job_names)
+                dirty = set(self.jobs.names)
                 self._built_with = (mismatch, held, runners)
             if not dirty and not self._running and now_ms < self._soonest:
                 return self._list  # nothing changed, no next slot passed: no walk at all
             since = time.perf_counter()
-            for job in self.config.jobs:
+            for job in self.jobs.all:
                 old = self._objs.get(job.name)
                 if (
                     old is not None
@@ -125,7 +126,7 @@ class PageData:
                 if time.perf_counter() - since > RENDER_SLICE:
                     await asyncio.sleep(0)
                     since = time.perf_counter()
-            self._list = [self._objs[name] for name in self.config.job_names]
+            self._list = [self._objs[name] for name in self.jobs.names]
             self._running = {j["name"] for j in self._list if j["running"]}
             self._soonest = min(self._next_ms.values(), default=now_ms)
             return self._list
@@ -141,7 +142,7 @@ class PageData:
         held: dict[str, str | None],
         runners: dict[str, list[str]],
     ) -> dict[str, Any]:
-        job = self.config.job(name)
+        job = self.jobs.job(name)
         upcoming = job.schedule.runs(now_ms, NEXT_RUNS)  # exclusions applied
         # None left (end_at passed): rebuilt only when its keys change.
         stale = upcoming[0] if upcoming else 2**62
@@ -167,15 +168,15 @@ class PageData:
 
     def _held(self) -> dict[str, str | None]:
         uncovered = getattr(self.guard, "uncovered", None) or {}
-        return {name: uncovered.get(name) for name in self.config.job_names}
+        return {name: uncovered.get(name) for name in self.jobs.names}
 
     def job_data(self, name: str) -> dict[str, Any]:
         """One job's object, fresh (one job is cheap); the shared ones stay as they are."""
         view = self.fleet.view
         mismatch = mismatched_jobs(view.instances())
-        job = self.config.job(name)
+        job = self.jobs.job(name)
         now_ms = self.clock.wall_ms()
-        runners = runners_of(self.config, view)
+        runners = runners_of(self.jobs.all, view)
         held = self._held()
         obj = job_object(job, view, self.live.recent, now_ms, mismatch, held, runners=runners)
         return self._with_source(obj)
@@ -203,7 +204,7 @@ class PageData:
             "keys": len(self.fleet.view.keys),
         }
         now_ms = self.clock.wall_ms()
-        fleet = fleet_part(self.config, self.fleet.view, stream, bucket, now_ms, self.live.seen)
+        fleet = fleet_part(self.jobs.all, self.fleet.view, stream, bucket, now_ms, self.live.seen)
         listed = self.bucket_jobs.listing() if self.bucket_jobs is not None else []
         return {**fleet, "bucket_jobs": listed, "served_by": self.config.instance_id}
 

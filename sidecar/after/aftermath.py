@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sidecar.after.notices import anomaly_of, event_payload, ping_body, trigger_kind
@@ -80,7 +80,10 @@ class Aftermath:
         self.tasks = TaskSet("an aftermath task", say=False)
         self._starts: dict[str, asyncio.Task[bool]] = {}  # a run's /start ping, by token
         self._overdue: dict[str, tuple[asyncio.TimerHandle, list[bool]]] = {}
-        self._jobs = {job.name: job for job in config.jobs}
+        # The job set (sidecar/config/jobset.py), the file's jobs without a fleet (tests).
+        self._jobs: Mapping[str, JobConfig] = (
+            fleet.jobs if fleet is not None else {job.name: job for job in config.jobs}
+        )
         if fleet is not None:
             fleet.key_listeners.append(self._key_changed)
 

@@ -27,6 +27,7 @@ from sidecar.admin.jobkeys import JobKeys
 from sidecar.admin.lazy_page import LazyPage
 from sidecar.admin.server import AdminServer
 from sidecar.config.fields import is_remote
+from sidecar.config.jobset import JobSet
 from sidecar.config.load import Config, Secrets
 from sidecar.core.clock import Clock
 from sidecar.core.tasks import TaskSet, cancel_all
@@ -80,8 +81,13 @@ class Daemon:
         self.conn = Connection(self.config, self.secrets, self.metrics)
         self.spec = stream_spec(self.config)
         self.stopping = asyncio.Event()
-        self.guard = StreamGuard(self.config, self.metrics, self.clock, self.conn.connected)
-        self.fleet = Fleet(self.config, self.metrics, self.clock)
+        # The one set of this sidecar's jobs, the file's and the state bucket's
+        # (sidecar/config/jobset.py): every part reads it, none keeps a copy.
+        self.job_set = JobSet(self.config.jobs)
+        self.guard = StreamGuard(
+            self.config, self.metrics, self.clock, self.conn.connected, jobs=self.job_set
+        )
+        self.fleet = Fleet(self.config, self.metrics, self.clock, jobs=self.job_set)
         self.fleet.denied = self.conn.denials.denied
         self.fleet.refused = self.conn.denials.about
         self.guard.refused = self.conn.denials.about
@@ -187,11 +193,16 @@ class Daemon:
                     def manual_runs() -> ManualRuns:  # made with the page, on its first request
                         from sidecar.admin.actions import ManualRuns
 
-                        manual = ManualRuns(
-                            self.config, js, claimer, trigger, self.clock, jobs.runs.spawn
+                        return ManualRuns(
+                            config=self.config,
+                            jobs=self.job_set,
+                            js=js,
+                            claimer=claimer,
+                            trigger=trigger,
+                            clock=self.clock,
+                            spawn=jobs.runs.spawn,
+                            aftermath=jobs.aftermath,
                         )
-                        manual.aftermath = jobs.aftermath
-                        return manual
 
                     self.page.attach(js, manual_runs)
                 self.tasks.spawn(self.guard.run(js))

@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from sidecar import __version__
+from sidecar.config.jobset import Change, JobSet
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import PermissionDenied
@@ -76,8 +77,11 @@ TIMELINE_MARGIN = 30.0
 class Fleet:
     """The state bucket as one running sidecar uses it."""
 
-    def __init__(self, config: Config, metrics: Metrics, clock: Clock) -> None:
+    def __init__(self, config: Config, metrics: Metrics, clock: Clock, *, jobs: JobSet) -> None:
         self.config = config
+        # The sidecar's one job set (sidecar/config/jobset.py): the file's jobs, then
+        # the state bucket's as they come and go.
+        self.jobs = jobs
         self.metrics = metrics
         self.clock = clock
         self.spec = state_spec(config)
@@ -85,7 +89,7 @@ class Fleet:
             on_change=self._changed, on_removed=self._removed, on_unknown=self._unknown
         )
         self.view.keep_seconds = TIMELINE_MARGIN + max(
-            (job.jitter + job.max_late for job in config.jobs), default=0.0
+            (job.jitter + job.max_late for job in self.jobs.all), default=0.0
         )
         self._probe: asyncio.Future[float] | None = None
         # Set by each entry the watch delivers and by each re-sync: the probe's wake-up.
@@ -108,13 +112,13 @@ class Fleet:
         self.refused: Callable[..., Denial | None] | None = None
         self._said = RateLimitedLog(log)
         self._unknown_seen: set[tuple[str, int]] = set()  # counted once each (re-reads)
-        self._lease_jobs = frozenset(job.name for job in config.jobs if needs_leases(job))
+        self._lease_jobs = frozenset(job.name for job in self.jobs.all if needs_leases(job))
         self._tasks = TaskSet("the fleet", say=False)
         self._mismatch: set[str] = set()
         self._counted = -1  # the view's presence_generation last counted
         self._pause_timers: dict[str, asyncio.TimerHandle] = {}
         self._started_at = rfc3339(clock.wall())
-        self._jobs = frozenset(job.name for job in config.jobs)
+        self.jobs.subscribe(self._jobs_changed)
         self.presence = {
             "version": __version__,
             "started_at": self._started_at,
@@ -164,6 +168,15 @@ class Fleet:
             and self.bucket_problem is None
             and not self.replaced
         )
+
+    def _jobs_changed(self, change: Change) -> None:
+        """A job of the state bucket came, changed or left: which jobs need leases,
+        and how long the view keeps a pause's timeline (the largest jitter and lateness)."""
+        names = {job.name for job in change.put} | set(change.removed)
+        leased = {job.name for job in change.put if needs_leases(job)}
+        self._lease_jobs = (self._lease_jobs - names) | leased
+        late = max((job.jitter + job.max_late for job in change.put), default=0.0)
+        self.view.keep_seconds = max(self.view.keep_seconds, TIMELINE_MARGIN + late)
 
     def not_ready(self) -> str | None:
         """Why the state bucket keeps the sidecar from being ready; None when it does not."""
@@ -464,11 +477,11 @@ class Fleet:
         m = self.metrics
         if key.startswith("paused."):
             job = key[len("paused.") :]
-            if job in self._jobs:
+            if job in self.jobs:
                 self._pause_changed(job)
         if key.startswith("skip."):
             job = key[len("skip.") :]
-            if job in self._jobs:
+            if job in self.jobs:
                 entry = self.view.keys.get(key)
                 value = entry.value if entry else None
                 m.job_skips_pending.labels(job=job).set(pending(value, self.clock.wall_ms()))

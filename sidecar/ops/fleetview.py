@@ -72,7 +72,7 @@ async def fleet_status(
     if sel is not None and sel.globs:  # only the named jobs' objects are built
         wanted = set(named(config.job_names, sel.globs))
         config = dataclasses.replace(config, jobs=tuple(j for j in config.jobs if j.name in wanted))
-    out = fleet_object(config, view, recent, stream, held, now_ms, bucket, seen)
+    out = fleet_object(config.jobs, view, recent, stream, held, now_ms, bucket, seen)
     if stream is not None:
         await _every_jobs(js, config, out, now_ms)
     if sel is not None:

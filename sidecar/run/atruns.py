@@ -71,7 +71,7 @@ class AtRuns:
         self.spawn = ctx.tasks.spawn
         self.sleep_until = ctx.sleeper.until
         self.stopping = ctx.stopping
-        self._jobs = {job.name: job for job in ctx.config.jobs}
+        self._jobs = ctx.jobs
         self._waiting: set[tuple[str, int]] = set()  # (job, slot) waited for here
         self._refused: set[tuple[str, int]] = set()  # hostile (key, revision) said
 

@@ -177,7 +177,7 @@ class Backfills:
         self.lost = lost
         self.spawn = ctx.tasks.spawn
         self.stopping = ctx.stopping
-        self._jobs = {job.name: job for job in ctx.config.jobs}
+        self._jobs = ctx.jobs
         self._busy: set[str] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         # Hostile values said already, by (key, revision): said once, however often seen.

@@ -72,6 +72,7 @@ from sidecar.store.state import EXPIRED, PRESENCE_RENEW, Entry, Removal
 from sidecar.when.attempts import lock_key
 
 if TYPE_CHECKING:
+    from sidecar.config.jobset import Change
     from sidecar.config.load import JobConfig
     from sidecar.run.claim import Claim
     from sidecar.run.context import Context
@@ -113,8 +114,9 @@ class ClaimWindow(WinnerSide):
         self._keep = (
             SEEN_MARGIN
             + self.ttl
-            + max((job.jitter + job.max_late for job in ctx.config.jobs), default=0.0)
+            + max((job.jitter + job.max_late for job in ctx.jobs.all), default=0.0)
         )
+        ctx.jobs.subscribe(self._jobs_changed)
         # Judges waiting for a key to change: set when the watch delivers it.
         self._waiting: dict[str, set[asyncio.Event]] = {}
         # Claims lost here whose run lease was not seen yet, by that key, oldest
@@ -122,6 +124,12 @@ class ClaimWindow(WinnerSide):
         # lease of nearly every one is delivered within milliseconds.
         self._pending: dict[str, tuple[JobConfig, Claim, float]] = {}
         self._sweeper: asyncio.Task[None] | None = None
+
+    def _jobs_changed(self, change: Change) -> None:
+        """A job of the state bucket with a longer jitter and lateness: its leases'
+        marks are kept as long as its claims may come."""
+        late = max((job.jitter + job.max_late for job in change.put), default=0.0)
+        self._keep = max(self._keep, SEEN_MARGIN + self.ttl + late)
 
     def delivered(self, key: str) -> None:
         """The watch delivered `key` ("" after a re-read): wake who waits for it."""

@@ -21,6 +21,7 @@ from sidecar.store.kv import Keys
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
+    from sidecar.config.jobset import JobSet
     from sidecar.config.load import Config
     from sidecar.core.clock import Clock
     from sidecar.fleet.member import Fleet
@@ -63,6 +64,9 @@ class Context:
     keys: Callable[[], Keys | None]  # the state bucket's writer, when it can hold leases
     # Catch-up, skip, backfill and one-off tasks: the drain awaits them.
     tasks: TaskSet
+    # The sidecar's jobs, the file's and the state bucket's (sidecar/config/jobset.py):
+    # every part looks a job up here, none keeps a copy.
+    jobs: JobSet
 
     @classmethod
     def build(
@@ -77,7 +81,10 @@ class Context:
         connected: asyncio.Event,
         stopping: asyncio.Event,
     ) -> Context:
-        """The context of one sidecar: its sleeper, key writer and task set made here."""
+        """The context of one sidecar: its sleeper, key writer and task set made here;
+        its job set is the one the fleet and the stream guard were given."""
+        if guard.jobs is not fleet.jobs:
+            raise ValueError("the stream guard and the fleet must share one job set")
         return cls(
             config=config,
             metrics=metrics,
@@ -91,6 +98,7 @@ class Context:
             sleeper=Sleeper(clock, stopping),
             keys=BucketKeys(fleet),
             tasks=TaskSet("a catch-up, skip, backfill or one-off task"),
+            jobs=fleet.jobs,
         )
 
     @property

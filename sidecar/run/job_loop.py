@@ -317,7 +317,7 @@ class Jobs:
         self.unclaimed.reconnected()
         if self.stopping.is_set():
             return
-        for job in self.config.jobs:
+        for job in self.ctx.jobs.all:
             if job.catchup != "none":
                 self.side_tasks.spawn(self.catch_up(job))
 

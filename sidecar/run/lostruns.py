@@ -82,7 +82,7 @@ class LostRuns:
         self.js = ctx.js
         self.spec = spec
         self.keys = ctx.keys
-        self.jobs = {job.name: job for job in config.jobs}
+        self.jobs = ctx.jobs
         self.tasks = TaskSet("recording a lost run")
         # Whether an expired lease of a job not in this config is judged here
         # (sidecar/fleet/orphans.py: when no other live instance runs that job).

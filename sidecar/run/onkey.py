@@ -8,9 +8,8 @@ for such a part from the start: it listens to every key the watch delivers
 and, on the first one of its kind (or on a re-sync whose view holds one),
 imports the part's module, makes the part and hands it that key and every key
 after. Until then a key of another kind, or a re-sync with none of its kind,
-is one the part would have ignored. The jobs the part knows (``_jobs``, by
-name: the file's jobs, and the state bucket's as sidecar/admin/bucket_jobs.py
-adds and removes them) are kept here and handed to the part when it is made.
+is one the part would have ignored. The part reads the sidecar's job set
+(sidecar/config/jobset.py) from its context like every other part.
 """
 
 from __future__ import annotations
@@ -19,13 +18,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from sidecar.config.load import JobConfig
     from sidecar.store.state import View
 
 
 class KeyPart(Protocol):
-    _jobs: dict[str, JobConfig]
-
     def changed(self, key: str) -> None: ...
 
 
@@ -35,11 +31,8 @@ P = TypeVar("P", bound=KeyPart)
 class OnFirstKey(Generic[P]):
     """`make()` called on the first key starting with ``<kind>.`` (module doc)."""
 
-    def __init__(
-        self, kind: str, jobs: tuple[JobConfig, ...], view: View, make: Callable[[], P]
-    ) -> None:
+    def __init__(self, kind: str, view: View, make: Callable[[], P]) -> None:
         self.prefix = f"{kind}."
-        self._jobs = {job.name: job for job in jobs}
         self._view = view  # the fleet's view of the state bucket
         self._make = make
         self.part: P | None = None
@@ -53,5 +46,4 @@ class OnFirstKey(Generic[P]):
             elif not key.startswith(self.prefix):
                 return
             part = self.part = self._make()
-            part._jobs = self._jobs
         part.changed(key)

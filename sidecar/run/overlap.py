@@ -109,10 +109,8 @@ class Overlap:
         # records it skipped with the reason given (late); True when it runs.
         self.run_kept = run_kept
         self.spawn = ctx.tasks.spawn
-        # By name, made again when config.jobs changes (jobs of the state bucket come
-        # and go: sidecar/admin/bucket_jobs.py sets the tuple anew).
-        self._jobs: dict[str, JobConfig] = {}
-        self._jobs_of: tuple[JobConfig, ...] | None = None
+        # By name: the sidecar's job set, the state bucket's jobs as they come and go.
+        self.jobs = ctx.jobs
         # Runs of ``replace`` jobs going on here, by token: set when asked to stop,
         # the asker's claim, the run's own fence.
         self._running: dict[str, tuple[asyncio.Event, dict[str, Any], int]] = {}
@@ -130,13 +128,6 @@ class Overlap:
         # Woken on every change of a lock (a replacer waits for one to go).
         self._lock_changed = asyncio.Event()
         fleet.key_listeners.append(self.changed)
-
-    @property
-    def jobs(self) -> dict[str, JobConfig]:
-        if self._jobs_of is not self.config.jobs:
-            self._jobs_of = self.config.jobs
-            self._jobs = {job.name: job for job in self.config.jobs}
-        return self._jobs
 
     # ------------------------------------------------------------- the watch
 

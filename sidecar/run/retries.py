@@ -76,7 +76,7 @@ class DueAttempts:
         self.attempt = attempt
         self.sleep_until = ctx.sleeper.until
         self.stopping = ctx.stopping
-        self.by_name = {job.name: job for job in ctx.config.jobs}
+        self.by_name = ctx.jobs
         self.tasks = TaskSet("a due-attempt task")
         self._due: set[str] = set()  # due keys this sidecar waits for
         self._refused: set[tuple[str, int]] = set()  # hostile due keys (key, revision) said

@@ -34,7 +34,7 @@ class StrayBuffers:
     key of a job this config does not have is another app's, and not looked at."""
 
     def __init__(self, ctx: Context) -> None:
-        self.config = ctx.config
+        self.jobs = ctx.jobs
         self.view = ctx.fleet.view
         self.metrics = ctx.metrics
         self._said: set[tuple[str, int]] = set()
@@ -47,10 +47,11 @@ class StrayBuffers:
             keys = [key]
         else:
             return
-        others = {job.name for job in self.config.jobs if job.overlap != "buffer_one"}
+        jobs = self.jobs
         for each in keys:
             entry = self.view.keys.get(each)
-            if entry is None or each[len(BUFFER) :] not in others:
+            job = jobs.get(each[len(BUFFER) :])
+            if entry is None or job is None or job.overlap == "buffer_one":
                 continue
             if (each, entry.revision) in self._said:
                 continue

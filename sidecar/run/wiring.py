@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from sidecar.after.aftermath import Aftermath
 from sidecar.config.job_entry import WAITING
+from sidecar.config.jobset import Change
 from sidecar.core.wire import EVERY
 from sidecar.fleet.candidates import Candidates
 from sidecar.run.catchup import CatchUp
@@ -56,7 +57,7 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
 
         return Backfills(ctx, jobs._run_tracked, lambda j, c: jobs.window.lost_claim(j, c))
 
-    jobs.backfills = OnFirstKey("backfill", config.jobs, fleet.view, backfills)
+    jobs.backfills = OnFirstKey("backfill", fleet.view, backfills)
     fleet.key_listeners.append(jobs.backfills.changed)
 
     # One-off runs at a set time (sidecar/run/atruns.py): claimed like slots.
@@ -68,7 +69,7 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
             ctx, jobs.unclaimed, jobs._start_run, lambda j, c: jobs.window.lost_claim(j, c)
         )
 
-    jobs.at_runs = OnFirstKey("at", config.jobs, fleet.view, at_runs)
+    jobs.at_runs = OnFirstKey("at", fleet.view, at_runs)
     fleet.key_listeners.append(jobs.at_runs.changed)
     # Jobs run after another job's runs (sidecar/run/chains.py): its code imported
     # only when a job has ``after``.
@@ -106,8 +107,14 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
         return Overlap(ctx, trigger, jobs.run_kept)
 
     jobs.make_overlap = overlap
-    if any(job.overlap in WAITING for job in config.jobs):
+    if any(job.overlap in WAITING for job in ctx.jobs.all):
         jobs.overlap_part()
+
+    def overlap_for(change: Change) -> None:  # it listens to the bucket from then on
+        if any(job.overlap in WAITING for job in change.put):
+            jobs.overlap_part()
+
+    ctx.jobs.subscribe(overlap_for)
     # claim.candidates: only k instances claim a slot at its time (sidecar/fleet/candidates.py).
     jobs.candidates = Candidates(
         config.instance_id,

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from sidecar.config.jobset import Change, JobSet
 from sidecar.config.load import Config, JobConfig
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
@@ -53,8 +54,14 @@ class StreamGuard:
         metrics: Metrics,
         clock: Clock,
         connected: asyncio.Event,
+        *,
+        jobs: JobSet,
     ) -> None:
         self.config = config
+        # The sidecar's job set (sidecar/config/jobset.py): a job put into it is
+        # judged against the stream's last look.
+        self.jobs = jobs
+        self.jobs.subscribe(self._jobs_changed)
         self.metrics = metrics
         self.clock = clock
         self.connected = connected
@@ -75,8 +82,9 @@ class StreamGuard:
         # Per job: why the stream cannot hold its claims now (None: it can).
         # Empty until the first check: no job is claimed before it.
         self.uncovered: dict[str, str | None] = {}
-        # The stream's settings and the job set ``uncovered`` was judged for.
-        self._covered_for: tuple[tuple[object, ...], tuple[JobConfig, ...]] | None = None
+        # The stream's settings ``uncovered`` was judged for (the job set's changes
+        # are judged as they come: ``_jobs_changed``).
+        self._covered_for: tuple[object, ...] | None = None
 
     def not_ready(self) -> str | None:
         """Why the stream keeps the sidecar from being ready; None when it does not."""
@@ -262,10 +270,9 @@ class StreamGuard:
             if placement:
                 log.warning("%s; the sidecar does not move streams (nats stream edit)", placement)
             self._placement_said = placement
-        # What ``covers`` reads of the stream, and the job set: unchanged since the
-        # last look (the usual case, every refresh), nothing is judged again: with
-        # 100,000 jobs that pass was most of an idle sidecar's CPU (issue 49).
-        jobs = self.config.jobs
+        # What ``covers`` reads of the stream unchanged since the last look (the
+        # usual case, every refresh), nothing is judged again: with 100,000 jobs
+        # that pass was most of an idle sidecar's CPU (issue 49).
         key = (
             state.name,
             tuple(state.subjects),
@@ -273,17 +280,13 @@ class StreamGuard:
             state.max_age,
             state.history_size,
         )
-        if (
-            self._covered_for is not None
-            and self._covered_for[0] == key
-            and (self._covered_for[1] is jobs)
-        ):
+        if self._covered_for == key:
             self.stream_state = state
             self.stream_ready = True
             self._gauges(state)
             return
-        uncovered = coverage(state, self.spec, jobs)
-        self._covered_for = (key, jobs)
+        uncovered = coverage(state, self.spec, self.jobs.all)
+        self._covered_for = key
         for job, why in uncovered.items():
             if why and why != self.uncovered.get(job):
                 log.error(
@@ -308,9 +311,19 @@ class StreamGuard:
         m.stream_duplicate_window_seconds.set(state.duplicate_window)
         m.stream_replicas.set(state.replicas)
 
-    def _set_covered(self) -> None:
+    def _jobs_changed(self, change: Change) -> None:
+        """Jobs put into the set are judged against the stream's last look (the next
+        look, up to STREAM_REFRESH away, judges them again): not "not checked yet"."""
+        for name in change.removed:
+            self.uncovered.pop(name, None)
+        if change.put and self.stream_state is not None:
+            why = coverage(self.stream_state, self.spec, change.put)
+            self.uncovered.update((job.name, why.get(job.name)) for job in change.put)
+            self._set_covered(change.put)
+
+    def _set_covered(self, jobs: Iterable[JobConfig] | None = None) -> None:
         covers = self.metrics.stream_covers_job
-        for job in self.config.jobs:
+        for job in self.jobs.all if jobs is None else jobs:
             ok = job.name in self.uncovered and not self.uncovered[job.name]
             # Held and never not held: no series to keep (docs/METRICS.md).
             if not ok or covers.written(job.name):

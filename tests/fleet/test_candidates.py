@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from sidecar.config.jobset import JobSet
 from sidecar.config.load import parse_config
 from sidecar.config.model import ClaimConfig
 from sidecar.core.clock import Clock
@@ -223,7 +224,7 @@ async def test_candidates_read_the_fleet_view_and_the_run_leases(nats_server: Na
     )
     job = cfg.jobs[0]
     metrics = Metrics(CollectorRegistry())
-    fleet = Fleet(cfg, metrics, Clock())
+    fleet = Fleet(cfg, metrics, Clock(), jobs=JobSet(cfg.jobs))
     nc = await nats.connect(nats_server.url)
     claimed: list[int] = []
     tasks: list[asyncio.Task[None]] = []

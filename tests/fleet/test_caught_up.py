@@ -18,6 +18,7 @@ import pytest
 from nats.js.api import KeyValueConfig, StorageType
 from prometheus_client import CollectorRegistry
 
+from sidecar.config.jobset import JobSet
 from sidecar.config.load import parse_config
 from sidecar.core.clock import Clock
 from sidecar.fleet import member
@@ -41,7 +42,7 @@ async def test_the_view_holds_a_pause_stored_just_before_the_instant(
         {},
     )
     clock = Clock()
-    fleet = Fleet(cfg, Metrics(CollectorRegistry()), clock)
+    fleet = Fleet(cfg, Metrics(CollectorRegistry()), clock, jobs=JobSet(cfg.jobs))
     nc = await nats.connect(nats_server.url)
     other = await nats.connect(nats_server.url)
     try:
@@ -88,7 +89,7 @@ async def test_a_host_whose_clock_runs_ahead_waits_for_the_servers_instant(
         {},
     )
     clock = Clock(offset=0.8)
-    fleet = Fleet(cfg, Metrics(CollectorRegistry()), clock)
+    fleet = Fleet(cfg, Metrics(CollectorRegistry()), clock, jobs=JobSet(cfg.jobs))
     nc = await nats.connect(nats_server.url)
     try:
         fleet.start(nc.jetstream())

@@ -141,9 +141,8 @@ def test_a_backfills_taker_killed_before_its_lease_is_lost_once_and_the_backfill
             )
             assert done.returncode == 0, done.stderr
             days = [d * 1000 for d in range(midnight, int(since), -86400)]
-            wait_for(
-                lambda: stopped(pid) or len(ran(http_app)) == len(days), 120, what="s0's slot"
-            )
+            count = len(days)
+            wait_for(lambda n=count: stopped(pid) or len(ran(http_app)) == n, 120, what="s0's slot")
             if stopped(pid):
                 break
         assert stopped(pid), "s0 never took a backfill slot"

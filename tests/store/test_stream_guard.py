@@ -27,6 +27,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 from prometheus_client import CollectorRegistry
 
+from sidecar.config.jobset import JobSet
 from sidecar.config.load import parse_config
 from sidecar.core.clock import Clock
 from sidecar.core.errors import StreamConflict
@@ -132,7 +133,9 @@ def test_coverage_names_what_the_stream_cannot_hold() -> None:
 
 def test_no_claim_before_the_first_stream_check_nor_for_a_slot_older_than_the_stream() -> None:
     config = config_of([job()])
-    guard = StreamGuard(config, Metrics(CollectorRegistry()), Clock(), asyncio.Event())
+    guard = StreamGuard(
+        config, Metrics(CollectorRegistry()), Clock(), asyncio.Event(), jobs=JobSet(config.jobs)
+    )
     sync = config.jobs[0]
     assert guard.blocked(sync, 2_000_000_000) == "stream not checked yet"
     guard._stream_up(state(created=1_000_000.0))
