@@ -29,6 +29,7 @@ miss). Jobs added at run time (``job.<name>`` keys) are not followed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
@@ -44,10 +45,11 @@ from sidecar.store.missed import TRAIL, Seen, missed
 from sidecar.store.state import DELETED, Removal
 
 if TYPE_CHECKING:
+    from sidecar.config.jobset import Change
     from sidecar.config.load import JobConfig
     from sidecar.run.context import Context
 
-log = logging.getLogger("sidecar.everymissed")
+log = logging.getLogger(__name__)
 
 # Slots remembered per job: the rule looks TRAIL judged slots past an
 # instance's newest claim; three times that keeps an instance away a while known.
@@ -98,23 +100,45 @@ class Claims:
 
 
 class EveryMissed:
-    """The ``run_on: every`` jobs of the config, followed and judged (module doc)."""
+    """The ``run_on: every`` jobs of the job set (the file's, and the state bucket's as
+    they come and go), followed and judged (module doc)."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.jobs = [job for job in ctx.config.jobs if job.run_on == EVERY]
-        self.claims: dict[str, Claims] = {job.name: Claims() for job in self.jobs}
+        self.claims: dict[str, Claims] = {}
+        # Each followed job's two tasks (its claims followed, its slots judged).
+        self._tasks: dict[str, tuple[asyncio.Task[None], ...]] = {}
         # Instances whose presence this sidecar saw deleted (a clean exit), until it
         # is written again; the newest STOPPED_KEEP (each rollout adds its old ids).
         self.stopped: dict[str, None] = {}
 
     def begin(self) -> None:
-        """Follow and judge each job, in tasks that end with the sidecar."""
+        """Follow and judge each job, in tasks that end with the sidecar (or with the
+        job, for one of the state bucket's that leaves or stops being ``every``)."""
         self.ctx.fleet.removal_listeners.append(self.removed)
         self.ctx.fleet.key_listeners.append(self.changed)
-        for job in self.jobs:
-            self.ctx.tasks.spawn(self._follow(job))
-            self.ctx.tasks.spawn(self._judge(job))
+        self.ctx.jobs.subscribe(self._jobs_changed)
+        for job in self.ctx.jobs.all:
+            if job.run_on == EVERY:
+                self._start(job)
+
+    def _start(self, job: JobConfig) -> None:
+        self.claims[job.name] = Claims()
+        spawn = self.ctx.tasks.spawn
+        self._tasks[job.name] = (spawn(self._follow(job)), spawn(self._judge(job)))
+
+    def _stop(self, name: str) -> None:
+        for task in self._tasks.pop(name, ()):
+            task.cancel()
+        self.claims.pop(name, None)
+
+    def _jobs_changed(self, change: Change) -> None:
+        for name in change.removed:
+            self._stop(name)
+        for job in change.put:  # new, or changed: followed afresh with its settings
+            self._stop(job.name)
+            if job.run_on == EVERY and not self.ctx.stopping.is_set():
+                self._start(job)
 
     def removed(self, removal: Removal) -> None:
         if removal.key.startswith(PRESENCE) and removal.how == DELETED:
@@ -132,9 +156,12 @@ class EveryMissed:
             # No instance claims a slot before its time: one far ahead is forged
             # (or its clock is far off), and kept it would push real slots out.
             return
-        if not self.claims[name].slots:  # the job has something to say from now on
+        claims = self.claims.get(name)
+        if claims is None:  # the job left (a job of the state bucket) meanwhile
+            return
+        if not claims.slots:  # the job has something to say from now on
             self.ctx.metrics.every_slots_missed_total.add(name, AWAY)
-        self.claims[name].add(seen)
+        claims.add(seen)
 
     async def _follow(self, job: JobConfig) -> None:
         ctx, backoff = self.ctx, Backoff(start=0.5, cap=10.0)

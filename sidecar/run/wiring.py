@@ -78,11 +78,19 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
 
         lost = lambda j, c: jobs.window.lost_claim(j, c)  # noqa: E731 (jobs.window: below)
         Chains(ctx, jobs.unclaimed, jobs._start_run, lost).begin()
-    # run_on: every: the slots an instance missed, counted (sidecar/run/everymissed.py).
-    if any(job.run_on == EVERY for job in config.jobs):
-        from sidecar.run.everymissed import EveryMissed
+    # run_on: every: the slots an instance missed, counted (sidecar/run/everymissed.py):
+    # made now if a job of the file is `every`, else for the first of the state bucket's.
+    def every_missed(change: Change | None = None) -> None:
+        jobs_now = ctx.jobs.all if change is None else change.put
+        if not made and any(job.run_on == EVERY for job in jobs_now):
+            from sidecar.run.everymissed import EveryMissed
 
-        EveryMissed(ctx).begin()
+            made.append(True)
+            EveryMissed(ctx).begin()
+
+    made: list[bool] = []
+    every_missed()
+    ctx.jobs.subscribe(every_missed)
     # Pings, notifications, auto-pause, anomalies, spans (sidecar/after/aftermath.py).
     jobs.aftermath = Aftermath(config, metrics, clock, ctx.keys, _secret(trigger), fleet)
     # Every ending of a run is recorded there (sidecar/run/record.py).

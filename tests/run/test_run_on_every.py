@@ -361,3 +361,54 @@ def test_the_page_row_of_a_run_on_every_job_names_each_instance_and_what_it_miss
     assert "every instance" in row
     assert "a: " in row and "c: " in row and "missed 1" in row
     assert 'title="succeeded 2026-12-06T07:00:04.000Z on a"' in row
+
+
+def test_a_run_on_every_job_of_the_state_bucket_has_its_missed_slots_counted(
+    tmp_path: Path, nats_server: NatsServer, apps: list[Receiver]
+) -> None:
+    """A job added with `job add` (no `every` job in the file): the sidecars follow its
+    claims from the take-up on, and count a slot an instance missed; removed, it is
+    followed no more."""
+    keep = job("keep", schedule="0 0 1 1 *")
+    configs = [
+        {"nats": {"servers": [nats_server.url]}, "target": {"url": app.url}, "jobs": [keep]}
+        for app in apps[:2]
+    ]
+    path = tmp_path / "every.json"
+    path.write_text(json.dumps(every_job()))
+    cfg = cli_config(tmp_path, configs[0])
+    with sidecars(tmp_path, [("a", configs[0], {}), ("b", configs[1], {})]) as procs:
+        added = run_cli("job", "add", str(path), "-c", cfg)
+        assert added.returncode == 0, added.stderr
+        a, b = apps[0], apps[1]
+        wait_for(
+            lambda: len(set(slots_of(a, EVERY)) & set(slots_of(b, EVERY))) >= 2,
+            30,
+            what="two slots run on both instances",
+        )
+        procs[1].terminate()
+        stopped_after = max(slots_of(b, EVERY))
+        wait_for(
+            lambda: len([s for s in slots_of(a, EVERY) if s > stopped_after]) >= 2,
+            20,
+            what="two slots while b is away",
+        )
+        away = {s for s in slots_of(a, EVERY) if s > stopped_after}
+        wait_for(
+            lambda: (procs[0].metric(MISSED, STOPPED) or 0) >= len(away),
+            20,
+            what="a counting b's missed slots of the bucket's job",
+        )
+        assert f"job every: instance b missed slot {iso(min(away))}" in procs[0].log()
+        removed = run_cli("job", "remove", "every", "-c", cfg)
+        assert removed.returncode == 0, removed.stderr
+        wait_for(
+            lambda: "job every (id" in procs[0].log()
+            and "left the state bucket" in procs[0].log(),
+            15,
+            what="the job retired",
+        )
+        counted = procs[0].metric(MISSED, STOPPED)
+        later = time.time() + MAX_LATE_MS / 1000 + 3  # slots' windows that would close
+        wait_for(lambda: time.time() > later, 15, what="a few more slots' windows")
+        assert procs[0].metric(MISSED, STOPPED) == counted
