@@ -78,6 +78,7 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
 
         lost = lambda j, c: jobs.window.lost_claim(j, c)  # noqa: E731 (jobs.window: below)
         Chains(ctx, jobs.unclaimed, jobs._start_run, lost).begin()
+
     # run_on: every: the slots an instance missed, counted (sidecar/run/everymissed.py):
     # made now if a job of the file is `every`, else for the first of the state bucket's.
     def every_missed(change: Change | None = None) -> None:

@@ -48,9 +48,7 @@ async def test_a_job_put_into_the_set_is_every_parts_job_and_one_removed_is_no_o
                 "lost": jobs.lost.jobs,
                 "aftermath": jobs.aftermath._jobs,
             }
-            assert {name: part is one for name, part in parts.items()} == dict.fromkeys(
-                parts, True
-            )
+            assert {name: part is one for name, part in parts.items()} == dict.fromkeys(parts, True)
             assert jobs.overlap is None  # no `replace` job yet: its part not made
 
             one.put(added)

@@ -403,8 +403,7 @@ def test_a_run_on_every_job_of_the_state_bucket_has_its_missed_slots_counted(
         removed = run_cli("job", "remove", "every", "-c", cfg)
         assert removed.returncode == 0, removed.stderr
         wait_for(
-            lambda: "job every (id" in procs[0].log()
-            and "left the state bucket" in procs[0].log(),
+            lambda: "job every (id" in procs[0].log() and "left the state bucket" in procs[0].log(),
             15,
             what="the job retired",
         )
