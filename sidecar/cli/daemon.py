@@ -33,7 +33,6 @@ from sidecar.core.clock import Clock
 from sidecar.core.tasks import TaskSet, cancel_all
 from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
-from sidecar.obs.spans import span_exporter
 from sidecar.run.claim import Claimer
 from sidecar.run.context import Context
 from sidecar.run.job_loop import Jobs
@@ -187,7 +186,6 @@ class Daemon:
                 )
                 jobs = wire(ctx, trigger)
                 self.jobs = jobs
-                jobs.aftermath.exporter = span_exporter(self.config)
                 if self.page is not None:
 
                     def manual_runs() -> ManualRuns:  # made with the page, on its first request

@@ -88,11 +88,12 @@ def counts(job: JobConfig, claim: Claim) -> bool:
     )
 
 
-class Jobs:
-    """The job loops of one sidecar and the runs they started."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Parts:
+    """The parts of a job's life, made once by sidecar/run/wiring.py for one ``Jobs``
+    while it is constructed (they call back into it: ``attempt``, ``_start_run``,
+    ``_run_tracked``, ``_next_slot``)."""
 
-    # The parts of a job's life, made by sidecar/run/wiring.py (they call back into
-    # this object: ``attempt``, ``_start_run``, ``_run_tracked``, ``_next_slot``).
     unclaimed: Unclaimed  # slots not claimed: counted, said, recorded when kept from running
     catch_up: CatchUp  # slots missed while this sidecar was away
     backfills: OnFirstKey[Backfills]  # made on the first backfill.<job> key
@@ -103,15 +104,22 @@ class Jobs:
     lost: LostRuns  # lost-run judging
     window: ClaimWindow  # winners of claims lost here that died before their lease
     candidates: Candidates  # claim.candidates: only k instances claim a slot at its time
-    # overlap: replace and buffer_one, on the lock overlap: skip uses; made (and its
-    # code imported) by ``make_overlap`` for the first job with one of them
-    # (``overlap_part``): None until then, and then none of its parts is needed.
-    overlap: Overlap | None = None
+    # overlap: replace and buffer_one, made (its code imported) by ``make_overlap``
+    # now if a job of the file has one of them, else for the first such job of the
+    # state bucket's (``Jobs.overlap_part``).
     make_overlap: Callable[[], Overlap]
+    overlap: Overlap | None = None
+
+
+class Jobs:
+    """The job loops of one sidecar and the runs they started."""
+
     # jobs[].concurrency: made (its code imported) by the first run of a job with one.
     limits: Limits | None = None
 
-    def __init__(self, ctx: Context, trigger: Trigger) -> None:
+    def __init__(self, ctx: Context, trigger: Trigger, *, parts: Callable[[Jobs], Parts]) -> None:
+        """`parts` makes the parts of a job's life for this object, once, here
+        (sidecar/run/wiring.py): nothing is set on it after construction."""
         self.ctx = ctx
         self.config = ctx.config
         self.metrics = ctx.metrics
@@ -144,6 +152,21 @@ class Jobs:
         )
         # The state bucket's key writer; None while unknown or unfit for leases.
         self.keys = ctx.keys
+        made = parts(self)
+        self.unclaimed = made.unclaimed
+        self.catch_up = made.catch_up
+        self.backfills = made.backfills
+        self.at_runs = made.at_runs
+        self.aftermath = made.aftermath
+        self.recorder = made.recorder
+        self.due = made.due
+        self.lost = made.lost
+        self.window = made.window
+        self.candidates = made.candidates
+        self.make_overlap = made.make_overlap
+        # overlap: replace and buffer_one, on the lock overlap: skip uses: None until
+        # a job has one of them, and then none of its parts is needed.
+        self.overlap: Overlap | None = made.overlap
 
     def overlap_part(self) -> Overlap:
         """The Overlap, made now if it was not (a job with replace or buffer_one)."""

@@ -1,12 +1,14 @@
 """The parts of a job's life, made and joined in one place.
 
-``wire(ctx, trigger)`` makes the ``Jobs`` of one sidecar and each part that
+``wire(ctx, trigger)`` makes the ``Jobs`` of one sidecar with each part that
 acts on its behalf (catch-up, skips, backfills, one-off runs, the aftermath,
-the recorder, due attempts, lost runs, overlap policies, claim candidates), every one from the
-same ``Context`` (sidecar/run/context.py). The parts that claim or run call
-back into ``Jobs`` (``attempt``, ``_start_run``, ``_run_tracked``,
-``_next_slot``), so ``Jobs`` is made first and its parts set on it here. The
-daemon (sidecar/cli/daemon.py) and the tests' ``jobs`` fixture both call it.
+the recorder, due attempts, lost runs, overlap policies, claim candidates),
+every one from the same ``Context`` (sidecar/run/context.py). The parts that
+claim or run call back into ``Jobs`` (``attempt``, ``_start_run``,
+``_run_tracked``, ``_next_slot``): ``Jobs`` calls ``_parts`` with itself while
+it is constructed and keeps the ``Parts`` it gets; nothing is set on it after.
+The daemon (sidecar/cli/daemon.py) and the tests' ``make_jobs`` fixture both
+call ``wire``.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from sidecar.config.job_entry import WAITING
 from sidecar.config.jobset import Change
 from sidecar.core.wire import EVERY
 from sidecar.fleet.candidates import Candidates
+from sidecar.obs.spans import span_exporter
 from sidecar.run.catchup import CatchUp
 from sidecar.run.claimwindow import ClaimWindow
 from sidecar.run.context import Context
-from sidecar.run.job_loop import Jobs
+from sidecar.run.job_loop import Jobs, Parts
 from sidecar.run.onkey import OnFirstKey
 from sidecar.run.record import Recorder
 from sidecar.run.retries import follow
@@ -30,8 +33,10 @@ from sidecar.run.straybuffers import StrayBuffers
 from sidecar.run.trigger import Trigger
 
 if TYPE_CHECKING:
+    from sidecar.config.load import JobConfig
     from sidecar.run.atruns import AtRuns
     from sidecar.run.backfill import Backfills
+    from sidecar.run.claim import Claim
     from sidecar.run.overlap import Overlap
 
 
@@ -43,41 +48,45 @@ def _secret(trigger: Trigger) -> bytes | None:
 
 def wire(ctx: Context, trigger: Trigger) -> Jobs:
     """The job loops of one sidecar, with every part of a job's life joined to them."""
+    return Jobs(ctx, trigger, parts=lambda jobs: _parts(ctx, trigger, jobs))
+
+
+def _parts(ctx: Context, trigger: Trigger, jobs: Jobs) -> Parts:
+    """The parts of `jobs`, made while it is constructed; each listener joined to the
+    fleet's watch in the order they were always joined."""
     config, metrics, clock, fleet = ctx.config, ctx.metrics, ctx.clock, ctx.fleet
-    jobs = Jobs(ctx, trigger)
     # Slots not claimed: counted, said, recorded when kept from running.
-    jobs.unclaimed = Unclaimed(ctx, SkipRecorder(ctx))
+    unclaimed = Unclaimed(ctx, SkipRecorder(ctx))
     # Slots missed while this sidecar was away (sidecar/run/catchup.py).
-    jobs.catch_up = CatchUp(ctx, jobs.attempt, jobs._next_slot)
+    catch_up = CatchUp(ctx, jobs.attempt, jobs._next_slot)
+
+    def lost_claim(job: JobConfig, claim: Claim) -> None:  # jobs.window: made below
+        jobs.window.lost_claim(job, claim)
 
     # Backfills and one-off runs: made, their code imported, on the first key
     # of their kind (sidecar/run/onkey.py); most configs never see one.
     def backfills() -> Backfills:
         from sidecar.run.backfill import Backfills
 
-        return Backfills(ctx, jobs._run_tracked, lambda j, c: jobs.window.lost_claim(j, c))
+        return Backfills(ctx, jobs._run_tracked, lost_claim)
 
-    jobs.backfills = OnFirstKey("backfill", fleet.view, backfills)
-    fleet.key_listeners.append(jobs.backfills.changed)
+    on_backfill = OnFirstKey("backfill", fleet.view, backfills)
+    fleet.key_listeners.append(on_backfill.changed)
 
     # One-off runs at a set time (sidecar/run/atruns.py): claimed like slots.
     def at_runs() -> AtRuns:
         from sidecar.run.atruns import AtRuns
 
-        # jobs.window is made below, before the first key of this kind comes.
-        return AtRuns(
-            ctx, jobs.unclaimed, jobs._start_run, lambda j, c: jobs.window.lost_claim(j, c)
-        )
+        return AtRuns(ctx, unclaimed, jobs._start_run, lost_claim)
 
-    jobs.at_runs = OnFirstKey("at", fleet.view, at_runs)
-    fleet.key_listeners.append(jobs.at_runs.changed)
+    on_at = OnFirstKey("at", fleet.view, at_runs)
+    fleet.key_listeners.append(on_at.changed)
     # Jobs run after another job's runs (sidecar/run/chains.py): its code imported
-    # only when a job has ``after``.
+    # only when a job has ``after`` (a job of the state bucket cannot).
     if any(job.after is not None for job in config.jobs):
         from sidecar.run.chains import Chains
 
-        lost = lambda j, c: jobs.window.lost_claim(j, c)  # noqa: E731 (jobs.window: below)
-        Chains(ctx, jobs.unclaimed, jobs._start_run, lost).begin()
+        Chains(ctx, unclaimed, jobs._start_run, lost_claim).begin()
 
     # run_on: every: the slots an instance missed, counted (sidecar/run/everymissed.py):
     # made now if a job of the file is `every`, else for the first of the state bucket's.
@@ -93,17 +102,23 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
     every_missed()
     ctx.jobs.subscribe(every_missed)
     # Pings, notifications, auto-pause, anomalies, spans (sidecar/after/aftermath.py).
-    jobs.aftermath = Aftermath(config, metrics, clock, ctx.keys, _secret(trigger), fleet)
+    aftermath = Aftermath(
+        config,
+        metrics,
+        clock,
+        ctx.keys,
+        _secret(trigger),
+        fleet,
+        exporter=span_exporter(config),
+    )
     # Every ending of a run is recorded there (sidecar/run/record.py).
     spec = ctx.spec
-    jobs.recorder = Recorder(
-        ctx.js, spec.name, spec.prefix, config.instance_id, metrics, jobs.aftermath
-    )
+    recorder = Recorder(ctx.js, spec.name, spec.prefix, config.instance_id, metrics, aftermath)
     # What follows a failed or lost run: retries, due attempts, lost runs.
-    jobs.due, jobs.lost = follow(ctx, jobs.recorder, jobs.attempt)
+    due, lost = follow(ctx, recorder, jobs.attempt)
     # Winners of claims lost here that died before their lease (sidecar/run/claimwindow.py).
-    jobs.window = ClaimWindow(ctx, jobs.lost)
-    fleet.key_listeners.append(jobs.window.delivered)
+    window = ClaimWindow(ctx, lost)
+    fleet.key_listeners.append(window.delivered)
     # buffer.<job> of a job that is not buffer_one here: counted (straybuffers.py).
     fleet.key_listeners.append(StrayBuffers(ctx).changed)
 
@@ -115,17 +130,14 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
 
         return Overlap(ctx, trigger, jobs.run_kept)
 
-    jobs.make_overlap = overlap
-    if any(job.overlap in WAITING for job in ctx.jobs.all):
-        jobs.overlap_part()
-
     def overlap_for(change: Change) -> None:  # it listens to the bucket from then on
         if any(job.overlap in WAITING for job in change.put):
             jobs.overlap_part()
 
     ctx.jobs.subscribe(overlap_for)
+    waiting = overlap() if any(job.overlap in WAITING for job in ctx.jobs.all) else None
     # claim.candidates: only k instances claim a slot at its time (sidecar/fleet/candidates.py).
-    jobs.candidates = Candidates(
+    candidates = Candidates(
         config.instance_id,
         metrics,
         clock,
@@ -134,4 +146,17 @@ def wire(ctx: Context, trigger: Trigger) -> Jobs:
         ctx.sleeper.until,
         lambda job, slot: jobs.attempt(job, slot, clock.wall(), deferred=True),
     )
-    return jobs
+    return Parts(
+        unclaimed=unclaimed,
+        catch_up=catch_up,
+        backfills=on_backfill,
+        at_runs=on_at,
+        aftermath=aftermath,
+        recorder=recorder,
+        due=due,
+        lost=lost,
+        window=window,
+        candidates=candidates,
+        make_overlap=overlap,
+        overlap=waiting,
+    )
