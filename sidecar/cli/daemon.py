@@ -83,13 +83,23 @@ class Daemon:
         # The one set of this sidecar's jobs, the file's and the state bucket's
         # (sidecar/config/jobset.py): every part reads it, none keeps a copy.
         self.job_set = JobSet(self.config.jobs)
+        denials = self.conn.denials
         self.guard = StreamGuard(
-            self.config, self.metrics, self.clock, self.conn.connected, jobs=self.job_set
+            self.config,
+            self.metrics,
+            self.clock,
+            self.conn.connected,
+            jobs=self.job_set,
+            refused=denials.about,
         )
-        self.fleet = Fleet(self.config, self.metrics, self.clock, jobs=self.job_set)
-        self.fleet.denied = self.conn.denials.denied
-        self.fleet.refused = self.conn.denials.about
-        self.guard.refused = self.conn.denials.about
+        self.fleet = Fleet(
+            self.config,
+            self.metrics,
+            self.clock,
+            jobs=self.job_set,
+            denied=denials.denied,
+            refused=denials.about,
+        )
         self.conn.denials.known(
             self.spec.name,
             self.spec.prefix,

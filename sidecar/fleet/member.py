@@ -77,7 +77,16 @@ TIMELINE_MARGIN = 30.0
 class Fleet:
     """The state bucket as one running sidecar uses it."""
 
-    def __init__(self, config: Config, metrics: Metrics, clock: Clock, *, jobs: JobSet) -> None:
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        clock: Clock,
+        *,
+        jobs: JobSet,
+        denied: Callable[[str], bool] | None = None,
+        refused: Callable[..., Denial | None] | None = None,
+    ) -> None:
         self.config = config
         # The sidecar's one job set (sidecar/config/jobset.py): the file's jobs, then
         # the state bucket's as they come and go.
@@ -107,9 +116,9 @@ class Fleet:
         self.bucket_problem: str | None = None
         self._recheck = asyncio.Event()
         # Whether NATS refused a subject to this user lately (the daemon's Denials).
-        self.denied: Callable[[str], bool] | None = None
+        self.denied = denied
         # The last refusal of a subject naming the bucket or its stream (Denials.about).
-        self.refused: Callable[..., Denial | None] | None = None
+        self.refused = refused
         self._said = RateLimitedLog(log)
         self._unknown_seen: set[tuple[str, int]] = set()  # counted once each (re-reads)
         self._lease_jobs = frozenset(job.name for job in self.jobs.all if needs_leases(job))

@@ -74,7 +74,15 @@ async def scan_results(
 class LostRuns:
     """Records a ``lost`` result for every lease that expired (see the module doc)."""
 
-    def __init__(self, ctx: Context, recorder: Recorder | None = None) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        recorder: Recorder | None = None,
+        *,
+        judges_foreign: Callable[[Removal], bool] | None = None,
+        view: View | None = None,
+        rerun: Callable[[JobConfig, int, int, float, int], Awaitable[None]] | None = None,
+    ) -> None:
         config, spec = ctx.config, ctx.spec
         self.config = config
         self.metrics = ctx.metrics
@@ -86,15 +94,15 @@ class LostRuns:
         self.tasks = TaskSet("recording a lost run")
         # Whether an expired lease of a job not in this config is judged here
         # (sidecar/fleet/orphans.py: when no other live instance runs that job).
-        self.judges_foreign: Callable[[Removal], bool] = lambda removal: False
-        self.view: View | None = None  # the live view: leases of a replaced bucket
+        self.judges_foreign = judges_foreign or (lambda removal: False)
+        self.view = view  # the live view: leases of a replaced bucket are looked for again
         # Records, counts and says the lost outcome, tells the aftermath (sidecar/run/record.py).
         self.recorder = recorder or Recorder(
             ctx.js, spec.name, spec.prefix, config.instance_id, ctx.metrics
         )
         # on_lost: rerun: (job, slot, attempt, lost at, the lost record's seq) -> the
         # next attempt made due (sidecar/run/retries.py).
-        self.rerun: Callable[[JobConfig, int, int, float, int], Awaitable[None]] | None = None
+        self.rerun = rerun
         # Set: the sidecar drains, no new judging starts (the drain awaits ``tasks``).
         self.stopping = ctx.stopping
 

@@ -305,10 +305,9 @@ def follow(ctx: Context, recorder: Recorder, attempt: Attempt) -> tuple[DueAttem
     watch of the state bucket."""
     fleet = ctx.fleet
     due = DueAttempts(ctx, attempt)
-    lost = LostRuns(ctx, recorder)
-    lost.judges_foreign = fleet.orphans.judges
-    lost.view = fleet.view  # leases of a replaced bucket are looked for again
-    lost.rerun = due.rerun
+    lost = LostRuns(
+        ctx, recorder, judges_foreign=fleet.orphans.judges, view=fleet.view, rerun=due.rerun
+    )
     fleet.removal_listeners.append(lost.removed)
     fleet.key_listeners.append(due.due_changed)
     return due, lost

@@ -56,6 +56,7 @@ class StreamGuard:
         connected: asyncio.Event,
         *,
         jobs: JobSet,
+        refused: Callable[..., Denial | None] | None = None,
     ) -> None:
         self.config = config
         # The sidecar's job set (sidecar/config/jobset.py): a job put into it is
@@ -68,8 +69,8 @@ class StreamGuard:
         self.spec = stream_spec(config)
         self.stream_ready = False
         self.stream_problem = "stream not checked yet"
-        # The last refusal of a subject naming the stream (Denials.about; set by the daemon).
-        self.refused: Callable[..., Denial | None] | None = None
+        # The last refusal of a subject naming the stream (the daemon's Denials.about).
+        self.refused = refused
         self._stream_logged = 0.0  # monotonic time of the last stream problem line
         self._raise_problem = ""
         self._raise_logged = 0.0
