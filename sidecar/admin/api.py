@@ -114,6 +114,8 @@ class PageApp:
         clock: Clock | None = None,
         job_secrets: Secrets | None = None,
         tokens: TokenFile | None = None,
+        *,
+        bucket_jobs: JobKeys | None = None,
     ) -> None:
         self.config = config
         self.fleet = fleet
@@ -123,10 +125,10 @@ class PageApp:
         self.live = Live(config, fleet)
         self.tokens = tokens or TokenFile(config.admin.token_file)
         self.sessions = Sessions(self.tokens)
-        self.data = PageData(config, fleet, guard, self.clock, self.live)
+        # Jobs of the state bucket (POST /api/v1/bucket-jobs/...), the daemon's.
+        self.bucket_jobs = bucket_jobs
+        self.data = PageData(config, fleet, guard, self.clock, self.live, bucket_jobs=bucket_jobs)
         self.runs: ManualRuns | None = None
-        # Jobs of the state bucket (POST /api/v1/bucket-jobs/...): set by the daemon.
-        self.bucket_jobs: JobKeys | None = None
         # ``skip`` writes with the CLI's own function, on its own connection.
         self.secrets = job_secrets
         self._static = {

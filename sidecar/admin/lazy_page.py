@@ -82,9 +82,14 @@ class LazyPage:
             if self.app is None:
                 page_app = await asyncio.to_thread(_page_class)
                 app = page_app(
-                    self.config, self.fleet, self.guard, self.clock, self.secrets, self.tokens
+                    self.config,
+                    self.fleet,
+                    self.guard,
+                    self.clock,
+                    self.secrets,
+                    self.tokens,
+                    bucket_jobs=self.bucket_jobs,
                 )
-                app.bucket_jobs = app.data.bucket_jobs = self.bucket_jobs
                 self.bucket_jobs.listeners.append(app.live.jobs_changed)
                 self.fleet.key_listeners.remove(self._key)
                 app.live.seen.update(self.seen)

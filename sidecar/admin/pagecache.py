@@ -48,7 +48,14 @@ class PageData:
     """The jobs' objects, the fleet part and the runs of one sidecar's page."""
 
     def __init__(
-        self, config: Config, fleet: Fleet, guard: StreamGuard, clock: Clock, live: Live
+        self,
+        config: Config,
+        fleet: Fleet,
+        guard: StreamGuard,
+        clock: Clock,
+        live: Live,
+        *,
+        bucket_jobs: JobKeys | None = None,
     ) -> None:
         self.config = config
         self.fleet = fleet
@@ -68,8 +75,8 @@ class PageData:
         self._stream: StreamState | None = None
         self._stream_at = 0.0
         self._history: dict[str, tuple[float, list[dict[str, Any]]]] = {}
-        # Where each job comes from (file or state bucket): set by the daemon.
-        self.bucket_jobs: JobKeys | None = None
+        # Where each job comes from (file or state bucket): the daemon's.
+        self.bucket_jobs = bucket_jobs
 
     async def jobs_data(self) -> list[dict[str, Any]]:
         """Every job's object, current; only the jobs that changed are built again.
