@@ -13,7 +13,8 @@ trigger) against the raw nats-py publisher (``bench.raw_publish``: claims with
 message ids, 100 at a time, flat out) on the same server in the same run.
 
 Writes ``bench/results/burst.json``. With ``BURST_PROFILE=FILE`` the first sidecar
-runs under cProfile and writes its profile to FILE when it stops.
+runs under cProfile and writes its profile to FILE when it stops; with
+``BURST_LOGS=DIR`` the sidecars' logs are copied to DIR.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,6 +96,9 @@ def main() -> None:
         finally:
             for p in procs:
                 p.terminate(60)
+            if keep := os.environ.get("BURST_LOGS"):  # the sidecars' logs, kept
+                for p in procs:
+                    shutil.copy(p.log_path, Path(keep) / p.log_path.name)
             app.stop()
         raw = subprocess.run(
             [runtime.python(), "-m", "bench.raw_publish", server.url, "100", "5"],
