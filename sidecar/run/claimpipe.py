@@ -143,7 +143,12 @@ class Pipeline:
         future.add_done_callback(lambda _: self._pending.pop(token, None))
         # The headers js.publish sends: the caller's, then the stream expected.
         headers = {**headers, Header.EXPECTED_STREAM: stream}
-        await self.nc.publish(subject, body, reply=self._inbox + token, headers=headers)
+        try:
+            await self.nc.publish(subject, body, reply=self._inbox + token, headers=headers)
+        except BaseException:
+            del self._pending[token]  # never sent: nothing to wait for
+            future.cancel()
+            raise
         return await self.expiry.wait(future, timeout)
 
     async def _answer(self, msg: Msg) -> None:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import nats
 import pytest
 from nats.aio.client import Client as NATS
+from nats.errors import ConnectionClosedError
 
 from sidecar.core.clock import Clock
 from sidecar.core.errors import ClaimDisconnected, ClaimError
@@ -141,3 +142,16 @@ async def test_a_nats_restart_mid_burst_loses_no_slot_silently(nats_server: Nats
     finally:
         for conn in conns:
             await conn.close(drain=False)
+
+
+async def test_a_claim_that_cannot_be_sent_leaves_nothing_waiting(nats_server: NatsServer) -> None:
+    """The connection closed: the publish raises, and neither its place in the
+    window nor a future for its ack is left behind."""
+    nc = await nats.connect(nats_server.url)
+    await ensure_stream(nc.jetstream(), SPEC)
+    claimer = claimer_for(nc, "web-1")
+    assert (await claimer.claim("j0", SLOT, time.monotonic() + 5)).won
+    await nc.close()
+    with pytest.raises(ConnectionClosedError):
+        await claimer.claim("j1", SLOT, time.monotonic() + 5)
+    assert claimer.pipe.window.held == 0 and not claimer.pipe._pending
