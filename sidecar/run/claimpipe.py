@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import json
 import math
+import secrets
 from typing import TypeVar
 
 from nats.aio.client import Client as NATS
@@ -124,7 +124,6 @@ class Pipeline:
         self.window = Window(window)
         self._inbox: str | None = None
         self._pending: dict[str, asyncio.Future[PubAck]] = {}
-        self._tokens = itertools.count()
 
     async def publish(
         self, subject: str, body: bytes, headers: dict[str, str], stream: str, timeout: float
@@ -137,7 +136,9 @@ class Pipeline:
             inbox = self.nc.new_inbox() + "."
             await self.nc.subscribe(inbox + "*", cb=self._answer)
             self._inbox = inbox
-        token = str(next(self._tokens))
+        # Random, not a count: a client that learnt the inbox cannot guess the
+        # next claim's reply subject to answer it first (SECURITY.md, forged acks).
+        token = secrets.token_hex(8)
         future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
         self._pending[token] = future
         future.add_done_callback(lambda _: self._pending.pop(token, None))
