@@ -124,6 +124,7 @@ class Pipeline:
         self.window = Window(window)
         self._inbox: str | None = None
         self._pending: dict[str, asyncio.Future[PubAck]] = {}
+        self._subscribing = asyncio.Lock()
 
     async def publish(
         self, subject: str, body: bytes, headers: dict[str, str], stream: str, timeout: float
@@ -133,9 +134,11 @@ class Pipeline:
         TimeoutError), pipelined with the other claims of this sidecar. The caller
         holds a place of the window (``window.acquire``) and releases it after."""
         if self._inbox is None:
-            inbox = self.nc.new_inbox() + "."
-            await self.nc.subscribe(inbox + "*", cb=self._answer)
-            self._inbox = inbox
+            async with self._subscribing:  # the first claims come together: one inbox
+                if self._inbox is None:
+                    inbox = self.nc.new_inbox() + "."
+                    await self.nc.subscribe(inbox + "*", cb=self._answer)
+                    self._inbox = inbox
         # Random, not a count: a client that learnt the inbox cannot guess the
         # next claim's reply subject to answer it first (SECURITY.md, forged acks).
         token = secrets.token_hex(8)

@@ -155,3 +155,14 @@ async def test_a_claim_that_cannot_be_sent_leaves_nothing_waiting(nats_server: N
     with pytest.raises(ConnectionClosedError):
         await claimer.claim("j1", SLOT, time.monotonic() + 5)
     assert claimer.pipe.window.held == 0 and not claimer.pipe._pending
+
+
+async def test_the_first_claims_together_share_one_inbox(two: tuple[NATS, NATS]) -> None:
+    """Claims started together before any inbox exists: one subscription, not one each."""
+    nc = two[0]
+    claimer = claimer_for(nc, "web-1")
+    before = len(nc._subs)
+    deadline = time.monotonic() + 10
+    claims = await asyncio.gather(*(claimer.claim(f"j{i}", SLOT, deadline) for i in range(20)))
+    assert all(c.won for c in claims)
+    assert len(nc._subs) == before + 1
