@@ -12,19 +12,24 @@ the claims per second per sidecar (JOBS claims each, over T to the last
 trigger) against the raw nats-py publisher (``bench.raw_publish``: claims with
 message ids, 100 at a time, flat out) on the same server in the same run.
 
-Writes ``bench/results/burst.json``.
+Writes ``bench/results/burst.json``. With ``BURST_PROFILE=FILE`` the first sidecar
+runs under cProfile and writes its profile to FILE when it stops; with
+``BURST_LOGS=DIR`` the sidecars' logs are copied to DIR.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from bench import runtime
@@ -68,6 +73,8 @@ def main() -> None:
             for i in range(SIDECARS):
                 cfg = {**config, "instance_id": f"b{i}"}
                 procs.append(runtime.RuntimeSidecar(work, f"b{i}", cfg, {}))
+            if profile := os.environ.get("BURST_PROFILE"):
+                procs[0].profile = Path(profile).resolve()
             for p in procs:
                 p.start()
             for p in procs:
@@ -89,6 +96,9 @@ def main() -> None:
         finally:
             for p in procs:
                 p.terminate(60)
+            if keep := os.environ.get("BURST_LOGS"):  # the sidecars' logs, kept
+                for p in procs:
+                    shutil.copy(p.log_path, Path(keep) / p.log_path.name)
             app.stop()
         raw = subprocess.run(
             [runtime.python(), "-m", "bench.raw_publish", server.url, "100", "5"],

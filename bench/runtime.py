@@ -94,6 +94,13 @@ class RuntimeSidecar(Sidecar):
         # Here, not in start(), which benches time: ensure() hashes the sources.
         self.venv: Path = ensure()
         self.cwd = self.workdir  # outside the source tree
+        # A file to write this sidecar's cProfile to when it exits (bench.burst's
+        # BURST_PROFILE): where its CPU goes, measured in the runtime venv.
+        self.profile: Path | None = None
 
     def command(self) -> list[str]:
-        return [str(self.venv / "bin" / "anarchon-sidecar")]
+        script = str(self.venv / "bin" / "anarchon-sidecar")
+        if self.profile is not None:
+            python = str(self.venv / "bin" / "python")
+            return [python, "-m", "cProfile", "-o", str(self.profile), script]
+        return [script]

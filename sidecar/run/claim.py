@@ -16,6 +16,10 @@ Only a retried claim reads the stored message: tokens are new per claim, so
 a duplicate answer to the first publish means the stored claim is somebody
 else's, and the claim is lost without a second request. N replicas cost N
 JetStream requests per slot (plus the winner's result), not 2N-1.
+
+The publishes of one sidecar's claims are pipelined (sidecar/run/claimpipe.py):
+at most ``Claimer.window`` in flight, acks gathered, each claim's ack timeout
+counted from when it went out.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -42,6 +46,7 @@ from sidecar.core.wire import ERR_DUPLICATE_IN_PROCESS, claims_subject, msg_get_
 from sidecar.core.wire import MSG_ID as MSG_ID  # re-exported: the run's ending uses it
 from sidecar.core.wire import TRANSIENT as TRANSIENT  # re-exported: the run's ending uses it
 from sidecar.core.wire import claim_msg_id as claim_msg_id  # re-exported
+from sidecar.run.claimpipe import WINDOW, Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +141,16 @@ class Claimer:
     # Told when a publish got no answer for the whole ack_timeout while connected
     # (``Connection.unanswered``: the server may not reach the stream's leader).
     on_unanswered: Callable[[], None] | None = None
+    # Claims of this sidecar in flight at once (sidecar/run/claimpipe.py).
+    window: int = WINDOW
+    _pipe: Pipeline | None = field(default=None, init=False, repr=False)
+
+    @property
+    def pipe(self) -> Pipeline:
+        """The claims in flight, made on the first claim (inside the running loop)."""
+        if self._pipe is None or self._pipe.nc is not self.nc:
+            self._pipe = Pipeline(self.nc, self.window)
+        return self._pipe
 
     def subject(self, job: str) -> str:
         return claims_subject(self.prefix, job)
@@ -217,17 +232,24 @@ class Claimer:
             ):
                 continue
             ever_connected = True
-            publish_tries += 1
+            pipe = self.pipe
+            # Room among the claims in flight (a burst: thousands due at once); the
+            # ack timeout starts when the claim goes out, not while it waits here.
+            if not await pipe.window.acquire(remaining, pipe.expiry):
+                last_error = f"{pipe.window.size} claims of this sidecar still in flight"
+                continue
             started = self.clock.monotonic()
+            remaining = deadline - started
+            if remaining <= 0:  # the room came too late: nothing goes out after the deadline
+                pipe.window.release()
+                continue
+            publish_tries += 1
             timeout = max(0.001, min(self.ack_timeout, remaining))
             try:
-                ack = await self.js.publish(
-                    subject,
-                    body,
-                    timeout=timeout,
-                    stream=self.stream,
-                    headers={MSG_ID: msg_id},
-                )
+                try:
+                    ack = await pipe.publish(subject, body, {MSG_ID: msg_id}, self.stream, timeout)
+                finally:
+                    pipe.window.release()
                 if failpoints.ENABLED:
                     await failpoints.hit("claim.after_publish")
             except APIError as exc:

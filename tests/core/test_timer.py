@@ -5,6 +5,7 @@ noticed within a hop, and stop ends it at once."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import cast
 
@@ -84,6 +85,36 @@ async def test_many_entries_one_task_and_compaction() -> None:
     runner = asyncio.create_task(t.run())
     await asyncio.sleep(0.01)
     assert len(asyncio.all_tasks()) == tasks_before + 1  # one task for every instant
+    stopping.set()
+    t.wake()
+    await asyncio.wait_for(runner, 1)
+
+
+async def test_a_burst_is_fired_a_chunk_per_loop_pass() -> None:
+    """3,000 items due at one instant: fired in chunks of CHUNK, with the loop's
+    other work (here a task counting passes) run between two chunks; all fired,
+    in order."""
+    stopping = asyncio.Event()
+    fired: list[int] = []
+    passes: list[int] = []
+    t = Timer(Clock(), stopping, fire=fired.append)
+    at = time.time() + 0.05
+    for i in range(3000):
+        t.at(at, i)
+
+    async def count_passes() -> None:
+        while True:
+            passes.append(len(fired))
+            if len(fired) >= 3000:
+                return
+            await asyncio.sleep(0)
+
+    runner = asyncio.create_task(t.run())
+    await asyncio.wait_for(count_passes(), 5)  # from before the instant
+    assert fired == list(range(3000))
+    # Between two passes of the loop, at most one chunk (256) was fired.
+    steps = [b - a for a, b in itertools.pairwise(passes)]
+    assert len(passes) > 1 and max(steps) <= 256 == timer_module.CHUNK
     stopping.set()
     t.wake()
     await asyncio.wait_for(runner, 1)

@@ -178,7 +178,8 @@ def lose_first_ack(claimer: Claimer, publish_it: bool = True) -> list[int]:
 
     Returns a list that gets the stored sequence of that publish (0 if not sent).
     """
-    real = claimer.js.publish
+    # Claims go out through the claimer's pipeline (sidecar/run/claimpipe.py).
+    real = claimer.pipe.publish
     lost: list[int] = []
 
     async def publish(*args: Any, **kwargs: Any) -> Any:
@@ -188,7 +189,7 @@ def lose_first_ack(claimer: Claimer, publish_it: bool = True) -> list[int]:
             raise NatsTimeoutError
         return await real(*args, **kwargs)
 
-    claimer.js.publish = publish  # type: ignore[method-assign]
+    claimer.pipe.publish = publish  # type: ignore[method-assign]
     return lost
 
 
