@@ -102,7 +102,7 @@ def job_key(name: str) -> str:
     return f"{PREFIX}{name}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BucketJob:
     """A valid job of the state bucket: the parsed job, its external id, its definition."""
 
@@ -210,8 +210,11 @@ def beyond_cap(view: View, cap: int) -> set[str]:
 # ---------------------------------------------------------------------- the daemon's part
 
 
-@dataclass
+@dataclass(slots=True)
 class _Running:
+    """A job of the bucket this sidecar runs, and the revision of its key last judged
+    (slots: one of these per job, 100,000 of them: issue 49)."""
+
     spec: BucketJob
     revision: int
 
@@ -235,7 +238,8 @@ class BucketJobs:
         self.fleet = fleet
         self.file_names = frozenset(config.job_names)
         self.running: dict[str, _Running] = {}
-        # Per name: the revision last judged (said once) and what it was judged.
+        # Per name not running: the revision last judged (said once) and what it was
+        # judged; a running job's is its ``running`` entry (not kept twice, issue 49).
         self._judged: dict[str, tuple[int, BucketJob | None]] = {}
         self._dirty: set[str] = set()
         # Names of the job keys beyond bucket_jobs.max_jobs, and the revision of each
@@ -349,6 +353,9 @@ class BucketJobs:
                 self._over_said.append(key)
             return None, entry.revision
         self._over.pop(name, None)
+        current = self.running.get(name)
+        if current is not None and current.revision == entry.revision:
+            return current.spec, entry.revision
         judged = self._judged.get(name)
         if judged is not None and judged[0] == entry.revision:
             return judged[1], entry.revision
@@ -399,6 +406,7 @@ class BucketJobs:
         current = self.running.get(name)
         if current is not None and spec is not None and current.spec.canon == spec.canon:
             current.revision = revision
+            self._judged.pop(name, None)  # the running entry says it now
             return
         if current is not None:
             self._flush()  # _retire awaits: no job taken up is left half-registered
@@ -419,6 +427,7 @@ class BucketJobs:
             job = spec.job
             self.jobs.start(job)
             self.running[job.name] = _Running(spec, revision)
+            self._judged.pop(job.name, None)  # the running entry says it now
             log.info(
                 "job %s (id %s) taken up from the state bucket: %s",
                 job.name,
