@@ -323,6 +323,9 @@ class BucketJobs:
                     # The batch is not started yet: nothing of it runs meanwhile.
                     await asyncio.sleep(0)
                     began = loop.time()
+            # Not kept while waiting for the next change: a list of every name (a
+            # string each, 100,000 of them after the start: issue 49).
+            names.clear()
             self._flush()
             self._say_over()
             if self._changed_set:
