@@ -28,20 +28,18 @@ HOP = 30.0
 
 
 class Entry:
-    """One instant in the heap, for `item`; ``cancel()`` drops it (it stays in the
-    heap, skipped). No closure per instant: the timer's one ``fire`` gets the item."""
+    """One instant of ``Timer.at``; ``cancel()`` drops it (it stays in the heap,
+    skipped). The timetable keeps the number ``Timer.arm`` gives instead: no
+    object per waiting job (issue 49)."""
 
-    __slots__ = ("item",)
+    __slots__ = ("seq", "timer")
 
-    def __init__(self, item: object) -> None:
-        self.item: object | None = item
+    def __init__(self, timer: Timer, seq: int) -> None:
+        self.timer = timer
+        self.seq = seq
 
     def cancel(self) -> None:
-        self.item = None
-
-    @property
-    def active(self) -> bool:
-        return self.item is not None
+        self.timer.cancel(self.seq)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -57,8 +55,11 @@ class Timer:
         self.clock = clock
         self.stopping = stopping
         self.fire = fire
-        self._heap: list[tuple[float, int, Entry]] = []
+        # (wall, seq, item): no closure per instant, the timer's one ``fire`` gets the item.
+        self._heap: list[tuple[float, int, object]] = []
         self._seq = itertools.count()
+        # The instants cancelled and still in the heap (few: popped as they come up).
+        self._cancelled: set[int] = set()
         self._waiter: asyncio.Future[None] | None = None
 
     def __len__(self) -> int:
@@ -67,12 +68,21 @@ class Timer:
     def at(self, wall: float, item: object) -> Entry:
         """``fire(item)`` at wall-clock time `wall` (at once, on the timer's task, when
         it has passed). An instant earlier than the one slept for wakes the timer."""
-        entry = Entry(item)
+        return Entry(self, self.arm(wall, item))
+
+    def arm(self, wall: float, item: object) -> int:
+        """As ``at``; the instant's number, for ``cancel``."""
+        seq = next(self._seq)
         head = self._heap[0][0] if self._heap else None
-        heapq.heappush(self._heap, (wall, next(self._seq), entry))
+        heapq.heappush(self._heap, (wall, seq, item))
         if head is None or wall < head:
             self.wake()
-        return entry
+        return seq
+
+    def cancel(self, seq: int) -> None:
+        """The instant `seq` never fires. Only for one still waiting (one fired
+        would stay in the set until the next compaction)."""
+        self._cancelled.add(seq)
 
     def wake(self) -> None:
         """End the current sleep: the heap is read again (a new earliest, or stop)."""
@@ -81,18 +91,20 @@ class Timer:
 
     def compact(self) -> None:
         """Drop cancelled entries when they are most of the heap (jobs removed)."""
-        live = [item for item in self._heap if item[2].active]
+        cancelled = self._cancelled
+        live = [item for item in self._heap if item[1] not in cancelled]
         if len(live) < len(self._heap) // 2:
             heapq.heapify(live)
             self._heap = live
+            self._cancelled = set()
 
     async def run(self) -> None:
         """Fire every instant as it comes, until stopping."""
         loop = asyncio.get_running_loop()
         cancelled = 0
         while not self.stopping.is_set():
-            while self._heap and not self._heap[0][2].active:
-                heapq.heappop(self._heap)
+            while self._heap and self._heap[0][1] in self._cancelled:
+                self._cancelled.discard(heapq.heappop(self._heap)[1])
                 cancelled += 1
             if cancelled > 1024:
                 self.compact()
@@ -116,7 +128,8 @@ class Timer:
     def _fire_due(self) -> None:
         now = self.clock.wall()
         while self._heap and self._heap[0][0] <= now:
-            entry = heapq.heappop(self._heap)[2]
-            item, entry.item = entry.item, None
-            if item is not None:
+            _, seq, item = heapq.heappop(self._heap)
+            if seq in self._cancelled:
+                self._cancelled.discard(seq)
+            else:
                 self.fire(item)
