@@ -217,6 +217,7 @@ class _Running:
 
     spec: BucketJob
     revision: int
+    hash: str  # job_hash: the presence's one entry for the set is made of these (``_tell``)
 
 
 class BucketJobs:
@@ -247,8 +248,6 @@ class BucketJobs:
         self._beyond: set[str] = set()
         self._over: dict[str, int] = {}
         self._over_said: list[str] = []
-        # The running jobs' hashes: the presence's one entry for them (``_tell``).
-        self.hashes: dict[str, str] = {}
         self._changed_set = False
         # Jobs taken up in this round and not yet registered (``_flush``).
         self._batch: list[tuple[BucketJob, int]] = []
@@ -429,7 +428,7 @@ class BucketJobs:
         for spec, revision in batch:
             job = spec.job
             self.jobs.start(job)
-            self.running[job.name] = _Running(spec, revision)
+            self.running[job.name] = _Running(spec, revision, job_hash(job))
             self._judged.pop(job.name, None)  # the running entry says it now
             log.info(
                 "job %s (id %s) taken up from the state bucket: %s",
@@ -460,10 +459,12 @@ class BucketJobs:
         presence's one entry for the set (constant in size, sidecar/store/state.py)."""
         for listener in self.listeners:
             listener()
-        if self.hashes:
+        if self.running:
+            # Made from the running entries at each change, not kept as a second map.
+            hashes = {name: running.hash for name, running in self.running.items()}
             self.fleet.presence[BUCKET_SET] = {
-                "count": len(self.hashes),
-                "hash": config_hash(self.hashes),
+                "count": len(hashes),
+                "hash": config_hash(hashes),
             }
         else:
             self.fleet.presence.pop(BUCKET_SET, None)
@@ -498,14 +499,11 @@ class BucketJobs:
         (sidecar/config/jobset.py) for the batch (a round of the take-up); the parts
         that keep something derived from the jobs are told by the set."""
         self.fleet.jobs.put(batch)
-        for job in batch:
-            self.hashes[job.name] = job_hash(job)
 
     def _unregister(self, name: str) -> None:
         # Lost runs of a removed job are still judged (no longer in "ours": as for
         # a job removed from the file, sidecar/fleet/orphans.py).
         self.fleet.jobs.remove((name,))
-        self.hashes.pop(name, None)
 
 
 # ---------------------------------------------------------------------- one-shot commands
