@@ -200,7 +200,7 @@ def parse_job(
         _check_every(sec, overlap, retry.max, on_lost, max_runs)
     return JobConfig(
         name=name,
-        schedule=interned(schedule),
+        schedule=interned(schedule, _CALENDARS),
         timezone=timezone,
         jitter=sec.duration("jitter", 2.0),
         max_late=sec.duration("max_late", 60.0),
@@ -230,16 +230,21 @@ _SHARED: dict[object, object] = {}
 _SHARED_MAX = 4096
 
 
-def interned(value: _T) -> _T:
+# The calendars apart: thousands of distinct schedules (a minute per tenant) must not
+# fill the small settings' table.
+_CALENDARS: dict[object, object] = {}
+
+
+def interned(value: _T, table: dict[object, object] = _SHARED) -> _T:
     """`value`, or an equal one made before (frozen, so sharing changes nothing)."""
     try:
-        kept = _SHARED.get(value)
+        kept = table.get(value)
     except TypeError:  # not hashable
         return value
     if kept is not None:
         return kept  # type: ignore[return-value]
-    if len(_SHARED) < _SHARED_MAX:
-        _SHARED[value] = value
+    if len(table) < _SHARED_MAX:
+        table[value] = value
     return value
 
 
