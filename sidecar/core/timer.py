@@ -28,18 +28,20 @@ HOP = 30.0
 
 
 class Entry:
-    """One instant of ``Timer.at``; ``cancel()`` drops it (it stays in the heap,
-    skipped). The timetable keeps the number ``Timer.arm`` gives instead: no
-    object per waiting job (issue 49)."""
+    """One instant in the heap, for `item`; ``cancel()`` drops it (it stays in the
+    heap, skipped). No closure per instant: the timer's one ``fire`` gets the item."""
 
-    __slots__ = ("seq", "timer")
+    __slots__ = ("item",)
 
-    def __init__(self, timer: Timer, seq: int) -> None:
-        self.timer = timer
-        self.seq = seq
+    def __init__(self, item: object) -> None:
+        self.item: object | None = item
 
     def cancel(self) -> None:
-        self.timer.cancel(self.seq)
+        self.item = None
+
+    @property
+    def active(self) -> bool:
+        return self.item is not None
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -55,11 +57,8 @@ class Timer:
         self.clock = clock
         self.stopping = stopping
         self.fire = fire
-        # (wall, seq, item): no closure per instant, the timer's one ``fire`` gets the item.
-        self._heap: list[tuple[float, int, object]] = []
+        self._heap: list[tuple[float, int, Entry]] = []
         self._seq = itertools.count()
-        # The instants cancelled and still in the heap (few: popped as they come up).
-        self._cancelled: set[int] = set()
         self._waiter: asyncio.Future[None] | None = None
 
     def __len__(self) -> int:
@@ -68,21 +67,12 @@ class Timer:
     def at(self, wall: float, item: object) -> Entry:
         """``fire(item)`` at wall-clock time `wall` (at once, on the timer's task, when
         it has passed). An instant earlier than the one slept for wakes the timer."""
-        return Entry(self, self.arm(wall, item))
-
-    def arm(self, wall: float, item: object) -> int:
-        """As ``at``; the instant's number, for ``cancel``."""
-        seq = next(self._seq)
+        entry = Entry(item)
         head = self._heap[0][0] if self._heap else None
-        heapq.heappush(self._heap, (wall, seq, item))
+        heapq.heappush(self._heap, (wall, next(self._seq), entry))
         if head is None or wall < head:
             self.wake()
-        return seq
-
-    def cancel(self, seq: int) -> None:
-        """The instant `seq` never fires. Only for one still waiting (one fired
-        would stay in the set until the next compaction)."""
-        self._cancelled.add(seq)
+        return entry
 
     def wake(self) -> None:
         """End the current sleep: the heap is read again (a new earliest, or stop)."""
@@ -91,20 +81,18 @@ class Timer:
 
     def compact(self) -> None:
         """Drop cancelled entries when they are most of the heap (jobs removed)."""
-        cancelled = self._cancelled
-        live = [item for item in self._heap if item[1] not in cancelled]
+        live = [item for item in self._heap if item[2].active]
         if len(live) < len(self._heap) // 2:
             heapq.heapify(live)
             self._heap = live
-            self._cancelled = set()
 
     async def run(self) -> None:
         """Fire every instant as it comes, until stopping."""
         loop = asyncio.get_running_loop()
         cancelled = 0
         while not self.stopping.is_set():
-            while self._heap and self._heap[0][1] in self._cancelled:
-                self._cancelled.discard(heapq.heappop(self._heap)[1])
+            while self._heap and not self._heap[0][2].active:
+                heapq.heappop(self._heap)
                 cancelled += 1
             if cancelled > 1024:
                 self.compact()
@@ -128,8 +116,7 @@ class Timer:
     def _fire_due(self) -> None:
         now = self.clock.wall()
         while self._heap and self._heap[0][0] <= now:
-            _, seq, item = heapq.heappop(self._heap)
-            if seq in self._cancelled:
-                self._cancelled.discard(seq)
-            else:
+            entry = heapq.heappop(self._heap)[2]
+            item, entry.item = entry.item, None
+            if item is not None:
                 self.fire(item)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.core.clock import Clock
 from sidecar.core.tasks import TaskSet
-from sidecar.core.timer import Timer
+from sidecar.core.timer import Entry, Timer
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -58,7 +58,7 @@ class Walk:
         self.over = False  # waiting for a slot that is not claimed (max_runs)
         self.passing = False  # the instant armed is the slot itself, passed unclaimed
         self.retired = False  # ended alone (a job removed from the state bucket)
-        self.entry: int | None = None  # the timer's number of the instant armed
+        self.entry: Entry | None = None
         self.firing = False  # a task handles a slot now
         # Made when someone waits for the walk's end (``retire``): none per job.
         self.done: asyncio.Future[None] | None = None
@@ -147,7 +147,7 @@ class Timetable:
     def _end(self, walk: Walk) -> None:
         """The walk is over: no slot more is handled."""
         if walk.entry is not None:
-            self.timer.cancel(walk.entry)
+            walk.entry.cancel()
             walk.entry = None
             if self.stopping.is_set() and not walk.over and self.clock.wall_ms() >= walk.slot:
                 # Its time had come, its jitter not: the slot goes unclaimed.
@@ -178,7 +178,7 @@ class Timetable:
                 return  # end_at: nothing after it ever runs; ended by stop
             # max_runs: the slots pass unclaimed (deleting count.<job> resets it).
             walk.over = walk.passing = True
-            walk.entry = self.timer.arm(walk.slot / 1000, walk)
+            walk.entry = self.timer.at(walk.slot / 1000, walk)
             return
         walk.over = walk.passing = False
         self.said_over.pop(name, None)
@@ -186,7 +186,7 @@ class Timetable:
             self.previous[name] = (walk.slot, walk.previous)
         m.job_next_run_timestamp_seconds.labels(job=name).set(walk.slot / 1000)
         fire_at = walk.slot / 1000 + random.uniform(0.0, job.jitter)
-        walk.entry = self.timer.arm(fire_at, walk)
+        walk.entry = self.timer.at(fire_at, walk)
 
     def _fired(self, item: object) -> None:
         """The timer's one callback: `item` is the walk whose instant came."""

@@ -87,23 +87,3 @@ async def test_many_entries_one_task_and_compaction() -> None:
     stopping.set()
     t.wake()
     await asyncio.wait_for(runner, 1)
-
-
-async def test_an_armed_instant_cancelled_by_its_number_never_fires() -> None:
-    """The timetable's way (issue 49): no Entry object per waiting job, a number."""
-    stopping = asyncio.Event()
-    fired: list[str] = []
-    t = Timer(Clock(), stopping, fire=fired.append)
-    runner = asyncio.create_task(t.run())
-    now = time.time()
-    t.arm(now + 0.05, "a")
-    gone = t.arm(now + 0.10, "b")
-    t.arm(now + 0.15, "c")
-    t.cancel(gone)
-    await until(lambda: len(fired) >= 2, 5, "two instants fired")
-    await asyncio.sleep(0.1)
-    assert fired == ["a", "c"]
-    assert len(t) == 0 and not t._cancelled  # the cancelled one left the heap and the set
-    stopping.set()
-    t.wake()
-    await asyncio.wait_for(runner, 1)
