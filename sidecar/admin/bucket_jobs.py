@@ -102,7 +102,7 @@ def job_key(name: str) -> str:
     return f"{PREFIX}{name}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BucketJob:
     """A valid job of the state bucket: the parsed job, its external id, its definition."""
 
@@ -210,10 +210,14 @@ def beyond_cap(view: View, cap: int) -> set[str]:
 # ---------------------------------------------------------------------- the daemon's part
 
 
-@dataclass
+@dataclass(slots=True)
 class _Running:
+    """A job of the bucket this sidecar runs, and the revision of its key last judged
+    (slots: one of these per job, 100,000 of them: issue 49)."""
+
     spec: BucketJob
     revision: int
+    hash: str  # job_hash: the presence's one entry for the set is made of these (``_tell``)
 
 
 class BucketJobs:
@@ -235,7 +239,8 @@ class BucketJobs:
         self.fleet = fleet
         self.file_names = frozenset(config.job_names)
         self.running: dict[str, _Running] = {}
-        # Per name: the revision last judged (said once) and what it was judged.
+        # Per name not running: the revision last judged (said once) and what it was
+        # judged; a running job's is its ``running`` entry (not kept twice, issue 49).
         self._judged: dict[str, tuple[int, BucketJob | None]] = {}
         self._dirty: set[str] = set()
         # Names of the job keys beyond bucket_jobs.max_jobs, and the revision of each
@@ -243,8 +248,6 @@ class BucketJobs:
         self._beyond: set[str] = set()
         self._over: dict[str, int] = {}
         self._over_said: list[str] = []
-        # The running jobs' hashes: the presence's one entry for them (``_tell``).
-        self.hashes: dict[str, str] = {}
         self._changed_set = False
         # Jobs taken up in this round and not yet registered (``_flush``).
         self._batch: list[tuple[BucketJob, int]] = []
@@ -319,6 +322,9 @@ class BucketJobs:
                     # The batch is not started yet: nothing of it runs meanwhile.
                     await asyncio.sleep(0)
                     began = loop.time()
+            # Not kept while waiting for the next change: a list of every name (a
+            # string each, 100,000 of them after the start: issue 49).
+            names.clear()
             self._flush()
             self._say_over()
             if self._changed_set:
@@ -349,6 +355,9 @@ class BucketJobs:
                 self._over_said.append(key)
             return None, entry.revision
         self._over.pop(name, None)
+        current = self.running.get(name)
+        if current is not None and current.revision == entry.revision:
+            return current.spec, entry.revision
         judged = self._judged.get(name)
         if judged is not None and judged[0] == entry.revision:
             return judged[1], entry.revision
@@ -399,6 +408,7 @@ class BucketJobs:
         current = self.running.get(name)
         if current is not None and spec is not None and current.spec.canon == spec.canon:
             current.revision = revision
+            self._judged.pop(name, None)  # the running entry says it now
             return
         if current is not None:
             self._flush()  # _retire awaits: no job taken up is left half-registered
@@ -418,7 +428,8 @@ class BucketJobs:
         for spec, revision in batch:
             job = spec.job
             self.jobs.start(job)
-            self.running[job.name] = _Running(spec, revision)
+            self.running[job.name] = _Running(spec, revision, job_hash(job))
+            self._judged.pop(job.name, None)  # the running entry says it now
             log.info(
                 "job %s (id %s) taken up from the state bucket: %s",
                 job.name,
@@ -448,10 +459,12 @@ class BucketJobs:
         presence's one entry for the set (constant in size, sidecar/store/state.py)."""
         for listener in self.listeners:
             listener()
-        if self.hashes:
+        if self.running:
+            # Made from the running entries at each change, not kept as a second map.
+            hashes = {name: running.hash for name, running in self.running.items()}
             self.fleet.presence[BUCKET_SET] = {
-                "count": len(self.hashes),
-                "hash": config_hash(self.hashes),
+                "count": len(hashes),
+                "hash": config_hash(hashes),
             }
         else:
             self.fleet.presence.pop(BUCKET_SET, None)
@@ -486,14 +499,11 @@ class BucketJobs:
         (sidecar/config/jobset.py) for the batch (a round of the take-up); the parts
         that keep something derived from the jobs are told by the set."""
         self.fleet.jobs.put(batch)
-        for job in batch:
-            self.hashes[job.name] = job_hash(job)
 
     def _unregister(self, name: str) -> None:
         # Lost runs of a removed job are still judged (no longer in "ours": as for
         # a job removed from the file, sidecar/fleet/orphans.py).
         self.fleet.jobs.remove((name,))
-        self.hashes.pop(name, None)
 
 
 # ---------------------------------------------------------------------- one-shot commands

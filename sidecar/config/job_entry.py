@@ -115,9 +115,26 @@ CANCEL_GRACE = 5.0
 
 def _merge_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> Mapping[str, str]:
     """``base`` overridden by ``extra``, header names compared case-insensitively."""
+    if not extra and isinstance(base, MappingProxyType):
+        return base  # the target's own: one mapping for every job that adds none
     lowered = {name.lower() for name in extra}
     merged = {name: text for name, text in base.items() if name.lower() not in lowered}
-    return MappingProxyType({**merged, **extra})
+    return _shared_headers({**merged, **extra})
+
+
+# Equal merged headers shared by the jobs that have them (issue 49); bounded.
+_HEADERS: dict[tuple[tuple[str, str], ...], Mapping[str, str]] = {}
+
+
+def _shared_headers(headers: dict[str, str]) -> Mapping[str, str]:
+    """A read-only `headers`, or an equal one made before (order kept: it is sent)."""
+    key = tuple(headers.items())
+    kept = _HEADERS.get(key)
+    if kept is None:
+        kept = MappingProxyType(headers)
+        if len(_HEADERS) < _SHARED_MAX:
+            _HEADERS[key] = kept
+    return kept
 
 
 def parse_job(
@@ -145,7 +162,7 @@ def parse_job(
     else:
         schedule = parse_calendar([NO_SLOTS[0]], timezone, name, end_ms=NO_SLOTS[1])
     req = ConfigSection(sec.data.get("request"), sec.key("request"), _REQUEST_KEYS)
-    method = req.text("method", "POST").upper()
+    method = _method(req.text("method", "POST"))
     if method not in _METHODS:
         raise ConfigError(req.key("method"), f"expected one of {', '.join(_METHODS)}")
     path = _request_path(req, f"/jobs/{name}")
@@ -183,7 +200,7 @@ def parse_job(
         _check_every(sec, overlap, retry.max, on_lost, max_runs)
     return JobConfig(
         name=name,
-        schedule=schedule,
+        schedule=interned(schedule, _CALENDARS),
         timezone=timezone,
         jitter=sec.duration("jitter", 2.0),
         max_late=sec.duration("max_late", 60.0),
@@ -213,16 +230,21 @@ _SHARED: dict[object, object] = {}
 _SHARED_MAX = 4096
 
 
-def interned(value: _T) -> _T:
+# The calendars apart: thousands of distinct schedules (a minute per tenant) must not
+# fill the small settings' table.
+_CALENDARS: dict[object, object] = {}
+
+
+def interned(value: _T, table: dict[object, object] = _SHARED) -> _T:
     """`value`, or an equal one made before (frozen, so sharing changes nothing)."""
     try:
-        kept = _SHARED.get(value)
+        kept = table.get(value)
     except TypeError:  # not hashable
         return value
     if kept is not None:
         return kept  # type: ignore[return-value]
-    if len(_SHARED) < _SHARED_MAX:
-        _SHARED[value] = value
+    if len(table) < _SHARED_MAX:
+        table[value] = value
     return value
 
 
@@ -494,7 +516,7 @@ def _parse_cancel(sec: ConfigSection, request: RequestConfig, overlap: str) -> C
     if sec.has("cancel") and overlap != "replace":
         raise ConfigError(sec.key("cancel"), "only used with overlap: replace")
     can = ConfigSection(sec.data.get("cancel"), sec.key("cancel"), _CANCEL_KEYS)
-    method = can.text("method", "DELETE").upper()
+    method = _method(can.text("method", "DELETE"))
     if method not in _METHODS:
         raise ConfigError(can.key("method"), f"expected one of {', '.join(_METHODS)}")
     path = _request_path(can, request.path)
@@ -515,7 +537,22 @@ def _parse_cancel(sec: ConfigSection, request: RequestConfig, overlap: str) -> C
             f"({format_duration(max_late)}): the new slot waits at most max_late for the "
             "replaced run to end",
         )
+    if overlap != "replace" and path == request.path:
+        # Never sent (only ``replace`` cancels): "" for the request's own path, as
+        # sidecar/run/overlap.py reads it, so that the jobs of equal settings share
+        # one CancelConfig (``interned``, issue 49) instead of one per path.
+        path = ""
     return CancelConfig(method=method, path=path, grace=grace, params=cancel_params)
+
+
+def _method(text: str) -> str:
+    """A request's method in capitals: one of ``_METHODS``'s own strings when it is
+    one (not a new string per job), else as written for the caller's error."""
+    upper = text.upper()
+    for known in _METHODS:
+        if upper == known:
+            return known
+    return upper
 
 
 def _request_path(sec: ConfigSection, default: str) -> str:

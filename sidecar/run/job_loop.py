@@ -176,7 +176,8 @@ class Jobs:
 
     def _next_slot(self, job: JobConfig) -> int:
         """The slot the job's loop handles next: catch-up claims only before it."""
-        return self.timetable.next.get(job.name, job.schedule.next_slot(self.clock.wall_ms()))
+        slot = self.timetable.next_slot(job.name)
+        return slot if slot is not None else job.schedule.next_slot(self.clock.wall_ms())
 
     def start(self, job: JobConfig) -> None:
         """Walk the job's schedule on the one timer (sidecar/run/timetable.py) until

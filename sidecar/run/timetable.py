@@ -106,13 +106,17 @@ class Timetable:
         m = self.metrics
         walk = Walk(job, job.schedule.next_slot(self.clock.wall_ms()))
         self.walks[job.name] = walk
-        self.next[job.name] = walk.slot
         if job.after is not None:  # no slots: its runs follow another job's (chains.py)
             m.job_next_run_timestamp_seconds.labels(job=job.name).set(0)
             return  # ends at stop or retirement
         if job.catchup != "none":
             self.side_tasks.spawn(self.catch_up(job))
         self._arm(walk)
+
+    def next_slot(self, name: str) -> int | None:
+        """The slot job `name`'s walk handles next (None: it walks no more)."""
+        walk = self.walks.get(name)
+        return walk.slot if walk is not None else None
 
     async def retire(self, name: str) -> None:
         """End job `name`'s walk alone, between two slots (a job removed from the state
@@ -161,7 +165,6 @@ class Timetable:
         if self._gone(walk):
             self._end(walk)
             return
-        self.next[name] = walk.slot
         m = self.metrics
         if (over := self.over(job, walk.slot)) is not None:
             # end_at passed, or max_runs reached: no slot is claimed (nor counted

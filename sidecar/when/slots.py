@@ -164,6 +164,9 @@ class Calendar:
     end_ms: int | None = None  # ``end_at``: no slot after it is claimed
     # ``exclude: [calendar:NAME]``: the shared calendars, in the order written.
     shared: tuple[SharedExclusions, ...] = field(default=())
+    # ``identity`` once made: a calendar is shared by the jobs of equal schedules
+    # (issue 49), and each job's hash and take-up read it.
+    _identity: str = field(default="", init=False, repr=False, compare=False)
 
     @property
     def exprs(self) -> tuple[str, ...]:
@@ -178,6 +181,8 @@ class Calendar:
     def identity(self) -> str:
         """What decides the slots, as text: the expressions, then spread and
         exclusions only when set (a plain job reads as its expression alone)."""
+        if self._identity:
+            return self._identity
         text = self.expr
         if self.spread:
             text += f" spread={self.spread!r}"
@@ -191,6 +196,7 @@ class Calendar:
             # By content: a calendar that differs between replicas makes the job's
             # hash differ, shown as a config mismatch (docs/SCHEDULES.md).
             text += " calendars=" + ",".join(f"{s.name}:{s.digest}" for s in self.shared)
+        object.__setattr__(self, "_identity", text)
         return text
 
     def outside(self, slot_ms: int) -> str | None:
