@@ -121,5 +121,7 @@ class JobSet(Mapping[str, JobConfig]):
 
     def _changed(self, change: Change) -> None:
         self.version += 1
-        for listener in self._listeners:
+        # A listener subscribed by another one while this change is told (a part made
+        # for its first job of a kind) reads the set as it is now: not told it again.
+        for listener in tuple(self._listeners):
             listener(change)

@@ -95,7 +95,7 @@ class Window:
         except TimeoutError:  # NATS's TimeoutError is one
             return False
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 self.release()  # handed a place just as it was cancelled: pass it on
             raise
         return True

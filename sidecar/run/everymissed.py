@@ -132,6 +132,12 @@ class EveryMissed:
             task.cancel()
         self.claims.pop(name, None)
 
+    def _unsubscribe_when_made(self, subscribing: asyncio.Future[Any]) -> None:
+        """A subscription made after its follower was cancelled: ended at once."""
+        if subscribing.cancelled() or subscribing.exception() is not None:
+            return
+        self.ctx.tasks.spawn(subscribing.result().unsubscribe())
+
     def _jobs_changed(self, change: Change) -> None:
         for name in change.removed:
             self._stop(name)
@@ -170,21 +176,31 @@ class EveryMissed:
             self.on_claim(job.name, msg.data)
 
         while not ctx.stopping.is_set():
-            try:
-                sub: Any = await ctx.js.subscribe(
+            # In a task of its own: a job of the state bucket that leaves cancels this
+            # one, and the subscription then made is ended all the same.
+            subscribing = asyncio.ensure_future(
+                ctx.js.subscribe(
                     claims_subject(ctx.spec.prefix, job.name),
                     stream=ctx.spec.name,
                     cb=on_msg,
                     ordered_consumer=True,
                     config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
                 )
+            )
+            try:
+                sub: Any = await asyncio.shield(subscribing)
+            except asyncio.CancelledError:
+                subscribing.add_done_callback(self._unsubscribe_when_made)
+                raise
             except Exception as exc:  # NATS away: asked again
                 log.debug("job %s: following its claims failed (%r); again", job.name, exc)
                 await backoff.sleep()
                 continue
-            await ctx.stopping.wait()
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            try:
+                await ctx.stopping.wait()
+            finally:  # stopping, or the job left: its consumer is not kept
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(sub.unsubscribe())
             return
 
     async def _judge(self, job: JobConfig) -> None:

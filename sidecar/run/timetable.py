@@ -89,8 +89,6 @@ class Timetable:
         self.attempt, self.late, self.over, self.catch_up = attempt, late, over, catch_up
         self.timer = Timer(clock, stopping, self._fired)
         self.walks: dict[str, Walk] = {}
-        # Per job: the slot its walk handles next (catch-up claims only before it).
-        self.next: dict[str, int] = {}
         # Per job: (slot, the schedule's slot before it), known before the slot's time.
         self.previous: dict[str, tuple[int, int | None]] = {}
         # Per job: why its walk said it claims no more slots (end_at, max_runs).

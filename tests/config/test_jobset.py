@@ -50,3 +50,21 @@ def test_a_bucket_job_never_replaces_a_file_job() -> None:
     with pytest.raises(ValueError, match="config file's"):
         jobs.put(jobs_of("other", "report"))
     assert jobs.names == ("report",) and jobs.version == 0
+
+
+def test_a_listener_subscribed_while_a_change_is_told_is_not_told_that_change() -> None:
+    """A part made by its first job of a kind (a listener) subscribes itself then: it
+    reads the set as it is, and is told only the changes after."""
+    jobs = JobSet(())
+    told: list[Change] = []
+
+    def make_part(change: Change) -> None:
+        if not told and change.put:
+            jobs.subscribe(told.append)
+
+    jobs.subscribe(make_part)
+    first = jobs_of("a")
+    jobs.put(first)
+    assert told == []
+    jobs.remove(["a"])
+    assert told == [Change(removed=("a",))]

@@ -166,3 +166,20 @@ async def test_the_first_claims_together_share_one_inbox(two: tuple[NATS, NATS])
     claims = await asyncio.gather(*(claimer.claim(f"j{i}", SLOT, deadline) for i in range(20)))
     assert all(c.won for c in claims)
     assert len(nc._subs) == before + 1
+
+
+async def test_a_waiter_whose_wait_ran_out_as_it_was_cancelled_frees_no_place() -> None:
+    """Its wait's time up (Expiry) and its task cancelled in one pass of the loop: it
+    never held a place, so it hands none on; the window's bound still holds."""
+    from nats.errors import TimeoutError as NatsTimeoutError
+
+    window, expiry = Window(1), Expiry()
+    assert await window.acquire(1, expiry)  # the one place, held
+    late = asyncio.ensure_future(window.acquire(5, expiry))
+    await until(lambda: len(window._waiters) == 1, 5, "the second one waiting")
+    window._waiters[0].set_exception(NatsTimeoutError())
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    assert window.held == 1
+    assert not await window.acquire(0.01, expiry)  # still full: the first one holds it

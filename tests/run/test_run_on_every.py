@@ -411,3 +411,68 @@ def test_a_run_on_every_job_of_the_state_bucket_has_its_missed_slots_counted(
         later = time.time() + MAX_LATE_MS / 1000 + 3  # slots' windows that would close
         wait_for(lambda: time.time() > later, 15, what="a few more slots' windows")
         assert procs[0].metric(MISSED, STOPPED) == counted
+
+
+async def test_a_bucket_every_job_that_leaves_keeps_no_consumer(nats_server: NatsServer) -> None:
+    """Following the claims of a job of the state bucket is a consumer of the stream;
+    the job changed, then removed, leaves none behind (nor told twice to a part made
+    by the job set's change itself)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import nats
+
+    from sidecar.config.jobset import JobSet
+    from sidecar.core.tasks import TaskSet, cancel_all
+    from sidecar.run.everymissed import EveryMissed
+    from tests.support import until
+
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="CRON", subjects=["cron.>"])
+        never = asyncio.Event()
+
+        async def sleep_until(_: float) -> bool:
+            await never.wait()
+            return True
+
+        jobs = JobSet(())
+        tasks = TaskSet("test")
+        ctx: Any = SimpleNamespace(
+            fleet=SimpleNamespace(removal_listeners=[], key_listeners=[]),
+            jobs=jobs,
+            tasks=tasks,
+            js=js,
+            spec=SimpleNamespace(prefix="cron.", name="CRON"),
+            stopping=asyncio.Event(),
+            sleeper=SimpleNamespace(until=sleep_until),
+        )
+        judge = EveryMissed(ctx)
+        judge.begin()
+        (every,) = parse_config({"jobs": [every_job()]}, {}).jobs
+
+        async def consumers() -> int:
+            return int((await js.stream_info("CRON")).state.consumer_count)
+
+        jobs.put([every])
+        await until(lambda: "every" in judge._tasks, 5, "followed")
+        count: list[int] = []
+
+        async def settle(want: int) -> None:
+            deadline = time.monotonic() + 10
+            while (got := await consumers()) != want and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            count.append(got)
+
+        await settle(1)
+        before = judge._tasks["every"]
+        jobs.put([every])  # changed: followed afresh
+        await until(lambda: judge._tasks.get("every") not in (None, before), 5, "refollowed")
+        await settle(1)
+        jobs.remove(["every"])
+        await settle(0)
+        assert count == [1, 1, 0] and not judge._tasks and not judge.claims
+        await cancel_all(list(tasks))
+    finally:
+        await nc.close()
