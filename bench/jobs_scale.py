@@ -16,7 +16,10 @@ schedule and zone, none due for hours), then per size:
   and wake-ups per second, with no job due;
 - **/metrics**: its size and one scrape's time.
 
-Writes ``bench/results/jobs_scale.json`` and prints a table.
+Writes ``bench/results/jobs_scale.json`` and prints a table. With
+``JOBS_PROFILE=FILE`` the sidecar of each size runs under cProfile, is stopped
+as soon as it is ready and writes its profile to FILE.<jobs> (where the time to
+ready goes); nothing else is measured then.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -126,6 +130,9 @@ def measure(work: Path, server: NatsServer, jobs: int) -> dict[str, float]:
     cfg = config(server, jobs)
     filled = asyncio.run(fill(server, cfg, jobs))
     proc = runtime.RuntimeSidecar(work, f"js{jobs}", cfg, {})
+    profile = os.environ.get("JOBS_PROFILE")
+    if profile:
+        proc.profile = Path(f"{profile}.{jobs}").resolve()
     t0 = time.perf_counter()
     proc.start()
     try:
@@ -134,6 +141,8 @@ def measure(work: Path, server: NatsServer, jobs: int) -> dict[str, float]:
             assert time.perf_counter() - t0 < 300, "not ready within 300 s"
             time.sleep(0.01)
         ready = time.perf_counter() - t0
+        if profile:  # the profile of the start only (module doc)
+            return {"jobs": jobs, "fill_s": filled, "ready_s": ready}
         bucket = state_spec(parse_config(cfg, {})).bucket
         while asyncio.run(taken_up(server, bucket)) < jobs:
             assert proc.proc and proc.proc.poll() is None, proc.log()[-2000:]
@@ -204,6 +213,9 @@ def main() -> None:
         points = []
         for n in sizes:
             point = measure(work, server, n)
+            if "rss_mib" not in point:  # JOBS_PROFILE: the time to ready only
+                print(f"{n:7d} jobs: ready {point['ready_s']:.2f} s (profiled)", flush=True)
+                continue
             point["rss_ratio_vs_floor"] = point["rss_mib"] / base["rss_mib"]
             points.append(point)
             print(

@@ -106,7 +106,9 @@ class Fleet:
         self.view.on_delivered = self._delivered.set
         # Who judges the leases of jobs that no live instance runs (sidecar/fleet/orphans.py).
         self.orphans = Orphans(self.view)
-        # Told of every key the watch delivers, and of every key that left the view.
+        # Told of every key the watch delivers, and of every key that left the view;
+        # after a full re-read, of each key it changed and then "", which alone
+        # stands for the instance and job keys (sidecar/store/watch.py).
         self.key_listeners: list[Callable[[str], None]] = []
         self.removal_listeners: list[Callable[[Removal], None]] = []
         self.bucket: Bucket | None = None

@@ -19,10 +19,10 @@ from typing import Any
 from nats.js.errors import NotFoundError
 
 from sidecar.core.backoff import Backoff
-from sidecar.core.natspy import jetstream_of
+from sidecar.core.natspy import NOTHING_QUEUED, jetstream_of, queued_update
 from sidecar.core.tasks import TaskSet
 from sidecar.store.bucketcheck import BucketFacts, facts_of
-from sidecar.store.state import BUCKET_REPLACED, Bucket, Removal, View
+from sidecar.store.state import BUCKET_PREFIX, BUCKET_REPLACED, Bucket, Removal, View
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,12 @@ log = logging.getLogger(__name__)
 WATCHDOG_EVERY = 3.0
 # After the watch failed (NATS away or slow), it starts again this long after.
 WATCH_RETRY = 1.0
+# Keys a re-read does not hand to the key listeners one at a time: the "" after
+# it stands for them (every listener of them re-reads them all on ""). Instance
+# keys: one at a time would compare every instance's jobs once per instance.
+# Job keys: a job set of 100,000 read at the start would be 100,000 calls of
+# each listener before the sidecar is ready (docs/PERFORMANCE.md "100,000 jobs").
+TOLD_BY_FULL_READ = ("instance.", BUCKET_PREFIX)
 
 
 class Stall:
@@ -137,7 +143,10 @@ class Watch:
         self._watcher = watcher
         # The initial values up to the end marker (None) make the fresh view.
         while True:
-            entry = await watcher.updates(timeout=10.0)  # type: ignore[no-untyped-call]
+            # What is queued already is taken without a task and a timer each.
+            entry = queued_update(watcher)
+            if entry is NOTHING_QUEUED:
+                entry = await watcher.updates(timeout=10.0)  # type: ignore[no-untyped-call]
             if entry is None:
                 break
             fresh.apply_entry(entry)
@@ -177,9 +186,7 @@ class Watch:
             for removal in gone:
                 self.view.on_removed(removal)
         if self.view.on_change is not None:
-            # Instance keys are recounted once, by "": one at a time would
-            # compare every instance's jobs once per instance.
-            for key in sorted(k for k in changed if not k.startswith("instance.")):
+            for key in sorted(k for k in changed if not k.startswith(TOLD_BY_FULL_READ)):
                 self.view.on_change(key)
             self.view.on_change("")
         self._pump = self._tasks.spawn(self._follow(watcher))
