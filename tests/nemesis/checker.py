@@ -45,8 +45,10 @@ Liveness figures (reported; a miss is allowed while faults last):
   would answer.
 - **missed_no_election**: of those, the ones where no fault near the slot
   stopped, killed or cut off the stream's leader (recorded when each fault
-  began), nor measured CPU starvation explains the miss: a failure. The
-  election the Raft timeout forces explains the others.
+  began) or the state bucket's (from the servers' "new stream leader" lines:
+  a claim waits for the bucket's view, a run for its lease), nor measured CPU
+  starvation explains the miss: a failure. The election the Raft timeout
+  forces explains the others.
 - **missed_elections_logged**: missed slots that would be
   ``missed_no_election`` but for an election the servers logged, which the
   faults did not predict: the stream was without a leader (from its leader's
@@ -75,7 +77,7 @@ import itertools
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -106,6 +108,8 @@ class History:
     # Per sidecar: (time, "taken" | "left") as it logged taking up a change of a job
     # of the state bucket (sidecar/admin/bucket_jobs.py), time-ordered.
     bucket_job_logs: dict[str, list[tuple[float, str, str]]] = field(default_factory=dict)
+    # (time, node): the state bucket's stream leader as each election was logged.
+    bucket_leaders: list[tuple[float, str]] = field(default_factory=list)
 
     @classmethod
     def load(cls, directory: Path) -> History:
@@ -129,6 +133,10 @@ class History:
             ),
             lines("ops.jsonl"),
             bucket_job_logs({s: directory / f"{s}.log" for s in run["sidecars"]}),
+            leaders_from_logs(
+                {n: directory / f"{n}.log" for n in run["nodes"]},
+                next((g for g in run.get("raft_groups") or {} if g.startswith("KV_")), ""),
+            ),
         )
 
 
@@ -156,7 +164,16 @@ class Touch:
     leader_hit: bool = False  # the stream's leader was stopped, killed or cut from the majority
 
 
-def touches(faults: Iterable[dict[str, Any]], nodes: set[str]) -> list[Touch]:
+def touches(
+    faults: Iterable[dict[str, Any]],
+    nodes: set[str],
+    bucket_leaders: Sequence[tuple[float, str]] = (),
+) -> list[Touch]:
+    """The faults as Touches. A fault hits "the leader" when it stops or cuts off
+    the claims' stream's leader (recorded with the fault) or the state bucket's
+    (`bucket_leaders`, from the servers' logs): a slot is claimed only once the
+    bucket's view is current (Fleet.caught_up, up to 2 s) and run with a lease
+    in it (docs/GUARANTEES.md), so a bucket without a leader delays both."""
     out = []
     for f in faults:
         start, end = f["start"], f.get("end", f.get("heal", f["start"]))
@@ -179,11 +196,38 @@ def touches(faults: Iterable[dict[str, Any]], nodes: set[str]) -> list[Touch]:
             fsidecars = frozenset({target})
         cluster = bool(fnodes) or any(len(p & nodes) == 2 for p in blocked)
         sidecars_cut = frozenset(h for p in blocked for h in p if h not in nodes)
-        leader = f.get("leader")
-        reach = [n for n in nodes if n != leader and frozenset({leader, n}) not in blocked]
-        hit = leader in fnodes or (bool(leader) and cluster and len(reach) + 1 <= len(nodes) // 2)
+        bucket = next((n for t, n in reversed(bucket_leaders) if t <= start), None)
+        hit = any(
+            leader in fnodes
+            or (cluster and len(_reach(leader, nodes, blocked)) + 1 <= len(nodes) // 2)
+            for leader in {f.get("leader"), bucket}
+            if leader
+        )
         out.append(Touch(start, end, fnodes, fsidecars | sidecars_cut, blocked, cluster, hit))
     return out
+
+
+def _reach(leader: str, nodes: set[str], blocked: frozenset[frozenset[str]]) -> list[str]:
+    """The other nodes `leader` is not cut from."""
+    return [n for n in nodes if n != leader and frozenset({leader, n}) not in blocked]
+
+
+def leaders_from_logs(logs: dict[str, Path], stream: str) -> list[tuple[float, str]]:
+    """(time, node) of each "new stream leader" line of `stream`, time-ordered: the
+    node that logged it leads from then on."""
+    if not stream:
+        return []
+    elected = f"new stream leader for '$G > {stream}'"
+    out: list[tuple[float, str]] = []
+    for node, path in logs.items():
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            m = _LOG_TIME.match(line) if elected in line else None
+            if m:
+                at = datetime.strptime(m.group(1), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                out.append((at, node))
+    return sorted(out)
 
 
 _LOG_TIME = re.compile(r"^\[\d+\] (\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d+) ")
@@ -293,7 +337,7 @@ def check(history: History) -> Report:
     settle = float(run["settle"])
     start, end = float(run["window"][0]), float(run["window"][1])
     jobs: dict[str, dict[str, Any]] = run["jobs"]
-    ts = touches(history.faults, nodes)
+    ts = touches(history.faults, nodes, history.bucket_leaders)
 
     operated: dict[str, dict[str, Any]] = run.get("operated") or {}
     all_jobs = {**jobs, **operated, **(run.get("runtime") or {}), **(run.get("locked") or {})}

@@ -772,3 +772,31 @@ def test_the_sidecars_logs_say_when_each_took_a_bucket_job_up_or_let_it_go(
         (0.25, "rt", "taken"),
         (9.0, "rt", "left"),
     ]
+
+
+def test_a_partition_that_cuts_off_the_state_buckets_leader_hits_a_leader(tmp_path: Path) -> None:
+    """Seed 876563: the claims' stream led by n1, the state bucket's by n2; a partition
+    cut n2 off. Claims wait for the bucket's view and runs for their lease, so the
+    fault hit a leader although the stream's own leader kept its majority."""
+    from tests.nemesis.checker import leaders_from_logs, touches
+
+    log = tmp_path / "n2.log"
+    log.write_text(
+        "[7] 2026/12/06 13:49:16.888979 [INF] JetStream cluster new stream leader "
+        "for '$G > KV_CRON_STATE'\n"
+    )
+    leaders = leaders_from_logs({"n2": log, "n1": tmp_path / "none.log"}, "KV_CRON_STATE")
+    at = leaders[0][0]
+    cut = {
+        "kind": "partition",
+        "start": at + 2,
+        "end": at + 8,
+        "leader": "n1",
+        "sides": [["n2", "s2"], ["n1", "n3", "s1", "s3"]],
+    }
+    nodes = {"n1", "n2", "n3"}
+    assert leaders == [(at, "n2")]
+    assert not touches([cut], nodes)[0].leader_hit  # the stream's leader alone: kept
+    assert touches([cut], nodes, leaders)[0].leader_hit
+    before = {**cut, "start": at - 10, "end": at - 5}  # n2 did not lead yet
+    assert not touches([before], nodes, leaders)[0].leader_hit
