@@ -12,10 +12,12 @@ goes on; frozen a while, it runs once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,15 @@ def fleet(nats_server: NatsServer, app: RecordingApp, **extra: Any) -> list[Any]
     return [("s0", config, ARMED), ("s1", config, {}), ("s2", config, {})]
 
 
+@contextlib.contextmanager
+def armed_last(tmp_path: Path, configs: list[Any]) -> Iterator[list[Sidecar]]:
+    """As ``sidecars``, s0 (armed, first in `configs`) started once the others are
+    ready: its first win is then a slot the others claimed too, and lost, so a loser
+    is there to judge it (a slot won before the others were up has none)."""
+    with sidecars(tmp_path, configs[1:]) as others, sidecars(tmp_path, configs[:1]) as first:
+        yield [*first, *others]
+
+
 def frozen_slot(nats_server: NatsServer, s0: Sidecar) -> int:
     """Wait until s0 stopped itself at its first win; the slot it won."""
     assert s0.proc is not None
@@ -101,7 +112,7 @@ def calls(app: RecordingApp, slot: int) -> list[tuple[str, str]]:
 def test_a_winner_killed_before_its_lease_is_recorded_lost_once_and_rerun_once(
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
-    with sidecars(tmp_path, fleet(nats_server, http_app, **RERUN)) as procs:
+    with armed_last(tmp_path, fleet(nats_server, http_app, **RERUN)) as procs:
         s0 = procs[0]
         slot = frozen_slot(nats_server, s0)
         s0.kill()
@@ -124,7 +135,7 @@ def test_a_winner_killed_before_its_lease_is_recorded_lost_once_and_rerun_once(
 def test_a_winner_frozen_a_while_before_its_lease_runs_once_and_is_not_lost(
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp, freeze: float
 ) -> None:
-    with sidecars(tmp_path, fleet(nats_server, http_app, **RERUN)) as procs:
+    with armed_last(tmp_path, fleet(nats_server, http_app, **RERUN)) as procs:
         s0 = procs[0]
         slot = frozen_slot(nats_server, s0)
         assert s0.proc is not None
@@ -154,7 +165,7 @@ def test_a_winner_frozen_a_while_before_its_lease_runs_once_and_is_not_lost(
 def test_a_winner_frozen_past_its_presence_is_lost_once_and_does_not_run_on_waking(
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp, after: float, said: str
 ) -> None:
-    with sidecars(tmp_path, fleet(nats_server, http_app, **RERUN)) as procs:
+    with armed_last(tmp_path, fleet(nats_server, http_app, **RERUN)) as procs:
         s0 = procs[0]
         slot = frozen_slot(nats_server, s0)
         assert s0.proc is not None
@@ -183,7 +194,7 @@ LOCKED = {"overlap": "skip", **RERUN}
 def test_a_lock_jobs_winner_killed_before_its_lock_is_lost_once_and_the_job_goes_on(
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
-    with sidecars(tmp_path, fleet(nats_server, http_app, **LOCKED)) as procs:
+    with armed_last(tmp_path, fleet(nats_server, http_app, **LOCKED)) as procs:
         s0 = procs[0]
         slot = frozen_slot(nats_server, s0)
         s0.kill()
@@ -212,7 +223,7 @@ def test_a_lock_jobs_winner_killed_before_its_lock_is_lost_once_and_the_job_goes
 def test_a_lock_jobs_winner_frozen_a_while_before_its_lock_runs_once_and_is_not_lost(
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
-    with sidecars(tmp_path, fleet(nats_server, http_app, **LOCKED)) as procs:
+    with armed_last(tmp_path, fleet(nats_server, http_app, **LOCKED)) as procs:
         s0 = procs[0]
         slot = frozen_slot(nats_server, s0)
         assert s0.proc is not None
@@ -252,7 +263,7 @@ def test_a_lock_jobs_winner_woken_after_its_judging_while_the_lock_is_held_does_
 ) -> None:
     # Runs of 3 s every 2 s (skip): the lock is held most of the time.
     http_app.delay["/jobs/w"] = 3.0
-    with sidecars(tmp_path, fleet(nats_server, http_app, **LOCKED)) as procs:
+    with armed_last(tmp_path, fleet(nats_server, http_app, **LOCKED)) as procs:
         s0 = procs[0]
         slot = frozen_slot(nats_server, s0)
         assert s0.proc is not None

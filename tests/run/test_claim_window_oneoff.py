@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from sidecar.core.clock import rfc3339
-from tests.run.test_claim_window import ARMED, JUDGED_WITHIN, stopped
+from tests.run.test_claim_window import ARMED, JUDGED_WITHIN, armed_last, stopped
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -90,7 +90,7 @@ def test_a_one_off_runs_winner_killed_before_its_lease_is_lost_once_and_not_reru
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
     cfg = cli(tmp_path, nats_server, http_app)
-    with sidecars(tmp_path, fleet(nats_server, http_app, **RERUN)) as procs:
+    with armed_last(tmp_path, fleet(nats_server, http_app, **RERUN)) as procs:
         s0 = procs[0]
         assert s0.proc is not None
         pid = s0.proc.pid
