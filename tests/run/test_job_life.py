@@ -74,23 +74,32 @@ async def life(
         },
         {},
     )
-    async with make_jobs(config) as jobs:
-        guard, fleet = jobs.guard, jobs.fleet
-        watcher = asyncio.create_task(guard.run(jobs.js))
-        fleet.start(jobs.js)
+    async with make_jobs(config) as jobs, running(jobs):
         try:
-            await until(
-                lambda: guard.stream_ready and fleet.view.synced and fleet.leases_ok,
-                15,
-                "the stream checked and the state bucket read",
-            )
-            yield Life(config, jobs, jobs.metrics, fleet, jobs.stopping)
+            yield Life(config, jobs, jobs.metrics, jobs.fleet, jobs.stopping)
         finally:
             jobs.stopping.set()
             jobs.wake()
             await cancel_all([*jobs.runs, *jobs.background()])
-            await fleet.stop()
-            await cancel_all([watcher])
+
+
+@contextlib.asynccontextmanager
+async def running(jobs: Jobs) -> AsyncIterator[None]:
+    """The stream guard's loop and the fleet's watch of `jobs` started, until the
+    stream is checked and the state bucket read; both stopped on exit."""
+    guard, fleet = jobs.guard, jobs.fleet
+    watcher = asyncio.create_task(guard.run(jobs.js))
+    fleet.start(jobs.js)
+    try:
+        await until(
+            lambda: guard.stream_ready and fleet.view.synced and fleet.leases_ok,
+            15,
+            "the stream checked and the state bucket read",
+        )
+        yield
+    finally:
+        await fleet.stop()
+        await cancel_all([watcher])
 
 
 async def next_second(one: Life) -> int:

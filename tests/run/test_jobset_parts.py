@@ -7,10 +7,10 @@ Real nats-server, real HTTP app, the parts wired as the daemon wires them.
 
 from __future__ import annotations
 
-import asyncio
+import time
 
 from sidecar.config.load import parse_config
-from sidecar.core.tasks import cancel_all
+from tests.run.test_job_life import running
 from tests.support import MakeJobs, NatsServer, RecordingApp, job, slots, until
 
 
@@ -29,47 +29,37 @@ async def test_a_job_put_into_the_set_is_every_parts_job_and_one_removed_is_no_o
     # Jobs as the state bucket's take-up parses them: a plain one and a `replace` one.
     tenants = [job("tenant-1", max_late="5s"), job("tenant-2", overlap="replace", max_late="10s")]
     added = parse_config({"target": {"url": http_app.url}, "jobs": tenants}, {}).jobs
-    async with make_jobs(config) as jobs:
+    async with make_jobs(config) as jobs, running(jobs):
         ctx, guard, fleet = jobs.ctx, jobs.guard, jobs.fleet
-        watcher = asyncio.create_task(guard.run(jobs.js))
-        fleet.start(jobs.js)
-        try:
-            await until(
-                lambda: guard.stream_ready and fleet.view.synced and fleet.leases_ok,
-                15,
-                "the stream checked and the state bucket read",
-            )
-            # One set, the same object in every part that looks jobs up by name.
-            one = ctx.jobs
-            parts = {
-                "fleet": fleet.jobs,
-                "guard": guard.jobs,
-                "due": jobs.due.by_name,
-                "lost": jobs.lost.jobs,
-                "aftermath": jobs.aftermath._jobs,
-            }
-            assert {name: part is one for name, part in parts.items()} == dict.fromkeys(parts, True)
-            assert jobs.overlap is None  # no `replace` job yet: its part not made
+        # One set, the same object in every part that looks jobs up by name.
+        one = ctx.jobs
+        parts = {
+            "fleet": fleet.jobs,
+            "guard": guard.jobs,
+            "due": jobs.due.by_name,
+            "lost": jobs.lost.jobs,
+            "aftermath": jobs.aftermath._jobs,
+        }
+        assert {name: part is one for name, part in parts.items()} == dict.fromkeys(parts, True)
+        assert jobs.overlap is None  # no `replace` job yet: its part not made
 
-            one.put(added)
-            for job_config in added:
-                jobs.start(job_config)
-            # Every part knows them now, with nothing copied by hand.
-            assert guard.uncovered.get("tenant-1", "unjudged") is None  # the stream holds it
-            assert jobs.overlap is not None  # made for tenant-2's `replace`
-            assert jobs.overlap.jobs is one
-            assert "tenant-2" in fleet._lease_jobs  # its lock needs the bucket's leases
-            await until(lambda: len(slots(http_app, "/jobs/tenant-1")) >= 2, 15, "runs")
+        one.put(added)
+        for job_config in added:
+            jobs.start(job_config)
+        # Every part knows them now, with nothing copied by hand.
+        assert guard.uncovered.get("tenant-1", "unjudged") is None  # the stream holds it
+        assert jobs.overlap is not None  # made for tenant-2's `replace`
+        assert jobs.overlap.jobs is one
+        assert "tenant-2" in fleet._lease_jobs  # its lock needs the bucket's leases
+        await until(lambda: len(slots(http_app, "/jobs/tenant-1")) >= 2, 15, "runs")
 
-            await jobs.retire("tenant-1")
-            one.remove(["tenant-1", "tenant-2"])
-            await jobs.retire("tenant-2")
-            assert "tenant-1" not in guard.uncovered and "tenant-2" not in fleet._lease_jobs
-            assert all("tenant-1" not in part for part in parts.values())
-            assert one.names == ("file-job",)
-            ran = len(slots(http_app, "/jobs/tenant-1"))
-            await asyncio.sleep(2.5)  # two more slots' time: none is claimed
-            assert len(slots(http_app, "/jobs/tenant-1")) == ran
-        finally:
-            await fleet.stop()
-            await cancel_all([watcher])
+        await jobs.retire("tenant-1")
+        one.remove(["tenant-1", "tenant-2"])
+        await jobs.retire("tenant-2")
+        assert "tenant-1" not in guard.uncovered and "tenant-2" not in fleet._lease_jobs
+        assert all("tenant-1" not in part for part in parts.values())
+        assert one.names == ("file-job",)
+        ran = len(slots(http_app, "/jobs/tenant-1"))
+        later = time.time() + 2.5  # two more slots' time: none is claimed
+        await until(lambda: time.time() > later, 5, "two more slots' time")
+        assert len(slots(http_app, "/jobs/tenant-1")) == ran
