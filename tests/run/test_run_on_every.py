@@ -167,6 +167,12 @@ def slots_of(app: Receiver, path: str) -> list[int]:
     return [int(r.headers["X-Anarchon-Slot"]) for r in app.received(path)]
 
 
+def slots_after(app: Receiver, after: int, count: int, what: str) -> set[int]:
+    """The slots `app` ran after slot `after`, once it ran `count` of them."""
+    wait_for(lambda: len([s for s in slots_of(app, EVERY) if s > after]) >= count, 20, what=what)
+    return {s for s in slots_of(app, EVERY) if s > after}
+
+
 def cli_json(tmp_path: Path, config: dict[str, Any], *args: str) -> list[Any]:
     done = run_cli(*args, "--json", "-c", cli_config(tmp_path, config))
     assert done.returncode == 0, done
@@ -209,13 +215,7 @@ def test_three_sidecars_run_each_slot_once_each_and_show_what_one_missed(
         wait_for(lambda: max(slots_of(c, EVERY)) > last, 10, what="c runs on after its restart")
         # Stopped for a few slots: those show as missed for c, and only for c.
         sidecar_c.terminate()
-        stopped_after = max(slots_of(c, EVERY))
-        wait_for(
-            lambda: len([s for s in slots_of(a, EVERY) if s > stopped_after]) >= 3,
-            20,
-            what="three slots while c is away",
-        )
-        away = {s for s in slots_of(a, EVERY) if s > stopped_after}
+        away = slots_after(a, max(slots_of(c, EVERY)), 3, "three slots while c is away")
         deadline = max(away) + MAX_LATE_MS + 500
         wait_for(lambda: time.time() * 1000 > deadline, 15, what="their windows over")
         status = cli_json(tmp_path, config, "status")[0]
@@ -250,12 +250,7 @@ def test_three_sidecars_run_each_slot_once_each_and_show_what_one_missed(
         # The slot after its last may have been claimed before the kill: not counted.
         killed_after = max(slots_of(b, EVERY)) + PERIOD_MS
         sidecar_b.kill()
-        wait_for(
-            lambda: len([s for s in slots_of(a, EVERY) if s > killed_after]) >= 3,
-            20,
-            what="three slots while b is dead",
-        )
-        dead = {s for s in slots_of(a, EVERY) if s > killed_after}
+        dead = slots_after(a, killed_after, 3, "three slots while b is dead")
         for live in (procs[0], sidecar_c):
             wait_for(
                 lambda live=live: (live.metric(MISSED, AWAY) or 0) >= len(dead),
@@ -387,13 +382,7 @@ def test_a_run_on_every_job_of_the_state_bucket_has_its_missed_slots_counted(
             what="two slots run on both instances",
         )
         procs[1].terminate()
-        stopped_after = max(slots_of(b, EVERY))
-        wait_for(
-            lambda: len([s for s in slots_of(a, EVERY) if s > stopped_after]) >= 2,
-            20,
-            what="two slots while b is away",
-        )
-        away = {s for s in slots_of(a, EVERY) if s > stopped_after}
+        away = slots_after(a, max(slots_of(b, EVERY)), 2, "two slots while b is away")
         wait_for(
             lambda: (procs[0].metric(MISSED, STOPPED) or 0) >= len(away),
             20,
