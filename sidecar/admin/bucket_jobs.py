@@ -234,7 +234,7 @@ class BucketJobs:
         # The config as the file made it (the job set holds the bucket's jobs): a job
         # key is judged against it (the file's names, the stream's history size) in a
         # time that does not grow with the bucket's jobs.
-        self.config = self.file_config = config
+        self.config = config
         self.metrics = metrics
         self.fleet = fleet
         self.file_names = frozenset(config.job_names)
@@ -280,7 +280,7 @@ class BucketJobs:
 
     def listing(self) -> list[dict[str, Any]]:
         """Every job key of the bucket with its state, as ``status --json`` lists them."""
-        return listing(self.file_config, self.fleet.view, self.file_names)
+        return listing(self.config, self.fleet.view, self.file_names)
 
     # ------------------------------------------------------------------ following the view
 
@@ -373,7 +373,7 @@ class BucketJobs:
             )
         else:
             try:
-                spec = judge(self.file_config, key, entry.value)
+                spec = judge(self.config, key, entry.value)
             except ConfigError as exc:
                 self._hostile(key, str(exc))
         self._judged[name] = (entry.revision, spec)
