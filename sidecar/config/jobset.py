@@ -41,6 +41,10 @@ class JobSet(Mapping[str, JobConfig]):
         self._bucket: set[str] = set()
         self._listeners: list[Listener] = []
         self._all: tuple[JobConfig, ...] | None = self._file
+        # The largest jitter + max_late any job has had (s): how long after a slot its
+        # claims may come. Never lowered by a removal (a removed job's last claims
+        # may still come).
+        self.latest_claim = max((job.jitter + job.max_late for job in self._file), default=0.0)
         # Grows by one with each change: a reader's cache keyed by it is still good.
         self.version = 0
 
@@ -104,6 +108,7 @@ class JobSet(Mapping[str, JobConfig]):
         for job in batch:
             self._by_name[job.name] = job
             self._bucket.add(job.name)
+            self.latest_claim = max(self.latest_claim, job.jitter + job.max_late)
         self._all = None
         self._changed(Change(put=batch))
 

@@ -97,9 +97,7 @@ class Fleet:
         self.view = View(
             on_change=self._changed, on_removed=self._removed, on_unknown=self._unknown
         )
-        self.view.keep_seconds = TIMELINE_MARGIN + max(
-            (job.jitter + job.max_late for job in self.jobs.all), default=0.0
-        )
+        self.view.keep_seconds = TIMELINE_MARGIN + self.jobs.latest_claim
         self._probe: asyncio.Future[float] | None = None
         # Set by each entry the watch delivers and by each re-sync: the probe's wake-up.
         self._delivered = asyncio.Event()
@@ -186,8 +184,7 @@ class Fleet:
         names = {job.name for job in change.put} | set(change.removed)
         leased = {job.name for job in change.put if needs_leases(job)}
         self._lease_jobs = (self._lease_jobs - names) | leased
-        late = max((job.jitter + job.max_late for job in change.put), default=0.0)
-        self.view.keep_seconds = max(self.view.keep_seconds, TIMELINE_MARGIN + late)
+        self.view.keep_seconds = TIMELINE_MARGIN + self.jobs.latest_claim
 
     def not_ready(self) -> str | None:
         """Why the state bucket keeps the sidecar from being ready; None when it does not."""

@@ -72,7 +72,6 @@ from sidecar.store.state import EXPIRED, PRESENCE_RENEW, Entry, Removal
 from sidecar.when.attempts import lock_key
 
 if TYPE_CHECKING:
-    from sidecar.config.jobset import Change
     from sidecar.config.load import JobConfig
     from sidecar.run.claim import Claim
     from sidecar.run.context import Context
@@ -111,12 +110,7 @@ class ClaimWindow(WinnerSide):
         self.tasks = TaskSet("judging a claim's winner")
         # Run keys the watch delivered (put or removed), oldest first: monotonic time.
         self._seen: dict[str, float] = {}
-        self._keep = (
-            SEEN_MARGIN
-            + self.ttl
-            + max((job.jitter + job.max_late for job in ctx.jobs.all), default=0.0)
-        )
-        ctx.jobs.subscribe(self._jobs_changed)
+        self.jobs = ctx.jobs
         # Judges waiting for a key to change: set when the watch delivers it.
         self._waiting: dict[str, set[asyncio.Event]] = {}
         # Claims lost here whose run lease was not seen yet, by that key, oldest
@@ -124,12 +118,6 @@ class ClaimWindow(WinnerSide):
         # lease of nearly every one is delivered within milliseconds.
         self._pending: dict[str, tuple[JobConfig, Claim, float]] = {}
         self._sweeper: asyncio.Task[None] | None = None
-
-    def _jobs_changed(self, change: Change) -> None:
-        """A job of the state bucket with a longer jitter and lateness: its leases'
-        marks are kept as long as its claims may come."""
-        late = max((job.jitter + job.max_late for job in change.put), default=0.0)
-        self._keep = max(self._keep, SEEN_MARGIN + self.ttl + late)
 
     def delivered(self, key: str) -> None:
         """The watch delivered `key` ("" after a re-read): wake who waits for it."""
@@ -144,7 +132,8 @@ class ClaimWindow(WinnerSide):
                 now = self.clock.monotonic()
                 self._seen.pop(seen, None)
                 self._seen[seen] = now
-                horizon = now - self._keep
+                # Kept as long as a claim of any job may come (the job set's bound).
+                horizon = now - (SEEN_MARGIN + self.ttl + self.jobs.latest_claim)
                 while self._seen:
                     first = next(iter(self._seen))
                     if self._seen[first] >= horizon:

@@ -68,3 +68,15 @@ def test_a_listener_subscribed_while_a_change_is_told_is_not_told_that_change() 
     assert told == []
     jobs.remove(["a"])
     assert told == [Change(removed=("a",))]
+
+
+def test_the_latest_claim_is_the_largest_jitter_and_lateness_any_job_had() -> None:
+    """How long after a slot a claim may come: the fleet's view and the claim window
+    keep their marks that long. A removed job's last claims may still come."""
+    jobs = JobSet(jobs_of("a"))
+    base = jobs.latest_claim
+    late = dataclasses.replace(jobs_of("t")[0], max_late=300.0)
+    jobs.put([late])
+    assert jobs.latest_claim == late.jitter + 300.0 > base
+    jobs.remove(["t"])
+    assert jobs.latest_claim == late.jitter + 300.0
