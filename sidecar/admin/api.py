@@ -47,9 +47,9 @@ from sidecar.admin.actions import (
     skip_detail,
 )
 from sidecar.admin.atacts import act as at_act
-from sidecar.admin.bucket_jobs import API_ACTIONS, api_action
 from sidecar.admin.filterform import job_filter, next_jobs
 from sidecar.admin.jobfilter import DEFAULT_LIMIT, MAX_LIMIT, Selection, check_glob
+from sidecar.admin.jobwrite import API_ACTIONS, api_action
 from sidecar.admin.live import Live
 from sidecar.admin.pagecache import PageData
 from sidecar.admin.server import Answer, Request, Stream
@@ -333,7 +333,7 @@ class PageApp:
         return Answer(303, "text/plain; charset=utf-8", b"", (*SECURITY, ("Location", location)))
 
     async def _bucket_job(self, req: Request, name: str, action: str) -> Answer:
-        """Add, update or remove a job of the state bucket (sidecar/admin/bucket_jobs.py):
+        """Add, update or remove a job of the state bucket (sidecar/admin/jobwrite.py):
         with the admin token only, as the CLI would."""
         auth = req.headers.get("authorization", "")
         scheme, _, presented = auth.partition(" ")

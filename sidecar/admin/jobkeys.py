@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from sidecar.run.job_loop import Jobs
     from sidecar.store.state import Removal
 
-PREFIX = "job."  # sidecar/admin/bucket_jobs.py PREFIX
+PREFIX = "job."  # sidecar/admin/jobcheck.py PREFIX
 FILE, BUCKET = "file", "bucket"
 
 
@@ -93,6 +93,6 @@ class JobKeys:
 
     def listing(self) -> list[dict[str, Any]]:
         """Every job key of the bucket with its state, as ``status --json`` lists them."""
-        from sidecar.admin.bucket_jobs import listing
+        from sidecar.admin.jobcheck import listing
 
         return listing(self.config, self.fleet.view, self.file_names)

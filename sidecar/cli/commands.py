@@ -337,11 +337,11 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
 def _added_job(ld: Loaded, name: str) -> JobConfig | None:
     """`resume`'s job added with `job add`, for its catch-up bound and --catchup; None
     when there is none (a job paused and since removed is resumed all the same)."""
-    from sidecar.admin import bucket_jobs
+    from sidecar.ops import jobops
 
     async def read() -> JobConfig | None:
         try:
-            return (await bucket_jobs.read_job(ld.config, ld.secrets, name))[0]
+            return (await jobops.read_job(ld.config, ld.secrets, name))[0]
         except ConfigError:  # not a valid job: resumed without a bound, as before
             return None
 

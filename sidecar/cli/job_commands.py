@@ -1,6 +1,6 @@
 """`anarchon-sidecar job add/update/remove/list`: jobs added at run time.
 
-They live in the state bucket (``job.<name>``, sidecar/admin/bucket_jobs.py) and
+They live in the state bucket (``job.<name>``, sidecar/ops/jobops.py) and
 every running sidecar takes them up within about a second. A job is checked
 here exactly as the daemon will check it: a bad one exits 2 naming the key.
 """
@@ -13,7 +13,8 @@ from typing import Any
 
 import click
 
-from sidecar.admin import bucket_jobs
+from sidecar.admin.jobcheck import BucketJob, external_id
+from sidecar.admin.jobwrite import Written, prepare
 from sidecar.cli import output
 from sidecar.cli.output import printable, table
 from sidecar.cli.shared import (
@@ -31,6 +32,7 @@ from sidecar.cli.shared import (
     who,
 )
 from sidecar.core.errors import ConfigError
+from sidecar.ops import jobops
 
 
 @click.group("job")
@@ -42,7 +44,7 @@ def job_group() -> None:
 @dataclass(frozen=True)
 class _Prepared:
     loaded: Loaded
-    spec: bucket_jobs.BucketJob
+    spec: BucketJob
     value: dict[str, Any]
     id_given: bool  # by --id or in FILE
 
@@ -51,8 +53,8 @@ def _prepared(config_path: str | None, file: str, ident: str | None) -> _Prepare
     """FILE's job checked as a sidecar checks it (exit 2 naming the key)."""
     ld = load(config_path)
     try:
-        data = bucket_jobs.read_job_file(file)
-        spec, value = bucket_jobs.prepare(ld.config, data, ident, who())
+        data = jobops.read_job_file(file)
+        spec, value = prepare(ld.config, data, ident, who())
     except ConfigError as exc:
         fail(EXIT_USAGE, config_error(exc))
     given = ident is not None or (isinstance(data, dict) and data.get("id") is not None)
@@ -77,7 +79,7 @@ def add(file: str, config_path: str | None, ident: str | None) -> None:
     """
     p = _prepared(config_path, file, ident)
     ld = p.loaded
-    done = call(bucket_jobs.add(ld.config, ld.secrets, p.spec, p.value))
+    done = call(jobops.add(ld.config, ld.secrets, p.spec, p.value))
     say(_done_line(done, p.spec))
 
 
@@ -89,7 +91,7 @@ def update(file: str, config_path: str | None, ident: str | None) -> None:
     """Replace the job of the state bucket named in FILE; exit 1 when there is none."""
     p = _prepared(config_path, file, ident)
     ld = p.loaded
-    done = call(bucket_jobs.update(ld.config, ld.secrets, p.spec, p.value, p.id_given))
+    done = call(jobops.update(ld.config, ld.secrets, p.spec, p.value, p.id_given))
     say(_done_line(done, p.spec))
 
 
@@ -143,10 +145,10 @@ def remove(name: str, config_path: str | None, ident: str | None) -> None:
         fail(EXIT_USAGE, f"{name} is a job of the config file: remove it there")
     if ident is not None:
         try:
-            bucket_jobs.external_id(ident, "--id")
+            external_id(ident, "--id")
         except ConfigError as exc:
             fail(EXIT_USAGE, str(exc))
-    done = call(bucket_jobs.remove(ld.config, ld.secrets, name, ident))
+    done = call(jobops.remove(ld.config, ld.secrets, name, ident))
     say(f"{done.name}: removed from the state bucket (id {printable(done.id)})")
 
 
@@ -156,7 +158,7 @@ def remove(name: str, config_path: str | None, ident: str | None) -> None:
 def list_jobs(config_path: str | None, as_json: bool) -> None:
     """The jobs of the state bucket: id, who wrote them, and whether they run."""
     ld = load(config_path)
-    items = call(bucket_jobs.read_listing(ld.config, ld.secrets))
+    items = call(jobops.read_listing(ld.config, ld.secrets))
     if as_json:
         say([output.as_json(item) for item in items])
         return
@@ -173,7 +175,7 @@ def list_jobs(config_path: str | None, as_json: bool) -> None:
     sys.exit(0 if all(i["state"] == "run" for i in items) else EXIT_FAILED)
 
 
-def _done_line(done: bucket_jobs.Written, spec: bucket_jobs.BucketJob) -> str:
+def _done_line(done: Written, spec: BucketJob) -> str:
     what = {
         "created": "added to the state bucket: every sidecar runs it within about a second",
         "updated": "updated in the state bucket: every sidecar takes it up within about a second",

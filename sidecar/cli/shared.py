@@ -259,11 +259,11 @@ def any_job(ld: Loaded, name: str) -> tuple[Loaded, JobConfig]:
     where = "in the config or in the state bucket"
     if not JOB_NAME.fullmatch(name):  # no key can have that name: nothing to ask NATS
         unknown_job(name, ld.config.job_names, where)
-    from sidecar.admin import bucket_jobs  # a job of the file needs none of it
+    from sidecar.ops import jobops  # a job of the file needs none of it
 
     async def lookup() -> tuple[JobConfig | None, tuple[str, ...] | None]:
         try:
-            return await bucket_jobs.read_job(ld.config, ld.secrets, name)
+            return await jobops.read_job(ld.config, ld.secrets, name)
         except ConnectError:  # a typo is still a usage error (exit 2), said as such
             return None, None
 

@@ -15,8 +15,8 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from sidecar.admin.bucket_jobs import listing, with_bucket_jobs, with_sources
 from sidecar.admin.everyview import of_runs
+from sidecar.admin.jobcheck import listing, with_bucket_jobs, with_sources
 from sidecar.admin.jobfilter import Selection, named, select
 from sidecar.admin.objects import Recent, fleet_object, read_recent, running, stream_object
 from sidecar.config.load import Config

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from nats.js import JetStreamContext
 
-from sidecar.admin.bucket_jobs import job_key
+from sidecar.admin.jobcheck import job_key
 from sidecar.config.load import Config, Secrets
 from sidecar.core.errors import CasConflict, ForgetRefused, StreamNotFound
 from sidecar.fleet.orphans import PER_JOB, job_of, run_by

@@ -23,20 +23,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.admin.bucket_jobs import (
-    BucketJob,
-    canonical,
-    count_jobs,
-    create_job,
-    job_key,
-    prepare,
-    state_kv,
-    stored_job,
-)
+from sidecar.admin.jobcheck import BucketJob, canonical, job_key
+from sidecar.admin.jobwrite import count_jobs, create_job, prepare, stored_job
 from sidecar.config.fields import read_capped, short
 from sidecar.config.model import Config, Secrets
 from sidecar.config.yamlfile import load as load_yaml
 from sidecar.core.errors import CasConflict, ConfigError
+from sidecar.ops.jobops import state_kv
 from sidecar.store.kv import create_or_update
 
 # An import file at most: 100,000 jobs of a few hundred bytes each.

@@ -23,7 +23,7 @@ from typing import Any
 import nats
 import pytest
 
-from sidecar.admin.bucket_jobs import parse_bucket_job
+from sidecar.admin.jobcheck import parse_bucket_job
 from sidecar.config.load import ConfigError, parse_config
 from tests.admin.test_bucket_jobs import TOKEN, YEARLY, job_file, post, put_key, taken_up
 from tests.support import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar.admin.bucket_jobs import judge
+from sidecar.admin.jobcheck import judge
 from sidecar.config.load import parse_config
 from sidecar.config.model import Config
 

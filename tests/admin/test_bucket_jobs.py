@@ -23,7 +23,7 @@ import nats
 import pytest
 import yaml
 
-from sidecar.admin.bucket_jobs import judge, parse_bucket_job
+from sidecar.admin.jobcheck import judge, parse_bucket_job
 from sidecar.config.load import Config, ConfigError, parse_config
 from tests.support import (
     NatsServer,

@@ -8,7 +8,7 @@ update and remove such jobs are in tests/admin/test_bucket_jobs.py.
 
 from __future__ import annotations
 
-from sidecar.admin import bucket_jobs, jobkeys
+from sidecar.admin import jobcheck, jobkeys
 from sidecar.admin.jobkeys import JobKeys
 from sidecar.cli.daemon import Daemon
 from sidecar.config.load import Secrets, parse_config
@@ -78,7 +78,7 @@ async def test_after_stop_a_job_key_makes_nothing() -> None:
 
 def test_the_front_names_keys_and_origins_as_the_runner_does() -> None:
     assert (jobkeys.PREFIX, jobkeys.FILE, jobkeys.BUCKET) == (
-        bucket_jobs.PREFIX,
-        bucket_jobs.FILE,
-        bucket_jobs.BUCKET,
+        jobcheck.PREFIX,
+        jobcheck.FILE,
+        jobcheck.BUCKET,
     )

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sidecar.admin.bucket_jobs import parse_bucket_job
+from sidecar.admin.jobcheck import parse_bucket_job
 from sidecar.config.calendars import MAX_CALENDAR_FILE
 from sidecar.config.load import ConfigError, load_config, parse_config
 from sidecar.store.state import job_hash

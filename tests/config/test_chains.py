@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sidecar.admin.bucket_jobs import parse_bucket_job
+from sidecar.admin.jobcheck import parse_bucket_job
 from sidecar.config.load import ConfigError, parse_config
 from sidecar.config.model import AfterConfig
 from tests.support import run_cli

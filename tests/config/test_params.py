@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sidecar.admin.bucket_jobs import parse_bucket_job
+from sidecar.admin.jobcheck import parse_bucket_job
 from sidecar.config import params
 from sidecar.config.load import ConfigError, JobConfig, parse_config
 from tests.support import ROOT, run_cli

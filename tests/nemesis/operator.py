@@ -13,7 +13,7 @@ instant 1.5 to 5 s ahead, off the schedule) and cancels some (``cancel-at``,
 most often right after an ``at``: the next to come, at a moment from 0.3 s
 before its instant to 0.8 s after, the race a cancel can lose), and
 adds, updates and removes a job of the state bucket, ``rt`` (``job-add``,
-``job-update``, ``job-remove``, sidecar/admin/bucket_jobs.py). What each was
+``job-update``, ``job-remove``, sidecar/ops/jobops.py). What each was
 asked with (the instant, the job's settings) goes to ``params`` in
 ``skipops.jsonl`` before the command is sent, so a command that got no answer is
 still known; the checker's ``check_at`` and ``check_runtime`` judge them.
@@ -201,27 +201,28 @@ class Operator:
         return {"slot": slot, "gone": [r.slot for r in gone], "too_late": [r.slot for r in late]}
 
     async def _job(self, action: str) -> Any:
-        from sidecar.admin import bucket_jobs
-        from sidecar.core.errors import SidecarError
+        from sidecar.admin.jobwrite import prepare
+        from sidecar.core.errors import BucketJobRefused, SidecarError
+        from sidecar.ops import jobops
 
         c, s = self.config, self.secrets
         max_late = f"{round(c.job(OPERATED).max_late * 1000)}ms"
         try:
             if action == "job-remove":
                 self._params = {"job": RUNTIME}
-                done = await bucket_jobs.remove(c, s, RUNTIME, None)
+                done = await jobops.remove(c, s, RUNTIME, None)
                 self._live = False
             else:
                 self._version += action == "job-update"
                 data = runtime_job(max_late, self._version)
                 self._params = {"job": RUNTIME, "definition": data}
-                spec, value = bucket_jobs.prepare(c, data, None, "operator")
+                spec, value = prepare(c, data, None, "operator")
                 if action == "job-add":
-                    done = await bucket_jobs.add(c, s, spec, value)
+                    done = await jobops.add(c, s, spec, value)
                 else:
-                    done = await bucket_jobs.update(c, s, spec, value, False)
+                    done = await jobops.update(c, s, spec, value, False)
                 self._live = True
-        except bucket_jobs.BucketJobRefused as exc:
+        except BucketJobRefused as exc:
             # add: it is there (other settings); update, remove: it is not there.
             self._live = action == "job-add" or not exc.missing
             return {"what": "refused", "why": str(exc)[:200]}

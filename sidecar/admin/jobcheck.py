@@ -1,0 +1,216 @@
+"""A ``job.<name>`` key of the state bucket checked: what a job of the bucket may be.
+
+A key ``job.<name>`` holds one job as JSON: the same mapping as an entry of
+``jobs:`` plus ``id`` (the caller's external id: adding the same job with the
+same id again changes nothing) and ``by``/``at`` (who wrote it, when). It is
+parsed by the config's own parser (``parse_job``, ``check_windows``,
+``check_fit``) with the file's ``target`` and ``defaults``, and three more
+rules, because whoever can write the bucket is not whoever wrote the file
+(SECURITY.md): the target is the file's (no ``request.url``), no ``ping``
+(its URL would be anywhere), and no header the file's ``target.headers``
+sets (the app's credentials stay the file's).
+
+The daemon's take-up (sidecar/admin/bucket_jobs.py), the writes
+(sidecar/admin/jobwrite.py) and ``status``/``job list`` judge a key here alike:
+``judge``, the cap (``beyond_cap``) and the ``listing`` of every key with its state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.config.bucketrules import check_headers, check_name_length, check_value_size
+from sidecar.config.fields import short, shown_text, type_name
+from sidecar.config.job_entry import (
+    JOB_KEYS,
+    check_fit,
+    check_windows,
+    parse_claim,
+    parse_job,
+)
+from sidecar.config.keys import ConfigSection
+from sidecar.config.model import Config, JobConfig
+from sidecar.core.errors import ConfigError
+from sidecar.store.state import View
+
+PREFIX = "job."
+FILE, BUCKET = "file", "bucket"
+# Keys of a stored job that are not the job's: the external id, who and when.
+META_KEYS = ("id", "by", "at")
+MAX_ID = 200
+
+
+def job_key(name: str) -> str:
+    return f"{PREFIX}{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class BucketJob:
+    """A valid job of the state bucket: the parsed job, its external id, its definition."""
+
+    job: JobConfig
+    id: str
+    # The stored mapping without by/at, as canonical JSON: equal means the same job.
+    canon: bytes  # canonical(): a digest of the definition
+
+
+def definition(value: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored mapping without ``by``/``at``: what makes two writes the same job."""
+    return {k: v for k, v in value.items() if k not in ("by", "at")}
+
+
+def canonical(value: Mapping[str, Any]) -> bytes:
+    """A digest of the job's definition (its sorted JSON): equal for the same job.
+    A digest, not the text: 100,000 jobs keep one each (issue 49)."""
+    text = json.dumps(definition(value), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def external_id(value: object, key: str) -> str:
+    """A job's id: 1 to MAX_ID characters, shown as they are (no control or bidi ones)."""
+    if not isinstance(value, str) or not value or len(value) > MAX_ID:
+        raise ConfigError(key, f"expected an id of 1 to {MAX_ID} characters, got {short(value)}")
+    return shown_text(value, key, MAX_ID)
+
+
+def parse_bucket_job(config: Config, value: object, path: str) -> BucketJob:
+    """A job of the state bucket (or of `job add`'s file), checked as the config's jobs
+    are, plus the bucket's own rules; ConfigError naming the key's path."""
+    if not isinstance(value, dict):
+        raise ConfigError(path, f"expected a map (a job as in jobs:), got {type_name(value)}")
+    limits = config.bucket_jobs
+    # First the size, so that a huge value costs no parsing.
+    check_value_size(limits, value, path)
+    data = {k: v for k, v in value.items() if k not in META_KEYS}
+    sec = ConfigSection(data, path, JOB_KEYS)
+    if sec.has("ping"):
+        raise ConfigError(
+            sec.key("ping"),
+            "a job of the state bucket cannot set ping (its URL could be anywhere); "
+            "defaults.ping of the config file applies",
+        )
+    if sec.has("after"):
+        raise ConfigError(
+            sec.key("after"),
+            "a job of the state bucket cannot run after another job (chains are "
+            "checked for cycles across the config file's jobs): give it a schedule",
+        )
+    request = data.get("request")
+    if isinstance(request, dict):
+        if request.get("url") is not None:
+            raise ConfigError(
+                f"{path}.request.url",
+                "a job of the state bucket calls the config file's target: "
+                "choose method, path, headers and body only",
+            )
+        extra = request.get("headers")
+        if isinstance(extra, dict):
+            check_headers(extra, f"{path}.request.headers")
+            fixed = {name.lower() for name in config.target.headers}
+            for name in extra:
+                if isinstance(name, str) and name.lower() in fixed:
+                    raise ConfigError(
+                        f"{path}.request.headers.{name}",
+                        "set by target.headers in the config file; a job of the state "
+                        "bucket cannot replace it",
+                    )
+    defaults = ConfigSection(dict(config.defaults), "defaults", ("ping", "claim"))
+    job = parse_job(sec, config.target, defaults, parse_claim(defaults), config.calendars)
+    check_name_length(limits, job.name, path)
+    size = config.effective_history_size
+    if job.history_size is not None and job.history_size > size:
+        raise ConfigError(
+            sec.key("history_size"),
+            f"at most the stream's history size {size} (set by the config file)",
+        )
+    check_windows(config, job, path, size)
+    check_fit(job, config.nats.ack_timeout, path)
+    ident = external_id(value.get("id", job.name), f"{path}.id")
+    return BucketJob(job, ident, canonical({**data, "id": ident}))
+
+
+def judge(config: Config, key: str, value: object) -> BucketJob:
+    """The job of the key ``job.<name>`` holding `value`; ConfigError when it is none."""
+    bucket_job = parse_bucket_job(config, value, key)
+    name = key[len(PREFIX) :]
+    if bucket_job.job.name != name:
+        raise ConfigError(f"{key}.name", f"must be the key's name {name!r}")
+    return bucket_job
+
+
+def beyond_cap(view: View, cap: int) -> set[str]:
+    """The names of the ``job.`` keys beyond `cap` (``bucket_jobs.max_jobs``): the
+    latest written, by revision, which every sidecar's view holds alike."""
+    keys = view.keys
+    names = [k for k in keys if k.startswith(PREFIX)]
+    if len(names) <= cap:
+        return set()
+    names.sort(key=lambda k: keys[k].revision)
+    return {k[len(PREFIX) :] for k in names[cap:]}
+
+
+def listing(
+    config: Config, view: View, file_names: frozenset[str] | None = None
+) -> list[dict[str, Any]]:
+    """Every ``job.<name>`` key of `view`: name, id, state (``run``, ``shadowed`` by the
+    file, ``invalid``, beyond the cap included) and why, as ``status`` and ``job list``
+    show them."""
+    out = []
+    beyond = beyond_cap(view, config.bucket_jobs.max_jobs)
+    for key in sorted(k for k in view.keys if k.startswith(PREFIX)):
+        name = key[len(PREFIX) :]
+        value = view.keys[key].value
+        item: dict[str, Any] = {
+            "name": name,
+            "id": value.get("id"),
+            "by": value.get("by"),
+            "at": value.get("at"),
+            "state": "run",
+            "problem": None,
+        }
+        if name in (config.job_names if file_names is None else file_names):
+            item["state"] = "shadowed"
+            item["problem"] = "the config file has a job of this name; the file's job runs"
+        elif name in beyond:
+            item["state"] = "invalid"
+            item["problem"] = (
+                f"beyond bucket_jobs.max_jobs ({config.bucket_jobs.max_jobs}): written "
+                "after the most jobs the config file allows"
+            )
+        else:
+            try:
+                judge(config, key, value)
+            except ConfigError as exc:
+                item["state"] = "invalid"
+                item["problem"] = str(exc)
+        out.append(item)
+    return out
+
+
+def with_bucket_jobs(config: Config, view: View) -> Config:
+    """`config` with the valid, unshadowed jobs of the bucket after the file's (status)."""
+    extra = []
+    for item in listing(config, view):
+        if item["state"] == "run":
+            key = job_key(item["name"])
+            extra.append(judge(config, key, view.keys[key].value).job)
+    return dataclasses.replace(config, jobs=(*config.jobs, *extra))
+
+
+def with_sources(
+    obj: dict[str, Any], file_names: tuple[str, ...], items: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """``status``: each job's ``source`` (file or bucket) and ``id``, and every job key
+    of the bucket with its state (``bucket_jobs``)."""
+    ids = {item["name"]: item["id"] for item in items}
+    for job in obj.get("jobs") or []:
+        name = job.get("name")
+        job["source"] = FILE if name in file_names else BUCKET
+        job["id"] = None if name in file_names else ids.get(name)
+    obj["bucket_jobs"] = items
+    return obj
