@@ -3,9 +3,11 @@
 What is shown lives in `sidecar/cli/output.py`, what is done in `sidecar/ops/streamops.py`
 (one-shot commands) and `sidecar/cli/daemon.py` (`run`); loading, failing and the
 exit codes every command shares in `sidecar/cli/shared.py`. The group and `run`
-are here, every other command in `sidecar/cli/commands.py`, imported by the
-first of them asked for (``LATER``): `run` leaves their code unloaded. A new
-command goes there, gets its line in ``LATER``, and takes
+are here, every other command in `sidecar/cli/commands.py` (or
+`sidecar/cli/calendar_commands.py`, `job_commands.py`, `forget_command.py`),
+imported by the first of them asked for (``LATER``): `run` leaves their code
+unloaded. A new command goes into the module of its kind, gets its line in
+``LATER``, and takes
 ``job_argument``/``config_option``, then ``ld = load(config_path)`` (or
 ``ld, spec = any_job(load(config_path), job)`` when it names a job), ``result =
 call(streamops.something(ld.config, ld.secrets, ...))`` and
@@ -38,12 +40,12 @@ LATER = {
     "last-run": ("sidecar.cli.commands", "last_run"),
     "run-now": ("sidecar.cli.commands", "run_now"),
     "stream": ("sidecar.cli.commands", "stream"),
-    "pause": ("sidecar.cli.commands", "pause"),
-    "resume": ("sidecar.cli.commands", "resume"),
-    "skip": ("sidecar.cli.commands", "skip"),
-    "unskip": ("sidecar.cli.commands", "unskip"),
-    "backfill": ("sidecar.cli.commands", "backfill"),
-    "at": ("sidecar.cli.commands", "at_command"),
+    "pause": ("sidecar.cli.calendar_commands", "pause"),
+    "resume": ("sidecar.cli.calendar_commands", "resume"),
+    "skip": ("sidecar.cli.calendar_commands", "skip"),
+    "unskip": ("sidecar.cli.calendar_commands", "unskip"),
+    "backfill": ("sidecar.cli.calendar_commands", "backfill"),
+    "at": ("sidecar.cli.calendar_commands", "at_command"),
     "status": ("sidecar.cli.commands", "status"),
     "forget": ("sidecar.cli.forget_command", "forget"),
     "demo": ("sidecar.cli.commands", "demo"),

@@ -1,6 +1,6 @@
 """The slots of a time range a backfill runs: the job's calendar, at most MAX_SLOTS.
 
-Pure: the ``backfill`` command (sidecar/cli/commands.py) asks for them, then
+Pure: the ``backfill`` command (sidecar/cli/calendar_commands.py) asks for them, then
 sidecar/ops/skipops.py writes them to ``backfill.<job>``; the sidecars refuse
 a value holding more (sidecar/run/backfillcheck.py).
 """

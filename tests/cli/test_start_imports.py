@@ -43,6 +43,7 @@ NOT_AT_START = (
     "sidecar.run.overlapcheck",
     "sidecar.run.runcap",
     "sidecar.cli.commands",
+    "sidecar.cli.calendar_commands",
     "sidecar.cli.job_commands",
     "sidecar.cli.output",
     "sidecar.admin.bucket_jobs",
