@@ -26,7 +26,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from sidecar.admin.objects import TAIL_MAX, TAIL_PER_JOB, Recent, nothing_to_read, read_pass
+from sidecar.admin.recent import TAIL_MAX, TAIL_PER_JOB, Recent, nothing_to_read, read_pass
 from sidecar.core.backoff import Backoff
 from sidecar.core.tasks import TaskSet
 from sidecar.when.attempts import lease_job

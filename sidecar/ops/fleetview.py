@@ -18,7 +18,8 @@ from nats.js.errors import NotFoundError
 from sidecar.admin.everyview import of_runs
 from sidecar.admin.jobcheck import listing, with_bucket_jobs, with_sources
 from sidecar.admin.jobfilter import Selection, named, select
-from sidecar.admin.objects import Recent, fleet_object, read_recent, running, stream_object
+from sidecar.admin.objects import fleet_object, running, stream_object
+from sidecar.admin.recent import Recent, read_recent
 from sidecar.config.load import Config
 from sidecar.core.wire import EVERY
 from sidecar.store.bucketcheck import check_bucket

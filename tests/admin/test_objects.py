@@ -1,4 +1,4 @@
-"""The fleet's data for people (sidecar/admin/objects.py): the recent runs kept per job.
+"""The recent runs kept per job (sidecar/admin/recent.py): what status and the page show.
 
 Pure logic fed with stored messages as the stream gives them; the objects
 built from it are checked against real sidecars in test_page.py.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sidecar.admin.objects import STRIP, Recent, consecutive_failures
+from sidecar.admin.recent import STRIP, Recent, consecutive_failures
 
 
 def claim(job: str, slot: int, token: str, **extra: Any) -> bytes:

@@ -23,6 +23,7 @@ NOT_AT_START = (
     "sidecar.admin.page",
     "sidecar.admin.pagecache",
     "sidecar.admin.objects",
+    "sidecar.admin.recent",
     "sidecar.admin.live",
     "sidecar.admin.sessions",
     "sidecar.admin.actions",
