@@ -1,7 +1,8 @@
 """The fleet page's routes: HTML pages, ``/api/v1/...`` JSON, events, and actions.
 
 Read (GET, anyone who reaches the admin port):
-  ``/``, ``/jobs/<job>[?before=&limit=]``: the pages (sidecar/admin/page.py);
+  ``/``, ``/jobs/<job>[?before=&limit=]``: the pages (sidecar/admin/page.py,
+  sidecar/admin/jobpage.py);
   ``/api/v1/jobs``, ``/api/v1/jobs/<job>``, ``/api/v1/jobs/<job>/runs?limit=&before=``,
   ``/api/v1/fleet``: JSON built by sidecar/admin/objects.py, as ``status --json``;
   ``/api/v1/events``: server-sent events (sidecar/admin/live.py);
@@ -36,7 +37,7 @@ from urllib.parse import parse_qs, unquote
 
 from nats.js import JetStreamContext
 
-from sidecar.admin import page
+from sidecar.admin import jobpage, markup, page
 from sidecar.admin.actions import (
     ManualRuns,
     complete_action,
@@ -172,7 +173,7 @@ class PageApp:
             try:
                 return _html(200, await self._index(req))
             except ValueError as exc:
-                said = page.message("Not a job filter", str(exc))
+                said = markup.message("Not a job filter", str(exc))
                 return _html(400, self._wrap(req, "Bad request", said))
         if parts == ["favicon.ico"]:
             parts = ["static", "icon.svg"]
@@ -181,7 +182,7 @@ class PageApp:
             return Answer(200, ctype, body, (*SECURITY[:-1], ("Cache-Control", "max-age=300")))
         if parts[:1] == ["jobs"] and len(parts) == 2:
             if parts[1] not in self.jobs:
-                return _html(404, self._wrap(req, "Not found", page.message("No such job", "")))
+                return _html(404, self._wrap(req, "Not found", markup.message("No such job", "")))
             return _html(200, await self._job_page(req, parts[1], q))
         if parts[:1] == ["fragment"]:
             return await self._fragment(req, parts[1:], q)
@@ -216,7 +217,7 @@ class PageApp:
     def _wrap(self, req: Request, title: str, body: str) -> str:
         who = self.sessions.who(req)
         csrf = self.sessions.csrf(req) if who else self.sessions.login_csrf()
-        return page.layout(title, body, who, csrf, self.tokens.enabled)
+        return markup.layout(title, body, who, csrf, self.tokens.enabled)
 
     async def _index(self, req: Request) -> str:
         sel = _selection(parse_qs(req.query))  # ValueError: a 400 (_get)
@@ -246,7 +247,7 @@ class PageApp:
         try:  # NATS down: the runs read last, else none; at once either way
             body = await self._job_body(req, name, limit, before)
         except SidecarError:
-            body = page.message(name, "Its runs are read from the stream, out of reach now.")
+            body = markup.message(name, "Its runs are read from the stream, out of reach now.")
         return self._wrap(req, title, page.UNREACHABLE + body)
 
     async def _job_body(self, req: Request, name: str, limit: int, before: int | None) -> str:
@@ -256,9 +257,9 @@ class PageApp:
         data = self.data.job_data(name)
         csrf = self.sessions.csrf(req) if who else None
         if csrf:
-            forms = page.action_forms(name, csrf, self.secrets is not None)
-        forms += page.at_section(name, data.get("at_pending") or [], csrf)
-        return page.job_page(
+            forms = jobpage.action_forms(name, csrf, self.secrets is not None)
+        forms += jobpage.at_section(name, data.get("at_pending") or [], csrf)
+        return jobpage.job_page(
             data,
             runs["runs"],
             runs["next_before"],
@@ -329,7 +330,7 @@ class PageApp:
         status, result = await self._act(job, action, who, req.peer, form, via)
         if api:
             return _json(status, result)
-        location = page.job_href(job) + ("" if status < 300 else "?error=1")
+        location = markup.job_href(job) + ("" if status < 300 else "?error=1")
         return Answer(303, "text/plain; charset=utf-8", b"", (*SECURITY, ("Location", location)))
 
     async def _bucket_job(self, req: Request, name: str, action: str) -> Answer:
@@ -479,9 +480,9 @@ class PageApp:
             return _json(403, {"error": "bad or missing CSRF token; reload the page"})
         name = self.tokens.who(form.get("token", ""))
         if name is None:
-            body = page.message("Sign-in refused", "That token is not in admin.token_file.")
+            body = markup.message("Sign-in refused", "That token is not in admin.token_file.")
             login = self.sessions.login_csrf()
-            return _html(401, page.layout("Sign-in refused", body, None, login, True))
+            return _html(401, markup.layout("Sign-in refused", body, None, login, True))
         cookie = self.sessions.set_cookie(name)
         log.info("fleet page: %s signed in from %s", name, req.peer)
         return Answer(

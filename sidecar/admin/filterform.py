@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from sidecar.admin.jobfilter import DEFAULT_LIMIT, Selection
-from sidecar.admin.page import e
+from sidecar.admin.markup import e
 
 
 def job_filter(sel: Selection, picked: dict[str, Any], total: int) -> str:

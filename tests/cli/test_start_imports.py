@@ -21,6 +21,8 @@ from tests.support import ROOT, sidecar_env
 NOT_AT_START = (
     "sidecar.admin.api",
     "sidecar.admin.page",
+    "sidecar.admin.jobpage",
+    "sidecar.admin.markup",
     "sidecar.admin.pagecache",
     "sidecar.admin.objects",
     "sidecar.admin.recent",
