@@ -105,6 +105,9 @@ class BucketJobs:
         self._changed_set = False
         # Jobs taken up in this round and not yet registered (``_flush``).
         self._batch: list[tuple[BucketJob, int]] = []
+        # Per job put again with new settings in this round: the slot its old walk
+        # waited for, where the new walk goes on from (``Jobs.start``'s `resume`).
+        self._resume: dict[str, int] = {}
         self._wake = asyncio.Event()
         # The worker taking up changes and the presence put at once (``stop``).
         self.tasks = TaskSet("bucket jobs", say=False)
@@ -269,6 +272,8 @@ class BucketJobs:
             await self._retire(name, current, replaced=spec is not None)
         if spec is not None and not self.jobs.stopping.is_set():
             self._adopt(spec, revision)
+        else:
+            self._resume.pop(name, None)
 
     def _adopt(self, spec: BucketJob, revision: int) -> None:
         """Take the job up with the next batch (``_flush``, before anything awaits)."""
@@ -281,7 +286,7 @@ class BucketJobs:
         self._register([spec.job for spec, _ in batch])
         for spec, revision in batch:
             job = spec.job
-            self.jobs.start(job)
+            self.jobs.start(job, self._resume.pop(job.name, None))
             self.running[job.name] = _Running(spec, revision, job_hash(job))
             self._judged.pop(job.name, None)  # the running entry says it now
             log.info(
@@ -295,8 +300,12 @@ class BucketJobs:
     async def _retire(self, name: str, current: _Running, replaced: bool) -> None:
         """End the job's loop between two claims; its runs in flight go on (``runs``)."""
         assert self.jobs is not None
-        await self.jobs.retire(name)
+        resume = await self.jobs.retire(name)
         del self.running[name]
+        if replaced and resume is not None:
+            # A slot whose time came while its jitter had not is handled by the
+            # new walk, not dropped (sidecar/run/timetable.py ``start``).
+            self._resume[name] = resume
         if not replaced:
             self._unregister(name)
             # 0: "no next run", which the alert rules leave out (`> 0`).

@@ -179,15 +179,17 @@ class Jobs:
         slot = self.timetable.next_slot(job.name)
         return slot if slot is not None else job.schedule.next_slot(self.clock.wall_ms())
 
-    def start(self, job: JobConfig) -> None:
+    def start(self, job: JobConfig, resume: int | None = None) -> None:
         """Walk the job's schedule on the one timer (sidecar/run/timetable.py) until
-        stop, or ``retire``."""
-        self.timetable.start(job)
+        stop, or ``retire``; `resume`: the slot a retired walk of it waited for
+        (``Timetable.start``)."""
+        self.timetable.start(job, resume)
 
-    async def retire(self, name: str) -> None:
+    async def retire(self, name: str) -> int | None:
         """End job `name`'s walk alone, between two slots (a job removed from the state
-        bucket: sidecar/admin/bucket_jobs.py); its runs in flight go on, in ``runs``."""
-        await self.timetable.retire(name)
+        bucket or put again: sidecar/admin/bucket_jobs.py); its runs in flight go on,
+        in ``runs``. The slot it waited for and did not handle (``start``'s `resume`)."""
+        return await self.timetable.retire(name)
 
     @property
     def loops(self) -> TaskSet:

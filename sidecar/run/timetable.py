@@ -11,8 +11,10 @@ the other, in order, as its own loop handled them before.
 What each slot goes through is unchanged (docs/GUARANTEES.md): fired at the slot
 plus a random jitter in [0, jitter]; skipped `late` past max_late; not claimed
 after end_at or with max_runs reached (the slots pass unclaimed, said once);
-a job of the state bucket removed ("retired") ends between two slots; on stop,
-a slot whose time had come but whose jitter had not is counted ``shutdown``.
+a job of the state bucket removed ("retired") ends between two slots, and one
+put again with new settings goes on from the slot its old walk waited for (a
+slot whose time had come, not its jitter, is not dropped); on stop, a slot
+whose time had come but whose jitter had not is counted ``shutdown``.
 """
 
 from __future__ import annotations
@@ -97,12 +99,23 @@ class Timetable:
         self.tasks = TaskSet("a job loop", say=False)
         self._runner: asyncio.Task[None] | None = None
 
-    def start(self, job: JobConfig) -> None:
-        """Walk `job`'s schedule until stop, or until ``retire(job.name)``."""
+    def start(self, job: JobConfig, resume: int | None = None) -> None:
+        """Walk `job`'s schedule until stop, or until ``retire(job.name)``.
+
+        `resume`: the slot the job's previous walk waited for and did not handle
+        (what ``retire`` returned: a job of the state bucket put again with new
+        settings). A slot of the new schedule at or after it whose time has come
+        is still handled (fired at once, within its max_late): the old walk was
+        ended between that slot's time and its jitter, and a walk begun after
+        "now" would drop it on every sidecar whose jitter had not come, a slot
+        then claimed by nobody and recorded nowhere.
+        """
         if self._runner is None:
             self._runner = self.side_tasks.spawn(self.timer.run())
         m = self.metrics
-        walk = Walk(job, job.schedule.next_slot(self.clock.wall_ms()))
+        now = self.clock.wall_ms()
+        after = now if resume is None or resume > now else resume - 1
+        walk = Walk(job, job.schedule.next_slot(after))
         self.walks[job.name] = walk
         if job.after is not None:  # no slots: its runs follow another job's (chains.py)
             m.job_next_run_timestamp_seconds.labels(job=job.name).set(0)
@@ -116,19 +129,23 @@ class Timetable:
         walk = self.walks.get(name)
         return walk.slot if walk is not None else None
 
-    async def retire(self, name: str) -> None:
+    async def retire(self, name: str) -> int | None:
         """End job `name`'s walk alone, between two slots (a job removed from the state
-        bucket): at once, or once the slot in hand is handled. Its runs in flight go
-        on (``Jobs.runs``)."""
+        bucket, or put again): at once, or once the slot in hand is handled. Its runs
+        in flight go on (``Jobs.runs``). Returns the slot the walk waited for and did
+        not handle (``start``'s `resume`), None when it had no walk or none to wait for."""
         walk = self.walks.get(name)
         if walk is None:
-            return
+            return None
         walk.retired = True
-        if not walk.firing:
+        if walk.firing:
+            walk.done = asyncio.get_running_loop().create_future()
+            await walk.done
+        else:
             self._end(walk)
-            return
-        walk.done = asyncio.get_running_loop().create_future()
-        await walk.done
+        # A walk that ended for max_runs or end_at (``over``), or that follows
+        # another job (``after``: no slots of its own), has no slot to go on from.
+        return None if walk.over or walk.job.after is not None else walk.slot
 
     def wake(self) -> None:
         """On stop: end every walk (those handling a slot, once it is handled)."""
