@@ -17,9 +17,9 @@ Act (POST, only with ``admin.token_file``; without it every POST is 403):
   start (a restart signs everyone out) and name the token, never hold it.
 
 What is shown is built and kept current by sidecar/admin/pagecache.py, who is
-signed in is sidecar/admin/sessions.py's business; this module routes, acts and
-answers. Big answers are compressed in a thread for the browsers that
-accept gzip.
+signed in is sidecar/admin/sessions.py's business, what a job is asked to do
+sidecar/admin/jobacts.py's; this module routes and answers. Big answers are
+compressed in a thread for the browsers that accept gzip.
 """
 
 from __future__ import annotations
@@ -29,41 +29,28 @@ import gzip
 import hmac
 import json
 import logging
-import secrets
 import time
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote
 
 from nats.js import JetStreamContext
 
 from sidecar.admin import jobpage, markup, page
-from sidecar.admin.actions import (
-    ManualRuns,
-    complete_action,
-    drop_action,
-    pause,
-    record_action,
-    resume,
-    skip_detail,
-)
-from sidecar.admin.atacts import act as at_act
-from sidecar.admin.filterform import job_filter, next_jobs
-from sidecar.admin.jobfilter import DEFAULT_LIMIT, MAX_LIMIT, Selection, check_glob
+from sidecar.admin.actions import ManualRuns
+from sidecar.admin.filterform import job_filter, next_jobs, selection_of
+from sidecar.admin.jobacts import ACTIONS, JobActs
 from sidecar.admin.jobwrite import API_ACTIONS, api_action
 from sidecar.admin.live import Live
 from sidecar.admin.pagecache import PageData
 from sidecar.admin.server import Answer, Request, Stream
 from sidecar.admin.sessions import Sessions
-from sidecar.admin.skipwrite import skip as skip_runs
 from sidecar.admin.tokens import TokenFile
-from sidecar.config.fields import MAX_REASON, shown_text, whole
-from sidecar.config.instants import until_of
+from sidecar.config.fields import whole
 from sidecar.config.load import Config, Secrets
-from sidecar.core.clock import Clock, rfc3339
-from sidecar.core.errors import ConfigError, SidecarError, StreamError
+from sidecar.core.clock import Clock
+from sidecar.core.errors import SidecarError
 from sidecar.obs.exposition import RENDER_SLICE
-from sidecar.when.pauses import MAX_SKIP
 
 if TYPE_CHECKING:
     from sidecar.admin.jobkeys import JobKeys
@@ -93,7 +80,6 @@ STATIC = {
     "page.js": "text/javascript; charset=utf-8",
     "icon.svg": "image/svg+xml",
 }
-ACTIONS = ("run-now", "pause", "resume", "skip", "at", "cancel-at")
 
 
 def _json(status: int, data: object) -> Answer:
@@ -129,9 +115,8 @@ class PageApp:
         # Jobs of the state bucket (POST /api/v1/bucket-jobs/...), the daemon's.
         self.bucket_jobs = bucket_jobs
         self.data = PageData(config, fleet, guard, self.clock, self.live, bucket_jobs=bucket_jobs)
-        self.runs: ManualRuns | None = None
-        # ``skip`` writes with the CLI's own function, on its own connection.
-        self.secrets = job_secrets
+        # What the page's forms and the API do to a job (its run-now runs: ``attach``).
+        self.acts = JobActs(config, fleet, job_secrets)
         self._static = {
             name: (resources.files("sidecar").joinpath("static", name).read_bytes(), ctype)
             for name, ctype in STATIC.items()
@@ -139,7 +124,7 @@ class PageApp:
 
     def attach(self, js: JetStreamContext, runs: ManualRuns | None) -> None:
         self.data.js = js
-        self.runs = runs
+        self.acts.runs = runs
         self.live.attach(js)
 
     # ------------------------------------------------------------------ routes
@@ -191,7 +176,7 @@ class PageApp:
         rest = parts[2:]
         if rest == ["jobs"]:
             try:
-                jobs, picked = await self.data.selected(_selection(q))
+                jobs, picked = await self.data.selected(selection_of(q))
             except ValueError as exc:  # a parameter, named
                 return _json(400, {"error": str(exc)})
             return _json(200, {"jobs": jobs, "selection": picked})
@@ -220,7 +205,7 @@ class PageApp:
         return markup.layout(title, body, who, csrf, self.tokens.enabled)
 
     async def _index(self, req: Request) -> str:
-        sel = _selection(parse_qs(req.query))  # ValueError: a 400 (_get)
+        sel = selection_of(parse_qs(req.query))  # ValueError: a 400 (_get)
         jobs, picked = await self.data.selected(sel)
         rows = []
         since = time.perf_counter()
@@ -257,7 +242,7 @@ class PageApp:
         data = self.data.job_data(name)
         csrf = self.sessions.csrf(req) if who else None
         if csrf:
-            forms = jobpage.action_forms(name, csrf, self.secrets is not None)
+            forms = jobpage.action_forms(name, csrf, self.acts.secrets is not None)
         forms += jobpage.at_section(name, data.get("at_pending") or [], csrf)
         return jobpage.job_page(
             data,
@@ -327,7 +312,7 @@ class PageApp:
         if job not in self.jobs:
             return _json(404, {"error": f"no job named {job!r} in this sidecar's config"})
         via = "api" if api else "page"
-        status, result = await self._act(job, action, who, req.peer, form, via)
+        status, result = await self.acts.act(job, action, who, req.peer, form, via)
         if api:
             return _json(status, result)
         location = markup.job_href(job) + ("" if status < 300 else "?error=1")
@@ -348,129 +333,6 @@ class PageApp:
             self.config, self.bucket_jobs.file_names, bucket.kv, name, action, req.body, who
         )
         return _json(status, result)
-
-    async def _act(
-        self, job: str, action: str, who: str, peer: str, form: dict[str, str], via: str
-    ) -> tuple[int, dict[str, Any]]:
-        """Check the request, record the act, do it; an act is either done and recorded,
-        or neither, and the answer says which (``done``, ``recorded``)."""
-        not_done = {"done": False, "recorded": False}
-        bucket = self.fleet.bucket
-        if bucket is None:
-            return 503, {"error": "the state bucket is not open yet", **not_done}
-        try:  # refused, not cut: a cut reason or a hidden character misleads who reads it
-            reason = shown_text(form.get("reason", ""), "reason", MAX_REASON)
-        except ConfigError as exc:
-            return 400, {"error": str(exc), **not_done}
-        until: str | None = None
-        count = 1
-        found = self.jobs.get(job)
-        every = found is not None and found.run_on == "every"
-        if every and action in ("run-now", "at"):  # once for the fleet: not per instance
-            return 400, {"error": f"{action}: not for a job with run_on: every", **not_done}
-        # What is asked is checked before anything is written.
-        if action == "pause":
-            asked = form.get("until", "").strip() or None
-            if asked is not None:  # parsed as `pause --until` does: a time or a duration
-                try:
-                    until = rfc3339(until_of(asked, time.time()))
-                except ValueError as exc:
-                    return 400, {"error": f"until: {exc}", **not_done}
-            intent = reason + (f" (until {until})" if until else "")
-        elif action == "skip":
-            if self.secrets is None:
-                return 503, {"error": "skip is not available on this sidecar", **not_done}
-            try:
-                count = whole(form.get("count", "1") or "1")
-            except ValueError:
-                return 400, {"error": f"count: a whole number 1 to {MAX_SKIP}", **not_done}
-            if not 1 <= count <= MAX_SKIP:
-                return 400, {"error": f"count: must be 1 to {MAX_SKIP}, got {count}", **not_done}
-            intent = f"skip {count} run(s)" + (f": {reason}" if reason else "")
-        elif action == "run-now":
-            if self.runs is None:
-                return 503, {"error": "not connected to NATS yet", **not_done}
-            intent = "run"
-        elif action in ("at", "cancel-at"):  # one-off runs (sidecar/admin/atacts.py)
-            asked = form.get("time", "").strip()
-            intent = ("one-off run at " if action == "at" else "cancel one-off run(s) at ") + (
-                asked[:64] + (f": {reason}" if reason and action == "at" else "")
-            )
-        else:
-            intent = "resume"
-        at = rfc3339(time.time())
-        entry = {
-            "id": secrets.token_hex(8),
-            "at": at,
-            "by": who,
-            "action": action,
-            "from": peer,
-            "via": via,
-            "instance": self.config.instance_id,
-            "detail": intent,
-        }
-        try:
-            await record_action(bucket.kv, job, entry)
-        except StreamError as exc:
-            return 503, {"error": f"not done: {exc}", **not_done}
-        try:
-            status, detail, answer = await self._do(job, action, who, reason, until, count, form)
-        except Exception as exc:  # NATS away, a conflict: not done
-            log.warning("fleet page: %s %s by %s not done: %r", action, job, who, exc)
-            status, detail, answer = 503, intent, {"error": f"not done: {exc!r}"}
-        if status != 200:
-            try:
-                await drop_action(bucket.kv, job, entry["id"])
-            except StreamError as exc:
-                log.warning("fleet page: the record of %s %s not taken back: %s", action, job, exc)
-                answer["error"] += " (recorded as asked: its record could not be taken back)"
-                return status, {**answer, "done": False, "recorded": True}
-            return status, {**answer, **not_done}
-        if detail != intent:
-            try:
-                await complete_action(bucket.kv, job, entry["id"], detail)
-            except StreamError as exc:  # recorded as asked: the detail is what is missing
-                log.warning("fleet page: detail of %s %s not recorded: %s", action, job, exc)
-        log.info("fleet page: %s %s by %s from %s: %s", action, job, who, peer, detail)
-        result = {"job": job, "action": action, "by": who, **answer, "at": at}
-        return 200, {**result, "done": True, "recorded": True}
-
-    async def _do(
-        self,
-        job: str,
-        action: str,
-        who: str,
-        reason: str,
-        until: str | None,
-        count: int,
-        form: dict[str, str],
-    ) -> tuple[int, str, dict[str, Any]]:
-        """Do the act: (status, the record's detail, the answer's fields)."""
-        bucket = self.fleet.bucket
-        assert bucket is not None
-        if action in ("at", "cancel-at"):
-            return await at_act(bucket.kv, self.jobs.job(job), action, form, who)
-        if action == "pause":
-            value = await pause(bucket.kv, job, who, reason, until)
-            return 200, reason + (f" (until {until})" if until else ""), {"pause": value}
-        if action == "resume":
-            was = await resume(bucket.kv, job)
-            if was is None:
-                return 409, "", {"error": f"{job} was not paused"}
-            return 200, f"paused by {was.get('by', '?')} at {was.get('at', '?')}", {}
-        if action == "run-now":
-            assert self.runs is not None
-            token = await self.runs.start(job)
-            return 200, f"run {token}", {"run_id": token}
-        assert self.secrets is not None
-        try:  # the same write as `anarchon-sidecar skip`
-            added, left = await skip_runs(
-                self.config, self.secrets, self.jobs.job(job), count, who, reason
-            )
-        except ValueError as exc:
-            return 400, "", {"error": f"count: {exc}"}
-        # The slots' ids (epoch ms), as ``skip.<job>`` holds them.
-        return 200, skip_detail(added, reason), {"skipped": added, "skip_pending": left}
 
     def _login(self, req: Request, form: dict[str, str]) -> Answer:
         if not self.sessions.same_origin(req):
@@ -517,26 +379,6 @@ def _form(req: Request) -> dict[str, str]:
         return {str(k): str(v) for k, v in data.items() if isinstance(v, str | int | float)}
     fields = parse_qs(req.body.decode("utf-8", "replace"), keep_blank_values=True)
     return {k: v[0] for k, v in fields.items() if v}
-
-
-def _selection(q: dict[str, list[str]]) -> Selection:
-    """``?job=GLOB&job=...&problems=1&limit=N&after=NAME`` (docs/ADMIN.md); ValueError
-    naming the parameter when one is not what it may be."""
-    globs = tuple(g for v in q.get("job", []) for g in v.split(",") if g)
-    for glob in globs:
-        try:
-            check_glob(glob)
-        except ValueError as exc:
-            raise ValueError(f"job: {exc}") from None
-    try:
-        limit = whole(q["limit"][0]) if "limit" in q else DEFAULT_LIMIT
-    except ValueError:
-        raise ValueError("limit: a whole number") from None
-    if not 1 <= limit <= MAX_LIMIT:
-        raise ValueError(f"limit: from 1 to {MAX_LIMIT}")
-    after = q["after"][0] if q.get("after") else None
-    problems = q.get("problems", [""])[0] not in ("", "0", "false")
-    return Selection(globs, problems, limit, after)
 
 
 def _paging(q: dict[str, list[str]]) -> tuple[int, int | None]:

@@ -1,7 +1,8 @@
 """The fleet page's job filter: a glob, problems only, and the next page of jobs.
 
 With 100,000 jobs the page shows one page of them (sidecar/admin/jobfilter.py);
-this is the form above the table and the link below it (docs/ADMIN.md).
+this is the form above the table, its query read back (``selection_of``) and
+the link below it (docs/ADMIN.md).
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlencode
 
-from sidecar.admin.jobfilter import DEFAULT_LIMIT, Selection
+from sidecar.admin.jobfilter import DEFAULT_LIMIT, MAX_LIMIT, Selection, check_glob
 from sidecar.admin.markup import e
+from sidecar.config.fields import whole
 
 
 def job_filter(sel: Selection, picked: dict[str, Any], total: int) -> str:
@@ -46,3 +48,23 @@ def next_jobs(sel: Selection, picked: dict[str, Any]) -> str:
         query.append(("limit", str(sel.limit)))
     query.append(("after", after))
     return f'<p><a href="/?{e(urlencode(query))}" rel="next" id="next-jobs">Next jobs →</a></p>'
+
+
+def selection_of(q: dict[str, list[str]]) -> Selection:
+    """``?job=GLOB&job=...&problems=1&limit=N&after=NAME`` (docs/ADMIN.md); ValueError
+    naming the parameter when one is not what it may be."""
+    globs = tuple(g for v in q.get("job", []) for g in v.split(",") if g)
+    for glob in globs:
+        try:
+            check_glob(glob)
+        except ValueError as exc:
+            raise ValueError(f"job: {exc}") from None
+    try:
+        limit = whole(q["limit"][0]) if "limit" in q else DEFAULT_LIMIT
+    except ValueError:
+        raise ValueError("limit: a whole number") from None
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit: from 1 to {MAX_LIMIT}")
+    after = q["after"][0] if q.get("after") else None
+    problems = q.get("problems", [""])[0] not in ("", "0", "false")
+    return Selection(globs, problems, limit, after)

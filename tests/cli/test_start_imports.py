@@ -29,6 +29,7 @@ NOT_AT_START = (
     "sidecar.admin.live",
     "sidecar.admin.sessions",
     "sidecar.admin.actions",
+    "sidecar.admin.jobacts",
     "sidecar.ops.streamops",
     "sidecar.ops.skipops",
     "sidecar.admin.atacts",
