@@ -92,7 +92,7 @@ class NextRunGauge(Labelled[ShownGauge]):
     def placed(self, series: NextRun) -> None:
         """`series` (not shown) was set: shown if its time is near, else it waits."""
         value = series.value
-        if value <= 0:  # no next run: nothing to wait for
+        if not value > 0:  # no next run (0, or NaN): nothing to wait for
             return
         if value <= self.wall() + NEXT_RUN_HORIZON:
             series.show()
