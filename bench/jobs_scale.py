@@ -14,7 +14,10 @@ schedule and zone, none due for hours), then per size:
   marginal RSS per job between sizes;
 - **idle CPU** over IDLE_SECONDS (schedstat nanoseconds, a share of one core)
   and wake-ups per second, with no job due;
-- **/metrics**: its size and one scrape's time.
+- **/metrics**: its size, and scrapes timed from the request to the last byte
+  as Prometheus times them (``bench.scrapes``): one every 1.2 s from ready
+  until every job is taken up (the loop is busy judging the keys then), and
+  five once idle; the median and the max of each.
 
 Writes ``bench/results/jobs_scale.json`` and prints a table. With
 ``JOBS_PROFILE=FILE`` the sidecar of each size runs under cProfile, is stopped
@@ -31,7 +34,6 @@ import json
 import os
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ import nats
 from bench import runtime
 from bench.common import cpu_precise, machine, nats_server, rss_mib, wakeups, workdir, write_result
 from bench.footprint import ZONES, floor
+from bench.scrapes import CACHE_AGE, Scraper, idle, summary
 from sidecar.config.load import parse_config
 from sidecar.store.state import ensure_bucket, state_spec
 from tests.support import NatsServer
@@ -126,7 +129,7 @@ async def taken_up(server: NatsServer, bucket: str, instance: str = "scale-1") -
         await nc.close()
 
 
-def measure(work: Path, server: NatsServer, jobs: int) -> dict[str, float]:
+def measure(work: Path, server: NatsServer, jobs: int) -> dict[str, Any]:
     cfg = config(server, jobs)
     filled = asyncio.run(fill(server, cfg, jobs))
     proc = runtime.RuntimeSidecar(work, f"js{jobs}", cfg, {})
@@ -144,11 +147,14 @@ def measure(work: Path, server: NatsServer, jobs: int) -> dict[str, float]:
         if profile:  # the profile of the start only (module doc)
             return {"jobs": jobs, "fill_s": filled, "ready_s": ready}
         bucket = state_spec(parse_config(cfg, {})).bucket
-        while asyncio.run(taken_up(server, bucket)) < jobs:
-            assert proc.proc and proc.proc.poll() is None, proc.log()[-2000:]
-            assert time.perf_counter() - t0 < 600, "not taken up within 600 s"
-            time.sleep(0.2)
-        up = time.perf_counter() - t0
+        url = proc.base_url + "/metrics"
+        # Scraped as Prometheus would meanwhile, each scrape past the render cache.
+        with Scraper(url, every=CACHE_AGE) as during:
+            while asyncio.run(taken_up(server, bucket)) < jobs:
+                assert proc.proc and proc.proc.poll() is None, proc.log()[-2000:]
+                assert time.perf_counter() - t0 < 600, "not taken up within 600 s"
+                time.sleep(0.2)
+            up = time.perf_counter() - t0
         time.sleep(3)
         assert proc.proc is not None
         pid = proc.proc.pid
@@ -156,10 +162,7 @@ def measure(work: Path, server: NatsServer, jobs: int) -> dict[str, float]:
         cpu0, wake0, at0 = cpu_precise(pid), wakeups(pid), time.monotonic()
         time.sleep(IDLE_SECONDS)
         cpu1, wake1, at1 = cpu_precise(pid), wakeups(pid), time.monotonic()
-        s0 = time.perf_counter()
-        with urllib.request.urlopen(proc.base_url + "/metrics", timeout=60) as resp:
-            body = resp.read()
-        scrape = time.perf_counter() - s0
+        idle_times, body = idle(url)
     finally:
         proc.terminate(60)
     return {
@@ -172,8 +175,21 @@ def measure(work: Path, server: NatsServer, jobs: int) -> dict[str, float]:
         "idle_cpu_share": (cpu1 - cpu0) / (at1 - at0),
         "wakeups_per_s": (wake1 - wake0) / (at1 - at0),
         "metrics_bytes": len(body),
-        "scrape_s": scrape,
+        "scrape_takeup": {**summary(during.times), "failed": during.failed},
+        "scrape_idle": summary(idle_times),
+        "scrape_s": max(idle_times),  # the slowest idle scrape (before: the only one)
     }
+
+
+def scrapes(got: dict[str, Any]) -> str:
+    """``median 12 ms, max 40 ms (n=9)`` of a ``bench.scrapes.summary``."""
+    if not got["n"]:
+        return "none"
+    failed = f", {got['failed']} failed" if got.get("failed") else ""
+    return (
+        f"median {1000 * got['median_s']:.0f} ms, max {1000 * got['max_s']:.0f} ms "
+        f"(n={got['n']}{failed})"
+    )
 
 
 def plot(result: dict[str, Any], out: Path) -> None:
@@ -223,8 +239,9 @@ def main() -> None:
                 f"{point['taken_up_s']:.2f} s, RSS {point['rss_mib']:.1f} MiB "
                 f"({point['rss_ratio_vs_floor']:.2f}x the floor {base['rss_mib']:.1f}), idle CPU "
                 f"{100 * point['idle_cpu_share']:.2f} % of a core, "
-                f"{point['wakeups_per_s']:.1f} wake-ups/s, /metrics {point['metrics_bytes']} B "
-                f"in {1000 * point['scrape_s']:.0f} ms",
+                f"{point['wakeups_per_s']:.1f} wake-ups/s, /metrics {point['metrics_bytes']} B, "
+                f"scrape during take-up {scrapes(point['scrape_takeup'])}, "
+                f"idle {scrapes(point['scrape_idle'])}",
                 flush=True,
             )
         for a, b in itertools.pairwise(points):

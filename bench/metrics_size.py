@@ -3,10 +3,12 @@
 ``python -m bench.metrics_size [--jobs 1000,10000]``. One real sidecar on a
 real nats-server with N jobs that all wait for a yearly slot (none due), as
 a tenant fleet's jobs mostly do; per point its time to ready, RSS, and then
-three scrapes of ``/metrics`` each after the sidecar's rendering cache has
-expired (``sidecar.obs.exposition.METRICS_MAX_AGE``): the body's bytes, its
-series (sample lines), the series with a ``job`` label per job, and the
-slowest scrape's time. Writes ``bench/results/metrics_size.json``.
+five scrapes of ``/metrics`` each after the sidecar's rendering cache has
+expired (``bench.scrapes.idle``, timed from the request to the last byte):
+the body's bytes, its series (sample lines), the series with a ``job`` label
+per job, and the scrapes' median and max. (Scrapes while 100,000 jobs of
+the state bucket are taken up: bench/jobs_scale.py.) Writes
+``bench/results/metrics_size.json``.
 
 Run from another checkout (``PYTHONPATH`` at its root) it measures that
 code: how docs/METRICS.md compares 0.1.0 with now.
@@ -16,14 +18,11 @@ from __future__ import annotations
 
 import argparse
 import time
-import urllib.request
 from typing import Any
 
 from bench.common import nats_server, workdir, write_result
+from bench.scrapes import idle, summary
 from tests.support import Sidecar
-
-SCRAPES = 3
-CACHE_AGE = 1.2  # past METRICS_MAX_AGE: every scrape renders
 
 
 def config(url: str, jobs: int) -> dict[str, Any]:
@@ -46,13 +45,6 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def scrape(url: str) -> tuple[float, bytes]:
-    started = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=120) as resp:
-        body = bytes(resp.read())
-    return time.perf_counter() - started, body
-
-
 def point(jobs: int) -> dict[str, Any]:
     with workdir("metrics") as work, nats_server(work) as server:
         proc = Sidecar(work, "a", config(server.url, jobs), {})
@@ -61,11 +53,7 @@ def point(jobs: int) -> dict[str, Any]:
         try:
             proc.wait_ready(timeout=300)
             ready = time.monotonic() - started
-            times, body = [], b""
-            for _ in range(SCRAPES):
-                time.sleep(CACHE_AGE)
-                took, body = scrape(proc.base_url + "/metrics")
-                times.append(took)
+            times, body = idle(proc.base_url + "/metrics")
             assert proc.proc is not None
             lines = [ln for ln in body.decode().splitlines() if ln and not ln.startswith("#")]
             per_job = [ln for ln in lines if 'job="' in ln]
@@ -77,6 +65,7 @@ def point(jobs: int) -> dict[str, Any]:
                 "series": len(lines),
                 "series_per_job": round(len(per_job) / jobs, 3),
                 "scrape_s": round(max(times), 4),
+                "scrape_median_s": summary(times)["median_s"],
             }
         finally:
             proc.kill()
@@ -91,7 +80,8 @@ def main() -> None:
         print(
             f"{p['jobs']:>7} jobs: /metrics {p['metrics_bytes']:>10,} B, "
             f"{p['series']:>8,} series ({p['series_per_job']} per job), "
-            f"scrape {p['scrape_s'] * 1000:.1f} ms, ready {p['ready_s']} s, "
+            f"scrape median {p['scrape_median_s'] * 1000:.1f} ms, "
+            f"max {p['scrape_s'] * 1000:.1f} ms, ready {p['ready_s']} s, "
             f"RSS {p['rss_mib']} MiB"
         )
     print(write_result("metrics_size", {"points": points}))

@@ -175,8 +175,11 @@ class BucketJobs:
                 except Exception:  # one job's trouble must not stop the others'
                     log.exception("job %s of the state bucket: taking up its change failed", name)
                 if loop.time() - began > SLICE:
-                    # Thousands of keys at once: the file's jobs' slots come first.
-                    # The batch is not started yet: nothing of it runs meanwhile.
+                    # Thousands of keys at once: the file's jobs' slots come first,
+                    # and a scrape. The slice's jobs are taken up before yielding: at
+                    # the round's end, 100,000 jobs' start held the loop for seconds
+                    # (docs/PERFORMANCE.md, "100,000 jobs").
+                    self._flush()
                     await asyncio.sleep(0)
                     began = loop.time()
             # Not kept while waiting for the next change: a list of every name (a
@@ -359,7 +362,7 @@ class BucketJobs:
 
     def _register(self, batch: list[JobConfig]) -> None:
         """Make the jobs of `batch` this sidecar's jobs: one ``put`` into the job set
-        (sidecar/config/jobset.py) for the batch (a round of the take-up); the parts
+        (sidecar/config/jobset.py) for the batch (a slice of a take-up round); the parts
         that keep something derived from the jobs are told by the set."""
         self.fleet.jobs.put(batch)
 

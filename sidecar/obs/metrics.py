@@ -32,10 +32,7 @@ from sidecar.obs.metric_series import (
     ShownGauge,
 )
 from sidecar.obs.metric_table import METRICS, PREFIX, Spec
-
-# A job's next-run time is exposed once its next slot is this close (or once it
-# claimed a slot here): a yearly job waiting for its day costs no series.
-NEXT_RUN_HORIZON = 3600.0
+from sidecar.obs.next_run import NextRunGauge
 
 
 def shown(
@@ -43,22 +40,6 @@ def shown(
 ) -> list[tuple[tuple[str, ...], ShownGauge]]:
     """The series of a ShownGauge metric that left their quiet value."""
     return [(key, series) for key, series in items if series.shown]
-
-
-class NextRun(ShownGauge):
-    """The next-run gauge: exposed once it is set to, or a scrape finds it at, a slot
-    within NEXT_RUN_HORIZON (``soon``, the Metrics' clock), or from the job's first
-    claim; then for good (a job whose last slot came and went shows its 0)."""
-
-    __slots__ = ("soon",)
-
-    def __init__(self, soon: Callable[[float], bool]) -> None:
-        super().__init__()
-        self.soon = soon
-
-    def set(self, value: float) -> None:
-        self.value = float(value)
-        self.shown = self.shown or self.soon(self.value)
 
 
 class NoCreated:
@@ -97,7 +78,7 @@ class Metrics:
     run_duration_seconds: ByJobHistogram
     run_start_delay_seconds: ByJobHistogram
     runs_in_progress: Labelled[ShownGauge]
-    job_next_run_timestamp_seconds: Labelled[ShownGauge]
+    job_next_run_timestamp_seconds: NextRunGauge
     job_last_success_timestamp_seconds: Labelled[ShownGauge]
     stream_messages: Gauge
     stream_bytes: Gauge
@@ -172,9 +153,8 @@ class Metrics:
             return Labelled(registry, "counter", name, doc, labels, CounterSeries, on_new)
         if spec.kind == "job_gauge":
             return Labelled(registry, "gauge", full, doc, labels, spec.series, shown=shown)
-        if spec.kind == "next_run":
-            new = functools.partial(NextRun, self._soon)
-            return Labelled(registry, "gauge", full, doc, labels, new, shown=self._next_run_shown)
+        if spec.kind == "next_run":  # a scrape looks at the jobs it writes only
+            return NextRunGauge(registry, full, doc, labels, lambda: self.wall())
         bounds = (*spec.buckets, INF)
         les = tuple(floatToGoString(b) for b in bounds)  # type: ignore[no-untyped-call]
         series = functools.partial(HistogramSeries, bounds, les)
@@ -197,19 +177,4 @@ class Metrics:
         ):
             metric.add(job)
         self.runs_total.add(job, "failed")
-        self.job_next_run_timestamp_seconds.labels(job=job).shown = True
-
-    def _soon(self, next_run: float) -> bool:
-        return 0 < next_run <= self.wall() + NEXT_RUN_HORIZON
-
-    def _next_run_shown(
-        self, items: list[tuple[tuple[str, ...], ShownGauge]]
-    ) -> list[tuple[tuple[str, ...], ShownGauge]]:
-        limit = self.wall() + NEXT_RUN_HORIZON
-        out = []
-        for key, series in items:
-            if not series.shown and 0 < series.value <= limit:
-                series.shown = True  # the job has something to say from now on
-            if series.shown:
-                out.append((key, series))
-        return out
+        self.job_next_run_timestamp_seconds.labels(job=job).show()

@@ -17,6 +17,7 @@ from sidecar.obs.exposition import render
 from sidecar.obs.metric_series import ByJobHistogram, CounterSeries, Labelled, ShownGauge
 from sidecar.obs.metric_table import METRICS
 from sidecar.obs.metrics import Metrics
+from sidecar.obs.next_run import NextRunGauge
 from tests.support import ROOT, sidecar_env
 
 # What a row of each kind makes, as Metrics' annotations type it.
@@ -25,7 +26,7 @@ MADE: dict[str, object] = {
     "gauge": Gauge,
     "job_counter": Labelled[CounterSeries],
     "job_gauge": Labelled[ShownGauge],
-    "next_run": Labelled[ShownGauge],
+    "next_run": NextRunGauge,
     "job_histogram": ByJobHistogram,
 }
 
