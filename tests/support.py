@@ -527,17 +527,37 @@ def sidecars(
 ) -> Iterator[list[Sidecar]]:
     """Start several sidecars, wait until all are ready, and always stop them."""
     procs = [Sidecar(workdir, name, cfg, env) for name, cfg, env in configs]
+    failed = False
     try:
         for p in procs:
             p.start()
         for p in procs:
             p.wait_ready()
         yield procs
+    except GeneratorExit:
+        raise
+    except BaseException:  # a failed check, pytest's timeout: the logs go with the report
+        failed = True
+        raise
     finally:
         for p in procs:
             with contextlib.suppress(Exception):
                 p.terminate(30)
             p.kill()
+        if failed:
+            said_logs(procs)
+
+
+# The end of each sidecar's log a failed test prints (its captured output, which the
+# report shows): the temporary directory holding the whole log is often gone by then.
+LOG_TAIL = 60_000
+
+
+def said_logs(procs: list[Sidecar]) -> None:
+    for p in procs:
+        text = p.log()
+        cut = f" (its last {LOG_TAIL} characters)" if len(text) > LOG_TAIL else ""
+        print(f"----- sidecar {p.name}'s log{cut} -----\n{text[-LOG_TAIL:]}", flush=True)
 
 
 def slow_run(

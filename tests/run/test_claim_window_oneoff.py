@@ -188,15 +188,27 @@ def test_a_slots_winner_killed_while_a_backfill_of_the_slot_holds_its_run_key_is
 ) -> None:
     # Every 5 s; each run takes 40 s: the backfill of s0's slot holds run.w.<slot>
     # (its own claim's fence) past the time s0 is judged.
-    config = base(
-        nats_server, http_app, [job("w", schedule="*/5 * * * * *", jitter="0s", max_late="90s")]
-    )
-    config["nats"]["lease_ttl"] = "2s"
-    config["target"]["timeout"] = "60s"
+    def config_of(jitter: str) -> dict[str, Any]:
+        made = base(
+            nats_server,
+            http_app,
+            [job("w", schedule="*/5 * * * * *", jitter=jitter, max_late="90s")],
+        )
+        made["nats"]["lease_ttl"] = "2s"
+        made["target"]["timeout"] = "60s"
+        return made
+
     http_app.delay["/jobs/w"] = 40.0
+    config = config_of("0s")
     cfg = cli_config(tmp_path, config)
-    fleet3 = [("s0", config, ARMED), ("s1", config, {}), ("s2", config, {})]
-    with sidecars(tmp_path, fleet3) as procs:
+    # s0 started once s1 and s2 are ready (armed_last: a slot it won before they
+    # were up has no loser to judge it), and it claims each slot at its time, the
+    # others up to 1 s later (a setting that differs, which the fleet only warns
+    # of): it wins within a slot or two. Started with them, with the same jitter,
+    # it won 1 slot of 14 in a run under load, none of 12 in a failed one.
+    late = config_of("1s")
+    fleet3 = [("s0", config, ARMED), ("s1", late, {}), ("s2", late, {})]
+    with armed_last(tmp_path, fleet3) as procs:
         s0 = procs[0]
         assert s0.proc is not None
         pid = s0.proc.pid
