@@ -50,6 +50,8 @@ NOT_AT_START = (
     "sidecar.cli.calendar_commands",
     "sidecar.cli.job_commands",
     "sidecar.cli.output",
+    "sidecar.cli.check_text",
+    "sidecar.cli.calendar_text",
     "sidecar.admin.bucket_jobs",
     "sidecar.admin.jobcheck",
     "sidecar.admin.jobwrite",
