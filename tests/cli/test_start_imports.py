@@ -44,6 +44,8 @@ NOT_AT_START = (
     "sidecar.run.atruns",
     "sidecar.run.atqueue",
     "sidecar.run.overlap",
+    "sidecar.run.keptslots",
+    "sidecar.run.stoprequests",
     "sidecar.run.overlapcheck",
     "sidecar.run.runcap",
     "sidecar.cli.commands",
