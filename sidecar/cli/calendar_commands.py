@@ -3,7 +3,7 @@
 Each parses its options (instants typed as RFC 3339 or a duration, checked
 here: exit 2 naming the option), calls one function of sidecar/ops/ (or the
 act it shares with the fleet page in sidecar/admin/) and prints what
-sidecar/cli/output.py says. Imported, as sidecar/cli/commands.py is, by the
+sidecar/cli/calendar_text.py says. Imported, as sidecar/cli/commands.py is, by the
 first of them the command line asks for (sidecar/cli/main.py ``LATER``).
 """
 
@@ -13,7 +13,7 @@ import time
 
 import click
 
-from sidecar.cli import output
+from sidecar.cli import calendar_text, output
 from sidecar.cli.shared import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -63,14 +63,15 @@ def pause(
     until = _until(until_text)
     done = call(streamops.pause(ld.config, ld.secrets, job, reason, who(), force, until))
     if not done.stored:
-        say(f"{output.paused(job, done.value)}: kept (--force replaces it)")
+        say(f"{calendar_text.paused(job, done.value)}: kept (--force replaces it)")
         note(f"{job} was already paused; nothing changed")
         return
     if done.replaced is not None:
-        note(output.paused(job, done.replaced).replace(": paused", ": replaced the pause", 1))
-    effect = output.PAUSE_UNTIL_EFFECT if until is not None else output.PAUSE_EFFECT
-    resume = output.command_line(f"resume {job}", config_path)
-    say([output.paused(job, done.value), effect.format(resume=resume)])
+        was = calendar_text.paused(job, done.replaced)
+        note(was.replace(": paused", ": replaced the pause", 1))
+    effect = calendar_text.PAUSE_UNTIL_EFFECT if until is not None else calendar_text.PAUSE_EFFECT
+    resume = calendar_text.command_line(f"resume {job}", config_path)
+    say([calendar_text.paused(job, done.value), effect.format(resume=resume)])
 
 
 def _instant(option: str, text: str, now: float) -> float:
@@ -124,7 +125,7 @@ def resume(job: str, config_path: str | None, catchup: bool) -> None:
         if job not in ld.config.job_names:
             unknown_job(job, ld.config.job_names, "in the config, and none paused by that name")
         fail(EXIT_FAILED, f"{job} was not paused")
-    say(output.resumed(job, was) + (" (--catchup runs them)" if not catchup else ""))
+    say(calendar_text.resumed(job, was) + (" (--catchup runs them)" if not catchup else ""))
     if catchup and spec is not None:
         try:
             since = round(parse_rfc3339(str(was.get("at"))) * 1000)
@@ -161,7 +162,7 @@ def skip(job: str, config_path: str | None, count: int, reason: str) -> None:
         added, left = call(skipwrite.skip(ld.config, ld.secrets, spec, count, who(), reason))
     except ValueError as exc:  # e.g. fewer runs left before the year 10000
         fail(EXIT_USAGE, f"--count: {exc}")
-    say(output.skipping(spec, added, left, config_path))
+    say(calendar_text.skipping(spec, added, left, config_path))
 
 
 @click.command()
@@ -255,7 +256,7 @@ def _queue_backfill(
         )
     except ValueError as exc:
         fail(EXIT_FAILED, str(exc))
-    say(output.backfill_lines(job, plan, trigger, dry_run))
+    say(calendar_text.backfill_lines(job, plan, trigger, dry_run))
 
 
 @click.command("at")
@@ -298,7 +299,7 @@ def at_command(
     if listing:
         runs = call(atops.cli_list(ld.config, ld.secrets, job))
         say(output.as_json({"job": job, "pending": [r.as_dict() for r in runs]}) if as_json
-            else output.at_lines(spec, runs, "pending"))  # fmt: skip
+            else calendar_text.at_lines(spec, runs, "pending"))  # fmt: skip
         return
     if cancel_text is not None:
         slots = (
@@ -311,7 +312,7 @@ def at_command(
             say(output.as_json({"job": job, "cancelled": [r.as_dict() for r in gone],
                                "too_late": [r.as_dict() for r in late]}))  # fmt: skip
         elif gone:
-            say(output.at_lines(spec, gone, "cancelled"))
+            say(calendar_text.at_lines(spec, gone, "cancelled"))
         if not gone:
             if late:
                 fail(EXIT_FAILED, atacts.too_late(job, late))
@@ -331,7 +332,7 @@ def at_command(
     if as_json:
         say(output.as_json({"job": job, "queued": done.run.as_dict(), "new": done.new}))
     else:
-        say(output.at_queued(spec, done, config_path))
+        say(calendar_text.at_queued(spec, done, config_path))
 
 
 def _at_slot(option: str, text: str, now: float) -> int:

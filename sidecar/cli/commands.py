@@ -15,7 +15,7 @@ import sys
 import click
 
 from sidecar.admin import jobfilter
-from sidecar.cli import output
+from sidecar.cli import check_text, output
 from sidecar.cli.output import printable
 from sidecar.cli.shared import (
     EXIT_FAILED,
@@ -66,11 +66,11 @@ def check(config_path: str | None, connect: bool, no_files: bool) -> None:
     from sidecar.ops import streamops
 
     ld = load(config_path, secrets=connect, every_file=not no_files)
-    say(output.check_lines(ld.config, Clock().wall_ms()))
+    say(check_text.check_lines(ld.config, Clock().wall_ms()))
     if not connect:
         return
     found = call(streamops.check_stream(ld.config, ld.secrets))
-    say(["", output.stream_check_lines(ld.config.nats.stream, found.state, found.after_run)])
+    say(["", check_text.stream_check_lines(ld.config.nats.stream, found.state, found.after_run)])
     for job, why in sorted(found.uncovered.items()):
         note(f"  {job}: would not be claimed: {why}")
     if found.uncovered:

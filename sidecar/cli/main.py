@@ -1,8 +1,9 @@
 """The command line of docs/CLI.md: each command parses, calls one function, prints.
 
-What is shown lives in `sidecar/cli/output.py`, what is done in `sidecar/ops/streamops.py`
-(one-shot commands) and `sidecar/cli/daemon.py` (`run`); loading, failing and the
-exit codes every command shares in `sidecar/cli/shared.py`. The group and `run`
+What is shown lives in `sidecar/cli/output.py` (and `check_text.py`,
+`calendar_text.py`), what is done in `sidecar/ops/streamops.py` (one-shot
+commands) and `sidecar/cli/daemon.py` (`run`); loading, failing and the exit
+codes every command shares in `sidecar/cli/shared.py`. The group and `run`
 are here, every other command in `sidecar/cli/commands.py` (or
 `sidecar/cli/calendar_commands.py`, `job_commands.py`, `forget_command.py`),
 imported by the first of them asked for (``LATER``): `run` leaves their code

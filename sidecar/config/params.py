@@ -12,7 +12,7 @@ Each value is escaped for where it stands (:data:`PATH`, :data:`QUERY`,
 that is decided when the text is parsed, so rendering is a join of parts. The
 parse is cached by (text, where): config load parses (and so checks) every
 text, and a request changed on its way (the cancel request of
-sidecar/run/overlap.py, a kept run's extra header) finds its parts there.
+sidecar/run/stoprequests.py, a kept run's extra header) finds its parts there.
 """
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ class ClaimWindow(WinnerSide):
         ``fence`` is that claim's sequence."""
         keys = [run_key(job.name, claim.slot, claim.attempt)]
         if uses_lock(job):
-            # buffer.<job>: a slot buffer_one kept (sidecar/run/overlap.py buffer_key).
+            # buffer.<job>: a slot buffer_one kept (sidecar/run/keptslots.py buffer_key).
             keys += [lock_key(job.name), f"buffer.{job.name}"]
         for held in keys:
             entry = self.view.keys.get(held)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The family of kept slots (sidecar/run/overlap.py buffer_key).
+# The family of kept slots (sidecar/run/keptslots.py buffer_key).
 BUFFER = "buffer."
 # (key, revision) pairs said already, at most this many remembered.
 SAID_KEPT = 1000

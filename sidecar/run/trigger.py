@@ -325,7 +325,7 @@ class Trigger:
         why: Why | None,
     ) -> tuple[int, bytes]:
         """One request of `job`'s request, never retried: the 2xx status and the start of
-        the answer, or a TriggerError (the cancel request of sidecar/run/overlap.py)."""
+        the answer, or a TriggerError (the cancel request of sidecar/run/stoprequests.py)."""
         answer = await self._send(job, slot, token, attempt, fence, None, why)
         return answer.status, answer.body
 
