@@ -47,6 +47,7 @@ from sidecar.core.wire import (
     kv_subject,
     paused_key,
 )
+from sidecar.store.pipe import writes_of
 from sidecar.store.state import Bucket
 from sidecar.when.pauses import pause_active
 
@@ -163,14 +164,16 @@ class Keys:
         subject = self.subject(key)
         refused = self.denied is not None and self.denied(subject)
         try:
-            ack = await self.js.publish(
+            # Pipelined with this connection's other writes (sidecar/store/pipe.py):
+            # what js.publish sends and answers, without a request and timer each.
+            ack = await writes_of(connection_of(self.js)).send(
                 subject,
                 data,
+                headers,
+                self.stream,
                 # Refused lately: the answer (if the permissions were fixed) is quick.
-                timeout=DENIED_TIMEOUT if refused else WRITE_TIMEOUT,
-                stream=self.stream,
-                headers=headers,
-                msg_ttl=_ttl(ttl) if ttl is not None else None,
+                DENIED_TIMEOUT if refused else WRITE_TIMEOUT,
+                _ttl(ttl) if ttl is not None else None,
             )
         except APIError as exc:
             if exc.err_code in CAS_CONFLICT:
