@@ -9,7 +9,8 @@ the ``ResultRecord`` (built nowhere else), publishes it, counts it, writes the
 run line and calls the aftermath's hooks (pings, notifications, health,
 spans: sidecar/after/aftermath.py). A later feature that must hear of every ending
 hangs here, in one call. Every result, a lost record included, is published by
-``publish_with_retry``: the one publish loop of results, told by a ``Retry``
+``publish_with_retry``: the one publish loop of results (pipelined with the
+connection's other writes: sidecar/store/pipe.py), told by a ``Retry``
 how long to go on (a run's result: until stored; a lost record: 10 s, since
 every sidecar publishes one).
 

@@ -1,11 +1,14 @@
 """The state bucket's one writer (its keys: SECURITY.md's table): single keys by CAS, with TTLs.
 
 Writes are plain publishes on ``$KV.<bucket>.<key>`` with the headers set
-here: nats-py's ``kv.update`` has no TTL, and its ``kv.create`` does not see
-a server's ``MaxAge`` marker as a deleted key (it refuses to create over an
-expired lease). A delete leaves a ``DEL`` marker that itself expires, so the
-bucket does not keep one marker per run for ever. A CAS conflict is
-``CasConflict``; a create over a live key is ``KeyHeld`` with its value.
+here, pipelined with the connection's other writes (sidecar/store/pipe.py:
+``js.publish``'s wire and answers, without a request and a timer each; a
+burst's leases go out together). nats-py's ``kv.update`` has no TTL, and its
+``kv.create`` does not see a server's ``MaxAge`` marker as a deleted key (it
+refuses to create over an expired lease). A delete leaves a ``DEL`` marker
+that itself expires, so the bucket does not keep one marker per run for ever.
+A CAS conflict is ``CasConflict``; a create over a live key is ``KeyHeld``
+with its value.
 Leases (sidecar/run/lease.py), due keys (sidecar/run/retries.py), health and
 presence all write through ``Keys``.
 
