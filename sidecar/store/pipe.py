@@ -21,13 +21,13 @@ whose ``duplicate`` is None for a first store, ``NoStreamResponseError`` for
 "no responders", NATS's ``TimeoutError`` when none came in time.
 
 At most ``window`` publishes of a ``Pipe`` are in flight at once (``Window``;
-the caller holds a place while its publish is out). A publish's timeout
-starts when it goes out, never while it waits for room; the timeouts of the
-publishes in flight share one loop timer per ``GRAIN`` (``Expiry``), not one
-each. The claims (sidecar/run/claimpipe.py) and the state bucket's and
-results' writes (``writes_of``: sidecar/store/kv.py, sidecar/run/record.py)
-each have a pipe of their own per connection, so that a burst of one never
-waits for room behind the other.
+the caller holds a place while its publish is out): 256 claims, 4,096 writes.
+A publish's timeout starts when it goes out, never while it waits for room;
+the timeouts of the publishes in flight share one loop timer per ``GRAIN``
+(``Expiry``), not one each. The claims (sidecar/run/claimpipe.py) and the
+state bucket's and results' writes (``writes_of``: sidecar/store/kv.py,
+sidecar/run/record.py) each have a pipe of their own per connection, so that
+a burst of one never waits for room behind the other.
 """
 
 from __future__ import annotations
@@ -52,6 +52,13 @@ T = TypeVar("T")
 # raw nats-py publisher gains nothing past about a hundred), few enough that the
 # answer to the last one comes well within its timeout on a busy server.
 WINDOW = 256
+# The writes of one connection in flight at once (``writes_of``): far more than
+# a burst's runs make at a time (``target.max_in_flight`` runs, a few writes
+# each), so that a write does not wait for room: the server answers them at
+# once (a burst's CPU is the sidecars'), and a wait for room that ran out was a
+# timeout asked again. Measured with 256: the 10,000-job burst tried 3,130
+# results again where the code before tried 398 (docs/PERFORMANCE.md).
+WRITES_WINDOW = 4096
 # The timeouts of the publishes in flight are rounded up to this (seconds): one
 # timer per GRAIN, never an answer given up on early.
 GRAIN = 0.05
@@ -221,5 +228,5 @@ def writes_of(nc: NATS) -> Pipe:
     keys, the results): one per connection, made on its first write."""
     pipe = _writes.get(nc)
     if pipe is None:
-        pipe = _writes[nc] = Pipe(nc)
+        pipe = _writes[nc] = Pipe(nc, WRITES_WINDOW)
     return pipe
