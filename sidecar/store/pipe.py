@@ -54,10 +54,11 @@ T = TypeVar("T")
 WINDOW = 256
 # The writes of one connection in flight at once (``writes_of``): far more than
 # a burst's runs make at a time (``target.max_in_flight`` runs, a few writes
-# each), so that a write does not wait for room: the server answers them at
-# once (a burst's CPU is the sidecars'), and a wait for room that ran out was a
-# timeout asked again. Measured with 256: the 10,000-job burst tried 3,130
-# results again where the code before tried 398 (docs/PERFORMANCE.md).
+# each), so that a write is not held back here, as none was before the pipe
+# (js.publish has no bound): the server answers a burst's writes at once (the
+# burst's CPU is the sidecars'), and a write that waits its whole timeout for
+# room is asked again. Bursts measured with 256 and with 4,096 did not differ
+# beyond the shared machine's noise (docs/PERFORMANCE.md "The burst").
 WRITES_WINDOW = 4096
 # The timeouts of the publishes in flight are rounded up to this (seconds): one
 # timer per GRAIN, never an answer given up on early.
