@@ -42,6 +42,7 @@ from typing import TypeVar
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import Header, PubAck
 from nats.js.errors import APIError, NoStreamResponseError
@@ -135,12 +136,22 @@ class Pipe:
     holds a place of the window (at most ``window`` at once)."""
 
     def __init__(self, nc: NATS, window: int = WINDOW) -> None:
-        self.nc = nc
+        # Weakly: ``writes_of`` keeps a pipe as long as its connection lives, and
+        # a pipe that held its connection would keep both for ever.
+        self._nc = weakref.ref(nc)
         self.expiry = Expiry()
         self.window = Window(window)
         self._inbox: str | None = None
         self._pending: dict[str, asyncio.Future[PubAck]] = {}
         self._subscribing = asyncio.Lock()
+
+    @property
+    def nc(self) -> NATS:
+        """The connection; ConnectionClosedError once it is gone."""
+        nc = self._nc()
+        if nc is None:
+            raise ConnectionClosedError
+        return nc
 
     async def send(
         self,
@@ -176,11 +187,12 @@ class Pipe:
         NoStreamResponseError, NATS's TimeoutError), pipelined with the others of
         this pipe. The caller holds a place of the window (``window.acquire``) and
         releases it after (or calls ``send``)."""
+        nc = self.nc
         if self._inbox is None:
             async with self._subscribing:  # the first publishes come together: one inbox
                 if self._inbox is None:
-                    inbox = self.nc.new_inbox() + "."
-                    await self.nc.subscribe(inbox + "*", cb=self._answer)
+                    inbox = nc.new_inbox() + "."
+                    await nc.subscribe(inbox + "*", cb=self._answer)
                     self._inbox = inbox
         # Random, not a count: a client that learnt the inbox cannot guess the
         # next publish's reply subject to answer it first (SECURITY.md, forged acks).
@@ -194,7 +206,7 @@ class Pipe:
         if msg_ttl is not None:
             headers[Header.MSG_TTL] = str(int(msg_ttl))
         try:
-            await self.nc.publish(subject, body, reply=self._inbox + token, headers=headers)
+            await nc.publish(subject, body, reply=self._inbox + token, headers=headers)
         except BaseException:
             del self._pending[token]  # never sent: nothing to wait for
             future.cancel()

@@ -6,8 +6,10 @@ duplicate), many in flight within the window, and a reconnect in the middle."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -270,3 +272,18 @@ async def test_the_writes_go_on_after_a_reconnect(nats_server: NatsServer) -> No
         assert pipe.window.held == 0 and not pipe._pending
     finally:
         await conn.close()
+
+
+async def test_a_connections_writes_pipe_goes_with_it(nats_server: NatsServer) -> None:
+    """``writes_of`` keeps no connection alive: once a closed connection is dropped,
+    its pipe is gone too (a pipe that held it would keep both for ever)."""
+    nc = await nats.connect(nats_server.url)
+    await ensure_stream(nc.jetstream(), RESULTS)
+    pipe = writes_of(nc)
+    await pipe.send("cron.g.results", b"1", {}, RESULTS.name, 2.0)
+    gone = weakref.ref(pipe)
+    await nc.close()
+    del nc, pipe
+    await asyncio.sleep(0)
+    gc.collect()
+    assert gone() is None
