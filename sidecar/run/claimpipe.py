@@ -7,168 +7,17 @@ instant waited longer than ``nats.ack_timeout`` for an answer that was only
 queued: they timed out, were published again and had their stored claim read,
 three requests where one would have done, and no run started for seconds.
 
-Here a claim is published with a core publish whose reply comes on one
-wildcard inbox of the connection (the same subject, body and headers as
-``js.publish``: the wire does not change; not ``js.publish_async``, whose reply
-handler drops a JetStream error such as 10158 and leaves its future waiting)
-and at most ``window`` claims of this sidecar are in
-flight at once. A claim's ack timeout starts when it goes out, never while it
-waits for room in the window; the timeouts of the claims in flight share one
-timer per ``GRAIN`` (``Expiry``), not one each. What a claim decides from its
-ack (a duplicate, error 10158, a timeout asked again with the same id and
-token) is sidecar/run/claim.py's, unchanged.
+A claimer's claims go through a pipe of their own (sidecar/store/pipe.py, which
+says how: one inbox, at most ``WINDOW`` in flight, one timer per ``GRAIN``, the
+wire of ``js.publish``), apart from the state bucket's and results' writes, so
+that a run's lease and result never wait for room behind the instant's claims.
+What a claim decides from its ack (a duplicate, error 10158, a timeout asked
+again with the same id and token) is sidecar/run/claim.py's, unchanged.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import json
-import math
-import secrets
-from typing import TypeVar
+from sidecar.store.pipe import GRAIN, NO_RESPONDERS, WINDOW, Expiry, Window
+from sidecar.store.pipe import Pipe as Pipeline
 
-from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import Header, PubAck
-from nats.js.errors import APIError, NoStreamResponseError
-
-T = TypeVar("T")
-
-# Claims of one sidecar in flight at once. Enough to keep the server busy (a
-# raw nats-py publisher gains nothing past about a hundred), few enough that the
-# answer to the last one comes well within nats.ack_timeout on a busy server.
-WINDOW = 256
-# The timeouts of the claims in flight are rounded up to this (seconds): one
-# timer per GRAIN, never an answer given up on early.
-GRAIN = 0.05
-# The status header of a "no responders" answer (no stream holds the subject).
-NO_RESPONDERS = "503"
-
-
-class Expiry:
-    """Futures given up on at their time, one loop timer per GRAIN for all of them."""
-
-    def __init__(self) -> None:
-        self._due: dict[int, list[asyncio.Future[object]]] = {}
-
-    def __len__(self) -> int:
-        return sum(len(futures) for futures in self._due.values())
-
-    async def wait(self, future: asyncio.Future[T], timeout: float) -> T:
-        """``await future``; NATS's TimeoutError when it is not done after `timeout` s
-        (a little later, never earlier). Cancelling the wait cancels `future`."""
-        loop = asyncio.get_running_loop()
-        key = math.ceil((loop.time() + timeout) / GRAIN)
-        due = self._due.get(key)
-        if due is None:
-            due = self._due[key] = []
-            loop.call_at(key * GRAIN, self._expire, key)
-        due.append(future)  # type: ignore[arg-type]
-        return await future
-
-    def _expire(self, key: int) -> None:
-        for future in self._due.pop(key, ()):
-            if not future.done():
-                future.set_exception(NatsTimeoutError())
-
-
-class Window:
-    """At most `size` holders at once; a waiter gives up after its own wait."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.held = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    async def acquire(self, wait: float, expiry: Expiry) -> bool:
-        """Hold a place: True at once while there is room, else when one is freed
-        within `wait` seconds; False when none was."""
-        if self.held < self.size and not self._waiters:
-            self.held += 1
-            return True
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await expiry.wait(waiter, max(0.0, wait))
-        except TimeoutError:  # NATS's TimeoutError is one
-            return False
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self.release()  # handed a place just as it was cancelled: pass it on
-            raise
-        return True
-
-    def release(self) -> None:
-        """Free a place: handed to the longest waiter still waiting."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the place passes on: `held` is unchanged
-                return
-        self.held -= 1
-
-
-class Pipeline:
-    """One sidecar's claims in flight: ``publish`` sends one, at most ``window`` at once.
-
-    The acks come on one wildcard inbox of this connection (``_INBOX.<nuid>.*``,
-    the inbox prefix a request uses too: no other permission), each to its
-    claim's future by the reply subject's last token.
-    """
-
-    def __init__(self, nc: NATS, window: int = WINDOW) -> None:
-        self.nc = nc
-        self.expiry = Expiry()
-        self.window = Window(window)
-        self._inbox: str | None = None
-        self._pending: dict[str, asyncio.Future[PubAck]] = {}
-        self._subscribing = asyncio.Lock()
-
-    async def publish(
-        self, subject: str, body: bytes, headers: dict[str, str], stream: str, timeout: float
-    ) -> PubAck:
-        """What ``js.publish(subject, body, timeout=..., stream=..., headers=...)`` sends
-        and answers (the same errors: an APIError, NoStreamResponseError, NATS's
-        TimeoutError), pipelined with the other claims of this sidecar. The caller
-        holds a place of the window (``window.acquire``) and releases it after."""
-        if self._inbox is None:
-            async with self._subscribing:  # the first claims come together: one inbox
-                if self._inbox is None:
-                    inbox = self.nc.new_inbox() + "."
-                    await self.nc.subscribe(inbox + "*", cb=self._answer)
-                    self._inbox = inbox
-        # Random, not a count: a client that learnt the inbox cannot guess the
-        # next claim's reply subject to answer it first (SECURITY.md, forged acks).
-        token = secrets.token_hex(8)
-        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
-        self._pending[token] = future
-        future.add_done_callback(lambda _: self._pending.pop(token, None))
-        # The headers js.publish sends: the caller's, then the stream expected.
-        headers = {**headers, Header.EXPECTED_STREAM: stream}
-        try:
-            await self.nc.publish(subject, body, reply=self._inbox + token, headers=headers)
-        except BaseException:
-            del self._pending[token]  # never sent: nothing to wait for
-            future.cancel()
-            raise
-        return await self.expiry.wait(future, timeout)
-
-    async def _answer(self, msg: Msg) -> None:
-        """An ack (or an error) for the claim its reply subject names; as js.publish
-        reads it. A late one, for a claim given up on, is dropped."""
-        future = self._pending.get(msg.subject.rpartition(".")[2])
-        if future is None or future.done():
-            return
-        if msg.headers and msg.headers.get(Header.STATUS) == NO_RESPONDERS:
-            future.set_exception(NoStreamResponseError())
-            return
-        try:
-            answer = json.loads(msg.data)
-            if "error" in answer:
-                # nats-py raises the typed error from here (BadRequestError, ...).
-                raise APIError.from_error(answer["error"])
-            future.set_result(PubAck.from_response(answer))
-        except Exception as exc:  # the typed APIError, or an answer that is no ack
-            future.set_exception(exc)
+__all__ = ["GRAIN", "NO_RESPONDERS", "WINDOW", "Expiry", "Pipeline", "Window"]

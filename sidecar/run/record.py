@@ -9,7 +9,8 @@ the ``ResultRecord`` (built nowhere else), publishes it, counts it, writes the
 run line and calls the aftermath's hooks (pings, notifications, health,
 spans: sidecar/after/aftermath.py). A later feature that must hear of every ending
 hangs here, in one call. Every result, a lost record included, is published by
-``publish_with_retry``: the one publish loop of results, told by a ``Retry``
+``publish_with_retry``: the one publish loop of results (pipelined with the
+connection's other writes: sidecar/store/pipe.py), told by a ``Retry``
 how long to go on (a run's result: until stored; a lost record: 10 s, since
 every sidecar publishes one).
 
@@ -33,6 +34,7 @@ from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import rfc3339
 from sidecar.core.excerpt import excerpt
+from sidecar.core.natspy import connection_of
 from sidecar.core.wire import (
     CAS_CONFLICT,
     ERR_MESSAGE_TOO_LARGE,
@@ -48,6 +50,7 @@ from sidecar.core.wire import (
     results_subject,
 )
 from sidecar.store.kv import WRITE_TIMEOUT
+from sidecar.store.pipe import writes_of
 
 if TYPE_CHECKING:
     from sidecar.after.aftermath import Aftermath
@@ -175,13 +178,14 @@ async def publish_with_retry(
     subject = results_subject(prefix, record.job)
     payload = record.to_json()
     sent_headers = {MSG_ID: record.msg_id, **(headers or {})}
+    writes = writes_of(connection_of(js))
     tries = 0
     while True:
         tries += 1
         try:
-            return await js.publish(
-                subject, payload, timeout=timeout, stream=stream, headers=sent_headers
-            )
+            # Pipelined with this connection's other writes (sidecar/store/pipe.py):
+            # what js.publish sends and answers, without a request and timer each.
+            return await writes.send(subject, payload, sent_headers, stream, timeout)
         except Exception as exc:
             if record.excerpt is not None and too_large(exc):
                 # The server's max_payload or the stream's max_msg_size is below a

@@ -1,11 +1,14 @@
 """The state bucket's one writer (its keys: SECURITY.md's table): single keys by CAS, with TTLs.
 
 Writes are plain publishes on ``$KV.<bucket>.<key>`` with the headers set
-here: nats-py's ``kv.update`` has no TTL, and its ``kv.create`` does not see
-a server's ``MaxAge`` marker as a deleted key (it refuses to create over an
-expired lease). A delete leaves a ``DEL`` marker that itself expires, so the
-bucket does not keep one marker per run for ever. A CAS conflict is
-``CasConflict``; a create over a live key is ``KeyHeld`` with its value.
+here, pipelined with the connection's other writes (sidecar/store/pipe.py:
+``js.publish``'s wire and answers, without a request and a timer each; a
+burst's leases go out together). nats-py's ``kv.update`` has no TTL, and its
+``kv.create`` does not see a server's ``MaxAge`` marker as a deleted key (it
+refuses to create over an expired lease). A delete leaves a ``DEL`` marker
+that itself expires, so the bucket does not keep one marker per run for ever.
+A CAS conflict is ``CasConflict``; a create over a live key is ``KeyHeld``
+with its value.
 Leases (sidecar/run/lease.py), due keys (sidecar/run/retries.py), health and
 presence all write through ``Keys``.
 
@@ -47,6 +50,7 @@ from sidecar.core.wire import (
     kv_subject,
     paused_key,
 )
+from sidecar.store.pipe import writes_of
 from sidecar.store.state import Bucket
 from sidecar.when.pauses import pause_active
 
@@ -163,14 +167,16 @@ class Keys:
         subject = self.subject(key)
         refused = self.denied is not None and self.denied(subject)
         try:
-            ack = await self.js.publish(
+            # Pipelined with this connection's other writes (sidecar/store/pipe.py):
+            # what js.publish sends and answers, without a request and timer each.
+            ack = await writes_of(connection_of(self.js)).send(
                 subject,
                 data,
+                headers,
+                self.stream,
                 # Refused lately: the answer (if the permissions were fixed) is quick.
-                timeout=DENIED_TIMEOUT if refused else WRITE_TIMEOUT,
-                stream=self.stream,
-                headers=headers,
-                msg_ttl=_ttl(ttl) if ttl is not None else None,
+                DENIED_TIMEOUT if refused else WRITE_TIMEOUT,
+                _ttl(ttl) if ttl is not None else None,
             )
         except APIError as exc:
             if exc.err_code in CAS_CONFLICT:

@@ -179,7 +179,9 @@ def test_only_kv_py_writes_the_state_bucket() -> None:
                 continue
             if node.func.attr in WRITES and bucket_receiver(node.func.value):
                 writers.setdefault(path.name, set()).add(node.func.attr)
-            if node.func.attr == "publish" and node.args and bucket_subject(node.args[0]):
+            # ``send``: a write through a pipe (sidecar/store/pipe.py).
+            sent = node.func.attr in {"publish", "send"}
+            if sent and node.args and bucket_subject(node.args[0]):
                 writers.setdefault(path.name, set()).add("publish")
     assert set(writers) == {"kv.py"}, writers
     assert writers["kv.py"] >= {"create", "update", "put", "delete"}  # the check sees them
