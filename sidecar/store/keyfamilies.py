@@ -71,7 +71,7 @@ FAMILIES: tuple[Family, ...] = (
         "job.<name>",
         (COMMAND,),
         False,
-        "sidecar/admin/bucket_jobs.py: a valid job, checked as a config file's, its name "
+        "sidecar/admin/jobcheck.py: a valid job, checked as a config file's, its name "
         "its key's, no routing or framing header, within bucket_jobs (how many, name and "
         "value size); the file's job of that name wins",
     ),
@@ -154,14 +154,14 @@ FAMILIES: tuple[Family, ...] = (
         "stop.<job>",
         (LEASE,),
         True,
-        "sidecar/run/overlap.py: the cancel request of overlap: replace",
+        "sidecar/run/stoprequests.py: the cancel request of overlap: replace",
     ),
     Family(
         "buffer.",
         "buffer.<job>",
         (LEASE,),
         False,
-        "sidecar/run/overlap.py: the slot kept by overlap: buffer_one",
+        "sidecar/run/keptslots.py: the slot kept by overlap: buffer_one",
     ),
     Family(
         "instance.",
