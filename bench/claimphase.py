@@ -3,9 +3,12 @@
 A thread per sidecar scrapes its ``/metrics`` every ``EVERY`` seconds from just
 before the instant and sums its ``anarchon_claims_won_total`` and
 ``anarchon_claims_lost_total`` (docs/METRICS.md): a claim is decided when it
-is won or lost. The claim phase of a sidecar ends at the first scrape that
-shows all its claims decided; the claim rate is its claims over the time from
-the instant to then, apart from the runs that follow (the time to the last
+is won or lost. A slot it did not claim (``anarchon_claims_skipped_total``:
+``late`` on a machine too busy) is settled without a claim. The scrapes stop
+once every slot is decided or skipped, or when told (``stop``). The claim
+phase of a sidecar ends at the first scrape that shows as many claims decided
+as the last one; the claim rate is those claims over the time from the
+instant to then, apart from the runs that follow (the time to the last
 trigger includes them).
 
 A scrape is read when its answer is in: the sidecar renders ``/metrics`` at
@@ -25,14 +28,16 @@ from typing import Any
 EVERY = 0.1
 # won + lost, and the claims that got no definite answer (reported, not counted).
 DECIDED = re.compile(rb"^anarchon_claims_(?:won|lost)_total\{[^\n]*\} (\S+)$", re.M)
+SKIPPED = re.compile(rb"^anarchon_claims_skipped_total\{[^\n]*\} (\S+)$", re.M)
 ERRORS = re.compile(rb"^anarchon_claim_errors_total\{[^\n]*\} (\S+)$", re.M)
 
 
-def decided(body: bytes) -> tuple[int, int]:
-    """(claims decided, claims in error) in one ``/metrics`` body."""
-    won_lost = sum(float(v) for v in DECIDED.findall(body))
-    errors = sum(float(v) for v in ERRORS.findall(body))
-    return int(won_lost), int(errors)
+def counted(body: bytes) -> tuple[int, int, int]:
+    """(claims decided, slots skipped, claims in error) in one ``/metrics`` body."""
+    decided, skipped, errors = (
+        int(sum(float(v) for v in pattern.findall(body))) for pattern in (DECIDED, SKIPPED, ERRORS)
+    )
+    return decided, skipped, errors
 
 
 class ClaimPhase(threading.Thread):
@@ -44,16 +49,15 @@ class ClaimPhase(threading.Thread):
         self.claims = claims
         self.start_at = start
         self.until = until
-        self.done_at: float | None = None  # epoch s of the first scrape showing all decided
-        self.seen = 0  # the most claims decided in one scrape
-        self.errors = 0
-        self.scrapes = 0
+        self.stop = threading.Event()
+        # (epoch s when read, claims decided, slots skipped, claims in error) per scrape.
+        self.history: list[tuple[float, int, int, int]] = []
         self.failed = 0
 
     def run(self) -> None:
         while time.time() < self.start_at:
             time.sleep(0.01)
-        while time.time() < self.until:
+        while time.time() < self.until and not self.stop.is_set():
             started = time.monotonic()
             try:
                 with urllib.request.urlopen(self.url, timeout=10) as resp:
@@ -61,21 +65,27 @@ class ClaimPhase(threading.Thread):
             except OSError:
                 self.failed += 1
             else:
-                self.scrapes += 1
-                self.seen, self.errors = decided(body)
-                if self.seen >= self.claims:
-                    self.done_at = time.time()
+                decided, skipped, errors = counted(body)
+                self.history.append((time.time(), decided, skipped, errors))
+                if decided + skipped >= self.claims:
                     return
             time.sleep(max(0.0, EVERY - (time.monotonic() - started)))
 
     def result(self, instant: float) -> dict[str, Any]:
-        """This sidecar's phase: seconds from `instant`, claims per second, what was seen."""
-        took = self.done_at - instant if self.done_at is not None else None
+        """This sidecar's phase: seconds from `instant` to its last claim decided,
+        claims per second over it, and what the last scrape showed."""
+        if not self.history:
+            return {"claim_phase_s": None, "claims_per_s": None, "failed_scrapes": self.failed}
+        _, decided, skipped, errors = self.history[-1]
+        done_at = next(at for at, d, _, _ in self.history if d == decided)
+        took = done_at - instant if decided else None
         return {
             "claim_phase_s": took,
-            "claims_per_s": self.claims / took if took else None,
-            "decided": self.seen,
-            "claim_errors": self.errors,
-            "scrapes": self.scrapes,
+            "claims_per_s": decided / took if took else None,
+            "decided": decided,
+            "skipped": skipped,
+            "claim_errors": errors,
+            "all_settled": decided + skipped >= self.claims,
+            "scrapes": len(self.history),
             "failed_scrapes": self.failed,
         }
