@@ -173,7 +173,8 @@ def main() -> None:
         print(
             f"claim phase {slowest:.2f} s (each sidecar's last claim decided at "
             f"{', '.join(f'{x:.2f}' for x in took if x is not None)} s; claims decided "
-            f"{[s['decided'] for s in sidecars]}, skipped {[s['skipped'] for s in sidecars]}): "
+            f"{[s['decided'] for s in sidecars]}, skipped {[s['skipped'] for s in sidecars]}, "
+            f"in error {[s['claim_errors'] for s in sidecars]}): "
             f"claims/s per sidecar {rate:.0f} = {result['claim_rate_ratio_vs_raw']:.2f}x "
             f"the raw publisher's {raw_rate:.0f}",
             flush=True,

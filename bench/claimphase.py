@@ -4,8 +4,10 @@ A thread per sidecar scrapes its ``/metrics`` every ``EVERY`` seconds from just
 before the instant and sums its ``anarchon_claims_won_total`` and
 ``anarchon_claims_lost_total`` (docs/METRICS.md): a claim is decided when it
 is won or lost. A slot it did not claim (``anarchon_claims_skipped_total``:
-``late`` on a machine too busy) is settled without a claim. The scrapes stop
-once every slot is decided or skipped, or when told (``stop``). The claim
+``late`` on a machine too busy) or whose claim got no definite answer
+(``anarchon_claim_errors_total``: its ack timed out, asked again and still
+none) is settled without a decision. The scrapes stop once every slot is
+settled, or when told (``stop``). The claim
 phase of a sidecar ends at the first scrape that shows as many claims decided
 as the last one; the claim rate is those claims over the time from the
 instant to then, apart from the runs that follow (the time to the last
@@ -67,7 +69,7 @@ class ClaimPhase(threading.Thread):
             else:
                 decided, skipped, errors = counted(body)
                 self.history.append((time.time(), decided, skipped, errors))
-                if decided + skipped >= self.claims:
+                if decided + skipped + errors >= self.claims:
                     return
             time.sleep(max(0.0, EVERY - (time.monotonic() - started)))
 
@@ -85,7 +87,7 @@ class ClaimPhase(threading.Thread):
             "decided": decided,
             "skipped": skipped,
             "claim_errors": errors,
-            "all_settled": decided + skipped >= self.claims,
+            "all_settled": decided + skipped + errors >= self.claims,
             "scrapes": len(self.history),
             "failed_scrapes": self.failed,
         }
