@@ -38,7 +38,7 @@ from typing import Any
 
 from bench import runtime
 from bench.claimphase import ClaimPhase
-from bench.common import machine, nats_server, workdir, write_result
+from bench.common import cpu_seconds, machine, nats_server, workdir, write_result
 from bench.fleet import App
 from bench.jobs_scale import fill_with, taken_up
 from sidecar.config.load import parse_config
@@ -52,6 +52,11 @@ LEAD = 10.0
 # The claim phase is scraped from this long before T until this long after.
 SCRAPE_FROM = 1.0
 SCRAPE_UNTIL = 120.0
+
+
+def pid_of(proc: runtime.RuntimeSidecar) -> int:
+    assert proc.proc is not None, "the sidecar was not started"
+    return proc.proc.pid
 
 
 def main() -> None:
@@ -98,6 +103,9 @@ def main() -> None:
             ]
             for phase in phases:
                 phase.start()
+            # Each sidecar's CPU from before the instant to the last trigger: the
+            # burst's own cost, whatever the machine's load did to its time.
+            cpu0 = [cpu_seconds(pid_of(p)) for p in procs]
             while time.time() < t + 5:
                 time.sleep(0.5)
             records: list[tuple[str, int, float]] = []
@@ -108,6 +116,7 @@ def main() -> None:
                     break
                 time.sleep(1)
             records += app.records()
+            cpu = [cpu_seconds(pid_of(p)) - c for p, c in zip(procs, cpu0, strict=True)]
             for phase in phases:
                 if not phase.is_alive():
                     continue
@@ -157,6 +166,7 @@ def main() -> None:
             "claim_phase_per_sidecar": sidecars,
             "jobs_per_s_to_last_trigger": to_last,
             "to_last_trigger_ratio_vs_raw": to_last / raw_rate if raw_rate else None,
+            "sidecar_cpu_s": cpu,
             "load_before": load_before,
             "load_after": os.getloadavg(),
             "machine": machine(),
@@ -183,7 +193,8 @@ def main() -> None:
         print(f"claim phase: not measured ({sidecars})", flush=True)
     print(
         f"jobs/s to the last trigger (claims and runs) {to_last:.0f} = "
-        f"{result['to_last_trigger_ratio_vs_raw']:.3f}x the raw publisher's; load "
+        f"{result['to_last_trigger_ratio_vs_raw']:.3f}x the raw publisher's; sidecars' CPU "
+        f"in the burst {', '.join(f'{c:.1f}' for c in cpu)} s; load "
         f"{load_before[0]:.1f} before, {result['load_after'][0]:.1f} after",
         flush=True,
     )
