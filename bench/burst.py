@@ -117,12 +117,9 @@ def main() -> None:
                 time.sleep(1)
             records += app.records()
             cpu = [cpu_seconds(pid_of(p)) - c for p, c in zip(procs, cpu0, strict=True)]
+            # A loser's claim may be decided after the winner's trigger: the scrapes
+            # go on until every slot is settled (or SCRAPE_UNTIL).
             for phase in phases:
-                if not phase.is_alive():
-                    continue
-                # Every trigger in (or the wait over): one more scrape, then stop.
-                time.sleep(1.0)
-                phase.stop.set()
                 phase.join(max(0.0, t + SCRAPE_UNTIL - time.time()) + 15)
         finally:
             for p in procs:
