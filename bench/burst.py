@@ -7,10 +7,14 @@ nats-server, three sidecars of the runtime-only venv, the bench app
 (default 10,000), every one due once at the same instant T (``S M H * * *``,
 ``jitter: 0``), are written before the sidecars start; once every sidecar runs
 them all, T comes. Then: every slot ran once (doubles and misses counted from
-the app's records), the time from T to the first, median and last trigger, and
-the claims per second per sidecar (JOBS claims each, over T to the last
-trigger) against the raw nats-py publisher (``bench.raw_publish``: claims with
-message ids, 100 at a time, flat out) on the same server in the same run.
+the app's records), the time from T to the first, median and last trigger;
+the claim phase of each sidecar (``bench.claimphase``: its ``/metrics``
+scraped every 100 ms from T until it has decided, won or lost, all JOBS
+claims) and the claims per second per sidecar over it, against the raw nats-py
+publisher (``bench.raw_publish``: claims with message ids, 100 at a time,
+flat out) on the same server in the same run. The older figure, JOBS over T
+to the last trigger, is kept as ``jobs_per_s_to_last_trigger``: it counts the
+runs' time as well as the claims'.
 
 Writes ``bench/results/burst.json``. With ``BURST_PROFILE=FILE`` the first sidecar
 runs under cProfile and writes its profile to FILE when it stops; with
@@ -33,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import runtime
-from bench.common import machine, nats_server, workdir, write_result
+from bench.claimphase import ClaimPhase
+from bench.common import cpu_seconds, machine, nats_server, workdir, write_result
 from bench.fleet import App
 from bench.jobs_scale import fill_with, taken_up
 from sidecar.config.load import parse_config
@@ -44,12 +49,21 @@ JOBS = 10_000
 SIDECARS = 3
 # From the last sidecar's take-up to T: the fleet settles.
 LEAD = 10.0
+# The claim phase is scraped from this long before T until this long after.
+SCRAPE_FROM = 1.0
+SCRAPE_UNTIL = 120.0
+
+
+def pid_of(proc: runtime.RuntimeSidecar) -> int:
+    assert proc.proc is not None, "the sidecar was not started"
+    return proc.proc.pid
 
 
 def main() -> None:
     jobs = int(sys.argv[1]) if len(sys.argv) > 1 else JOBS
     runtime.ensure()
     result: dict[str, Any] = {"jobs": jobs, "sidecars": SIDECARS}
+    load_before = os.getloadavg()
     with workdir("burst") as work, nats_server(work) as server:
         app = App()
         procs = []
@@ -83,6 +97,15 @@ def main() -> None:
                 while asyncio.run(taken_up(server, bucket, f"b{i}")) < jobs:
                     assert time.time() < t - LEAD, "not taken up before T"
                     time.sleep(0.5)
+            phases = [
+                ClaimPhase(p.base_url + "/metrics", jobs, t - SCRAPE_FROM, t + SCRAPE_UNTIL)
+                for p in procs
+            ]
+            for phase in phases:
+                phase.start()
+            # Each sidecar's CPU from before the instant to the last trigger: the
+            # burst's own cost, whatever the machine's load did to its time.
+            cpu0 = [cpu_seconds(pid_of(p)) for p in procs]
             while time.time() < t + 5:
                 time.sleep(0.5)
             records: list[tuple[str, int, float]] = []
@@ -93,6 +116,11 @@ def main() -> None:
                     break
                 time.sleep(1)
             records += app.records()
+            cpu = [cpu_seconds(pid_of(p)) - c for p, c in zip(procs, cpu0, strict=True)]
+            # A loser's claim may be decided after the winner's trigger: the scrapes
+            # go on until every slot is settled (or SCRAPE_UNTIL).
+            for phase in phases:
+                phase.join(max(0.0, t + SCRAPE_UNTIL - time.time()) + 15)
         finally:
             for p in procs:
                 p.terminate(60)
@@ -112,7 +140,14 @@ def main() -> None:
     per_path = Counter(p for p, _, _ in records)
     arrivals = sorted(a - t for _, _, a in records)
     last = arrivals[-1] if arrivals else float("nan")
-    rate = jobs / last if arrivals else 0.0
+    to_last = jobs / last if arrivals else 0.0
+    sidecars = [phase.result(t) for phase in phases]
+    took = [s["claim_phase_s"] for s in sidecars]
+    # The fleet's claim phase ends with its slowest sidecar's; the rate per sidecar
+    # is the claims each decided (JOBS when none was skipped) over that.
+    slowest = None if None in took else max(took)
+    claims = statistics.mean(s.get("decided", 0) for s in sidecars)
+    rate = claims / slowest if slowest else None
     result.update(
         {
             "ran": len(per_path),
@@ -121,9 +156,16 @@ def main() -> None:
             "first_s": arrivals[0] if arrivals else None,
             "median_s": statistics.median(arrivals) if arrivals else None,
             "last_s": last,
+            "claim_phase_s": slowest,
             "claims_per_s_per_sidecar": rate,
             "raw_publishes_per_s": raw_rate,
-            "claim_rate_ratio_vs_raw": rate / raw_rate if raw_rate else None,
+            "claim_rate_ratio_vs_raw": rate / raw_rate if rate and raw_rate else None,
+            "claim_phase_per_sidecar": sidecars,
+            "jobs_per_s_to_last_trigger": to_last,
+            "to_last_trigger_ratio_vs_raw": to_last / raw_rate if raw_rate else None,
+            "sidecar_cpu_s": cpu,
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
             "machine": machine(),
         }
     )
@@ -131,8 +173,26 @@ def main() -> None:
         f"{jobs} jobs due at one instant on {SIDECARS} sidecars: ran {result['ran']}, "
         f"doubles {result['doubles']}, missed {result['missed']}; first trigger "
         f"{result['first_s']:.2f} s after the instant, median {result['median_s']:.2f} s, "
-        f"last {last:.2f} s; claims/s per sidecar {rate:.0f} = "
-        f"{result['claim_rate_ratio_vs_raw']:.2f}x the raw publisher's {raw_rate:.0f}",
+        f"last {last:.2f} s",
+        flush=True,
+    )
+    if rate is not None:
+        print(
+            f"claim phase {slowest:.2f} s (each sidecar's last claim decided at "
+            f"{', '.join(f'{x:.2f}' for x in took if x is not None)} s; claims decided "
+            f"{[s['decided'] for s in sidecars]}, skipped {[s['skipped'] for s in sidecars]}, "
+            f"in error {[s['claim_errors'] for s in sidecars]}): "
+            f"claims/s per sidecar {rate:.0f} = {result['claim_rate_ratio_vs_raw']:.2f}x "
+            f"the raw publisher's {raw_rate:.0f}",
+            flush=True,
+        )
+    else:
+        print(f"claim phase: not measured ({sidecars})", flush=True)
+    print(
+        f"jobs/s to the last trigger (claims and runs) {to_last:.0f} = "
+        f"{result['to_last_trigger_ratio_vs_raw']:.3f}x the raw publisher's; sidecars' CPU "
+        f"in the burst {', '.join(f'{c:.1f}' for c in cpu)} s; load "
+        f"{load_before[0]:.1f} before, {result['load_after'][0]:.1f} after",
         flush=True,
     )
     write_result("burst", result)

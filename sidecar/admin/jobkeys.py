@@ -43,7 +43,7 @@ class JobKeys:
         self.runner: BucketJobs | None = None
         self._jobs: Jobs | None = None
         self._stopped = False
-        fleet.key_listeners.append(self.changed)
+        fleet.key_listeners.append(self.changed, PREFIX)
         fleet.removal_listeners.append(self.removed)
 
     def start(self, jobs: Jobs) -> None:

@@ -60,7 +60,7 @@ class LazyPage:
         self.tokens = TokenFile(config.admin.token_file)
         # When each instance's presence was last delivered by the watch (epoch s).
         self.seen: dict[str, float] = {}
-        fleet.key_listeners.append(self._key)
+        fleet.key_listeners.append(self._key, INSTANCE)
         self.app: PageApp | None = None
         self._js: JetStreamContext | None = None
         self._runs: Callable[[], ManualRuns] | None = None

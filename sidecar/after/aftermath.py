@@ -85,7 +85,7 @@ class Aftermath:
             fleet.jobs if fleet is not None else {job.name: job for job in config.jobs}
         )
         if fleet is not None:
-            fleet.key_listeners.append(self._key_changed)
+            fleet.key_listeners.append(self._key_changed, "health.", "paused.")
 
     @property
     def outbox(self) -> Outbox:

@@ -149,7 +149,7 @@ class Candidates:
         self._live: dict[str, list[str]] = {}
         self._live_generation = -1
         self.warnings = RateLimitedLog(log)
-        fleet.key_listeners.append(self.key_seen)
+        fleet.key_listeners.append(self.key_seen, "run.", "lock.")
 
     def live(self, job: str) -> list[str] | None:
         """The live instances that run `job`, from the view; None when it cannot be trusted."""
@@ -220,7 +220,11 @@ class Candidates:
         return seen is not None and slot in seen[0]
 
     def key_seen(self, key: str) -> None:
-        """A key the watch delivered: a run lease marks its slot as taken."""
+        """A key the watch delivered: a run lease marks its slot as taken.
+
+        Only for a job with candidates: no other job's slot is asked about
+        (``was_run``), and a burst of 10,000 jobs' leases would otherwise keep
+        a set of slots for each of them (docs/PERFORMANCE.md "The burst")."""
         if not key.startswith(("run.", "lock.")):
             return
         entry = self.fleet.view.keys.get(key)
@@ -230,6 +234,9 @@ class Candidates:
         if found is None:
             return
         job, slot = found
+        jobs = self.fleet.jobs
+        if job not in jobs or jobs[job].claim.candidates < 1:
+            return
         slots, order = self._seen.setdefault(job, (set(), deque()))
         if slot in slots:
             return

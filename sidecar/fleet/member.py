@@ -26,6 +26,7 @@ from sidecar.core.errors import PermissionDenied
 from sidecar.core.natspy import connection_of, jetstream_of
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key, paused_key, skip_key
+from sidecar.fleet.listeners import KeyListeners
 from sidecar.fleet.orphans import Orphans
 from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.store.bucketcheck import check_bucket, needs_leases
@@ -104,10 +105,11 @@ class Fleet:
         self.view.on_delivered = self._delivered.set
         # Who judges the leases of jobs that no live instance runs (sidecar/fleet/orphans.py).
         self.orphans = Orphans(self.view)
-        # Told of every key the watch delivers, and of every key that left the view;
-        # after a full re-read, of each key it changed and then "", which alone
-        # stands for the instance and job keys (sidecar/store/watch.py).
-        self.key_listeners: list[Callable[[str], None]] = []
+        # Told of every key the watch delivers (of the families each names, when it
+        # names some: sidecar/fleet/listeners.py); after a full re-read, of each key
+        # it changed and then "", which alone stands for the instance and job keys
+        # (sidecar/store/watch.py).
+        self.key_listeners = KeyListeners()
         self.removal_listeners: list[Callable[[Removal], None]] = []
         self.bucket: Bucket | None = None
         self.watch: Watch | None = None
@@ -477,7 +479,7 @@ class Fleet:
         if not self.view.synced:
             return
         self.problem = None
-        for listener in self.key_listeners:
+        for listener in self.key_listeners.for_key(key):
             try:
                 listener(key)
             except Exception:  # one listener's bug must not stop the watch

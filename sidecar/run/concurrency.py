@@ -73,7 +73,7 @@ class Limits:
         self.fleet = ctx.fleet
         # One per waiting run, set on every change of a slot key (it looks again).
         self._waiting: set[asyncio.Event] = set()
-        ctx.fleet.key_listeners.append(self.changed)
+        ctx.fleet.key_listeners.append(self.changed, PREFIX)
 
     def changed(self, key: str) -> None:
         """A key of the state bucket changed ("" after a re-sync)."""

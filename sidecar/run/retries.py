@@ -309,5 +309,5 @@ def follow(ctx: Context, recorder: Recorder, attempt: Attempt) -> tuple[DueAttem
         ctx, recorder, judges_foreign=fleet.orphans.judges, view=fleet.view, rerun=due.rerun
     )
     fleet.removal_listeners.append(lost.removed)
-    fleet.key_listeners.append(due.due_changed)
+    fleet.key_listeners.append(due.due_changed, "due.")
     return due, lost

@@ -120,7 +120,7 @@ def _parts(ctx: Context, trigger: Trigger, jobs: Jobs) -> Parts:
     window = ClaimWindow(ctx, lost)
     fleet.key_listeners.append(window.delivered)
     # buffer.<job> of a job that is not buffer_one here: counted (straybuffers.py).
-    fleet.key_listeners.append(StrayBuffers(ctx).changed)
+    fleet.key_listeners.append(StrayBuffers(ctx).changed, "buffer.")
 
     # overlap: replace and buffer_one (sidecar/run/overlap.py). Made, its code
     # imported, now if a job has one of them, else for the first job of the state
