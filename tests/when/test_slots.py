@@ -179,6 +179,31 @@ def test_previous_slot_counts_the_spread() -> None:
     assert cal.previous_slot(u("2026-01-01 01:54:24")) == u("2026-01-01 00:54:24")
 
 
+def test_previous_slot_is_worked_out_once_for_the_jobs_sharing_a_calendar(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A burst of first runs of one schedule's jobs (issue 49) asks the shared
+    # calendar for the same slot's previous: worked out once, and a memo that
+    # never answers for another slot.
+    from sidecar.when.slots import Calendar
+
+    worked: list[int] = []
+    before = Calendar._slot_before
+
+    def counted(cal: Calendar, slot_ms: int) -> int | None:
+        worked.append(slot_ms)
+        return before(cal, slot_ms)
+
+    monkeypatch.setattr(Calendar, "_slot_before", counted)
+    cal = parse_calendar("7 13 14 * * *", UTC_Z)
+    fresh = parse_calendar("7 13 14 * * *", UTC_Z)
+    slot, later = u("2026-03-02 14:13:07"), u("2026-03-03 14:13:07")
+    answers = [cal.previous_slot(s) for s in (slot, slot, slot, later, slot)]
+    assert answers == [u("2026-03-01 14:13:07")] * 3 + [slot, u("2026-03-01 14:13:07")]
+    assert worked == [slot, later, slot]
+    assert fresh.previous_slot(later) == slot and cal == fresh
+
+
 def test_min_interval_of_a_union_sees_close_expressions() -> None:
     cal = parse_calendar(["0 * * * *", "5 * * * *"], UTC_Z)
     assert cal.min_interval_ms() == 5 * 60_000
