@@ -88,6 +88,9 @@ class Timetable:
         self.side_tasks = tasks
         self.attempt, self.late, self.over, self.catch_up = attempt, late, over, catch_up
         self.timer = Timer(clock, stopping, self._fired)
+        # The next-run gauge keeps no series for a job waiting beyond its horizon: it
+        # reads the walks instead (``next_run``, ``soon``).
+        metrics.job_next_run_timestamp_seconds.follow(self)
         self.walks: dict[str, Walk] = {}
         # Per job: (slot, the schedule's slot before it), known before the slot's time.
         self.previous: dict[str, tuple[int, int | None]] = {}
@@ -105,7 +108,7 @@ class Timetable:
         walk = Walk(job, job.schedule.next_slot(self.clock.wall_ms()))
         self.walks[job.name] = walk
         if job.after is not None:  # no slots: its runs follow another job's (chains.py)
-            m.job_next_run_timestamp_seconds.labels(job=job.name).set(0)
+            m.job_next_run_timestamp_seconds.note(job.name, 0)
             return  # ends at stop or retirement
         if job.catchup != "none":
             self.side_tasks.spawn(self.catch_up(job))
@@ -115,6 +118,24 @@ class Timetable:
         """The slot job `name`'s walk handles next (None: it walks no more)."""
         walk = self.walks.get(name)
         return walk.slot if walk is not None else None
+
+    def next_run(self, name: str) -> float | None:
+        """Unix time of job `name`'s next slot as its gauge says it (0: it runs no
+        more, or after another job's; None: it walks no more)."""
+        walk = self.walks.get(name)
+        if walk is None:
+            return None
+        return 0.0 if walk.over or walk.job.after is not None else walk.slot / 1000
+
+    def soon(self, limit: float) -> list[tuple[str, float]]:
+        """The jobs whose next slot is at or before `limit` (Unix time): the next-run
+        gauge shows them (sidecar/obs/metrics.py ``NextRunGauge``)."""
+        limit_ms = limit * 1000
+        return [
+            (name, walk.slot / 1000)
+            for name, walk in self.walks.items()
+            if walk.slot <= limit_ms and not walk.over and walk.job.after is None
+        ]
 
     async def retire(self, name: str) -> None:
         """End job `name`'s walk alone, between two slots (a job removed from the state
@@ -167,7 +188,7 @@ class Timetable:
         if (over := self.over(job, walk.slot)) is not None:
             # end_at passed, or max_runs reached: no slot is claimed (nor counted
             # skipped: the job is done, not failing). Said once; no next run.
-            m.job_next_run_timestamp_seconds.labels(job=name).set(0)
+            m.job_next_run_timestamp_seconds.note(name, 0)
             if self.said_over.get(name) != over:
                 self.said_over[name] = over
                 log.info("job %s: no more runs: %s", name, over)
@@ -182,7 +203,7 @@ class Timetable:
         self.said_over.pop(name, None)
         if walk.known:  # X-Anarchon-Previous-Scheduled-At, known before the slot's time
             self.previous[name] = (walk.slot, walk.previous)
-        m.job_next_run_timestamp_seconds.labels(job=name).set(walk.slot / 1000)
+        m.job_next_run_timestamp_seconds.note(name, walk.slot / 1000)
         fire_at = walk.slot / 1000 + random.uniform(0.0, job.jitter)
         walk.entry = self.timer.at(fire_at, walk)
 

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from sidecar.obs.exposition import render
 from sidecar.obs.metric_series import ByJobHistogram, CounterSeries, Labelled, ShownGauge
 from sidecar.obs.metric_table import METRICS
-from sidecar.obs.metrics import Metrics
+from sidecar.obs.metrics import Metrics, NextRunGauge
 from tests.support import ROOT, sidecar_env
 
 # What a row of each kind makes, as Metrics' annotations type it.
@@ -25,7 +25,7 @@ MADE: dict[str, object] = {
     "gauge": Gauge,
     "job_counter": Labelled[CounterSeries],
     "job_gauge": Labelled[ShownGauge],
-    "next_run": Labelled[ShownGauge],
+    "next_run": NextRunGauge,
     "job_histogram": ByJobHistogram,
 }
 
