@@ -73,11 +73,17 @@ class Timer:
         """``fire(item)`` at wall-clock time `wall` (at once, on the timer's task, when
         it has passed). An instant earlier than the one slept for wakes the timer."""
         entry = Entry(item)
+        self.push(wall, entry)
+        return entry
+
+    def push(self, wall: float, entry: Entry) -> None:
+        """As ``at``, for an entry the caller made (an object that is its own entry:
+        sidecar/run/timetable.py's walks, one object a job instead of two). An entry
+        is in the heap once at most while active."""
         head = self._heap[0][0] if self._heap else None
         heapq.heappush(self._heap, (wall, next(self._seq), entry))
         if head is None or wall < head:
             self.wake()
-        return entry
 
     def wake(self) -> None:
         """End the current sleep: the heap is read again (a new earliest, or stop)."""

@@ -34,12 +34,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Walk:
-    """One job's place in its schedule: the slot it waits for, and how it ends."""
+class Walk(Entry):
+    """One job's place in its schedule: the slot it waits for, and how it ends.
+
+    Armed, it is its own entry in the timer's heap (``item`` is the walk itself,
+    None when not armed): no second object a job (40 B at 100,000 jobs, issue 49)."""
 
     __slots__ = (
         "done",
-        "entry",
         "firing",
         "job",
         "known",
@@ -51,6 +53,7 @@ class Walk:
     )
 
     def __init__(self, job: JobConfig, slot: int) -> None:
+        super().__init__(None)
         self.job = job
         self.slot = slot
         self.previous: int | None = None
@@ -58,7 +61,6 @@ class Walk:
         self.over = False  # waiting for a slot that is not claimed (max_runs)
         self.passing = False  # the instant armed is the slot itself, passed unclaimed
         self.retired = False  # ended alone (a job removed from the state bucket)
-        self.entry: Entry | None = None
         self.firing = False  # a task handles a slot now
         # Made when someone waits for the walk's end (``retire``): none per job.
         self.done: asyncio.Future[None] | None = None
@@ -165,9 +167,8 @@ class Timetable:
 
     def _end(self, walk: Walk) -> None:
         """The walk is over: no slot more is handled."""
-        if walk.entry is not None:
-            walk.entry.cancel()
-            walk.entry = None
+        if walk.active:
+            walk.cancel()
             if self.stopping.is_set() and not walk.over and self.clock.wall_ms() >= walk.slot:
                 # Its time had come, its jitter not: the slot goes unclaimed.
                 name = walk.job.name
@@ -197,7 +198,7 @@ class Timetable:
                 return  # end_at: nothing after it ever runs; ended by stop
             # max_runs: the slots pass unclaimed (deleting count.<job> resets it).
             walk.over = walk.passing = True
-            walk.entry = self.timer.at(walk.slot / 1000, walk)
+            self._at(walk, walk.slot / 1000)
             return
         walk.over = walk.passing = False
         self.said_over.pop(name, None)
@@ -205,7 +206,12 @@ class Timetable:
             self.previous[name] = (walk.slot, walk.previous)
         m.job_next_run_timestamp_seconds.note(name, walk.slot / 1000)
         fire_at = walk.slot / 1000 + random.uniform(0.0, job.jitter)
-        walk.entry = self.timer.at(fire_at, walk)
+        self._at(walk, fire_at)
+
+    def _at(self, walk: Walk, wall: float) -> None:
+        """Arm `walk` for wall-clock time `wall` (``_fired`` then)."""
+        walk.item = walk
+        self.timer.push(wall, walk)
 
     def _fired(self, item: object) -> None:
         """The timer's one callback: `item` is the walk whose instant came."""
@@ -217,7 +223,6 @@ class Timetable:
 
     def _passed(self, walk: Walk) -> None:
         """A slot of a capped job passed unclaimed: wait for the next."""
-        walk.entry = None
         walk.previous, walk.slot, walk.known = (
             walk.slot,
             walk.job.schedule.next_slot(walk.slot),
@@ -226,7 +231,6 @@ class Timetable:
         self._arm(walk)
 
     def _due(self, walk: Walk) -> None:
-        walk.entry = None
         walk.firing = True
         self.tasks.spawn(self._handle(walk))
 
