@@ -98,6 +98,8 @@ class Timetable:
         self.walks: dict[str, Walk] = {}
         # The largest jitter of any walk armed (never lowered): ``soon``'s reach.
         self.jitter = 0.0
+        # The walks handling a slot now: out of the heap, their slot come (``soon``).
+        self.handling: set[Walk] = set()
         # Per job: (slot, the schedule's slot before it), known before the slot's time.
         self.previous: dict[str, tuple[int, int | None]] = {}
         # Per job: why its walk said it claims no more slots (end_at, max_runs).
@@ -149,11 +151,12 @@ class Timetable:
         gauge shows them (sidecar/obs/next_run.py). Read from the timer's heap, not
         from every walk: an armed walk's instant is its slot plus at most the
         largest jitter, so the entries due by `limit` plus that jitter are all the
-        walks there are to find (a scrape costs what it writes, issue 49)."""
+        walks there are to find (a scrape costs what it writes, issue 49); with
+        the walks handling a slot, out of the heap meanwhile."""
         limit_ms = limit * 1000
         found: dict[str, float] = {}
-        for entry in self.timer.due_by(limit + self.jitter):
-            walk = entry.item
+        armed = [entry.item for entry in self.timer.due_by(limit + self.jitter)]
+        for walk in [*armed, *self.handling]:
             if (
                 isinstance(walk, Walk)
                 and walk.slot <= limit_ms
@@ -262,6 +265,7 @@ class Timetable:
 
     def _due(self, walk: Walk) -> None:
         walk.firing = True
+        self.handling.add(walk)
         self.tasks.spawn(self._handle(walk))
 
     async def _handle(self, walk: Walk) -> None:
@@ -283,4 +287,5 @@ class Timetable:
                 walk.slot = job.schedule.next_slot(walk.slot)
         finally:
             walk.firing = False
+            self.handling.discard(walk)
             self._arm(walk)

@@ -204,6 +204,55 @@ def test_a_scrape_looks_at_the_jobs_it_writes_not_at_every_job() -> None:
     asyncio.run(scrape_twice())
 
 
+def test_a_scrape_while_a_slot_is_handled_shows_that_slot() -> None:
+    """A walk handling its slot is out of the timer's heap; a scrape then still
+    finds the slot, as one did when every job had a series (issue 49)."""
+    (job,) = parse_config(
+        {
+            "nats": {"servers": ["nats://127.0.0.1:4222"]},  # never connected
+            "target": {"url": "http://127.0.0.1:9"},
+            "jobs": [{"name": "every", "schedule": "@every 1s", "jitter": 0}],
+        },
+        {},
+    ).jobs
+
+    async def scrape_while_handled() -> None:
+        registry = CollectorRegistry()
+        now = [time.time() - 10 * NEXT_RUN_HORIZON]  # its slot beyond the horizon
+        metrics = Metrics(registry, wall=lambda: now[0])
+        stopping = asyncio.Event()
+        attempted, release = asyncio.Event(), asyncio.Event()
+
+        async def attempt(*_: object) -> None:
+            attempted.set()
+            await release.wait()
+
+        timetable = Timetable(
+            clock=Clock(),
+            stopping=stopping,
+            metrics=metrics,
+            tasks=TaskSet("side tasks"),
+            attempt=attempt,
+            late=never,  # type: ignore[arg-type]
+            over=lambda job, slot: None,
+            catch_up=never,
+        )
+        timetable.start(job)
+        try:
+            assert not metrics.job_next_run_timestamp_seconds.written("every")
+            await asyncio.wait_for(attempted.wait(), 5)
+            slot = timetable.walks["every"].slot
+            now[0] = time.time()  # the gauge's clock reaches the slot being handled
+            assert registry.get_sample_value(NEXT_RUN, {"job": "every"}) == slot / 1000
+        finally:
+            release.set()
+            stopping.set()
+            timetable.timer.wake()
+            timetable.wake()
+
+    asyncio.run(scrape_while_handled())
+
+
 def test_a_sidecar_shows_a_next_run_once_the_clock_brings_it_within_the_hour(
     tmp_path: Path, nats_server: NatsServer
 ) -> None:
