@@ -311,8 +311,9 @@ class BucketJobs:
             self._resume[name] = resume
         if not replaced:
             self._unregister(name)
-            # 0: "no next run", which the alert rules leave out (`> 0`).
-            self.metrics.job_next_run_timestamp_seconds.labels(job=name).set(0)
+            # 0: "no next run", which the alert rules leave out (`> 0`); a job
+            # without a series gets none for it (sidecar/obs/next_run.py).
+            self.metrics.job_next_run_timestamp_seconds.note(name, 0)
             log.info(
                 "job %s (id %s) left the state bucket: not run any more", name, current.spec.id
             )

@@ -73,11 +73,38 @@ class Timer:
         """``fire(item)`` at wall-clock time `wall` (at once, on the timer's task, when
         it has passed). An instant earlier than the one slept for wakes the timer."""
         entry = Entry(item)
+        self.push(wall, entry)
+        return entry
+
+    def push(self, wall: float, entry: Entry) -> None:
+        """As ``at``, for an entry the caller made (an object that is its own entry:
+        sidecar/run/timetable.py's walks, one object a job instead of two). An entry
+        is in the heap once at most while active."""
         head = self._heap[0][0] if self._heap else None
         heapq.heappush(self._heap, (wall, next(self._seq), entry))
         if head is None or wall < head:
             self.wake()
-        return entry
+
+    def due_by(self, wall: float) -> list[Entry]:
+        """The active entries whose instant is at or before `wall`, in no order.
+
+        The heap's children are never earlier than their parent: a walk from the
+        root that goes down only below an entry this early visits the entries
+        found and their children, not the heap (a scrape's next-run times,
+        sidecar/run/timetable.py ``soon``: issue 49)."""
+        heap = self._heap
+        size = len(heap)
+        found: list[Entry] = []
+        below = [0] if size and heap[0][0] <= wall else []
+        while below:
+            at = below.pop()
+            entry = heap[at][2]
+            if entry.active:
+                found.append(entry)
+            for child in (2 * at + 1, 2 * at + 2):
+                if child < size and heap[child][0] <= wall:
+                    below.append(child)
+        return found
 
     def wake(self) -> None:
         """End the current sleep: the heap is read again (a new earliest, or stop)."""

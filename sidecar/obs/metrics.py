@@ -153,7 +153,7 @@ class Metrics:
             return Labelled(registry, "counter", name, doc, labels, CounterSeries, on_new)
         if spec.kind == "job_gauge":
             return Labelled(registry, "gauge", full, doc, labels, spec.series, shown=shown)
-        if spec.kind == "next_run":  # a scrape looks at the jobs it writes only
+        if spec.kind == "next_run":  # no series a waiting job; a scrape costs what it writes
             return NextRunGauge(registry, full, doc, labels, lambda: self.wall())
         bounds = (*spec.buckets, INF)
         les = tuple(floatToGoString(b) for b in bounds)  # type: ignore[no-untyped-call]
@@ -177,4 +177,4 @@ class Metrics:
         ):
             metric.add(job)
         self.runs_total.add(job, "failed")
-        self.job_next_run_timestamp_seconds.labels(job=job).show()
+        self.job_next_run_timestamp_seconds.claimed(job)

@@ -1,22 +1,26 @@
-"""The next-run gauge, whose scrape costs the series it writes, not the jobs.
+"""The next-run gauge: no series for a job waiting beyond its hour, and a scrape
+that costs the series it writes, not the jobs.
 
-``anarchon_job_next_run_timestamp_seconds`` has a series for every job (each
-job's walk sets its next slot), but a job's series is written only once its
-next slot is within ``NEXT_RUN_HORIZON`` of the wall clock, or from its
-first claim, and from then on for good (docs/METRICS.md, "Series per job").
-A scrape used to find the ones that came within the horizon by looking at
-every series: 100,000 jobs were 100,000 looks, on the event loop, before
-the first byte of a body of a few hundred of them (issue 49: a scrape took
-up to 0.8 s). Here a series not shown yet waits in a heap by its next-run
-time (one small tuple a job, sharing the series' float and label key), the
-scrape takes from the heap only the ones the clock reached, and the shown
-series are kept apart, in the order they were shown.
+``anarchon_job_next_run_timestamp_seconds`` is written for a job once its next
+slot is within ``NEXT_RUN_HORIZON`` of the wall clock, or from its first claim,
+and from then on for good (docs/METRICS.md, "Series per job"). Issue 49, twice:
+
+- Memory. A series kept for every job that waits, shown or not, was about
+  170 B a job at 100,000 jobs that no scrape wrote. A job whose next slot is
+  beyond the horizon has no series here: its slot is its walk's
+  (sidecar/run/timetable.py), which the gauge follows (``NextRuns``).
+- Time. A scrape that looked at every job to find the few whose slot came
+  near was 100,000 looks on the event loop (up to 0.8 s) for a body of a few
+  hundred. ``NextRuns.soon`` answers from the timer's heap, visiting the
+  entries due by the horizon only (sidecar/core/timer.py ``due_by``), and the
+  series here are those of the jobs shown (or about to be): a scrape costs
+  what it writes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from heapq import heapify, heappop, heappush
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -25,36 +29,41 @@ from sidecar.obs.metric_series import Labelled, ShownGauge
 # A job's next-run time is exposed once its next slot is this close (or once it
 # claimed a slot here): a yearly job waiting for its day costs no series.
 NEXT_RUN_HORIZON = 3600.0
-# The heap is rebuilt from the series when stale entries (a value set again
-# before it came within the horizon) outnumber the live ones by this much.
-SLACK = 1024
 
 
 class NextRun(ShownGauge):
-    """A job's next-run gauge: shown once set to a time within the horizon, once a
-    scrape finds the clock brought it there, or at the job's first claim (``show``)."""
+    """A job's next-run series: shown once set to a slot within the horizon
+    (``soon``, the gauge's clock), or from the job's first claim; then for good
+    (a job whose last slot came and went shows its 0)."""
 
-    __slots__ = ("key", "metric")
+    __slots__ = ("soon",)
 
-    def __init__(self, metric: NextRunGauge) -> None:
+    def __init__(self, soon: Callable[[float], bool]) -> None:
         super().__init__()
-        self.metric = metric
-        self.key: tuple[str, ...] = ()  # its label values, given once made (``_named``)
+        self.soon = soon
 
     def set(self, value: float) -> None:
         self.value = float(value)
-        if not self.shown:
-            self.metric.placed(self)
+        self.shown = self.shown or self.soon(self.value)
 
-    def show(self) -> None:
-        """Written by every scrape from now on (a job with something to say)."""
-        if not self.shown:
-            self.shown = True
-            self.metric.shown[self.key] = self
+
+class NextRuns(Protocol):
+    """Where the jobs' next slots are known (sidecar/run/timetable.py): the gauge
+    asks it instead of keeping a series for every job that waits."""
+
+    def next_run(self, job: str) -> float | None:
+        """Unix time of `job`'s next slot; 0: it runs no more; None: not known here."""
+
+    def soon(self, limit: float) -> Iterable[tuple[str, float]]:
+        """The jobs whose next slot (Unix time, > 0) is at or before `limit`, at a
+        cost of about the jobs found, not of every job."""
 
 
 class NextRunGauge(Labelled[ShownGauge]):
-    """The next-run metric: a ``Labelled`` of ``NextRun`` series (module doc)."""
+    """``job_next_run_timestamp_seconds``: a series only for the jobs that have one
+    to show, or had (module doc). A scrape makes the series of the jobs whose slot
+    came within the horizon (``soon``), a job's first claim its own with the slot
+    it waits for (``claimed``)."""
 
     def __init__(
         self,
@@ -64,55 +73,49 @@ class NextRunGauge(Labelled[ShownGauge]):
         labelnames: tuple[str, ...],
         wall: Callable[[], float],
     ) -> None:
-        self.wall = wall
-        # Not shown yet: (next-run time, label values), the earliest first; an entry
-        # whose series has another value since is stale and dropped when reached.
-        self.waiting: list[tuple[float, tuple[str, ...]]] = []
-        self.shown: dict[tuple[str, ...], ShownGauge] = {}
-        super().__init__(
-            registry, "gauge", name, documentation, labelnames, self._new, on_new=self._named
-        )
+        self._wall = wall
+        self._sources: list[NextRuns] = []
+        super().__init__(registry, "gauge", name, documentation, labelnames, self._new)
 
     def _new(self) -> NextRun:
-        return NextRun(self)
+        return NextRun(self._soon)
 
-    def _named(self, key: tuple[str, ...]) -> None:
-        self._next_run(key).key = key
+    def _soon(self, value: float) -> bool:
+        return 0 < value <= self._wall() + NEXT_RUN_HORIZON
 
-    def _next_run(self, key: tuple[str, ...]) -> NextRun:
-        series = self._series[key]
-        assert isinstance(series, NextRun)  # every series is made by ``_new``
-        return series
+    def follow(self, source: NextRuns) -> None:
+        """Read the next slots of the jobs without a series from `source` too."""
+        self._sources.append(source)
 
-    def labels(self, **labels: object) -> NextRun:
-        series = super().labels(**labels)
-        assert isinstance(series, NextRun)
-        return series
+    def note(self, job: str, value: float) -> None:
+        """`job`'s next run is now `value` (0: none): kept only when its series exists
+        or the slot is within the horizon (the source knows it otherwise)."""
+        if self.written(job) or self._soon(value):
+            self.labels(job=job).set(value)
 
-    def placed(self, series: NextRun) -> None:
-        """`series` (not shown) was set: shown if its time is near, else it waits."""
-        value = series.value
-        if not value > 0:  # no next run (0, or NaN): nothing to wait for
-            return
-        if value <= self.wall() + NEXT_RUN_HORIZON:
-            series.show()
-            return
-        heappush(self.waiting, (value, series.key))
-        if len(self.waiting) > 2 * (len(self._series) - len(self.shown)) + SLACK:
-            self.waiting = [
-                (s.value, key)
-                for key, s in self._series.items()
-                if not s.shown and s.value > 0  # a time, not "no next run"
-            ]
-            heapify(self.waiting)
+    def claimed(self, job: str) -> None:
+        """`job`'s first claim here: its next run is shown from now on."""
+        if not self.written(job):
+            value = next(
+                (v for v in (s.next_run(job) for s in self._sources) if v is not None), 0.0
+            )
+            self.labels(job=job).value = value
+        self.labels(job=job).shown = True
 
     def items(self) -> list[tuple[tuple[str, ...], ShownGauge]]:
-        """The shown series, after showing those whose time the clock brought near."""
-        limit = self.wall() + NEXT_RUN_HORIZON
-        waiting = self.waiting
-        while waiting and waiting[0][0] <= limit:
-            value, key = heappop(waiting)
-            series = self._series.get(key)
-            if series is not None and not series.shown and series.value == value:
-                self._next_run(key).show()
-        return list(self.shown.items())
+        """The shown series, after making those of the jobs whose slot came near.
+
+        Every series here is a job's that is shown, or was set near by hand (a
+        test's ``labels().set``): the loop below costs what the scrape writes."""
+        limit = self._wall() + NEXT_RUN_HORIZON
+        for source in self._sources:
+            for job, value in source.soon(limit):
+                if not self.written(job):
+                    self.labels(job=job).set(value)
+        out = []
+        for key, series in self._series.items():
+            if not series.shown and 0 < series.value <= limit:
+                series.shown = True  # the job has something to say from now on
+            if series.shown:
+                out.append((key, series))
+        return out

@@ -118,3 +118,50 @@ async def test_a_burst_is_fired_a_chunk_per_loop_pass() -> None:
     stopping.set()
     t.wake()
     await asyncio.wait_for(runner, 1)
+
+
+class Armed(timer_module.Entry):
+    """An object that is its own entry (as sidecar/run/timetable.py's walks)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__(None)
+        self.name = name
+
+
+async def test_an_object_that_is_its_own_entry_fires_once_per_push_and_cancels() -> None:
+    stopping = asyncio.Event()
+    fired: list[str] = []
+    t = Timer(Clock(), stopping, fire=lambda item: fired.append(item.name))
+    runner = asyncio.create_task(t.run())
+    a, b = Armed("a"), Armed("b")
+    now = time.time()
+    for item, after in ((a, 0.05), (b, 0.10)):
+        item.item = item
+        t.push(now + after, item)
+    b.cancel()
+    await until(lambda: fired == ["a"] and not a.active, 5, "a fired, its entry spent")
+    a.item = a  # armed again: fires again
+    t.push(time.time() + 0.05, a)
+    await until(lambda: fired == ["a", "a"], 5, "a fired a second time")
+    # c, armed after b's instant had passed, fires: b, cancelled, never did.
+    c = Armed("c")
+    c.item = c
+    t.push(time.time(), c)
+    await until(lambda: fired[-1:] == ["c"], 5, "c fired")
+    assert fired == ["a", "a", "c"]
+    stopping.set()
+    t.wake()
+    await asyncio.wait_for(runner, 1)
+
+
+def test_the_entries_due_by_an_instant_are_found_without_the_rest_of_the_heap() -> None:
+    """``due_by`` (the next-run gauge's scrape, issue 49): every active entry at or
+    before the instant, a cancelled one not (the cost: tests/obs/test_next_run.py)."""
+    t = Timer(Clock(), asyncio.Event(), fire=lambda _: None)
+    entries = [t.at(1000.0 + i, i) for i in reversed(range(2000))]
+    entries[-3].cancel()  # the instant 1002.0
+    assert sorted(cast(int, e.item) for e in t.due_by(1004.5)) == [0, 1, 3, 4]
+    assert t.due_by(999.0) == []
+    assert len(t.due_by(10_000.0)) == 1999
