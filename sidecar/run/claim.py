@@ -17,9 +17,14 @@ a duplicate answer to the first publish means the stored claim is somebody
 else's, and the claim is lost without a second request. N replicas cost N
 JetStream requests per slot (plus the winner's result), not 2N-1.
 
-The publishes of one sidecar's claims are pipelined (sidecar/run/claimpipe.py):
+The publishes of one sidecar's claims are pipelined (sidecar/store/pipe.py):
 at most ``Claimer.window`` in flight, acks gathered, each claim's ack timeout
-counted from when it went out.
+counted from when it went out. A burst (thousands of slots due at one instant,
+docs/PERFORMANCE.md) used to send every claim as its own ``js.publish``, all
+at once: the last ones waited longer than ``nats.ack_timeout`` for an answer
+that was only queued, and were asked again and had their stored claim read.
+The claims have a pipe of their own, apart from the runs' writes
+(``writes_of``), so that a run's lease and result never wait behind them.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from sidecar.core.wire import ERR_DUPLICATE_IN_PROCESS, claims_subject, msg_get_
 from sidecar.core.wire import MSG_ID as MSG_ID  # re-exported: the run's ending uses it
 from sidecar.core.wire import TRANSIENT as TRANSIENT  # re-exported: the run's ending uses it
 from sidecar.core.wire import claim_msg_id as claim_msg_id  # re-exported
-from sidecar.run.claimpipe import WINDOW, Pipeline
+from sidecar.store.pipe import WINDOW, Pipe
 
 log = logging.getLogger(__name__)
 
@@ -141,15 +146,15 @@ class Claimer:
     # Told when a publish got no answer for the whole ack_timeout while connected
     # (``Connection.unanswered``: the server may not reach the stream's leader).
     on_unanswered: Callable[[], None] | None = None
-    # Claims of this sidecar in flight at once (sidecar/run/claimpipe.py).
+    # Claims of this sidecar in flight at once (sidecar/store/pipe.py).
     window: int = WINDOW
-    _pipe: Pipeline | None = field(default=None, init=False, repr=False)
+    _pipe: Pipe | None = field(default=None, init=False, repr=False)
 
     @property
-    def pipe(self) -> Pipeline:
+    def pipe(self) -> Pipe:
         """The claims in flight, made on the first claim (inside the running loop)."""
-        if self._pipe is None or self._pipe.nc is not self.nc:
-            self._pipe = Pipeline(self.nc, self.window)
+        if self._pipe is None or not self._pipe.serves(self.nc):
+            self._pipe = Pipe(self.nc, self.window)
         return self._pipe
 
     def subject(self, job: str) -> str:

@@ -24,7 +24,7 @@ At most ``window`` publishes of a ``Pipe`` are in flight at once (``Window``;
 the caller holds a place while its publish is out): 256 claims, 4,096 writes.
 A publish's timeout starts when it goes out, never while it waits for room;
 the timeouts of the publishes in flight share one loop timer per ``GRAIN``
-(``Expiry``), not one each. The claims (sidecar/run/claimpipe.py) and the
+(``Expiry``), not one each. The claims (sidecar/run/claim.py) and the
 state bucket's and results' writes (``writes_of``: sidecar/store/kv.py,
 sidecar/run/record.py) each have a pipe of their own per connection, so that
 a burst of one never waits for room behind the other.
@@ -144,6 +144,10 @@ class Pipe:
         self._inbox: str | None = None
         self._pending: dict[str, asyncio.Future[PubAck]] = {}
         self._subscribing = asyncio.Lock()
+
+    def serves(self, nc: NATS) -> bool:
+        """Whether this pipe publishes on `nc` (False once its own is gone)."""
+        return self._nc() is nc
 
     @property
     def nc(self) -> NATS:

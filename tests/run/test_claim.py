@@ -178,7 +178,7 @@ def lose_first_ack(claimer: Claimer, publish_it: bool = True) -> list[int]:
 
     Returns a list that gets the stored sequence of that publish (0 if not sent).
     """
-    # Claims go out through the claimer's pipeline (sidecar/run/claimpipe.py).
+    # Claims go out through the claimer's pipeline (sidecar/store/pipe.py).
     real = claimer.pipe.publish
     lost: list[int] = []
 

@@ -1,4 +1,4 @@
-"""Claims published pipelined (sidecar/run/claimpipe.py), against a real nats-server:
+"""Claims published pipelined (sidecar/store/pipe.py), against a real nats-server:
 a burst of one instant's claims from two claimers, and a NATS restart mid-burst."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from nats.errors import ConnectionClosedError
 from sidecar.core.clock import Clock
 from sidecar.core.errors import ClaimDisconnected, ClaimError
 from sidecar.run.claim import Claim, Claimer, token_of
-from sidecar.run.claimpipe import Expiry, Window
+from sidecar.store.pipe import Expiry, Window
 from sidecar.store.stream import StreamSpec, ensure_stream
 from tests.run.test_claim import connection_for
 from tests.support import NatsServer, until
