@@ -44,7 +44,6 @@ class Walk(Entry):
 
     __slots__ = (
         "done",
-        "firing",
         "job",
         "known",
         "over",
@@ -63,7 +62,6 @@ class Walk(Entry):
         self.over = False  # waiting for a slot that is not claimed (max_runs)
         self.passing = False  # the instant armed is the slot itself, passed unclaimed
         self.retired = False  # ended alone (a job removed from the state bucket)
-        self.firing = False  # a task handles a slot now
         # Made when someone waits for the walk's end (``retire``): none per job.
         self.done: asyncio.Future[None] | None = None
 
@@ -98,7 +96,8 @@ class Timetable:
         self.walks: dict[str, Walk] = {}
         # The largest jitter of any walk armed (never lowered): ``soon``'s reach.
         self.jitter = 0.0
-        # The walks handling a slot now: out of the heap, their slot come (``soon``).
+        # The walks a task handles a slot of now: out of the heap, their slot come
+        # (``soon``); a retirement waits for theirs, a stop leaves them to end it.
         self.handling: set[Walk] = set()
         # Per job: (slot, the schedule's slot before it), known before the slot's time.
         self.previous: dict[str, tuple[int, int | None]] = {}
@@ -175,7 +174,7 @@ class Timetable:
         if walk is None:
             return None
         walk.retired = True
-        if walk.firing:
+        if walk in self.handling:
             walk.done = asyncio.get_running_loop().create_future()
             await walk.done
         else:
@@ -190,7 +189,7 @@ class Timetable:
         if not self.stopping.is_set():
             return
         for walk in list(self.walks.values()):
-            if not walk.firing:
+            if walk not in self.handling:
                 self._end(walk)
 
     def _gone(self, walk: Walk) -> bool:
@@ -264,7 +263,6 @@ class Timetable:
         self._arm(walk)
 
     def _due(self, walk: Walk) -> None:
-        walk.firing = True
         self.handling.add(walk)
         self.tasks.spawn(self._handle(walk))
 
@@ -286,6 +284,5 @@ class Timetable:
                 walk.previous, walk.known = walk.slot, True
                 walk.slot = job.schedule.next_slot(walk.slot)
         finally:
-            walk.firing = False
             self.handling.discard(walk)
             self._arm(walk)
