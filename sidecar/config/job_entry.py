@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import date, datetime
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
@@ -132,8 +132,7 @@ def _shared_headers(headers: dict[str, str]) -> Mapping[str, str]:
     kept = _HEADERS.get(key)
     if kept is None:
         kept = MappingProxyType(headers)
-        if len(_HEADERS) < _SHARED_MAX:
-            _HEADERS[key] = kept
+        _keep(_HEADERS, key, kept)
     return kept
 
 
@@ -243,9 +242,20 @@ def interned(value: _T, table: dict[object, object] = _SHARED) -> _T:
         return value
     if kept is not None:
         return kept  # type: ignore[return-value]
-    if len(table) < _SHARED_MAX:
-        table[value] = value
+    _keep(table, value, value)
     return value
+
+
+def _keep(table: dict[Any, Any], key: object, value: object) -> None:
+    """Keep `value` under `key`; a full table first forgets its oldest entry.
+
+    Not "stop keeping once full": a sidecar whose jobs changed over weeks would
+    then share nothing new, and what a job shares would depend on what came
+    before it. A job keeps the object it was given either way.
+    """
+    if len(table) >= _SHARED_MAX:
+        del table[next(iter(table))]
+    table[key] = value
 
 
 def _parse_concurrency(sec: ConfigSection) -> ConcurrencyConfig | None:

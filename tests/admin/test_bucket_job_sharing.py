@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from sidecar.admin.jobcheck import judge
+from sidecar.config import job_entry
 from sidecar.config.load import parse_config
 from sidecar.config.model import Config
 
@@ -89,3 +90,21 @@ def test_a_replace_job_keeps_its_own_cancel_path() -> None:
     b = judge(cfg, "job.tenant-2", tenant(2, overlap="replace")).job
     assert (a.cancel.path, b.cancel.path) == ("/tenants/1/sync", "/tenants/2/sync")
     assert a.cancel.method == b.cancel.method == "DELETE"
+
+
+def test_sharing_goes_on_after_the_tables_filled() -> None:
+    """A sidecar that has judged thousands of distinct jobs over weeks still
+    shares the equal parts of the next ones (the tables forget their oldest
+    entries; they do not stop keeping). Failed on CI: other tests had filled
+    the tables first, and new jobs shared nothing."""
+    cfg = file_config()
+    for i in range(job_entry._SHARED_MAX + 10):
+        job = tenant(i, schedule=f"{i % 60} {i // 60 % 24} {i // 1440 % 28 + 1} * *")
+        job["request"] = {"path": "/x", "headers": {"X-Tenant": str(i)}}
+        judge(cfg, f"job.fill-{i}", {**job, "name": f"fill-{i}"})
+    assert len(job_entry._CALENDARS) <= job_entry._SHARED_MAX
+    assert len(job_entry._HEADERS) <= job_entry._SHARED_MAX
+    a = judge(cfg, "job.tenant-1", tenant(1, schedule="9 9 9 9 *")).job
+    b = judge(cfg, "job.tenant-2", tenant(2, schedule="9 9 9 9 *")).job
+    assert a.schedule is b.schedule
+    assert a.request.headers is b.request.headers
