@@ -21,7 +21,7 @@ from typing import Any
 
 from bench import runtime
 from bench.common import machine, nats_server, rss_mib, workdir, write_result
-from tests.support import NatsServer, sidecar_env
+from tests.support import NatsServer
 
 # The floor of issue 14: what any Python client of NATS with this CLI and config needs.
 DEPENDENCIES = ("nats", "prometheus_client", "click", "yaml")
@@ -69,7 +69,7 @@ def floor(venv: Path | None = None) -> dict[str, float]:
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=sidecar_env(),
+        env=runtime.env(),
         cwd=runtime.VENV,
     )
     assert proc.stdout is not None and proc.stdin is not None

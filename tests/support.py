@@ -433,11 +433,14 @@ class Sidecar:
             [*self.command(), "run", "-c", str(self.config_path), *extra_args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=sidecar_env(self.env),
+            env=self.environment(),
             cwd=self.cwd,
         )
         log.close()
         return self
+
+    def environment(self) -> dict[str, str]:
+        return sidecar_env(self.env)
 
     @property
     def base_url(self) -> str:
