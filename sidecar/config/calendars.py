@@ -20,7 +20,6 @@ from zoneinfo import ZoneInfo
 from sidecar.config.fields import key_text, read_capped, short, string, type_name
 from sidecar.config.keys import JOB_NAME, ConfigSection
 from sidecar.core.errors import ConfigError, IcsError
-from sidecar.when.ics import parse_ics
 from sidecar.when.shared import PREFIX, Resolved, SharedCalendar
 
 #: The largest calendar file: thirty years of a country's holidays take about 100 KiB.
@@ -68,6 +67,9 @@ def _from_file(name: str, file: str, key: str, base_dir: str | None) -> SharedCa
         raise ConfigError(key, f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(key, f"{path}: cannot read: {exc.strerror or exc}") from None
+    # The iCalendar parser is loaded by the first calendar file, not by every start.
+    from sidecar.when.ics import parse_ics
+
     try:
         events = parse_ics(text)
     except IcsError as exc:

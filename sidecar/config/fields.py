@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
-import unicodedata
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
@@ -153,13 +152,22 @@ def shown_text(value: str, key: str, limit: int) -> str:
     if len(value) > limit:
         raise ConfigError(key, f"at most {limit} characters, got {len(value)}")
     for char in value:
-        if unicodedata.category(char) in _UNSHOWN_CATEGORIES:
+        if _unshown(char):
             raise ConfigError(
                 key,
                 f"no control, bidi or other invisible characters (U+{ord(char):04X} at "
                 f"{value.index(char)})",
             )
     return value
+
+
+def _unshown(char: str) -> bool:
+    if char.isascii():  # of ASCII, only the controls are in those categories (Cc)
+        return char < " " or char == "\x7f"
+    # Its tables (about 0.1 MiB) loaded by the first such character, not at start.
+    import unicodedata
+
+    return unicodedata.category(char) in _UNSHOWN_CATEGORIES
 
 
 _HOST_RE = re.compile(r"[A-Za-z0-9.-]+")

@@ -17,10 +17,13 @@ import bisect
 import hashlib
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
-from sidecar.when.ics import Event
 from sidecar.when.slots import Exclusion, parse_exclusion
+
+if TYPE_CHECKING:  # loaded with the first calendar file (sidecar/config/calendars.py)
+    from sidecar.when.ics import Event
 
 PREFIX = "calendar:"
 
@@ -43,7 +46,7 @@ class SharedCalendar:
         fixed: list[Exclusion] = []
         yearly: list[_Yearly] = []
         for entry in self.entries:
-            if isinstance(entry, Event) and entry.yearly is not None:
+            if not isinstance(entry, str) and entry.yearly is not None:  # an Event
                 zone = ZoneInfo(entry.zone) if entry.zone is not None else tz
                 yearly.append(_Yearly(self.name, entry, zone))
                 continue
