@@ -30,6 +30,7 @@ from sidecar.config.fields import is_remote
 from sidecar.config.jobset import JobSet
 from sidecar.config.load import Config, Secrets
 from sidecar.core.clock import Clock
+from sidecar.core.hostnames import skip_idna
 from sidecar.core.tasks import TaskSet, cancel_all
 from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
@@ -158,6 +159,8 @@ class Daemon:
     async def run(self) -> int:
         """Run until SIGTERM/SIGINT/SIGHUP; ConnectError when NATS is unreachable at start."""
         loop = asyncio.get_running_loop()
+        # NATS and the app named by name are looked up without the idna codec (0.45 MiB).
+        skip_idna(loop)
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
         if self.page is not None:
