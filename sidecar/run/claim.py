@@ -10,7 +10,10 @@ A claim is never decided by a guess: a publish that timed out may still have
 been stored (nats-py can flush a buffered publish after its timeout fired), so
 it is retried with the same token and id until a definite answer or the
 deadline. On a clustered stream a concurrent copy may be answered with API
-error 10158 ("duplicate message id is in process"); that too is retried.
+error 10158 ("duplicate message id is in process"); that too is retried. A
+claim given up at the deadline raises ``ClaimUnanswered``, which says what it
+was: it may be stored all the same, and its slot's fate is asked for later
+under the same id and token (sidecar/run/unanswered.py).
 
 Only a retried claim reads the stored message: tokens are new per claim, so
 a duplicate answer to the first publish means the stored claim is somebody
