@@ -58,6 +58,9 @@ FREEZE_AFTER = 0.4
 # stale-ping limit (about 6 s, sidecar/store/connection.py), so nobody reconnects.
 FROZEN_SLOTS = 2
 FREEZE_MAX = 4.5
+TTL = 2.0
+# The questions of the slots' fates are spread over this long (sidecar/run/unanswered.py).
+SPREAD = 5.0
 
 
 def process_state(pid: int) -> str:
@@ -98,7 +101,9 @@ def test_claims_without_an_answer_by_the_deadline_leave_one_fate_per_slot(
     assert nats_server.proc is not None
     pid = nats_server.proc.pid
     job = every_second(JOB, jitter="0s", max_late=f"{MAX_LATE:g}s")
-    cfg = config([nats_server.url], http_app, [job], ack_timeout="300ms")
+    # A short lease_ttl: the claim window's judges look at the stored claims that lost
+    # (sidecar/run/claimwindow.py) within the test, and must not record them again.
+    cfg = config([nats_server.url], http_app, [job], ack_timeout="300ms", lease_ttl=f"{TTL:g}s")
     with sidecars(tmp_path, [(f"s{i}", cfg, {}) for i in range(3)]) as running:
         start = next_second_ms() + 1000
         assert wait_all_ran(http_app, [JOB], start, start + 1000, timeout=15)
@@ -132,7 +137,10 @@ def test_claims_without_an_answer_by_the_deadline_leave_one_fate_per_slot(
                 interval=0.5,
                 what="one fate and one result for every slot",
             )
+        # Past the judges' look (lease_ttl after the questions' answers, and a margin).
+        time.sleep(max(0.0, thawed_at + SPREAD + 3 * TTL - time.time()))
         errors = metric_sum(running, "anarchon_claim_errors_total")
+        judged = metric_sum(running, "anarchon_runs_lost_total")
         unanswered = metric_sum(
             running, "anarchon_runs_skipped_total", {"job": JOB, "reason": "unanswered"}
         )
@@ -154,6 +162,7 @@ def test_claims_without_an_answer_by_the_deadline_leave_one_fate_per_slot(
         skipped_unanswered=int(unanswered),
         without_one_fate=len(wrong),
         doubles=sum(1 for n in ran.values() if n > 1),
+        judged_lost=int(judged),
     )
     assert codes == [0, 0, 0]
     assert max(ran.values()) == 1, "a slot ran twice"
@@ -162,6 +171,7 @@ def test_claims_without_an_answer_by_the_deadline_leave_one_fate_per_slot(
     assert not wrong, f"slots without exactly one fate and one result: {wrong}"
     # Counted once per slot, by the sidecar whose record is the slot's fate.
     assert unanswered == len(frozen), (unanswered, frozen)
+    assert judged == 0, "a stored claim recorded by its sidecar was judged lost as well"
     for slot in window:
         row = shown.get(slot)
         assert row is not None, f"slot {slot} missing from history"
