@@ -14,7 +14,9 @@ claims) and the claims per second per sidecar over it, against the raw nats-py
 publisher (``bench.raw_publish``: claims with message ids, 100 at a time,
 flat out) on the same server in the same run. The older figure, JOBS over T
 to the last trigger, is kept as ``jobs_per_s_to_last_trigger``: it counts the
-runs' time as well as the claims'.
+runs' time as well as the claims'. Every slot the app never saw must have a
+fate record in the stream (``bench.fates``): ``missed_fates`` counts them by
+kind, ``missed_without_record`` those with none.
 
 Writes ``bench/results/burst.json``. With ``BURST_PROFILE=FILE`` the first sidecar
 runs under cProfile and writes its profile to FILE when it stops; with
@@ -39,16 +41,20 @@ from typing import Any
 from bench import runtime
 from bench.claimphase import ClaimPhase
 from bench.common import cpu_seconds, machine, nats_server, workdir, write_result
+from bench.fates import fates, without_record
 from bench.fleet import App
 from bench.jobs_scale import fill_with, taken_up
 from sidecar.config.load import parse_config
 from sidecar.store.state import state_spec
+from sidecar.store.stream import stream_spec
 from tests.support import ROOT, sidecar_env
 
 JOBS = 10_000
 SIDECARS = 3
 # From the last sidecar's take-up to T: the fleet settles.
 LEAD = 10.0
+# Each missed slot's fate record is waited for this long after the claim phase.
+FATES_WAIT = 60.0
 # The claim phase is scraped from this long before T until this long after.
 SCRAPE_FROM = 1.0
 SCRAPE_UNTIL = 120.0
@@ -121,6 +127,19 @@ def main() -> None:
             # go on until every slot is settled (or SCRAPE_UNTIL).
             for phase in phases:
                 phase.join(max(0.0, t + SCRAPE_UNTIL - time.time()) + 15)
+            # The slots nobody ran, and what the stream says of each (bench.fates):
+            # read while the sidecars run, which record them after slot + max_late.
+            seen = {p for p, _, _ in records}
+            missed = [f"tenant-{i:06d}" for i in range(jobs) if f"/tenants/{i}/sync" not in seen]
+            cron = stream_spec(parse_config(config, {}))
+            until = time.time() + FATES_WAIT
+            while True:
+                missed_fates = asyncio.run(
+                    fates(server.url, cron.name, cron.prefix, missed, t * 1000)
+                )
+                if not without_record(missed_fates) or time.time() > until:
+                    break
+                time.sleep(2)
         finally:
             for p in procs:
                 p.terminate(60)
@@ -153,6 +172,8 @@ def main() -> None:
             "ran": len(per_path),
             "doubles": sum(n - 1 for n in per_path.values() if n > 1),
             "missed": jobs - len(per_path),
+            "missed_fates": dict(missed_fates),
+            "missed_without_record": without_record(missed_fates),
             "first_s": arrivals[0] if arrivals else None,
             "median_s": statistics.median(arrivals) if arrivals else None,
             "last_s": last,
@@ -171,7 +192,9 @@ def main() -> None:
     )
     print(
         f"{jobs} jobs due at one instant on {SIDECARS} sidecars: ran {result['ran']}, "
-        f"doubles {result['doubles']}, missed {result['missed']}; first trigger "
+        f"doubles {result['doubles']}, missed {result['missed']} (their fates "
+        f"{result['missed_fates']}: {result['missed_without_record']} without a record); "
+        f"first trigger "
         f"{result['first_s']:.2f} s after the instant, median {result['median_s']:.2f} s, "
         f"last {last:.2f} s",
         flush=True,

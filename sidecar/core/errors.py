@@ -11,6 +11,7 @@
      │    ├── StreamNotRaised   the stream could not be raised; it is used as it is
      │    └── KeptChanging      a command's compare-and-set lost every try; nothing changed
      ├── ClaimError             no definite claim answer before the slot's deadline
+     │    ├── ClaimUnanswered   ... though it may have been stored: what to ask again, later
      │    ├── ClaimDisconnected NATS was disconnected for the whole time the claim could be made
      │    └── ClaimForeign      the ack names another stream or JetStream domain
      ├── PermissionDenied       the NATS server refused a subject to this user
@@ -112,6 +113,36 @@ class PermissionDenied(SidecarError):
 
 class ClaimError(SidecarError):
     """The claim got no definite answer before its deadline."""
+
+
+class ClaimUnanswered(ClaimError):
+    """No definite answer before the deadline, while NATS was connected: the claim
+    may have been stored all the same (a publish whose answer came too late), and
+    nobody would run it. It carries what the claim was, so that the slot's fate
+    can be asked for again, under the same id and token (sidecar/run/unanswered.py)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        job: str,
+        slot: int,
+        msg_id: str,
+        token: str,
+        attempt: int,
+        trigger: str,
+        extra: dict[str, str] | None,
+        deadline: float,
+    ) -> None:
+        super().__init__(message)
+        self.deadline = deadline  # the claim's, on the clock's monotonic scale
+        self.job = job
+        self.slot = slot
+        self.msg_id = msg_id
+        self.token = token
+        self.attempt = attempt
+        self.trigger = trigger
+        self.extra = extra
 
 
 class TriggerError(SidecarError):

@@ -10,7 +10,10 @@ A claim is never decided by a guess: a publish that timed out may still have
 been stored (nats-py can flush a buffered publish after its timeout fired), so
 it is retried with the same token and id until a definite answer or the
 deadline. On a clustered stream a concurrent copy may be answered with API
-error 10158 ("duplicate message id is in process"); that too is retried.
+error 10158 ("duplicate message id is in process"); that too is retried. A
+claim given up at the deadline raises ``ClaimUnanswered``, which says what it
+was: it may be stored all the same, and its slot's fate is asked for later
+under the same id and token (sidecar/run/unanswered.py).
 
 Only a retried claim reads the stored message: tokens are new per claim, so
 a duplicate answer to the first publish means the stored claim is somebody
@@ -45,7 +48,7 @@ from nats.js.errors import APIError, NotFoundError
 from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
-from sidecar.core.errors import ClaimDisconnected, ClaimError, ClaimForeign
+from sidecar.core.errors import ClaimDisconnected, ClaimError, ClaimForeign, ClaimUnanswered
 from sidecar.core.natspy import api_prefix, api_request, request_timeout
 from sidecar.core.wire import ERR_DUPLICATE_IN_PROCESS, claims_subject, msg_get_subject, new_token
 from sidecar.core.wire import MSG_ID as MSG_ID  # re-exported: the run's ending uses it
@@ -198,6 +201,7 @@ class Claimer:
         msg_id: str | None = None,
         extra: dict[str, str] | None = None,
         trigger: str = "scheduled",
+        token: str | None = None,
     ) -> Claim:
         """Claim attempt `attempt` of `slot` of `job`; `deadline` is on the clock's monotonic
         scale, which counts suspended time: no publish goes out after it.
@@ -207,10 +211,16 @@ class Claimer:
         made; the body carries it when it is not ``scheduled`` or ``manual``
         (so a scheduled claim stays byte for byte the reference's).
 
+        `token` asks again for a claim given up before (``ClaimUnanswered``), under
+        its id and token: that claim may be the one stored, so even the first
+        duplicate answer is read, and the stored claim is won if its token is this.
+
         Returns the decided Claim; raises ClaimDisconnected when NATS was down
-        the whole time, ClaimError when no definite answer came in time.
+        the whole time, ClaimUnanswered when no definite answer came in time
+        while connected, ClaimError when JetStream refused it.
         """
-        token = new_token()
+        asked_before = token is not None
+        token = token or new_token()
         if manual:
             trigger = "manual"
         elif trigger != "scheduled":
@@ -224,12 +234,27 @@ class Claimer:
         ever_connected = False
         last_error = "no attempt"
         sent_at = self.clock.monotonic()
+
+        def given_up(why: str) -> ClaimUnanswered:
+            """Given up while connected: what it was, to ask again (the class's doc)."""
+            return ClaimUnanswered(
+                f"{msg_id}: {why}",
+                job=job,
+                slot=slot,
+                msg_id=msg_id,
+                token=token,
+                attempt=attempt,
+                trigger=trigger,
+                extra=extra,
+                deadline=deadline,
+            )
+
         while True:
             remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 if not ever_connected:
                     raise ClaimDisconnected(f"{msg_id}: NATS disconnected until the deadline")
-                raise ClaimError(f"{msg_id}: no definite answer before the deadline: {last_error}")
+                raise given_up(f"no definite answer before the deadline: {last_error}")
             if (
                 not self.nc.is_connected
                 and self.wait_connected is not None
@@ -275,8 +300,8 @@ class Claimer:
                     duplicate_acks += 1
                 # Any earlier attempt may have been stored (even one that failed:
                 # nats-py can send a buffered publish after giving up on it).
-                if must_read_stored(ack.duplicate, retried=publish_tries > 1):
-                    stored = await self._stored_token(ack.seq, deadline, msg_id)
+                if must_read_stored(ack.duplicate, retried=publish_tries > 1 or asked_before):
+                    stored = await self._stored_token(ack.seq, deadline, msg_id, given_up)
                 won = decide(ack.duplicate, stored, token)
                 return Claim(
                     job,
@@ -312,8 +337,11 @@ class Claimer:
             )
         return None
 
-    async def _stored_token(self, seq: int, deadline: float, msg_id: str) -> str | None:
-        """The token of the stored claim at `seq`; retried until the deadline."""
+    async def _stored_token(
+        self, seq: int, deadline: float, msg_id: str, unanswered: Callable[[str], ClaimError]
+    ) -> str | None:
+        """The token of the stored claim at `seq`; retried until the deadline, then
+        `unanswered` says what was not read (a claim is stored, perhaps this one)."""
         backoff = Backoff(PUBLISH_RETRY_START, PUBLISH_RETRY_CAP)
         while True:
             remaining = deadline - self.clock.monotonic()
@@ -324,7 +352,7 @@ class Claimer:
                 raise ClaimError(f"{msg_id}: stored claim {seq} is gone: {exc}") from exc
             except (*TRANSIENT, APIError) as exc:
                 if remaining <= 0:
-                    raise ClaimError(f"{msg_id}: cannot read stored claim {seq}: {exc!r}") from exc
+                    raise unanswered(f"cannot read stored claim {seq}: {exc!r}") from exc
                 await backoff.sleep(at_most=remaining)
                 continue
             return token_of(data)

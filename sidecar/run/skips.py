@@ -19,10 +19,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from sidecar.core.clock import rfc3339
-from sidecar.core.errors import ClaimError
+from sidecar.core.errors import ClaimError, ClaimUnanswered
 from sidecar.core.wire import EVERY, RUN_ON_FIELD, SKIPPED, claim_msg_id, every_msg_id
 from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.run.record import Outcome, Recorder
+from sidecar.run.unanswered import Unanswered, asked_for
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -58,6 +59,7 @@ class SkipRecorder:
         self.instance = ctx.config.instance_id
         self.stream = ctx.spec.name
         self.prefix = ctx.spec.prefix
+        self.window = ctx.config.nats.duplicate_window
 
     @property
     def recorder(self) -> Recorder:
@@ -68,7 +70,11 @@ class SkipRecorder:
         """Count the skip and record it once fleet-wide; True when this replica recorded it."""
         m = self.metrics
         m.claims_skipped_total.labels(job=job.name, reason=reason).inc()
-        deadline = self.clock.monotonic() + max(1.0, slot / 1000 + job.max_late - self.clock.wall())
+        # Asked for as long as JetStream surely remembers the slot's id (a skip record
+        # is no run: it may be stored after max_late), so that a record answered late
+        # is found ours and gets its result (sidecar/run/unanswered.py).
+        late = slot / 1000 + job.jitter + job.max_late + asked_for(job, self.window)
+        deadline = self.clock.monotonic() + max(0.0, late - self.clock.wall())
         # run_on: every: each instance records its own kept slot (so it does not read
         # as missed there), under its own claim id of the slot.
         every = job.run_on == EVERY
@@ -115,11 +121,15 @@ class Unclaimed:
     when the reason changes or after a claim), and recorded (``kept``) when the fleet
     keeps them from running."""
 
-    def __init__(self, ctx: Context, recorder: SkipRecorder) -> None:
+    def __init__(
+        self, ctx: Context, recorder: SkipRecorder, unanswered: Unanswered | None = None
+    ) -> None:
         self.metrics = ctx.metrics
         self.clock = ctx.clock
         self.connected = ctx.connected
         self.recorder = recorder
+        # Claims given up without an answer: their slots' fate asked for later.
+        self.unanswered = unanswered
         self.spawn = ctx.tasks.spawn
         # Per job: the reason last said; forgotten when the job claims again.
         self._said: dict[str, str] = {}
@@ -172,8 +182,12 @@ class Unclaimed:
         self.warnings.clear_prefix("disconnected:")
 
     def failed(self, job: JobConfig, slot: int, exc: Exception) -> None:
-        """No claim made (a ClaimError, or a bug): counted, said; nothing ran."""
+        """No claim made (a ClaimError, or a bug): counted, said; nothing ran. A claim
+        given up without an answer may be stored all the same: its slot's fate is
+        asked for after the deadline (sidecar/run/unanswered.py)."""
         self.metrics.claim_errors_total.labels(job=job.name).inc()
+        if isinstance(exc, ClaimUnanswered) and self.unanswered is not None:
+            self.unanswered.given_up(job, exc)
         if isinstance(exc, ClaimError):
             log.warning("job %s slot %s not claimed: %s", job.name, rfc3339(slot / 1000), exc)
         else:

@@ -30,6 +30,7 @@ ORDER = [
     "cluster-failover",
     "cluster-10158",
     "lost-acks",
+    "unanswered-claims",
     "app-faults",
     "hostile-messages",
     "config-fuzz",

@@ -22,7 +22,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from sidecar.config.load import Secrets, parse_config
 from sidecar.core.clock import Clock, parse_rfc3339
-from sidecar.core.errors import ClaimDisconnected, ClaimError
+from sidecar.core.errors import ClaimDisconnected, ClaimError, ClaimUnanswered
 from sidecar.core.wire import new_token
 from sidecar.run import claim as claim_module
 from sidecar.run.claim import Claim, Claimer, claim_msg_id, decide, must_read_stored, token_of
@@ -442,3 +442,60 @@ async def test_timed_out_ack_of_a_stored_claim_is_decided_by_token(
     assert json.loads(stored.data)["token"] == claimed.token
     # a second instance still loses it
     assert not (await claimer_for(nc, "web-2").claim("sync", SLOT, deadline_in(5))).won
+
+
+async def test_a_claim_given_up_is_asked_again_under_its_token(nats_server: NatsServer) -> None:
+    """A claim with no definite answer by its deadline says what it was
+    (ClaimUnanswered); asked again later under its id and token, the stored claim
+    is found ours when it was (its answer came too late), and a skip record is
+    stored when nothing was (it never went out). Another's token loses either.
+
+    The server is frozen (SIGSTOP) while two claims share a window of one: the
+    first goes out and waits in the server's socket, the second never gets room.
+    """
+    conn = await nats.connect(nats_server.url)
+    try:
+        await ensure_stream(conn.jetstream(), SPEC)
+        # The first publish holds the window's place until its deadline, unanswered.
+        claimer = claimer_for(conn, "web-1", ack_timeout=5.0, window=1)
+        assert nats_server.proc is not None
+        pid = nats_server.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await until(lambda: process_state(pid) == "T", what="nats-server stopped")
+            sent = asyncio.create_task(claimer.claim("sync", SLOT, deadline_in(1.0)))
+            await asyncio.sleep(0)  # it takes the window's one place first
+            never_sent = asyncio.create_task(claimer.claim("sync", SLOT + 1000, deadline_in(0.8)))
+            given_up = await asyncio.gather(sent, never_sent, return_exceptions=True)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert all(isinstance(exc, ClaimUnanswered) for exc in given_up), given_up
+        first, second = (exc for exc in given_up if isinstance(exc, ClaimUnanswered))
+        assert (first.msg_id, second.msg_id) == (f"sync:{SLOT}", f"sync:{SLOT + 1000}")
+        assert "in flight" in str(second)
+        js = conn.jetstream()
+        # Another sidecar asking for the first slot now loses: the stored claim is web-1's.
+        other = await claimer_for(conn, "web-2").claim("sync", SLOT, deadline_in(5))
+        assert not other.won
+        for exc, fresh in ((first, False), (second, True)):
+            again = await claimer.claim(
+                exc.job,
+                exc.slot,
+                deadline_in(5),
+                msg_id=exc.msg_id,
+                extra={"skipped": "unanswered"},
+                token=exc.token,
+            )
+            assert again.won, exc
+            stored = json.loads((await js.get_msg(SPEC.name, again.seq)).data)
+            assert stored["token"] == exc.token
+            # The claim that went out is the stored one; the other is a skip record.
+            assert ("skipped" in stored) is fresh, stored
+        # Asked again by another token: lost, whatever is stored.
+        late = await claimer_for(conn, "web-3").claim(
+            "sync", SLOT + 1000, deadline_in(5), extra={"skipped": "unanswered"}
+        )
+        assert not late.won
+        assert (await js.stream_info(SPEC.name)).state.messages == 2
+    finally:
+        await conn.close()

@@ -1,0 +1,194 @@
+"""A claim given up without an answer: its slot's fate asked for (sidecar/run/unanswered.py).
+
+In process, against a real nats-server and a real Claimer; the claims given up
+are made by hand (``ClaimUnanswered``, as the Claimer raises it). The whole
+path, sidecars and a frozen server, is tests/reliability/test_unanswered_claims.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any, cast
+
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+from prometheus_client import CollectorRegistry
+
+from sidecar.config.load import JobConfig, parse_config
+from sidecar.core.clock import Clock
+from sidecar.core.errors import ClaimUnanswered
+from sidecar.core.sleeper import Sleeper
+from sidecar.core.tasks import TaskSet
+from sidecar.core.wire import new_token
+from sidecar.obs.metrics import Metrics
+from sidecar.run import unanswered
+from sidecar.run.claim import Claim, Claimer
+from sidecar.run.context import Context
+from sidecar.run.unanswered import REASON, Unanswered, asked_for
+from sidecar.store.stream import StreamSpec, ensure_stream
+from tests.support import NatsServer
+
+SPEC = StreamSpec("CRON", "cron.", 300.0, 1000, None)
+SLOT = 1_791_633_610_000
+
+
+@pytest.fixture
+async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
+    conn = await nats.connect(nats_server.url)
+    await ensure_stream(conn.jetstream(), SPEC)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+class Sidecar:
+    """What Unanswered reads of one sidecar's Context, and the claims it hands on."""
+
+    def __init__(self, conn: NATS, instance: str) -> None:
+        self.config = parse_config(
+            {
+                "instance_id": instance,
+                "nats": {"servers": ["nats://127.0.0.1:1"], "duplicate_window": "2m"},
+                "jobs": [{"name": "sync", "schedule": "* * * * * *", "max_late": "10s"}],
+            },
+            {},
+        )
+        self.clock = Clock()
+        self.registry = CollectorRegistry()
+        self.metrics = Metrics(self.registry)
+        js = conn.jetstream()
+        self.claimer = Claimer(conn, js, SPEC.name, SPEC.prefix, instance, self.clock)
+        self.handed: list[Claim] = []
+        ctx = SimpleNamespace(
+            config=self.config,
+            clock=self.clock,
+            metrics=self.metrics,
+            js=js,
+            claimer=self.claimer,
+            spec=SPEC,
+            sleeper=Sleeper(self.clock, asyncio.Event()),
+            tasks=TaskSet("test"),
+        )
+        self.unanswered = Unanswered(
+            cast(Context, ctx), lambda job, claim: self.handed.append(claim)
+        )
+
+    @property
+    def job(self) -> JobConfig:
+        return self.config.job("sync")
+
+    def recorded(self) -> float:
+        sample = self.registry.get_sample_value(
+            "anarchon_runs_skipped_total", {"job": "sync", "reason": REASON}
+        )
+        return sample or 0.0
+
+
+def given_up(token: str, deadline: float | None = None) -> ClaimUnanswered:
+    """A claim of slot SLOT given up at `deadline` (default: now), as the Claimer says it."""
+    return ClaimUnanswered(
+        f"sync:{SLOT}: no definite answer before the deadline",
+        job="sync",
+        slot=SLOT,
+        msg_id=f"sync:{SLOT}",
+        token=token,
+        attempt=1,
+        trigger="scheduled",
+        extra=None,
+        deadline=time.monotonic() if deadline is None else deadline,
+    )
+
+
+async def stored(conn: NATS) -> list[dict[str, Any]]:
+    """Every message of the stream: its subject and its JSON."""
+    js = conn.jetstream()
+    state = (await js.stream_info(SPEC.name)).state
+    out: list[dict[str, Any]] = []
+    if not state.messages:
+        return out
+    for seq in range(state.first_seq, state.last_seq + 1):
+        msg = await js.get_msg(SPEC.name, seq)
+        out.append({"subject": msg.subject, **json.loads(msg.data or b"{}")})
+    return out
+
+
+@pytest.fixture(autouse=True)
+def at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The questions are not spread here (one sidecar's few, not a burst's)."""
+    monkeypatch.setattr(unanswered, "SPREAD", 0.0)
+
+
+async def test_a_slot_nobody_stored_a_claim_of_gets_one_skip_record_and_its_result(
+    nats_server: NatsServer, nc: NATS
+) -> None:
+    """Three sidecars gave up, none of their claims was stored: one skip record, one
+    ``skipped`` result (counted once), the others follow it."""
+    sidecars = [Sidecar(nc, f"web-{i}") for i in range(3)]
+    settled = await asyncio.gather(
+        *(s.unanswered.settle(s.job, given_up(new_token())) for s in sidecars)
+    )
+    assert sorted(settled) == [False, False, True]
+    assert [s.recorded() for s in sidecars].count(1.0) == 1
+    msgs = await stored(nc)
+    claims = [m for m in msgs if m["subject"] == "cron.sync.claims"]
+    results = [m for m in msgs if m["subject"] == "cron.sync.results"]
+    assert len(claims) == 1 and claims[0]["skipped"] == REASON
+    assert len(results) == 1
+    result = results[0]
+    assert result["token"] == claims[0]["token"] and result["status"] == "skipped"
+    assert result["error"].startswith(f"{REASON}: not run:")
+    # The ones that lost hand the stored claim to the claim window's judges (a skip
+    # record: they read it and stop).
+    assert sorted(len(s.handed) for s in sidecars) == [0, 1, 1]
+
+
+async def test_a_claim_stored_after_its_sidecar_gave_up_is_recorded_by_it(
+    nats_server: NatsServer, nc: NATS
+) -> None:
+    """The stored claim is web-1's, whose answer came too late: web-1 records it
+    skipped; web-2, which gave up too, follows it and hands it to the judges."""
+    one, two = Sidecar(nc, "web-1"), Sidecar(nc, "web-2")
+    mine = await one.claimer.claim("sync", SLOT, time.monotonic() + 5)
+    assert mine.won
+    assert not await two.unanswered.settle(two.job, given_up(new_token()))
+    assert [c.seq for c in two.handed] == [mine.seq]
+    assert await one.unanswered.settle(one.job, given_up(mine.token))
+    msgs = await stored(nc)
+    assert [m["token"] for m in msgs] == [mine.token, mine.token]
+    assert "skipped" not in msgs[0]  # the run's claim, never run
+    assert msgs[1]["status"] == "skipped"
+    assert (one.recorded(), two.recorded()) == (1.0, 0.0)
+
+
+async def test_a_slot_won_in_time_elsewhere_is_left_to_its_winner(
+    nats_server: NatsServer, nc: NATS
+) -> None:
+    winner, late = Sidecar(nc, "web-1"), Sidecar(nc, "web-2")
+    won = await winner.claimer.claim("sync", SLOT, time.monotonic() + 5)
+    assert not await late.unanswered.settle(late.job, given_up(new_token()))
+    assert [c.seq for c in late.handed] == [won.seq]
+    assert [m["token"] for m in await stored(nc)] == [won.token]
+
+
+async def test_no_question_once_jetstream_may_have_forgotten_the_slot(
+    nats_server: NatsServer, nc: NATS
+) -> None:
+    """Woken (frozen, suspended) after the slot's id may have left JetStream's memory:
+    a question then could be stored beside the slot's claim, so none is asked."""
+    sidecar = Sidecar(nc, "web-1")
+    long_ago = time.monotonic() - asked_for(sidecar.job, 120.0) - 1
+    assert not await sidecar.unanswered.settle(sidecar.job, given_up(new_token(), long_ago))
+    assert await stored(nc) == []
+    assert sidecar.handed == [] and sidecar.recorded() == 0.0
+
+
+def test_the_question_is_asked_for_half_of_what_the_window_has_left() -> None:
+    sidecar_job = SimpleNamespace(jitter=2.0, max_late=58.0)
+    assert asked_for(cast(JobConfig, sidecar_job), 300.0) == 120.0
+    assert asked_for(cast(JobConfig, sidecar_job), 60.0) == 0.0
