@@ -13,10 +13,16 @@ from sidecar.core import slices
 from sidecar.core.slices import Budget, chunks, sort
 from tests.support import examples
 
+# Items that make more than one run, ties among them, among which the examples' fall.
+_rng = random.Random(49)
+MANY = [(_rng.randrange(50), f"{_rng.randrange(10**6):x}") for _ in range(2 * slices.RUN + 7)]
+
 
 @settings(max_examples=examples(200))
-@given(st.lists(st.tuples(st.integers(0, 20), st.text(max_size=3)), max_size=3 * slices.RUN))
-def test_sort_is_sorted_ties_included(items: list[tuple[int, str]]) -> None:
+@given(st.lists(st.tuples(st.integers(0, 60), st.text(max_size=3)), max_size=20), st.booleans())
+def test_sort_is_sorted_ties_included(some: list[tuple[int, str]], many: bool) -> None:
+    items = [*MANY[: len(MANY) // 2], *some, *MANY[len(MANY) // 2 :]] if many else some
+
     async def both() -> None:
         budget = Budget(0.0)  # spent at once: a yield after every step
         assert await sort(items, budget) == sorted(items)
