@@ -58,9 +58,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Take-up yields to the event loop after SLICE (s, sidecar/core/slices.py): a burst
-# of keys never makes a slot of the file's jobs late.
-# Take-up waits this long (s) after a change for the others written with it.
+# Take-up waits this long (s) after a change for the others written with it. It
+# yields the loop every SLICE (sidecar/core/slices.py): a burst of keys never makes a
+# slot of the file's jobs late.
 GATHER = 0.02
 
 
