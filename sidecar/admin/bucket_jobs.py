@@ -29,7 +29,7 @@ from sidecar.admin.jobcheck import (
     FILE,
     PREFIX,
     BucketJob,
-    beyond_cap,
+    beyond_cap_in_slices,
     job_key,
     judge,
     listing,
@@ -38,6 +38,7 @@ from sidecar.config.fields import short
 from sidecar.config.keys import JOB_NAME
 from sidecar.config.model import Config, JobConfig
 from sidecar.core.errors import ConfigError
+from sidecar.core.slices import RUN, SLICE, Budget, chunks, sort
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key
 from sidecar.store.kv import put_with_ttl
@@ -46,8 +47,8 @@ from sidecar.store.state import (
     PRESENCE_TTL,
     Removal,
     View,
-    config_hash,
     job_hash,
+    set_hash,
 )
 
 if TYPE_CHECKING:
@@ -57,10 +58,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Take-up yields to the event loop after this long (s): a burst of keys never makes
-# a slot of the file's jobs late.
-SLICE = 0.005
-# Take-up waits this long (s) after a change for the others written with it.
+# Take-up waits this long (s) after a change for the others written with it. It
+# yields the loop every SLICE (sidecar/core/slices.py): a burst of keys never makes a
+# slot of the file's jobs late.
 GATHER = 0.02
 
 
@@ -72,6 +72,10 @@ class _Running:
     spec: BucketJob
     revision: int
     hash: str  # job_hash: the presence's one entry for the set is made of these (``_tell``)
+
+
+def _hash_of(running: _Running) -> str:
+    return running.hash
 
 
 class BucketJobs:
@@ -97,6 +101,8 @@ class BucketJobs:
         # judged; a running job's is its ``running`` entry (not kept twice, issue 49).
         self._judged: dict[str, tuple[int, BucketJob | None]] = {}
         self._dirty: set[str] = set()
+        # A full re-read asked every name to be taken up again (``changed("")``).
+        self._everything = False
         # Names of the job keys beyond bucket_jobs.max_jobs, and the revision of each
         # counted as hostile (once); the keys to say in the take-up's one line.
         self._beyond: set[str] = set()
@@ -143,10 +149,9 @@ class BucketJobs:
 
     def changed(self, key: str) -> None:
         if key == "":  # a full re-read: every job key, and every job running
-            self._dirty.update(
-                k[len(PREFIX) :] for k in self.fleet.view.keys if k.startswith(PREFIX)
-            )
-            self._dirty.update(self.running)
+            # Named by the round, in slices (``_reread``): here, in the watch's call,
+            # 100,000 names held the loop 60 ms in one piece.
+            self._everything = True
         elif key.startswith(PREFIX):
             self._dirty.add(key[len(PREFIX) :])
         else:
@@ -159,29 +164,36 @@ class BucketJobs:
             self._wake.set()
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             # A burst of keys (thousands written in a second) is taken up in a few
             # rounds, not one round per key: each round looks at every job key.
             await asyncio.sleep(GATHER)
             self._wake.clear()
-            self._place()
-            names, self._dirty = sorted(self._dirty), set()
-            began = loop.time()
+            # Every step of the round over every key or job (the cap, the order, the
+            # presence's hash) yields the loop as the judging does: in one piece,
+            # each held it for 50 to 150 ms with 100,000 jobs, several times that on
+            # a loaded machine, and a scrape waited (docs/PERFORMANCE.md, "One
+            # scrape at 100,000 jobs").
+            budget = Budget(SLICE)
+            if self._everything:
+                await self._reread(budget)
+            await self._place(budget)
+            dirty, self._dirty = self._dirty, set()
+            names = await sort(dirty, budget)
+            dirty.clear()
             for name in names:
                 try:
                     await self._reconcile(name)
                 except Exception:  # one job's trouble must not stop the others'
                     log.exception("job %s of the state bucket: taking up its change failed", name)
-                if loop.time() - began > SLICE:
+                if budget.spent:
                     # Thousands of keys at once: the file's jobs' slots come first,
                     # and a scrape. The slice's jobs are taken up before yielding: at
                     # the round's end, 100,000 jobs' start held the loop for seconds
                     # (docs/PERFORMANCE.md, "100,000 jobs").
                     self._flush()
-                    await asyncio.sleep(0)
-                    began = loop.time()
+                    await budget.yield_now()
             # Not kept while waiting for the next change: a list of every name (a
             # string each, 100,000 of them after the start: issue 49).
             names.clear()
@@ -189,13 +201,26 @@ class BucketJobs:
             self._say_over()
             if self._changed_set:
                 self._changed_set = False
-                self._tell()
+                await self._tell(budget)
 
-    def _place(self) -> None:
+    async def _reread(self, budget: Budget) -> None:
+        """After a full re-read of the view: every job key and every job running is
+        taken up again, their names gathered a chunk at a time."""
+        self._everything = False
+        for keys in chunks(list(self.fleet.view.keys), RUN):
+            self._dirty.update(k[len(PREFIX) :] for k in keys if k.startswith(PREFIX))
+            await budget.pause()
+        for names in chunks(list(self.running), RUN):
+            self._dirty.update(names)
+            await budget.pause()
+
+    async def _place(self, budget: Budget) -> None:
         """Which ``job.`` keys are beyond ``bucket_jobs.max_jobs``: the latest written
         (by revision, the same in every sidecar's view); a key whose place changed
         is taken up again."""
-        beyond = beyond_cap(self.fleet.view, self.config.bucket_jobs.max_jobs)
+        beyond = await beyond_cap_in_slices(
+            self.fleet.view, self.config.bucket_jobs.max_jobs, budget
+        )
         self._dirty |= beyond ^ self._beyond
         self._beyond = beyond
 
@@ -321,18 +346,19 @@ class BucketJobs:
         else:
             log.info("job %s (id %s) changed in the state bucket", name, current.spec.id)
 
-    def _tell(self) -> None:
+    async def _tell(self, budget: Budget) -> None:
         """After a take-up changed the running set: the page's listeners, and the
-        presence's one entry for the set (constant in size, sidecar/store/state.py)."""
+        presence's one entry for the set (constant in size, sidecar/store/state.py).
+
+        The set's hash is made in slices (``set_hash``): only this task changes
+        ``running``, so the set hashed is the round's, whatever the watch delivers
+        meanwhile (the next round's)."""
         for listener in self.listeners:
             listener()
         if self.running:
             # Made from the running entries at each change, not kept as a second map.
-            hashes = {name: running.hash for name, running in self.running.items()}
-            self.fleet.presence[BUCKET_SET] = {
-                "count": len(hashes),
-                "hash": config_hash(hashes),
-            }
+            digest = await set_hash(self.running, budget, _hash_of)
+            self.fleet.presence[BUCKET_SET] = {"count": len(self.running), "hash": digest}
         else:
             self.fleet.presence.pop(BUCKET_SET, None)
         self._publish_presence()

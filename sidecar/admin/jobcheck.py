@@ -12,7 +12,8 @@ sets (the app's credentials stay the file's).
 
 The daemon's take-up (sidecar/admin/bucket_jobs.py), the writes
 (sidecar/admin/jobwrite.py) and ``status``/``job list`` judge a key here alike:
-``judge``, the cap (``beyond_cap``) and the ``listing`` of every key with its state.
+``judge``, the cap (``beyond_cap``; the take-up's in slices,
+``beyond_cap_in_slices``) and the ``listing`` of every key with its state.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from sidecar.config.bucketrules import check_headers, check_name_length, check_value_size
@@ -36,6 +38,7 @@ from sidecar.config.job_entry import (
 from sidecar.config.keys import ConfigSection
 from sidecar.config.model import Config, JobConfig
 from sidecar.core.errors import ConfigError
+from sidecar.core.slices import RUN, Budget, chunks, sort
 from sidecar.store.state import View
 
 PREFIX = "job."
@@ -152,6 +155,32 @@ def beyond_cap(view: View, cap: int) -> set[str]:
         return set()
     names.sort(key=lambda k: keys[k].revision)
     return {k[len(PREFIX) :] for k in names[cap:]}
+
+
+async def beyond_cap_in_slices(view: View, cap: int, budget: Budget) -> set[str]:
+    """``beyond_cap(view, cap)`` a slice at a time (sidecar/core/slices.py): the
+    take-up's round looks at every key, and with 100,000 jobs the scan and the sort
+    by revision held the loop in one piece (docs/PERFORMANCE.md, "One scrape at
+    100,000 jobs"). A key written or removed meanwhile is its own change: the next
+    round places it."""
+    if len(view.keys) <= cap:  # fewer keys of any kind than the cap: nothing to read
+        return set()
+    found: list[tuple[int, str]] = []
+    for part in chunks(list(view.keys), RUN):
+        keys = view.keys  # a re-read replaces the mapping (sidecar/store/watch.py)
+        for key in part:
+            if key.startswith(PREFIX) and (entry := keys.get(key)) is not None:
+                found.append((entry.revision, key))
+        await budget.pause()
+    if len(found) <= cap:
+        return set()
+    # By revision alone, stable: ties (none in a real bucket) in the view's order, as above.
+    ordered = await sort(found, budget, key=itemgetter(0))
+    beyond: set[str] = set()
+    for latest in chunks(ordered[cap:], RUN):
+        beyond.update(key[len(PREFIX) :] for _, key in latest)
+        await budget.pause()
+    return beyond
 
 
 def listing(
