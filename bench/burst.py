@@ -19,7 +19,9 @@ fate record in the stream (``bench.fates``): ``missed_fates`` counts them by
 kind, ``missed_without_record`` those with none.
 
 Writes ``bench/results/burst.json``. With ``BURST_PROFILE=FILE`` the first sidecar
-runs under cProfile and writes its profile to FILE when it stops; with
+runs under cProfile over the window whose CPU is measured (from just before the
+instant to the last trigger, not its start) and writes its profile to FILE
+when it stops; with
 ``BURST_LOGS=DIR`` the sidecars' logs are copied to DIR.
 """
 
@@ -95,6 +97,7 @@ def main() -> None:
                 procs.append(runtime.RuntimeSidecar(work, f"b{i}", cfg, {}))
             if profile := os.environ.get("BURST_PROFILE"):
                 procs[0].profile = Path(profile).resolve()
+                procs[0].profile_window = True
             for p in procs:
                 p.start()
             for p in procs:
@@ -111,6 +114,8 @@ def main() -> None:
                 phase.start()
             # Each sidecar's CPU from before the instant to the last trigger: the
             # burst's own cost, whatever the machine's load did to its time.
+            if procs[0].profile is not None:
+                procs[0].profile_on()
             cpu0 = [cpu_seconds(pid_of(p)) for p in procs]
             while time.time() < t + 5:
                 time.sleep(0.5)
@@ -123,6 +128,8 @@ def main() -> None:
                 time.sleep(1)
             records += app.records()
             cpu = [cpu_seconds(pid_of(p)) - c for p, c in zip(procs, cpu0, strict=True)]
+            if procs[0].profile is not None:
+                procs[0].profile_off()
             # A loser's claim may be decided after the winner's trigger: the scrapes
             # go on until every slot is settled (or SCRAPE_UNTIL).
             for phase in phases:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,26 @@ def packages() -> dict[str, str]:
     return dict(line.split("==", 1) for line in out.splitlines() if "==" in line)
 
 
+# The sidecar's script run under a profiler that SIGUSR1 turns on and SIGUSR2 off
+# (Python runs a signal's handler in the main thread, the event loop's, which is
+# the thread a cProfile.Profile.enable() profiles); written to argv[1] at exit.
+# Timed in the process's CPU time, not the wall clock: on a shared machine a
+# function's wall time counts the time the process waited for a core as well.
+WINDOWED = """
+import cProfile, runpy, signal, sys, time
+out, script = sys.argv[1], sys.argv[2]
+prof = cProfile.Profile(time.process_time)
+signal.signal(signal.SIGUSR1, lambda *_: prof.enable())
+signal.signal(signal.SIGUSR2, lambda *_: prof.disable())
+sys.argv = [script, *sys.argv[3:]]
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    prof.disable()
+    prof.dump_stats(out)
+"""
+
+
 class RuntimeSidecar(Sidecar):
     """A sidecar run from the runtime venv's ``anarchon-sidecar``, outside the source tree.
 
@@ -112,6 +133,9 @@ class RuntimeSidecar(Sidecar):
         # A file to write this sidecar's cProfile to when it exits (bench.burst's
         # BURST_PROFILE): where its CPU goes, measured in the runtime venv.
         self.profile: Path | None = None
+        # With `profile`: profile only between SIGUSR1 and SIGUSR2 (profile_on/off),
+        # not the start (bench.burst: the burst's CPU alone, as it measures it).
+        self.profile_window = False
 
     def environment(self) -> dict[str, str]:
         return env(self.env)
@@ -120,5 +144,17 @@ class RuntimeSidecar(Sidecar):
         script = str(self.venv / "bin" / "anarchon-sidecar")
         if self.profile is not None:
             python = str(self.venv / "bin" / "python")
+            if self.profile_window:
+                return [python, "-c", WINDOWED, str(self.profile), script]
             return [python, "-m", "cProfile", "-o", str(self.profile), script]
         return [script]
+
+    def profile_on(self) -> None:
+        """Start the windowed profile (`profile_window`)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGUSR1)
+
+    def profile_off(self) -> None:
+        """Stop the windowed profile; it is written when the sidecar exits."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGUSR2)

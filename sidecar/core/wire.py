@@ -14,7 +14,7 @@ import asyncio
 import hashlib
 import json
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Final, Literal
 
 from nats.errors import ConnectionReconnectingError, NoRespondersError
@@ -280,9 +280,13 @@ class ResultRecord:
     def to_json(self) -> bytes:
         """The body; ``attempt`` only after the first (absent means 1), ``trigger`` and
         ``anomaly`` only when set; ``trace_id`` always (sidecar/obs/tracing.py); the
-        answer's fields (``answer``, ``answer_type``...) only when one was kept."""
-        data = asdict(self)
-        del data["excerpt"]
+        answer's fields (``answer``, ``answer_type``...) only when one was kept.
+
+        Its fields read one by one (all plain values but the excerpt), not by
+        ``dataclasses.asdict``, which copies each deeply: in a burst's profile that
+        cost more than the rest of a result's publish together (docs/PERFORMANCE.md,
+        "The burst's CPU per slot")."""
+        data = {name: getattr(self, name) for name in _RECORD_FIELDS}
         if self.excerpt is not None:
             data.update(self.excerpt.fields())
         if self.attempt <= 1:
@@ -300,3 +304,7 @@ class ResultRecord:
         if self.status == LOST:
             return lost_msg_id(self.job, self.slot, self.attempt)
         return f"{self.job}:result:{self.token}"
+
+
+# ResultRecord's fields in their order, but the excerpt (its own fields, flattened).
+_RECORD_FIELDS: Final = tuple(f.name for f in fields(ResultRecord) if f.name != "excerpt")

@@ -368,7 +368,13 @@ class Fleet:
                 probe.add_done_callback(_retrieved)
             left = max(0.0, deadline - self.clock.monotonic())
             try:
-                whole_at = await asyncio.wait_for(asyncio.shield(probe), left)
+                # asyncio.wait leaves the shared probe running when this slot stops
+                # waiting, as a shield would, without a shield's future for each of
+                # the thousands of slots of a burst that wait on one probe.
+                done, _ = await asyncio.wait((probe,), timeout=left)
+                if not done:
+                    raise TimeoutError(f"no answer within {left:.3f}s")
+                whole_at = probe.result()
             except Exception as exc:  # NATS slow or away: judged with the view as it is
                 log.debug("state bucket freshness probe: %r", exc)
                 return self.view.last_time > instant

@@ -116,7 +116,8 @@ class EveryMissed:
         """Follow and judge each job, in tasks that end with the sidecar (or with the
         job, for one of the state bucket's that leaves or stops being ``every``)."""
         self.ctx.fleet.removal_listeners.append(self.removed)
-        self.ctx.fleet.key_listeners.append(self.changed)
+        # Only presences (sidecar/fleet/listeners.py): a burst's run leases never reach it.
+        self.ctx.fleet.key_listeners.append(self.changed, PRESENCE)
         self.ctx.jobs.subscribe(self._jobs_changed)
         for job in self.ctx.jobs.all:
             if job.run_on == EVERY:

@@ -119,7 +119,9 @@ class Lease:
         # The key is held by another claim's run of the same slot (a backfill of
         # it): this run goes without its lease, unless it came late (job.py).
         self.elsewhere = False
-        self._created = asyncio.Event()
+        # Set when the create got through or the run must not start (judged lost):
+        # what ``start`` waits for beside its task, a future, not a task of its own.
+        self._created: asyncio.Future[None] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._tasks = TaskSet("a lease", say=False)
 
@@ -143,8 +145,8 @@ class Lease:
         lost if its runner dies before the create gets through; a run held back
         until slot + max_late is never sent at all.
         """
+        done = self._created = asyncio.get_running_loop().create_future()
         self._renewer = self._tasks.spawn(self._create_then_renew())
-        done = asyncio.ensure_future(self._created.wait())
         try:
             await asyncio.wait(
                 {self._renewer, done}, timeout=wait, return_when=asyncio.FIRST_COMPLETED
@@ -182,6 +184,10 @@ class Lease:
                 self.marker = await self.keys.delete(self.key, forged.revision)
             return await self.keys.create(self.key, self.value, self.ttl, self.marker, limit)
 
+    def _set_created(self) -> None:
+        if self._created is not None and not self._created.done():
+            self._created.set_result(None)
+
     async def _create_then_renew(self) -> None:
         began = self.clock.monotonic()
         try:
@@ -191,7 +197,7 @@ class Lease:
         except KeyHeld as held:
             if held.value.get(JUDGED_BY) and held.value.get("token") == self.value.get("token"):
                 self.judged = True  # start() returns at once, and the run is not made
-                self._created.set()
+                self._set_created()
                 log.warning(
                     "lease %s: %s judged this run lost before its lease existed",
                     self.key,
@@ -206,7 +212,7 @@ class Lease:
             return
         self.renewed_at = self.clock.monotonic()
         self.created = True
-        self._created.set()
+        self._set_created()
         took = self.renewed_at - began
         if took > RUN_LEASE_WAIT:
             log.info("lease %s created after %.1fs, while its run went on", self.key, took)

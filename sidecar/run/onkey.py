@@ -4,9 +4,10 @@ Backfills (``backfill.<job>``, sidecar/run/backfill.py) and one-off runs
 (``at.<job>``, sidecar/run/atruns.py) act only on keys of the state bucket
 that an operator's command writes (``anarchon-sidecar backfill``, ``at``,
 ``resume --catchup``), and most configs never see one. ``OnFirstKey`` stands in
-for such a part from the start: it listens to every key the watch delivers
-and, on the first one of its kind (or on a re-sync whose view holds one),
-imports the part's module, makes the part and hands it that key and every key
+for such a part from the start: it listens to the keys of its kind
+(registered with its family, sidecar/fleet/listeners.py: a burst's run
+leases never reach it) and, on the first one (or on a re-sync whose view
+holds one), imports the part's module, makes the part and hands it that key and every key
 after. Until then a key of another kind, or a re-sync with none of its kind,
 is one the part would have ignored. The part reads the sidecar's job set
 (sidecar/config/jobset.py) from its context like every other part.

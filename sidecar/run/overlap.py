@@ -73,7 +73,8 @@ class Overlap:
         checks = KeyChecks(ctx)
         self.kept = KeptSlots(ctx, checks, run_kept)
         self.stops = StopRequests(ctx, checks, trigger)
-        fleet.key_listeners.append(self.changed)
+        # Only the keys `changed` acts on (sidecar/fleet/listeners.py).
+        fleet.key_listeners.append(self.changed, "lock.", "buffer.", "stop.")
 
     def changed(self, key: str) -> None:
         """A key of the state bucket changed ("" after a re-sync)."""

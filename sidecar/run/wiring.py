@@ -74,7 +74,7 @@ def _parts(ctx: Context, trigger: Trigger, jobs: Jobs) -> Parts:
         return Backfills(ctx, jobs._run_tracked, lost_claim)
 
     on_backfill = OnFirstKey("backfill", fleet.view, backfills)
-    fleet.key_listeners.append(on_backfill.changed)
+    fleet.key_listeners.append(on_backfill.changed, on_backfill.prefix)
 
     # One-off runs at a set time (sidecar/run/atruns.py): claimed like slots.
     def at_runs() -> AtRuns:
@@ -83,7 +83,7 @@ def _parts(ctx: Context, trigger: Trigger, jobs: Jobs) -> Parts:
         return AtRuns(ctx, unclaimed, jobs._start_run, lost_claim)
 
     on_at = OnFirstKey("at", fleet.view, at_runs)
-    fleet.key_listeners.append(on_at.changed)
+    fleet.key_listeners.append(on_at.changed, on_at.prefix)
     # Jobs run after another job's runs (sidecar/run/chains.py): its code imported
     # only when a job has ``after`` (a job of the state bucket cannot).
     if any(job.after is not None for job in config.jobs):

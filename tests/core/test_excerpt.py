@@ -4,6 +4,7 @@ bodies, a UTF-8 character cut by the limit, redaction (sidecar/core/excerpt.py).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 
 import pytest
@@ -18,7 +19,7 @@ from sidecar.core.excerpt import (
     excerpt_bytes,
     redact,
 )
-from sidecar.core.wire import ResultRecord
+from sidecar.core.wire import ResultRecord, trace_id_of
 
 EURO = "€".encode()  # three bytes: e2 82 ac
 TEXT = "text/plain; charset=utf-8"
@@ -120,3 +121,27 @@ def test_record_fields_are_optional_and_bounded() -> None:
     assert binary is not None and binary.binary
     assert excerpt_bytes(binary.text, True) == b"\xff" * MAX_ANSWER_BYTES
     assert excerpt_bytes("not base64!", True) == b""
+
+
+def test_a_record_is_the_json_of_its_fields_in_their_order() -> None:
+    """``to_json`` reads the fields one by one (not ``dataclasses.asdict``): byte for
+    byte what the JSON of ``asdict`` gave, with and without an answer, attempt,
+    trigger and anomaly."""
+    kept = excerpt(b'{"ok": "caf\xc3\xa9"}', MAX_ANSWER_BYTES, "application/json")
+    records = [
+        ResultRecord("j", 1, "t" * 32, "i", "succeeded", "a", "b", 1, 200, None),
+        ResultRecord(
+            "j\u00e9", 2, "t", "i", "failed", "a", "b", 7, None, 'no "answer"', True, 3,
+            "retry", "long", kept,
+        ),
+    ]  # fmt: skip
+    for record in records:
+        data = dataclasses.asdict(record)
+        del data["excerpt"]
+        if record.excerpt is not None:
+            data.update(record.excerpt.fields())
+        for name in ("attempt", "trigger", "anomaly"):
+            if data[name] in (None, 1):
+                del data[name]
+        data["trace_id"] = trace_id_of(record.token)
+        assert record.to_json() == json.dumps(data, separators=(",", ":")).encode()

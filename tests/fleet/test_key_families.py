@@ -21,7 +21,7 @@ from sidecar.fleet.listeners import KeyListeners
 from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
 from sidecar.store.state import DELETED, Removal
-from tests.support import NatsServer, until
+from tests.support import MakeJobs, NatsServer, job, until
 
 LEASES = 300  # more than nats-py's queue of 256 updates
 
@@ -113,3 +113,46 @@ async def test_a_burst_of_run_leases_reaches_who_listens_to_them_in_order(
     finally:
         await fleet.stop()
         await nc.close()
+
+
+async def test_a_run_lease_reaches_only_the_parts_that_use_run_leases(
+    make_jobs: MakeJobs, nats_server: NatsServer
+) -> None:
+    # Every part a config can make that listens to keys: backfills and one-off runs
+    # (their stand-ins), `replace` and `buffer_one`, `run_on: every`, the claim window,
+    # the candidates. Each is told only of the keys it acts on (sidecar/fleet/listeners.py).
+    cfg = parse_config(
+        {
+            "instance_id": "me",
+            "nats": {"servers": nats_server.url},
+            "jobs": [
+                job("plain", schedule="0 0 1 1 *"),
+                job("swap", schedule="0 0 1 1 *", overlap="replace", max_late="10s"),
+                job("kept", schedule="0 0 1 1 *", overlap="buffer_one"),
+                job("each", schedule="0 0 1 1 *", run_on="every"),
+            ],
+        },
+        {},
+    )
+    async with make_jobs(cfg) as jobs:
+        listeners = jobs.fleet.key_listeners
+
+        def told(key: str) -> set[str]:
+            return {each.__qualname__ for each in listeners.for_key(key)}
+
+        # A run lease, created and deleted by every run of a burst: two parts.
+        assert told("run.plain.1000") == {"ClaimWindow.delivered", "Candidates.key_seen"}
+        assert "Overlap.changed" in told("lock.swap")
+        assert "Overlap.changed" in told("stop.swap")
+        assert "Overlap.changed" in told("buffer.kept")
+        assert "OnFirstKey.changed" in told("backfill.plain")
+        assert "OnFirstKey.changed" in told("at.plain")
+        assert "EveryMissed.changed" in told("instance.other")
+        for family in ("job.", "due.", "paused.", "health."):
+            assert not told(family + "plain") & {
+                "Overlap.changed",
+                "OnFirstKey.changed",
+                "EveryMissed.changed",
+            }
+        # A full re-read still reaches them all.
+        assert {"Overlap.changed", "OnFirstKey.changed", "EveryMissed.changed"} <= told("")

@@ -413,6 +413,7 @@ async def test_a_bucket_every_job_that_leaves_keeps_no_consumer(nats_server: Nat
 
     from sidecar.config.jobset import JobSet
     from sidecar.core.tasks import TaskSet, cancel_all
+    from sidecar.fleet.listeners import KeyListeners
     from sidecar.run.everymissed import EveryMissed
     from tests.support import until
 
@@ -429,7 +430,8 @@ async def test_a_bucket_every_job_that_leaves_keeps_no_consumer(nats_server: Nat
         jobs = JobSet(())
         tasks = TaskSet("test")
         ctx: Any = SimpleNamespace(
-            fleet=SimpleNamespace(removal_listeners=[], key_listeners=[]),
+            # A real KeyListeners: the judge registers with the families it uses.
+            fleet=SimpleNamespace(removal_listeners=[], key_listeners=KeyListeners()),
             jobs=jobs,
             tasks=tasks,
             js=js,
