@@ -55,13 +55,15 @@ def _parts(ctx: Context, trigger: Trigger, jobs: Jobs) -> Parts:
     """The parts of `jobs`, made while it is constructed; each listener joined to the
     fleet's watch in the order they were always joined."""
     config, metrics, clock, fleet = ctx.config, ctx.metrics, ctx.clock, ctx.fleet
-    # Slots not claimed: counted, said, recorded when kept from running.
-    unclaimed = Unclaimed(ctx, SkipRecorder(ctx))
-    # Slots missed while this sidecar was away (sidecar/run/catchup.py).
-    catch_up = CatchUp(ctx, jobs.attempt, jobs._next_slot)
 
     def lost_claim(job: JobConfig, claim: Claim) -> None:  # jobs.window: made below
         jobs.window.lost_claim(job, claim)
+
+    # Slots not claimed: counted, said, recorded when kept from running; a skip its
+    # own config decided that came second has its winner judged (lost_claim).
+    unclaimed = Unclaimed(ctx, SkipRecorder(ctx, lost_claim))
+    # Slots missed while this sidecar was away (sidecar/run/catchup.py).
+    catch_up = CatchUp(ctx, jobs.attempt, jobs._next_slot)
 
     # Backfills and one-off runs: made, their code imported, on the first key
     # of their kind (sidecar/run/onkey.py); most configs never see one.
