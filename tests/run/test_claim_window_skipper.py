@@ -9,12 +9,21 @@ yet made, and is then killed, or left frozen. No other loser is there: s1, the
 skipper, judges the winner as a losing claimer would, and records the slot
 ``lost`` once (docs/GUARANTEES.md, lost runs). Before, the slot kept a claim
 and no fate, and no counter named it.
+
+Only a skip the sidecar's own config decided is judged: a pause's (or a
+``skip``'s) record that came second is not (every sidecar decides those alike
+from the state bucket: what beat it is another skip record, and judging it
+would cost a read a slot for nothing). Shown with one sidecar's parts built
+in-process (the ``make_jobs`` fixture) against the real nats-server.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import signal
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,7 +40,8 @@ from tests.run.test_claim_window import (
     frozen_slot,
     lost_records,
 )
-from tests.support import NatsServer, RecordingApp, base, job, wait_for
+from tests.run.test_job_life import life, results
+from tests.support import MakeJobs, NatsServer, RecordingApp, base, job, until, wait_for
 
 # What a woken winner says when it finds its run judged (sidecar/run/lease.py for a
 # judge's copy still held, sidecar/run/claimwinner.py for the lost record).
@@ -84,3 +94,43 @@ def test_a_winner_whose_only_loser_skipped_the_slot_is_judged_by_the_skipper(
     assert [
         r for r in http_app.requests_for("/jobs/w") if r.headers["X-Anarchon-Instance"] == "s1"
     ] == []
+
+
+async def test_a_skip_record_that_came_second_is_judged_for_an_exclusion_not_for_a_pause(
+    make_jobs: MakeJobs,
+    nats_server: NatsServer,
+    http_app: RecordingApp,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="sidecar.run.claimwindow")
+    async with life(make_jobs, nats_server, http_app, "a", schedule="0 0 1 1 *") as one:
+        jobs, work = one.jobs, one.job
+        # Instance b, which is never in the fleet (a dead winner), claimed two slots
+        # to run them before a's skip records of them.
+        b = dataclasses.replace(jobs.claimer, instance="b")
+        now = int(time.time()) * 1000
+        excluded, paused = now - 1000, now - 2000
+        for slot in (excluded, paused):
+            assert (await b.claim(work.name, slot, jobs.clock.monotonic() + 5)).won
+        recorder = jobs.unclaimed.recorder
+        assert not await recorder.record_skip(work, excluded, "excluded", "excluded: a day off")
+        assert not await recorder.record_skip(work, paused, "paused", "paused by ops")
+        # b's presence never comes: a judged winner is found dead and recorded lost;
+        # then every judge of the sidecar has ended (a pause's too, had it one).
+        await until(
+            lambda: one.metric("anarchon_runs_lost_total") >= 1 and not jobs.window.tasks,
+            60,
+            "the judging",
+        )
+        lost = one.metric("anarchon_runs_lost_total")
+        said = [
+            r.getMessage() for r in caplog.records if "no lease of its winner" in r.getMessage()
+        ]
+        records = [
+            r
+            for r in await results(jobs.js)
+            if r["status"] == "lost" and r["slot"] in (excluded, paused)
+        ]
+    assert [(r["slot"], r["instance"]) for r in records] == [(excluded, "b")]
+    assert len(said) == 1 and f"slot {excluded}:" in said[0], said
+    assert lost == 1
