@@ -38,12 +38,13 @@ log = logging.getLogger(__name__)
 
 EXCLUDED = "excluded"
 # Skips decided by this sidecar's own config (its `exclude` and calendar files): a
-# replica with another config may have claimed the slot to run it, and the winner
-# this sidecar's duplicate answer names is judged here like a lost claim's
-# (docs/GUARANTEES.md, lost runs). A pause or a `skip` is read from the state
-# bucket as it was at the slot's instant, alike on every sidecar: their duplicates
-# name another skip record (every replica skips the slot), so they are not judged
-# (a read a slot for nothing).
+# replica with another config (a rollout of a new calendar) may have claimed the
+# slot to run it, and the winner this sidecar's duplicate answer names is judged
+# like a lost claim's (docs/GUARANTEES.md, lost runs). When the fleet agrees, what
+# beat the record is another skip record: one read of it, lease_ttl later. A pause
+# or a `skip` is read from the state bucket as it was at the slot's instant, alike
+# on every sidecar: their duplicates name another skip record, so they are not
+# judged (a read a slot on every sidecar but one, for nothing).
 LOCAL = frozenset({EXCLUDED})
 # Reasons that are the fleet's trouble, said by the stream check itself: a job
 # says once that it is kept from its claims by it, whatever the text.
