@@ -9,6 +9,10 @@ one whose claim is stored publishes the result, status ``skipped``, its error
 saying why. The same id as a run's claim: a slot's skip record and its run
 exclude each other, the first stored is the slot's fate, and every other
 sidecar follows it.
+A skip this sidecar's own config decided (``LOCAL``: an exclusion) may have met a
+run claim of a replica whose config differs: its duplicate answer then names a
+winner that nobody else may be left to judge, so it is handed to the claim-window
+judge as a losing claim is (sidecar/run/claimwindow.py ``lost_claim``).
 Every replica counts ``claims_skipped_total{reason}``, the recorder
 ``runs_skipped_total{reason}``.
 """
@@ -16,6 +20,7 @@ Every replica counts ``claims_skipped_total{reason}``, the recorder
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sidecar.core.clock import rfc3339
@@ -33,6 +38,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXCLUDED = "excluded"
+# Skips decided by this sidecar's own config (its `exclude` and calendar files): a
+# replica with another config (a rollout of a new calendar) may have claimed the
+# slot to run it, and the winner this sidecar's duplicate answer names is judged
+# like a lost claim's (docs/GUARANTEES.md, lost runs). When the fleet agrees, what
+# beat the record is another skip record: one read of it, lease_ttl later. A pause
+# or a `skip` is read from the state bucket as it was at the slot's instant, alike
+# on every sidecar: their duplicates name another skip record, so they are not
+# judged (a read a slot on every sidecar but one, for nothing).
+LOCAL = frozenset({EXCLUDED})
 # Reasons that are the fleet's trouble, said by the stream check itself: a job
 # says once that it is kept from its claims by it, whatever the text.
 SHARED = ("stream", "bucket")
@@ -52,8 +66,11 @@ def skip_record_id(job: str, slot: int) -> str:
 class SkipRecorder:
     """Records skipped slots in the stream, once per slot for the whole fleet."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, lost_claim: Callable[[JobConfig, Claim], None]) -> None:
+        """`lost_claim`: the claim-window judge's (sidecar/run/claimwindow.py), told of a
+        ``LOCAL`` skip whose record came second."""
         self.claimer = ctx.claimer
+        self.lost_claim = lost_claim
         self.metrics = ctx.metrics
         self.clock = ctx.clock
         self.instance = ctx.config.instance_id
@@ -100,6 +117,10 @@ class SkipRecorder:
             )
             return False
         if not claim.won:
+            if reason in LOCAL and not every:
+                # Maybe a run claim of a replica whose config runs the slot: judged
+                # as a losing claimer judges its winner (sidecar/run/claimwindow.py).
+                self.lost_claim(job, claim)
             return False
         now = self.clock.wall()
         outcome = Outcome(

@@ -60,9 +60,10 @@ def _parts(ctx: Context, trigger: Trigger, jobs: Jobs) -> Parts:
     def lost_claim(job: JobConfig, claim: Claim) -> None:  # jobs.window: made below
         jobs.window.lost_claim(job, claim)
 
-    # Slots not claimed: counted, said, recorded when kept from running; a claim
+    # Slots not claimed: counted, said, recorded when kept from running; a skip its
+    # own config decided that came second has its winner judged (lost_claim); a claim
     # given up without an answer has its slot's fate asked for (unanswered.py).
-    unclaimed = Unclaimed(ctx, SkipRecorder(ctx), Unanswered(ctx, lost_claim))
+    unclaimed = Unclaimed(ctx, SkipRecorder(ctx, lost_claim), Unanswered(ctx, lost_claim))
     # Slots missed while this sidecar was away (sidecar/run/catchup.py).
     catch_up = CatchUp(ctx, jobs.attempt, jobs._next_slot)
 
