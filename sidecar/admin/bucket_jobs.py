@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.admin.jobcheck import (
     BUCKET,
+    CANON_BYTES,
     FILE,
     PREFIX,
     BucketJob,
@@ -44,10 +45,12 @@ from sidecar.store.kv import put_with_ttl
 from sidecar.store.state import (
     BUCKET_SET,
     PRESENCE_TTL,
+    Entry,
     Removal,
     View,
     config_hash,
     job_hash,
+    read_held,
 )
 
 if TYPE_CHECKING:
@@ -64,14 +67,40 @@ SLICE = 0.005
 GATHER = 0.02
 
 
+# job_hash is 12 hex digits: 48 bits, the low ones of ``_Running.digest``.
+HASH_BITS = 48
+
+
 @dataclass(slots=True)
 class _Running:
     """A job of the bucket this sidecar runs, and the revision of its key last judged
-    (slots: one of these per job, 100,000 of them: issue 49)."""
+    (slots: one of these per job, 100,000 of them: issue 49). The parts of its
+    ``BucketJob`` are kept here, not the object itself, and its definition's digest
+    and its job hash are one number, not a bytes and a string (about 140 B a job)."""
 
-    spec: BucketJob
+    job: JobConfig
+    id: str
     revision: int
-    hash: str  # job_hash: the presence's one entry for the set is made of these (``_tell``)
+    # BucketJob.canon (equal means the same job) above, job_hash below (the
+    # presence's one entry for the set is made of these: ``_tell``).
+    digest: int
+
+    @classmethod
+    def of(cls, spec: BucketJob, revision: int) -> _Running:
+        canon = int.from_bytes(spec.canon, "big")
+        return cls(spec.job, spec.id, revision, canon << HASH_BITS | int(job_hash(spec.job), 16))
+
+    @property
+    def canon(self) -> bytes:
+        return (self.digest >> HASH_BITS).to_bytes(CANON_BYTES, "big")
+
+    @property
+    def hash(self) -> str:
+        return f"{self.digest & ((1 << HASH_BITS) - 1):012x}"
+
+    @property
+    def spec(self) -> BucketJob:
+        return BucketJob(self.job, self.id, self.canon)
 
 
 class BucketJobs:
@@ -133,11 +162,35 @@ class BucketJobs:
         if name in self.file_names:
             return FILE, None
         running = self.running.get(name)
-        return BUCKET, running.spec.id if running is not None else None
+        return BUCKET, running.id if running is not None else None
 
-    def listing(self) -> list[dict[str, Any]]:
-        """Every job key of the bucket with its state, as ``status --json`` lists them."""
-        return listing(self.config, self.fleet.view, self.file_names)
+    def listing(self, read: dict[str, Entry] | None = None) -> list[dict[str, Any]]:
+        """Every job key of the bucket with its state, as ``status --json`` lists them.
+
+        The keys whose bytes the view let go (``View.hold``) are listed from `read`
+        (``read_held``) when it has them at the view's revision, else from the running
+        entry (its id; no ``by``/``at``)."""
+        view = self.fleet.view
+        held: dict[str, dict[str, Any]] = {}
+        for key, entry in view.keys.items():
+            if not (entry.held and key.startswith(PREFIX)):
+                continue
+            got = (read or {}).get(key)
+            if got is not None and got.revision == entry.revision:
+                held[key] = got.value
+            else:
+                running = self.running.get(key[len(PREFIX) :])
+                held[key] = {"id": running.id} if running is not None else {}
+        return listing(self.config, view, self.file_names, held)
+
+    async def read_held(self) -> dict[str, Entry]:
+        """The values of the job keys the view holds no bytes of, read from the bucket
+        (one pass: ``listing``'s ``by`` and ``at``); empty when there are none."""
+        bucket = self.fleet.bucket
+        keys = {k for k, e in self.fleet.view.keys.items() if e.held and k.startswith(PREFIX)}
+        if not keys or bucket is None:
+            return {}
+        return await read_held(bucket.kv, keys, PREFIX)
 
     # ------------------------------------------------------------------ following the view
 
@@ -217,7 +270,7 @@ class BucketJobs:
         self._over.pop(name, None)
         current = self.running.get(name)
         if current is not None and current.revision == entry.revision:
-            return current.spec, entry.revision
+            return current.spec, entry.revision  # its value may be held (View.hold)
         judged = self._judged.get(name)
         if judged is not None and judged[0] == entry.revision:
             return judged[1], entry.revision
@@ -266,9 +319,10 @@ class BucketJobs:
             return
         spec, revision = self._wanted(name)
         current = self.running.get(name)
-        if current is not None and spec is not None and current.spec.canon == spec.canon:
+        if current is not None and spec is not None and current.canon == spec.canon:
             current.revision = revision
             self._judged.pop(name, None)  # the running entry says it now
+            self.fleet.view.hold(job_key(name), revision)
             return
         if current is not None:
             self._flush()  # _retire awaits: no job taken up is left half-registered
@@ -290,8 +344,10 @@ class BucketJobs:
         for spec, revision in batch:
             job = spec.job
             self.jobs.start(job, self._resume.pop(job.name, None))
-            self.running[job.name] = _Running(spec, revision, job_hash(job))
+            self.running[job.name] = _Running.of(spec, revision)
             self._judged.pop(job.name, None)  # the running entry says it now
+            # Parsed and running: the view need not keep the key's bytes.
+            self.fleet.view.hold(job_key(job.name), revision)
             log.info(
                 "job %s (id %s) taken up from the state bucket: %s",
                 job.name,
@@ -314,12 +370,10 @@ class BucketJobs:
             # 0: "no next run", which the alert rules leave out (`> 0`); a job
             # without a series gets none for it (sidecar/obs/next_run.py).
             self.metrics.job_next_run_timestamp_seconds.note(name, 0)
-            log.info(
-                "job %s (id %s) left the state bucket: not run any more", name, current.spec.id
-            )
+            log.info("job %s (id %s) left the state bucket: not run any more", name, current.id)
             self._changed_set = True
         else:
-            log.info("job %s (id %s) changed in the state bucket", name, current.spec.id)
+            log.info("job %s (id %s) changed in the state bucket", name, current.id)
 
     def _tell(self) -> None:
         """After a take-up changed the running set: the page's listeners, and the

@@ -43,6 +43,8 @@ FILE, BUCKET = "file", "bucket"
 # Keys of a stored job that are not the job's: the external id, who and when.
 META_KEYS = ("id", "by", "at")
 MAX_ID = 200
+# The size of a definition's digest (``canonical``).
+CANON_BYTES = 16
 
 
 def job_key(name: str) -> str:
@@ -68,7 +70,7 @@ def canonical(value: Mapping[str, Any]) -> bytes:
     """A digest of the job's definition (its sorted JSON): equal for the same job.
     A digest, not the text: 100,000 jobs keep one each (issue 49)."""
     text = json.dumps(definition(value), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+    return hashlib.blake2b(text.encode(), digest_size=CANON_BYTES).digest()
 
 
 def external_id(value: object, key: str) -> str:
@@ -155,16 +157,21 @@ def beyond_cap(view: View, cap: int) -> set[str]:
 
 
 def listing(
-    config: Config, view: View, file_names: frozenset[str] | None = None
+    config: Config,
+    view: View,
+    file_names: frozenset[str] | None = None,
+    held: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every ``job.<name>`` key of `view`: name, id, state (``run``, ``shadowed`` by the
     file, ``invalid``, beyond the cap included) and why, as ``status`` and ``job list``
-    show them."""
+    show them. `held`: the values of the keys whose bytes the view let go
+    (``View.hold``: their jobs run, judged at that revision), by key."""
     out = []
     beyond = beyond_cap(view, config.bucket_jobs.max_jobs)
     for key in sorted(k for k in view.keys if k.startswith(PREFIX)):
         name = key[len(PREFIX) :]
-        value = view.keys[key].value
+        entry = view.keys[key]
+        value = (held or {}).get(key, {}) if entry.held else entry.value
         item: dict[str, Any] = {
             "name": name,
             "id": value.get("id"),
@@ -182,7 +189,7 @@ def listing(
                 f"beyond bucket_jobs.max_jobs ({config.bucket_jobs.max_jobs}): written "
                 "after the most jobs the config file allows"
             )
-        else:
+        elif not entry.held:  # a held key's job runs: judged at this revision
             try:
                 judge(config, key, value)
             except ConfigError as exc:
