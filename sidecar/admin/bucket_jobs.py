@@ -34,6 +34,7 @@ from sidecar.admin.jobcheck import (
     job_key,
     judge,
     listing,
+    shown_at,
 )
 from sidecar.config.fields import short
 from sidecar.config.keys import JOB_NAME
@@ -45,12 +46,10 @@ from sidecar.store.kv import put_with_ttl
 from sidecar.store.state import (
     BUCKET_SET,
     PRESENCE_TTL,
-    Entry,
     Removal,
     View,
     config_hash,
     job_hash,
-    read_held,
 )
 
 if TYPE_CHECKING:
@@ -67,7 +66,7 @@ SLICE = 0.005
 GATHER = 0.02
 
 
-# job_hash is 12 hex digits: 48 bits, the low ones of ``_Running.digest``.
+# job_hash is 12 hex digits: 48 bits, above the lowest bit of ``_Running.digest``.
 HASH_BITS = 48
 
 
@@ -75,32 +74,48 @@ HASH_BITS = 48
 class _Running:
     """A job of the bucket this sidecar runs, and the revision of its key last judged
     (slots: one of these per job, 100,000 of them: issue 49). The parts of its
-    ``BucketJob`` are kept here, not the object itself, and its definition's digest
-    and its job hash are one number, not a bytes and a string (about 140 B a job)."""
+    ``BucketJob`` are kept here, not the object itself, and its definition's digest,
+    its job hash and whether its value has an ``id`` are one number, not a bytes, a
+    string and a bool (about 140 B a job). The view lets the key's bytes go
+    (``View.hold``): ``by`` and ``at`` are what ``listing`` shows of them."""
 
     job: JobConfig
     id: str
     revision: int
-    # BucketJob.canon (equal means the same job) above, job_hash below (the
-    # presence's one entry for the set is made of these: ``_tell``).
+    # BucketJob.canon (equal means the same job), job_hash (the presence's one
+    # entry for the set is made of these: ``_tell``), BucketJob.id_stored.
     digest: int
+    by: object  # BucketJob.by: interned
+    at: object  # BucketJob.at: jobcheck.kept_at
 
     @classmethod
     def of(cls, spec: BucketJob, revision: int) -> _Running:
+        running = cls(spec.job, spec.id, revision, 0, None, None)
+        running.stamp(spec)
+        return running
+
+    def stamp(self, spec: BucketJob) -> None:
+        """The parts of `spec` kept (the same job: its value may be a later write)."""
         canon = int.from_bytes(spec.canon, "big")
-        return cls(spec.job, spec.id, revision, canon << HASH_BITS | int(job_hash(spec.job), 16))
+        digest = canon << HASH_BITS | int(job_hash(spec.job), 16)
+        self.digest = digest << 1 | spec.id_stored
+        self.id, self.by, self.at = spec.id, spec.by, spec.at
 
     @property
     def canon(self) -> bytes:
-        return (self.digest >> HASH_BITS).to_bytes(CANON_BYTES, "big")
+        return (self.digest >> (HASH_BITS + 1)).to_bytes(CANON_BYTES, "big")
 
     @property
     def hash(self) -> str:
-        return f"{self.digest & ((1 << HASH_BITS) - 1):012x}"
+        return f"{(self.digest >> 1) & ((1 << HASH_BITS) - 1):012x}"
 
     @property
     def spec(self) -> BucketJob:
-        return BucketJob(self.job, self.id, self.canon)
+        return BucketJob(self.job, self.id, self.canon, bool(self.digest & 1), self.by, self.at)
+
+    def listed(self) -> dict[str, Any]:
+        """What ``listing`` reads of the key's stored value (``id``, ``by``, ``at``)."""
+        return {"id": self.id if self.digest & 1 else None, "by": self.by, "at": shown_at(self.at)}
 
 
 class BucketJobs:
@@ -164,33 +179,19 @@ class BucketJobs:
         running = self.running.get(name)
         return BUCKET, running.id if running is not None else None
 
-    def listing(self, read: dict[str, Entry] | None = None) -> list[dict[str, Any]]:
+    def listing(self) -> list[dict[str, Any]]:
         """Every job key of the bucket with its state, as ``status --json`` lists them.
 
-        The keys whose bytes the view let go (``View.hold``) are listed from `read`
-        (``read_held``) when it has them at the view's revision, else from the running
-        entry (its id; no ``by``/``at``)."""
+        The keys whose bytes the view let go (``View.hold``) are listed from their
+        running entries, which keep what the listing shows of the stored value."""
         view = self.fleet.view
         held: dict[str, dict[str, Any]] = {}
-        for key, entry in view.keys.items():
-            if not (entry.held and key.startswith(PREFIX)):
-                continue
-            got = (read or {}).get(key)
-            if got is not None and got.revision == entry.revision:
-                held[key] = got.value
-            else:
-                running = self.running.get(key[len(PREFIX) :])
-                held[key] = {"id": running.id} if running is not None else {}
+        for name, running in self.running.items():
+            key = job_key(name)
+            entry = view.keys.get(key)
+            if entry is not None and entry.held:
+                held[key] = running.listed()
         return listing(self.config, view, self.file_names, held)
-
-    async def read_held(self) -> dict[str, Entry]:
-        """The values of the job keys the view holds no bytes of, read from the bucket
-        (one pass: ``listing``'s ``by`` and ``at``); empty when there are none."""
-        bucket = self.fleet.bucket
-        keys = {k for k, e in self.fleet.view.keys.items() if e.held and k.startswith(PREFIX)}
-        if not keys or bucket is None:
-            return {}
-        return await read_held(bucket.kv, keys, PREFIX)
 
     # ------------------------------------------------------------------ following the view
 
@@ -320,6 +321,8 @@ class BucketJobs:
         spec, revision = self._wanted(name)
         current = self.running.get(name)
         if current is not None and spec is not None and current.canon == spec.canon:
+            if current.revision != revision:  # the same job written again: by, at, id
+                current.stamp(spec)
             current.revision = revision
             self._judged.pop(name, None)  # the running entry says it now
             self.fleet.view.hold(job_key(name), revision)

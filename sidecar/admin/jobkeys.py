@@ -15,7 +15,6 @@ same way before and after.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
     from sidecar.obs.metrics import Metrics
     from sidecar.run.job_loop import Jobs
     from sidecar.store.state import Removal
-
-log = logging.getLogger(__name__)
 
 PREFIX = "job."  # sidecar/admin/jobcheck.py PREFIX
 FILE, BUCKET = "file", "bucket"
@@ -95,24 +92,9 @@ class JobKeys:
         return (FILE, None) if name in self.file_names else (BUCKET, None)
 
     def listing(self) -> list[dict[str, Any]]:
-        """Every job key of the bucket with its state, as ``status --json`` lists them
-        (a running job's ``by``/``at`` only as ``read_listing`` reads them)."""
+        """Every job key of the bucket with its state, as ``status --json`` lists them."""
         if self.runner is not None:
             return self.runner.listing()
         from sidecar.admin.jobcheck import listing
 
         return listing(self.config, self.fleet.view, self.file_names)
-
-    async def read_listing(self, connected: bool) -> list[dict[str, Any]]:
-        """``listing`` with the running jobs' stored values read from the bucket (the
-        view lets their bytes go, sidecar/store/state.py ``View.hold``); `connected`:
-        whether to ask NATS at all (not: what the view knows, at once)."""
-        if self.runner is None:
-            return self.listing()
-        read = None
-        if connected:
-            try:
-                read = await self.runner.read_held()
-            except Exception as exc:  # listed from the running entries instead
-                log.debug("job keys: reading the running jobs' values: %r", exc)
-        return self.runner.listing(read)

@@ -212,11 +212,7 @@ class PageData:
         }
         now_ms = self.clock.wall_ms()
         fleet = fleet_part(self.jobs.all, self.fleet.view, stream, bucket, now_ms, self.live.seen)
-        listed = (
-            await self.bucket_jobs.read_listing(self.guard.connected.is_set())
-            if self.bucket_jobs is not None
-            else []
-        )
+        listed = self.bucket_jobs.listing() if self.bucket_jobs is not None else []
         return {**fleet, "bucket_jobs": listed, "served_by": self.config.instance_id}
 
     async def runs_data(self, name: str, limit: int, before: int | None) -> dict[str, Any]:

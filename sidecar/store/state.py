@@ -177,8 +177,8 @@ class Entry:
     decoded when read: 100,000 decoded job values were about 860 B a job, their
     bytes about 200 (issue 49); they are read when a job changes or ``status``
     lists them, not per slot. Once its job is parsed and running, not even the
-    bytes (``View.hold``): ``held`` is true, ``value`` is empty, and who needs the
-    value reads the key from the bucket (sidecar/admin/bucket_jobs.py ``listing``)."""
+    bytes (``View.hold``): ``held`` is true, ``value`` is empty, and the job's
+    running entry keeps what the listing shows of it (sidecar/admin/bucket_jobs.py)."""
 
     __slots__ = ("_value", "raw", "revision")
 
@@ -574,21 +574,3 @@ async def read_view(
         await watcher.stop()  # type: ignore[no-untyped-call]
     view.synced = True
     return view
-
-
-async def read_held(kv: KeyValue, keys: set[str], prefix: str) -> dict[str, Entry]:
-    """The live values of `keys` (all under `prefix`, e.g. ``job.``) read from the
-    bucket in one pass: the keys a ``View`` holds no bytes of (``View.hold``). Each
-    with its revision; a key the bucket no longer holds is left out."""
-    out: dict[str, Entry] = {}
-    watcher = await kv.watch(f"{prefix}>", ignore_deletes=True)
-    try:
-        while True:
-            entry = await watcher.updates(timeout=READ_TIMEOUT)  # type: ignore[no-untyped-call]
-            if entry is None:
-                break
-            if entry.key in keys and entry.operation is None:
-                out[entry.key] = Entry(None, int(entry.revision or 0), bytes(entry.value or b""))
-    finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    return out
