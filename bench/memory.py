@@ -95,11 +95,14 @@ def by_file(snap: tracemalloc.Snapshot) -> dict[str, int]:
     }
 
 
-def report(tag: str, jobs: int, small: Any, large: Any) -> dict[str, Any]:
+def report(
+    tag: str, jobs: int, small: Any, large: Any, *, small_jobs: int = SMALL
+) -> dict[str, Any]:
+    """What grew from `small_jobs` jobs (snapshot `small`) to `jobs` (`large`), a job."""
     (s_snap, s_rss, s_traced), (l_snap, l_rss, l_traced) = small, large
-    per_job = (l_traced - s_traced) / (jobs - SMALL)
+    per_job = (l_traced - s_traced) / (jobs - small_jobs)
     print(
-        f"\n== {tag}: traced {s_traced / 2**20:.2f} MiB ({SMALL} jobs) -> "
+        f"\n== {tag}: traced {s_traced / 2**20:.2f} MiB ({small_jobs} jobs) -> "
         f"{l_traced / 2**20:.2f} MiB ({jobs} jobs): {per_job:.0f} B a job; "
         f"RSS (with tracemalloc's own) {s_rss / 1024:.1f} -> {l_rss / 1024:.1f} MiB"
     )
@@ -108,7 +111,7 @@ def report(tag: str, jobs: int, small: Any, large: Any) -> dict[str, Any]:
         rows = diff(fn(s_snap), fn(l_snap))[:TOP]
         print(f"-- grew {name} (bytes a job)")
         for key, size in rows:
-            print(f"{size / (jobs - SMALL):9.0f}  {size / 2**20:7.2f} MiB  {key}")
+            print(f"{size / (jobs - small_jobs):9.0f}  {size / 2**20:7.2f} MiB  {key}")
         out[name] = rows
     return out
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.admin.jobcheck import (
     BUCKET,
+    CANON_BYTES,
     FILE,
     PREFIX,
     BucketJob,
@@ -33,6 +34,7 @@ from sidecar.admin.jobcheck import (
     job_key,
     judge,
     listing,
+    shown_at,
 )
 from sidecar.config.fields import short
 from sidecar.config.keys import JOB_NAME
@@ -64,14 +66,56 @@ log = logging.getLogger(__name__)
 GATHER = 0.02
 
 
+# job_hash is 12 hex digits: 48 bits, above the lowest bit of ``_Running.digest``.
+HASH_BITS = 48
+
+
 @dataclass(slots=True)
 class _Running:
     """A job of the bucket this sidecar runs, and the revision of its key last judged
-    (slots: one of these per job, 100,000 of them: issue 49)."""
+    (slots: one of these per job, 100,000 of them: issue 49). The parts of its
+    ``BucketJob`` are kept here, not the object itself, and its definition's digest,
+    its job hash and whether its value has an ``id`` are one number, not a bytes, a
+    string and a bool (about 140 B a job). The view lets the key's bytes go
+    (``View.hold``): ``by`` and ``at`` are what ``listing`` shows of them."""
 
-    spec: BucketJob
+    job: JobConfig
+    id: str
     revision: int
-    hash: str  # job_hash: the presence's one entry for the set is made of these (``_tell``)
+    # BucketJob.canon (equal means the same job), job_hash (the presence's one
+    # entry for the set is made of these: ``_tell``), BucketJob.id_stored.
+    digest: int
+    by: object  # BucketJob.by: interned
+    at: object  # BucketJob.at: jobcheck.kept_at
+
+    @classmethod
+    def of(cls, spec: BucketJob, revision: int) -> _Running:
+        running = cls(spec.job, spec.id, revision, 0, None, None)
+        running.stamp(spec)
+        return running
+
+    def stamp(self, spec: BucketJob) -> None:
+        """The parts of `spec` kept (the same job: its value may be a later write)."""
+        canon = int.from_bytes(spec.canon, "big")
+        digest = canon << HASH_BITS | int(job_hash(spec.job), 16)
+        self.digest = digest << 1 | spec.id_stored
+        self.id, self.by, self.at = spec.id, spec.by, spec.at
+
+    @property
+    def canon(self) -> bytes:
+        return (self.digest >> (HASH_BITS + 1)).to_bytes(CANON_BYTES, "big")
+
+    @property
+    def hash(self) -> str:
+        return f"{(self.digest >> 1) & ((1 << HASH_BITS) - 1):012x}"
+
+    @property
+    def spec(self) -> BucketJob:
+        return BucketJob(self.job, self.id, self.canon, bool(self.digest & 1), self.by, self.at)
+
+    def listed(self) -> dict[str, Any]:
+        """What ``listing`` reads of the key's stored value (``id``, ``by``, ``at``)."""
+        return {"id": self.id if self.digest & 1 else None, "by": self.by, "at": shown_at(self.at)}
 
 
 def _hash_of(running: _Running) -> str:
@@ -139,11 +183,21 @@ class BucketJobs:
         if name in self.file_names:
             return FILE, None
         running = self.running.get(name)
-        return BUCKET, running.spec.id if running is not None else None
+        return BUCKET, running.id if running is not None else None
 
     def listing(self) -> list[dict[str, Any]]:
-        """Every job key of the bucket with its state, as ``status --json`` lists them."""
-        return listing(self.config, self.fleet.view, self.file_names)
+        """Every job key of the bucket with its state, as ``status --json`` lists them.
+
+        The keys whose bytes the view let go (``View.hold``) are listed from their
+        running entries, which keep what the listing shows of the stored value."""
+        view = self.fleet.view
+        held: dict[str, dict[str, Any]] = {}
+        for name, running in self.running.items():
+            key = job_key(name)
+            entry = view.keys.get(key)
+            if entry is not None and entry.held:
+                held[key] = running.listed()
+        return listing(self.config, view, self.file_names, held)
 
     # ------------------------------------------------------------------ following the view
 
@@ -242,7 +296,7 @@ class BucketJobs:
         self._over.pop(name, None)
         current = self.running.get(name)
         if current is not None and current.revision == entry.revision:
-            return current.spec, entry.revision
+            return current.spec, entry.revision  # its value may be held (View.hold)
         judged = self._judged.get(name)
         if judged is not None and judged[0] == entry.revision:
             return judged[1], entry.revision
@@ -291,9 +345,12 @@ class BucketJobs:
             return
         spec, revision = self._wanted(name)
         current = self.running.get(name)
-        if current is not None and spec is not None and current.spec.canon == spec.canon:
+        if current is not None and spec is not None and current.canon == spec.canon:
+            if current.revision != revision:  # the same job written again: by, at, id
+                current.stamp(spec)
             current.revision = revision
             self._judged.pop(name, None)  # the running entry says it now
+            self.fleet.view.hold(job_key(name), revision)
             return
         if current is not None:
             self._flush()  # _retire awaits: no job taken up is left half-registered
@@ -315,8 +372,10 @@ class BucketJobs:
         for spec, revision in batch:
             job = spec.job
             self.jobs.start(job, self._resume.pop(job.name, None))
-            self.running[job.name] = _Running(spec, revision, job_hash(job))
+            self.running[job.name] = _Running.of(spec, revision)
             self._judged.pop(job.name, None)  # the running entry says it now
+            # Parsed and running: the view need not keep the key's bytes.
+            self.fleet.view.hold(job_key(job.name), revision)
             log.info(
                 "job %s (id %s) taken up from the state bucket: %s",
                 job.name,
@@ -339,12 +398,10 @@ class BucketJobs:
             # 0: "no next run", which the alert rules leave out (`> 0`); a job
             # without a series gets none for it (sidecar/obs/next_run.py).
             self.metrics.job_next_run_timestamp_seconds.note(name, 0)
-            log.info(
-                "job %s (id %s) left the state bucket: not run any more", name, current.spec.id
-            )
+            log.info("job %s (id %s) left the state bucket: not run any more", name, current.id)
             self._changed_set = True
         else:
-            log.info("job %s (id %s) changed in the state bucket", name, current.spec.id)
+            log.info("job %s (id %s) changed in the state bucket", name, current.id)
 
     async def _tell(self, budget: Budget) -> None:
         """After a take-up changed the running set: the page's listeners, and the

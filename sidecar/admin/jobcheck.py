@@ -21,8 +21,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from typing import Any
 
@@ -37,6 +39,7 @@ from sidecar.config.job_entry import (
 )
 from sidecar.config.keys import ConfigSection
 from sidecar.config.model import Config, JobConfig
+from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ConfigError
 from sidecar.core.slices import RUN, Budget, chunks, sort
 from sidecar.store.state import View
@@ -46,6 +49,9 @@ FILE, BUCKET = "file", "bucket"
 # Keys of a stored job that are not the job's: the external id, who and when.
 META_KEYS = ("id", "by", "at")
 MAX_ID = 200
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The size of a definition's digest (``canonical``).
+CANON_BYTES = 16
 
 
 def job_key(name: str) -> str:
@@ -60,6 +66,46 @@ class BucketJob:
     id: str
     # The stored mapping without by/at, as canonical JSON: equal means the same job.
     canon: bytes  # canonical(): a digest of the definition
+    # What ``listing`` shows of the stored value besides the job (the view lets a
+    # running job's bytes go, sidecar/store/state.py ``View.hold``): whether it
+    # has an ``id`` (else null is shown), ``by`` (interned) and ``at`` (``kept_at``).
+    id_stored: bool = True
+    by: object = None
+    at: object = None
+
+
+def kept_by(by: object) -> object:
+    """A stored value's ``by`` as a running job keeps it: one string per writer
+    (most jobs are written by a few), else as it is."""
+    return sys.intern(by) if isinstance(by, str) else by
+
+
+def kept_at(at: object) -> object:
+    """A stored value's ``at`` as a running job keeps it, ``shown_at`` gives it back
+    exactly: the epoch ms (an int, not a 24-character string: issue 49) when it is
+    the RFC 3339 text ``rfc3339`` writes for them, else a string as it is, else
+    any other JSON value in a 1-tuple (an int stored there is not epoch ms)."""
+    if at is None:
+        return None
+    if not isinstance(at, str):
+        return (at,)
+    try:
+        when = datetime.fromisoformat(at)
+    except ValueError:
+        return at
+    if when.tzinfo is None:
+        return at
+    ms = (when - _EPOCH) // timedelta(milliseconds=1)
+    return ms if rfc3339(ms / 1000) == at else at
+
+
+def shown_at(kept: object) -> object:
+    """The stored ``at`` that ``kept_at`` kept as `kept`."""
+    if isinstance(kept, int):
+        return rfc3339(kept / 1000)
+    if isinstance(kept, tuple):
+        return kept[0]
+    return kept
 
 
 def definition(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,7 +117,7 @@ def canonical(value: Mapping[str, Any]) -> bytes:
     """A digest of the job's definition (its sorted JSON): equal for the same job.
     A digest, not the text: 100,000 jobs keep one each (issue 49)."""
     text = json.dumps(definition(value), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+    return hashlib.blake2b(text.encode(), digest_size=CANON_BYTES).digest()
 
 
 def external_id(value: object, key: str) -> str:
@@ -134,7 +180,14 @@ def parse_bucket_job(config: Config, value: object, path: str) -> BucketJob:
     check_windows(config, job, path, size)
     check_fit(job, config.nats.ack_timeout, path)
     ident = external_id(value.get("id", job.name), f"{path}.id")
-    return BucketJob(job, ident, canonical({**data, "id": ident}))
+    return BucketJob(
+        job,
+        ident,
+        canonical({**data, "id": ident}),
+        "id" in value,
+        kept_by(value.get("by")),
+        kept_at(value.get("at")),
+    )
 
 
 def judge(config: Config, key: str, value: object) -> BucketJob:
@@ -184,16 +237,22 @@ async def beyond_cap_in_slices(view: View, cap: int, budget: Budget) -> set[str]
 
 
 def listing(
-    config: Config, view: View, file_names: frozenset[str] | None = None
+    config: Config,
+    view: View,
+    file_names: frozenset[str] | None = None,
+    held: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every ``job.<name>`` key of `view`: name, id, state (``run``, ``shadowed`` by the
     file, ``invalid``, beyond the cap included) and why, as ``status`` and ``job list``
-    show them."""
+    show them. `held`: the ``id``, ``by`` and ``at`` of the keys whose bytes the view
+    let go (``View.hold``: their jobs run, judged at that revision), by key, as
+    their running entries keep them (sidecar/admin/bucket_jobs.py)."""
     out = []
     beyond = beyond_cap(view, config.bucket_jobs.max_jobs)
     for key in sorted(k for k in view.keys if k.startswith(PREFIX)):
         name = key[len(PREFIX) :]
-        value = view.keys[key].value
+        entry = view.keys[key]
+        value = (held or {}).get(key, {}) if entry.held else entry.value
         item: dict[str, Any] = {
             "name": name,
             "id": value.get("id"),
@@ -211,7 +270,7 @@ def listing(
                 f"beyond bucket_jobs.max_jobs ({config.bucket_jobs.max_jobs}): written "
                 "after the most jobs the config file allows"
             )
-        else:
+        elif not entry.held:  # a held key's job runs: judged at this revision
             try:
                 judge(config, key, value)
             except ConfigError as exc:

@@ -93,6 +93,8 @@ class JobKeys:
 
     def listing(self) -> list[dict[str, Any]]:
         """Every job key of the bucket with its state, as ``status --json`` lists them."""
+        if self.runner is not None:
+            return self.runner.listing()
         from sidecar.admin.jobcheck import listing
 
         return listing(self.config, self.fleet.view, self.file_names)

@@ -36,34 +36,69 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+_KNOWN, _OVER, _PASSING, _RETIRED = 1, 2, 4, 8
+
+
 class Walk(Entry):
     """One job's place in its schedule: the slot it waits for, and how it ends.
 
     Armed, it is its own entry in the timer's heap (``item`` is the walk itself,
     None when not armed): no second object a job (40 B at 100,000 jobs, issue 49)."""
 
-    __slots__ = (
-        "done",
-        "job",
-        "known",
-        "over",
-        "passing",
-        "previous",
-        "retired",
-        "slot",
-    )
+    __slots__ = ("_flags", "done", "job", "previous", "slot")
 
     def __init__(self, job: JobConfig, slot: int) -> None:
         super().__init__(None)
         self.job = job
         self.slot = slot
         self.previous: int | None = None
-        self.known = False  # previous is the schedule's slot before `slot`
-        self.over = False  # waiting for a slot that is not claimed (max_runs)
-        self.passing = False  # the instant armed is the slot itself, passed unclaimed
-        self.retired = False  # ended alone (a job removed from the state bucket)
+        # known, over, passing, retired (below): four flags in one small int, one
+        # slot instead of four (24 B a job at 100,000 jobs, issue 49).
+        self._flags = 0
         # Made when someone waits for the walk's end (``retire``): none per job.
         self.done: asyncio.Future[None] | None = None
+
+    def _flag(self, bit: int) -> bool:
+        return bool(self._flags & bit)
+
+    def _set(self, bit: int, on: bool) -> None:
+        self._flags = self._flags | bit if on else self._flags & ~bit
+
+    @property
+    def known(self) -> bool:
+        """`previous` is the schedule's slot before `slot`."""
+        return self._flag(_KNOWN)
+
+    @known.setter
+    def known(self, on: bool) -> None:
+        self._set(_KNOWN, on)
+
+    @property
+    def over(self) -> bool:
+        """Waiting for a slot that is not claimed (max_runs)."""
+        return self._flag(_OVER)
+
+    @over.setter
+    def over(self, on: bool) -> None:
+        self._set(_OVER, on)
+
+    @property
+    def passing(self) -> bool:
+        """The instant armed is the slot itself, passed unclaimed."""
+        return self._flag(_PASSING)
+
+    @passing.setter
+    def passing(self, on: bool) -> None:
+        self._set(_PASSING, on)
+
+    @property
+    def retired(self) -> bool:
+        """Ended alone (a job removed from the state bucket)."""
+        return self._flag(_RETIRED)
+
+    @retired.setter
+    def retired(self, on: bool) -> None:
+        self._set(_RETIRED, on)
 
 
 class Timetable:

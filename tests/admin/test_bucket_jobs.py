@@ -23,8 +23,9 @@ import nats
 import pytest
 import yaml
 
-from sidecar.admin.jobcheck import judge, parse_bucket_job
+from sidecar.admin.jobcheck import judge, kept_at, kept_by, parse_bucket_job, shown_at
 from sidecar.config.load import Config, ConfigError, parse_config
+from sidecar.core.clock import rfc3339
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -289,6 +290,27 @@ def test_file_wins_and_hostile_values_are_counted_and_not_run(
             **states,
             "ok": "run",
         }
+        # A running job's key keeps no bytes in the view (issue 49): its running
+        # entry keeps who wrote it and when, and the page lists them as status does.
+        stored = {i["name"]: i for i in obj["bucket_jobs"]}["ok"]
+        served = {i["name"]: i for i in json.loads(body)["bucket_jobs"]}["ok"]
+        assert stored["by"] and stored["at"] and served == stored
+        # The same job written again by someone else, without an id and with an
+        # `at` of its own: still the same job (not restarted), listed as stored.
+        again = {**job("ok", catchup="all"), "by": "someone else", "at": "2026-01-01 noon"}
+        put_key(nats_server.url, bucket, "job.ok", json.dumps(again).encode())
+
+        def fleet_ok() -> dict[str, Any]:
+            code, body = procs[0].get("/api/v1/fleet")
+            assert code == 200, body
+            items: list[dict[str, Any]] = json.loads(body)["bucket_jobs"]
+            return {i["name"]: i for i in items}["ok"]
+
+        wait_for(lambda: fleet_ok()["by"] == "someone else", 10, what="the new writer listed")
+        obj = json.loads(run_cli("status", "-c", cfg, "--json").stdout)
+        stored = {i["name"]: i for i in obj["bucket_jobs"]}["ok"]
+        assert stored["id"] is None and stored["at"] == "2026-01-01 noon"
+        assert fleet_ok() == stored
 
         # The API with the admin token: the same checks, the same answers.
         path = "/api/v1/bucket-jobs/viaapi"
@@ -399,3 +421,28 @@ def test_a_bucket_job_gets_the_files_target_and_defaults() -> None:
     with pytest.raises(ConfigError) as caught:
         judge(config, "job.other", job("t"))
     assert caught.value.key == "job.other.name"
+
+
+def test_a_running_jobs_by_and_at_are_kept_compact_and_given_back_exactly() -> None:
+    """issue 49: a running job keeps its stored ``at`` as epoch ms when that is the
+    text the writes make, anything else as it is; ``by`` one string per writer."""
+    written = rfc3339(time.time())
+    assert isinstance(kept_at(written), int) and shown_at(kept_at(written)) == written
+    odd: list[object] = [
+        None,
+        "yesterday",
+        "2026-12-06T19:54:10.123+00:00",  # the same instant, other text
+        "2026-12-06T19:54:10.123",
+        "2026-12-06T19:54:10Z",
+        "2026-12-06T19:54:10.123456Z",
+        1765050850123,  # an int stored is not epoch ms kept
+        True,
+        1.5,
+        ["a"],
+        {"b": 1},
+    ]
+    for at in odd:
+        assert shown_at(kept_at(at)) == at and type(shown_at(kept_at(at))) is type(at), at
+    assert not isinstance(kept_at("2026-12-06T19:54:10.123+00:00"), int)
+    assert kept_by("ops" + str(len(odd))) is kept_by("ops" + str(len(odd)))
+    assert kept_by(7) == 7

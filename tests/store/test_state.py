@@ -17,6 +17,7 @@ from sidecar.store.bucketcheck import StateSpec
 from sidecar.store.kv import put_json, put_with_ttl
 from sidecar.store.state import (
     Bucket,
+    Entry,
     View,
     ensure_bucket,
     mismatched_calendars,
@@ -158,6 +159,40 @@ async def test_resync_drops_keys_deleted_while_the_watch_was_away(nc: NATS) -> N
         watch.resync()  # what a reconnect does
         await until(lambda: view.paused("sync") is None, 10)
         assert "" in changes  # one recount after the re-sync
+
+
+async def test_a_held_job_key_keeps_no_bytes_until_it_changes_or_is_read_again(nc: NATS) -> None:
+    """issue 49: the bytes of a job key whose job runs are let go (View.hold); a new
+    value brings them back, a re-sync too (its job is judged again then)."""
+    bucket = await ensure_bucket(nc.jetstream(), SPEC)
+    first = await bucket.kv.put("job.a", json.dumps({"name": "a", "by": "ops"}).encode())
+    await bucket.kv.put("job.b", json.dumps({"name": "b"}).encode())
+    changes: list[str] = []
+    view = View(on_change=changes.append)
+    async with running(bucket, view) as watch:
+        await until(lambda: view.synced and "job.b" in view.keys, 10)
+        view.hold("job.a", first + 1)  # not its revision: kept
+        assert not view.keys["job.a"].held and view.keys["job.a"].value["by"] == "ops"
+        view.hold("job.a", first)
+        entry = view.keys["job.a"]
+        assert entry.held and entry.value == {} and entry.raw is not None
+        assert entry == Entry({"name": "a", "by": "ops"}, first)  # the same revision
+        assert entry != Entry({"name": "a", "by": "ops"}, first + 5)
+        assert not view.keys["job.b"].held
+
+        # A re-sync: the fresh view's bytes, the same revision told as no change.
+        assert watch._pump is not None
+        watch._pump.cancel()
+        changes.clear()
+        watch.resync()
+        await until(lambda: "" in changes, 10)
+        assert "job.a" not in changes
+        assert view.keys["job.a"].value == {"name": "a", "by": "ops"}
+        view.hold("job.a", first)
+        # A new value comes with its bytes.
+        second = await bucket.kv.put("job.a", json.dumps({"name": "a", "by": "dev"}).encode())
+        await until(lambda: view.keys["job.a"].revision == second, 10)
+        assert not view.keys["job.a"].held and view.keys["job.a"].value["by"] == "dev"
 
 
 def test_mismatched_calendars() -> None:
