@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -184,11 +184,16 @@ async def beyond_cap_in_slices(view: View, cap: int, budget: Budget) -> set[str]
 
 
 def listing(
-    config: Config, view: View, file_names: frozenset[str] | None = None
+    config: Config,
+    view: View,
+    file_names: frozenset[str] | None = None,
+    *,
+    runs: Container[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """Every ``job.<name>`` key of `view`: name, id, state (``run``, ``shadowed`` by the
     file, ``invalid``, beyond the cap included) and why, as ``status`` and ``job list``
-    show them."""
+    show them. `runs`: the bucket jobs a running sidecar's job set has taken up,
+    judged already: not again (the page at 100,000 jobs, docs/PERFORMANCE.md)."""
     out = []
     beyond = beyond_cap(view, config.bucket_jobs.max_jobs)
     for key in sorted(k for k in view.keys if k.startswith(PREFIX)):
@@ -211,7 +216,7 @@ def listing(
                 f"beyond bucket_jobs.max_jobs ({config.bucket_jobs.max_jobs}): written "
                 "after the most jobs the config file allows"
             )
-        else:
+        elif name not in runs:
             try:
                 judge(config, key, value)
             except ConfigError as exc:

@@ -25,6 +25,7 @@ from nats.js import JetStreamContext
 
 from sidecar.admin import page
 from sidecar.admin.actions import actions_key, actions_of
+from sidecar.admin.jobcheck import listing
 from sidecar.admin.jobfilter import Selection, named, page_of, problems
 from sidecar.admin.live import Live
 from sidecar.admin.objects import (
@@ -266,8 +267,18 @@ class PageData:
         }
         now_ms = self.clock.wall_ms()
         fleet = fleet_part(self.jobs.all, self.fleet.view, stream, bucket, now_ms, self.live.seen)
-        listed = self.bucket_jobs.listing() if self.bucket_jobs is not None else []
+        listed = self._listing()
         return {**fleet, "bucket_jobs": listed, "served_by": self.config.instance_id}
+
+    def _listing(self) -> list[dict[str, Any]]:
+        """The bucket's job keys with their states (``status``'s ``bucket_jobs``): the
+        jobs this sidecar's job set runs are not judged again (a job config's parse
+        each: 3 s of a request at 30,000 jobs)."""
+        if self.bucket_jobs is None:
+            return []
+        files = self.bucket_jobs.file_names
+        runs = {name for name in self.jobs.names if name not in files}
+        return listing(self.config, self.fleet.view, files, runs=runs)
 
     async def runs_data(self, name: str, limit: int, before: int | None) -> dict[str, Any]:
         cached = self._history.get(name)
