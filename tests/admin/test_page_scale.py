@@ -107,6 +107,13 @@ def test_a_page_of_3000_bucket_jobs_builds_its_page_only(
         assert len(seen) >= 4, proc.log()[since:][-2000:]
         assert all(asked <= 200 and built <= asked for built, asked in seen), seen
 
+        # The rows a viewer's event names: those rows only (an unknown name: none).
+        since = len(proc.log())
+        code, rows = proc.get("/fragment/jobs?names=tenant-2990,tenant-0003,nope")
+        assert code == 200
+        assert re.findall(r'<tr id="job-([^"]+)"', rows) == ["tenant-0003", "tenant-2990"]
+        assert builds(proc, since) and all(asked == 2 for _, asked in builds(proc, since))
+
         # Problems only: the failing job is found without building the others.
         def failing() -> bool:
             return [j["name"] for j in api(proc, "problems=1")["jobs"]] == ["tenant-0007"]
