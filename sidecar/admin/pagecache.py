@@ -25,7 +25,7 @@ from nats.js import JetStreamContext
 
 from sidecar.admin import page
 from sidecar.admin.actions import actions_key, actions_of
-from sidecar.admin.jobcheck import listing
+from sidecar.admin.jobcheck import PREFIX, listing
 from sidecar.admin.jobfilter import Selection, named, page_of, problems
 from sidecar.admin.live import Live
 from sidecar.admin.objects import (
@@ -95,6 +95,7 @@ class PageData:
         self._built_with: tuple[set[str], dict[str, str | None], dict[str, list[str]]] | None = None
         self._generation = 0  # counts the times every object was dropped (_now)
         self.built = 0  # job objects built since start (tests read it)
+        self._listed: tuple[tuple[int, int, int], list[dict[str, Any]]] | None = None
         self._stream: StreamState | None = None
         self._stream_at = 0.0
         self._history: dict[str, tuple[float, list[dict[str, Any]]]] = {}
@@ -278,7 +279,13 @@ class PageData:
             return []
         files = self.bucket_jobs.file_names
         runs = {name for name in self.jobs.names if name not in files}
-        return listing(self.config, self.fleet.view, files, runs=runs)
+        # Made again when a job key was written or removed, or the job set changed:
+        # reading every key's value is most of its cost (0.4 s at 30,000 jobs).
+        revs = [e.revision for k, e in self.fleet.view.keys.items() if k.startswith(PREFIX)]
+        stamp = (len(revs), max(revs, default=0), len(runs))
+        if self._listed is None or self._listed[0] != stamp:
+            self._listed = (stamp, listing(self.config, self.fleet.view, files, runs=runs))
+        return self._listed[1]
 
     async def runs_data(self, name: str, limit: int, before: int | None) -> dict[str, Any]:
         cached = self._history.get(name)
