@@ -257,12 +257,10 @@ class PageApp:
         self, req: Request, rest: list[str], q: dict[str, list[str]]
     ) -> Answer | None:
         if rest == ["jobs"]:
-            # jobs_data() builds again what changed (the event that asks came
-            # after the change): every viewer asking at once shares one build.
-            wanted = set(",".join(q.get("names", [])).split(","))
-            rows = [
-                self.data.row(job) for job in await self.data.jobs_data() if job["name"] in wanted
-            ]
+            # objects() builds again what changed (the event that asks came
+            # after the change), of the rows asked for only.
+            wanted = ",".join(q.get("names", [])).split(",")
+            rows = [self.data.row(job) for job in await self.data.objects(wanted)]
             return _html(200, "".join(rows))
         if rest == ["fleet"]:
             return _html(200, page.fleet_section(await self.data.fleet_data()))

@@ -30,6 +30,7 @@ from sidecar.run.concurrency import conc_key
 from sidecar.run.runcap import counted
 from sidecar.store.state import (
     BUCKET_MISMATCH,
+    Entry,
     View,
     bucket_job_names,
     bucket_set,
@@ -48,12 +49,25 @@ NEXT_RUNS = 3
 ACTIONS_KEPT = 50  # entries of ``actions.<job>`` (sidecar/admin/actions.py)
 
 
-def running(view: View, job: str, now_ms: int) -> list[dict[str, Any]]:
-    """The runs of `job` holding a lease now (``run.*`` and ``lock.*`` keys), oldest first."""
-    out = []
+def leases_by_job(view: View) -> dict[str, dict[str, Entry]]:
+    """The view's leases (``run.*``, ``lock.*``) by job: one walk of the bucket's keys
+    for every job's ``running`` (one walk per job is N x N with N ``job.*`` keys)."""
+    out: dict[str, dict[str, Entry]] = {}
     for key, entry in view.leases().items():
-        if lease_job(key) != job:
-            continue
+        job = lease_job(key)
+        if job is not None:
+            out.setdefault(job, {})[key] = entry
+    return out
+
+
+def running(
+    view: View, job: str, now_ms: int, leases: dict[str, dict[str, Entry]] | None = None
+) -> list[dict[str, Any]]:
+    """The runs of `job` holding a lease now (``run.*`` and ``lock.*`` keys), oldest first.
+    `leases`: ``leases_by_job(view)`` when the caller builds many jobs' objects."""
+    mine = leases.get(job, {}) if leases is not None else leases_by_job(view).get(job, {})
+    out = []
+    for key, entry in mine.items():
         v = entry.value
         since = v.get("started_at")
         try:
@@ -118,11 +132,13 @@ def job_object(
     held: dict[str, str | None],
     upcoming: list[int] | None = None,
     runners: dict[str, list[str]] | None = None,
+    leases: dict[str, dict[str, Entry]] | None = None,
 ) -> dict[str, Any]:
     """One entry of ``jobs``, alike in ``status --json`` and ``/api/v1/jobs``.
 
     `upcoming`: the job's next ``NEXT_RUNS`` slots after `now_ms` when the
-    caller has them (computing them is most of the cost of a job's object).
+    caller has them (computing them is most of the cost of a job's object);
+    `leases`: ``leases_by_job(view)``, when it builds more than one.
     """
     if upcoming is None:
         upcoming = job.schedule.runs(now_ms, NEXT_RUNS)  # exclusions applied
@@ -145,7 +161,7 @@ def job_object(
         "paused_until": pause.get("until"),
         **schedule_fields(job, view, now_ms, upcoming),
         **({"schedule_lines": [job.after.words()]} if job.after is not None else {}),
-        "running": running(view, job.name, now_ms),
+        "running": running(view, job.name, now_ms, leases),
         "last_run": recent.last_run(job.name),
         "next_slot": rfc3339(upcoming[0] / 1000) if upcoming else None,
         "next_slots": [rfc3339(s / 1000) for s in upcoming],
@@ -191,6 +207,42 @@ def job_object(
         "after": ({"job": job.after.job, "on": job.after.on} if job.after is not None else None),
         "chain": job.after.words() if job.after is not None else None,
     }
+
+
+def problem_part(
+    job: JobConfig,
+    view: View,
+    recent: Recent,
+    now_ms: int,
+    mismatch: set[str],
+    held: dict[str, str | None],
+    runners: dict[str, list[str]],
+) -> dict[str, Any]:
+    """The fields of ``job_object`` that ``problems`` (sidecar/admin/jobfilter.py)
+    reads, with the same values, without the next slots that make up most of an
+    object's cost: "problems only" among 100,000 jobs looks at each this way."""
+    paused = view.paused(job.name)
+    pause = paused.value if paused is not None and pause_active(paused.value, now_ms) else {}
+    if job.name in recent.jobs:
+        strip = recent.strip(job.name)
+        fails = consecutive_failures(strip)
+        last = recent.last_run(job.name) if not fails else None  # read only without fails
+    else:  # no run seen: the common case with many jobs, and free
+        fails, last = 0, None
+    part: dict[str, Any] = {
+        "paused": bool(pause),
+        "consecutive_failures": fails,
+        "last_run": last,
+        "settings_differ": job.name in mismatch,
+        "stream_problem": held.get(job.name),
+        "run_by": runners.get(job.name, []),
+        "ended": no_more_runs(job, view, now_ms),
+        "not_started": not_started(job, now_ms),
+    }
+    if job.run_on == EVERY:
+        marks = recent.every_marks(job.name)
+        part["missed"] = per_instance(marks, now_ms, round(job.max_late * 1000))["missed"]
+    return part
 
 
 def no_more_runs(job: JobConfig, view: View, now_ms: int) -> str | None:
@@ -359,7 +411,9 @@ def fleet_object(
     """The object of ``status --json``: stream, instances, mismatches and every job."""
     mismatch = mismatched_jobs(view.instances())
     runners = runners_of(jobs, view)
+    leases = leases_by_job(view)
     objects = [
-        job_object(job, view, recent, now_ms, mismatch, held, runners=runners) for job in jobs
+        job_object(job, view, recent, now_ms, mismatch, held, runners=runners, leases=leases)
+        for job in jobs
     ]
     return {**fleet_part(jobs, view, stream, bucket, now_ms, seen), "jobs": objects}

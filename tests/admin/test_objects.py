@@ -9,7 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sidecar.admin.jobfilter import problems
+from sidecar.admin.objects import job_object, leases_by_job, problem_part
 from sidecar.admin.recent import STRIP, Recent, consecutive_failures
+from sidecar.config.load import parse_config
+from sidecar.store.state import View
 
 
 def claim(job: str, slot: int, token: str, **extra: Any) -> bytes:
@@ -72,3 +76,58 @@ def test_consecutive_failures_count_finished_runs_newest_first() -> None:
     # A skipped slot sent nothing: the row goes on, as health.<job> counts it.
     skipped = [{"status": s} for s in ("skipped", "failed", "skipped", "failed", "succeeded")]
     assert consecutive_failures(skipped) == 2
+
+
+def test_problem_part_finds_the_problems_of_the_whole_object() -> None:
+    """ "Problems only" picks jobs by ``problem_part`` before building any object
+    (sidecar/admin/pagecache.py): for every kind of problem, and none, it says what
+    the whole object says."""
+    now_ms = 1_900_000_000_000
+    yearly = "0 0 1 1 *"
+    config = parse_config(
+        {
+            "jobs": [
+                {"name": n, "schedule": yearly}
+                for n in ("fine", "fails", "failed-once", "paused", "held", "differs", "nobody")
+            ]
+            + [
+                {"name": "over", "schedule": yearly, "end_at": "2020-01-01T00:00:00Z"},
+                {"name": "later", "schedule": yearly, "start_at": "2099-01-01T00:00:00Z"},
+                {"name": "ended-pause", "schedule": yearly},
+                {"name": "every", "schedule": "* * * * *", "run_on": "every"},
+            ]
+        },
+        {},
+    )
+    recent = Recent("cron.")
+    recent.add(1, "cron.fails.claims", claim("fails", now_ms - 60_000, "f1"))
+    recent.add(2, "cron.fails.results", result("fails", "f1", "failed"))
+    recent.add(3, "cron.failed-once.claims", claim("failed-once", now_ms - 60_000, "o1"))
+    recent.add(4, "cron.failed-once.results", result("failed-once", "o1", "lost"))
+    recent.add(5, "cron.failed-once.claims", claim("failed-once", now_ms - 30_000, "o2"))
+    recent.add(6, "cron.failed-once.results", result("failed-once", "o2", "succeeded"))
+    for i in range(3):  # run_on: every, by i1 only: i2 missed them
+        slot = now_ms - (i + 2) * 60_000
+        recent.add(10 + i, "cron.every.claims", claim("every", slot, f"e{i}", run_on="every"))
+    oldest = now_ms - 4 * 60_000  # i2 ran the oldest slot, then none: it missed some
+    recent.add(20, "cron.every.claims", claim("every", oldest, "x", run_on="every", instance="i2"))
+    view = View()
+    view.apply("paused.paused", json.dumps({"by": "me"}).encode(), 1, False)
+    view.apply(
+        "paused.ended-pause", json.dumps({"until": "2020-01-01T00:00:00Z"}).encode(), 2, False
+    )
+    held: dict[str, str | None] = {"held": "the stream's subjects do not cover it"}
+    # Run by no live instance: a problem, unless paused, ended or not started (quiet).
+    nobody = ("nobody", "paused", "over", "later")
+    runners = {job.name: ["i1", "i2"] for job in config.jobs if job.name not in nobody}
+    for live in (0, 1, 2):
+        for job in config.jobs:
+            args = (job, view, recent, now_ms, {"differs"}, held)
+            whole = job_object(*args, runners=runners, leases=leases_by_job(view))
+            assert problems(problem_part(*args, runners), live) == problems(whole, live), job.name
+    shown = [
+        j.name
+        for j in config.jobs
+        if problems(problem_part(j, view, recent, now_ms, {"differs"}, held, runners), 1)
+    ]
+    assert shown == ["fails", "held", "differs", "nobody", "every"]
