@@ -24,11 +24,12 @@ from sidecar.core.clock import Clock
 from sidecar.core.errors import ClaimUnanswered
 from sidecar.core.sleeper import Sleeper
 from sidecar.core.tasks import TaskSet
-from sidecar.core.wire import new_token
+from sidecar.core.wire import LOST, new_token
 from sidecar.obs.metrics import Metrics
 from sidecar.run import unanswered
 from sidecar.run.claim import Claim, Claimer
 from sidecar.run.context import Context
+from sidecar.run.record import Outcome, Recorder
 from sidecar.run.unanswered import REASON, Unanswered, asked_for
 from sidecar.store.stream import StreamSpec, ensure_stream
 from tests.support import NatsServer
@@ -192,3 +193,33 @@ def test_the_question_is_asked_for_half_of_what_the_window_has_left() -> None:
     sidecar_job = SimpleNamespace(jitter=2.0, max_late=58.0)
     assert asked_for(cast(JobConfig, sidecar_job), 300.0) == 120.0
     assert asked_for(cast(JobConfig, sidecar_job), 60.0) == 0.0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="two fates: a stored claim its sidecar gave up, judged lost by the claim window "
+    "while that sidecar was away, is also recorded skipped (unanswered) when it asks again",
+)
+async def test_a_claim_judged_lost_meanwhile_is_not_recorded_skipped_as_well(
+    nats_server: NatsServer, nc: NATS
+) -> None:
+    """web-1's claim was stored but its answer never came (web-1 frozen or cut off past
+    its deadline, its presence gone): web-2, whose claim lost to it, saw no lease and
+    no presence for lease_ttl + 11 s and recorded the run ``lost`` (the claim window's
+    record, as sidecar/run/claimwindow.py makes it). web-1 comes back within the
+    question's time and asks: the stored claim is its own, but its slot already has
+    a fate; recording it ``skipped`` too gives the slot two."""
+    one = Sidecar(nc, "web-1")
+    mine = await one.claimer.claim("sync", SLOT, time.monotonic() + 5)
+    assert mine.won
+    judge = Recorder(nc.jetstream(), SPEC.name, SPEC.prefix, "web-2", None)
+    now = time.time()
+    lost = Outcome(
+        kind=LOST, job="sync", slot=SLOT, token=mine.token, started_at=now, finished_at=now,
+        error="lease never made: instance web-1 left the fleet; judged by web-2",
+    )  # fmt: skip
+    assert await judge.record_lost(one.job, lost, last=0)
+    await one.unanswered.settle(one.job, given_up(mine.token))
+    results = [m for m in await stored(nc) if m["subject"] == "cron.sync.results"]
+    assert [r["status"] for r in results] == ["lost"]
+    assert one.recorded() == 0.0
