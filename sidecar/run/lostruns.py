@@ -71,6 +71,28 @@ async def scan_results(
     return None
 
 
+async def has_result(
+    js: JetStreamContext, stream: str, prefix: str, job: str, token: str, after: int | None
+) -> tuple[bool, int]:
+    """Whether the run `token` of `job` has a result (its own, or a lost record), and
+    the sequence of the job's last result (0: none), which a lost record then expects.
+
+    The newest result alone is not enough: runs of a job overlap, and a later
+    slot's result hides this run's. With the run's claim sequence (`after`,
+    the lease's ``fence``) every result stored since is read; without it
+    (a lease written by another implementation) only the newest.
+    """
+    subject = results_subject(prefix, job)
+    newest = await last_msg(js, stream, subject)
+    if newest is None:
+        return False, 0
+    last = int(newest.seq or 0)
+    if token_of(newest.data or b"") == token:
+        return True, last
+    found = await scan_results(js, stream, subject, token, after or last, last)
+    return found is True, last
+
+
 class LostRuns:
     """Records a ``lost`` result for every lease that expired (see the module doc)."""
 
@@ -196,22 +218,9 @@ class LostRuns:
 
     async def recorded(self, job: str, token: str, after: int | None) -> tuple[bool, int]:
         """Whether this run has a result (its own, or a lost record), and the sequence
-        of the job's last result (0: none), which the lost record then expects.
-
-        The newest result alone is not enough: runs of a job overlap, and a later
-        slot's result hides this run's. With the run's claim sequence (`after`,
-        the lease's ``fence``) every result stored since is read; without it
-        (a lease written by another implementation) only the newest.
-        """
-        subject = results_subject(self.spec.prefix, job)
-        newest = await last_msg(self.js, self.spec.name, subject)
-        if newest is None:
-            return False, 0
-        last = int(newest.seq or 0)
-        if token_of(newest.data or b"") == token:
-            return True, last
-        found = await scan_results(self.js, self.spec.name, subject, token, after or last, last)
-        return found is True, last
+        of the job's last result (0: none), which the lost record then expects
+        (``has_result``)."""
+        return await has_result(self.js, self.spec.name, self.spec.prefix, job, token, after)
 
     async def _publish(
         self,

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimUnanswered
 from sidecar.core.wire import EVERY, SKIPPED
+from sidecar.run.lostruns import has_result
 from sidecar.run.record import Outcome, Recorder
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class Unanswered:
         self.window = ctx.config.nats.duplicate_window
         self.lost_claim = lost_claim
         spec = ctx.spec
+        self.js, self.stream, self.prefix = ctx.js, spec.name, spec.prefix
         # No aftermath: the slot never ran (no ping, no health, no notification).
         self.recorder = Recorder(
             ctx.js, spec.name, spec.prefix, ctx.config.instance_id, ctx.metrics
@@ -132,6 +134,26 @@ class Unanswered:
             )
             if job.run_on != EVERY:  # an instance's own id: no other runner to judge
                 self.lost_claim(job, claim)
+            return False
+        # This sidecar's own claim is the stored one. While it was away (frozen, cut
+        # off past the deadline, its presence gone), a loser's claim-window judge may
+        # have recorded that run lost: that record is the slot's fate, not a second.
+        # (A judge that looks after this record is stored finds it and stands down.)
+        try:
+            judged, _ = await has_result(
+                self.js, self.stream, self.prefix, exc.job, exc.token, claim.seq
+            )
+        except Exception as again:  # the stream unread: no second fate risked
+            log.warning(
+                "job %s slot %s: its claim got no answer in time, and its results could not "
+                "be read since; not recorded: %r",
+                exc.job,
+                when,
+                again,
+            )
+            return False
+        if judged:
+            log.info("job %s slot %s: its claim, given up, was recorded already", exc.job, when)
             return False
         now = self.clock.wall()
         outcome = Outcome(

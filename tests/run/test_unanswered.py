@@ -195,11 +195,6 @@ def test_the_question_is_asked_for_half_of_what_the_window_has_left() -> None:
     assert asked_for(cast(JobConfig, sidecar_job), 60.0) == 0.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two fates: a stored claim its sidecar gave up, judged lost by the claim window "
-    "while that sidecar was away, is also recorded skipped (unanswered) when it asks again",
-)
 async def test_a_claim_judged_lost_meanwhile_is_not_recorded_skipped_as_well(
     nats_server: NatsServer, nc: NATS
 ) -> None:
