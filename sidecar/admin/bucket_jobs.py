@@ -232,8 +232,11 @@ class BucketJobs:
             budget = Budget(SLICE)
             if self._everything:
                 await self._reread(budget)
-            await self._place(budget)
+            # The round's names are those changed before the cap's scan: a key written
+            # while the scan yields is not counted in it (the latest written, maybe
+            # beyond the cap), so it waits for the next round's place.
             dirty, self._dirty = self._dirty, set()
+            dirty |= await self._place(budget)
             names = await sort(dirty, budget)
             dirty.clear()
             for name in names:
@@ -268,15 +271,16 @@ class BucketJobs:
             self._dirty.update(names)
             await budget.pause()
 
-    async def _place(self, budget: Budget) -> None:
+    async def _place(self, budget: Budget) -> set[str]:
         """Which ``job.`` keys are beyond ``bucket_jobs.max_jobs``: the latest written
-        (by revision, the same in every sidecar's view); a key whose place changed
-        is taken up again."""
+        (by revision, the same in every sidecar's view); the names whose place
+        changed, to be taken up again."""
         beyond = await beyond_cap_in_slices(
             self.fleet.view, self.config.bucket_jobs.max_jobs, budget
         )
-        self._dirty |= beyond ^ self._beyond
+        moved = beyond ^ self._beyond
         self._beyond = beyond
+        return moved
 
     def _wanted(self, name: str) -> tuple[BucketJob | None, int]:
         """What the view says job `name` of the bucket should be now, and its revision."""

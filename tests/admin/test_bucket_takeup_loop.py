@@ -138,11 +138,6 @@ async def test_the_cap_in_slices_is_the_cap() -> None:
         assert len(got) == max(0, keys - cap)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a key written while _place's scan yields is reconciled in that round with a "
-    "cap that did not count it: a job beyond bucket_jobs.max_jobs runs for a round",
-)
 async def test_a_key_written_while_the_cap_is_read_is_placed_before_it_is_taken_up(
     make_jobs: MakeJobs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
