@@ -193,12 +193,6 @@ async def test_a_key_written_while_the_cap_is_read_is_placed_before_it_is_taken_
     assert not any("late" in names for names in seen), seen
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a job key removed while _place's scan yields is still counted by the scan: "
-    "the key the round takes up is refused as beyond the cap (hostile input counted) "
-    "and taken up by the next round",
-)
 async def test_a_key_removed_while_the_cap_is_read_does_not_push_another_beyond(
     make_jobs: MakeJobs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -252,11 +246,6 @@ async def test_a_key_removed_while_the_cap_is_read_does_not_push_another_beyond(
         assert not runner._over
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a re-read while _place's scan yields replaces the view's mapping: the scan "
-    "misses a key the watch missed, counts one too few, and a key beyond the cap runs",
-)
 async def test_a_reread_while_the_cap_is_read_places_the_round_s_keys_by_the_new_view(
     make_jobs: MakeJobs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
