@@ -66,6 +66,10 @@ log = logging.getLogger(__name__)
 GATHER = 0.02
 
 
+# The cap is scanned again at most this many times in one round when a job key
+# changed while its scan yielded (``_place``).
+PLACE_TRIES = 3
+
 # job_hash is 12 hex digits: 48 bits, above the lowest bit of ``_Running.digest``.
 HASH_BITS = 48
 
@@ -152,6 +156,9 @@ class BucketJobs:
         self._beyond: set[str] = set()
         self._over: dict[str, int] = {}
         self._over_said: list[str] = []
+        # Counts the job keys' changes and removals and the full re-reads heard: a
+        # scan of the cap that saw it move counted a key where it no longer is.
+        self._heard = 0
         self._changed_set = False
         # Jobs taken up in this round and not yet registered (``_flush``).
         self._batch: list[tuple[BucketJob, int]] = []
@@ -202,6 +209,8 @@ class BucketJobs:
     # ------------------------------------------------------------------ following the view
 
     def changed(self, key: str) -> None:
+        if key == "" or key.startswith(PREFIX):
+            self._heard += 1
         if key == "":  # a full re-read: every job key, and every job running
             # Named by the round, in slices (``_reread``): here, in the watch's call,
             # 100,000 names held the loop 60 ms in one piece.
@@ -214,6 +223,7 @@ class BucketJobs:
 
     def removed(self, removal: Removal) -> None:
         if removal.key.startswith(PREFIX):
+            self._heard += 1
             self._dirty.add(removal.key[len(PREFIX) :])
             self._wake.set()
 
@@ -232,8 +242,11 @@ class BucketJobs:
             budget = Budget(SLICE)
             if self._everything:
                 await self._reread(budget)
-            await self._place(budget)
+            # The round's names are those changed before the cap's scan: a key written
+            # while the scan yields is not counted in it (the latest written, maybe
+            # beyond the cap), so it waits for the next round's place.
             dirty, self._dirty = self._dirty, set()
+            dirty |= await self._place(budget)
             names = await sort(dirty, budget)
             dirty.clear()
             for name in names:
@@ -268,15 +281,25 @@ class BucketJobs:
             self._dirty.update(names)
             await budget.pause()
 
-    async def _place(self, budget: Budget) -> None:
+    async def _place(self, budget: Budget) -> set[str]:
         """Which ``job.`` keys are beyond ``bucket_jobs.max_jobs``: the latest written
-        (by revision, the same in every sidecar's view); a key whose place changed
-        is taken up again."""
-        beyond = await beyond_cap_in_slices(
-            self.fleet.view, self.config.bucket_jobs.max_jobs, budget
-        )
-        self._dirty |= beyond ^ self._beyond
+        (by revision, the same in every sidecar's view); the names whose place
+        changed, to be taken up again."""
+        for _ in range(PLACE_TRIES):
+            heard = self._heard
+            beyond = await beyond_cap_in_slices(
+                self.fleet.view, self.config.bucket_jobs.max_jobs, budget
+            )
+            # A key removed or written again while the scan yielded was counted where
+            # it no longer is: one too many, and the round's latest key would be
+            # refused as hostile. A re-read meanwhile (a new mapping, keys the scan
+            # never saw): one too few. Scanned again, a few times at most (a stream of
+            # writes must not hold the round); below the cap nothing changed.
+            if heard == self._heard or not (beyond or self._everything):
+                break
+        moved = beyond ^ self._beyond
         self._beyond = beyond
+        return moved
 
     def _wanted(self, name: str) -> tuple[BucketJob | None, int]:
         """What the view says job `name` of the bucket should be now, and its revision."""

@@ -214,8 +214,9 @@ async def beyond_cap_in_slices(view: View, cap: int, budget: Budget) -> set[str]
     """``beyond_cap(view, cap)`` a slice at a time (sidecar/core/slices.py): the
     take-up's round looks at every key, and with 100,000 jobs the scan and the sort
     by revision held the loop in one piece (docs/PERFORMANCE.md, "One scrape at
-    100,000 jobs"). A key written or removed meanwhile is its own change: the next
-    round places it."""
+    100,000 jobs"). A key written or removed meanwhile may be counted where it no
+    longer is: the take-up scans again (sidecar/admin/bucket_jobs.py ``_place``), and
+    a key the scan did not see waits for the next round."""
     if len(view.keys) <= cap:  # fewer keys of any kind than the cap: nothing to read
         return set()
     found: list[tuple[int, str]] = []

@@ -25,11 +25,13 @@ import json
 import random
 import time
 
+import pytest
+
 from sidecar.admin.bucket_jobs import BucketJobs
 from sidecar.admin.jobcheck import beyond_cap, beyond_cap_in_slices
 from sidecar.config.load import parse_config
 from sidecar.core.slices import RUN, Budget
-from sidecar.store.state import BUCKET_SET, Entry, View
+from sidecar.store.state import BUCKET_SET, Entry, Removal, View
 from tests.support import MakeJobs, until
 
 JOBS = 60_000
@@ -134,3 +136,171 @@ async def test_the_cap_in_slices_is_the_cap() -> None:
         got = await beyond_cap_in_slices(view, cap, Budget(0.0))
         assert got == beyond_cap(view, cap)
         assert len(got) == max(0, keys - cap)
+
+
+async def test_a_key_written_while_the_cap_is_read_is_placed_before_it_is_taken_up(
+    make_jobs: MakeJobs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cap's scan yields (``beyond_cap_in_slices``): a job key written meanwhile is
+    not in the scan, and the latest written is beyond the cap. It must not be taken up
+    by the round that did not place it (run, registered and told in the presence for a
+    round, then retired: the other sidecars refuse it). A slice of 0 makes every pause
+    yield, as a loaded machine does with thousands of keys."""
+    monkeypatch.setattr("sidecar.admin.bucket_jobs.SLICE", 0.0)
+    cap = 3
+    config = parse_config(
+        {
+            "nats": {"servers": ["nats://127.0.0.1:1"]},  # not used: no NATS here
+            "target": {"url": "http://127.0.0.1:9"},  # never called: nothing is due
+            "bucket_jobs": {"max_jobs": cap},
+            "jobs": [{"name": "keep", "schedule": "0 0 1 1 *"}],
+        },
+        {},
+    )
+    async with make_jobs(config) as jobs:
+        fleet = jobs.ctx.fleet
+        view = fleet.view
+        for i in range(cap):
+            view.apply(f"job.j{i}", value(f"j{i}", i), i + 1, False)
+        view.keys["instance.other"] = Entry({}, cap + 1)  # more keys than the cap: a scan
+        view.synced = True
+        runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
+        seen: list[set[str]] = []
+        runner.listeners.append(lambda: seen.append(set(runner.running)))
+        runner.start(jobs)
+        runner.changed("")
+        await until(lambda: len(runner.running) == cap, 10, what="the cap's jobs taken up")
+
+        async def write_in_the_scan() -> None:
+            # Turn by turn (no poll's sleep): the round begins (its wake cleared after
+            # GATHER) and goes straight into the cap's scan, which yields.
+            await runner._wake.wait()
+            for _ in range(100_000):
+                if not runner._wake.is_set():
+                    break
+                await asyncio.sleep(0)
+            else:
+                raise AssertionError("the round did not begin")
+            view.apply("job.late", value("late", 9), 11, False)  # the latest: beyond
+            runner.changed("job.late")
+
+        writer = asyncio.create_task(write_in_the_scan())
+        view.apply("job.j0", value("j0", 0), 10, False)  # the same job written again
+        runner.changed("job.j0")
+        await writer
+        await until(lambda: "late" in runner._over, 10, what="job.late refused")
+        await runner.stop()
+    assert not any("late" in names for names in seen), seen
+
+
+async def test_a_key_removed_while_the_cap_is_read_does_not_push_another_beyond(
+    make_jobs: MakeJobs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A removal while the cap's scan yields: the scan counted the removed key, so
+    the cap's count is one too many and the latest key of the round (valid, within
+    the cap once the removal is counted) must not be refused as beyond it (a
+    hostile input counted and said for a valid job). A slice of 0: every pause
+    yields."""
+    monkeypatch.setattr("sidecar.admin.bucket_jobs.SLICE", 0.0)
+    cap = 3
+    config = parse_config(
+        {
+            "nats": {"servers": ["nats://127.0.0.1:1"]},  # not used: no NATS here
+            "target": {"url": "http://127.0.0.1:9"},  # never called: nothing is due
+            "bucket_jobs": {"max_jobs": cap},
+            "jobs": [{"name": "keep", "schedule": "0 0 1 1 *"}],
+        },
+        {},
+    )
+    async with make_jobs(config) as jobs:
+        fleet = jobs.ctx.fleet
+        view = fleet.view
+        for i in range(cap):
+            view.apply(f"job.j{i}", value(f"j{i}", i), i + 1, False)
+        view.synced = True
+        runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
+        runner.start(jobs)
+        runner.changed("")
+        await until(lambda: len(runner.running) == cap, 10, what="the cap's jobs taken up")
+        hostile = jobs.metrics.hostile_input_total.labels(what="job")._value.get()
+
+        async def remove_in_the_scan() -> None:
+            await runner._wake.wait()
+            for _ in range(100_000):
+                if not runner._wake.is_set():
+                    break
+                await asyncio.sleep(0)
+            else:
+                raise AssertionError("the round did not begin")
+            gone = view.keys["job.j0"]
+            view.apply("job.j0", None, cap + 2, True, "DEL")  # as the watch delivers it
+            runner.removed(Removal("job.j0", gone, "DEL", None))
+
+        remover = asyncio.create_task(remove_in_the_scan())
+        view.apply("job.late", value("late", 9), cap + 1, False)  # within the cap after j0
+        runner.changed("job.late")
+        await remover
+        await until(lambda: set(runner.running) == {"j1", "j2", "late"}, 10, what="late taken up")
+        await runner.stop()
+        assert jobs.metrics.hostile_input_total.labels(what="job")._value.get() == hostile
+        assert not runner._over
+
+
+async def test_a_reread_while_the_cap_is_read_places_the_round_s_keys_by_the_new_view(
+    make_jobs: MakeJobs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full re-read while the cap's scan yields replaces the view's mapping: a key the
+    watch missed (older than the round's key) is not in the scan, which counts one
+    too few, and the round's latest key, beyond the cap by the re-read view, must not
+    be taken up. A slice of 0: every pause yields."""
+    monkeypatch.setattr("sidecar.admin.bucket_jobs.SLICE", 0.0)
+    cap = 3
+    config = parse_config(
+        {
+            "nats": {"servers": ["nats://127.0.0.1:1"]},  # not used: no NATS here
+            "target": {"url": "http://127.0.0.1:9"},  # never called: nothing is due
+            "bucket_jobs": {"max_jobs": cap},
+            "jobs": [{"name": "keep", "schedule": "0 0 1 1 *"}],
+        },
+        {},
+    )
+    async with make_jobs(config) as jobs:
+        fleet = jobs.ctx.fleet
+        view = fleet.view
+        for i in range(cap - 1):
+            view.apply(f"job.j{i}", value(f"j{i}", i), i + 1, False)
+        view.keys["instance.other"] = Entry({}, 3)  # more keys than the cap: a scan
+        view.synced = True
+        runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
+        seen: list[set[str]] = []
+        runner.listeners.append(lambda: seen.append(set(runner.running)))
+        runner.start(jobs)
+        runner.changed("")
+        await until(lambda: len(runner.running) == cap - 1, 10, what="the jobs taken up")
+
+        async def reread_in_the_scan() -> None:
+            await runner._wake.wait()
+            for _ in range(100_000):
+                if not runner._wake.is_set():
+                    break
+                await asyncio.sleep(0)
+            else:
+                raise AssertionError("the round did not begin")
+            # As sidecar/store/watch.py re-reads: a fresh mapping, then the changed keys
+            # and "" told. job.missed (revision 5) was written before job.late.
+            fresh = View()
+            for key, entry in view.keys.items():
+                fresh.keys[key] = entry
+            fresh.apply("job.missed", value("missed", 5), 5, False)
+            view.keys = fresh.keys
+            runner.changed("job.missed")
+            runner.changed("")
+
+        rereader = asyncio.create_task(reread_in_the_scan())
+        view.apply("job.late", value("late", 9), 10, False)
+        runner.changed("job.late")
+        await rereader
+        await until(lambda: "late" in runner._over, 10, what="job.late refused")
+        await until(lambda: "missed" in runner.running, 10, what="job.missed taken up")
+        await runner.stop()
+    assert not any("late" in names for names in seen), seen
