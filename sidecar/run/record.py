@@ -113,9 +113,16 @@ def sent(claim: Claim, result: TriggerResult) -> Outcome:
 
 
 def not_sent(
-    claim: Claim, kind: OutcomeKind, error: str, at: float, reason: str | None = None
+    claim: Claim,
+    kind: OutcomeKind,
+    error: str,
+    at: float,
+    reason: str | None = None,
+    *,
+    run: bool = True,
 ) -> Outcome:
-    """A won claim whose request never went out (skipped, or failed before it)."""
+    """A won claim whose request never went out (skipped, or failed before it);
+    `run` False: a slot that was never a run (``Outcome.run``)."""
     return Outcome(
         kind=kind,
         job=claim.job,
@@ -128,6 +135,7 @@ def not_sent(
         manual=claim.manual,
         error=error,
         reason=reason,
+        run=run,
     )
 
 

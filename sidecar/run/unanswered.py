@@ -43,7 +43,7 @@ from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimUnanswered
 from sidecar.core.wire import EVERY, SKIPPED
 from sidecar.run.lostruns import has_result
-from sidecar.run.record import Outcome, Recorder
+from sidecar.run.record import Recorder, not_sent
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -155,21 +155,11 @@ class Unanswered:
         if judged:
             log.info("job %s slot %s: its claim, given up, was recorded already", exc.job, when)
             return False
-        now = self.clock.wall()
-        outcome = Outcome(
-            kind=SKIPPED,
-            job=exc.job,
-            slot=exc.slot,
-            token=exc.token,
-            started_at=now,
-            finished_at=now,
-            attempt=exc.attempt,
-            trigger=exc.trigger,
-            error=(
-                f"{REASON}: not run: its claim got no definite answer from JetStream before "
-                f"due time + max_late ({job.max_late:g}s)"
-            ),
-            reason=REASON,
-            run=False,  # never sent: runs_skipped_total, no run
+        why = (
+            f"{REASON}: not run: its claim got no definite answer from JetStream before "
+            f"due time + max_late ({job.max_late:g}s)"
         )
+        # The stored claim is this sidecar's, as it asked (same job, slot, token,
+        # attempt and trigger). Never sent: runs_skipped_total, no run.
+        outcome = not_sent(claim, SKIPPED, why, self.clock.wall(), REASON, run=False)
         return bool(await self.recorder.record(job, outcome))
