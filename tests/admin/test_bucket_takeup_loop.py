@@ -29,7 +29,7 @@ import pytest
 
 from sidecar.admin.bucket_jobs import BucketJobs
 from sidecar.admin.jobcheck import beyond_cap, beyond_cap_in_slices
-from sidecar.config.load import parse_config
+from sidecar.config.load import Config, parse_config
 from sidecar.core.slices import RUN, Budget
 from sidecar.store.state import BUCKET_SET, Entry, Removal, View
 from tests.support import MakeJobs, until
@@ -73,18 +73,35 @@ def value(name: str, minute: int) -> bytes:
     return json.dumps({"name": name, "schedule": f"{minute} 0 1 1 *"}).encode()
 
 
-async def test_a_take_up_of_many_jobs_holds_the_loop_a_slice_at_a_time(
-    make_jobs: MakeJobs,
-) -> None:
-    config = parse_config(
+def capped(cap: int) -> Config:
+    """A config whose bucket takes at most `cap` jobs; no NATS, nothing due."""
+    return parse_config(
         {
             "nats": {"servers": ["nats://127.0.0.1:1"]},  # not used: no NATS here
             "target": {"url": "http://127.0.0.1:9"},  # never called: nothing is due
-            "bucket_jobs": {"max_jobs": JOBS},
+            "bucket_jobs": {"max_jobs": cap},
             "jobs": [{"name": "keep", "schedule": "0 0 1 1 *"}],
         },
         {},
     )
+
+
+async def round_begun(runner: BucketJobs) -> None:
+    """Until `runner`'s next round has begun, turn by turn (no poll's sleep): its wake
+    is cleared after GATHER and the round goes straight into the cap's scan, which
+    yields."""
+    await runner._wake.wait()
+    for _ in range(100_000):
+        if not runner._wake.is_set():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the round did not begin")
+
+
+async def test_a_take_up_of_many_jobs_holds_the_loop_a_slice_at_a_time(
+    make_jobs: MakeJobs,
+) -> None:
+    config = capped(JOBS)
     async with make_jobs(config) as jobs:
         fleet = jobs.ctx.fleet
         view = fleet.view
@@ -148,15 +165,7 @@ async def test_a_key_written_while_the_cap_is_read_is_placed_before_it_is_taken_
     yield, as a loaded machine does with thousands of keys."""
     monkeypatch.setattr("sidecar.admin.bucket_jobs.SLICE", 0.0)
     cap = 3
-    config = parse_config(
-        {
-            "nats": {"servers": ["nats://127.0.0.1:1"]},  # not used: no NATS here
-            "target": {"url": "http://127.0.0.1:9"},  # never called: nothing is due
-            "bucket_jobs": {"max_jobs": cap},
-            "jobs": [{"name": "keep", "schedule": "0 0 1 1 *"}],
-        },
-        {},
-    )
+    config = capped(cap)
     async with make_jobs(config) as jobs:
         fleet = jobs.ctx.fleet
         view = fleet.view
@@ -172,15 +181,7 @@ async def test_a_key_written_while_the_cap_is_read_is_placed_before_it_is_taken_
         await until(lambda: len(runner.running) == cap, 10, what="the cap's jobs taken up")
 
         async def write_in_the_scan() -> None:
-            # Turn by turn (no poll's sleep): the round begins (its wake cleared after
-            # GATHER) and goes straight into the cap's scan, which yields.
-            await runner._wake.wait()
-            for _ in range(100_000):
-                if not runner._wake.is_set():
-                    break
-                await asyncio.sleep(0)
-            else:
-                raise AssertionError("the round did not begin")
+            await round_begun(runner)
             view.apply("job.late", value("late", 9), 11, False)  # the latest: beyond
             runner.changed("job.late")
 
@@ -203,15 +204,7 @@ async def test_a_key_removed_while_the_cap_is_read_does_not_push_another_beyond(
     yields."""
     monkeypatch.setattr("sidecar.admin.bucket_jobs.SLICE", 0.0)
     cap = 3
-    config = parse_config(
-        {
-            "nats": {"servers": ["nats://127.0.0.1:1"]},  # not used: no NATS here
-            "target": {"url": "http://127.0.0.1:9"},  # never called: nothing is due
-            "bucket_jobs": {"max_jobs": cap},
-            "jobs": [{"name": "keep", "schedule": "0 0 1 1 *"}],
-        },
-        {},
-    )
+    config = capped(cap)
     async with make_jobs(config) as jobs:
         fleet = jobs.ctx.fleet
         view = fleet.view
@@ -225,13 +218,7 @@ async def test_a_key_removed_while_the_cap_is_read_does_not_push_another_beyond(
         hostile = jobs.metrics.hostile_input_total.labels(what="job")._value.get()
 
         async def remove_in_the_scan() -> None:
-            await runner._wake.wait()
-            for _ in range(100_000):
-                if not runner._wake.is_set():
-                    break
-                await asyncio.sleep(0)
-            else:
-                raise AssertionError("the round did not begin")
+            await round_begun(runner)
             gone = view.keys["job.j0"]
             view.apply("job.j0", None, cap + 2, True, "DEL")  # as the watch delivers it
             runner.removed(Removal("job.j0", gone, "DEL", None))
@@ -255,15 +242,7 @@ async def test_a_reread_while_the_cap_is_read_places_the_round_s_keys_by_the_new
     be taken up. A slice of 0: every pause yields."""
     monkeypatch.setattr("sidecar.admin.bucket_jobs.SLICE", 0.0)
     cap = 3
-    config = parse_config(
-        {
-            "nats": {"servers": ["nats://127.0.0.1:1"]},  # not used: no NATS here
-            "target": {"url": "http://127.0.0.1:9"},  # never called: nothing is due
-            "bucket_jobs": {"max_jobs": cap},
-            "jobs": [{"name": "keep", "schedule": "0 0 1 1 *"}],
-        },
-        {},
-    )
+    config = capped(cap)
     async with make_jobs(config) as jobs:
         fleet = jobs.ctx.fleet
         view = fleet.view
@@ -279,13 +258,7 @@ async def test_a_reread_while_the_cap_is_read_places_the_round_s_keys_by_the_new
         await until(lambda: len(runner.running) == cap - 1, 10, what="the jobs taken up")
 
         async def reread_in_the_scan() -> None:
-            await runner._wake.wait()
-            for _ in range(100_000):
-                if not runner._wake.is_set():
-                    break
-                await asyncio.sleep(0)
-            else:
-                raise AssertionError("the round did not begin")
+            await round_begun(runner)
             # As sidecar/store/watch.py re-reads: a fresh mapping, then the changed keys
             # and "" told. job.missed (revision 5) was written before job.late.
             fresh = View()
