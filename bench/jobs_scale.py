@@ -45,7 +45,7 @@ from bench.footprint import ZONES, floor
 from bench.scrapes import CACHE_AGE, Scraper, idle, summary
 from sidecar.config.load import parse_config
 from sidecar.store.state import ensure_bucket, state_spec
-from tests.support import NatsServer
+from tests.support import NatsServer, taken_up
 
 SIZES = (1_000, 10_000, 100_000)
 IDLE_SECONDS = 20.0
@@ -110,21 +110,6 @@ async def fill_with(
         for at in range(0, len(items), 500):
             await asyncio.gather(*(kv.put(k, v) for k, v in items[at : at + 500]))
         return time.monotonic() - began
-    finally:
-        await nc.close()
-
-
-async def taken_up(server: NatsServer, bucket: str, instance: str = "scale-1") -> int:
-    """How many jobs of the bucket `instance`'s presence says it runs (-1: none yet)."""
-    nc = await nats.connect(server.url)
-    try:
-        kv = await nc.jetstream().key_value(bucket)
-        try:
-            entry = await kv.get(f"instance.{instance}")
-        except Exception:  # not written yet
-            return -1
-        value = json.loads(entry.value or b"{}")
-        return int((value.get("bucket_jobs") or {}).get("count", 0))
     finally:
         await nc.close()
 

@@ -591,6 +591,26 @@ class StoredMsg:
     time: float = 0.0  # when the server stored it (epoch seconds)
 
 
+async def taken_up(server: NatsServer, bucket: str, instance: str = "scale-1") -> int:
+    """How many jobs of the state bucket `instance`'s presence says it runs (-1: no
+    presence yet), read from the bucket (bench/ and the scale tests wait on it)."""
+    import json
+
+    import nats
+
+    nc = await nats.connect(server.url)
+    try:
+        kv = await nc.jetstream().key_value(bucket)
+        try:
+            entry = await kv.get(f"instance.{instance}")
+        except Exception:  # not written yet
+            return -1
+        value = json.loads(entry.value or b"{}")
+        return int((value.get("bucket_jobs") or {}).get("count", 0))
+    finally:
+        await nc.close()
+
+
 async def _read_all(url: str, stream: str) -> list[StoredMsg]:
     import json
 

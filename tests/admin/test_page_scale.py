@@ -16,8 +16,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import nats
-
 from sidecar.config.load import parse_config
 from sidecar.store.state import state_spec
 from tests.support import (
@@ -28,6 +26,7 @@ from tests.support import (
     cli_config,
     job,
     run_cli,
+    taken_up,
     wait_for,
 )
 
@@ -41,24 +40,10 @@ def builds(proc: Sidecar, since: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in BUILT.findall(proc.log()[since:])]
 
 
-def taken_up(server: NatsServer, config: dict[str, Any], instance: str) -> int:
+def taken_up_by(server: NatsServer, config: dict[str, Any], instance: str) -> int:
     """How many bucket jobs `instance`'s presence says it runs (-1: no presence yet):
     read from the bucket, so that no request to the page builds anything before."""
-
-    async def read() -> int:
-        nc = await nats.connect(server.url)
-        try:
-            kv = await nc.jetstream().key_value(state_spec(parse_config(config, {})).bucket)
-            try:
-                entry = await kv.get(f"instance.{instance}")
-            except Exception:  # not written yet
-                return -1
-            value = json.loads(entry.value or b"{}")
-            return int((value.get("bucket_jobs") or {}).get("count", 0))
-        finally:
-            await nc.close()
-
-    return asyncio.run(read())
+    return asyncio.run(taken_up(server, state_spec(parse_config(config, {})).bucket, instance))
 
 
 def api(proc: Sidecar, query: str) -> dict[str, Any]:
@@ -84,7 +69,7 @@ def test_a_page_of_3000_bucket_jobs_builds_its_page_only(
         done = run_cli("job", "import", str(path), "-c", cfg)
         assert done.returncode == 0, done.stderr
         wait_for(
-            lambda: taken_up(nats_server, config, "s1") == JOBS,
+            lambda: taken_up_by(nats_server, config, "s1") == JOBS,
             60,
             what="every imported job taken up",
         )
