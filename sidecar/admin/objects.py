@@ -145,9 +145,7 @@ def job_object(
     over = no_more_runs(job, view, now_ms)
     if over is not None:
         upcoming = []
-    paused = view.paused(job.name)
-    # A timed pause whose end has passed is over (sidecar/run/skips.py).
-    pause = paused.value if paused is not None and pause_active(paused.value, now_ms) else {}
+    pause = active_pause(view, job.name, now_ms)
     active = bool(pause)
     strip = recent.strip(job.name)
     req = job.request
@@ -221,8 +219,7 @@ def problem_part(
     """The fields of ``job_object`` that ``problems`` (sidecar/admin/jobfilter.py)
     reads, with the same values, without the next slots that make up most of an
     object's cost: "problems only" among 100,000 jobs looks at each this way."""
-    paused = view.paused(job.name)
-    pause = paused.value if paused is not None and pause_active(paused.value, now_ms) else {}
+    pause = active_pause(view, job.name, now_ms)
     if job.name in recent.jobs:
         strip = recent.strip(job.name)
         fails = consecutive_failures(strip)
@@ -243,6 +240,13 @@ def problem_part(
         marks = recent.every_marks(job.name)
         part["missed"] = per_instance(marks, now_ms, round(job.max_late * 1000))["missed"]
     return part
+
+
+def active_pause(view: View, name: str, now_ms: int) -> dict[str, Any]:
+    """The value of `name`'s pause while it holds; {} when not paused. A timed pause
+    whose end has passed is over (sidecar/run/skips.py)."""
+    paused = view.paused(name)
+    return paused.value if paused is not None and pause_active(paused.value, now_ms) else {}
 
 
 def no_more_runs(job: JobConfig, view: View, now_ms: int) -> str | None:
