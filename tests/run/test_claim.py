@@ -11,7 +11,6 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -117,13 +116,10 @@ def test_tokens_and_msg_ids() -> None:
 
 
 @pytest.fixture
-async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
-    conn = await nats.connect(nats_server.url)
-    await ensure_stream(conn.jetstream(), SPEC)
-    try:
-        yield conn
-    finally:
-        await conn.close()
+async def nc(nc: NATS) -> NATS:
+    """conftest's connection, with the stream SPEC made on its server."""
+    await ensure_stream(nc.jetstream(), SPEC)
+    return nc
 
 
 def claimer_for(conn: NATS, instance: str, **extra: Any) -> Claimer:

@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any, cast
 
-import nats
 import pytest
 from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
@@ -39,13 +37,10 @@ SLOT = 1_791_633_610_000
 
 
 @pytest.fixture
-async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
-    conn = await nats.connect(nats_server.url)
-    await ensure_stream(conn.jetstream(), SPEC)
-    try:
-        yield conn
-    finally:
-        await conn.close()
+async def nc(nc: NATS) -> NATS:
+    """conftest's connection, with the stream SPEC made on its server."""
+    await ensure_stream(nc.jetstream(), SPEC)
+    return nc
 
 
 class Sidecar:
