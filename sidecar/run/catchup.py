@@ -57,10 +57,16 @@ class CatchUp:
             slot = job.schedule.next_slot(slot)
         if not candidates:
             return
-        # The stream check and the state bucket must have been read first.
-        wait = candidates[0] / 1000 + job.max_late - now
+        # The stream check and the state bucket must have been read first: waited for
+        # while the newest missed slot can still be claimed, not only the oldest (a
+        # sidecar ready a second late caught up nothing of a job due every second).
+        wait = candidates[-1] / 1000 + job.max_late - now
         ready = await self._wait_ready(wait)
         if not ready or self.stopping.is_set():
+            return
+        late = self.clock.wall() - job.max_late
+        candidates = [s for s in candidates if s / 1000 >= late]
+        if not candidates:
             return
         # Never before a resume, a timed pause's end or a schedule change (since.py).
         floor = await self._floor(job)

@@ -1,0 +1,58 @@
+"""Catch-up's wait for the stream and the view (sidecar/run/catchup.py).
+
+In process, on a real nats-server through conftest's ``make_jobs``; the whole
+path, sidecars down and up again, is tests/fleet/test_fleet.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from sidecar.config.load import JobConfig, parse_config
+from sidecar.run.catchup import CatchUp
+from tests.support import NatsServer
+
+
+async def test_a_sidecar_ready_after_the_oldest_missed_slot_expired_catches_up_the_newer(
+    nats_server: NatsServer, make_jobs: Any
+) -> None:
+    """Ready a few seconds late (a loaded machine, a slow stream check): the oldest
+    missed slot is past max_late by then, the newest are not, and those are claimed.
+    The wait ended at the oldest's deadline, and nothing was caught up."""
+    config = parse_config(
+        {
+            "nats": {"servers": [nats_server.url]},
+            "jobs": [
+                {"name": "tick", "schedule": "* * * * * *", "catchup": "all", "max_late": "4s"}
+            ],
+        },
+        {},
+    )
+    claimed: list[tuple[int, float]] = []
+
+    async def attempt(job: JobConfig, slot: int, now: float, *rest: Any) -> None:
+        claimed.append((slot, now))
+
+    async with make_jobs(config) as jobs:
+        ctx = jobs.ctx
+        assert not ctx.guard.stream_ready and not ctx.fleet.view.synced
+        start = time.time()
+        first = (int(start) + 1) * 1000  # the loop's next slot: every earlier one missed
+        catch_up = CatchUp(ctx, attempt, lambda job: first)
+
+        async def ready_later() -> None:
+            await asyncio.sleep(2.0)
+            ctx.guard.stream_ready = True
+            ctx.fleet.view.synced = True
+
+        readied = asyncio.create_task(ready_later())
+        await asyncio.wait_for(catch_up(config.jobs[0]), 10)
+        await readied
+    assert claimed, "nothing caught up"
+    for slot, at in claimed:
+        assert start - 4 <= slot / 1000 < first / 1000, (slot, start)
+        assert at - slot / 1000 <= 4.0, ("claimed past max_late", slot, at)
+    # The slots that expired while it waited were not claimed.
+    assert min(s for s, _ in claimed) / 1000 >= start - 4 + 2.0 - 0.1, claimed
