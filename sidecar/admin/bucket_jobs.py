@@ -377,7 +377,7 @@ class BucketJobs:
             return
         if current is not None:
             self._flush()  # _retire awaits: no job taken up is left half-registered
-            await self._retire(name, current, replaced=spec is not None)
+            spec, revision = await self._retire(name, current)
         if spec is not None and not self.jobs.stopping.is_set():
             self._adopt(spec, revision)
         else:
@@ -407,16 +407,21 @@ class BucketJobs:
             )
             self._changed_set = True
 
-    async def _retire(self, name: str, current: _Running, replaced: bool) -> None:
-        """End the job's loop between two claims; its runs in flight go on (``runs``)."""
+    async def _retire(self, name: str, current: _Running) -> tuple[BucketJob | None, int]:
+        """End the job's loop between two claims; its runs in flight go on (``runs``).
+        What the view says the job is now, and its revision: judged again once the slot
+        in hand is handled, for the key may have been removed or written again
+        meanwhile (the job judged before, put back on a walk, ran a slot after
+        `job remove` answered)."""
         assert self.jobs is not None
         resume = await self.jobs.retire(name)
         del self.running[name]
-        if replaced and resume is not None:
+        spec, revision = self._wanted(name)
+        if spec is not None and resume is not None:
             # A slot whose time came while its jitter had not is handled by the
             # new walk, not dropped (sidecar/run/timetable.py ``start``).
             self._resume[name] = resume
-        if not replaced:
+        if spec is None:
             self._unregister(name)
             # 0: "no next run", which the alert rules leave out (`> 0`); a job
             # without a series gets none for it (sidecar/obs/next_run.py).
@@ -425,6 +430,7 @@ class BucketJobs:
             self._changed_set = True
         else:
             log.info("job %s (id %s) changed in the state bucket", name, current.id)
+        return spec, revision
 
     async def _tell(self, budget: Budget) -> None:
         """After a take-up changed the running set: the page's listeners, and the

@@ -1,0 +1,72 @@
+"""A job of the state bucket changed, then removed, while its walk handles a slot.
+
+``BucketJobs`` ends a job's walk between two slots: the take-up round awaits
+the slot in hand (``Jobs.retire``). A key removed during that wait must not be
+put back on a walk with the settings judged before it: the new walk handled
+a slot whose time had come, after `job remove` answered (the nemesis's
+``runtime_violations``, tests/nemesis/checker.py ``check_runtime``).
+
+In process, on the daemon's parts (``make_jobs``); the slot in hand is a gate
+before ``Jobs.retire``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from sidecar.admin.bucket_jobs import BucketJobs
+from sidecar.config.load import JobConfig
+from sidecar.store.state import Removal
+from tests.admin.test_bucket_takeup_loop import capped, value
+from tests.support import MakeJobs, until
+
+
+async def test_a_job_removed_while_its_change_waits_for_the_slot_in_hand_is_not_walked_again(
+    make_jobs: MakeJobs, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "sidecar.admin.bucket_jobs")
+    config = capped(10)
+    async with make_jobs(config) as jobs:
+        fleet = jobs.ctx.fleet
+        view = fleet.view
+        view.apply("job.rt", value("rt", 1), 1, False)
+        view.synced = True
+        started: list[JobConfig] = []
+        start, retire = jobs.start, jobs.retire
+        in_hand, handled = asyncio.Event(), asyncio.Event()
+
+        def recording_start(job: JobConfig, *rest: Any) -> None:
+            started.append(job)
+            start(job, *rest)
+
+        async def slot_in_hand(name: str) -> int | None:
+            in_hand.set()
+            await handled.wait()
+            return await retire(name)
+
+        jobs.start = recording_start  # type: ignore[method-assign]
+        jobs.retire = slot_in_hand  # type: ignore[method-assign]
+        runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
+        runner.start(jobs)
+        runner.changed("")
+        await until(lambda: "rt" in runner.running, 10, what="rt taken up")
+
+        view.apply("job.rt", value("rt", 2), 2, False)  # `job update`: other settings
+        runner.changed("job.rt")
+        await asyncio.wait_for(in_hand.wait(), 10)
+        gone = view.keys["job.rt"]
+        view.apply("job.rt", None, 3, True, "DEL")  # `job remove`, as the watch delivers it
+        runner.removed(Removal("job.rt", gone, "DEL", None))
+        handled.set()
+        await until(lambda: "left the state bucket" in caplog.text, 10, what="rt let go")
+        await until(lambda: not runner._wake.is_set(), 10, what="the rounds done")
+        await runner.stop()
+    assert "rt" not in runner.running
+    assert [j.schedule.identity for j in started] == [started[0].schedule.identity], (
+        "the removed job was put on a walk again with the settings of its update"
+    )
+    assert "rt" not in jobs.timetable.walks
