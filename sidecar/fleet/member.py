@@ -32,6 +32,7 @@ from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.store.bucketcheck import check_bucket, needs_leases
 from sidecar.store.kv import Keys, delete_at, put_with_ttl, stream_now
 from sidecar.store.state import (
+    BUCKET_PREFIX,
     HASH_KIND,
     PRESENCE_RENEW,
     PRESENCE_TTL,
@@ -331,6 +332,14 @@ class Fleet:
                 why += f": {v['reason']}"
             return PAUSED, why
         return None
+
+    def left_bucket(self, job: str) -> bool:
+        """Whether job `job` of the state bucket has no key there any more (`job remove`).
+        Its walk ends at the next take-up round (sidecar/admin/bucket_jobs.py), which
+        may first wait for a slot in hand; a slot judged meanwhile is not claimed."""
+        if not self.view.synced or self.jobs.from_file(job):
+            return False
+        return BUCKET_PREFIX + job not in self.view.keys
 
     def skipped(self, job: str, slot: int) -> tuple[str, str] | None:
         """(``skip``, why) when the skip the bucket held at the slot's instant chose it;

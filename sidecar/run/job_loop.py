@@ -235,6 +235,9 @@ class Jobs:
             if not await self.fleet.caught_up(slot / 1000, self.clock.monotonic() + wait):
                 log.debug("job %s slot %s judged with the view as it is", name, slot)
             now = self.clock.wall()
+            if self.fleet.left_bucket(name):  # removed before its walk was ended
+                log.info("job %s slot %s not claimed: the job left the state bucket", name, slot)
+                return
         if blocked := self.fleet.blocked(name, slot if number == 1 else None):
             if blocked[0] == PAUSED and number == 1:
                 # A slot `skip` chose is recorded as a skip even while paused:

@@ -6,23 +6,28 @@ put back on a walk with the settings judged before it: the new walk handled
 a slot whose time had come, after `job remove` answered (the nemesis's
 ``runtime_violations``, tests/nemesis/checker.py ``check_runtime``).
 
-In process, on the daemon's parts (``make_jobs``); the slot in hand is a gate
-before ``Jobs.retire``.
+In process, on the daemon's parts (``make_jobs``): the slot in hand is a gate
+before ``Jobs.retire``; the slot judged after the removal is claimed through
+a real stream and state bucket.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from typing import Any
 
 import pytest
 
 from sidecar.admin.bucket_jobs import BucketJobs
-from sidecar.config.load import JobConfig
+from sidecar.admin.jobcheck import judge
+from sidecar.config.load import JobConfig, parse_config
 from sidecar.store.state import Removal
 from tests.admin.test_bucket_takeup_loop import capped, value
-from tests.support import MakeJobs, until
+from tests.run.test_job_life import running
+from tests.support import MakeJobs, NatsServer, RecordingApp, until
 
 
 async def test_a_job_removed_while_its_change_waits_for_the_slot_in_hand_is_not_walked_again(
@@ -70,3 +75,44 @@ async def test_a_job_removed_while_its_change_waits_for_the_slot_in_hand_is_not_
         "the removed job was put on a walk again with the settings of its update"
     )
     assert "rt" not in jobs.timetable.walks
+
+
+async def next_second(jobs: Any) -> int:
+    """The next whole second (epoch ms), once it has come: a slot of the stream's time."""
+    slot = (int(time.time()) + 1) * 1000
+    await jobs.sleep_until(slot / 1000)
+    return slot
+
+
+async def test_a_slot_judged_after_job_remove_is_not_claimed_while_the_walk_still_runs(
+    make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """The take-up round may end the walk late (it waits for a slot in hand, of this
+    job or another): a slot judged after the job's key left the view is not claimed,
+    whoever has not ended the walk yet. Against a real stream and state bucket."""
+    config = parse_config(
+        {
+            "nats": {"servers": [nats_server.url]},
+            "target": {"url": http_app.url},
+            "jobs": [{"name": "keep", "schedule": "0 0 1 1 *"}],
+        },
+        {},
+    )
+    async with make_jobs(config) as jobs, running(jobs):
+        fleet = jobs.ctx.fleet
+        assert fleet.bucket is not None
+        kv = fleet.bucket.kv
+        await kv.put("job.rt", value("rt", 1))
+        await until(lambda: "job.rt" in fleet.view.keys, 10, what="job.rt in the view")
+        rt = judge(config, "job.rt", json.loads(value("rt", 1))).job
+        jobs.ctx.jobs.put([rt])  # as BucketJobs takes it up
+
+        def won() -> float:
+            return float(jobs.metrics.claims_won_total.labels(job="rt").value)
+
+        await jobs.attempt(rt, await next_second(jobs), time.time())
+        assert won() == 1  # the key there: claimed
+        await kv.delete("job.rt")
+        await until(lambda: "job.rt" not in fleet.view.keys, 10, what="job.rt gone")
+        await jobs.attempt(rt, await next_second(jobs), time.time())
+        assert won() == 1, "a slot of a removed job was claimed"
