@@ -105,8 +105,8 @@ class History:
     leaderless: list[tuple[float, float, str]] = field(default_factory=list)
     # The operator's commands (tests/nemesis/operator.py).
     ops: list[dict[str, Any]] = field(default_factory=list)
-    # Per sidecar: (time, "taken" | "left") as it logged taking up a change of a job
-    # of the state bucket (sidecar/admin/bucket_jobs.py), time-ordered.
+    # Per sidecar: (time, job, "taken" | "left" | "changed") as it logged taking up a
+    # change of a job of the state bucket (sidecar/admin/bucket_jobs.py), time-ordered.
     bucket_job_logs: dict[str, list[tuple[float, str, str]]] = field(default_factory=dict)
     # (time, node): the state bucket's stream leader as each election was logged.
     bucket_leaders: list[tuple[float, str]] = field(default_factory=list)
@@ -266,13 +266,13 @@ def leaderless_from_logs(
 
 _SIDECAR_LOG = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) \S+ sidecar\.admin\.bucket_jobs: job (\S+) \(id .*\) "
-    r"(taken up from the state bucket|left the state bucket)"
+    r"(taken up from the state bucket|left the state bucket|changed in the state bucket)"
 )
 
 
 def bucket_job_logs(logs: dict[str, Path]) -> dict[str, list[tuple[float, str, str]]]:
     """Per sidecar, when it took up a job of the state bucket or let it go: (time,
-    job, "taken" | "left") from its log (host zone, as the log writes it)."""
+    job, "taken" | "left" | "changed") from its log (host zone, as the log writes it)."""
     out: dict[str, list[tuple[float, str, str]]] = {}
     for sidecar, path in logs.items():
         events = []
@@ -280,7 +280,7 @@ def bucket_job_logs(logs: dict[str, Path]) -> dict[str, list[tuple[float, str, s
             for line in path.read_text(errors="replace").splitlines():
                 if m := _SIDECAR_LOG.match(line):
                     at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                    kind = "taken" if m.group(3).startswith("taken") else "left"
+                    kind = m.group(3).split()[0]  # taken, left, changed
                     events.append((at, m.group(2), kind))
         out[sidecar] = sorted(events)
     return out
@@ -836,9 +836,15 @@ def check_runtime(history: History, report: Report, ts: list[Touch]) -> None:
                     f"removal taken up late under a fault: {where}, removed {gone[0]:.3f}"
                 )
                 continue
+            # What the runner said of the job around the removal (the evidence a
+            # failure needs: was the removal taken up late, or the job put back?).
+            said = ", ".join(
+                f"{kind} {at - gone[0]:+.2f}s" for at, _, kind in events if abs(at - gone[0]) < 10
+            )
             violations.append(
                 f"{where}: ran {slot_s - gone[0]:.3f}s after `job remove` answered "
-                f"(window {REMOVAL_WINDOW:g}s), nothing touched {app} or NATS"
+                f"(window {REMOVAL_WINDOW:g}s), nothing touched {app} or NATS "
+                f"({app} logged, from the removal: {said or 'nothing'})"
             )
         fig[f"{job}_runs"] = runs
         fig[f"{job}_adds"] = len(adds)

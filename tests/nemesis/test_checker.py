@@ -762,6 +762,8 @@ def test_the_sidecars_logs_say_when_each_took_a_bucket_job_up_or_let_it_go(
         "2026-12-05 11:00:00,250 INFO sidecar.admin.bucket_jobs: job rt (id nemesis/rt) taken up "
         "from the state bucket: */2 * * * * *\n"
         "2026-12-05 11:00:01,500 INFO sidecar.run.job_loop: something else\n"
+        "2026-12-05 11:00:04,000 INFO sidecar.admin.bucket_jobs: job rt (id nemesis/rt) changed "
+        "in the state bucket\n"
         "2026-12-05 11:00:09,000 INFO sidecar.admin.bucket_jobs: job rt (id nemesis/rt) left the "
         "state bucket: not run any more\n"
     )
@@ -770,8 +772,18 @@ def test_the_sidecars_logs_say_when_each_took_a_bucket_job_up_or_let_it_go(
     assert events["s2"] == []
     assert [(round(at - base, 3), job, kind) for at, job, kind in events["s1"]] == [
         (0.25, "rt", "taken"),
+        (4.0, "rt", "changed"),
         (9.0, "rt", "left"),
     ]
+
+
+def test_a_removal_taken_up_late_says_what_the_runner_logged_of_the_job() -> None:
+    logs = {"s1": [(T0 + 0.7, "rt", "taken"), (T0 + 3.5, "rt", "changed"), (T0 + 9, "rt", "left")]}
+    report = check(rt_history([T0 + 2, T0 + 8], [ADDED, REMOVED], logs=logs))
+    late = [f for f in report.failures if "after `job remove` answered" in f]
+    assert late and "s1 logged, from the removal: " in late[0], report.failures
+    removed = float(REMOVED["done"])
+    assert f"changed {T0 + 3.5 - removed:+.2f}s, left {T0 + 9 - removed:+.2f}s" in late[0], late
 
 
 def test_a_partition_that_cuts_off_the_state_buckets_leader_hits_a_leader(tmp_path: Path) -> None:
