@@ -272,7 +272,10 @@ class Claimer:
             pipe = self.pipe
             # Room among the claims in flight (a burst: thousands due at once); the
             # ack timeout starts when the claim goes out, not while it waits here.
-            if not await pipe.window.acquire(remaining, pipe.expiry):
+            # A question after a claim given up waits behind the claims of slots due
+            # now: it has until its slot's id may leave JetStream's memory, they
+            # only max_late (sidecar/store/pipe.py, Window).
+            if not await pipe.window.acquire(remaining, pipe.expiry, behind=asked_before):
                 last_error = f"{pipe.window.size} claims of this sidecar still in flight"
                 continue
             started = self.clock.monotonic()

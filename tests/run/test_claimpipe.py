@@ -94,6 +94,34 @@ async def test_a_window_wait_ends_at_the_deadline() -> None:
     assert window.held == 0
 
 
+async def test_a_place_goes_to_a_waiter_behind_only_when_no_other_waits() -> None:
+    """The questions after claims given up wait ``behind``: a claim that came after
+    them is handed the next place first; among themselves they keep their order."""
+    window, expiry = Window(1), Expiry()
+    assert await window.acquire(1.0, expiry)
+    order: list[str] = []
+
+    async def wait(name: str, behind: bool) -> None:
+        assert await window.acquire(5.0, expiry, behind=behind)
+        order.append(name)
+
+    waiting = []
+    for count, (name, behind) in enumerate(
+        [("question-1", True), ("question-2", True), ("fresh", False)], 1
+    ):
+        waiting.append(asyncio.ensure_future(wait(name, behind)))
+        await until(lambda n=count: window.waiting == n, 5, f"{name} waiting")
+    for handed in range(1, len(waiting) + 1):
+        window.release()
+        await until(lambda n=handed: len(order) == n, 5, "the next one handed a place")
+    await asyncio.gather(*waiting)
+    assert order == ["fresh", "question-1", "question-2"]
+    assert window.held == 1 and window.waiting == 0
+    window.release()
+    assert window.held == 0
+    assert await window.acquire(0.0, expiry, behind=True)  # room and nobody waiting
+
+
 async def test_a_nats_restart_mid_burst_loses_no_slot_silently(nats_server: NatsServer) -> None:
     """The server restarts while two claimers' 600 claims are in flight: no slot is
     won twice, a slot's winner is the one whose token is stored, and a slot nobody
