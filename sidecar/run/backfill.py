@@ -18,6 +18,9 @@ is lost, as any run of a dead runner, not repeated) and goes on; a taker that
 died between its claim and its lease is judged as a slot's winner and its run
 recorded lost once (sidecar/run/backfilllost.py).
 
+A catch-up slot (``resume --catchup``) is run only when its fate allows it,
+settled first if a late skip record may still come (sidecar/run/catchupfate.py).
+
 The CLI leaves out slots that already have a backfill claim in the stream
 (the same backfill asked again runs nothing again); ``--again`` uses a new
 tag, hence new claim ids, and runs them anew.
@@ -31,7 +34,6 @@ logged once, deleted, and nothing of it is run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable, Coroutine
@@ -43,8 +45,8 @@ from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import parse_rfc3339, rfc3339
 from sidecar.core.errors import CasConflict
 from sidecar.run.backfillcheck import MAX_SLOTS, HostileBackfill, check_backfill, decode_backfill
+from sidecar.run.catchupfate import CatchUpFate, fate_verdict
 from sidecar.store.kv import create_or_update, delete_at
-from sidecar.store.runs import read_job_messages
 
 if TYPE_CHECKING:
     from nats.js.kv import KeyValue
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
     from sidecar.run.claim import Claim
     from sidecar.run.context import Context
+    from sidecar.run.skips import SkipRecorder
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +63,6 @@ STALE_AFTER = 20.0
 RECHECK_EVERY = 5.0
 # The wait before reading the key again after losing a compare-and-set (mean, s).
 CONTENDED_WAIT = 0.125
-# resume --catchup: a slot is looked at this long after its decision window
-# (instant + jitter + max_late) closed: a claim sent before its deadline is stored.
-FATE_SETTLE = 2.0
-# ... and its fate is read again for this long while the stream does not answer.
-FATE_READ_FOR = 60.0
 
 
 def backfill_key(job: str) -> str:
@@ -93,45 +91,6 @@ def backfilled_slots(messages: list[tuple[int, str, bytes]], prefix: str, job: s
         ):
             out.add(int(data["slot"]))
     return out
-
-
-def fate_verdict(
-    messages: list[tuple[int, str, bytes]], prefix: str, job: str, slot: int
-) -> str | None:
-    """Why a slot whose decision window closed must not be caught up; None when it may.
-
-    Its fate message is the claim stored with its own id ``<job>:<slot>`` (attempt
-    1, neither manual nor a backfill): a skip record of a pause may be caught up,
-    a run or another skip never. Without one it may, unless the claims stored
-    start after the slot (its fate may have been trimmed: at most once wins).
-    """
-    oldest: int | None = None
-    for _seq, subject, raw in messages:
-        if subject != f"{prefix}{job}.claims":
-            continue
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            continue
-        if not isinstance(data, dict):
-            continue
-        at = data.get("slot")
-        if not isinstance(at, int) or isinstance(at, bool):
-            continue
-        oldest = at if oldest is None else min(oldest, at)
-        if at != slot or data.get("manual") is True or "backfill" in data:
-            continue
-        if data.get("attempt", 1) != 1:
-            continue
-        skipped = data.get("skipped")
-        if skipped == "paused":
-            return None
-        if skipped is not None:
-            return f"it was skipped ({skipped})"
-        return "it ran (or was claimed) as scheduled"
-    if oldest is not None and oldest > slot:
-        return "its record may have been trimmed from the stream"
-    return None
 
 
 def slot_list(value: dict[str, Any] | None, name: str = "pending") -> list[int]:
@@ -166,6 +125,7 @@ class Backfills:
         ctx: Context,
         run: Callable[[JobConfig, Claim, float], Coroutine[Any, Any, None]],
         lost: Callable[[JobConfig, Claim], None] | None = None,
+        skips: SkipRecorder | None = None,
     ) -> None:
         self.config = ctx.config
         self.metrics = ctx.metrics
@@ -175,6 +135,9 @@ class Backfills:
         self.run = run
         # The claim-window judge (claimwindow.py lost_claim): a stale taker's claim.
         self.lost = lost
+        # resume --catchup: whether a slot may be caught up (sidecar/run/catchupfate.py);
+        # `skips` publishes the skip record that settles a slot's fate first.
+        self.fate = CatchUpFate(ctx, skips)
         self.spawn = ctx.tasks.spawn
         self.stopping = ctx.stopping
         self._jobs = ctx.jobs
@@ -334,7 +297,7 @@ class Backfills:
         trigger = (
             value.get("trigger") if value.get("trigger") in ("backfill", "catchup") else "backfill"
         )
-        if trigger == "catchup" and (why := await self._not_caught_up(job, slot)) is not None:
+        if trigger == "catchup" and (why := await self.fate.refused(job, slot)) is not None:
             log.info("job %s: slot %s not caught up: %s", job.name, rfc3339(slot / 1000), why)
             return
         deadline = self.clock.monotonic() + job.max_late
@@ -354,37 +317,6 @@ class Backfills:
             await failpoints.hit("claim.won")
         log.info("job %s: backfill runs slot %s", job.name, rfc3339(slot / 1000))
         await self.run(job, claim, self.clock.wall())
-
-    async def _not_caught_up(self, job: JobConfig, slot: int) -> str | None:
-        """Why `slot` must not be caught up (``resume --catchup``); None when it may.
-
-        Only once no sidecar can still decide it (its instant + jitter +
-        max_late + FATE_SETTLE gone by), from the slot's fate message in the
-        stream: caught up when it is a skip record of a pause (or there is
-        none, and none was trimmed), never when the slot ran or was skipped
-        for another reason.
-        """
-        closes = slot / 1000 + job.jitter + job.max_late + FATE_SETTLE
-        while (left := closes - self.clock.wall()) > 0:
-            if self.stopping.is_set():
-                return "the sidecar is stopping"
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), left)
-        claimer = self.claimer
-        backoff = Backoff(start=0.5, cap=5.0)
-        give_up = self.clock.monotonic() + FATE_READ_FOR
-        while True:
-            try:
-                messages = await read_job_messages(
-                    claimer.js, claimer.stream, claimer.prefix, job.name
-                )
-            except Exception as exc:  # NATS away or electing: read again, bounded
-                if self.stopping.is_set() or self.clock.monotonic() >= give_up:
-                    return f"its fate could not be read ({exc!r}); not run (at most once)"
-                log.debug("job %s: reading the fate of %s: %r", job.name, slot, exc)
-                await backoff.sleep()
-                continue
-            return fate_verdict(messages, claimer.prefix, job.name, slot)
 
     async def _finish(self, kv: KeyValue, key: str, slot: int) -> None:
         for _ in range(10):
@@ -419,4 +351,5 @@ __all__ = [
     "backfilled_slots",
     "claim_id",
     "done_of",
+    "fate_verdict",
 ]

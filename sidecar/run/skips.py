@@ -83,10 +83,17 @@ class SkipRecorder:
         """Where the skipped slot's record is made (sidecar/run/record.py); no aftermath."""
         return Recorder(self.claimer.js, self.stream, self.prefix, self.instance, self.metrics)
 
-    async def record_skip(self, job: JobConfig, slot: int, reason: str, why: str) -> bool:
-        """Count the skip and record it once fleet-wide; True when this replica recorded it."""
+    async def record_skip(
+        self, job: JobConfig, slot: int, reason: str, why: str, count: bool = True
+    ) -> bool:
+        """Count the skip and record it once fleet-wide; True when this replica recorded it.
+
+        `count` False: not this replica's skip of the slot, but ``resume --catchup``
+        settling the slot's fate before it is caught up (sidecar/run/catchupfate.py).
+        """
         m = self.metrics
-        m.claims_skipped_total.labels(job=job.name, reason=reason).inc()
+        if count:
+            m.claims_skipped_total.labels(job=job.name, reason=reason).inc()
         # Asked for as long as JetStream surely remembers the slot's id (a skip record
         # is no run: it may be stored after max_late), so that a record answered late
         # is found ours and gets its result (sidecar/run/unanswered.py).

@@ -63,7 +63,8 @@ def _parts(ctx: Context, trigger: Trigger, jobs: Jobs) -> Parts:
     # Slots not claimed: counted, said, recorded when kept from running; a skip its
     # own config decided that came second has its winner judged (lost_claim); a claim
     # given up without an answer has its slot's fate asked for (unanswered.py).
-    unclaimed = Unclaimed(ctx, SkipRecorder(ctx, lost_claim), Unanswered(ctx, lost_claim))
+    skips = SkipRecorder(ctx, lost_claim)
+    unclaimed = Unclaimed(ctx, skips, Unanswered(ctx, lost_claim))
     # Slots missed while this sidecar was away (sidecar/run/catchup.py).
     catch_up = CatchUp(ctx, jobs.attempt, jobs._next_slot)
 
@@ -72,7 +73,8 @@ def _parts(ctx: Context, trigger: Trigger, jobs: Jobs) -> Parts:
     def backfills() -> Backfills:
         from sidecar.run.backfill import Backfills
 
-        return Backfills(ctx, jobs._run_tracked, lost_claim)
+        # `skips`: resume --catchup settles a slot's fate first (sidecar/run/catchupfate.py).
+        return Backfills(ctx, jobs._run_tracked, lost_claim, skips)
 
     on_backfill = OnFirstKey("backfill", fleet.view, backfills)
     fleet.key_listeners.append(on_backfill.changed, on_backfill.prefix)
