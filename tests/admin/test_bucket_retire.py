@@ -44,9 +44,9 @@ async def test_a_job_removed_while_its_change_waits_for_the_slot_in_hand_is_not_
         start, retire = jobs.start, jobs.retire
         in_hand, handled = asyncio.Event(), asyncio.Event()
 
-        def recording_start(job: JobConfig, *rest: Any) -> None:
+        def recording_start(job: JobConfig, resume: int | None = None) -> None:
             started.append(job)
-            start(job, *rest)
+            start(job, resume)
 
         async def slot_in_hand(name: str) -> int | None:
             in_hand.set()
@@ -116,3 +116,56 @@ async def test_a_slot_judged_after_job_remove_is_not_claimed_while_the_walk_stil
         await until(lambda: "job.rt" not in fleet.view.keys, 10, what="job.rt gone")
         await jobs.attempt(rt, await next_second(jobs), time.time())
         assert won() == 1, "a slot of a removed job was claimed"
+
+
+@pytest.mark.parametrize("first", ["remove", "update"])
+async def test_a_job_removed_and_added_again_while_its_walk_waits_does_not_go_on_from_the_old_slot(
+    make_jobs: MakeJobs, first: str
+) -> None:
+    """`job remove` (or an update, then a remove) and then `job add` while the round waits
+    for the old walk's slot in hand: the job added again is a new job, walked from its
+    add, not from the slot the removed walk waited for (``Jobs.start``'s `resume`: a
+    slot between the removal and the add would run, fired at once)."""
+    config = capped(10)
+    async with make_jobs(config) as jobs:
+        fleet = jobs.ctx.fleet
+        view = fleet.view
+        view.apply("job.rt", value("rt", 1), 1, False)
+        view.synced = True
+        resumes: list[int | None] = []
+        start, retire = jobs.start, jobs.retire
+        in_hand, handled = asyncio.Event(), asyncio.Event()
+
+        def recording_start(job: JobConfig, resume: int | None = None) -> None:
+            resumes.append(resume)
+            start(job, resume)
+
+        async def slot_in_hand(name: str) -> int | None:
+            in_hand.set()
+            await handled.wait()
+            return await retire(name)
+
+        jobs.start = recording_start  # type: ignore[method-assign]
+        jobs.retire = slot_in_hand  # type: ignore[method-assign]
+        runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
+        runner.start(jobs)
+        runner.changed("")
+        await until(lambda: "rt" in runner.running, 10, what="rt taken up")
+        revision = 2
+        if first == "update":
+            view.apply("job.rt", value("rt", 2), revision, False)
+            runner.changed("job.rt")
+            await asyncio.wait_for(in_hand.wait(), 10)
+            revision += 1
+        gone = view.keys["job.rt"]
+        view.apply("job.rt", None, revision, True, "DEL")  # `job remove`
+        runner.removed(Removal("job.rt", gone, "DEL", None))
+        await asyncio.wait_for(in_hand.wait(), 10)
+        view.apply("job.rt", value("rt", 3), revision + 1, False)  # `job add` again
+        runner.changed("job.rt")
+        handled.set()
+        await until(lambda: len(resumes) == 2, 10, what="rt taken up again")
+        await until(lambda: not runner._wake.is_set(), 10, what="the rounds done")
+        await runner.stop()
+    assert "rt" in runner.running
+    assert resumes == [None, None], "the job added again went on from the removed walk's slot"
