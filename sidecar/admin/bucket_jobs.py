@@ -169,6 +169,10 @@ class BucketJobs:
         # (judged gone, or removed during the wait). Added again meanwhile, it is a
         # new job: it does not go on from the removed walk's slot.
         self._leaving: dict[str, bool] = {}
+        # Per job whose walk handles a slot while it is ended: the task awaiting that
+        # slot (its claim may take up to max_late), not the round: the other jobs'
+        # changes are taken up meanwhile. The round finishes it once it is done.
+        self._ending: dict[str, asyncio.Task[int | None]] = {}
         self._wake = asyncio.Event()
         # The worker taking up changes and the presence put at once (``stop``).
         self.tasks = TaskSet("bucket jobs", say=False)
@@ -375,14 +379,27 @@ class BucketJobs:
             return
         spec, revision = self._wanted(name)
         current = self.running.get(name)
-        if current is not None and spec is not None and current.canon == spec.canon:
+        ending = self._ending.get(name)
+        if ending is not None:
+            if not ending.done():
+                return  # taken up again when its slot in hand is handled (``_end_walk``)
+            del self._ending[name]
+            assert current is not None
+            spec, revision = self._retired(name, current, ending.result())
+        elif current is not None and spec is not None and current.canon == spec.canon:
             if current.revision != revision:  # the same job written again: by, at, id
                 current.stamp(spec)
             current.revision = revision
             self._judged.pop(name, None)  # the running entry says it now
             self.fleet.view.hold(job_key(name), revision)
             return
-        if current is not None:
+        elif current is not None and self.jobs.handles(name):
+            # Its end waits for the slot in hand: in a task of its own, not in the
+            # round (every other job's add, update and removal waited for it).
+            self._leaving[name] = spec is None
+            self._ending[name] = self.tasks.spawn(self._end_walk(name))
+            return
+        elif current is not None:
             self._flush()  # _retire awaits: no job taken up is left half-registered
             spec, revision = await self._retire(name, current, gone=spec is None)
         if spec is not None and not self.jobs.stopping.is_set():
@@ -426,8 +443,27 @@ class BucketJobs:
         self._leaving[name] = gone
         try:
             resume = await self.jobs.retire(name)
+        except BaseException:
+            self._leaving.pop(name, None)
+            raise
+        return self._retired(name, current, resume)
+
+    async def _end_walk(self, name: str) -> int | None:
+        """End job `name`'s walk once its slot in hand is handled; then the round
+        takes the job up again (``_retired``)."""
+        assert self.jobs is not None
+        try:
+            return await self.jobs.retire(name)
         finally:
-            left = self._leaving.pop(name)
+            self._dirty.add(name)
+            self._wake.set()
+
+    def _retired(
+        self, name: str, current: _Running, resume: int | None
+    ) -> tuple[BucketJob | None, int]:
+        """The job's walk has ended (``resume``: the slot it waited for): let it go,
+        or say what it is now, judged again."""
+        left = self._leaving.pop(name, True)
         del self.running[name]
         spec, revision = self._wanted(name)
         # Removed, then added again during the wait: a new job, walked from its add

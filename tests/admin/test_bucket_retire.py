@@ -169,3 +169,105 @@ async def test_a_job_removed_and_added_again_while_its_walk_waits_does_not_go_on
         await runner.stop()
     assert "rt" in runner.running
     assert resumes == [None, None], "the job added again went on from the removed walk's slot"
+
+
+def every(name: str, seconds: int) -> bytes:
+    return json.dumps({"name": name, "schedule": f"*/{seconds} * * * * *"}).encode()
+
+
+async def test_a_job_removed_is_let_go_while_another_jobs_change_waits_for_its_slot_in_hand(
+    make_jobs: MakeJobs,
+) -> None:
+    """The take-up round goes over the names one by one: a change of job `a` waits for
+    `a`'s slot in hand (its claim, up to max_late when NATS is slow). `job remove b`
+    meanwhile is not held by it: `b` is let go at once."""
+    config = capped(10)
+    held = 4.0  # how long a's claim takes
+    async with make_jobs(config) as jobs:
+        fleet = jobs.ctx.fleet
+        view = fleet.view
+        view.apply("job.a", every("a", 1), 1, False)
+        view.apply("job.b", value("b", 1), 2, False)
+        view.synced = True
+        attempt = jobs.attempt
+        in_hand = asyncio.Event()
+
+        async def slow_claim(job: JobConfig, slot: int, *rest: Any, **kw: Any) -> None:
+            if job.name == "a" and not in_hand.is_set():
+                in_hand.set()
+                await asyncio.sleep(held)
+                return
+            await attempt(job, slot, *rest, **kw)
+
+        jobs.attempt = slow_claim  # type: ignore[method-assign]
+        runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
+        runner.start(jobs)
+        runner.changed("")
+        await until(lambda: {"a", "b"} <= set(runner.running), 10, what="a and b taken up")
+        await asyncio.wait_for(in_hand.wait(), 10)
+        view.apply("job.a", every("a", 2), 3, False)  # `job update a`
+        runner.changed("job.a")
+        await until(lambda: jobs.timetable.walks["a"].retired, 10, what="a's change waiting")
+        gone = view.keys["job.b"]
+        view.apply("job.b", None, 4, True, "DEL")  # `job remove b`
+        runner.removed(Removal("job.b", gone, "DEL", None))
+        removed = time.monotonic()
+        await until(lambda: "b" not in runner.running, held + 5, what="b let go")
+        took = time.monotonic() - removed
+        # a's change is taken up once its slot in hand is handled.
+        await until(
+            lambda: "a" in runner.running and runner.running["a"].revision == 3,
+            held + 5,
+            what="a's change taken up",
+        )
+        assert jobs.timetable.walks["a"].job.schedule.identity == "*/2 * * * * *"
+        await runner.stop()
+    print(f"job remove b let go after {took:.3f}s (a's slot in hand held {held:g}s)")
+    assert took < 1.0, f"b was let go {took:.3f}s after its removal: held by a's slot in hand"
+
+
+async def test_a_job_removed_and_added_again_while_its_claim_is_slow_goes_on_from_its_add(
+    make_jobs: MakeJobs,
+) -> None:
+    """The same as above with a real slot in hand (its claim slow): its walk's end is
+    awaited beside the round; removed and added again meanwhile, the job is walked
+    from its add, and the removal alone is let go once the slot is handled."""
+    config = capped(10)
+    held = 3.0
+    async with make_jobs(config) as jobs:
+        fleet = jobs.ctx.fleet
+        view = fleet.view
+        view.apply("job.a", every("a", 1), 1, False)
+        view.synced = True
+        attempt, start = jobs.attempt, jobs.start
+        in_hand = asyncio.Event()
+        resumes: list[int | None] = []
+
+        async def slow_claim(job: JobConfig, slot: int, *rest: Any, **kw: Any) -> None:
+            if job.name == "a" and not in_hand.is_set():
+                in_hand.set()
+                await asyncio.sleep(held)
+                return
+            await attempt(job, slot, *rest, **kw)
+
+        def recording_start(job: JobConfig, resume: int | None = None) -> None:
+            resumes.append(resume)
+            start(job, resume)
+
+        jobs.attempt = slow_claim  # type: ignore[method-assign]
+        jobs.start = recording_start  # type: ignore[method-assign]
+        runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
+        runner.start(jobs)
+        runner.changed("")
+        await until(lambda: "a" in runner.running, 10, what="a taken up")
+        await asyncio.wait_for(in_hand.wait(), 10)
+        gone = view.keys["job.a"]
+        view.apply("job.a", None, 2, True, "DEL")  # `job remove a`
+        runner.removed(Removal("job.a", gone, "DEL", None))
+        await until(lambda: jobs.timetable.walks["a"].retired, 10, what="a's end waiting")
+        view.apply("job.a", every("a", 2), 3, False)  # `job add a` again
+        runner.changed("job.a")
+        await until(lambda: len(resumes) == 2, held + 5, what="a taken up again")
+        assert runner.running["a"].revision == 3
+        await runner.stop()
+    assert resumes == [None, None], "the job added again went on from the removed walk's slot"
