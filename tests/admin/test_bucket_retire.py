@@ -271,3 +271,43 @@ async def test_a_job_removed_and_added_again_while_its_claim_is_slow_goes_on_fro
         assert runner.running["a"].revision == 3
         await runner.stop()
     assert resumes == [None, None], "the job added again went on from the removed walk's slot"
+
+
+async def test_a_slot_of_a_job_whose_key_is_rewritten_or_reread_is_still_claimed(
+    make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Fleet.left_bucket refuses no slot of a job whose key is there: written again
+    (`job update`), let go by the view (``View.hold``) or re-read in full (a re-sync
+    swaps the view's keys at once). Against a real stream and state bucket."""
+    config = parse_config(
+        {
+            "nats": {"servers": [nats_server.url]},
+            "target": {"url": http_app.url},
+            "jobs": [{"name": "keep", "schedule": "0 0 1 1 *"}],
+        },
+        {},
+    )
+    async with make_jobs(config) as jobs, running(jobs):
+        fleet = jobs.ctx.fleet
+        assert fleet.bucket is not None and fleet.watch is not None
+        kv = fleet.bucket.kv
+        revision = await kv.put("job.rt", value("rt", 1))
+        await until(lambda: "job.rt" in fleet.view.keys, 10, what="job.rt in the view")
+        rt = judge(config, "job.rt", json.loads(value("rt", 1))).job
+        jobs.ctx.jobs.put([rt])
+        fleet.view.hold("job.rt", revision)
+
+        def won() -> float:
+            return float(jobs.metrics.claims_won_total.labels(job="rt").value)
+
+        await jobs.attempt(rt, await next_second(jobs), time.time())
+        assert won() == 1  # held: claimed
+        revision = await kv.update("job.rt", value("rt", 2), revision)
+        await until(lambda: fleet.view.keys["job.rt"].revision == revision, 10, what="rewrite")
+        await jobs.attempt(rt, await next_second(jobs), time.time())
+        assert won() == 2  # written again: claimed
+        keys = fleet.view.keys
+        fleet.watch.resync()
+        await until(lambda: fleet.view.keys is not keys, 10, what="a full re-read")
+        await jobs.attempt(rt, await next_second(jobs), time.time())
+        assert won() == 3  # re-read: claimed
