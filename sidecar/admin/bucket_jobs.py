@@ -165,6 +165,14 @@ class BucketJobs:
         # Per job put again with new settings in this round: the slot its old walk
         # waited for, where the new walk goes on from (``Jobs.start``'s `resume`).
         self._resume: dict[str, int] = {}
+        # Per job whose walk ``_retire`` waits for: whether its key left the bucket
+        # (judged gone, or removed during the wait). Added again meanwhile, it is a
+        # new job: it does not go on from the removed walk's slot.
+        self._leaving: dict[str, bool] = {}
+        # Per job whose walk handles a slot while it is ended: the task awaiting that
+        # slot (its claim may take up to max_late), not the round: the other jobs'
+        # changes are taken up meanwhile. The round finishes it once it is done.
+        self._ending: dict[str, asyncio.Task[int | None]] = {}
         self._wake = asyncio.Event()
         # The worker taking up changes and the presence put at once (``stop``).
         self.tasks = TaskSet("bucket jobs", say=False)
@@ -224,7 +232,10 @@ class BucketJobs:
     def removed(self, removal: Removal) -> None:
         if removal.key.startswith(PREFIX):
             self._heard += 1
-            self._dirty.add(removal.key[len(PREFIX) :])
+            name = removal.key[len(PREFIX) :]
+            self._dirty.add(name)
+            if name in self._leaving:
+                self._leaving[name] = True
             self._wake.set()
 
     async def _run(self) -> None:
@@ -368,16 +379,29 @@ class BucketJobs:
             return
         spec, revision = self._wanted(name)
         current = self.running.get(name)
-        if current is not None and spec is not None and current.canon == spec.canon:
+        ending = self._ending.get(name)
+        if ending is not None:
+            if not ending.done():
+                return  # taken up again when its slot in hand is handled (``_end_walk``)
+            del self._ending[name]
+            assert current is not None
+            spec, revision = self._retired(name, current, ending.result())
+        elif current is not None and spec is not None and current.canon == spec.canon:
             if current.revision != revision:  # the same job written again: by, at, id
                 current.stamp(spec)
             current.revision = revision
             self._judged.pop(name, None)  # the running entry says it now
             self.fleet.view.hold(job_key(name), revision)
             return
-        if current is not None:
+        elif current is not None and self.jobs.handles(name):
+            # Its end waits for the slot in hand: in a task of its own, not in the
+            # round (every other job's add, update and removal waited for it).
+            self._leaving[name] = spec is None
+            self._ending[name] = self.tasks.spawn(self._end_walk(name))
+            return
+        elif current is not None:
             self._flush()  # _retire awaits: no job taken up is left half-registered
-            spec, revision = await self._retire(name, current)
+            spec, revision = await self._retire(name, current, gone=spec is None)
         if spec is not None and not self.jobs.stopping.is_set():
             self._adopt(spec, revision)
         else:
@@ -407,17 +431,44 @@ class BucketJobs:
             )
             self._changed_set = True
 
-    async def _retire(self, name: str, current: _Running) -> tuple[BucketJob | None, int]:
+    async def _retire(
+        self, name: str, current: _Running, gone: bool
+    ) -> tuple[BucketJob | None, int]:
         """End the job's loop between two claims; its runs in flight go on (``runs``).
         What the view says the job is now, and its revision: judged again once the slot
         in hand is handled, for the key may have been removed or written again
         meanwhile (the job judged before, put back on a walk, ran a slot after
-        `job remove` answered)."""
+        `job remove` answered). `gone`: the key was judged removed."""
         assert self.jobs is not None
-        resume = await self.jobs.retire(name)
+        self._leaving[name] = gone
+        try:
+            resume = await self.jobs.retire(name)
+        except BaseException:
+            self._leaving.pop(name, None)
+            raise
+        return self._retired(name, current, resume)
+
+    async def _end_walk(self, name: str) -> int | None:
+        """End job `name`'s walk once its slot in hand is handled; then the round
+        takes the job up again (``_retired``)."""
+        assert self.jobs is not None
+        try:
+            return await self.jobs.retire(name)
+        finally:
+            self._dirty.add(name)
+            self._wake.set()
+
+    def _retired(
+        self, name: str, current: _Running, resume: int | None
+    ) -> tuple[BucketJob | None, int]:
+        """The job's walk has ended (``resume``: the slot it waited for): let it go,
+        or say what it is now, judged again."""
+        left = self._leaving.pop(name, True)
         del self.running[name]
         spec, revision = self._wanted(name)
-        if spec is not None and resume is not None:
+        # Removed, then added again during the wait: a new job, walked from its add
+        # (a slot between the removal and the add would run at once).
+        if spec is not None and resume is not None and not left:
             # A slot whose time came while its jitter had not is handled by the
             # new walk, not dropped (sidecar/run/timetable.py ``start``).
             self._resume[name] = resume

@@ -191,6 +191,11 @@ class Jobs:
         in ``runs``. The slot it waited for and did not handle (``start``'s `resume`)."""
         return await self.timetable.retire(name)
 
+    def handles(self, name: str) -> bool:
+        """Whether job `name`'s walk handles a slot now (checked, claimed): ``retire``
+        waits for it, up to the claim's max_late when NATS is slow."""
+        return self.timetable.handles(name)
+
     @property
     def loops(self) -> TaskSet:
         """The tasks handling a slot now (checked, claimed, run started)."""

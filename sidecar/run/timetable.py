@@ -200,6 +200,11 @@ class Timetable:
                 found[walk.job.name] = walk.slot / 1000
         return list(found.items())
 
+    def handles(self, name: str) -> bool:
+        """Whether job `name`'s walk handles a slot now: ``retire`` waits for it."""
+        walk = self.walks.get(name)
+        return walk is not None and walk in self.handling
+
     async def retire(self, name: str) -> int | None:
         """End job `name`'s walk alone, between two slots (a job removed from the state
         bucket, or put again): at once, or once the slot in hand is handled. Its runs

@@ -44,9 +44,9 @@ async def test_a_job_removed_while_its_change_waits_for_the_slot_in_hand_is_not_
         start, retire = jobs.start, jobs.retire
         in_hand, handled = asyncio.Event(), asyncio.Event()
 
-        def recording_start(job: JobConfig, *rest: Any) -> None:
+        def recording_start(job: JobConfig, resume: int | None = None) -> None:
             started.append(job)
-            start(job, *rest)
+            start(job, resume)
 
         async def slot_in_hand(name: str) -> int | None:
             in_hand.set()
@@ -116,3 +116,198 @@ async def test_a_slot_judged_after_job_remove_is_not_claimed_while_the_walk_stil
         await until(lambda: "job.rt" not in fleet.view.keys, 10, what="job.rt gone")
         await jobs.attempt(rt, await next_second(jobs), time.time())
         assert won() == 1, "a slot of a removed job was claimed"
+
+
+@pytest.mark.parametrize("first", ["remove", "update"])
+async def test_a_job_removed_and_added_again_while_its_walk_waits_does_not_go_on_from_the_old_slot(
+    make_jobs: MakeJobs, first: str
+) -> None:
+    """`job remove` (or an update, then a remove) and then `job add` while the round waits
+    for the old walk's slot in hand: the job added again is a new job, walked from its
+    add, not from the slot the removed walk waited for (``Jobs.start``'s `resume`: a
+    slot between the removal and the add would run, fired at once)."""
+    config = capped(10)
+    async with make_jobs(config) as jobs:
+        fleet = jobs.ctx.fleet
+        view = fleet.view
+        view.apply("job.rt", value("rt", 1), 1, False)
+        view.synced = True
+        resumes: list[int | None] = []
+        start, retire = jobs.start, jobs.retire
+        in_hand, handled = asyncio.Event(), asyncio.Event()
+
+        def recording_start(job: JobConfig, resume: int | None = None) -> None:
+            resumes.append(resume)
+            start(job, resume)
+
+        async def slot_in_hand(name: str) -> int | None:
+            in_hand.set()
+            await handled.wait()
+            return await retire(name)
+
+        jobs.start = recording_start  # type: ignore[method-assign]
+        jobs.retire = slot_in_hand  # type: ignore[method-assign]
+        runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
+        runner.start(jobs)
+        runner.changed("")
+        await until(lambda: "rt" in runner.running, 10, what="rt taken up")
+        revision = 2
+        if first == "update":
+            view.apply("job.rt", value("rt", 2), revision, False)
+            runner.changed("job.rt")
+            await asyncio.wait_for(in_hand.wait(), 10)
+            revision += 1
+        gone = view.keys["job.rt"]
+        view.apply("job.rt", None, revision, True, "DEL")  # `job remove`
+        runner.removed(Removal("job.rt", gone, "DEL", None))
+        await asyncio.wait_for(in_hand.wait(), 10)
+        view.apply("job.rt", value("rt", 3), revision + 1, False)  # `job add` again
+        runner.changed("job.rt")
+        handled.set()
+        await until(lambda: len(resumes) == 2, 10, what="rt taken up again")
+        await until(lambda: not runner._wake.is_set(), 10, what="the rounds done")
+        await runner.stop()
+    assert "rt" in runner.running
+    assert resumes == [None, None], "the job added again went on from the removed walk's slot"
+
+
+def every(name: str, seconds: int) -> bytes:
+    return json.dumps({"name": name, "schedule": f"*/{seconds} * * * * *"}).encode()
+
+
+async def test_a_job_removed_is_let_go_while_another_jobs_change_waits_for_its_slot_in_hand(
+    make_jobs: MakeJobs,
+) -> None:
+    """The take-up round goes over the names one by one: a change of job `a` waits for
+    `a`'s slot in hand (its claim, up to max_late when NATS is slow). `job remove b`
+    meanwhile is not held by it: `b` is let go at once."""
+    config = capped(10)
+    held = 4.0  # how long a's claim takes
+    async with make_jobs(config) as jobs:
+        fleet = jobs.ctx.fleet
+        view = fleet.view
+        view.apply("job.a", every("a", 1), 1, False)
+        view.apply("job.b", value("b", 1), 2, False)
+        view.synced = True
+        attempt = jobs.attempt
+        in_hand = asyncio.Event()
+
+        async def slow_claim(job: JobConfig, slot: int, *rest: Any, **kw: Any) -> None:
+            if job.name == "a" and not in_hand.is_set():
+                in_hand.set()
+                await asyncio.sleep(held)
+                return
+            await attempt(job, slot, *rest, **kw)
+
+        jobs.attempt = slow_claim  # type: ignore[method-assign]
+        runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
+        runner.start(jobs)
+        runner.changed("")
+        await until(lambda: {"a", "b"} <= set(runner.running), 10, what="a and b taken up")
+        await asyncio.wait_for(in_hand.wait(), 10)
+        view.apply("job.a", every("a", 2), 3, False)  # `job update a`
+        runner.changed("job.a")
+        await until(lambda: jobs.timetable.walks["a"].retired, 10, what="a's change waiting")
+        gone = view.keys["job.b"]
+        view.apply("job.b", None, 4, True, "DEL")  # `job remove b`
+        runner.removed(Removal("job.b", gone, "DEL", None))
+        removed = time.monotonic()
+        await until(lambda: "b" not in runner.running, held + 5, what="b let go")
+        took = time.monotonic() - removed
+        # a's change is taken up once its slot in hand is handled.
+        await until(
+            lambda: "a" in runner.running and runner.running["a"].revision == 3,
+            held + 5,
+            what="a's change taken up",
+        )
+        assert jobs.timetable.walks["a"].job.schedule.identity == "*/2 * * * * *"
+        await runner.stop()
+    print(f"job remove b let go after {took:.3f}s (a's slot in hand held {held:g}s)")
+    assert took < 1.0, f"b was let go {took:.3f}s after its removal: held by a's slot in hand"
+
+
+async def test_a_job_removed_and_added_again_while_its_claim_is_slow_goes_on_from_its_add(
+    make_jobs: MakeJobs,
+) -> None:
+    """The same as above with a real slot in hand (its claim slow): its walk's end is
+    awaited beside the round; removed and added again meanwhile, the job is walked
+    from its add, and the removal alone is let go once the slot is handled."""
+    config = capped(10)
+    held = 3.0
+    async with make_jobs(config) as jobs:
+        fleet = jobs.ctx.fleet
+        view = fleet.view
+        view.apply("job.a", every("a", 1), 1, False)
+        view.synced = True
+        attempt, start = jobs.attempt, jobs.start
+        in_hand = asyncio.Event()
+        resumes: list[int | None] = []
+
+        async def slow_claim(job: JobConfig, slot: int, *rest: Any, **kw: Any) -> None:
+            if job.name == "a" and not in_hand.is_set():
+                in_hand.set()
+                await asyncio.sleep(held)
+                return
+            await attempt(job, slot, *rest, **kw)
+
+        def recording_start(job: JobConfig, resume: int | None = None) -> None:
+            resumes.append(resume)
+            start(job, resume)
+
+        jobs.attempt = slow_claim  # type: ignore[method-assign]
+        jobs.start = recording_start  # type: ignore[method-assign]
+        runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
+        runner.start(jobs)
+        runner.changed("")
+        await until(lambda: "a" in runner.running, 10, what="a taken up")
+        await asyncio.wait_for(in_hand.wait(), 10)
+        gone = view.keys["job.a"]
+        view.apply("job.a", None, 2, True, "DEL")  # `job remove a`
+        runner.removed(Removal("job.a", gone, "DEL", None))
+        await until(lambda: jobs.timetable.walks["a"].retired, 10, what="a's end waiting")
+        view.apply("job.a", every("a", 2), 3, False)  # `job add a` again
+        runner.changed("job.a")
+        await until(lambda: len(resumes) == 2, held + 5, what="a taken up again")
+        assert runner.running["a"].revision == 3
+        await runner.stop()
+    assert resumes == [None, None], "the job added again went on from the removed walk's slot"
+
+
+async def test_a_slot_of_a_job_whose_key_is_rewritten_or_reread_is_still_claimed(
+    make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Fleet.left_bucket refuses no slot of a job whose key is there: written again
+    (`job update`), let go by the view (``View.hold``) or re-read in full (a re-sync
+    swaps the view's keys at once). Against a real stream and state bucket."""
+    config = parse_config(
+        {
+            "nats": {"servers": [nats_server.url]},
+            "target": {"url": http_app.url},
+            "jobs": [{"name": "keep", "schedule": "0 0 1 1 *"}],
+        },
+        {},
+    )
+    async with make_jobs(config) as jobs, running(jobs):
+        fleet = jobs.ctx.fleet
+        assert fleet.bucket is not None and fleet.watch is not None
+        kv = fleet.bucket.kv
+        revision = await kv.put("job.rt", value("rt", 1))
+        await until(lambda: "job.rt" in fleet.view.keys, 10, what="job.rt in the view")
+        rt = judge(config, "job.rt", json.loads(value("rt", 1))).job
+        jobs.ctx.jobs.put([rt])
+        fleet.view.hold("job.rt", revision)
+
+        def won() -> float:
+            return float(jobs.metrics.claims_won_total.labels(job="rt").value)
+
+        await jobs.attempt(rt, await next_second(jobs), time.time())
+        assert won() == 1  # held: claimed
+        revision = await kv.update("job.rt", value("rt", 2), revision)
+        await until(lambda: fleet.view.keys["job.rt"].revision == revision, 10, what="rewrite")
+        await jobs.attempt(rt, await next_second(jobs), time.time())
+        assert won() == 2  # written again: claimed
+        keys = fleet.view.keys
+        fleet.watch.resync()
+        await until(lambda: fleet.view.keys is not keys, 10, what="a full re-read")
+        await jobs.attempt(rt, await next_second(jobs), time.time())
+        assert won() == 3  # re-read: claimed

@@ -7,6 +7,7 @@ Real nats-server, real HTTP app, the parts wired as the daemon wires them.
 
 from __future__ import annotations
 
+import json
 import time
 
 from sidecar.config.load import parse_config
@@ -43,6 +44,12 @@ async def test_a_job_put_into_the_set_is_every_parts_job_and_one_removed_is_no_o
         assert {name: part is one for name, part in parts.items()} == dict.fromkeys(parts, True)
         assert jobs.overlap is None  # no `replace` job yet: its part not made
 
+        # Their keys in the state bucket, as the take-up found them (a slot of a job
+        # not of the file whose key left the view is not claimed: Fleet.left_bucket).
+        assert fleet.bucket is not None
+        for tenant in tenants:
+            await fleet.bucket.kv.put(f"job.{tenant['name']}", json.dumps(tenant).encode())
+        await until(lambda: "job.tenant-2" in fleet.view.keys, 10, "the keys in the view")
         one.put(added)
         for job_config in added:
             jobs.start(job_config)
