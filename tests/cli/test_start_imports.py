@@ -17,8 +17,8 @@ from tests.support import ROOT, sidecar_env
 # other than `run` asked for (sidecar/cli/main.py LATER), or by the first job key
 # of the state bucket (sidecar/admin/jobkeys.py), or by the first ping, notification,
 # span or signed request (sidecar/after/aftermath.py, sidecar/cli/daemon.py
-# signer_of), or by the first calendar file (sidecar/config/calendars.py), never
-# by the start of `run`.
+# signer_of), or by the first calendar file or the first ``calendars:`` entry
+# (sidecar/config/calendars.py), never by the start of `run`.
 NOT_AT_START = (
     "sidecar.admin.api",
     "sidecar.admin.page",
@@ -64,6 +64,7 @@ NOT_AT_START = (
     "sidecar.after.health",
     "sidecar.after.signing",
     "sidecar.when.ics",
+    "sidecar.when.shared",
 )
 # Outside the sidecar: loaded by the first text that needs them (sidecar/config/
 # fields.py shown_text: unicodedata for a character beyond ASCII).
