@@ -12,7 +12,9 @@ from tests.support import ROOT, sidecar_env
 
 # Loaded by the fleet page's first request (sidecar/admin/lazy_page.py), by
 # the one-shot commands, or by the first key of their kind in the state bucket
-# (backfills, one-off runs: sidecar/run/onkey.py), or by the first job that
+# (backfills, one-off runs: sidecar/run/onkey.py), or by the first due key, failed
+# run of a job with retry.max or lost run to rerun (due attempts: sidecar/run/onkey.py
+# DueOnFirstUse), or by the first job that
 # uses them (overlap: replace or buffer_one, max_runs), or by the first command
 # other than `run` asked for (sidecar/cli/main.py LATER), or by the first job key
 # of the state bucket (sidecar/admin/jobkeys.py), or by the first ping, notification,
@@ -49,6 +51,8 @@ NOT_AT_START = (
     "sidecar.run.stoprequests",
     "sidecar.run.overlapcheck",
     "sidecar.run.runcap",
+    "sidecar.run.retries",
+    "sidecar.run.duecheck",
     "sidecar.cli.commands",
     "sidecar.cli.calendar_commands",
     "sidecar.cli.job_commands",
