@@ -14,7 +14,8 @@ from tests.support import ROOT, sidecar_env
 # the one-shot commands, or by the first key of their kind in the state bucket
 # (backfills, one-off runs: sidecar/run/onkey.py), or by the first due key, failed
 # run of a job with retry.max or lost run to rerun (due attempts: sidecar/run/onkey.py
-# DueOnFirstUse), or by the first job that
+# DueOnFirstUse), or by the first slot caught up (the history's reader: sidecar/run/
+# catchup.py), or by the first job that
 # uses them (overlap: replace or buffer_one, max_runs), or by the first command
 # other than `run` asked for (sidecar/cli/main.py LATER), or by the first job key
 # of the state bucket (sidecar/admin/jobkeys.py), or by the first ping, notification,
@@ -53,6 +54,7 @@ NOT_AT_START = (
     "sidecar.run.runcap",
     "sidecar.run.retries",
     "sidecar.run.duecheck",
+    "sidecar.store.runs",
     "sidecar.cli.commands",
     "sidecar.cli.calendar_commands",
     "sidecar.cli.job_commands",
