@@ -15,13 +15,18 @@ import os
 from collections.abc import Mapping
 from datetime import date, datetime
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from sidecar.config.fields import key_text, read_capped, short, string, type_name
 from sidecar.config.keys import JOB_NAME, ConfigSection
 from sidecar.core.errors import ConfigError, IcsError
-from sidecar.when.shared import PREFIX, Resolved, SharedCalendar
 
+if TYPE_CHECKING:  # loaded by the first ``calendars:`` entry (_shared), not by every start
+    from sidecar.when.shared import Resolved, SharedCalendar
+
+#: An ``exclude`` entry naming a shared calendar starts with it (sidecar/when/shared.py PREFIX).
+PREFIX = "calendar:"
 #: The largest calendar file: thirty years of a country's holidays take about 100 KiB.
 MAX_CALENDAR_FILE = 1 << 20
 #: At most this many entries in ``dates:``.
@@ -39,6 +44,7 @@ def parse_calendars(data: object, base_dir: str | None) -> Mapping[str, SharedCa
             f"expected a map of names to {{file: ...}} or {{dates: [...]}}, got {type_name(data)}",
         )
     out: dict[str, SharedCalendar] = {}
+    shared = _shared()
     for name, raw in data.items():
         key = f"calendars.{key_text(name)}"
         if not isinstance(name, str) or not JOB_NAME.fullmatch(name):
@@ -47,15 +53,25 @@ def parse_calendars(data: object, base_dir: str | None) -> Mapping[str, SharedCa
         if sec.has("file") == sec.has("dates"):
             raise ConfigError(key, "give either file (an iCalendar file) or dates (a list)")
         calendar = (
-            _from_file(name, sec.text("file", ""), sec.key("file"), base_dir)
+            _from_file(shared, name, sec.text("file", ""), sec.key("file"), base_dir)
             if sec.has("file")
-            else _from_dates(name, sec.data["dates"], sec.key("dates"))
+            else _from_dates(shared, name, sec.data["dates"], sec.key("dates"))
         )
         out[name] = calendar
     return MappingProxyType(out)
 
 
-def _from_file(name: str, file: str, key: str, base_dir: str | None) -> SharedCalendar:
+def _shared() -> type[SharedCalendar]:
+    """The shared calendar's class, its module loaded now: a config without
+    ``calendars:`` never needs it (tests/cli/test_start_imports.py)."""
+    from sidecar.when.shared import SharedCalendar
+
+    return SharedCalendar
+
+
+def _from_file(
+    shared: type[SharedCalendar], name: str, file: str, key: str, base_dir: str | None
+) -> SharedCalendar:
     if not file:
         raise ConfigError(key, "must not be empty")
     path = os.path.join(base_dir, file) if base_dir and not os.path.isabs(file) else file
@@ -74,7 +90,7 @@ def _from_file(name: str, file: str, key: str, base_dir: str | None) -> SharedCa
         events = parse_ics(text)
     except IcsError as exc:
         raise ConfigError(key, f"{path}, {exc}") from None
-    calendar = SharedCalendar(name, tuple(events), f"file {file}")
+    calendar = shared(name, tuple(events), f"file {file}")
     try:
         calendar.resolve(_UTC)  # what no zone can make right (out of range)
     except (ValueError, OverflowError) as exc:
@@ -82,7 +98,7 @@ def _from_file(name: str, file: str, key: str, base_dir: str | None) -> SharedCa
     return calendar
 
 
-def _from_dates(name: str, raw: object, key: str) -> SharedCalendar:
+def _from_dates(shared: type[SharedCalendar], name: str, raw: object, key: str) -> SharedCalendar:
     if not isinstance(raw, list):
         raise ConfigError(key, "expected a list of dates and ISO 8601 intervals, as exclude takes")
     if len(raw) > MAX_DATES:
@@ -95,11 +111,11 @@ def _from_dates(name: str, raw: object, key: str) -> SharedCalendar:
             value = value.isoformat()
         text = string(value, item).strip()
         try:
-            SharedCalendar(name, (text,), "dates").resolve(_UTC)
+            shared(name, (text,), "dates").resolve(_UTC)
         except ValueError as exc:
             raise ConfigError(item, str(exc)) from None
         texts.append(text)
-    return SharedCalendar(name, tuple(texts), "dates")
+    return shared(name, tuple(texts), "dates")
 
 
 def is_reference(text: str) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import date, datetime
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
@@ -47,8 +47,10 @@ from sidecar.config.model import (
 from sidecar.core.clock import INSTANT_RANGE, epoch_of, in_range
 from sidecar.core.errors import ConfigError, ScheduleError
 from sidecar.when.schedule import parse_schedule
-from sidecar.when.shared import Resolved, SharedCalendar
 from sidecar.when.slots import Calendar, parse_calendar, parse_exclusion
+
+if TYPE_CHECKING:  # loaded by the first ``calendars:`` entry (sidecar/config/calendars.py)
+    from sidecar.when.shared import Resolved, SharedCalendar
 
 CATCHUP = ("none", "latest", "all")
 OVERLAP = ("allow", "skip", "replace", "buffer_one")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
@@ -21,8 +21,10 @@ from sidecar.config.alerting import ExpectConfig, NotifyConfig, PingConfig, Trac
 from sidecar.config.bucketrules import BucketJobsConfig
 from sidecar.core.errors import ConfigError
 from sidecar.core.excerpt import DEFAULT_ANSWER_BYTES
-from sidecar.when.shared import SharedCalendar
 from sidecar.when.slots import Calendar
+
+if TYPE_CHECKING:  # loaded by the first ``calendars:`` entry (sidecar/config/calendars.py)
+    from sidecar.when.shared import SharedCalendar
 
 
 def _no_headers() -> Mapping[str, str]:

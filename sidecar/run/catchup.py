@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from sidecar.core.wire import CATCHUP, EVERY
 from sidecar.run.since import floor_ms, settle, since_key
-from sidecar.store.runs import last_messages, last_scheduled_slot
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -73,6 +72,10 @@ class CatchUp:
         candidates = [s for s in candidates if s >= floor]
         if not candidates:
             return
+        # The stream's reader (sidecar/store/runs.py, the history's) is loaded by the
+        # first slot to catch up, not by every start: ``catchup`` is ``none`` unless set.
+        from sidecar.store.runs import last_messages, last_scheduled_slot
+
         messages: list[tuple[int, str, bytes]] = []
         # run_on: every: the job's last claim is any instance's; each instance claims
         # every candidate under its own id instead (the ones it ran are duplicates).

@@ -63,10 +63,9 @@ if TYPE_CHECKING:
     from sidecar.run.concurrency import Limits
     from sidecar.run.context import Context
     from sidecar.run.lostruns import LostRuns
-    from sidecar.run.onkey import OnFirstKey
+    from sidecar.run.onkey import DueOnFirstUse, OnFirstKey
     from sidecar.run.overlap import Overlap
     from sidecar.run.record import Recorder
-    from sidecar.run.retries import DueAttempts
     from sidecar.run.skips import Unclaimed
     from sidecar.run.trigger import Trigger
 
@@ -100,7 +99,7 @@ class Parts:
     at_runs: OnFirstKey[AtRuns]  # one-off runs at a set time, claimed like slots
     aftermath: Aftermath  # pings, notifications, auto-pause, anomalies, spans
     recorder: Recorder  # every ending of a run is recorded there
-    due: DueAttempts  # what follows a failed run: retries, due attempts
+    due: DueOnFirstUse  # what follows a failed run: retries, due attempts (made when needed)
     lost: LostRuns  # lost-run judging
     window: ClaimWindow  # winners of claims lost here that died before their lease
     candidates: Candidates  # claim.candidates: only k instances claim a slot at its time

@@ -33,8 +33,6 @@ from sidecar.core.errors import Hostile, KeyHeld
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import AT, LOST, RERUN, RETRY, new_token
 from sidecar.run.duecheck import Backed, backing, config_problem
-from sidecar.run.lostruns import LostRuns
-from sidecar.run.record import Recorder
 from sidecar.store.kv import Keys, until_answered
 from sidecar.when.attempts import (
     DueKey,
@@ -298,16 +296,3 @@ async def make_due(
         reason,
     )
     return True
-
-
-def follow(ctx: Context, recorder: Recorder, attempt: Attempt) -> tuple[DueAttempts, LostRuns]:
-    """The due attempts and lost-run judging of one sidecar, listening to the fleet's
-    watch of the state bucket."""
-    fleet = ctx.fleet
-    due = DueAttempts(ctx, attempt)
-    lost = LostRuns(
-        ctx, recorder, judges_foreign=fleet.orphans.judges, view=fleet.view, rerun=due.rerun
-    )
-    fleet.removal_listeners.append(lost.removed)
-    fleet.key_listeners.append(due.due_changed, "due.")
-    return due, lost

@@ -25,9 +25,9 @@ from sidecar.run.catchup import CatchUp
 from sidecar.run.claimwindow import ClaimWindow
 from sidecar.run.context import Context
 from sidecar.run.job_loop import Jobs, Parts
-from sidecar.run.onkey import OnFirstKey
+from sidecar.run.lostruns import LostRuns
+from sidecar.run.onkey import DueOnFirstUse, OnFirstKey
 from sidecar.run.record import Recorder
-from sidecar.run.retries import follow
 from sidecar.run.skips import SkipRecorder, Unclaimed
 from sidecar.run.straybuffers import StrayBuffers
 from sidecar.run.trigger import Trigger
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from sidecar.run.backfill import Backfills
     from sidecar.run.claim import Claim
     from sidecar.run.overlap import Overlap
+    from sidecar.run.retries import DueAttempts
 
 
 def _secret(trigger: Trigger) -> bytes | None:
@@ -120,8 +121,20 @@ def _parts(ctx: Context, trigger: Trigger, jobs: Jobs) -> Parts:
     # Every ending of a run is recorded there (sidecar/run/record.py).
     spec = ctx.spec
     recorder = Recorder(ctx.js, spec.name, spec.prefix, config.instance_id, metrics, aftermath)
-    # What follows a failed or lost run: retries, due attempts, lost runs.
-    due, lost = follow(ctx, recorder, jobs.attempt)
+
+    # What follows a failed or lost run: retries and due attempts (made, their code
+    # imported, when first needed: sidecar/run/onkey.py), lost runs.
+    def due_attempts() -> DueAttempts:
+        from sidecar.run.retries import DueAttempts
+
+        return DueAttempts(ctx, jobs.attempt)
+
+    due = DueOnFirstUse(due_attempts)
+    lost = LostRuns(
+        ctx, recorder, judges_foreign=fleet.orphans.judges, view=fleet.view, rerun=due.rerun
+    )
+    fleet.removal_listeners.append(lost.removed)
+    fleet.key_listeners.append(due.due_changed, "due.")
     # Winners of claims lost here that died before their lease (sidecar/run/claimwindow.py).
     window = ClaimWindow(ctx, lost)
     fleet.key_listeners.append(window.delivered)

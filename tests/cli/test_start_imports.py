@@ -12,13 +12,16 @@ from tests.support import ROOT, sidecar_env
 
 # Loaded by the fleet page's first request (sidecar/admin/lazy_page.py), by
 # the one-shot commands, or by the first key of their kind in the state bucket
-# (backfills, one-off runs: sidecar/run/onkey.py), or by the first job that
+# (backfills, one-off runs: sidecar/run/onkey.py), or by the first due key, failed
+# run of a job with retry.max or lost run to rerun (due attempts: sidecar/run/onkey.py
+# DueOnFirstUse), or by the first slot caught up (the history's reader: sidecar/run/
+# catchup.py), or by the first job that
 # uses them (overlap: replace or buffer_one, max_runs), or by the first command
 # other than `run` asked for (sidecar/cli/main.py LATER), or by the first job key
 # of the state bucket (sidecar/admin/jobkeys.py), or by the first ping, notification,
 # span or signed request (sidecar/after/aftermath.py, sidecar/cli/daemon.py
-# signer_of), or by the first calendar file (sidecar/config/calendars.py), never
-# by the start of `run`.
+# signer_of), or by the first calendar file or the first ``calendars:`` entry
+# (sidecar/config/calendars.py), never by the start of `run`.
 NOT_AT_START = (
     "sidecar.admin.api",
     "sidecar.admin.page",
@@ -49,6 +52,9 @@ NOT_AT_START = (
     "sidecar.run.stoprequests",
     "sidecar.run.overlapcheck",
     "sidecar.run.runcap",
+    "sidecar.run.retries",
+    "sidecar.run.duecheck",
+    "sidecar.store.runs",
     "sidecar.cli.commands",
     "sidecar.cli.calendar_commands",
     "sidecar.cli.job_commands",
@@ -64,6 +70,7 @@ NOT_AT_START = (
     "sidecar.after.health",
     "sidecar.after.signing",
     "sidecar.when.ics",
+    "sidecar.when.shared",
 )
 # Outside the sidecar: loaded by the first text that needs them (sidecar/config/
 # fields.py shown_text: unicodedata for a character beyond ASCII).

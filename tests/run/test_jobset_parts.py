@@ -37,7 +37,7 @@ async def test_a_job_put_into_the_set_is_every_parts_job_and_one_removed_is_no_o
         parts = {
             "fleet": fleet.jobs,
             "guard": guard.jobs,
-            "due": jobs.due.by_name,
+            "due": jobs.due.made().by_name,  # made when first needed: made here
             "lost": jobs.lost.jobs,
             "aftermath": jobs.aftermath._jobs,
         }
