@@ -41,7 +41,7 @@ unit: $(STAMP) prometheus verifiers git-tool netns-tools chromium helm oldest-py
 	status=0; \
 	$(BIN)/pytest -m "not slow and not serial" -n 2 --dist loadfile -p no:cacheprovider \
 	  --ignore=tests/reliability --ignore=tests/nemesis || status=$$?; \
-	$(BIN)/pytest -m "serial and not slow" -p no:cacheprovider tests tests/reliability tests/nemesis || status=$$?; \
+	$(BIN)/pytest -m "serial and not slow" -p no:cacheprovider --durations=12 tests tests/reliability tests/nemesis || status=$$?; \
 	exit $$status
 
 # prometheus and promtool for the rule tests and the end-to-end metrics test,
