@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 FATE_SETTLE = 2.0
 # ... and its fate is read again for this long while the stream does not answer.
 FATE_READ_FOR = 60.0
+# A slot is settled only while its settling record's claim has at least this long
+# (s) before the records' deadline; closer, it is read once no record can come.
+SETTLE_LEAST = 1.0
 
 Messages = list[tuple[int, str, bytes]]
 
@@ -138,14 +141,24 @@ class CatchUpFate:
         judged = self._judged(job, slot)
         if isinstance(judged, str):
             return judged
-        if judged is not None and self.skips is not None:
+        # The settling record is a claim with the records' own deadline (skips.py):
+        # too close to it, it could not be sent, and the slot would be dropped as
+        # "not settled" though nothing can race it: read it once no record can come.
+        settled = (
+            judged is not None
+            and self.skips is not None
+            and self.clock.wall() < end - FATE_SETTLE - SETTLE_LEAST
+        )
+        if settled and judged is not None and self.skips is not None:
             reason, why = judged
             await self.skips.record_skip(job, slot, reason, why, count=False)
         else:
             log.info(
-                "job %s: what the state bucket held at slot %s is not known here; its "
-                "catch-up waits until no record of it can come (%s)",
+                "job %s: %s slot %s; its catch-up waits until no record of it can come (%s)",
                 job.name,
+                "no time is left to settle"
+                if judged is not None
+                else "what the state bucket held is not known here at",
                 rfc3339(slot / 1000),
                 rfc3339(end),
             )
@@ -154,7 +167,7 @@ class CatchUpFate:
         messages = await self._read(job, slot)
         if isinstance(messages, str):
             return messages
-        if fate_message(messages, prefix, job.name, slot)[0] is None and judged is not None:
+        if fate_message(messages, prefix, job.name, slot)[0] is None and settled:
             # The settling record was not stored (NATS away): a late one may still come.
             return "its fate could not be settled; not run (at most once)"
         return fate_verdict(messages, prefix, job.name, slot)
