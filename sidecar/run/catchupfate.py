@@ -16,8 +16,8 @@ found nothing, and the slot then had two fates: a ``skipped: skip`` record and
 a catch-up run (tests/fleet/test_catchup_late_record.py). So, while such a
 record may still come, a slot without a fate message has it **settled** before
 it is caught up: the catch-up's taker judges the slot as every sidecar does
-(the state bucket at the slot's instant, ``Fleet.blocked`` and
-``Fleet.skipped``) and publishes the same skip record under the same id. By
+(its calendar's exclusions, then the state bucket at the slot's instant,
+``Fleet.blocked`` and ``Fleet.skipped``) and publishes the same skip record under the same id. By
 JetStream's de-duplication exactly one record of the slot is stored, the
 taker's or the late one; the stored one is read again and decides. When the
 taker's view cannot tell what the bucket held at the instant, it waits until
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import rfc3339
+from sidecar.run.skips import EXCLUDED
 from sidecar.run.unanswered import asked_for
 from sidecar.store.runs import read_job_messages
 from sidecar.when.pauses import PAUSED, SKIP
@@ -176,6 +177,9 @@ class CatchUpFate:
         """The skip record every sidecar makes of `slot` (reason, why), judged from the
         state bucket at its instant as the job loop does (sidecar/run/job_loop.py);
         a string: why it is not caught up (it was not paused); None: not known here."""
+        if (excluded := job.schedule.excluded(slot)) is not None:
+            # The job loop records an excluded slot so before it looks at a pause.
+            return EXCLUDED, f"excluded: {excluded.text}"
         blocked = self.fleet.blocked(job.name, slot)
         if blocked is None:
             return "it was not paused at its instant"

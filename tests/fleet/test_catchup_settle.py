@@ -2,11 +2,14 @@
 sidecar's parts in-process (the ``make_jobs`` fixture) against a real nats-server.
 
 docs/GUARANTEES.md, "One fate per slot", rule 5: a paused slot with no fate
-message is settled (the taker publishes the slot's skip record itself) only
-while a late record may still come. A slot looked at once the records' own
-deadline has passed (the catch-up's earlier slots ran long, or waited) cannot
-be settled any more: its record's claim would have no time left. It must then
-be read once no record can come, and caught up, not dropped as "not settled".
+message is settled (the taker publishes the slot's skip record itself, the one
+every sidecar makes) while a late record may still come, then caught up. A
+slot looked at once the records' own deadline has passed (the catch-up's
+earlier slots ran long, or waited) cannot be settled any more: its record's
+claim would have no time left. It must then be read once no record can come,
+and caught up, not dropped as "not settled". A slot the job's calendar
+excludes is recorded ``excluded`` by every sidecar, paused or not: settled so,
+never caught up.
 """
 
 from __future__ import annotations
@@ -14,42 +17,99 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
 
-from sidecar.config.load import parse_config
+from sidecar.config.load import JobConfig, parse_config
 from sidecar.core.clock import rfc3339
 from sidecar.run.catchupfate import FATE_SETTLE, CatchUpFate, records_end
+from sidecar.run.job_loop import Jobs
+from tests.fleet.test_catchup_late_record import fates
 from tests.run.test_job_life import running
-from tests.support import MakeJobs, NatsServer, RecordingApp, job, until
+from tests.support import MakeJobs, NatsServer, RecordingApp, job, read_stream, until
 
 WINDOW, MAX_LATE = 12.0, 1.0
+
+
+@asynccontextmanager
+async def paused_taker(
+    make_jobs: MakeJobs, nats_server: NatsServer, app: RecordingApp, **extra: Any
+) -> AsyncIterator[tuple[Jobs, JobConfig, int]]:
+    """A sidecar's parts with job ``work`` paused before its slot (returned, about
+    a second ahead), no sidecar recording it, and a claim older than it in the
+    stream (else its record may have been trimmed: never caught up)."""
+    config = parse_config(
+        {
+            "instance_id": "taker",
+            "nats": {"servers": [nats_server.url], "duplicate_window": f"{WINDOW:g}s"},
+            "target": {"url": app.url},
+            "jobs": [
+                job("work", schedule="0 0 1 1 *", jitter="0s", max_late=f"{MAX_LATE:g}s", **extra)
+            ],
+        },
+        {},
+    )
+    async with make_jobs(config) as jobs, running(jobs):
+        kv = jobs.fleet.bucket.kv  # type: ignore[union-attr]
+        now = time.time()
+        await kv.put("paused.work", json.dumps({"by": "op", "at": rfc3339(now)}).encode())
+        older = int(now) * 1000 - 1000
+        assert (await jobs.claimer.claim("work", older, jobs.clock.monotonic() + 5)).won
+        slot = int(now) * 1000 + 1000
+        await until(lambda: jobs.fleet.blocked("work", slot) is not None, 5, "the pause seen")
+        yield jobs, config.job("work"), slot
+
+
+async def fate_of(nats_server: NatsServer, slot: int) -> list[Any]:
+    stored = await asyncio.to_thread(read_stream, nats_server.url)
+    return [m.data.get("skipped") for m in fates(stored, "work", slot)]
+
+
+async def test_a_paused_slot_without_a_record_is_settled_and_caught_up_at_once(
+    make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    async with paused_taker(make_jobs, nats_server, http_app) as (jobs, work, slot):
+        await asyncio.sleep(slot / 1000 + MAX_LATE + FATE_SETTLE - time.time())
+        why = await CatchUpFate(jobs.ctx, jobs.unclaimed.recorder).refused(work, slot)
+        done = time.time()
+    assert why is None, f"paused slot {slot} not caught up: {why}"
+    # Settled, not waited for until no record can come (records_end).
+    assert done < records_end(work, slot, WINDOW) - 2, "the catch-up waited for nothing"
+    assert await fate_of(nats_server, slot) == ["paused"]
 
 
 async def test_a_paused_slot_looked_at_after_its_records_deadline_is_still_caught_up(
     make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
-    config = parse_config(
-        {
-            "instance_id": "taker",
-            "nats": {"servers": [nats_server.url], "duplicate_window": f"{WINDOW:g}s"},
-            "target": {"url": http_app.url},
-            "jobs": [job("work", schedule="0 0 1 1 *", jitter="0s", max_late=f"{MAX_LATE:g}s")],
-        },
-        {},
-    )
-    async with make_jobs(config) as jobs, running(jobs):
-        work = config.job("work")
-        kv = jobs.fleet.bucket.kv  # type: ignore[union-attr]
-        now = time.time()
-        await kv.put("paused.work", json.dumps({"by": "op", "at": rfc3339(now)}).encode())
-        # A claim older than the slot in the stream (else its record may be trimmed).
-        older = int(now) * 1000 - 1000
-        assert (await jobs.claimer.claim("work", older, jobs.clock.monotonic() + 5)).won
-        slot = int(now) * 1000 + 1000  # paused at its instant; no sidecar recorded it
-        await until(lambda: jobs.fleet.blocked("work", slot) is not None, 5, "the pause seen")
+    """It failed before the fix: "its fate could not be settled; not run"."""
+    async with paused_taker(make_jobs, nats_server, http_app) as (jobs, work, slot):
         end = records_end(work, slot, WINDOW)
         # Between the records' deadline and `end`: no record can be asked for any more.
         await asyncio.sleep(end - FATE_SETTLE + 0.2 - time.time())
         assert (jobs.fleet.blocked("work", slot) or ("",))[0] == "paused"
-        fate = CatchUpFate(jobs.ctx, jobs.unclaimed.recorder)
-        why = await fate.refused(work, slot)
+        why = await CatchUpFate(jobs.ctx, jobs.unclaimed.recorder).refused(work, slot)
     assert why is None, f"paused slot {slot} not caught up: {why}"
+    assert await fate_of(nats_server, slot) == []
+
+
+async def test_an_excluded_slot_of_a_paused_job_is_settled_excluded_never_caught_up(
+    make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """The job loop records an excluded slot ``excluded`` before it looks at the
+    pause (sidecar/run/job_loop.py); the settling record must be the same. It
+    failed before the fix: settled ``paused``, and caught up."""
+    now = time.time()
+    hours = f"{datetime.fromtimestamp(now - 60, UTC).isoformat()}/"
+    hours += datetime.fromtimestamp(now + 60, UTC).isoformat()
+    async with paused_taker(make_jobs, nats_server, http_app, exclude=[hours]) as (
+        jobs,
+        work,
+        slot,
+    ):
+        assert work.schedule.excluded(slot) is not None
+        await asyncio.sleep(slot / 1000 + MAX_LATE + FATE_SETTLE - time.time())
+        why = await CatchUpFate(jobs.ctx, jobs.unclaimed.recorder).refused(work, slot)
+    assert why == "it was skipped (excluded)", why
+    assert await fate_of(nats_server, slot) == ["excluded"]
