@@ -46,7 +46,15 @@ async def paused_taker(
             "nats": {"servers": [nats_server.url], "duplicate_window": f"{WINDOW:g}s"},
             "target": {"url": app.url},
             "jobs": [
-                job("work", schedule="0 0 1 1 *", jitter="0s", max_late=f"{MAX_LATE:g}s", **extra)
+                job(
+                    "work",
+                    **{
+                        "schedule": "0 0 1 1 *",
+                        "jitter": "0s",
+                        "max_late": f"{MAX_LATE:g}s",
+                        **extra,
+                    },
+                )
             ],
         },
         {},
@@ -113,3 +121,38 @@ async def test_an_excluded_slot_of_a_paused_job_is_settled_excluded_never_caught
         why = await CatchUpFate(jobs.ctx, jobs.unclaimed.recorder).refused(work, slot)
     assert why == "it was skipped (excluded)", why
     assert await fate_of(nats_server, slot) == ["excluded"]
+
+
+async def test_a_catchup_slot_waited_for_when_the_sidecar_stops_is_left_to_the_fleet(
+    make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """The taker (this sidecar's own backfill part) waits for the slot's decision
+    window (here about 10 s); it stops meanwhile (a rolling update). Nothing of the
+    slot was claimed: the slot goes back to the backfill's pending slots for another
+    sidecar, not counted done and lost. It failed before the fix: "not caught up:
+    the sidecar is stopping", and gone."""
+    from sidecar.config.model import Secrets
+    from sidecar.ops import skipops
+    from sidecar.run.backfill import backfill_key
+
+    every = {"schedule": "* * * * * *", "max_late": "10s"}
+    async with paused_taker(make_jobs, nats_server, http_app, **every) as (jobs, work, _):
+        kv = jobs.fleet.bucket.kv  # type: ignore[union-attr]
+        slot = int(time.time()) * 1000 - 1000  # its window closes 10 s from now
+
+        async def value() -> dict[str, Any]:
+            data: dict[str, Any] = json.loads((await kv.get(backfill_key("work"))).value or b"{}")
+            return data
+
+        await skipops.backfill(jobs.config, Secrets(), work, [slot], "op", False, False, "catchup")
+        deadline = time.time() + 5
+        while not (await value()).get("running"):
+            assert time.time() < deadline, "the slot was not taken"
+            await asyncio.sleep(0.05)
+        jobs.stopping.set()  # the sidecar stops while the catch-up waits
+        deadline = time.time() + 5
+        while (left := await value()).get("running"):
+            assert time.time() < deadline, f"the slot is still taken: {left}"
+            await asyncio.sleep(0.05)
+    assert http_app.requests_for("/jobs/work") == []
+    assert left.get("pending") == [slot] and left.get("done", 0) == 0, left
