@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 FATE_SETTLE = 2.0
 # ... and its fate is read again for this long while the stream does not answer.
 FATE_READ_FOR = 60.0
+# How long (s) the taker waits for its view to be known whole up to a slot's instant
+# (Fleet.caught_up) before it judges the slot; else it is not known here.
+VIEW_WAIT = 2.0
 # A slot is settled only while its settling record's claim has at least this long
 # (s) before the records' deadline; closer, it is read once no record can come.
 SETTLE_LEAST = 1.0
@@ -139,7 +142,11 @@ class CatchUpFate:
         ):
             return fate_verdict(messages, prefix, job.name, slot)
         # No fate yet, and a record of the slot may still land: settle it.
-        judged = self._judged(job, slot)
+        # Judged only from a view known whole up to the slot's instant (rule 3): a
+        # stalled watch may miss a `skip` stored before it, and the settling record
+        # would be the wrong one, stored first. Not known whole: waited for instead.
+        whole = await self.fleet.caught_up(slot / 1000, self.clock.monotonic() + VIEW_WAIT)
+        judged = self._judged(job, slot) if whole else None
         if isinstance(judged, str):
             return judged
         # The settling record is a claim with the records' own deadline (skips.py):

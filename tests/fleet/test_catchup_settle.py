@@ -38,7 +38,7 @@ async def paused_taker(
     make_jobs: MakeJobs, nats_server: NatsServer, app: RecordingApp, **extra: Any
 ) -> AsyncIterator[tuple[Jobs, JobConfig, int]]:
     """A sidecar's parts with job ``work`` paused before its slot (returned, about
-    a second ahead), no sidecar recording it, and a claim older than it in the
+    one to two seconds ahead), no sidecar recording it, and a claim older than it in the
     stream (else its record may have been trimmed: never caught up)."""
     config = parse_config(
         {
@@ -65,7 +65,7 @@ async def paused_taker(
         await kv.put("paused.work", json.dumps({"by": "op", "at": rfc3339(now)}).encode())
         older = int(now) * 1000 - 1000
         assert (await jobs.claimer.claim("work", older, jobs.clock.monotonic() + 5)).won
-        slot = int(now) * 1000 + 1000
+        slot = int(now) * 1000 + 2000
         await until(lambda: jobs.fleet.blocked("work", slot) is not None, 5, "the pause seen")
         yield jobs, config.job("work"), slot
 
@@ -156,3 +156,43 @@ async def test_a_catchup_slot_waited_for_when_the_sidecar_stops_is_left_to_the_f
             await asyncio.sleep(0.05)
     assert http_app.requests_for("/jobs/work") == []
     assert left.get("pending") == [slot] and left.get("done", 0) == 0, left
+
+
+async def test_a_taker_whose_view_is_behind_does_not_settle_with_what_it_shows(
+    make_jobs: MakeJobs, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """The taker's watch stalls before the operator's ``skip`` of the slot is stored:
+    its view shows the slot only paused. The fleet's sidecar, whose view is whole,
+    records it ``skip``, and that record lands late (after the catch-up looked).
+    The taker must not settle the slot ``paused`` from a view it cannot vouch for
+    up to the slot's instant (docs/GUARANTEES.md rule 3): it failed before the fix,
+    the slot settled ``paused`` and caught up, the ``skip`` record a duplicate."""
+    import dataclasses
+
+    from sidecar.run.skips import skip_record_id
+
+    async with paused_taker(make_jobs, nats_server, http_app) as (jobs, work, slot):
+        kv = jobs.fleet.bucket.kv  # type: ignore[union-attr]
+        await jobs.fleet.stop()  # the taker's watch stalls here
+        await kv.put(
+            "skip.work",
+            json.dumps({"slots": [slot], "by": "op", "at": rfc3339(time.time())}).encode(),
+        )
+        assert slot / 1000 - time.time() > 0.2  # stored before the slot's instant
+        await asyncio.sleep(slot / 1000 + MAX_LATE + FATE_SETTLE - time.time())
+        refused = asyncio.ensure_future(
+            CatchUpFate(jobs.ctx, jobs.unclaimed.recorder).refused(work, slot)
+        )
+        await asyncio.sleep(1.0)  # the catch-up has looked (and settled, before the fix)
+        # Then the record of the sidecar that judged the slot lands, late.
+        other = dataclasses.replace(jobs.claimer, instance="fleet")
+        await other.claim(
+            "work",
+            slot,
+            jobs.clock.monotonic() + 5,
+            msg_id=skip_record_id("work", slot),
+            extra={"skipped": "skip"},
+        )
+        why = await asyncio.wait_for(refused, 20)
+    assert await fate_of(nats_server, slot) == ["skip"]
+    assert why == "it was skipped (skip)", why
