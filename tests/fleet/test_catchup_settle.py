@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sidecar.config.load import JobConfig, parse_config
@@ -28,7 +29,19 @@ from sidecar.run.catchupfate import FATE_SETTLE, CatchUpFate, records_end
 from sidecar.run.job_loop import Jobs
 from tests.fleet.test_catchup_late_record import fates
 from tests.run.test_job_life import running
-from tests.support import MakeJobs, NatsServer, RecordingApp, job, read_stream, until
+from tests.support import (
+    MakeJobs,
+    NatsServer,
+    RecordingApp,
+    base,
+    cli_config,
+    job,
+    read_stream,
+    run_cli,
+    sidecars,
+    until,
+    wait_for,
+)
 
 WINDOW, MAX_LATE = 12.0, 1.0
 
@@ -196,3 +209,37 @@ async def test_a_taker_whose_view_is_behind_does_not_settle_with_what_it_shows(
         why = await asyncio.wait_for(refused, 20)
     assert await fate_of(nats_server, slot) == ["skip"]
     assert why == "it was skipped (skip)", why
+
+
+def test_paused_slots_no_sidecar_saw_are_caught_up_by_a_sidecar_started_after_resume(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Every sidecar down while the job was paused: its slots have no record at all.
+    The one started after ``resume --catchup`` never saw the pause (its view has only
+    the pause's delete, stored after them): it cannot settle them, waits until no
+    record can come (a short ``nats.duplicate_window`` here) and catches each up once."""
+    name = "gone"
+    spec = job(name, schedule="*/2 * * * * *", jitter="200ms", max_late="2s")
+    config = base(nats_server, http_app, [spec])
+    config["nats"]["duplicate_window"] = "8s"
+    cfg = cli_config(tmp_path, config)
+    with sidecars(tmp_path, [("s1", config, {})]):
+        wait_for(lambda: http_app.requests_for(f"/jobs/{name}"), 20, what="a run")
+    assert run_cli("pause", name, "-c", cfg).returncode == 0
+    paused = time.time()
+    wait_for(lambda: time.time() > paused + 4.5, 6, what="two slots paused, nobody up")
+    done = run_cli("resume", name, "-c", cfg, "--catchup")
+    assert done.returncode == 0, done.stderr
+    resumed = time.time()
+    queued = [s for s in range(int(paused) // 2 * 2000 + 2000, int(resumed * 1000) + 1, 2000)]
+
+    def caught_up() -> list[int]:
+        return sorted(
+            int(r.headers["X-Anarchon-Slot"])
+            for r in http_app.requests_for(f"/jobs/{name}")
+            if r.headers.get("X-Anarchon-Trigger") == "catchup"
+        )
+
+    with sidecars(tmp_path, [("s2", config, {})]):
+        wait_for(lambda: caught_up() == queued, 20, what=f"{queued} caught up")
+    assert len(queued) >= 2 and caught_up() == queued
