@@ -257,7 +257,9 @@ class Backfills:
             if not await self._cas(kv, key, taken, revision):
                 await contended.sleep()  # another took it
                 continue
-            await self._run_one(job, slot, str(value.get("tag") or "b"), value)
+            if not await self._run_one(job, slot, str(value.get("tag") or "b"), value):
+                await self._give_back(kv, key, slot)
+                return
             await self._finish(kv, key, slot)
 
     async def _hostile(self, kv: KeyValue, key: str, revision: int, why: str) -> None:
@@ -293,13 +295,25 @@ class Backfills:
             age = STALE_AFTER
         return age >= STALE_AFTER
 
-    async def _run_one(self, job: JobConfig, slot: int, tag: str, value: dict[str, Any]) -> None:
+    async def _run_one(self, job: JobConfig, slot: int, tag: str, value: dict[str, Any]) -> bool:
+        """Run `slot` unless its fate forbids it; False: nothing of it was claimed and the
+        sidecar stops, the slot is given back to the fleet (``_give_back``)."""
         trigger = (
             value.get("trigger") if value.get("trigger") in ("backfill", "catchup") else "backfill"
         )
         if trigger == "catchup" and (why := await self.fate.refused(job, slot)) is not None:
+            if self.stopping.is_set():
+                # Its wait may last minutes (catchupfate.py): a rolling update must not
+                # drop the slot; no claim of it was made, so another sidecar may run it.
+                log.info(
+                    "job %s: catch-up of slot %s left to the fleet: %s",
+                    job.name,
+                    rfc3339(slot / 1000),
+                    why,
+                )
+                return False
             log.info("job %s: slot %s not caught up: %s", job.name, rfc3339(slot / 1000), why)
-            return
+            return True
         deadline = self.clock.monotonic() + job.max_late
         claim = await self.claimer.claim(
             job.name,
@@ -311,12 +325,13 @@ class Backfills:
         )
         if not claim.won:
             log.info("job %s: backfill of %s was run already", job.name, rfc3339(slot / 1000))
-            return
+            return True
         self.metrics.claims_won_total.labels(job=job.name).inc()
         if failpoints.ENABLED:
             await failpoints.hit("claim.won")
         log.info("job %s: backfill runs slot %s", job.name, rfc3339(slot / 1000))
         await self.run(job, claim, self.clock.wall())
+        return True
 
     async def _finish(self, kv: KeyValue, key: str, slot: int) -> None:
         for _ in range(10):
@@ -335,6 +350,24 @@ class Backfills:
             if await self._cas(kv, key, value, int(entry.revision or 0)):
                 return
         log.warning("backfill key %s not updated after slot %s", key, slot)
+
+    async def _give_back(self, kv: KeyValue, key: str, slot: int) -> None:
+        """`slot`, taken by this sidecar and not claimed, back first among the pending
+        slots for another sidecar (this one stops)."""
+        for _ in range(10):
+            try:
+                entry = await kv.get(key)
+                value = decode_backfill(entry.value)
+            except Exception:
+                return  # cancelled meanwhile, NATS away (its entry goes stale), or hostile
+            running = running_of(value)
+            if running is None or running["slot"] != slot:
+                return
+            pending = sorted({slot, *slot_list(value)})
+            value = {**value, "pending": pending, "running": None}
+            if await self._cas(kv, key, value, int(entry.revision or 0)):
+                return
+        log.warning("backfill key %s: slot %s not given back", key, slot)
 
     async def _cas(self, kv: KeyValue, key: str, value: dict[str, Any], revision: int) -> bool:
         try:

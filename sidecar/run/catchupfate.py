@@ -16,8 +16,8 @@ found nothing, and the slot then had two fates: a ``skipped: skip`` record and
 a catch-up run (tests/fleet/test_catchup_late_record.py). So, while such a
 record may still come, a slot without a fate message has it **settled** before
 it is caught up: the catch-up's taker judges the slot as every sidecar does
-(the state bucket at the slot's instant, ``Fleet.blocked`` and
-``Fleet.skipped``) and publishes the same skip record under the same id. By
+(its calendar's exclusions, then the state bucket at the slot's instant,
+``Fleet.blocked`` and ``Fleet.skipped``) and publishes the same skip record under the same id. By
 JetStream's de-duplication exactly one record of the slot is stored, the
 taker's or the late one; the stored one is read again and decides. When the
 taker's view cannot tell what the bucket held at the instant, it waits until
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import rfc3339
+from sidecar.run.skips import EXCLUDED
 from sidecar.run.unanswered import asked_for
 from sidecar.store.runs import read_job_messages
 from sidecar.when.pauses import PAUSED, SKIP
@@ -50,6 +51,12 @@ log = logging.getLogger(__name__)
 FATE_SETTLE = 2.0
 # ... and its fate is read again for this long while the stream does not answer.
 FATE_READ_FOR = 60.0
+# How long (s) the taker waits for its view to be known whole up to a slot's instant
+# (Fleet.caught_up) before it judges the slot; else it is not known here.
+VIEW_WAIT = 2.0
+# A slot is settled only while its settling record's claim has at least this long
+# (s) before the records' deadline; closer, it is read once no record can come.
+SETTLE_LEAST = 1.0
 
 Messages = list[tuple[int, str, bytes]]
 
@@ -135,17 +142,31 @@ class CatchUpFate:
         ):
             return fate_verdict(messages, prefix, job.name, slot)
         # No fate yet, and a record of the slot may still land: settle it.
-        judged = self._judged(job, slot)
+        # Judged only from a view known whole up to the slot's instant (rule 3): a
+        # stalled watch may miss a `skip` stored before it, and the settling record
+        # would be the wrong one, stored first. Not known whole: waited for instead.
+        whole = await self.fleet.caught_up(slot / 1000, self.clock.monotonic() + VIEW_WAIT)
+        judged = self._judged(job, slot) if whole else None
         if isinstance(judged, str):
             return judged
-        if judged is not None and self.skips is not None:
+        # The settling record is a claim with the records' own deadline (skips.py):
+        # too close to it, it could not be sent, and the slot would be dropped as
+        # "not settled" though nothing can race it: read it once no record can come.
+        settled = (
+            judged is not None
+            and self.skips is not None
+            and self.clock.wall() < end - FATE_SETTLE - SETTLE_LEAST
+        )
+        if settled and judged is not None and self.skips is not None:
             reason, why = judged
             await self.skips.record_skip(job, slot, reason, why, count=False)
         else:
             log.info(
-                "job %s: what the state bucket held at slot %s is not known here; its "
-                "catch-up waits until no record of it can come (%s)",
+                "job %s: %s slot %s; its catch-up waits until no record of it can come (%s)",
                 job.name,
+                "no time is left to settle"
+                if judged is not None
+                else "what the state bucket held is not known here at",
                 rfc3339(slot / 1000),
                 rfc3339(end),
             )
@@ -154,7 +175,7 @@ class CatchUpFate:
         messages = await self._read(job, slot)
         if isinstance(messages, str):
             return messages
-        if fate_message(messages, prefix, job.name, slot)[0] is None and judged is not None:
+        if fate_message(messages, prefix, job.name, slot)[0] is None and settled:
             # The settling record was not stored (NATS away): a late one may still come.
             return "its fate could not be settled; not run (at most once)"
         return fate_verdict(messages, prefix, job.name, slot)
@@ -163,6 +184,9 @@ class CatchUpFate:
         """The skip record every sidecar makes of `slot` (reason, why), judged from the
         state bucket at its instant as the job loop does (sidecar/run/job_loop.py);
         a string: why it is not caught up (it was not paused); None: not known here."""
+        if (excluded := job.schedule.excluded(slot)) is not None:
+            # The job loop records an excluded slot so before it looks at a pause.
+            return EXCLUDED, f"excluded: {excluded.text}"
         blocked = self.fleet.blocked(job.name, slot)
         if blocked is None:
             return "it was not paused at its instant"
