@@ -45,6 +45,7 @@ from sidecar.when.attempts import (
 )
 
 if TYPE_CHECKING:
+    from sidecar.config.jobset import Change
     from sidecar.config.load import JobConfig
     from sidecar.obs.metrics import Metrics
     from sidecar.run.claim import Claim
@@ -55,6 +56,10 @@ log = logging.getLogger(__name__)
 # Between the three reads of the stream that back a due key (s, not growing:
 # the key waits meanwhile, and a stream that does not answer leaves it).
 DUE_CHECK_RETRY = 0.5
+
+# Due keys kept for a job not in this sidecar's set yet (``_unknown``), at most:
+# beyond it, those whose key left the view are let go first.
+MAX_UNKNOWN = 10_000
 
 #: ``attempt(job, slot, now, number, due_at, trigger)``: compete for an attempt now.
 Attempt = Callable[["JobConfig", int, float, int, float | None, str], Awaitable[None]]
@@ -78,6 +83,13 @@ class DueAttempts:
         self.tasks = TaskSet("a due-attempt task")
         self._due: set[str] = set()  # due keys this sidecar waits for
         self._refused: set[tuple[str, int]] = set()  # hostile due keys (key, revision) said
+        # Per job name not in the set when its due keys came: those keys. A job of the
+        # state bucket is taken up after the start's full read told them (its gather,
+        # sidecar/admin/bucket_jobs.py): ignored, a retry made due before a restart of
+        # the fleet was never attempted. Looked at again when the job is put.
+        self._unknown: dict[str, set[str]] = {}
+        self._unknown_count = 0
+        ctx.jobs.subscribe(self._jobs_changed)
 
     async def retry(self, job: JobConfig, claim: Claim, finished_at: float, seq: int) -> None:
         """After a failed attempt (its result stored at `seq`): make the next one due,
@@ -142,8 +154,13 @@ class DueAttempts:
         entry = self.fleet.view.keys.get(key)
         parsed = parse_due_key(key)
         job = self.by_name.get(parsed.job if parsed else key.split(".")[1])
-        if job is None or entry is None:
-            return  # not one of our jobs (another fleet may share the bucket), or gone
+        if entry is None:
+            return  # gone
+        if job is None:
+            # Not one of our jobs (another fleet may share the bucket), or not yet.
+            if parsed is not None:
+                self._wait_for_job(parsed.job, key)
+            return
         if (key, entry.revision) in self._refused:
             return  # said once already (its delete may have failed)
         self._due.add(key)
@@ -152,6 +169,35 @@ class DueAttempts:
             self.tasks.spawn(self._hostile_due(key, entry.revision, why))
             return
         self.tasks.spawn(self._due_attempt(job, parsed, key, entry.value, entry.revision))
+
+    def _wait_for_job(self, name: str, key: str) -> None:
+        """Keep `key` until job `name` is put into the job set (``_jobs_changed``)."""
+        if self._unknown_count >= MAX_UNKNOWN:
+            view = self.fleet.view.keys
+            for job in list(self._unknown):
+                kept = {k for k in self._unknown[job] if k in view}
+                if kept:
+                    self._unknown[job] = kept
+                else:
+                    del self._unknown[job]
+            self._unknown_count = sum(len(keys) for keys in self._unknown.values())
+            if self._unknown_count >= MAX_UNKNOWN:
+                return  # another fleet's due keys: not ours to wait for
+        keys = self._unknown.setdefault(name, set())
+        if key not in keys:
+            keys.add(key)
+            self._unknown_count += 1
+
+    def _jobs_changed(self, change: Change) -> None:
+        """Jobs put into the set: their due keys delivered before are checked now."""
+        if not self._unknown:
+            return
+        for job in change.put:
+            keys = self._unknown.pop(job.name, None)
+            if keys:
+                self._unknown_count -= len(keys)
+                for key in sorted(keys):
+                    self.due_changed(key)
 
     async def _due_attempt(
         self, job: JobConfig, due: DueKey, key: str, value: dict[str, Any], revision: int

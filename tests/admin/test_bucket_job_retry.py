@@ -1,0 +1,67 @@
+"""A retry of a job of the state bucket made due before a sidecar starts.
+
+Due attempts are made by the first due key (sidecar/run/onkey.py
+``DueOnFirstUse``). At a start, the full read of the bucket tells each
+``due.`` key before the ``job.`` keys are taken up (sidecar/store/watch.py,
+then sidecar/admin/bucket_jobs.py after its gather): the due key of a bucket
+job names a job not in the job set yet. Once the job is taken up, that key must
+still be competed for, or a fleet restarted between a failure and its retry
+(a single sidecar, a rolling restart of all) loses the retry.
+
+Real sidecar processes on a real nats-server.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.admin.test_bucket_jobs import YEARLY, job_file
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    base,
+    cli_config,
+    run_cli,
+    sidecars,
+    wait_for,
+)
+
+PATH = "/jobs/rt"
+
+
+def test_a_retry_due_before_a_restart_runs_once_the_bucket_job_is_taken_up(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base(nats_server, http_app, [YEARLY])
+    cfg = cli_config(tmp_path, config)
+    http_app.status[PATH] = 500
+    with sidecars(tmp_path, [("a", config, {})]) as (a,):
+        # One slot, 3 s from now: it fails, its retry is due 2 s after.
+        at = time.gmtime(int(time.time()) + 3)
+        rt = {
+            "name": "rt",
+            "schedule": f"{at.tm_sec} {at.tm_min} {at.tm_hour} * * *",
+            "timezone": "UTC",
+            "max_late": "60s",
+            "retry": {"max": 1, "backoff": "2s"},
+        }
+        added = run_cli("job", "add", job_file(tmp_path, "rt", rt), "-c", cfg)
+        assert added.returncode == 0, added.stderr
+        wait_for(lambda: len(http_app.requests_for(PATH)) == 1, 10, what="attempt 1")
+        wait_for(
+            lambda: a.metric("anarchon_attempts_due_total", {"job": "rt"}) == 1,
+            5,
+            what="its retry made due",
+        )
+        # Restarted before the retry's time: the due key is in the bucket at the start.
+        assert a.terminate() == 0
+        http_app.status[PATH] = 200
+        a.start().wait_ready()
+        wait_for(
+            lambda: len(http_app.requests_for(PATH)) == 2,
+            12,
+            what=f"attempt 2 after the restart:\n{a.log()[-3000:]}",
+        )
+    attempts = [r.headers.get("X-Anarchon-Attempt") for r in http_app.requests_for(PATH)]
+    assert attempts == ["1", "2"], attempts
