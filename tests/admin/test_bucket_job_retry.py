@@ -37,8 +37,8 @@ def test_a_retry_due_before_a_restart_runs_once_the_bucket_job_is_taken_up(
     cfg = cli_config(tmp_path, config)
     http_app.status[PATH] = 500
     with sidecars(tmp_path, [("a", config, {})]) as (a,):
-        # One slot, 3 s from now: it fails, its retry is due 2 s after.
-        at = time.gmtime(int(time.time()) + 3)
+        # One slot, 5 s from now: it fails, its retry is due 2 s after.
+        at = time.gmtime(int(time.time()) + 5)
         rt = {
             "name": "rt",
             "schedule": f"{at.tm_sec} {at.tm_min} {at.tm_hour} * * *",
