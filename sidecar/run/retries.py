@@ -216,6 +216,17 @@ class DueAttempts:
                 return
             if key not in self.fleet.view.keys:
                 return  # claimed (its winner deleted the key) or expired
+            if job.name not in self.by_name:
+                # Removed meanwhile (`job remove` of a job of the state bucket): not
+                # claimed, nor counted skipped (the stream guard no longer covers it:
+                # "stream not checked yet", and the job-not-running alert fired).
+                log.info(
+                    "job %s slot %s: attempt %d not claimed: the job is not run here any more",
+                    job.name,
+                    rfc3339(due.slot / 1000),
+                    due.attempt,
+                )
+                return
             now = self.clock.wall()
             if now - due_at > job.max_late:
                 self.metrics.claims_skipped_total.labels(job=job.name, reason="late").inc()

@@ -65,3 +65,48 @@ def test_a_retry_due_before_a_restart_runs_once_the_bucket_job_is_taken_up(
         )
     attempts = [r.headers.get("X-Anarchon-Attempt") for r in http_app.requests_for(PATH)]
     assert attempts == ["1", "2"], attempts
+
+
+def test_a_retry_due_when_its_job_is_removed_is_not_claimed(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """`job remove` claims nothing more of the job (docs/CLI.md): a retry already made
+    due, whose wait began before the removal, is not claimed after it."""
+    config = base(nats_server, http_app, [YEARLY])
+    cfg = cli_config(tmp_path, config)
+    http_app.status[PATH] = 500
+    with sidecars(tmp_path, [("a", config, {})]) as (a,):
+        at = time.gmtime(int(time.time()) + 5)
+        rt = {
+            "name": "rt",
+            "schedule": f"{at.tm_sec} {at.tm_min} {at.tm_hour} * * *",
+            "timezone": "UTC",
+            "max_late": "60s",
+            "retry": {"max": 1, "backoff": "2s"},
+        }
+        added = run_cli("job", "add", job_file(tmp_path, "rt", rt), "-c", cfg)
+        assert added.returncode == 0, added.stderr
+        wait_for(lambda: len(http_app.requests_for(PATH)) == 1, 10, what="attempt 1")
+        wait_for(
+            lambda: a.metric("anarchon_attempts_due_total", {"job": "rt"}) == 1,
+            5,
+            what="its retry made due",
+        )
+        removed = run_cli("job", "remove", "rt", "-c", cfg)
+        assert removed.returncode == 0, removed.stderr
+        wait_for(lambda: "job rt (id rt) left the state bucket" in a.log(), 5, what="rt let go")
+        # At the retry's time (2 s after attempt 1, plus the failed replica's wait) it
+        # is let go, not claimed, nor counted skipped (the job-not-running alert would
+        # fire for a job removed on purpose: docs/METRICS.md, claims_skipped_total).
+        skipped = {"job": "rt"}
+        wait_for(
+            lambda: (
+                "attempt 2 not claimed" in a.log()
+                or a.metric("anarchon_claims_skipped_total", skipped)
+            ),
+            10,
+            what="the retry's time",
+        )
+        assert not a.metric("anarchon_claims_skipped_total", skipped), a.log()
+        assert "stream not checked yet" not in a.log()
+    assert len(http_app.requests_for(PATH)) == 1, "the retry ran after `job remove`"
