@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.admin.test_bucket_jobs import YEARLY, job_file
 from tests.support import (
@@ -30,24 +33,33 @@ from tests.support import (
 PATH = "/jobs/rt"
 
 
-def test_a_retry_due_before_a_restart_runs_once_the_bucket_job_is_taken_up(
-    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+def one_failing_slot() -> dict[str, Any]:
+    """Job rt: one slot, 5 s from now (it fails), its retry due 2 s after."""
+    at = time.gmtime(int(time.time()) + 5)
+    return {
+        "name": "rt",
+        "schedule": f"{at.tm_sec} {at.tm_min} {at.tm_hour} * * *",
+        "timezone": "UTC",
+        "max_late": "60s",
+        "retry": {"max": 1, "backoff": "2s"},
+    }
+
+
+@pytest.mark.parametrize("origin", ["bucket", "file"])
+def test_a_retry_due_before_a_restart_runs_after_it(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp, origin: str
 ) -> None:
-    config = base(nats_server, http_app, [YEARLY])
+    """The due attempts are made by the due key the start's full read tells
+    (``DueOnFirstUse``); of a job of the state bucket, competed for once the job is
+    taken up."""
+    rt = one_failing_slot()
+    config = base(nats_server, http_app, [YEARLY, *([rt] if origin == "file" else [])])
     cfg = cli_config(tmp_path, config)
     http_app.status[PATH] = 500
     with sidecars(tmp_path, [("a", config, {})]) as (a,):
-        # One slot, 5 s from now: it fails, its retry is due 2 s after.
-        at = time.gmtime(int(time.time()) + 5)
-        rt = {
-            "name": "rt",
-            "schedule": f"{at.tm_sec} {at.tm_min} {at.tm_hour} * * *",
-            "timezone": "UTC",
-            "max_late": "60s",
-            "retry": {"max": 1, "backoff": "2s"},
-        }
-        added = run_cli("job", "add", job_file(tmp_path, "rt", rt), "-c", cfg)
-        assert added.returncode == 0, added.stderr
+        if origin == "bucket":
+            added = run_cli("job", "add", job_file(tmp_path, "rt", rt), "-c", cfg)
+            assert added.returncode == 0, added.stderr
         wait_for(lambda: len(http_app.requests_for(PATH)) == 1, 10, what="attempt 1")
         wait_for(
             lambda: a.metric("anarchon_attempts_due_total", {"job": "rt"}) == 1,
@@ -58,11 +70,7 @@ def test_a_retry_due_before_a_restart_runs_once_the_bucket_job_is_taken_up(
         assert a.terminate() == 0
         http_app.status[PATH] = 200
         a.start().wait_ready()
-        wait_for(
-            lambda: len(http_app.requests_for(PATH)) == 2,
-            12,
-            what=f"attempt 2 after the restart:\n{a.log()[-3000:]}",
-        )
+        wait_for(lambda: len(http_app.requests_for(PATH)) == 2, 12, what="attempt 2")
     attempts = [r.headers.get("X-Anarchon-Attempt") for r in http_app.requests_for(PATH)]
     assert attempts == ["1", "2"], attempts
 
@@ -76,14 +84,7 @@ def test_a_retry_due_when_its_job_is_removed_is_not_claimed(
     cfg = cli_config(tmp_path, config)
     http_app.status[PATH] = 500
     with sidecars(tmp_path, [("a", config, {})]) as (a,):
-        at = time.gmtime(int(time.time()) + 5)
-        rt = {
-            "name": "rt",
-            "schedule": f"{at.tm_sec} {at.tm_min} {at.tm_hour} * * *",
-            "timezone": "UTC",
-            "max_late": "60s",
-            "retry": {"max": 1, "backoff": "2s"},
-        }
+        rt = one_failing_slot()
         added = run_cli("job", "add", job_file(tmp_path, "rt", rt), "-c", cfg)
         assert added.returncode == 0, added.stderr
         wait_for(lambda: len(http_app.requests_for(PATH)) == 1, 10, what="attempt 1")
