@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from sidecar.obs.metrics import Metrics
     from sidecar.run.claim import Claim
     from sidecar.run.context import Context
+    from sidecar.store.state import Removal
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,8 @@ log = logging.getLogger(__name__)
 # the key waits meanwhile, and a stream that does not answer leaves it).
 DUE_CHECK_RETRY = 0.5
 
-# Due keys kept for a job not in this sidecar's set yet (``_unknown``), at most:
-# beyond it, those whose key left the view are let go first.
+# Due keys kept for a job not in this sidecar's set yet (``_unknown``), at most
+# (another fleet may share the bucket); each is let go when it leaves the view.
 MAX_UNKNOWN = 10_000
 
 #: ``attempt(job, slot, now, number, due_at, trigger)``: compete for an attempt now.
@@ -90,6 +91,7 @@ class DueAttempts:
         self._unknown: dict[str, set[str]] = {}
         self._unknown_count = 0
         ctx.jobs.subscribe(self._jobs_changed)
+        ctx.fleet.removal_listeners.append(self._removed)
 
     async def retry(self, job: JobConfig, claim: Claim, finished_at: float, seq: int) -> None:
         """After a failed attempt (its result stored at `seq`): make the next one due,
@@ -173,20 +175,24 @@ class DueAttempts:
     def _wait_for_job(self, name: str, key: str) -> None:
         """Keep `key` until job `name` is put into the job set (``_jobs_changed``)."""
         if self._unknown_count >= MAX_UNKNOWN:
-            view = self.fleet.view.keys
-            for job in list(self._unknown):
-                kept = {k for k in self._unknown[job] if k in view}
-                if kept:
-                    self._unknown[job] = kept
-                else:
-                    del self._unknown[job]
-            self._unknown_count = sum(len(keys) for keys in self._unknown.values())
-            if self._unknown_count >= MAX_UNKNOWN:
-                return  # another fleet's due keys: not ours to wait for
+            return  # another fleet's due keys: not ours to wait for
         keys = self._unknown.setdefault(name, set())
         if key not in keys:
             keys.add(key)
             self._unknown_count += 1
+
+    def _removed(self, removal: Removal) -> None:
+        """A key left the view: a due key kept for a job not in the set is let go."""
+        if not self._unknown or not removal.key.startswith("due."):
+            return
+        parsed = parse_due_key(removal.key)
+        keys = self._unknown.get(parsed.job) if parsed is not None else None
+        if parsed is None or keys is None or removal.key not in keys:
+            return
+        keys.discard(removal.key)
+        self._unknown_count -= 1
+        if not keys:
+            del self._unknown[parsed.job]
 
     def _jobs_changed(self, change: Change) -> None:
         """Jobs put into the set: their due keys delivered before are checked now."""
