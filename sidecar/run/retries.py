@@ -9,7 +9,10 @@ next one is made due (``due.<job>.<slot>.<attempt>``, sidecar/when/attempts.py) 
 checks them against its config and the stream (sidecar/run/duecheck.py) and
 competes for the attempt at its due time plus jitter (the replica whose app
 failed the previous one a little later), with the attempt's own claim id,
-through the `attempt` callback it was given (``Jobs.attempt``).
+through the `attempt` callback it was given (``Jobs.attempt``). A due key of a
+job not in the job set yet (one of the state bucket, taken up after the start's
+read told the key) is kept until the job is put; one of a job gone from the set
+while it waited is let go at its time.
 
 ``DueAttempts.rerun``: after this sidecar recorded a run lost
 (sidecar/run/lostruns.py) and ``on_lost: rerun``, the next attempt is made
