@@ -9,7 +9,10 @@ next one is made due (``due.<job>.<slot>.<attempt>``, sidecar/when/attempts.py) 
 checks them against its config and the stream (sidecar/run/duecheck.py) and
 competes for the attempt at its due time plus jitter (the replica whose app
 failed the previous one a little later), with the attempt's own claim id,
-through the `attempt` callback it was given (``Jobs.attempt``).
+through the `attempt` callback it was given (``Jobs.attempt``). A due key of a
+job not in the job set yet (one of the state bucket, taken up after the start's
+read told the key) is kept until the job is put; one of a job gone from the set
+while it waited is let go at its time.
 
 ``DueAttempts.rerun``: after this sidecar recorded a run lost
 (sidecar/run/lostruns.py) and ``on_lost: rerun``, the next attempt is made
@@ -45,16 +48,22 @@ from sidecar.when.attempts import (
 )
 
 if TYPE_CHECKING:
+    from sidecar.config.jobset import Change
     from sidecar.config.load import JobConfig
     from sidecar.obs.metrics import Metrics
     from sidecar.run.claim import Claim
     from sidecar.run.context import Context
+    from sidecar.store.state import Removal
 
 log = logging.getLogger(__name__)
 
 # Between the three reads of the stream that back a due key (s, not growing:
 # the key waits meanwhile, and a stream that does not answer leaves it).
 DUE_CHECK_RETRY = 0.5
+
+# Due keys kept for a job not in this sidecar's set yet (``_unknown``), at most
+# (another fleet may share the bucket); each is let go when it leaves the view.
+MAX_UNKNOWN = 10_000
 
 #: ``attempt(job, slot, now, number, due_at, trigger)``: compete for an attempt now.
 Attempt = Callable[["JobConfig", int, float, int, float | None, str], Awaitable[None]]
@@ -78,6 +87,14 @@ class DueAttempts:
         self.tasks = TaskSet("a due-attempt task")
         self._due: set[str] = set()  # due keys this sidecar waits for
         self._refused: set[tuple[str, int]] = set()  # hostile due keys (key, revision) said
+        # Per job name not in the set when its due keys came: those keys. A job of the
+        # state bucket is taken up after the start's full read told them (its gather,
+        # sidecar/admin/bucket_jobs.py): ignored, a retry made due before a restart of
+        # the fleet was never attempted. Looked at again when the job is put.
+        self._unknown: dict[str, set[str]] = {}
+        self._unknown_count = 0
+        ctx.jobs.subscribe(self._jobs_changed)
+        ctx.fleet.removal_listeners.append(self._removed)
 
     async def retry(self, job: JobConfig, claim: Claim, finished_at: float, seq: int) -> None:
         """After a failed attempt (its result stored at `seq`): make the next one due,
@@ -142,8 +159,13 @@ class DueAttempts:
         entry = self.fleet.view.keys.get(key)
         parsed = parse_due_key(key)
         job = self.by_name.get(parsed.job if parsed else key.split(".")[1])
-        if job is None or entry is None:
-            return  # not one of our jobs (another fleet may share the bucket), or gone
+        if entry is None:
+            return  # gone
+        if job is None:
+            # Not one of our jobs (another fleet may share the bucket), or not yet.
+            if parsed is not None:
+                self._wait_for_job(parsed.job, key)
+            return
         if (key, entry.revision) in self._refused:
             return  # said once already (its delete may have failed)
         self._due.add(key)
@@ -152,6 +174,39 @@ class DueAttempts:
             self.tasks.spawn(self._hostile_due(key, entry.revision, why))
             return
         self.tasks.spawn(self._due_attempt(job, parsed, key, entry.value, entry.revision))
+
+    def _wait_for_job(self, name: str, key: str) -> None:
+        """Keep `key` until job `name` is put into the job set (``_jobs_changed``)."""
+        if self._unknown_count >= MAX_UNKNOWN:
+            return  # another fleet's due keys: not ours to wait for
+        keys = self._unknown.setdefault(name, set())
+        if key not in keys:
+            keys.add(key)
+            self._unknown_count += 1
+
+    def _removed(self, removal: Removal) -> None:
+        """A key left the view: a due key kept for a job not in the set is let go."""
+        if not self._unknown or not removal.key.startswith("due."):
+            return
+        parsed = parse_due_key(removal.key)
+        keys = self._unknown.get(parsed.job) if parsed is not None else None
+        if parsed is None or keys is None or removal.key not in keys:
+            return
+        keys.discard(removal.key)
+        self._unknown_count -= 1
+        if not keys:
+            del self._unknown[parsed.job]
+
+    def _jobs_changed(self, change: Change) -> None:
+        """Jobs put into the set: their due keys delivered before are checked now."""
+        if not self._unknown:
+            return
+        for job in change.put:
+            keys = self._unknown.pop(job.name, None)
+            if keys:
+                self._unknown_count -= len(keys)
+                for key in sorted(keys):
+                    self.due_changed(key)
 
     async def _due_attempt(
         self, job: JobConfig, due: DueKey, key: str, value: dict[str, Any], revision: int
@@ -170,6 +225,17 @@ class DueAttempts:
                 return
             if key not in self.fleet.view.keys:
                 return  # claimed (its winner deleted the key) or expired
+            if job.name not in self.by_name:
+                # Removed meanwhile (`job remove` of a job of the state bucket): not
+                # claimed, nor counted skipped (the stream guard no longer covers it:
+                # "stream not checked yet", and the job-not-running alert fired).
+                log.info(
+                    "job %s slot %s: attempt %d not claimed: the job is not run here any more",
+                    job.name,
+                    rfc3339(due.slot / 1000),
+                    due.attempt,
+                )
+                return
             now = self.clock.wall()
             if now - due_at > job.max_late:
                 self.metrics.claims_skipped_total.labels(job=job.name, reason="late").inc()
