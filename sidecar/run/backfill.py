@@ -45,7 +45,7 @@ from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import parse_rfc3339, rfc3339
 from sidecar.core.errors import CasConflict
 from sidecar.run.backfillcheck import MAX_SLOTS, HostileBackfill, check_backfill, decode_backfill
-from sidecar.run.catchupfate import CatchUpFate, fate_verdict
+from sidecar.run.catchupfate import CatchUpFate, claims_of, fate_verdict
 from sidecar.store.kv import create_or_update, delete_at
 
 if TYPE_CHECKING:
@@ -76,21 +76,7 @@ def claim_id(job: str, slot: int, tag: str) -> str:
 
 def backfilled_slots(messages: list[tuple[int, str, bytes]], prefix: str, job: str) -> set[int]:
     """Slots with a backfill claim of the plain tag in the job's stored messages."""
-    out: set[int] = set()
-    for _seq, subject, raw in messages:
-        if subject != f"{prefix}{job}.claims":
-            continue
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            continue
-        if (
-            isinstance(data, dict)
-            and data.get("backfill") == "b"
-            and isinstance(data.get("slot"), int)
-        ):
-            out.add(int(data["slot"]))
-    return out
+    return {slot for slot, data in claims_of(messages, prefix, job) if data.get("backfill") == "b"}
 
 
 def slot_list(value: dict[str, Any] | None, name: str = "pending") -> list[int]:

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sidecar.core.backoff import Backoff
@@ -61,14 +62,12 @@ SETTLE_LEAST = 1.0
 Messages = list[tuple[int, str, bytes]]
 
 
-def fate_message(
-    messages: Messages, prefix: str, job: str, slot: int
-) -> tuple[dict[str, Any] | None, int | None]:
-    """The slot's fate message (its claim of attempt 1, neither manual nor a
-    backfill), and the oldest slot any claim of the job names."""
-    oldest: int | None = None
-    for _seq, subject, raw in messages:
-        if subject != f"{prefix}{job}.claims":
+def claims_of(messages: Messages, prefix: str, job: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The job's claims among its stored `messages`, in their order: (slot, body) of
+    each that is a JSON object naming a slot; anything else (hostile) is passed over."""
+    subject = f"{prefix}{job}.claims"
+    for _seq, at_subject, raw in messages:
+        if at_subject != subject:
             continue
         try:
             data = json.loads(raw)
@@ -77,8 +76,17 @@ def fate_message(
         if not isinstance(data, dict):
             continue
         at = data.get("slot")
-        if not isinstance(at, int) or isinstance(at, bool):
-            continue
+        if isinstance(at, int) and not isinstance(at, bool):
+            yield at, data
+
+
+def fate_message(
+    messages: Messages, prefix: str, job: str, slot: int
+) -> tuple[dict[str, Any] | None, int | None]:
+    """The slot's fate message (its claim of attempt 1, neither manual nor a
+    backfill), and the oldest slot any claim of the job names."""
+    oldest: int | None = None
+    for at, data in claims_of(messages, prefix, job):
         oldest = at if oldest is None else min(oldest, at)
         if at != slot or data.get("manual") is True or "backfill" in data:
             continue
