@@ -45,6 +45,16 @@ def one_failing_slot() -> dict[str, Any]:
     }
 
 
+def retry_made_due(a: Any, http_app: RecordingApp) -> None:
+    """Until rt's attempt 1 reached the app (and failed) and `a` made its retry due."""
+    wait_for(lambda: len(http_app.requests_for(PATH)) == 1, 10, what="attempt 1")
+    wait_for(
+        lambda: a.metric("anarchon_attempts_due_total", {"job": "rt"}) == 1,
+        5,
+        what="its retry made due",
+    )
+
+
 @pytest.mark.parametrize("origin", ["bucket", "file"])
 def test_a_retry_due_before_a_restart_runs_after_it(
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp, origin: str
@@ -60,12 +70,7 @@ def test_a_retry_due_before_a_restart_runs_after_it(
         if origin == "bucket":
             added = run_cli("job", "add", job_file(tmp_path, "rt", rt), "-c", cfg)
             assert added.returncode == 0, added.stderr
-        wait_for(lambda: len(http_app.requests_for(PATH)) == 1, 10, what="attempt 1")
-        wait_for(
-            lambda: a.metric("anarchon_attempts_due_total", {"job": "rt"}) == 1,
-            5,
-            what="its retry made due",
-        )
+        retry_made_due(a, http_app)
         # Restarted before the retry's time: the due key is in the bucket at the start.
         assert a.terminate() == 0
         http_app.status[PATH] = 200
@@ -87,12 +92,7 @@ def test_a_retry_due_when_its_job_is_removed_is_not_claimed(
         rt = one_failing_slot()
         added = run_cli("job", "add", job_file(tmp_path, "rt", rt), "-c", cfg)
         assert added.returncode == 0, added.stderr
-        wait_for(lambda: len(http_app.requests_for(PATH)) == 1, 10, what="attempt 1")
-        wait_for(
-            lambda: a.metric("anarchon_attempts_due_total", {"job": "rt"}) == 1,
-            5,
-            what="its retry made due",
-        )
+        retry_made_due(a, http_app)
         removed = run_cli("job", "remove", "rt", "-c", cfg)
         assert removed.returncode == 0, removed.stderr
         wait_for(lambda: "job rt (id rt) left the state bucket" in a.log(), 5, what="rt let go")
