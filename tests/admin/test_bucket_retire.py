@@ -76,13 +76,17 @@ def slow_first_claim(jobs: Jobs, name: str, held: float) -> asyncio.Event:
     return in_hand
 
 
-async def taken_up(jobs: Jobs, config: Config, names: set[str]) -> BucketJobs:
-    """A BucketJobs of `jobs` started on its view (filled by the test), once it runs
-    `names`."""
+async def taken_up(jobs: Jobs, config: Config, keys: dict[str, bytes]) -> BucketJobs:
+    """A BucketJobs of `jobs` started on a view of the job keys `keys` (name: value, at
+    revisions 1, 2...), once it runs them all."""
+    view = jobs.ctx.fleet.view
+    for revision, (name, data) in enumerate(keys.items(), start=1):
+        view.apply(f"job.{name}", data, revision, False)
+    view.synced = True
     runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=jobs.ctx.fleet)
     runner.start(jobs)
     runner.changed("")
-    await until(lambda: names <= set(runner.running), 10, what=f"{sorted(names)} taken up")
+    await until(lambda: set(keys) <= set(runner.running), 10, what=f"{list(keys)} taken up")
     return runner
 
 
@@ -110,10 +114,8 @@ async def test_a_job_removed_while_its_change_waits_for_the_slot_in_hand_is_not_
     caplog.set_level(logging.INFO, "sidecar.admin.bucket_jobs")
     config = capped(10)
     async with make_jobs(config) as jobs:
-        jobs.ctx.fleet.view.apply("job.rt", value("rt", 1), 1, False)
-        jobs.ctx.fleet.view.synced = True
         walks = Walks(jobs, gated=True)
-        runner = await taken_up(jobs, config, {"rt"})
+        runner = await taken_up(jobs, config, {"rt": value("rt", 1)})
         put(runner, "rt", value("rt", 2), 2)  # `job update`: other settings
         await asyncio.wait_for(walks.in_hand.wait(), 10)
         remove(runner, "rt", 3)
@@ -139,10 +141,8 @@ async def test_a_job_removed_and_added_again_while_its_walk_waits_does_not_go_on
     slot between the removal and the add would run, fired at once)."""
     config = capped(10)
     async with make_jobs(config) as jobs:
-        jobs.ctx.fleet.view.apply("job.rt", value("rt", 1), 1, False)
-        jobs.ctx.fleet.view.synced = True
         walks = Walks(jobs, gated=True)
-        runner = await taken_up(jobs, config, {"rt"})
+        runner = await taken_up(jobs, config, {"rt": value("rt", 1)})
         revision = 2
         if first == "update":
             put(runner, "rt", value("rt", 2), revision)
@@ -168,12 +168,8 @@ async def test_a_job_removed_is_let_go_while_another_jobs_change_waits_for_its_s
     config = capped(10)
     held = 4.0  # how long a's claim takes
     async with make_jobs(config) as jobs:
-        view = jobs.ctx.fleet.view
-        view.apply("job.a", every("a", 1), 1, False)
-        view.apply("job.b", value("b", 1), 2, False)
-        view.synced = True
         in_hand = slow_first_claim(jobs, "a", held)
-        runner = await taken_up(jobs, config, {"a", "b"})
+        runner = await taken_up(jobs, config, {"a": every("a", 1), "b": value("b", 1)})
         await asyncio.wait_for(in_hand.wait(), 10)
         put(runner, "a", every("a", 2), 3)  # `job update a`
         await until(lambda: jobs.timetable.walks["a"].retired, 10, what="a's change waiting")
@@ -202,11 +198,9 @@ async def test_a_job_removed_and_added_again_while_its_claim_is_slow_goes_on_fro
     config = capped(10)
     held = 3.0
     async with make_jobs(config) as jobs:
-        jobs.ctx.fleet.view.apply("job.a", every("a", 1), 1, False)
-        jobs.ctx.fleet.view.synced = True
         in_hand = slow_first_claim(jobs, "a", held)
         walks = Walks(jobs)
-        runner = await taken_up(jobs, config, {"a"})
+        runner = await taken_up(jobs, config, {"a": every("a", 1)})
         await asyncio.wait_for(in_hand.wait(), 10)
         remove(runner, "a", 2)
         await until(lambda: jobs.timetable.walks["a"].retired, 10, what="a's end waiting")
