@@ -200,24 +200,28 @@ def test_the_follower_runs_when_the_sidecar_that_recorded_the_run_is_killed(
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
     """Every sidecar stops itself right after it stored its first result (the
-    ``record.published`` failpoint); the first to stop is killed -9 there: the
-    run of b after the run it recorded still happens, once, on another sidecar."""
+    ``record.published`` failpoint); one stopped there after a run of a is killed
+    -9: the run of b after the run it recorded still happens, once, on another
+    sidecar."""
     jobs = [job("a", schedule=EVERY_2S), after("b", "a", "success")]
     config = base(nats_server, http_app, jobs)
     env = {"ANARCHON_FAILPOINTS": "record.published=1*sigstop"}
     # Started without waiting to be ready: one may stop before the others are.
     procs = [Sidecar(tmp_path, f"s{i}", config, env).start() for i in range(3)]
     try:
-        victim = wait_for(lambda: next((p for p in procs if stopped(p)), None), 30, what="a stop")
+
+        def stopped_after_a() -> tuple[Sidecar, StoredMsg] | None:
+            """A sidecar stopped right after it stored a run of a, and that result. Not
+            merely the first stopped: b follows within milliseconds, and its runner
+            stops too (a loaded machine polled both stopped, and took b's)."""
+            for m in runs_of(nats_server.url, "a"):
+                for p in procs:
+                    if p.name == m.data["instance"] and stopped(p):
+                        return p, m
+            return None
+
+        victim, recorded = wait_for(stopped_after_a, 30, what="a stop after a run of a")
         victim.kill()  # SIGKILL while stopped, right after its result was stored
-        recorded = wait_for(
-            lambda: next(
-                (m for m in runs_of(nats_server.url, "a") if m.data["instance"] == victim.name),
-                None,
-            ),
-            20,
-            what="the killed sidecar's result",
-        )
         token = recorded.data["token"]
         wait_for(lambda: token in followers(http_app, "b"), 20, what="b after the killed run")
         # The next runs go on (the others stop once too: let them go on).
