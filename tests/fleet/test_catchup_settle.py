@@ -15,6 +15,7 @@ never caught up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -228,10 +229,16 @@ def test_paused_slots_no_sidecar_saw_are_caught_up_by_a_sidecar_started_after_re
     assert run_cli("pause", name, "-c", cfg).returncode == 0
     paused = time.time()
     wait_for(lambda: time.time() > paused + 4.5, 6, what="two slots paused, nobody up")
+    asked = time.time()
     done = run_cli("resume", name, "-c", cfg, "--catchup")
     assert done.returncode == 0, done.stderr
     resumed = time.time()
-    queued = [s for s in range(int(paused) // 2 * 2000 + 2000, int(resumed * 1000) + 1, 2000)]
+    # The paused slots up to the resume: the command takes its own time between
+    # `asked` and `resumed` (a second on a loaded machine), so a slot in between may
+    # have been paused (queued) or not (missed with nobody up, and not caught up).
+    first = int(paused) // 2 * 2000 + 2000
+    surely = list(range(first, int(asked * 1000) + 1, 2000))
+    maybe = list(range(first, int(resumed * 1000) + 1, 2000))
 
     def caught_up() -> list[int]:
         return sorted(
@@ -241,5 +248,8 @@ def test_paused_slots_no_sidecar_saw_are_caught_up_by_a_sidecar_started_after_re
         )
 
     with sidecars(tmp_path, [("s2", config, {})]):
-        wait_for(lambda: caught_up() == queued, 20, what=f"{queued} caught up")
-    assert len(queued) >= 2 and caught_up() == queued
+        wait_for(lambda: caught_up() in (surely, maybe), 20, what=f"{surely} caught up")
+        if surely != maybe:  # the slot in between: caught up a little later, or never
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: caught_up() == maybe, 4, what=f"{maybe} caught up")
+    assert len(surely) >= 2 and caught_up() in (surely, maybe)
