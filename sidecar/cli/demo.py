@@ -41,6 +41,9 @@ JOB = "tick"
 # The sidecars' shutdown_grace, and how much longer the demo waits for one to exit.
 GRACE = 3.0
 EXIT_WAIT = GRACE + 3.0
+# How long after a slot's result the demo waits for the losers' claims before it
+# prints the slot with the claims it saw (a loaded machine delays a loser's claim).
+CLAIMS_WAIT = 3.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 INTERRUPTED = 130
 
@@ -66,6 +69,7 @@ def free_port() -> int:
 class Slot:
     claims: list[str] = field(default_factory=list)
     result: dict[str, object] | None = None
+    result_at: float = 0.0  # monotonic, when the result was seen
     printed: bool = False
 
 
@@ -246,12 +250,9 @@ async def _demo(
         slots: dict[int, Slot] = {}
         stopping = False  # once said, no slot line follows (the summary counts them)
 
-        def report(slot_ms: int) -> None:
-            entry = slots[slot_ms]
-            if stopping or entry.printed or entry.result is None or slot_ms < first_slot_ms:
-                return
+        def line(slot_ms: int, entry: Slot) -> None:
             entry.printed = True
-            r = entry.result
+            r = entry.result or {}
             winner = str(r.get("instance"))
             losers = sorted(set(entry.claims) - {winner})
             when = datetime.fromtimestamp(slot_ms / 1000).strftime("%H:%M:%S")
@@ -260,6 +261,22 @@ async def _demo(
                 f"app {r.get('http_status') or r.get('status')} "
                 f"in {r.get('duration_ms')} ms"
             )
+
+        def report(everything: bool = False) -> None:
+            """Print finished slots in order: a slot once every sidecar's claim is in,
+            or CLAIMS_WAIT after its result (a sidecar slow to claim on a busy
+            machine); a later slot waits for the ones before it."""
+            now = time.monotonic()
+            for slot_ms in sorted(slots):
+                entry = slots[slot_ms]
+                if stopping or slot_ms < first_slot_ms or entry.printed:
+                    continue
+                if entry.result is None:
+                    break
+                complete = len(set(entry.claims)) >= len(INSTANCES)
+                if not (complete or everything or now >= entry.result_at + CLAIMS_WAIT):
+                    break
+                line(slot_ms, entry)
 
         async def on_msg(msg: Msg) -> None:
             try:
@@ -270,20 +287,17 @@ async def _demo(
             entry = slots.setdefault(slot_ms, Slot())
             if msg.subject.endswith(".claims"):
                 entry.claims.append(str(data.get("instance")))
-            elif msg.subject.endswith(".results"):
-                entry.result = data
-            if entry.result is not None and len(set(entry.claims)) >= len(INSTANCES):
-                report(slot_ms)
-            elif entry.result is not None:
-                loop.call_later(1.0, report, slot_ms)
+            elif msg.subject.endswith(".results") and entry.result is None:
+                entry.result, entry.result_at = data, time.monotonic()
+                loop.call_later(CLAIMS_WAIT, report)
+            report()
 
         nc = await nats.connect(f"nats://127.0.0.1:{port}")
         await nc.subscribe("cron.>", cb=on_msg)
 
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), duration)
-        for slot_ms in sorted(slots):  # every slot finished so far, before the stop's line
-            report(slot_ms)
+        report(everything=True)  # every slot finished so far, before the stop's line
         stopping = True
         say("\nstopping: SIGTERM to the sidecars (they drain), then the app and nats-server")
         codes = await _stop_all(procs[1:])

@@ -39,6 +39,7 @@ from tests.support import (
     read_stream,
     run_cli,
     sidecar_env,
+    stopped,
     wait_for,
     write_config,
 )
@@ -173,12 +174,6 @@ async def test_the_last_look_is_after_connecting(
 
 
 # ---------------------------------------------------------------- whole processes
-
-
-def stopped(pid: int) -> bool:
-    """Whether the process is stopped (SIGSTOP): state T in /proc."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
 def one_job(nats_server: NatsServer, app: RecordingApp, **job: Any) -> dict[str, Any]:

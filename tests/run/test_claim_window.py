@@ -36,6 +36,7 @@ from tests.support import (
     job,
     read_stream,
     sidecars,
+    stopped,
     wait_for,
 )
 
@@ -52,11 +53,6 @@ RERUN = {"on_lost": "rerun", "retry": {"max": 1, "backoff": "1s"}}
 MAX_LATE = "90s"
 # Presence expiry (15 s) plus the judge's grace (11 s) plus lease_ttl and a margin.
 JUDGED_WITHIN = 120.0  # a deadline, not a wait: about 20 s alone, over 60 under a loaded CI
-
-
-def stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
 def fleet(nats_server: NatsServer, app: RecordingApp, **extra: Any) -> list[Any]:
