@@ -200,6 +200,13 @@ def touches(
         hit = any(
             leader in fnodes
             or (cluster and len(_reach(leader, nodes, blocked)) + 1 <= len(nodes) // 2)
+            # A bridge with a leader on a side node: a sidecar on the other side node
+            # (no route to the leader) or on the leader's across the cut keeps its
+            # connection and learns only from an unanswered claim or probe (2 s),
+            # then moves, maybe first to another cut server (connect_timeout 5 s):
+            # longer than most bridges (2-6 s). Every sidecar may be on such a
+            # server (the model knows the sides, not who is connected where).
+            or (kind == "bridge" and f.get("bridge") and leader != f.get("bridge"))
             for leader in {f.get("leader"), bucket}
             if leader
         )

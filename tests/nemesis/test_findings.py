@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from sidecar.run.lease import RUN_LEASE_WAIT, Lease
 from sidecar.store.bucketcheck import StateSpec
 from sidecar.store.kv import Keys
 from sidecar.store.state import Bucket, ensure_bucket
-from tests.reliability.proxy import AckProxy
+from tests.reliability.proxy import CRLF, AckProxy, _frames
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -274,3 +275,68 @@ def test_a_sidecar_leaves_a_server_that_answers_pings_but_not_its_claims(
     requests = http_app.requests_for("/jobs/tick")
     delays = [r.at - int(r.headers["X-Anarchon-Slot"]) / 1000 for r in requests]
     assert max(delays) < 3.0, delays  # each within max_late
+
+
+class BucketDeafProxy(AckProxy):
+    """Once `deaf`, every write to the state bucket and every claim is dropped on its
+    way to the server (PINGs and all else pass): a server cut from the leaders of
+    the bucket and the stream (one side of a bridge) while the sidecar's
+    connection to it stays up."""
+
+    deaf = False
+
+    async def _client_to_server(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        buf = bytearray()
+        while chunk := await reader.read(65536):
+            buf += chunk
+            for op, line, payload in _frames(buf):
+                subject = line.split()[1] if op in (b"PUB", b"HPUB") else b""
+                if self.deaf and (subject.startswith(b"$KV.") or subject.endswith(b".claims")):
+                    with self._lock:
+                        self.dropped.append(subject.decode())
+                    continue
+                writer.write(line + CRLF + payload)
+            await writer.drain()
+
+
+def test_a_sidecar_leaves_a_server_cut_from_the_state_buckets_leader(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """A bridge's side node answers PINGs, not the bucket nor the stream. Each slot
+    first waits up to 2 s for the bucket's freshness probe (GUARANTEES rule 3), so
+    its claim had less than its ack timeout left and never moved the sidecar: a job
+    due every 5 s was never run again. Now the probe left unanswered for its whole
+    timeout moves the sidecar to the next server (sidecar/fleet/member.py)."""
+    deaf = BucketDeafProxy(nats_server.port).start()
+    other = free_port()
+    config = {
+        "nats": {"servers": [deaf.url, f"nats://127.0.0.1:{other}"]},  # ack_timeout 2 s
+        "target": {"url": http_app.url, "timeout": "5s"},
+        "jobs": [{"name": "tick", "schedule": "*/5 * * * * *", "jitter": "0s", "max_late": "4s"}],
+    }
+    sidecar = Sidecar(tmp_path, "s", config, {}).start()
+    good = None
+    try:
+        sidecar.wait_ready(30)  # on the proxy: the other server refuses until now
+        good = AckProxy(nats_server.port, port=other).start()
+        deaf.deaf = True
+        cut_at = time.time()
+        wait_for(lambda: deaf.tampered, 20, what="a write dropped on the cut server")
+        wait_for(
+            lambda: len([r for r in http_app.requests_for("/jobs/tick") if r.at > cut_at]) >= 2,
+            40,
+            what="runs after the cut server was left",
+        )
+    finally:
+        code = sidecar.terminate()
+        deaf.stop()
+        if good is not None:
+            good.stop()
+    assert code == 0
+    log = sidecar.log()
+    assert "did not answer the state bucket's freshness probe; trying another server" in log
+    requests = [r for r in http_app.requests_for("/jobs/tick") if r.at > cut_at]
+    delays = [r.at - int(r.headers["X-Anarchon-Slot"]) / 1000 for r in requests]
+    assert max(delays) < 4.0, delays  # each within max_late
