@@ -24,7 +24,7 @@ from sidecar.run.lease import RUN_LEASE_WAIT, Lease
 from sidecar.store.bucketcheck import StateSpec
 from sidecar.store.kv import Keys
 from sidecar.store.state import Bucket, ensure_bucket
-from tests.reliability.proxy import CRLF, AckProxy, _frames
+from tests.reliability.proxy import AckProxy
 from tests.support import (
     NatsServer,
     RecordingApp,
@@ -253,28 +253,47 @@ def test_a_sidecar_leaves_a_server_that_answers_pings_but_not_its_claims(
         "target": {"url": http_app.url, "timeout": "5s"},
         "jobs": [{"name": "tick", "schedule": "* * * * * *", "jitter": "0s", "max_late": "3s"}],
     }
+    log, requests = runs_after_leaving(tmp_path, nats_server, http_app, deaf, config, other, 3, 30)
+    assert "did not answer a claim within nats.ack_timeout; trying another server" in log
+    delays = [r.at - int(r.headers["X-Anarchon-Slot"]) / 1000 for r in requests]
+    assert max(delays) < 3.0, delays  # each within max_late
+
+
+def runs_after_leaving(
+    tmp_path: Path,
+    nats_server: NatsServer,
+    app: RecordingApp,
+    deaf: AckProxy,
+    config: dict[str, Any],
+    other: int,
+    runs: int,
+    within: float,
+) -> tuple[str, list[Any]]:
+    """A sidecar started on `deaf` (the first server of `config`; `other`, the second,
+    refuses connections until it is ready); then `other` comes up, and `deaf` is
+    made deaf when it can be. Returns the sidecar's log and the runs of job tick
+    after that, once there are `runs` of them."""
     sidecar = Sidecar(tmp_path, "s", config, {}).start()
     good = None
     try:
         sidecar.wait_ready(30)
         good = AckProxy(nats_server.port, port=other).start()  # the other server comes up
-        wait_for(lambda: len(deaf.dropped) >= 1, 20, what="a claim sent to the deaf server")
-        wait_for(
-            lambda: len(http_app.requests_for("/jobs/tick")) >= 3,
-            30,
-            what="runs after the deaf server was left",
-        )
+        if isinstance(deaf, BucketDeafProxy):
+            deaf.deaf = True
+        cut_at = time.time()
+        wait_for(lambda: deaf.tampered, 20, what="a write dropped by the deaf server")
+
+        def after() -> list[Any]:
+            return [r for r in app.requests_for("/jobs/tick") if r.at > cut_at]
+
+        wait_for(lambda: len(after()) >= runs, within, what="runs after the deaf server was left")
     finally:
         code = sidecar.terminate()
         deaf.stop()
         if good is not None:
             good.stop()
     assert code == 0
-    log = sidecar.log()
-    assert "did not answer a claim within nats.ack_timeout; trying another server" in log
-    requests = http_app.requests_for("/jobs/tick")
-    delays = [r.at - int(r.headers["X-Anarchon-Slot"]) / 1000 for r in requests]
-    assert max(delays) < 3.0, delays  # each within max_late
+    return sidecar.log(), after()
 
 
 class BucketDeafProxy(AckProxy):
@@ -285,20 +304,13 @@ class BucketDeafProxy(AckProxy):
 
     deaf = False
 
-    async def _client_to_server(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        buf = bytearray()
-        while chunk := await reader.read(65536):
-            buf += chunk
-            for op, line, payload in _frames(buf):
-                subject = line.split()[1] if op in (b"PUB", b"HPUB") else b""
-                if self.deaf and (subject.startswith(b"$KV.") or subject.endswith(b".claims")):
-                    with self._lock:
-                        self.dropped.append(subject.decode())
-                    continue
-                writer.write(line + CRLF + payload)
-            await writer.drain()
+    def _forward(self, op: bytes, parts: list[bytes]) -> bool:
+        subject = parts[1] if op in (b"PUB", b"HPUB") else b""
+        if self.deaf and (subject.startswith(b"$KV.") or subject.endswith(b".claims")):
+            with self._lock:
+                self.dropped.append(subject.decode())
+            return False
+        return True
 
 
 def test_a_sidecar_leaves_a_server_cut_from_the_state_buckets_leader(
@@ -316,27 +328,7 @@ def test_a_sidecar_leaves_a_server_cut_from_the_state_buckets_leader(
         "target": {"url": http_app.url, "timeout": "5s"},
         "jobs": [{"name": "tick", "schedule": "*/5 * * * * *", "jitter": "0s", "max_late": "4s"}],
     }
-    sidecar = Sidecar(tmp_path, "s", config, {}).start()
-    good = None
-    try:
-        sidecar.wait_ready(30)  # on the proxy: the other server refuses until now
-        good = AckProxy(nats_server.port, port=other).start()
-        deaf.deaf = True
-        cut_at = time.time()
-        wait_for(lambda: deaf.tampered, 20, what="a write dropped on the cut server")
-        wait_for(
-            lambda: len([r for r in http_app.requests_for("/jobs/tick") if r.at > cut_at]) >= 2,
-            40,
-            what="runs after the cut server was left",
-        )
-    finally:
-        code = sidecar.terminate()
-        deaf.stop()
-        if good is not None:
-            good.stop()
-    assert code == 0
-    log = sidecar.log()
+    log, requests = runs_after_leaving(tmp_path, nats_server, http_app, deaf, config, other, 2, 40)
     assert "did not answer the state bucket's freshness probe; trying another server" in log
-    requests = [r for r in http_app.requests_for("/jobs/tick") if r.at > cut_at]
     delays = [r.at - int(r.headers["X-Anarchon-Slot"]) / 1000 for r in requests]
     assert max(delays) < 4.0, delays  # each within max_late

@@ -5,7 +5,8 @@ It reads the NATS protocol both ways. Client to server it notes, for every
 ``Nats-Msg-Id``; server to client, the first PubAck for each of the first
 ``drop`` msg ids is dropped and the first for each of the next ``delay`` msg
 ids is held back for ``hold`` seconds (holding everything behind it, as a
-slow network would). Every other byte passes unchanged.
+slow network would). Every other byte passes unchanged, a frame once whole
+(``_forward`` may drop a client's frame).
 """
 
 from __future__ import annotations
@@ -81,15 +82,20 @@ class AckProxy:
         buf = bytearray()
         while chunk := await reader.read(65536):
             buf += chunk
-            # Note the claim's inbox before the bytes that complete it go on.
+            # Note the claim's inbox before the frame goes on.
             for op, line, payload in _frames(buf):
                 parts = line.split()
                 if op == b"HPUB" and len(parts) == 5 and parts[1].endswith(b".claims"):
                     msg_id = _msg_id(payload[: int(parts[3])])
                     if msg_id:
                         self._inboxes[parts[2]] = msg_id
-            writer.write(chunk)
+                if self._forward(op, parts):
+                    writer.write(line + CRLF + payload)
             await writer.drain()
+
+    def _forward(self, op: bytes, parts: list[bytes]) -> bool:
+        """Whether a frame from the client goes on to the server (all do, here)."""
+        return True
 
     def _verdict(self, msg_id: str) -> str:
         with self._lock:
