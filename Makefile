@@ -39,7 +39,7 @@ typecheck: $(STAMP)
 # one run shows every failure. Skips say why at the end of each pass.
 unit: $(STAMP) prometheus verifiers git-tool netns-tools chromium helm oldest-python
 	status=0; \
-	$(BIN)/pytest -m "not slow and not serial" -n 2 --dist loadfile -p no:cacheprovider \
+	$(BIN)/pytest -m "not slow and not serial" -n 2 --dist loadfile -p no:cacheprovider --durations=15 \
 	  --ignore=tests/reliability --ignore=tests/nemesis || status=$$?; \
 	$(BIN)/pytest -m "serial and not slow" -p no:cacheprovider --durations=12 tests tests/reliability tests/nemesis || status=$$?; \
 	exit $$status
