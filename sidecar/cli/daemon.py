@@ -100,7 +100,6 @@ class Daemon:
             jobs=self.job_set,
             denied=denials.denied,
             refused=denials.about,
-            unanswered=self.conn.unanswered,
         )
         self.conn.denials.known(
             self.spec.name,

@@ -88,7 +88,6 @@ class Fleet:
         jobs: JobSet,
         denied: Callable[[str], bool] | None = None,
         refused: Callable[..., Denial | None] | None = None,
-        unanswered: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         # The sidecar's one job set (sidecar/config/jobset.py): the file's jobs, then
@@ -123,10 +122,6 @@ class Fleet:
         self.denied = denied
         # The last refusal of a subject naming the bucket or its stream (Denials.about).
         self.refused = refused
-        # Told when the server left a probe's write or question unanswered for its
-        # whole timeout while connected (the daemon's Connection.unanswered: try
-        # another server, as after an unanswered claim).
-        self.unanswered = unanswered
         self._said = RateLimitedLog(log)
         self._unknown_seen: set[tuple[str, int]] = set()  # counted once each (re-reads)
         self._lease_jobs = frozenset(job.name for job in self.jobs.all if needs_leases(job))
@@ -411,33 +406,24 @@ class Fleet:
         bucket = self.bucket
         if bucket is None:
             return 0.0
-        try:
-            if bucket.ttl:
-                key = instance_key(self.config.instance_id)
-                keys = Keys(bucket, self.denied)
-                if self.denied is not None and self.denied(keys.subject(key)):
-                    # NATS refuses this user the write: no answer would come; the view judges.
-                    raise PermissionDenied("publish", keys.subject(key))
-                target = await asyncio.wait_for(
-                    keys.put(key, self.presence, PRESENCE_TTL), PROBE_TIMEOUT
-                )
-                whole_at: float | None = None
-            else:
-                asked = self.clock.wall()
-                target, whole_at = await asyncio.wait_for(
-                    stream_now(jetstream_of(bucket.kv), self.spec.stream, PROBE_TIMEOUT),
-                    PROBE_TIMEOUT,
-                )
-                if whole_at is None:  # the server did not say its time: allow the most skew
-                    whole_at = asked - MAX_SERVER_BEHIND
-        except TimeoutError:
-            # No answer in PROBE_TIMEOUT (an ack timeout's worth) from a server that
-            # still answers PINGs: one cut from the bucket's leader (a bridge). The
-            # slot's claim then has less than its ack timeout left and would never
-            # be the one that moves this sidecar: the probe moves it.
-            if self.unanswered is not None:
-                self.unanswered("the state bucket's freshness probe")
-            raise
+        if bucket.ttl:
+            key = instance_key(self.config.instance_id)
+            keys = Keys(bucket, self.denied)
+            if self.denied is not None and self.denied(keys.subject(key)):
+                # NATS refuses this user the write: no answer would come; the view judges.
+                raise PermissionDenied("publish", keys.subject(key))
+            target = await asyncio.wait_for(
+                keys.put(key, self.presence, PRESENCE_TTL), PROBE_TIMEOUT
+            )
+            whole_at: float | None = None
+        else:
+            asked = self.clock.wall()
+            target, whole_at = await asyncio.wait_for(
+                stream_now(jetstream_of(bucket.kv), self.spec.stream, PROBE_TIMEOUT),
+                PROBE_TIMEOUT,
+            )
+            if whole_at is None:  # the server did not say its time: allow the most skew
+                whole_at = asked - MAX_SERVER_BEHIND
         end = self.clock.monotonic() + PROBE_TIMEOUT
         while self.view.last_revision < target:
             left = end - self.clock.monotonic()

@@ -53,8 +53,7 @@ MAX_OUTSTANDING_PINGS = 2
 # A server that answers PINGs but not JetStream (cut from the stream's leader
 # while the other servers reach it: a bridge), or a black hole the pings have
 # not caught yet (4-6 s, as long as a slot's max_late), is left as soon as a
-# claim (or the state bucket's freshness probe, which a slot's claim waits for)
-# went unanswered for its whole timeout (``Connection.unanswered``),
+# claim went unanswered for its whole ack timeout (``Connection.unanswered``),
 # for the next server in the list; at most once in this many seconds, so that
 # an election, when no server can answer, costs a hop or two, not a storm.
 HOP_EVERY = 5.0
@@ -182,11 +181,10 @@ class Connection:
             log.warning("disconnected from NATS; reconnecting")
         self._set_connected(False)
 
-    def unanswered(self, what: str = "a claim within nats.ack_timeout") -> None:
-        """A claim (or the state bucket's freshness probe, `what`) got no answer for
-        its whole timeout while connected: leave this server for the next one (see
-        HOP_EVERY). Safe: a claim is asked again with the same id and token wherever
-        it goes, and only a stored one wins."""
+    def unanswered(self) -> None:
+        """A claim got no answer for its whole ack timeout while connected: leave
+        this server for the next one (see HOP_EVERY). Safe: a claim is asked again
+        with the same id and token wherever it goes, and only a stored one wins."""
         nc = self.nc
         if nc is None or self.closing or not nc.is_connected:
             return
@@ -199,7 +197,10 @@ class Connection:
         self._hopped = now
         nc.options["dont_randomize"] = True  # until reconnected
         url = nc.connected_url.netloc if nc.connected_url else "?"
-        log.warning("NATS at %s did not answer %s; trying another server", redact_url(url), what)
+        log.warning(
+            "NATS at %s did not answer a claim within nats.ack_timeout; trying another server",
+            redact_url(url),
+        )
         self._hop = force_reconnect(nc)
 
     async def _on_reconnected(self) -> None:

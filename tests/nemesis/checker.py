@@ -200,18 +200,24 @@ def touches(
         hit = any(
             leader in fnodes
             or (cluster and len(_reach(leader, nodes, blocked)) + 1 <= len(nodes) // 2)
-            # A bridge with a leader on a side node: a sidecar on the other side node
-            # (no route to the leader) or on the leader's across the cut keeps its
-            # connection and learns only from an unanswered claim or probe (2 s),
-            # then moves, maybe first to another cut server (connect_timeout 5 s):
-            # longer than most bridges (2-6 s). Every sidecar may be on such a
-            # server (the model knows the sides, not who is connected where).
-            or (kind == "bridge" and f.get("bridge") and leader != f.get("bridge"))
             for leader in {f.get("leader"), bucket}
             if leader
-        )
+        ) or _bridged(kind, f.get("bridge"), f.get("leader"))
         out.append(Touch(start, end, fnodes, fsidecars | sidecars_cut, blocked, cluster, hit))
     return out
+
+
+def _bridged(kind: str, bridge: str | None, leader: str | None) -> bool:
+    """A bridge with the claims stream's leader on a side node: a sidecar on the
+    other side node (no route to the leader) or on the leader's across the cut
+    keeps its connection, and moves only once a claim went unanswered for its
+    whole ack timeout (a slot's claim, which first waits up to 2 s for the
+    bucket's view, has less; the question about it, asked later, moves it), maybe
+    first to another cut server (connect_timeout 5 s): longer than most bridges
+    (2-6 s). Every sidecar may be on such a server: the model knows the sides,
+    not who is connected where. The bucket's leader alone on a side node costs a
+    slot its 2 s probe and the run its lease wait, not its claim: not a hit."""
+    return kind == "bridge" and bool(bridge) and bool(leader) and leader != bridge
 
 
 def _reach(leader: str, nodes: set[str], blocked: frozenset[frozenset[str]]) -> list[str]:
