@@ -152,7 +152,7 @@ async def test_a_stop_while_a_walks_end_is_awaited_ends_its_task_at_once(
         began = time.monotonic()
         await runner.stop()
         took = time.monotonic() - began
-        assert took < 0.5, f"stop took {took:.2f}s"
+        assert took < HELD / 2, f"stop took {took:.2f}s"  # before the fix: the claim's
         assert not runner.tasks
         # The drain still waits for the slot in hand (the daemon's `claiming`).
         loops = list(jobs.loops)
@@ -188,7 +188,10 @@ async def test_a_key_written_again_and_reread_while_its_walks_end_is_awaited(
             5,
             what="the presence's hash of the set as written last",
         )
-        assert (next_run(jobs, "a") or 0) > time.time()
+        # The gauge follows the last write (every 5 s), not an earlier schedule; read
+        # at a 5 s boundary it may show the slot just due (jitter 100 ms).
+        shown = next_run(jobs, "a") or 0
+        assert shown % 5 == 0 and shown > time.time() - 1, shown
         one_walk_each(jobs, probe)
 
 

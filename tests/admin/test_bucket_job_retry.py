@@ -33,9 +33,9 @@ from tests.support import (
 PATH = "/jobs/rt"
 
 
-def one_failing_slot() -> dict[str, Any]:
-    """Job rt: one slot, 5 s from now (it fails), its retry due 2 s after."""
-    at = time.gmtime(int(time.time()) + 5)
+def one_failing_slot(lead: int = 5) -> dict[str, Any]:
+    """Job rt: one slot, `lead` s from now (it fails), its retry due 2 s after."""
+    at = time.gmtime(int(time.time()) + lead)
     return {
         "name": "rt",
         "schedule": f"{at.tm_sec} {at.tm_min} {at.tm_hour} * * *",
@@ -45,9 +45,9 @@ def one_failing_slot() -> dict[str, Any]:
     }
 
 
-def retry_made_due(a: Any, http_app: RecordingApp) -> None:
+def retry_made_due(a: Any, http_app: RecordingApp, within: float = 10) -> None:
     """Until rt's attempt 1 reached the app (and failed) and `a` made its retry due."""
-    wait_for(lambda: len(http_app.requests_for(PATH)) == 1, 10, what="attempt 1")
+    wait_for(lambda: len(http_app.requests_for(PATH)) == 1, within, what="attempt 1")
     wait_for(
         lambda: a.metric("anarchon_attempts_due_total", {"job": "rt"}) == 1,
         5,
@@ -62,15 +62,18 @@ def test_a_retry_due_before_a_restart_runs_after_it(
     """The due attempts are made by the due key the start's full read tells
     (``DueOnFirstUse``); of a job of the state bucket, competed for once the job is
     taken up."""
-    rt = one_failing_slot()
-    config = base(nats_server, http_app, [YEARLY, *([rt] if origin == "file" else [])])
+    # The file's job: its slot must still be ahead once the sidecar is up (a
+    # loaded start takes seconds); the bucket's is made once it is.
+    in_file = [one_failing_slot(lead=10)] if origin == "file" else []
+    config = base(nats_server, http_app, [YEARLY, *in_file])
     cfg = cli_config(tmp_path, config)
     http_app.status[PATH] = 500
     with sidecars(tmp_path, [("a", config, {})]) as (a,):
         if origin == "bucket":
+            rt = one_failing_slot()
             added = run_cli("job", "add", job_file(tmp_path, "rt", rt), "-c", cfg)
             assert added.returncode == 0, added.stderr
-        retry_made_due(a, http_app)
+        retry_made_due(a, http_app, within=15)
         # Restarted before the retry's time: the due key is in the bucket at the start.
         assert a.terminate() == 0
         http_app.status[PATH] = 200

@@ -186,7 +186,7 @@ async def test_a_job_removed_is_let_go_while_another_jobs_change_waits_for_its_s
         assert jobs.timetable.walks["a"].job.schedule.identity == "*/2 * * * * *"
         await runner.stop()
     print(f"job remove b let go after {took:.3f}s (a's slot in hand held {held:g}s)")
-    assert took < 1.0, f"b was let go {took:.3f}s after its removal: held by a's slot in hand"
+    assert took < held / 2, f"b was let go {took:.3f}s after its removal: held by a's slot in hand"
 
 
 async def test_a_job_removed_and_added_again_while_its_claim_is_slow_goes_on_from_its_add(
