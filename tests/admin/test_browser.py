@@ -108,7 +108,9 @@ async def test_the_page_in_chromium(
             await page.goto(url + "/")
             await page.until(f"{ROWS} === 8", what="every job, the bucket's too")
             berlin = await page.js(NEXT_RUNS.format(job="nightly-export"))
-            assert "02:30:00" in berlin and ("GMT+1" in berlin or "CET" in berlin), berlin
+            # Berlin's offset either side of the summer-time change (not New York's).
+            berlin_zone = ("GMT+1", "GMT+2", "CET", "CEST")
+            assert "02:30:00" in berlin and any(z in berlin for z in berlin_zone), berlin
             utc = await page.js(NEXT_RUNS.format(job="backup"))
             assert "03:00:00" in utc and "UTC" in utc, utc
             await page.until(f"{marks('sync')} >= 2", what="sync's runs in its strip")
@@ -143,7 +145,8 @@ async def test_the_page_in_chromium(
             assert "bucket" in tenant and "id tenant-7/sync" in tenant, tenant
             invoices = await page.js(ROW.format(job="invoices"))
             assert "Every 90m, counted from the Unix epoch + 15m" in invoices, invoices
-            assert "0 of max_runs 500 runs" in invoices, invoices
+            # One of its 16 slots a day may fall while the test runs.
+            assert re.search(r"\b[01] of max_runs 500 runs", invoices), invoices
             launch = await page.js(ROW.format(job="launch"))
             assert "not started" in launch and "(start_at)" in launch, launch
             assert "once" in await page.js(ROW.format(job="backup"))

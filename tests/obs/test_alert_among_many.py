@@ -7,6 +7,7 @@ the 1,500 jobs that have said nothing yet cost no series on /metrics.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,11 @@ def test_one_failing_job_among_many_fires_its_alerts_by_name(
 ) -> None:
     prometheus_binary()  # skip or fail before starting anything
     http_app.status["/jobs/broken"] = 500
+    # A slot on the first day of a month half a year away, at a minute of its own:
+    # none is due within the hour (on 1 January they were, every New Year's Eve).
+    month = (time.gmtime().tm_mon + 5) % 12 + 1
     idle = [
-        # A slot on one day of the year, at a minute of its own: none is due now.
-        {"name": f"tenant-{i:05d}", "schedule": f"{i % 60} {i % 24} 1 1 *"}
+        {"name": f"tenant-{i:05d}", "schedule": f"{i % 60} {i % 24} 1 {month} *"}
         for i in range(IDLE)
     ]
     broken = {

@@ -269,7 +269,8 @@ def test_a_sidecar_shows_a_next_run_once_the_clock_brings_it_within_the_hour(
                 "schedule": f"{at.tm_sec} {at.tm_min} {at.tm_hour} * * *",
                 "timezone": "UTC",
             },
-            {"name": "yearly", "schedule": "0 0 1 1 *"},
+            # Half a year away: never within the hour (1 January is, on 31 December).
+            {"name": "yearly", "schedule": f"0 0 1 {(time.gmtime().tm_mon + 5) % 12 + 1} *"},
         ],
     }
     within = calendar.timegm(at) - NEXT_RUN_HORIZON  # when the slot's hour begins
