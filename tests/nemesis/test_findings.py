@@ -163,7 +163,7 @@ def test_a_won_slot_runs_while_its_run_lease_cannot_be_created(
     requests = http_app.requests_for("/jobs/tick")
     assert len(requests) >= 3
     delays = [r.at - int(r.headers["X-Anarchon-Slot"]) / 1000 for r in requests]
-    assert max(delays) < RUN_LEASE_WAIT + 0.5, delays
+    assert max(delays) < RUN_LEASE_WAIT + 1.0, delays  # not held until max_late (3 s)
     assert "not created within 1.0s; running, creating it meanwhile" in log
     stored = [m.data for m in read_stream(nats_server.url) if m.subject.endswith(".results")]
     assert stored and all(r["status"] == "succeeded" for r in stored), stored

@@ -119,8 +119,10 @@ def test_a_one_off_runs_winner_killed_before_its_lease_is_lost_once_and_not_reru
     assert lost == 1
 
 
-# Midnight every day: no slot of its own comes during a test, past ones to backfill.
-DAILY = "0 0 * * *"
+# Daily, at an hour half a day from the test's (UTC): no slot of its own comes
+# during a test, past ones to backfill.
+HOUR = (time.gmtime().tm_hour + 12) % 24
+DAILY = f"0 {HOUR} * * *"
 DAYS = 15
 
 
@@ -128,7 +130,7 @@ DAYS = 15
 def test_a_backfills_taker_killed_before_its_lease_is_lost_once_and_the_backfill_goes_on(
     tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
 ) -> None:
-    config = base(nats_server, http_app, [job("w", schedule=DAILY, max_late="5s")])
+    config = base(nats_server, http_app, [job("w", schedule=DAILY, timezone="UTC", max_late="5s")])
     config["nats"]["lease_ttl"] = "2s"
     cfg = cli_config(tmp_path, config)
     fleet3 = [("s0", config, ARMED), ("s1", config, {}), ("s2", config, {})]
@@ -138,9 +140,10 @@ def test_a_backfills_taker_killed_before_its_lease_is_lost_once_and_the_backfill
         pid = s0.proc.pid
         now = time.time()
         since = rfc3339(now - DAYS * 86400)
-        days = [
-            d * 1000 for d in range(int(now) - int(now) % 86400, int(now) - DAYS * 86400, -86400)
-        ]
+        last = int(now) - int(now) % 86400 + HOUR * 3600  # today's slot, or tomorrow's
+        last -= 86400 if last > now else 0
+        days = [d * 1000 for d in range(last, int(now) - DAYS * 86400, -86400)]
+        assert len(days) == DAYS
         # One slot at a time, each taken by whichever sidecar comes first, and the
         # taker of one is the first to know the next is free: s1 and s2 are frozen
         # while the backfill starts, so s0 takes the first slot and stops at its claim.
