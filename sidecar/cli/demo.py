@@ -44,6 +44,9 @@ EXIT_WAIT = GRACE + 3.0
 # How long after a slot's result the demo waits for the losers' claims before it
 # prints the slot with the claims it saw (a loaded machine delays a loser's claim).
 CLAIMS_WAIT = 3.0
+# How long a slot without a result holds the lines of the slots after it: its
+# jitter, max_late (5 s) and the app's answer, with a margin.
+RESULT_WAIT = 12.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 INTERRUPTED = 130
 
@@ -70,6 +73,7 @@ class Slot:
     claims: list[str] = field(default_factory=list)
     result: dict[str, object] | None = None
     result_at: float = 0.0  # monotonic, when the result was seen
+    seen_at: float = field(default_factory=time.monotonic)  # the slot's first message
     printed: bool = False
 
 
@@ -272,6 +276,10 @@ async def _demo(
                 if stopping or slot_ms < first_slot_ms or entry.printed:
                     continue
                 if entry.result is None:
+                    # No result yet: later slots wait for it, but not for ever (a
+                    # run that never records one; at the stop, in flight).
+                    if everything or now >= entry.seen_at + RESULT_WAIT:
+                        continue
                     break
                 complete = len(set(entry.claims)) >= len(INSTANCES)
                 if not (complete or everything or now >= entry.result_at + CLAIMS_WAIT):
