@@ -253,9 +253,11 @@ async def _demo(
 
         slots: dict[int, Slot] = {}
         stopping = False  # once said, no slot line follows (the summary counts them)
+        last_printed = 0  # the newest slot printed: no older one follows it
 
         def line(slot_ms: int, entry: Slot) -> None:
-            entry.printed = True
+            nonlocal last_printed
+            entry.printed, last_printed = True, slot_ms
             r = entry.result or {}
             winner = str(r.get("instance"))
             losers = sorted(set(entry.claims) - {winner})
@@ -273,8 +275,8 @@ async def _demo(
             now = time.monotonic()
             for slot_ms in sorted(slots):
                 entry = slots[slot_ms]
-                if stopping or slot_ms < first_slot_ms or entry.printed:
-                    continue
+                if stopping or slot_ms < max(first_slot_ms, last_printed) or entry.printed:
+                    continue  # (a slot passed over for want of a result stays so)
                 if entry.result is None:
                     # No result yet: later slots wait for it, but not for ever (a
                     # run that never records one; at the stop, in flight).
@@ -292,7 +294,10 @@ async def _demo(
                 slot_ms = int(data["slot"])
             except (ValueError, KeyError, TypeError):
                 return
-            entry = slots.setdefault(slot_ms, Slot())
+            entry = slots.get(slot_ms)
+            if entry is None:
+                entry = slots[slot_ms] = Slot()
+                loop.call_later(RESULT_WAIT, report)  # its later slots' lines wait that long
             if msg.subject.endswith(".claims"):
                 entry.claims.append(str(data.get("instance")))
             elif msg.subject.endswith(".results") and entry.result is None:

@@ -49,8 +49,10 @@ def test_demo_shows_each_slot_won_exactly_once_and_cleans_up() -> None:
     slots = Counter(when for when, _, _ in lines)
     assert max(slots.values()) == 1, f"a slot was reported twice: {out}"
     assert len(complete) >= 3, out
-    # In slot order (a slot still waiting for a claim holds the ones after it).
-    assert [when for when, _, _ in lines] == sorted(when for when, _, _ in lines), out
+    # In slot order (a slot still waiting for a claim holds the ones after it);
+    # clock times sort so except across local midnight.
+    times = [when for when, _, _ in lines]
+    assert times == sorted(times) or (times[0] >= "23:" and times[-1] < "00:01"), out
     # A line is printed once the result and every claim came, or 3 s after the
     # result (sidecar/cli/demo.py CLAIMS_WAIT): on a loaded machine a loser's
     # claim may come later than that.
