@@ -487,7 +487,8 @@ class Sidecar:
             # up, and can no longer answer. A slot due right after it became ready
             # can stop it before a poll sees /readyz (CI: a 20 s timeout).
             return bool(
-                self.proc
+                mine
+                and self.proc
                 and "sigstop" in self.env.get("ANARCHON_FAILPOINTS", "")
                 and stopped(self.proc.pid)
             )

@@ -202,12 +202,12 @@ def touches(
             or (cluster and len(_reach(leader, nodes, blocked)) + 1 <= len(nodes) // 2)
             for leader in {f.get("leader"), bucket}
             if leader
-        ) or _bridged(kind, f.get("bridge"), f.get("leader"))
+        ) or _bridged(kind, f.get("bridge"), f.get("leader"), sides)
         out.append(Touch(start, end, fnodes, fsidecars | sidecars_cut, blocked, cluster, hit))
     return out
 
 
-def _bridged(kind: str, bridge: str | None, leader: str | None) -> bool:
+def _bridged(kind: str, bridge: str | None, leader: str | None, sides: list[list[str]]) -> bool:
     """A bridge with the claims stream's leader on a side node: a sidecar on the
     other side node (no route to the leader) or on the leader's across the cut
     keeps its connection, and moves only once a claim went unanswered for its
@@ -217,7 +217,7 @@ def _bridged(kind: str, bridge: str | None, leader: str | None) -> bool:
     (2-6 s). Every sidecar may be on such a server: the model knows the sides,
     not who is connected where. The bucket's leader alone on a side node costs a
     slot its 2 s probe and the run its lease wait, not its claim: not a hit."""
-    return kind == "bridge" and bool(bridge) and bool(leader) and leader != bridge
+    return kind == "bridge" and bool(bridge) and any(leader in side for side in sides)
 
 
 def _reach(leader: str, nodes: set[str], blocked: frozenset[frozenset[str]]) -> list[str]:
