@@ -142,12 +142,17 @@ def test_forged_due_keys_trigger_nothing_and_are_counted_logged_and_deleted(
         for key in forged:
             hint = real[0] if key.startswith(f"due.ok.{succeeded}.") else 1
             put(nats_server.url, key, {"due_at": time.time(), "reason": "retry", "result": hint})
+
+        # Each key refused by one sidecar at least: a key the other deleted before
+        # this one looked at it is gone, not refused twice (CI: s1 deleted one within
+        # 3 ms, and s0's view held its delete when s0 came to the put).
+        def refused_by(key: str) -> int:
+            return sum(f"due key {key} refused" in p.log() for p in procs)
+
         wait_for(
-            lambda: (
-                total(procs, "anarchon_hostile_input_total", {"what": "due_key"}) >= 2 * len(forged)
-            ),
+            lambda: all(refused_by(key) >= 1 for key in forged),
             20,
-            what="every forged key refused by both sidecars",
+            what="every forged key refused",
         )
         wait_for(
             lambda: not set(live_keys(nats_server.url)) & set(forged),
@@ -161,14 +166,20 @@ def test_forged_due_keys_trigger_nothing_and_are_counted_logged_and_deleted(
             what="a real retry",
         )
         time.sleep(2.0)  # what a forged key would have triggered comes by now
+        counted = total(procs, "anarchon_hostile_input_total", {"what": "due_key"})
         logs = [p.log() for p in procs]
     ran = requests(http_app, "/jobs/ok") | requests(http_app, "/jobs/once")
     assert not {(s, a) for (s, a) in ran if a > 1}, ran
     assert not http_app.requests_for("/jobs/yearly")
+    said = 0
     for key in forged:
-        for log in logs:
-            lines = [line for line in log.splitlines() if f"due key {key} refused" in line]
-            assert len(lines) == 1, (key, lines)  # logged once, by each sidecar
+        per_log = [
+            [line for line in log.splitlines() if f"due key {key} refused" in line] for log in logs
+        ]
+        assert all(len(lines) <= 1 for lines in per_log), (key, per_log)  # once each at most
+        assert any(per_log), key
+        said += sum(len(lines) for lines in per_log)
+    assert counted == said, (counted, said)  # each refusal counted once
     log = "\n".join(logs)
     assert "attempt 1 ended 'succeeded', not failed or lost" in log
     assert "its slot is in the future" in log
