@@ -10,6 +10,7 @@ deadlines.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import shutil
@@ -51,10 +52,22 @@ def nats_server_binary() -> str:
     return found
 
 
+# The ports free_port() handed out lately in this process: a port is free until
+# something binds it, and the kernel may hand the same one out again meanwhile
+# (CI: one cluster node's monitoring port was another node's route port).
+_GIVEN: collections.deque[int] = collections.deque(maxlen=512)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now and not handed out by this process lately."""
+    for _ in range(64):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            break
+    _GIVEN.append(port)
+    return port
 
 
 def stopped(pid: int) -> bool:
