@@ -272,10 +272,12 @@ async def _demo(
             """Print finished slots in order: a slot once every sidecar's claim is in,
             or CLAIMS_WAIT after its result (a sidecar slow to claim on a busy
             machine); a later slot waits for the ones before it."""
+            if stopping:
+                return
             now = time.monotonic()
             for slot_ms in sorted(slots):
                 entry = slots[slot_ms]
-                if stopping or slot_ms < max(first_slot_ms, last_printed) or entry.printed:
+                if slot_ms < max(first_slot_ms, last_printed) or entry.printed:
                     continue  # (a slot passed over for want of a result stays so)
                 if entry.result is None:
                     # No result yet: later slots wait for it, but not for ever (a
