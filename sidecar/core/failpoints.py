@@ -44,6 +44,10 @@ Points (``POINTS``):
   bucket (``ackloss``: as if its stream had no leader to answer).
 - ``trigger.before_send``: the connection to the app is open, the request
   not yet written.
+- ``stream.check``: the stream check is about to ask JetStream for the stream
+  (each look: ``1*sleep(S)`` makes the first one, at start, S seconds late).
+- ``watch.read``: the state bucket is about to be read whole (at start, and
+  each re-read), before its watch follows it.
 - ``record.published``: the result of a run whose request went out was
   stored in the stream, before the aftermath (pings, notifications) and before
   its lease is released.
@@ -84,6 +88,8 @@ POINTS = frozenset(
         "lease.create",
         "trigger.before_send",
         "record.published",
+        "stream.check",
+        "watch.read",
     }
 )
 _ENTRY = re.compile(

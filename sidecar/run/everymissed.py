@@ -11,12 +11,14 @@ judges the slot by store/missed.py's rule, on the claims up to it: an
 instance of the job with no claim of it, whose newest claim lies within
 ``TRAIL`` judged slots, missed it. Each miss counts in
 ``anarchon_every_slots_missed_total{job, reason}`` and is logged with the
-instance. ``reason`` is ``stopped`` when the instance's presence
-(``instance.<id>``) was deleted, seen by this sidecar: it exited cleanly (a
-rollout that gives each pod a new instance id, a scale-down, a stop on
-purpose), and ``away`` otherwise (it died, froze or lost NATS: its presence
-expired or is still there; or it left before this sidecar started). The alert
-counts ``away`` only, so that a rollout does not page.
+instance. ``reason`` is ``stopped`` when this sidecar saw the instance's
+presence (``instance.<id>``) deleted, and not yet written again, at some time
+of the slot's window (the slot to its max_late): it exited cleanly (a rollout,
+a scale-down, a restart, a stop on purpose); a slot judged after the instance
+came back is judged by when it was out, not by when the judging comes. ``away``
+otherwise (it died, froze or lost NATS: its presence expired or is still
+there; it was up and made no claim; or it left before this sidecar started).
+The alert counts ``away`` only, so that a rollout does not page.
 
 Every live sidecar judges every slot, so each counts the same misses (the
 missing one, being away, counts none): the fleet's number is the max over
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
@@ -59,7 +62,9 @@ SETTLE = 1.0
 # anarchon_every_slots_missed_total's reasons (module doc).
 STOPPED, AWAY = "stopped", "away"
 PRESENCE = instance_key("")
+# Instances whose clean exits are remembered, and exits remembered per instance.
 STOPPED_KEEP = 1000
+EXITS_KEPT = 3
 # A claim of a slot further ahead than this is not taken (on_claim).
 AHEAD_MS = 300_000
 # A sidecar suspended for long judges the slots of this last stretch only.
@@ -77,6 +82,19 @@ def claim_of(data: bytes, job: str) -> Seen | None:
     if not isinstance(instance, str) or not instance:
         return None
     return Seen(slot, instance)
+
+
+@dataclass
+class Exit:
+    """A clean exit of an instance seen here: its presence deleted at `at_ms`, written
+    again at `back_ms` (None: not yet)."""
+
+    at_ms: int
+    back_ms: int | None = None
+
+    def covers(self, slot: int, max_late_ms: int) -> bool:
+        """Whether the instance was out at some time of `slot`'s window."""
+        return self.at_ms <= slot + max_late_ms and (self.back_ms is None or self.back_ms >= slot)
 
 
 class Claims:
@@ -108,9 +126,10 @@ class EveryMissed:
         self.claims: dict[str, Claims] = {}
         # Each followed job's two tasks (its claims followed, its slots judged).
         self._tasks: dict[str, tuple[asyncio.Task[None], ...]] = {}
-        # Instances whose presence this sidecar saw deleted (a clean exit), until it
-        # is written again; the newest STOPPED_KEEP (each rollout adds its old ids).
-        self.stopped: dict[str, None] = {}
+        # Per instance, the clean exits this sidecar saw (its presence deleted, then
+        # written again), the newest EXITS_KEPT; for the newest STOPPED_KEEP instances
+        # (each rollout adds its old ids).
+        self.stopped: dict[str, list[Exit]] = {}
 
     def begin(self) -> None:
         """Follow and judge each job, in tasks that end with the sidecar (or with the
@@ -148,14 +167,24 @@ class EveryMissed:
                 self._start(job)
 
     def removed(self, removal: Removal) -> None:
-        if removal.key.startswith(PRESENCE) and removal.how == DELETED:
-            self.stopped[removal.key[len(PRESENCE) :]] = None
-            if len(self.stopped) > STOPPED_KEEP:
-                del self.stopped[next(iter(self.stopped))]
+        if not removal.key.startswith(PRESENCE) or removal.how != DELETED:
+            return
+        instance = removal.key[len(PRESENCE) :]
+        exits = self.stopped.pop(instance, [])  # put back as the newest instance
+        self.stopped[instance] = [*exits[1 - EXITS_KEPT :], Exit(self.ctx.clock.wall_ms())]
+        if len(self.stopped) > STOPPED_KEEP:
+            del self.stopped[next(iter(self.stopped))]
 
     def changed(self, key: str) -> None:
-        if key.startswith(PRESENCE) and key in self.ctx.fleet.view.keys:
-            self.stopped.pop(key[len(PRESENCE) :], None)
+        if not key.startswith(PRESENCE) or key not in self.ctx.fleet.view.keys:
+            return
+        exits = self.stopped.get(key[len(PRESENCE) :])
+        if exits and exits[-1].back_ms is None:
+            exits[-1].back_ms = self.ctx.clock.wall_ms()
+
+    def exited(self, instance: str, slot: int, max_late_ms: int) -> bool:
+        """Whether `instance` was out after a clean exit at some time of `slot`'s window."""
+        return any(out.covers(slot, max_late_ms) for out in self.stopped.get(instance, ()))
 
     def on_claim(self, name: str, data: bytes) -> None:
         seen = claim_of(data, name)
@@ -220,7 +249,7 @@ class EveryMissed:
         """Count and say the instances that missed `slot`; returns them."""
         gone = self.claims[job.name].missed_at(slot, now_ms, max_late_ms)
         for instance in gone:
-            reason = STOPPED if instance in self.stopped else AWAY
+            reason = STOPPED if self.exited(instance, slot, max_late_ms) else AWAY
             self.ctx.metrics.every_slots_missed_total.labels(job=job.name, reason=reason).inc()
             log.log(
                 logging.INFO if reason == STOPPED else logging.WARNING,

@@ -73,6 +73,8 @@ log = logging.getLogger(__name__)
 
 # A slot is judged at most this long after its decider first looks (Fleet.caught_up).
 CAUGHT_UP_WAIT = 2.0
+# How often a slot due while the sidecar starts looks whether it has (``attempt``).
+STARTED_POLL = 0.05
 
 
 def counts(job: JobConfig, claim: Claim) -> bool:
@@ -222,6 +224,14 @@ class Jobs:
         """
         m = self.metrics
         name = job.name
+        if not self._started():
+            # Started moments before the slot: the first look at the stream and the
+            # first read of the state bucket are waited for (half of what is left of
+            # the claim's window), not taken for a refusal ("stream not checked yet":
+            # a run_on: every instance's slot lost on its own app).
+            start = slot / 1000 if due_at is None else due_at
+            await self._wait_started(self.clock.monotonic() + (start + job.max_late - now) / 2)
+            now = self.clock.wall()
         if why := self.guard.blocked(job, slot):
             self.unclaimed.skip(job, slot, "stream", why)
             return
@@ -302,6 +312,17 @@ class Jobs:
                 # Let the trigger reach the app before this loop computes the
                 # next slot and sets its timer: about 0.2 ms of its start delay.
                 await asyncio.sleep(0)
+
+    def _started(self) -> bool:
+        """Whether the stream was looked at and the state bucket read once since start."""
+        return self.guard.looked and self.fleet.view.synced
+
+    async def _wait_started(self, until: float) -> None:
+        """Until ``_started``, or until `until` (monotonic)."""
+        while not self._started():
+            if self.clock.monotonic() >= until:
+                return
+            await asyncio.sleep(STARTED_POLL)
 
     def _over(self, job: JobConfig, slot: int) -> str | None:
         """Why `slot` is not claimed by end_at or max_runs (None: it may be)."""

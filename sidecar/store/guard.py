@@ -20,6 +20,7 @@ from nats.js import JetStreamContext
 
 from sidecar.config.jobset import Change, JobSet
 from sidecar.config.load import Config, JobConfig
+from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import StreamConflict, StreamError, StreamNotFound, StreamNotRaised
@@ -69,6 +70,9 @@ class StreamGuard:
         self.spec = stream_spec(config)
         self.stream_ready = False
         self.stream_problem = "stream not checked yet"
+        # True from the first look's verdict, up or down: a slot due while the
+        # sidecar starts waits for it (sidecar/run/job_loop.py, ``attempt``).
+        self.looked = False
         # The last refusal of a subject naming the stream (the daemon's Denials.about).
         self.refused = refused
         self._stream_logged = 0.0  # monotonic time of the last stream problem line
@@ -127,6 +131,8 @@ class StreamGuard:
             try:
                 if not self.connected.is_set():
                     await self.connected.wait()
+                if failpoints.ENABLED:
+                    await failpoints.hit("stream.check")
                 state = await ensure_stream(js, self.spec, self._on_raise)
             except StreamNotRaised as exc:
                 # Judged as it is: jobs it holds are claimed, the others skipped.
@@ -243,6 +249,7 @@ class StreamGuard:
             self._stream_logged = now
         self.stream_ready = False
         self.stream_problem = problem
+        self.looked = True
         if forget:
             self.stream_state = None
             self.uncovered = {}
@@ -302,6 +309,7 @@ class StreamGuard:
         self.uncovered = uncovered
         self.stream_ready = True
         self._set_covered()
+        self.looked = True
         self._gauges(state)
 
     def _gauges(self, state: StreamState) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from nats.js.errors import NotFoundError
 
+from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
 from sidecar.core.natspy import NOTHING_QUEUED, jetstream_of, queued_update
 from sidecar.core.tasks import TaskSet
@@ -133,6 +134,8 @@ class Watch:
 
     async def _start(self) -> None:
         self._resync.clear()
+        if failpoints.ENABLED:
+            await failpoints.hit("watch.read")
         info = await self._info()
         facts = facts_of(info)
         if self._facts is not None and facts.created != self._facts.created:

@@ -107,26 +107,46 @@ def test_a_live_sidecar_judges_a_slot_missed_by_the_rule_of_history() -> None:
     assert claim_of(body, "other") is None and claim_of(b"[", "every") is None
 
 
-def test_an_instance_seen_leaving_cleanly_counts_as_stopped_until_it_is_back() -> None:
+def test_an_instance_seen_leaving_cleanly_is_stopped_for_the_slots_it_was_out_for() -> None:
     from types import SimpleNamespace
 
-    from sidecar.run.everymissed import STOPPED_KEEP, EveryMissed
+    from sidecar.run.everymissed import EXITS_KEPT, STOPPED_KEEP, EveryMissed
     from sidecar.store.state import DELETED, EXPIRED, Entry, Removal
 
     keys: dict[str, Entry] = {}
+    clock = SimpleNamespace(now=100_000)
     ctx: Any = SimpleNamespace(
-        config=SimpleNamespace(jobs=[]), fleet=SimpleNamespace(view=SimpleNamespace(keys=keys))
+        config=SimpleNamespace(jobs=[]),
+        fleet=SimpleNamespace(view=SimpleNamespace(keys=keys)),
+        clock=SimpleNamespace(wall_ms=lambda: clock.now),
     )
     judge = EveryMissed(ctx)
     judge.removed(Removal("instance.c", Entry({}, 1), DELETED, None))  # SIGTERM: deleted
     judge.removed(Removal("instance.b", Entry({}, 2), EXPIRED, None))  # killed: expired
     judge.removed(Removal("paused.c", Entry({}, 3), DELETED, None))
     assert list(judge.stopped) == ["c"]
+    assert judge.exited("c", 96_000, MAX_LATE_MS)  # out from 100 s on: in its window
+    assert not judge.exited("c", 96_000, 3_000)  # its window closed before c left
+    assert not judge.exited("b", 101_000, MAX_LATE_MS)  # b died: away
+    clock.now = 110_000
     keys["instance.c"] = Entry({}, 4)
-    judge.changed("instance.c")  # back
-    assert not judge.stopped
+    judge.changed("instance.c")  # back at 110 s
+    judge.changed("instance.c")  # a heartbeat: still back since 110 s
+    # A slot it was out for stays stopped when judged after it came back (a restart
+    # with the same id must not page for the slots of the restart) ...
+    assert judge.exited("c", 108_000, MAX_LATE_MS) and judge.exited("c", 110_000, MAX_LATE_MS)
+    # ... one after it came back is away: it was up and made no claim.
+    assert not judge.exited("c", 110_001, MAX_LATE_MS)
+    for i in range(EXITS_KEPT + 2):  # restarts: the newest EXITS_KEPT exits
+        clock.now = 200_000 + i * 10_000
+        judge.removed(Removal("instance.c", Entry({}, 5 + i), DELETED, None))
+        clock.now += 1_000
+        judge.changed("instance.c")
+    assert len(judge.stopped["c"]) == EXITS_KEPT
+    assert judge.exited("c", clock.now - 1_000, MAX_LATE_MS)
+    assert not judge.exited("c", 205_000, MAX_LATE_MS)  # between two exits: up
     for i in range(STOPPED_KEEP + 3):  # bounded: each rollout adds its old ids
-        judge.removed(Removal(f"instance.p{i}", Entry({}, 5 + i), DELETED, None))
+        judge.removed(Removal(f"instance.p{i}", Entry({}, 50 + i), DELETED, None))
     assert len(judge.stopped) == STOPPED_KEEP and "p0" not in judge.stopped
 
 
@@ -253,13 +273,18 @@ def test_three_sidecars_run_each_slot_once_each_and_show_what_one_missed(
         dead = slots_after(a, killed_after, 3, "three slots while b is dead")
         for live in (procs[0], sidecar_c):
             wait_for(
-                lambda live=live: (live.metric(MISSED, AWAY) or 0) >= len(dead),
+                lambda live=live: all(said_away(live, "b", s) for s in dead),
                 15,
-                what=f"{live.name} counting b's missed slots as away",
+                what=f"{live.name} saying b's missed slots away",
             )
-            assert f"job every: instance b missed slot {iso(min(dead))}" in live.log()
+            assert (live.metric(MISSED, AWAY) or 0) >= len(dead)
         sidecar_b.start().wait_ready()
         wait_for(lambda: max(slots_of(b, EVERY)) > max(dead), 15, what="b back")
+        # c's restart with its own id (SIGTERM, then back) paged for nothing: the slots
+        # it was out for are stopped, also those judged after it came back.
+        assert "instance c missed" in procs[0].log()
+        lines = procs[0].log().splitlines()
+        assert not [x for x in lines if "instance c missed" in x and "it was away" in x], lines
     # Exactly once per instance per slot, and the history holds one run per
     # instance and slot that the instance's app got; missed only what it did not get.
     history = cli_json(tmp_path, config, "history", "every", "--limit", "1000")
@@ -280,6 +305,12 @@ def test_three_sidecars_run_each_slot_once_each_and_show_what_one_missed(
     # The run_on: one job beside it: once for the fleet, on any instance.
     one = Counter(s for app in apps for s in slots_of(app, ONE))
     assert len(one) >= 10 and max(one.values()) == 1, one
+
+
+def said_away(p: Sidecar, instance: str, slot: int) -> bool:
+    """`p` logged `instance`'s miss of `slot`, as away."""
+    line = f"job every: instance {instance} missed slot {iso(slot)} (no claim of it within "
+    return f"{line}max_late: it was away)" in p.log()
 
 
 def iso(slot: int) -> str:
