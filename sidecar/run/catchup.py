@@ -7,7 +7,10 @@ newest claim is for the newest of them, nothing was missed: one read, no
 claim. Otherwise the newest missed slot (``latest``) or each of them
 (``all``, at most MAX_CATCHUP) is claimed with its usual id through the
 `attempt` callback (``Jobs.attempt``), so a slot that did run is a duplicate
-and does not run again.
+and does not run again. A newest claim of the slot the loop handles next, or
+a later one (stored before this read: a loaded sidecar, a fleet reconnecting
+just before a slot), says nothing of the slots before it: they are all
+claimed then, as if the read had found nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from sidecar.core.clock import rfc3339
 from sidecar.core.wire import CATCHUP, EVERY
 from sidecar.run.since import floor_ms, settle, since_key
 
@@ -85,14 +89,21 @@ class CatchUp:
             except Exception as exc:  # no answer: claim them all; duplicates do not run
                 log.debug("catch-up of %s: reading its last claim failed: %r", job.name, exc)
         last = last_scheduled_slot(messages, self.spec.prefix, job.name)
-        missed = [s for s in candidates if last is None or s > last]
+        hidden = last is not None and last >= first  # a claim since hides the candidates
+        missed = [s for s in candidates if last is None or hidden or s > last]
         if not missed:
             return
         chosen = missed[-1:] if job.catchup == "latest" else missed[-MAX_CATCHUP:]
         log.info(
-            "job %s: catching up %d missed slot(s) of the last %gs (catchup: %s)",
+            "job %s: catching up %d %s of the last %gs (catchup: %s)",
             job.name,
             len(chosen),
+            (
+                f"slot(s), missed or not (a claim of slot {rfc3339(last / 1000)} came first: "
+                "those that ran do not run again)"
+                if hidden and last is not None
+                else "missed slot(s)"
+            ),
             job.max_late,
             job.catchup,
         )

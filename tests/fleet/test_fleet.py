@@ -222,7 +222,9 @@ def test_catch_up_after_every_sidecar_was_down(
         assert len(caught) == 1 and "catching up" in caught[0]
     elif mode == "latest":
         assert len(hole) >= 2, (before, after)
-        assert len(caught) == 1 and "catching up 1 missed slot(s)" in caught[0]
+        # "1 missed slot(s)", or "1 slot(s), missed or not" when its own first claim
+        # came before the catch-up's read (sidecar/run/catchup.py).
+        assert len(caught) == 1 and "catching up 1 " in caught[0], caught
     else:
         assert len(hole) >= 3, (before, after)
         assert caught == []

@@ -37,7 +37,7 @@ from tests.support import (
     write_config,
 )
 
-AWAY = float(os.environ.get("ANARCHON_TEST_AWAY", "150"))
+AWAY = float(os.environ.get("ANARCHON_TEST_AWAY", "75"))
 TTL = "2s"  # the old grace is then its floor, 30 s
 KEPT = ("paused.held", "count.capped")
 

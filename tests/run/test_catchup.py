@@ -56,3 +56,43 @@ async def test_a_sidecar_ready_after_the_oldest_missed_slot_expired_catches_up_t
         assert at - slot / 1000 <= 4.0, ("claimed past max_late", slot, at)
     # The slots that expired while it waited were not claimed.
     assert min(s for s, _ in claimed) / 1000 >= start - 4 + 2.0 - 0.1, claimed
+
+
+async def test_a_claim_of_the_next_slot_stored_before_the_read_hides_nothing(
+    nats_server: NatsServer, make_jobs: Any
+) -> None:
+    """A loaded sidecar (or a fleet reconnecting just before a slot): another ran the
+    slot the loop handles next before this catch-up read the job's newest claim.
+    That claim says nothing of the slots before it: each is claimed (those that
+    ran are duplicates). A newest claim among them still says they ran."""
+    from tests.run.test_job_life import running
+
+    config = parse_config(
+        {
+            "nats": {"servers": [nats_server.url]},
+            "jobs": [
+                {"name": "tick", "schedule": "* * * * * *", "catchup": "all", "max_late": "5s"}
+            ],
+        },
+        {},
+    )
+    job = config.jobs[0]
+    attempted: list[int] = []
+
+    async def attempt(job: JobConfig, slot: int, now: float, *rest: Any) -> None:
+        attempted.append(slot)
+
+    async with make_jobs(config) as jobs, running(jobs):
+        ctx = jobs.ctx
+        first = (int(time.time()) + 1) * 1000
+        deadline = ctx.clock.monotonic() + 5
+        await ctx.claimer.claim(job.name, first, deadline)  # the loop's slot, run already
+        await CatchUp(ctx, attempt, lambda job: first)(job)
+        assert attempted, "the slots before the loop's were not claimed"
+        assert all(first - 5000 <= s < first for s in attempted), (attempted, first)
+        assert len(attempted) >= 3, attempted
+        # The newest claim is the newest candidate's: nothing missed, no claim.
+        attempted.clear()
+        await ctx.claimer.claim(job.name, first - 1000, deadline)
+        await CatchUp(ctx, attempt, lambda job: first + 1000)(job)
+        assert attempted == [], attempted
