@@ -10,7 +10,8 @@ claim. Otherwise the newest missed slot (``latest``) or each of them
 and does not run again. A newest claim of the slot the loop handles next, or
 a later one (stored before this read: a loaded sidecar, a fleet reconnecting
 just before a slot), says nothing of the slots before it: they are all
-claimed then, as if the read had found nothing.
+claimed then, as if the read had found nothing; not for ``overlap: replace``,
+where an older slot claimed after a newer one would stop the newer one's run.
 """
 
 from __future__ import annotations
@@ -90,6 +91,15 @@ class CatchUp:
                 log.debug("catch-up of %s: reading its last claim failed: %r", job.name, exc)
         last = last_scheduled_slot(messages, self.spec.prefix, job.name)
         hidden = last is not None and last >= first  # a claim since hides the candidates
+        if hidden and job.overlap == "replace":
+            # Claimed after the later slot's, an older slot would stop its run.
+            log.info(
+                "job %s: not caught up: slot %s was claimed first, and overlap: replace "
+                "runs the newest slot only",
+                job.name,
+                rfc3339((last or 0) / 1000),
+            )
+            return
         missed = [s for s in candidates if last is None or hidden or s > last]
         if not missed:
             return

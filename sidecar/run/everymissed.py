@@ -176,11 +176,17 @@ class EveryMissed:
             del self.stopped[next(iter(self.stopped))]
 
     def changed(self, key: str) -> None:
-        if not key.startswith(PRESENCE) or key not in self.ctx.fleet.view.keys:
+        """A presence written (back), or ``""`` after a full re-read: every exit of an
+        instance whose presence is in the view now is closed."""
+        if key and not key.startswith(PRESENCE):
             return
-        exits = self.stopped.get(key[len(PRESENCE) :])
-        if exits and exits[-1].back_ms is None:
-            exits[-1].back_ms = self.ctx.clock.wall_ms()
+        keys, now_ms = self.ctx.fleet.view.keys, self.ctx.clock.wall_ms()
+        for instance in [key[len(PRESENCE) :]] if key else list(self.stopped):
+            if instance_key(instance) not in keys:
+                continue
+            for out in self.stopped.get(instance, ()):
+                if out.back_ms is None:
+                    out.back_ms = now_ms
 
     def exited(self, instance: str, slot: int, max_late_ms: int) -> bool:
         """Whether `instance` was out after a clean exit at some time of `slot`'s window."""

@@ -71,12 +71,20 @@ async def test_a_claim_of_the_next_slot_stored_before_the_read_hides_nothing(
         {
             "nats": {"servers": [nats_server.url]},
             "jobs": [
-                {"name": "tick", "schedule": "* * * * * *", "catchup": "all", "max_late": "5s"}
+                {"name": "tick", "schedule": "* * * * * *", "catchup": "all", "max_late": "5s"},
+                {
+                    "name": "newest",
+                    "schedule": "* * * * * *",
+                    "catchup": "all",
+                    "max_late": "5s",
+                    "overlap": "replace",
+                    "cancel": {"grace": "1s"},
+                },
             ],
         },
         {},
     )
-    job = config.jobs[0]
+    job, newest_only = config.jobs
     attempted: list[int] = []
 
     async def attempt(job: JobConfig, slot: int, now: float, *rest: Any) -> None:
@@ -91,8 +99,13 @@ async def test_a_claim_of_the_next_slot_stored_before_the_read_hides_nothing(
         assert attempted, "the slots before the loop's were not claimed"
         assert all(first - 5000 <= s < first for s in attempted), (attempted, first)
         assert len(attempted) >= 3, attempted
+        # overlap: replace: an older slot claimed after the newer would stop its run.
+        attempted.clear()
+        await ctx.claimer.claim(newest_only.name, first, deadline)
+        await CatchUp(ctx, attempt, lambda job: first)(newest_only)
+        assert attempted == [], attempted
         # The newest claim is the newest candidate's: nothing missed, no claim.
         attempted.clear()
         await ctx.claimer.claim(job.name, first - 1000, deadline)
-        await CatchUp(ctx, attempt, lambda job: first + 1000)(job)
+        await CatchUp(ctx, attempt, lambda job: first)(job)
         assert attempted == [], attempted

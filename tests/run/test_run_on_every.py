@@ -143,6 +143,15 @@ def test_an_instance_seen_leaving_cleanly_is_stopped_for_the_slots_it_was_out_fo
         clock.now += 1_000
         judge.changed("instance.c")
     assert len(judge.stopped["c"]) == EXITS_KEPT
+    # Back seen by a full re-read (its key told as ""), not by its own put.
+    clock.now = 300_000
+    del keys["instance.c"]
+    judge.removed(Removal("instance.c", Entry({}, 40), DELETED, None))
+    clock.now = 310_000
+    keys["instance.c"] = Entry({}, 41)
+    judge.changed("")
+    assert not judge.exited("c", 315_000, MAX_LATE_MS)
+    keys["instance.c"] = Entry({}, 42)
     assert judge.exited("c", clock.now - 1_000, MAX_LATE_MS)
     assert not judge.exited("c", 205_000, MAX_LATE_MS)  # between two exits: up
     for i in range(STOPPED_KEEP + 3):  # bounded: each rollout adds its old ids
