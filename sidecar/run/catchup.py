@@ -121,6 +121,11 @@ class CatchUp:
             now = self.clock.wall()
             if now - slot / 1000 > job.max_late or self.stopping.is_set():
                 continue
+            if job.overlap == "replace" and self.next_slot(job) != first:
+                # The loop handled a newer slot meanwhile: claimed after it, this
+                # older one would stop its run.
+                log.info("job %s: catch-up ended: a newer slot came (overlap: replace)", job.name)
+                return
             await self.attempt(job, slot, now, 1, None, CATCHUP)
 
     async def _floor(self, job: JobConfig) -> int:

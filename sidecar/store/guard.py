@@ -70,7 +70,8 @@ class StreamGuard:
         self.spec = stream_spec(config)
         self.stream_ready = False
         self.stream_problem = "stream not checked yet"
-        # True from the first look's verdict, up or down: a slot due while the
+        # True from the first look's lasting verdict (the stream up, in conflict,
+        # refused; not a timeout or a stream being made): a slot due while the
         # sidecar starts waits for it (sidecar/run/job_loop.py, ``attempt``).
         self.looked = False
         # The last refusal of a subject naming the stream (the daemon's Denials.about).
@@ -143,6 +144,7 @@ class StreamGuard:
                 continue
             except StreamConflict as exc:
                 self._stream_down(f"{exc}", forget=True)
+                self.looked = True  # a lasting verdict: no slot waits for a better one
             except StreamNotFound:
                 self._stream_down("stream missing; creating it again", forget=True)
                 continue
@@ -155,11 +157,13 @@ class StreamGuard:
                         "deploy/nats/permissions.conf)"
                     )
                     self._stream_down(problem, forget=False, quiet=True)
+                    self.looked = True  # refused: lasting
                 else:
                     self._stream_down(f"stream not available: {exc!r}", forget=False)
             except Exception as exc:  # never let readiness die silently
                 log.exception("checking the stream failed")
                 self._stream_down(f"stream check failed: {exc!r}", forget=False)
+                self.looked = True
             else:
                 backoff.reset()
                 if self.domain is _UNKNOWN:
@@ -249,7 +253,6 @@ class StreamGuard:
             self._stream_logged = now
         self.stream_ready = False
         self.stream_problem = problem
-        self.looked = True
         if forget:
             self.stream_state = None
             self.uncovered = {}

@@ -83,6 +83,7 @@ async def ending(
         for revision, (key, data) in enumerate(keys.items(), 1):
             view.apply(key, data, revision, False)
         view.synced = True
+        jobs.ctx.guard.looked = True  # past the start: no slot waits for the first look
         probe = Slow(jobs, slow)
         runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=jobs.ctx.fleet)
         runner.start(jobs)

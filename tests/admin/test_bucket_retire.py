@@ -83,6 +83,7 @@ async def taken_up(jobs: Jobs, config: Config, keys: dict[str, bytes]) -> Bucket
     for revision, (name, data) in enumerate(keys.items(), start=1):
         view.apply(f"job.{name}", data, revision, False)
     view.synced = True
+    jobs.ctx.guard.looked = True  # past the start: no slot waits for the first look
     runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=jobs.ctx.fleet)
     runner.start(jobs)
     runner.changed("")

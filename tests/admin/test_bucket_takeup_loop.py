@@ -109,6 +109,7 @@ async def test_a_take_up_of_many_jobs_holds_the_loop_a_slice_at_a_time(
             name = f"tenant-{i:06d}"
             view.apply(f"job.{name}", value(name, i % 60), i + 1, False)
         view.synced = True
+        jobs.ctx.guard.looked = True  # past the start: no slot waits for the first look
         runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
         runner.start(jobs)
         gc.collect()
@@ -173,6 +174,7 @@ async def test_a_key_written_while_the_cap_is_read_is_placed_before_it_is_taken_
             view.apply(f"job.j{i}", value(f"j{i}", i), i + 1, False)
         view.keys["instance.other"] = Entry({}, cap + 1)  # more keys than the cap: a scan
         view.synced = True
+        jobs.ctx.guard.looked = True  # past the start: no slot waits for the first look
         runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
         seen: list[set[str]] = []
         runner.listeners.append(lambda: seen.append(set(runner.running)))
@@ -211,6 +213,7 @@ async def test_a_key_removed_while_the_cap_is_read_does_not_push_another_beyond(
         for i in range(cap):
             view.apply(f"job.j{i}", value(f"j{i}", i), i + 1, False)
         view.synced = True
+        jobs.ctx.guard.looked = True  # past the start: no slot waits for the first look
         runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
         runner.start(jobs)
         runner.changed("")
@@ -250,6 +253,7 @@ async def test_a_reread_while_the_cap_is_read_places_the_round_s_keys_by_the_new
             view.apply(f"job.j{i}", value(f"j{i}", i), i + 1, False)
         view.keys["instance.other"] = Entry({}, 3)  # more keys than the cap: a scan
         view.synced = True
+        jobs.ctx.guard.looked = True  # past the start: no slot waits for the first look
         runner = BucketJobs(config=config, metrics=jobs.metrics, fleet=fleet)
         seen: list[set[str]] = []
         runner.listeners.append(lambda: seen.append(set(runner.running)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 from sidecar.config.load import JobConfig, parse_config
@@ -104,6 +105,17 @@ async def test_a_claim_of_the_next_slot_stored_before_the_read_hides_nothing(
         await ctx.claimer.claim(newest_only.name, first, deadline)
         await CatchUp(ctx, attempt, lambda job: first)(newest_only)
         assert attempted == [], attempted
+        # ... nor once the loop handled a newer slot while it caught up (a fresh job:
+        # nothing stored, every candidate missed; the loop moves on at the first).
+        fresh = replace(newest_only, name="fresh")
+        walk = {"next": first}
+
+        async def moved_on(job: JobConfig, slot: int, now: float, *rest: Any) -> None:
+            attempted.append(slot)
+            walk["next"] = first + 1000
+
+        await CatchUp(ctx, moved_on, lambda job: walk["next"])(fresh)
+        assert len(attempted) == 1, attempted
         # The newest claim is the newest candidate's: nothing missed, no claim.
         attempted.clear()
         await ctx.claimer.claim(job.name, first - 1000, deadline)

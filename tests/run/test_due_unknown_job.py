@@ -29,6 +29,7 @@ async def test_due_keys_of_a_job_put_later_are_competed_for_and_the_kept_ones_ca
     async with make_jobs(config) as jobs:
         view = jobs.ctx.fleet.view
         view.synced = True
+        jobs.ctx.guard.looked = True  # past the start: no slot waits for the first look
         due = jobs.due.made()
         competed: list[str] = []
 
