@@ -90,17 +90,18 @@ class CatchUp:
             except Exception as exc:  # no answer: claim them all; duplicates do not run
                 log.debug("catch-up of %s: reading its last claim failed: %r", job.name, exc)
         last = last_scheduled_slot(messages, self.spec.prefix, job.name)
-        hidden = last is not None and last >= first  # a claim since hides the candidates
-        if hidden and job.overlap == "replace":
+        # A claim of the loop's slot or a later one, stored first: it hides the candidates.
+        hiding = rfc3339(last / 1000) if last is not None and last >= first else None
+        if hiding is not None and job.overlap == "replace":
             # Claimed after the later slot's, an older slot would stop its run.
             log.info(
                 "job %s: not caught up: slot %s was claimed first, and overlap: replace "
                 "runs the newest slot only",
                 job.name,
-                rfc3339((last or 0) / 1000),
+                hiding,
             )
             return
-        missed = [s for s in candidates if last is None or hidden or s > last]
+        missed = [s for s in candidates if last is None or hiding or s > last]
         if not missed:
             return
         chosen = missed[-1:] if job.catchup == "latest" else missed[-MAX_CATCHUP:]
@@ -109,9 +110,9 @@ class CatchUp:
             job.name,
             len(chosen),
             (
-                f"slot(s), missed or not (a claim of slot {rfc3339(last / 1000)} came first: "
+                f"slot(s), missed or not (a claim of slot {hiding} came first: "
                 "those that ran do not run again)"
-                if hidden and last is not None
+                if hiding
                 else "missed slot(s)"
             ),
             job.max_late,
