@@ -34,6 +34,7 @@ from sidecar.config.model import Config
 from sidecar.core import failpoints
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import BucketJobRefused, CasConflict, ConfigError, KeptChanging
+from sidecar.core.natspy import read_initial
 from sidecar.run.since import schedule_hash, since_key
 from sidecar.run.since import value_object as since_object
 from sidecar.store.kv import create_or_update, delete_at, put_json
@@ -95,14 +96,17 @@ async def stored_job(kv: Any, key: str) -> tuple[dict[str, Any], int] | None:
 
 async def count_jobs(kv: Any) -> int:
     """How many ``job.<name>`` keys the bucket holds (their values not fetched)."""
-    watcher = await kv.watch(f"{PREFIX}>", ignore_deletes=True, meta_only=True)
-    count = 0
+    live: list[bool] = []
+    # Deletes are read and not counted: a watcher that skips them cannot tell
+    # nats-py's early end marker from the end (sidecar/core/natspy.py read_initial).
+    watcher = await kv.watch(f"{PREFIX}>", meta_only=True)
     try:
-        while await watcher.updates(timeout=READ_TIMEOUT) is not None:
-            count += 1
+        await read_initial(
+            watcher, lambda entry: live.append(entry.operation is None), READ_TIMEOUT
+        )
     finally:
         await watcher.stop()
-    return count
+    return sum(live)
 
 
 async def create_job(kv: Any, spec: BucketJob, value: dict[str, Any]) -> int:

@@ -26,8 +26,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from sidecar.admin.recent import TAIL_MAX, TAIL_PER_JOB, Recent, nothing_to_read, read_pass
+from sidecar.admin.recent import TAIL_MAX, TAIL_PER_JOB, Recent, read_pass
 from sidecar.core.backoff import Backoff
+from sidecar.core.natspy import delivered_nothing
 from sidecar.core.tasks import TaskSet
 from sidecar.when.attempts import lease_job
 
@@ -151,7 +152,7 @@ class Live:
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
             ),
         )
-        if await nothing_to_read(sub):
+        if await delivered_nothing(sub):
             self.loaded.set()
 
     async def _unsubscribe(self) -> None:

@@ -21,6 +21,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import rfc3339
+from sidecar.core.natspy import delivered_nothing
 from sidecar.core.wire import EVERY, FAILED, LOST, RUN_ON_FIELD, RUNNING, SKIPPED
 from sidecar.store.runs import attempt_of, join_runs
 
@@ -199,20 +200,10 @@ async def read_pass(
         f"{prefix}>", stream=stream, cb=on_msg, ordered_consumer=True, config=config
     )
     try:
-        if await nothing_to_read(sub) and not done.done():
+        if await delivered_nothing(sub) and not done.done():
             done.set_result(None)
         await asyncio.wait_for(done, READ_TIMEOUT)
     except TimeoutError:
         pass  # what was read in that time is shown; the rest is missing, not wrong
     finally:
         await sub.unsubscribe()
-
-
-async def nothing_to_read(sub: Any) -> bool:
-    """True when a new consumer has no message to deliver: none on our subjects.
-
-    (The stream may hold messages of other subjects only: no callback then
-    ever says "nothing pending".)
-    """
-    info = await sub.consumer_info()
-    return int(info.num_pending or 0) == 0 and int(info.delivered.stream_seq or 0) == 0

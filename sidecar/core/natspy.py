@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -107,6 +108,54 @@ def queued_update(watcher: KeyValue.KeyWatcher) -> Any:
         return queue.get_nowait()
     except asyncio.QueueEmpty:
         return NOTHING_QUEUED
+
+
+async def read_initial(
+    watcher: KeyValue.KeyWatcher, take: Callable[[KeyValue.Entry], object], timeout: float
+) -> None:
+    """Give `take` each of a new watch's initial values, in order, and return once
+    the last one is taken; ``TimeoutError`` when `timeout` passes between two.
+
+    nats-py (2.9 to 2.16, ``KeyValue.watch``) ends the initial values with a None.
+    It puts that None *first* when the new consumer's info says nothing is pending
+    and no message has reached the client yet. But the server counts a value as
+    delivered once its consumer has sent it, and its answer to the info request can
+    reach the client before the values do (seen on a loaded CI machine: ``status``
+    showed an empty bucket, 0 instances and none of 400 jobs). A None before any
+    value is therefore trusted only when the consumer says it has delivered nothing
+    (``watcher._sub``: nats-py keeps the subscription private). Otherwise the
+    values are still on their way, and the last of them is the one that left
+    nothing pending behind it (``Entry.delta``, the message's ``num_pending``).
+    Watchers that skip entries (``ignore_deletes``) cannot be read this way: a
+    skipped last value would never be seen.
+    """
+    first = True
+    early = False  # nats-py's None came before values the server had sent
+    while True:
+        entry = queued_update(watcher)
+        if entry is NOTHING_QUEUED:
+            entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+        if entry is None:
+            if first and not await delivered_nothing(watcher._sub):
+                early = True
+            if not early:
+                return
+        else:
+            take(entry)
+            if early and entry.delta == 0:
+                return
+        first = False
+
+
+async def delivered_nothing(sub: Any) -> bool:
+    """Whether a new consumer has sent nothing and has nothing to send: no message
+    on its subjects (`sub`: a JetStream push subscription).
+
+    Not ``delivered.stream_seq``: a consumer whose filter no message matches starts
+    past the stream's last message; its consumer sequence counts what it sent.
+    """
+    info = await sub.consumer_info()
+    return int(info.num_pending or 0) == 0 and int(info.delivered.consumer_seq or 0) == 0
 
 
 # ---------------------------------------------------------------------- the connection

@@ -33,6 +33,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from sidecar.core.natspy import read_initial
 from sidecar.core.slices import Budget, chunks, sort
 from sidecar.core.wire import decode as decode  # re-exported
 from sidecar.core.wire import paused_key
@@ -585,16 +586,16 @@ async def read_view(
     except (BucketNotFoundError, NotFoundError):
         return None
     view = View()
+
+    def take(entry: KeyValue.Entry) -> None:
+        view.apply_entry(entry)
+        created = getattr(entry, "created", None)
+        if seen is not None and str(entry.key).startswith("instance.") and created:
+            seen[str(entry.key)[len("instance.") :]] = created.timestamp()
+
     watcher = await kv.watchall()
     try:
-        while True:
-            entry = await watcher.updates(timeout=READ_TIMEOUT)  # type: ignore[no-untyped-call]
-            if entry is None:
-                break
-            view.apply_entry(entry)
-            created = getattr(entry, "created", None)
-            if seen is not None and str(entry.key).startswith("instance.") and created:
-                seen[str(entry.key)[len("instance.") :]] = created.timestamp()
+        await read_initial(watcher, take, READ_TIMEOUT)
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]
     view.synced = True

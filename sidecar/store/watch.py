@@ -20,7 +20,7 @@ from nats.js.errors import NotFoundError
 
 from sidecar.core import failpoints
 from sidecar.core.backoff import Backoff
-from sidecar.core.natspy import NOTHING_QUEUED, jetstream_of, queued_update
+from sidecar.core.natspy import jetstream_of, read_initial
 from sidecar.core.tasks import TaskSet
 from sidecar.store.bucketcheck import BucketFacts, facts_of
 from sidecar.store.state import BUCKET_PREFIX, BUCKET_REPLACED, Bucket, Removal, View
@@ -144,15 +144,9 @@ class Watch:
         fresh = View(on_change=None, keep_markers=True, on_unknown=self.view.on_unknown)
         watcher = await self.bucket.kv.watchall()
         self._watcher = watcher
-        # The initial values up to the end marker (None) make the fresh view.
-        while True:
-            # What is queued already is taken without a task and a timer each.
-            entry = queued_update(watcher)
-            if entry is NOTHING_QUEUED:
-                entry = await watcher.updates(timeout=10.0)  # type: ignore[no-untyped-call]
-            if entry is None:
-                break
-            fresh.apply_entry(entry)
+        # The initial values make the fresh view (what is queued already is taken
+        # without a task and a timer each; an early end marker is not trusted).
+        await read_initial(watcher, fresh.apply_entry, 10.0)
         info = await jetstream_of(self.bucket.kv).stream_info(self.bucket.spec.stream)
         fresh.last_revision = max(fresh.last_revision, int(info.state.last_seq))
         changed = set(self.view.keys) ^ set(fresh.keys) | {

@@ -138,12 +138,14 @@ class AckProxy:
             asyncio.create_task(self._client_to_server(client_r, server_w)),
             asyncio.create_task(self._server_to_client(server_r, client_w)),
         ]
-        with contextlib.suppress(Exception):
-            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-        for task in pumps:
-            task.cancel()
-        for w in (client_w, server_w):
-            w.close()
+        try:
+            with contextlib.suppress(Exception):
+                await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # stop() cancels this too: the sockets are closed all the same
+            for task in pumps:
+                task.cancel()
+            for w in (client_w, server_w):
+                w.close()
 
     def start(self) -> AckProxy:
         ready = threading.Event()
