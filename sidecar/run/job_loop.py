@@ -46,6 +46,7 @@ from sidecar.run.lease import (
 )
 from sidecar.run.record import Outcome, Recorder, not_sent, sent
 from sidecar.run.skips import EXCLUDED, Unclaimed
+from sidecar.run.startup import StartupWait
 from sidecar.run.timetable import Timetable
 from sidecar.run.trigger import Trigger, Why, interrupted, why_of
 from sidecar.store.bucketcheck import needs_leases
@@ -73,11 +74,6 @@ log = logging.getLogger(__name__)
 
 # A slot is judged at most this long after its decider first looks (Fleet.caught_up).
 CAUGHT_UP_WAIT = 2.0
-# A slot due while the sidecar starts waits for its first stream look and state
-# bucket read (``attempt``): looked for this often, by one task for all slots, and
-# for this long at most after the first such wait (then never again).
-STARTED_POLL = 0.05
-STARTUP_LIMIT = 30.0
 
 
 def counts(job: JobConfig, claim: Claim) -> bool:
@@ -142,8 +138,10 @@ class Jobs:
         self.sleeper = ctx.sleeper
         self.sleep_until = self.sleeper.until
         self.side_tasks = ctx.tasks
-        # The one wait of the slots due while the sidecar starts (``_wait_started``).
-        self._startup: asyncio.Task[None] | None = None
+        # The one wait of the slots due while the sidecar starts (sidecar/run/startup.py).
+        self.startup = StartupWait(
+            started=self._started, clock=self.clock, stopping=self.stopping, tasks=self.side_tasks
+        )
         # Every job's slots on one timer (sidecar/run/timetable.py); the parts it
         # calls are wired after this (sidecar/run/wiring.py): looked up per call.
         self.timetable = Timetable(
@@ -235,7 +233,7 @@ class Jobs:
             # the claim's window), not taken for a refusal ("stream not checked yet":
             # a run_on: every instance's slot lost on its own app).
             start = slot / 1000 if due_at is None else due_at
-            await self._wait_started((start + job.max_late - now) / 2)
+            await self.startup.wait((start + job.max_late - now) / 2)
             if self.stopping.is_set():
                 m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
                 return
@@ -324,22 +322,6 @@ class Jobs:
     def _started(self) -> bool:
         """Whether the stream was looked at and the state bucket read once since start."""
         return self.guard.looked and self.fleet.view.synced
-
-    async def _wait_started(self, wait: float) -> None:
-        """Until ``_started``, at most `wait` seconds: one look for every slot waiting
-        (``_until_started``), over for good STARTUP_LIMIT after the first wait began
-        (a bucket that cannot be opened holds no slot after that) or on stop."""
-        if self._startup is None:
-            self._startup = self.side_tasks.spawn(self._until_started())
-        if not self._startup.done():
-            await asyncio.wait((self._startup,), timeout=max(0.0, wait))
-
-    async def _until_started(self) -> None:
-        until = self.clock.monotonic() + STARTUP_LIMIT
-        while True:
-            if self._started() or self.stopping.is_set() or self.clock.monotonic() >= until:
-                return
-            await asyncio.sleep(STARTED_POLL)
 
     def _over(self, job: JobConfig, slot: int) -> str | None:
         """Why `slot` is not claimed by end_at or max_runs (None: it may be)."""

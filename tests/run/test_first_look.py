@@ -71,7 +71,7 @@ async def test_the_start_up_wait_ends_on_stop_and_for_good_after_its_limit(
     """In process, nothing started (no look, no read will come): a slot waiting is let
     go on stop, counted ``shutdown``; past STARTUP_LIMIT no slot waits any more (a
     bucket that cannot be opened holds no slot for ever)."""
-    from sidecar.run import job_loop
+    from sidecar.run import startup
 
     config = parse_config(
         {
@@ -86,7 +86,7 @@ async def test_the_start_up_wait_ends_on_stop_and_for_good_after_its_limit(
         sample = jobs.metrics.registry.get_sample_value
         return sample("anarchon_claims_skipped_total", {"job": "tick", "reason": reason}) or 0
 
-    monkeypatch.setattr(job_loop, "STARTUP_LIMIT", 0.5)
+    monkeypatch.setattr(startup, "STARTUP_LIMIT", 0.5)
     async with make_jobs(config) as jobs:
         now = time.time()
         # Past the limit: let go at 0.5 s, not at half its window (30 s), and skipped.
@@ -96,7 +96,7 @@ async def test_the_start_up_wait_ends_on_stop_and_for_good_after_its_limit(
         begun = time.monotonic()
         await asyncio.wait_for(jobs.attempt(tick, int(now) * 1000 + 1000, time.time()), 10)
         assert time.monotonic() - begun < 0.4 and skipped(jobs, "stream") == 2
-    monkeypatch.setattr(job_loop, "STARTUP_LIMIT", 60.0)
+    monkeypatch.setattr(startup, "STARTUP_LIMIT", 60.0)
     async with make_jobs(config) as jobs:
         now = time.time()
         waiting = asyncio.create_task(jobs.attempt(tick, int(now) * 1000, now))
