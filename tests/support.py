@@ -623,6 +623,27 @@ class StoredMsg:
     time: float = 0.0  # when the server stored it (epoch seconds)
 
 
+async def bucket_keys(kv: Any) -> list[str]:
+    """The keys a KV bucket holds now (deleted ones left out), sorted.
+
+    nats-py's ``kv.keys()`` stops at its end marker, which can come before the
+    values (sidecar/core/natspy.py ``read_initial``): a check that a key is gone
+    would then pass on an early "no keys"."""
+    from sidecar.core.natspy import read_initial
+
+    held: dict[str, bool] = {}
+
+    def take(entry: Any) -> None:
+        held[entry.key] = entry.operation is None
+
+    watcher = await kv.watchall(meta_only=True)
+    try:
+        await read_initial(watcher, take, 10.0)
+    finally:
+        await watcher.stop()
+    return sorted(key for key, live in held.items() if live)
+
+
 async def taken_up(server: NatsServer, bucket: str, instance: str = "scale-1") -> int:
     """How many jobs of the state bucket `instance`'s presence says it runs (-1: no
     presence yet), read from the bucket (bench/ and the scale tests wait on it)."""

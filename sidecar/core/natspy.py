@@ -18,6 +18,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError, StaleConnectionError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, ServiceUnavailableError
 from nats.js.kv import KeyValue
@@ -114,7 +115,7 @@ async def read_initial(
     watcher: KeyValue.KeyWatcher, take: Callable[[KeyValue.Entry], object], timeout: float
 ) -> None:
     """Give `take` each of a new watch's initial values, in order, and return once
-    the last one is taken; ``TimeoutError`` when `timeout` passes between two.
+    the last one is taken; ``TimeoutError`` when `timeout` passes without news.
 
     nats-py (2.9 to 2.16, ``KeyValue.watch``) ends the initial values with a None.
     It puts that None *first* when the new consumer's info says nothing is pending
@@ -125,16 +126,36 @@ async def read_initial(
     value is therefore trusted only when the consumer says it has delivered nothing
     (``watcher._sub``: nats-py keeps the subscription private). Otherwise the
     values are still on their way, and the last of them is the one that left
-    nothing pending behind it (``Entry.delta``, the message's ``num_pending``).
-    Watchers that skip entries (``ignore_deletes``) cannot be read this way: a
-    skipped last value would never be seen.
+    nothing pending behind it (``Entry.delta``, the message's ``num_pending``); or,
+    should that one never be handed over (nats-py skips a marker of a reason it
+    does not know), the read ends once the consumer has nothing pending and every
+    message it sent has reached the client.
     """
     first = True
     early = False  # nats-py's None came before values the server had sent
+    waited = 0.0
+    arrived = -1  # messages received at the last idle step that found all of them in
     while True:
         entry = queued_update(watcher)
         if entry is NOTHING_QUEUED:
-            entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+            if not early:
+                entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+            else:
+                try:
+                    entry = await watcher.updates(timeout=EARLY_STEP)  # type: ignore[no-untyped-call]
+                except NatsTimeoutError:
+                    # All arrived at two idle steps in a row, nothing in between: nats-py
+                    # handed over what it would (a message is counted on arrival, and
+                    # handed over by the subscription's task after).
+                    waited += EARLY_STEP
+                    now = await _all_arrived(watcher._sub)
+                    if now >= 0 and now == arrived:
+                        return
+                    arrived = now
+                    if waited >= timeout:
+                        raise
+                    continue
+        waited, arrived = 0.0, -1
         if entry is None:
             if first and not await delivered_nothing(watcher._sub):
                 early = True
@@ -145,6 +166,20 @@ async def read_initial(
             if early and entry.delta == 0:
                 return
         first = False
+
+
+# How long an early read waits for a value before it asks the consumer again.
+EARLY_STEP = 0.5
+
+
+async def _all_arrived(sub: Any) -> int:
+    """How many messages the client has received when the consumer has nothing
+    pending and all it sent has arrived; else -1."""
+    info = await sub.consumer_info()
+    received = int(sub.delivered)
+    if int(info.num_pending or 0) == 0 and received >= int(info.delivered.consumer_seq or 0):
+        return received
+    return -1
 
 
 async def delivered_nothing(sub: Any) -> bool:

@@ -24,12 +24,13 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError
 
 from tests.support import (
     NatsServer,
     RecordingApp,
     Sidecar,
+    bucket_keys,
     job,
     results,
     run_cli,
@@ -172,10 +173,7 @@ def _instances(url: str) -> list[str]:
         nc = await nats.connect(url)
         try:
             kv = await nc.jetstream().key_value("CRON_STATE")
-            try:
-                return [k for k in await kv.keys() if k.startswith("instance.")]
-            except NoKeysError:
-                return []
+            return [k for k in await bucket_keys(kv) if k.startswith("instance.")]
         finally:
             await nc.close()
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError
 
 from sidecar.fleet.orphans import Orphans, job_of, jobs_run, run_by
 from sidecar.store.state import Entry, Removal, View
@@ -29,6 +29,7 @@ from tests.support import (
     NatsServer,
     RecordingApp,
     Sidecar,
+    bucket_keys,
     job,
     read_stream,
     run_cli,
@@ -86,10 +87,7 @@ async def live_keys(url: str, bucket: str = "CRON_STATE") -> list[str]:
     nc = await nats.connect(url)
     try:
         kv = await nc.jetstream().key_value(bucket)
-        try:
-            return sorted(await kv.keys())
-        except NoKeysError:  # the bucket holds none; anything else must not read as "none"
-            return []
+        return await bucket_keys(kv)
     finally:
         await nc.close()
 

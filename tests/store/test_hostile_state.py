@@ -24,6 +24,7 @@ from tests.support import (
     NatsServer,
     RecordingApp,
     Sidecar,
+    bucket_keys,
     job,
     results,
     run_cli,
@@ -75,10 +76,7 @@ def put(url: str, key: str, value: Any, ttl: float | None = None) -> None:
 def live_keys(url: str) -> list[str]:
     async def work(nc: Any) -> list[str]:
         kv = await nc.jetstream().key_value("CRON_STATE")
-        try:
-            return list(await kv.keys())
-        except Exception:  # nats-py raises when there is none
-            return []
+        return await bucket_keys(kv)
 
     return list(with_nats(url, work))
 
