@@ -131,8 +131,10 @@ async def read_initial(
     does not know), the read ends once the consumer has nothing pending and every
     message it sent has reached the client.
     """
+    sub: Any = watcher._sub
     first = True
     early = False  # nats-py's None came before values the server had sent
+    consumer = ""  # the consumer then: a reset since makes the counts incomparable
     waited = 0.0
     arrived = -1  # messages received at the last idle step that found all of them in
     while True:
@@ -148,7 +150,7 @@ async def read_initial(
                     # handed over what it would (a message is counted on arrival, and
                     # handed over by the subscription's task after).
                     waited += EARLY_STEP
-                    now = await _all_arrived(watcher._sub)
+                    now = await _all_arrived(sub, consumer)
                     if now >= 0 and now == arrived:
                         return
                     arrived = now
@@ -157,8 +159,9 @@ async def read_initial(
                     continue
         waited, arrived = 0.0, -1
         if entry is None:
-            if first and not await delivered_nothing(watcher._sub):
-                early = True
+            if first:
+                info = await sub.consumer_info()
+                early, consumer = not nothing_sent(info), str(info.name)
             if not early:
                 return
         else:
@@ -172,10 +175,16 @@ async def read_initial(
 EARLY_STEP = 0.5
 
 
-async def _all_arrived(sub: Any) -> int:
-    """How many messages the client has received when the consumer has nothing
-    pending and all it sent has arrived; else -1."""
+async def _all_arrived(sub: Any, consumer: str) -> int:
+    """How many messages the client has received when `consumer` has nothing pending
+    and all it sent has arrived; else -1. The count is the subscription's: its
+    heartbeats and flow control come after the values sent before them. An ordered
+    consumer made again since (a gap, a slow client's drop) counts from 1 while the
+    subscription's count goes on: then never (the read ends by a value or times out).
+    """
     info = await sub.consumer_info()
+    if str(info.name) != consumer:
+        return -1
     received = int(sub.delivered)
     if int(info.num_pending or 0) == 0 and received >= int(info.delivered.consumer_seq or 0):
         return received
@@ -189,7 +198,11 @@ async def delivered_nothing(sub: Any) -> bool:
     Not ``delivered.stream_seq``: a consumer whose filter no message matches starts
     past the stream's last message; its consumer sequence counts what it sent.
     """
-    info = await sub.consumer_info()
+    return nothing_sent(await sub.consumer_info())
+
+
+def nothing_sent(info: Any) -> bool:
+    """Whether a consumer's info says it has sent nothing and has nothing to send."""
     return int(info.num_pending or 0) == 0 and int(info.delivered.consumer_seq or 0) == 0
 
 
