@@ -133,42 +133,53 @@ async def read_initial(
     """
     sub: Any = watcher._sub
     first = True
-    early = False  # nats-py's None came before values the server had sent
-    consumer = ""  # the consumer then: a reset since makes the counts incomparable
+    while True:
+        entry = queued_update(watcher)
+        if entry is NOTHING_QUEUED:
+            entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+        if entry is None:
+            if first:
+                info = await sub.consumer_info()
+                if not nothing_sent(info):  # the values are on their way
+                    await _read_after_early_marker(watcher, take, timeout, str(info.name))
+            return
+        take(entry)
+        first = False
+
+
+async def _read_after_early_marker(
+    watcher: KeyValue.KeyWatcher,
+    take: Callable[[KeyValue.Entry], object],
+    timeout: float,
+    consumer: str,
+) -> None:
+    """``read_initial`` once nats-py's None came before values `consumer` had sent:
+    up to the value that left nothing pending, or until all it sent has arrived at
+    two idle steps in a row with nothing in between (nats-py handed over what it
+    would: a message is counted on arrival, and handed over by the subscription's
+    task after)."""
+    sub: Any = watcher._sub
     waited = 0.0
     arrived = -1  # messages received at the last idle step that found all of them in
     while True:
         entry = queued_update(watcher)
         if entry is NOTHING_QUEUED:
-            if not early:
-                entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
-            else:
-                try:
-                    entry = await watcher.updates(timeout=EARLY_STEP)  # type: ignore[no-untyped-call]
-                except NatsTimeoutError:
-                    # All arrived at two idle steps in a row, nothing in between: nats-py
-                    # handed over what it would (a message is counted on arrival, and
-                    # handed over by the subscription's task after).
-                    waited += EARLY_STEP
-                    now = await _all_arrived(sub, consumer)
-                    if now >= 0 and now == arrived:
-                        return
-                    arrived = now
-                    if waited >= timeout:
-                        raise
-                    continue
+            try:
+                entry = await watcher.updates(timeout=EARLY_STEP)  # type: ignore[no-untyped-call]
+            except NatsTimeoutError:
+                waited += EARLY_STEP
+                now = await _all_arrived(sub, consumer)
+                if now >= 0 and now == arrived:
+                    return
+                arrived = now
+                if waited >= timeout:
+                    raise
+                continue
         waited, arrived = 0.0, -1
-        if entry is None:
-            if first:
-                info = await sub.consumer_info()
-                early, consumer = not nothing_sent(info), str(info.name)
-            if not early:
-                return
-        else:
+        if entry is not None:  # nats-py puts no second None: none is skipped here
             take(entry)
-            if early and entry.delta == 0:
+            if entry.delta == 0:
                 return
-        first = False
 
 
 # How long an early read waits for a value before it asks the consumer again.

@@ -90,12 +90,17 @@ class AckProxy:
                     if msg_id:
                         self._inboxes[parts[2]] = msg_id
                 if self._forward(op, parts):
+                    await self._hold(op, parts, writer)
                     writer.write(line + CRLF + payload)
             await writer.drain()
 
     def _forward(self, op: bytes, parts: list[bytes]) -> bool:
         """Whether a frame from the client goes on to the server (all do, here)."""
         return True
+
+    async def _hold(self, op: bytes, parts: list[bytes], writer: asyncio.StreamWriter) -> None:
+        """Where a frame from the client may be held back before it goes on to the
+        server (and everything behind it with it); none is, here."""
 
     def _verdict(self, msg_id: str) -> str:
         with self._lock:

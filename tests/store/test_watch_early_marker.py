@@ -53,20 +53,11 @@ class LateValuesProxy(AckProxy):
 
     held: int = 0
 
-    async def _client_to_server(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        buf = bytearray()
+    async def _hold(self, op: bytes, parts: list[bytes], writer: asyncio.StreamWriter) -> None:
         info = f"$JS.API.CONSUMER.INFO.KV_{SPEC.bucket}.".encode()
-        while chunk := await reader.read(65536):
-            buf += chunk
-            for op, line, payload in _frames(buf):
-                parts = line.split()
-                if op == b"PUB" and len(parts) > 1 and parts[1].startswith(info):
-                    await writer.drain()
-                    await asyncio.sleep(ASK_LATE)
-                writer.write(line + CRLF + payload)
-            await writer.drain()
+        if op == b"PUB" and len(parts) > 1 and parts[1].startswith(info):
+            await writer.drain()  # what came before it goes on first
+            await asyncio.sleep(ASK_LATE)
 
     async def _server_to_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
