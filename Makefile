@@ -37,11 +37,22 @@ typecheck: $(STAMP)
 # and the tests with a margin under a millisecond), since their figures and
 # margins are about timing. The second pass runs even when the first failed:
 # one run shows every failure. Skips say why at the end of each pass.
+# Tracebacks are short (the failing line and its message, not the whole test),
+# and the first pass's failures are told again at the very end: a log that is
+# shown cut in the middle (CI's excerpt) still names what failed and why.
+FIRST_PASS := $(VENV)/first-pass.log
 unit: $(STAMP) prometheus verifiers git-tool netns-tools chromium helm oldest-python
-	status=0; \
-	$(BIN)/pytest -m "not slow and not serial" -n 2 --dist loadfile -p no:cacheprovider --durations=15 \
-	  --ignore=tests/reliability --ignore=tests/nemesis || status=$$?; \
-	$(BIN)/pytest -m "serial and not slow" -p no:cacheprovider --durations=12 tests tests/reliability tests/nemesis || status=$$?; \
+	status=0; rm -f $(FIRST_PASS).failed; \
+	{ $(BIN)/pytest -m "not slow and not serial" -n 2 --dist loadfile -p no:cacheprovider --durations=15 \
+	  --tb=short --ignore=tests/reliability --ignore=tests/nemesis || echo failed > $(FIRST_PASS).failed; } \
+	  2>&1 | tee $(FIRST_PASS); \
+	[ ! -e $(FIRST_PASS).failed ] || status=1; \
+	$(BIN)/pytest -m "serial and not slow" -p no:cacheprovider --durations=12 --tb=short \
+	  tests tests/reliability tests/nemesis || status=$$?; \
+	if [ -e $(FIRST_PASS).failed ]; then \
+	  echo "== the first pass failed; what it said of each failure:"; \
+	  grep -E '^(_{3,} .* _{3,}|tests/[^ ]+:[0-9]+: |E  |(FAILED|ERROR) )' $(FIRST_PASS) | tail -n 80; \
+	fi; \
 	exit $$status
 
 # prometheus and promtool for the rule tests and the end-to-end metrics test,

@@ -61,7 +61,7 @@ def test_without_network_admin_rights_the_nemesis_skips_saying_why() -> None:
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "passed" not in out and "failed" not in out and "error" not in out.lower(), out
-    # -rs (pyproject's addopts): each skip with its reason in the summary
+    # -rfEs (pyproject's addopts): each skip with its reason in the summary
     skips = [line for line in out.splitlines() if line.startswith("SKIPPED")]
     assert len(skips) >= 2, out
     why = "needs CAP_NET_ADMIN and CAP_SYS_ADMIN" if os.geteuid() == 0 else "needs root"

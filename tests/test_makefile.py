@@ -38,6 +38,9 @@ UTILITIES = (
     "xz",
     "gzip",
     "find",
+    "tee",
+    "grep",
+    "tail",
 )
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
@@ -251,13 +254,17 @@ def test_make_unit_runs_the_second_pass_after_a_failed_first(
     project: Path, bin_dir: Path, tmp_path: Path
 ) -> None:
     """A timing failure in the first pass must not hide the reliability scenarios and
-    the nemesis: both passes run, and make still fails."""
+    the nemesis: both passes run, and make still fails. What the first pass said of
+    its failure is told again after the second pass (the end of a cut log)."""
     log = tmp_path / "pytest.log"
     script(project / ".venv" / "bin" / "pip", "exit 0\n")
     script(
         project / ".venv" / "bin" / "pytest",
         f'echo "$@" >> {log}\n'
-        'case "$*" in *"reliability tests/nemesis") exit 0;; *) exit 1;; esac\n',
+        'case "$*" in *"reliability tests/nemesis") echo "second pass: all passed"; exit 0;; esac\n'
+        'echo "____ test_y ____"; echo "tests/test_x.py:12: in test_y"; echo "filler"\n'
+        'echo "E   assert 1 == 2"; echo "FAILED tests/test_x.py::test_y - assert 1 == 2"\n'
+        "exit 1\n",
     )
     (project / ".venv" / ".installed").touch()
     res = make(
@@ -283,3 +290,11 @@ def test_make_unit_runs_the_second_pass_after_a_failed_first(
     calls = log.read_text().splitlines()
     assert len(calls) == 2, calls
     assert calls[1].endswith("tests/reliability tests/nemesis"), calls
+    after = res.stdout.split("second pass: all passed", 1)[1].splitlines()
+    told = [line for line in after if "test_y" in line or line.startswith("E ")]
+    assert told == [
+        "____ test_y ____",
+        "tests/test_x.py:12: in test_y",
+        "E   assert 1 == 2",
+        "FAILED tests/test_x.py::test_y - assert 1 == 2",
+    ], res.stdout

@@ -240,9 +240,17 @@ def test_rolling_update_from_the_previous_release_runs_no_slot_twice(
         ]
 
     def status(python: Path | None) -> dict[str, Any]:
-        res = cli(python, tmp_path, "status", "-c", cfg, "--json")
-        assert res.returncode == 0, res.stderr
-        return dict(json.loads(res.stdout))
+        # 0.1.0's read of the bucket ends at nats-py's end marker even when it comes
+        # before the values (on a loaded machine), and then shows an empty bucket: fixed
+        # since (CHANGELOG; tests/store/test_watch_early_marker.py). Its status is read
+        # again until it shows an instance; this code's, once.
+        for _ in range(1 if python is None else 10):
+            res = cli(python, tmp_path, "status", "-c", cfg, "--json")
+            assert res.returncode == 0, res.stderr
+            view = dict(json.loads(res.stdout))
+            if view["instances"]:
+                break
+        return view
 
     started = time.time()
     # Old: two sidecars of the previous release.
