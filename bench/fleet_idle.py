@@ -28,13 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from nats.js.errors import NoKeysError
 
 from bench import runtime
 from bench.common import machine, nats_server, workdir, write_result
 from bench.scale import Snap, start_fleet, stop_all
 from bench.wire import STREAM
-from tests.support import ROOT, NatsServer, wait_for
+from tests.support import ROOT, NatsServer, bucket_keys, wait_for
 
 STATE = f"{STREAM}_STATE"
 
@@ -119,10 +118,7 @@ def live_instances(server: NatsServer) -> int:
         nc = await nats.connect(server.url)
         try:
             kv = await nc.jetstream().key_value(STATE)
-            try:
-                keys = await kv.keys()
-            except NoKeysError:
-                return 0
+            keys = await bucket_keys(kv)  # not kv.keys(): its end marker can come first
             return sum(1 for key in keys if key.startswith("instance."))
         finally:
             await nc.close()

@@ -48,7 +48,7 @@ from sidecar.store.bucketcheck import StateSpec
 from sidecar.store.kv import Keys
 from sidecar.store.state import ensure_bucket
 from sidecar.store.stream import StreamSpec, ensure_stream
-from tests.support import NatsServer, free_port, sidecar_env, write_config
+from tests.support import NatsServer, bucket_keys, free_port, sidecar_env, write_config
 
 JOBS = 1000
 HISTORY = 1000
@@ -255,10 +255,7 @@ async def leased_runs(url: str) -> dict[str, Any]:
 
         async def state() -> dict[str, Any]:
             info = await js.stream_info(bucket.spec.stream)
-            try:
-                live = len(await bucket.kv.keys())
-            except Exception:  # nats-py: NoKeysError for an empty bucket
-                live = 0
+            live = len(await bucket_keys(bucket.kv))  # not kv.keys(): its early end
             return {"live_keys": live, "messages": info.state.messages}
 
         for start in range(0, LEASED_RUNS, IN_FLIGHT):
