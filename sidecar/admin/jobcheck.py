@@ -32,11 +32,10 @@ from sidecar.config.bucketrules import check_headers, check_name_length, check_v
 from sidecar.config.fields import short, shown_text, type_name
 from sidecar.config.job_entry import (
     JOB_KEYS,
-    check_fit,
-    check_windows,
     parse_claim,
     parse_job,
 )
+from sidecar.config.job_rules import check_fit, check_windows
 from sidecar.config.keys import ConfigSection
 from sidecar.config.model import Config, JobConfig
 from sidecar.core.clock import rfc3339

@@ -46,13 +46,10 @@ from sidecar.config.job_entry import (
     MAX_RETRIES,
     ON_LOST,
     OVERLAP,
-    check_chains,
-    check_concurrency,
-    check_fit,
-    check_windows,
     parse_claim,
     parse_job,
 )
+from sidecar.config.job_rules import check_chains, check_concurrency, check_fit, check_windows
 from sidecar.config.keys import BUCKET_NAME, INSTANCE_ID, JOB_NAME, ConfigSection
 from sidecar.config.model import (
     AdminConfig,
