@@ -12,34 +12,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import date, datetime
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import quote
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from sidecar.config import calendars as shared
-from sidecar.config import params
 from sidecar.config.alerting import PingConfig, parse_expect, parse_pause_after, parse_ping
 from sidecar.config.answer import parse_answer
 from sidecar.config.fields import (
-    CONTROL_RE,
     Section,
     format_duration,
-    headers,
-    key_text,
     short,
     string,
-    target_url,
     zone,
 )
+from sidecar.config.interning import CALENDARS, interned
+from sidecar.config.job_request import parse_cancel, parse_request
 from sidecar.config.keys import JOB_NAME, ConfigSection, one_of
 from sidecar.config.model import (
     MAX_CANDIDATES,
     AfterConfig,
-    CancelConfig,
     ClaimConfig,
     ConcurrencyConfig,
     JobConfig,
-    RequestConfig,
     RetryConfig,
     TargetConfig,
 )
@@ -60,7 +54,6 @@ LOCKED = ("skip", "replace", "buffer_one")
 WAITING = ("replace", "buffer_one")
 ON_LOST = ("record", "rerun")
 MAX_RETRIES = 10
-_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 # The keys of one entry of ``jobs:``.
 JOB_KEYS = (
     "name",
@@ -103,38 +96,11 @@ _NOT_WITH_AFTER = ("schedule", "spread", "exclude", "start_at", "end_at", "catch
 NO_SLOTS = ("0 0 1 1 *", 0)
 # max_runs: at most this many runs (any more would not be a cap).
 MAX_RUNS = 2**31 - 1
-_REQUEST_KEYS = ("method", "path", "query", "headers", "body", "timeout", "url")
-_CANCEL_KEYS = ("method", "path", "grace")
 _CONCURRENCY_KEYS = ("key", "limit")
 # concurrency.limit: each slot is a key of the state bucket, tried in turn by a waiting run.
 MAX_CONCURRENCY = 100
 # concurrency.key: a token of the slot keys' names (conc.<key>.<n>).
 _CONC_KEY_LENGTH = 64
-# jobs[].cancel.grace when unset: how long a cancelled run may take to answer.
-CANCEL_GRACE = 5.0
-
-
-def _merge_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> Mapping[str, str]:
-    """``base`` overridden by ``extra``, header names compared case-insensitively."""
-    if not extra and isinstance(base, MappingProxyType):
-        return base  # the target's own: one mapping for every job that adds none
-    lowered = {name.lower() for name in extra}
-    merged = {name: text for name, text in base.items() if name.lower() not in lowered}
-    return _shared_headers({**merged, **extra})
-
-
-# Equal merged headers shared by the jobs that have them (issue 49); bounded.
-_HEADERS: dict[tuple[tuple[str, str], ...], Mapping[str, str]] = {}
-
-
-def _shared_headers(headers: dict[str, str]) -> Mapping[str, str]:
-    """A read-only `headers`, or an equal one made before (order kept: it is sent)."""
-    key = tuple(headers.items())
-    kept = _HEADERS.get(key)
-    if kept is None:
-        kept = MappingProxyType(headers)
-        _keep(_HEADERS, key, kept)
-    return kept
 
 
 def parse_job(
@@ -161,24 +127,7 @@ def parse_job(
         schedule = _parse_calendar(sec, name, timezone, calendars)
     else:
         schedule = parse_calendar([NO_SLOTS[0]], timezone, name, end_ms=NO_SLOTS[1])
-    req = ConfigSection(sec.data.get("request"), sec.key("request"), _REQUEST_KEYS)
-    method = _method(req.text("method", "POST"))
-    if method not in _METHODS:
-        raise ConfigError(req.key("method"), f"expected one of {', '.join(_METHODS)}")
-    path = _request_path(req, f"/jobs/{name}")
-    path = _with_query(req, path)
-    own_headers = req.get("headers", {}, headers)
-    merged = _merge_headers(target.headers, own_headers)
-    body = req.text("body", "")
-    request = RequestConfig(
-        method=method,
-        path=path,
-        headers=merged,
-        body=body,
-        timeout=req.duration("timeout", target.timeout, minimum_ms=1),
-        url=req.get("url", target.url, lambda v, k: target_url(v, k, target.allow_remote)),
-        params=_check_params(req, path, merged, own_headers, body),
-    )
+    request = parse_request(sec, name, target)
     retry = _parse_retry(ConfigSection(sec.data.get("retry"), sec.key("retry"), ("max", "backoff")))
     on_lost = sec.get("on_lost", "record", one_of(ON_LOST))
     if on_lost == "rerun" and retry.max < 1:
@@ -193,14 +142,14 @@ def parse_job(
             f"{after.job}; as one-off runs): remove it",
         )
     overlap = sec.get("overlap", "allow", one_of(OVERLAP))
-    cancel = _parse_cancel(sec, request, overlap)
+    cancel = parse_cancel(sec, request, overlap)
     run_on = sec.get("run_on", "one", one_of(RUN_ON))
     max_runs = sec.integer("max_runs", None, 1, MAX_RUNS)
     if run_on == "every":
         _check_every(sec, overlap, retry.max, on_lost, max_runs)
     return JobConfig(
         name=name,
-        schedule=interned(schedule, _CALENDARS),
+        schedule=interned(schedule, CALENDARS),
         timezone=timezone,
         jitter=sec.duration("jitter", 2.0),
         max_late=sec.duration("max_late", 60.0),
@@ -221,42 +170,6 @@ def parse_job(
         answer=interned(parse_answer(sec)),
         after=after,
     )
-
-
-_T = TypeVar("_T")
-# Equal small settings (retry, cancel, claim, answer) shared by every job that has
-# them: 100,000 jobs of a few kinds hold a few objects, not 100,000 (issue 49).
-_SHARED: dict[object, object] = {}
-_SHARED_MAX = 4096
-
-
-# The calendars apart: thousands of distinct schedules (a minute per tenant) must not
-# fill the small settings' table.
-_CALENDARS: dict[object, object] = {}
-
-
-def interned(value: _T, table: dict[object, object] = _SHARED) -> _T:
-    """`value`, or an equal one made before (frozen, so sharing changes nothing)."""
-    try:
-        kept = table.get(value)
-    except TypeError:  # not hashable
-        return value
-    if kept is not None:
-        return kept  # type: ignore[return-value]
-    _keep(table, value, value)
-    return value
-
-
-def _keep(table: dict[Any, Any], key: object, value: object) -> None:
-    """Keep `value` under `key`; a full table first forgets its oldest entry.
-
-    Not "stop keeping once full": a sidecar whose jobs changed over weeks would
-    then share nothing new, and what a job shares would depend on what came
-    before it. A job keeps the object it was given either way.
-    """
-    if len(table) >= _SHARED_MAX:
-        del table[next(iter(table))]
-    table[key] = value
 
 
 def _parse_concurrency(sec: ConfigSection) -> ConcurrencyConfig | None:
@@ -325,51 +238,6 @@ def _parse_after(sec: ConfigSection, name: str) -> AfterConfig | None:
                 "not on a calendar of its own (remove one of them)",
             )
     return AfterConfig(job=other, on=aft.get("on", "success", one_of(AFTER_ON)))
-
-
-def _with_query(req: ConfigSection, path: str) -> str:
-    """`path` with ``request.query`` appended: names and values plain text, which
-    are percent-encoded here (run parameters in a value stay, rendered per run)."""
-    raw = req.data.get("query")
-    if raw is None:
-        return path
-    if not isinstance(raw, dict):
-        raise ConfigError(req.key("query"), "expected a map of query names to values")
-    pairs = []
-    for name, value in raw.items():
-        key = f"{req.key('query')}.{key_text(name)}"
-        if not isinstance(name, str) or not name or CONTROL_RE.search(name):
-            raise ConfigError(key, "not a query name: a non-empty string")
-        if isinstance(value, bool) or not isinstance(value, str | int):
-            raise ConfigError(key, "expected a string (or a number)")
-        text = str(value)
-        if CONTROL_RE.search(text):
-            raise ConfigError(key, "must not contain control characters")
-        encoded = params.query_text(text, params.parse(text, params.QUERY, key))
-        pairs.append(f"{quote(name, safe='')}={encoded}")
-    if not pairs:
-        return path
-    return path + ("&" if "?" in path else "?") + "&".join(pairs)
-
-
-def _check_params(
-    req: ConfigSection,
-    path: str,
-    merged: Mapping[str, str],
-    own_headers: Mapping[str, str],
-    body: str,
-) -> bool:
-    """Whether the request has run parameters; ConfigError naming the key of an
-    unknown or malformed one (a header of ``target.headers`` by its own key)."""
-    found = params.parse(path, params.PATH, req.key("path")) is not None
-    for name, text in merged.items():
-        key = (
-            f"{req.key('headers')}.{key_text(name)}"
-            if name in own_headers
-            else f"target.headers.{key_text(name)}"
-        )
-        found = params.parse(text, params.HEADER, key) is not None or found
-    return params.parse(body, params.BODY, req.key("body")) is not None or found
 
 
 def _parse_calendar(
@@ -478,67 +346,6 @@ def _job_ping(sec: ConfigSection, defaults: ConfigSection, name: str) -> PingCon
     if defaults.has("ping"):
         return parse_ping(defaults.data["ping"], "defaults.ping", name)
     return None
-
-
-def _parse_cancel(sec: ConfigSection, request: RequestConfig, overlap: str) -> CancelConfig:
-    """``jobs[].cancel``: the request that asks the app to stop a run (``overlap: replace``)."""
-    if sec.has("cancel") and overlap != "replace":
-        raise ConfigError(sec.key("cancel"), "only used with overlap: replace")
-    can = ConfigSection(sec.data.get("cancel"), sec.key("cancel"), _CANCEL_KEYS)
-    method = _method(can.text("method", "DELETE"))
-    if method not in _METHODS:
-        raise ConfigError(can.key("method"), f"expected one of {', '.join(_METHODS)}")
-    path = _request_path(can, request.path)
-    # Rendered with the run's values as the trigger's path is (docs/TRIGGER.md).
-    cancel_params = params.parse(path, params.PATH, can.key("path")) is not None
-    if method == request.method and path == request.path:
-        raise ConfigError(
-            can.key("method"),
-            f"{method} {path} is the trigger itself: give the cancel request another "
-            "method or path",
-        )
-    grace = can.duration("grace", CANCEL_GRACE, minimum_ms=100)
-    max_late = sec.duration("max_late", 60.0)
-    if overlap == "replace" and grace >= max_late:
-        raise ConfigError(
-            can.key("grace"),
-            f"{format_duration(grace)} must be shorter than max_late "
-            f"({format_duration(max_late)}): the new slot waits at most max_late for the "
-            "replaced run to end",
-        )
-    if overlap != "replace" and path == request.path:
-        # Never sent (only ``replace`` cancels): "" for the request's own path, as
-        # sidecar/run/overlap.py reads it, so that the jobs of equal settings share
-        # one CancelConfig (``interned``, issue 49) instead of one per path.
-        path = ""
-    return CancelConfig(method=method, path=path, grace=grace, params=cancel_params)
-
-
-def _method(text: str) -> str:
-    """A request's method in capitals: one of ``_METHODS``'s own strings when it is
-    one (not a new string per job), else as written for the caller's error."""
-    upper = text.upper()
-    for known in _METHODS:
-        if upper == known:
-            return known
-    return upper
-
-
-def _request_path(sec: ConfigSection, default: str) -> str:
-    """``path`` of a request (or of its cancel): a request target as written."""
-    path = sec.text("path", default)
-    if not path.startswith("/") or CONTROL_RE.search(path) or " " in path:
-        raise ConfigError(
-            sec.key("path"), "must start with / and contain no spaces or control chars"
-        )
-    # Sent and signed (v2) exactly as written: only what HTTP allows in a
-    # request target as is, so nothing on the way re-encodes it.
-    if not path.isascii() or "#" in path:
-        raise ConfigError(
-            sec.key("path"),
-            "ASCII only and no '#': percent-encode other characters (e.g. %C3%A4 for ä)",
-        )
-    return path
 
 
 def _parse_retry(sec: ConfigSection) -> RetryConfig:

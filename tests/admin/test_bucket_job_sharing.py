@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from sidecar.admin.jobcheck import judge
-from sidecar.config import job_entry
+from sidecar.config import interning, job_request
 from sidecar.config.load import parse_config
 from sidecar.config.model import Config
 
@@ -98,12 +98,12 @@ def test_sharing_goes_on_after_the_tables_filled() -> None:
     entries; they do not stop keeping). Failed on CI: other tests had filled
     the tables first, and new jobs shared nothing."""
     cfg = file_config()
-    for i in range(job_entry._SHARED_MAX + 10):
+    for i in range(interning.SHARED_MAX + 10):
         job = tenant(i, schedule=f"{i % 60} {i // 60 % 24} {i // 1440 % 28 + 1} * *")
         job["request"] = {"path": "/x", "headers": {"X-Tenant": str(i)}}
         judge(cfg, f"job.fill-{i}", {**job, "name": f"fill-{i}"})
-    assert len(job_entry._CALENDARS) <= job_entry._SHARED_MAX
-    assert len(job_entry._HEADERS) <= job_entry._SHARED_MAX
+    assert len(interning.CALENDARS) <= interning.SHARED_MAX
+    assert len(job_request._HEADERS) <= interning.SHARED_MAX
     a = judge(cfg, "job.tenant-1", tenant(1, schedule="9 9 9 9 *")).job
     b = judge(cfg, "job.tenant-2", tenant(2, schedule="9 9 9 9 *")).job
     assert a.schedule is b.schedule
