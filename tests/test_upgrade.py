@@ -406,7 +406,7 @@ def test_rolling_update_from_the_previous_release_runs_no_slot_twice(
 
 
 def test_job_hashes_are_compared_only_with_hashes_of_their_kind() -> None:
-    from sidecar.store.state import HASH_KIND, mismatched_jobs
+    from sidecar.store.digests import HASH_KIND, mismatched_jobs
 
     old = {"jobs": {"a": "with-address", "b": "b1"}}  # 0.1.0: no "digest"
     new = {"jobs": {"a": "without", "b": "b2"}, "digest": HASH_KIND}

@@ -43,15 +43,9 @@ from sidecar.core.errors import ConfigError
 from sidecar.core.slices import RUN, SLICE, Budget, chunks, sort
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key
+from sidecar.store.digests import BUCKET_SET, job_hash, set_hash
 from sidecar.store.kv import put_with_ttl
-from sidecar.store.state import (
-    BUCKET_SET,
-    PRESENCE_TTL,
-    Removal,
-    View,
-    job_hash,
-    set_hash,
-)
+from sidecar.store.state import PRESENCE_TTL, Removal, View
 
 if TYPE_CHECKING:
     from sidecar.fleet.member import Fleet

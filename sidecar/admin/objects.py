@@ -28,16 +28,14 @@ from sidecar.fleet.orphans import run_by
 from sidecar.run.backfill import backfill_key, done_of, running_of, slot_list
 from sidecar.run.concurrency import conc_key
 from sidecar.run.runcap import counted
-from sidecar.store.state import (
+from sidecar.store.digests import (
     BUCKET_MISMATCH,
-    Entry,
-    View,
-    bucket_job_names,
     bucket_set,
     config_hash,
     mismatched_calendars,
     mismatched_jobs,
 )
+from sidecar.store.state import Entry, View, bucket_job_names
 from sidecar.store.stream import StreamState
 from sidecar.when.atkey import at_key, pending_of
 from sidecar.when.attempts import lease_job

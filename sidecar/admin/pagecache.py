@@ -41,8 +41,9 @@ from sidecar.config.load import Config
 from sidecar.core.clock import Clock, parse_rfc3339
 from sidecar.core.errors import SidecarError
 from sidecar.obs.exposition import RENDER_SLICE
+from sidecar.store.digests import mismatched_jobs
 from sidecar.store.runs import read_history
-from sidecar.store.state import Entry, View, mismatched_jobs
+from sidecar.store.state import Entry, View
 from sidecar.store.stream import StreamState, state_of
 
 if TYPE_CHECKING:

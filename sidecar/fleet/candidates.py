@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.config.fields import format_duration
 from sidecar.obs.ratelog import RateLimitedLog
-from sidecar.store.state import BUCKET_PREFIX, runs_job
+from sidecar.store.digests import BUCKET_PREFIX, runs_job
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig

@@ -30,18 +30,15 @@ from sidecar.fleet.listeners import KeyListeners
 from sidecar.fleet.orphans import Orphans
 from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.store.bucketcheck import check_bucket, needs_leases
+from sidecar.store.digests import BUCKET_PREFIX, HASH_KIND, job_hash, mismatched_jobs
 from sidecar.store.kv import Keys, delete_at, put_with_ttl, stream_now
 from sidecar.store.state import (
-    BUCKET_PREFIX,
-    HASH_KIND,
     PRESENCE_RENEW,
     PRESENCE_TTL,
     Bucket,
     Removal,
     View,
     ensure_bucket,
-    job_hash,
-    mismatched_jobs,
     state_spec,
 )
 from sidecar.store.versions import version_problem
@@ -135,10 +132,12 @@ class Fleet:
             "version": __version__,
             "started_at": self._started_at,
             "jobs": {job.name: job_hash(job) for job in config.jobs},
-            "digest": HASH_KIND,  # the kind of those hashes (state.mismatched_jobs)
+            "digest": HASH_KIND,  # the kind of those hashes (store/digests.py mismatched_jobs)
             "metrics": f"{config.metrics.host}:{config.metrics.port}",
         }
-        if config.calendars:  # content hashes: a mismatch is named (state.mismatched_calendars)
+        if (
+            config.calendars
+        ):  # content hashes: a mismatch is named (store/digests.py mismatched_calendars)
             self.presence["calendars"] = {n: c.digest for n, c in config.calendars.items()}
 
     # ------------------------------------------------------------------ lifecycle

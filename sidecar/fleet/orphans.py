@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sidecar.store.state import Removal, View, bucket_job_names, bucket_set
+from sidecar.store.digests import bucket_set
+from sidecar.store.state import Removal, View, bucket_job_names
 
 # Every key kind that belongs to one job: ``<kind>.<job>[.<more>]``.
 PER_JOB = (

@@ -23,7 +23,8 @@ from sidecar.core.backoff import Backoff
 from sidecar.core.natspy import jetstream_of, read_initial
 from sidecar.core.tasks import TaskSet
 from sidecar.store.bucketcheck import BucketFacts, facts_of
-from sidecar.store.state import BUCKET_PREFIX, BUCKET_REPLACED, Bucket, Removal, View
+from sidecar.store.digests import BUCKET_PREFIX
+from sidecar.store.state import BUCKET_REPLACED, Bucket, Removal, View
 
 log = logging.getLogger(__name__)
 

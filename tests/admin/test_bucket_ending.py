@@ -25,7 +25,8 @@ from sidecar.admin.bucket_jobs import BucketJobs
 from sidecar.admin.jobcheck import judge
 from sidecar.config.load import JobConfig
 from sidecar.run.job_loop import Jobs
-from sidecar.store.state import BUCKET_SET, Removal, config_hash, job_hash
+from sidecar.store.digests import BUCKET_SET, config_hash, job_hash
+from sidecar.store.state import Removal
 from tests.admin.test_bucket_takeup_loop import capped
 from tests.support import MakeJobs, until
 

@@ -31,7 +31,8 @@ from sidecar.admin.bucket_jobs import BucketJobs
 from sidecar.admin.jobcheck import beyond_cap, beyond_cap_in_slices
 from sidecar.config.load import Config, parse_config
 from sidecar.core.slices import RUN, Budget
-from sidecar.store.state import BUCKET_SET, Entry, Removal, View
+from sidecar.store.digests import BUCKET_SET
+from sidecar.store.state import Entry, Removal, View
 from tests.support import MakeJobs, until
 
 JOBS = 60_000

@@ -450,7 +450,7 @@ def test_the_page_says_where_a_job_comes_from_and_why_it_runs_no_more(
 
 
 def test_the_fleet_section_names_a_calendar_that_differs() -> None:
-    """``mismatched_calendars`` (sidecar/store/state.py) is named on the page, escaped."""
+    """``mismatched_calendars`` (sidecar/store/digests.py) is named on the page, escaped."""
     from sidecar.admin.page import fleet_section
 
     html = fleet_section(

@@ -13,7 +13,7 @@ import yaml
 from sidecar.admin.jobcheck import parse_bucket_job
 from sidecar.config.calendars import MAX_CALENDAR_FILE
 from sidecar.config.load import ConfigError, load_config, parse_config
-from sidecar.store.state import job_hash
+from sidecar.store.digests import job_hash
 from tests.support import run_cli
 
 HOLIDAYS = (

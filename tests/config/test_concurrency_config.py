@@ -9,7 +9,7 @@ import pytest
 
 from sidecar.config.load import ConfigError, parse_config
 from sidecar.config.model import ConcurrencyConfig
-from sidecar.store.state import job_hash
+from sidecar.store.digests import job_hash
 from tests.support import run_cli, write_config
 
 

@@ -17,8 +17,8 @@ from sidecar.core.bounds import MAX_SLOT_MS, attempt_no, epoch_s, seq_no, slot_m
 from sidecar.core.errors import Hostile
 from sidecar.run.duecheck import config_problem, judge_result
 from sidecar.store.bucketcheck import StateSpec, check_bucket
+from sidecar.store.digests import job_hash
 from sidecar.store.permissions import Denials, parse_violation
-from sidecar.store.state import job_hash
 from sidecar.when.attempts import DueKey
 from tests.support import MakeJobs, NatsServer, run_cli, write_config
 

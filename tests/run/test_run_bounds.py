@@ -21,8 +21,9 @@ from sidecar.config.load import parse_config
 from sidecar.core.errors import ConfigError
 from sidecar.run import runcap
 from sidecar.store.bucketcheck import StateSpec
+from sidecar.store.digests import job_hash
 from sidecar.store.kv import Keys
-from sidecar.store.state import ensure_bucket, job_hash
+from sidecar.store.state import ensure_bucket
 from sidecar.when.slots import parse_calendar
 from tests.support import (
     NatsServer,

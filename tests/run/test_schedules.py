@@ -92,7 +92,7 @@ def test_config_errors_name_the_key(extra: dict[str, Any], key: str, fragment: s
 
 def test_a_plain_job_keeps_its_identity() -> None:
     """A job without the new keys hashes (config mismatch) and claims as before."""
-    from sidecar.store.state import job_hash
+    from sidecar.store.digests import job_hash
 
     plain = parse([{"name": "a", "schedule": "*/5 * * * *"}]).jobs[0]
     assert plain.schedule.identity == "*/5 * * * *"

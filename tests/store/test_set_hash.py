@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.slices import CHUNK, Budget
-from sidecar.store.state import config_hash, set_hash
+from sidecar.store.digests import config_hash, set_hash
 from tests.support import examples
 
 NAMES = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)

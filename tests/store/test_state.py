@@ -14,15 +14,9 @@ from nats.js.api import KeyValueConfig
 
 from sidecar.store import watch as watching
 from sidecar.store.bucketcheck import StateSpec
+from sidecar.store.digests import mismatched_calendars, mismatched_jobs
 from sidecar.store.kv import put_json, put_with_ttl
-from sidecar.store.state import (
-    Bucket,
-    Entry,
-    View,
-    ensure_bucket,
-    mismatched_calendars,
-    mismatched_jobs,
-)
+from sidecar.store.state import Bucket, Entry, View, ensure_bucket
 from sidecar.store.watch import Stall, Watch
 from tests.support import NatsServer, until
 
@@ -314,7 +308,7 @@ def test_the_jobs_of_the_state_bucket_are_one_entry_of_a_presence() -> None:
     """A presence carries one hash for its set of the bucket's jobs (issue 48): two
     instances with different sets are ``job.*`` in the mismatch, and an instance's
     config hash changes with its set; the file's jobs are compared one by one."""
-    from sidecar.store.state import BUCKET_MISMATCH, config_hash, runs_job
+    from sidecar.store.digests import BUCKET_MISMATCH, config_hash, runs_job
 
     files = {"a": "h1"}
     one = {"jobs": files, "digest": 2, "bucket_jobs": {"count": 2, "hash": "x"}}
