@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 from sidecar.admin.everyview import per_instance
 from sidecar.admin.recent import Recent, consecutive_failures
 from sidecar.admin.requestview import next_excluded, request_object, shown_path
-from sidecar.config.fields import redact_url
+from sidecar.config.addresses import redact_url
 from sidecar.config.load import JobConfig
 from sidecar.core.bounds import attempt_no, slot_ms
 from sidecar.core.clock import parse_rfc3339, rfc3339

@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from sidecar.config import params
-from sidecar.config.fields import redact_url
+from sidecar.config.addresses import redact_url
 from sidecar.config.load import JobConfig
 from sidecar.core.clock import rfc3339
 

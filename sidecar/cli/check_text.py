@@ -12,9 +12,10 @@ import contextlib
 
 from sidecar.cli.output import when
 from sidecar.config import params
+from sidecar.config.addresses import redact_url
 from sidecar.config.alerting import describe_job, describe_notify
 from sidecar.config.answer import describe_answer
-from sidecar.config.fields import format_duration, redact_url
+from sidecar.config.fields import format_duration
 from sidecar.config.load import Config, JobConfig
 from sidecar.config.model import AnswerConfig
 from sidecar.core.clock import rfc3339

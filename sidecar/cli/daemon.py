@@ -26,7 +26,7 @@ from sidecar import __version__
 from sidecar.admin.jobkeys import JobKeys
 from sidecar.admin.lazy_page import LazyPage
 from sidecar.admin.server import AdminServer
-from sidecar.config.fields import is_remote
+from sidecar.config.addresses import is_remote
 from sidecar.config.jobset import JobSet
 from sidecar.config.load import Config, Secrets
 from sidecar.core.clock import Clock

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sidecar.config.fields import Section, boolean, redact_url, short, string, type_name
+from sidecar.config.addresses import redact_url
+from sidecar.config.fields import Section, boolean, short, string, type_name
 from sidecar.core.errors import ConfigError
 
 EVENTS = ("failing", "recovered", "lost", "auto_paused", "anomaly")

@@ -12,7 +12,8 @@ from types import MappingProxyType
 from urllib.parse import quote
 
 from sidecar.config import params
-from sidecar.config.fields import CONTROL_RE, format_duration, headers, key_text, target_url
+from sidecar.config.addresses import target_url
+from sidecar.config.fields import CONTROL_RE, format_duration, headers, key_text
 from sidecar.config.interning import keep
 from sidecar.config.keys import ConfigSection
 from sidecar.config.model import CancelConfig, RequestConfig, TargetConfig

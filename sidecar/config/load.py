@@ -24,22 +24,17 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from sidecar.config.alerting import parse_notify, parse_tracing
-from sidecar.config.bucketrules import parse_bucket_jobs
-from sidecar.config.calendars import parse_calendars
-from sidecar.config.fields import (
-    boolean,
-    headers,
+from sidecar.config.addresses import (
     listen_address,
     nats_url,
-    read_file,
-    read_text_file,
-    short,
     subject_name,
     subject_prefix,
     target_url,
-    type_name,
 )
+from sidecar.config.alerting import parse_notify, parse_tracing
+from sidecar.config.bucketrules import parse_bucket_jobs
+from sidecar.config.calendars import parse_calendars
+from sidecar.config.fields import boolean, headers, read_file, read_text_file, short, type_name
 from sidecar.config.job_entry import (
     CATCHUP,
     JOB_KEYS,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from sidecar.config.fields import redact_url
+from sidecar.config.addresses import redact_url
 from sidecar.config.load import Config, Secrets
 from sidecar.core.errors import ConnectError
 from sidecar.core.natspy import Client as Client  # re-exported: the client with its TLS guards

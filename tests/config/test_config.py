@@ -12,7 +12,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.config.fields import format_duration, parse_duration, redact_url
+from sidecar.config.addresses import redact_url
+from sidecar.config.fields import format_duration, parse_duration
 from sidecar.config.load import (
     Config,
     NatsConfig,
