@@ -479,7 +479,7 @@ class BucketJobs:
 
     async def _tell(self, budget: Budget) -> None:
         """After a take-up changed the running set: the page's listeners, and the
-        presence's one entry for the set (constant in size, sidecar/store/state.py).
+        presence's one entry for the set (constant in size, sidecar/store/digests.py).
 
         The set's hash is made in slices (``set_hash``): only this task changes
         ``running``, so the set hashed is the round's, whatever the watch delivers

@@ -217,6 +217,27 @@ def nothing_sent(info: Any) -> bool:
     return int(info.num_pending or 0) == 0 and int(info.delivered.consumer_seq or 0) == 0
 
 
+def restartable_from_time(sub: Any) -> bool:
+    """Let nats-py make again an ordered consumer that began at a start time; False
+    when this nats-py keeps its request elsewhere (then nothing is changed).
+
+    nats-py (2.9 to 2.16, ``_JSI.reset_ordered_consumer``) makes a lost ordered
+    consumer again (the nats-server restarted and lost it, a gap, missed
+    heartbeats) by changing the request it first sent: deliver by start sequence,
+    from the one after the last message it handed over. It leaves
+    ``opt_start_time`` set, and the server refuses that pair every time (10094,
+    "optional start time is also set"): the subscription never delivers again
+    (chains stopped for good after a server restart: tests/run/test_chains.py).
+    The start time has done its work once the consumer exists; it is cleared
+    from the kept request (``sub._sub._jsi._ccreq``), which only the reset reads.
+    """
+    request = getattr(getattr(getattr(sub, "_sub", None), "_jsi", None), "_ccreq", None)
+    if request is None or not hasattr(request, "opt_start_time"):
+        return False
+    request.opt_start_time = None
+    return True
+
+
 # ---------------------------------------------------------------------- the connection
 
 

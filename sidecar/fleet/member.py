@@ -22,16 +22,16 @@ from sidecar import __version__
 from sidecar.config.jobset import Change, JobSet
 from sidecar.core.backoff import Backoff
 from sidecar.core.clock import Clock, rfc3339
-from sidecar.core.errors import PermissionDenied
-from sidecar.core.natspy import connection_of, jetstream_of
+from sidecar.core.natspy import connection_of
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key, paused_key, skip_key
+from sidecar.fleet.freshness import Freshness
 from sidecar.fleet.listeners import KeyListeners
 from sidecar.fleet.orphans import Orphans
 from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.store.bucketcheck import check_bucket, needs_leases
 from sidecar.store.digests import BUCKET_PREFIX, HASH_KIND, job_hash, mismatched_jobs
-from sidecar.store.kv import Keys, delete_at, put_with_ttl, stream_now
+from sidecar.store.kv import delete_at, put_with_ttl
 from sidecar.store.state import (
     PRESENCE_RENEW,
     PRESENCE_TTL,
@@ -61,14 +61,6 @@ BUCKET_REFRESH = 30.0
 # A slot judged at its instant (``blocked``/``skipped`` with a slot) by a view that
 # cannot say what the bucket held then (re-read since, changed after): not claimed here.
 UNKNOWN_PAST = "the state bucket's state at the slot's time is not known here"
-# caught_up: one probe's bound, and the pause between two probes.
-PROBE_TIMEOUT = 2.0
-PROBE_PAUSE = 0.05
-# The probe wakes on each delivery of the watch; it looks again after this long
-# without one too (a delete of a key the view did not hold tells nobody).
-PROBE_LOOK = 0.05
-# caught_up waits for a server clock behind this host's by at most this much.
-MAX_SERVER_BEHIND = 1.0
 # The view keeps pause/skip changes this much longer than a job's jitter + max_late.
 TIMELINE_MARGIN = 30.0
 
@@ -97,10 +89,6 @@ class Fleet:
             on_change=self._changed, on_removed=self._removed, on_unknown=self._unknown
         )
         self.view.keep_seconds = TIMELINE_MARGIN + self.jobs.latest_claim
-        self._probe: asyncio.Future[float] | None = None
-        # Set by each entry the watch delivers and by each re-sync: the probe's wake-up.
-        self._delivered = asyncio.Event()
-        self.view.on_delivered = self._delivered.set
         # Who judges the leases of jobs that no live instance runs (sidecar/fleet/orphans.py).
         self.orphans = Orphans(self.view)
         # Told of every key the watch delivers (of the families each names, when it
@@ -135,10 +123,18 @@ class Fleet:
             "digest": HASH_KIND,  # the kind of those hashes (store/digests.py mismatched_jobs)
             "metrics": f"{config.metrics.host}:{config.metrics.port}",
         }
-        if (
-            config.calendars
-        ):  # content hashes: a mismatch is named (store/digests.py mismatched_calendars)
+        if config.calendars:  # content hashes: a mismatch is named (store/digests.py)
             self.presence["calendars"] = {n: c.digest for n, c in config.calendars.items()}
+        # Whether the view is whole up to an instant: the fate probe (issue 39).
+        self.freshness = Freshness(
+            self.view,
+            clock,
+            bucket=lambda: self.bucket,
+            instance_id=config.instance_id,
+            presence=self.presence,
+            tasks=self._tasks,
+            denied=denied,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -149,8 +145,7 @@ class Fleet:
         """Stop watching and leave the fleet: the instance key is deleted (when
         `connected`; else its TTL removes it, and the exit does not wait for NATS)."""
         await self._tasks.cancel()
-        if self._probe is not None:
-            self._probe.cancel()
+        self.freshness.stop()
         for timer in self._pause_timers.values():
             timer.cancel()
         if connected and self.bucket is not None and self.bucket.ttl:
@@ -354,85 +349,8 @@ class Fleet:
 
     async def caught_up(self, instant: float, deadline: float) -> bool:
         """Whether the view holds every change the bucket stored before `instant`
-        (server time, epoch s), waiting for it until `deadline` (monotonic).
-
-        True at once when the watch delivered something stored after the instant
-        (the stream's order: all before it came first). Else one probe, shared
-        by every slot waiting meanwhile: this sidecar renews its presence (a
-        write the watch delivers with the server's time) or, on a bucket
-        without TTLs, asks the bucket's last sequence with the server's time
-        and waits for the watch to deliver it. Either way the view is then
-        whole up to a time of the server's clock, never this host's: a host
-        whose clock runs ahead waits for the server to reach the instant.
-        Costs nothing while the fleet writes presence more often than slots
-        come; at most one request in flight per sidecar otherwise.
-        """
-        while self.view.last_time <= instant:
-            if not self.view.synced or self.clock.monotonic() >= deadline:
-                return False
-            probe = self._probe
-            if probe is None or probe.done():
-                probe = self._probe = self._tasks.spawn(self._probe_once())
-                probe.add_done_callback(_retrieved)
-            left = max(0.0, deadline - self.clock.monotonic())
-            try:
-                # asyncio.wait leaves the shared probe running when this slot stops
-                # waiting, as a shield would, without a shield's future for each of
-                # the thousands of slots of a burst that wait on one probe.
-                done, _ = await asyncio.wait((probe,), timeout=left)
-                if not done:
-                    raise TimeoutError(f"no answer within {left:.3f}s")
-                whole_at = probe.result()
-            except Exception as exc:  # NATS slow or away: judged with the view as it is
-                log.debug("state bucket freshness probe: %r", exc)
-                return self.view.last_time > instant
-            if whole_at > instant:
-                return True  # the view holds all the bucket had when it was asked
-            if (behind := instant - whole_at) >= 0:
-                # The server's clock has not reached the instant yet (this host's runs
-                # ahead): ask again when it should have, not in a tight loop; far
-                # ahead (a suspend, a wrong clock), judge now, the fate message decides.
-                if behind > MAX_SERVER_BEHIND:
-                    return False
-                left = max(0.0, deadline - self.clock.monotonic())
-                await asyncio.sleep(min(max(behind, PROBE_PAUSE), left))
-        return True
-
-    async def _probe_once(self) -> float:
-        """One freshness probe: returns once the watch delivered everything the bucket
-        held when it was asked, with the server's time up to which the view is
-        whole (the presence write's own time, or STREAM.INFO's ``ts``)."""
-        bucket = self.bucket
-        if bucket is None:
-            return 0.0
-        if bucket.ttl:
-            key = instance_key(self.config.instance_id)
-            keys = Keys(bucket, self.denied)
-            if self.denied is not None and self.denied(keys.subject(key)):
-                # NATS refuses this user the write: no answer would come; the view judges.
-                raise PermissionDenied("publish", keys.subject(key))
-            target = await asyncio.wait_for(
-                keys.put(key, self.presence, PRESENCE_TTL), PROBE_TIMEOUT
-            )
-            whole_at: float | None = None
-        else:
-            asked = self.clock.wall()
-            target, whole_at = await asyncio.wait_for(
-                stream_now(jetstream_of(bucket.kv), self.spec.stream, PROBE_TIMEOUT),
-                PROBE_TIMEOUT,
-            )
-            if whole_at is None:  # the server did not say its time: allow the most skew
-                whole_at = asked - MAX_SERVER_BEHIND
-        end = self.clock.monotonic() + PROBE_TIMEOUT
-        while self.view.last_revision < target:
-            left = end - self.clock.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"the watch did not deliver revision {target}")
-            self._delivered.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._delivered.wait(), min(left, PROBE_LOOK))
-        # After the presence write: its entry (or a later one) set last_time.
-        return self.view.last_time if whole_at is None else whole_at
+        (server time), waiting for it until `deadline` (sidecar/fleet/freshness.py)."""
+        return await self.freshness.caught_up(instant, deadline)
 
     def _pause_changed(self, job: str, log_it: bool = True) -> None:
         """The pause gauges of `job` from the view; a timed pause ends by a timer."""
@@ -524,12 +442,6 @@ class Fleet:
                 ", ".join(sorted(mismatch)),
             )
         self._mismatch = mismatch
-
-
-def _retrieved(future: asyncio.Future[float]) -> None:
-    """A probe nobody waits for any more: its error is not "never retrieved"."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _log_pause(job: str, value: dict[str, Any] | None) -> None:

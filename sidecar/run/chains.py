@@ -48,6 +48,7 @@ from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import attempt_no, slot_ms
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimDisconnected, ClaimError
+from sidecar.core.natspy import restartable_from_time
 from sidecar.core.wire import (
     AFTER,
     AT,
@@ -151,7 +152,11 @@ class Chains:
         back = max(job.max_late for job in afters)
 
         async def on_msg(msg: Msg) -> None:  # nats-py takes only a coroutine function
-            self._on_msg(name, msg)
+            # A consumer nats-py made again before it handed over a first message
+            # starts at the stream's first: what is older than any follower's
+            # max_late is passed over here, unread and uncounted.
+            if self.clock.wall() - msg.metadata.timestamp.timestamp() <= back:
+                self._on_msg(name, msg)
 
         while not self.ctx.stopping.is_set():
             since = datetime.fromtimestamp(self.clock.wall() - back, UTC)
@@ -170,6 +175,12 @@ class Chains:
                 log.warning("job %s: following its results failed (%r); trying again", name, exc)
                 await backoff.sleep()
                 continue
+            if not restartable_from_time(sub):
+                log.warning(
+                    "job %s: this nats-py keeps its consumer request elsewhere: after a "
+                    "nats-server restart its results may not be followed again",
+                    name,
+                )
             self._subs.append(sub)
             await self.ctx.stopping.wait()
             with contextlib.suppress(Exception):

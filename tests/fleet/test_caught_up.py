@@ -1,4 +1,5 @@
-"""Fleet.caught_up on a real nats-server: after it, the view holds every change stored before.
+"""Fleet.caught_up (sidecar/fleet/freshness.py) on a real nats-server: the view then
+holds every change stored before.
 
 A slot is judged with what the state bucket held at its instant
 (docs/GUARANTEES.md, "One fate per slot"). Before judging, a sidecar makes
@@ -21,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.config.jobset import JobSet
 from sidecar.config.load import parse_config
 from sidecar.core.clock import Clock
-from sidecar.fleet import member
+from sidecar.fleet import freshness
 from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
 from tests.support import NatsServer, until
@@ -32,7 +33,7 @@ async def test_the_view_holds_a_pause_stored_just_before_the_instant(
 ) -> None:
     # Were the probe to look only on its timer, it would not see its own write
     # come back before the caught_up deadline below.
-    monkeypatch.setattr(member, "PROBE_LOOK", 30.0)
+    monkeypatch.setattr(freshness, "PROBE_LOOK", 30.0)
     cfg = parse_config(
         {
             "instance_id": "me",

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -241,3 +242,32 @@ def test_the_follower_runs_when_the_sidecar_that_recorded_the_run_is_killed(
         r for r in http_app.requests_for("/jobs/b") if r.headers["X-Anarchon-After-Run"] == token
     )
     assert runner.headers["X-Anarchon-Instance"] != victim.name
+
+
+def test_the_follower_goes_on_after_the_nats_server_restarts(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """A restart of the nats-server loses the ordered consumers that follow a's results
+    (ephemeral, in memory). nats-py makes them again from the last result seen; the
+    request it makes must be one the server takes (a start time and a start sequence
+    together are refused), else b never runs after a again on any sidecar."""
+    jobs = [job("a", schedule=EVERY_2S), after("b", "a", "success")]
+    config = base(nats_server, http_app, jobs)
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(2)]) as procs:
+        wait_for(lambda: settled(nats_server.url, "a", http_app, "b", 2), 40, what="2 runs of a")
+        nats_server.stop()
+        nats_server.start()
+        restarted = time.time()
+
+        def followed_after_restart() -> bool:
+            b = followers(http_app, "b")
+            return any(
+                m.time > restarted + 1 and m.data["token"] in b
+                for m in runs_of(nats_server.url, "a")
+            )
+
+        wait_for(followed_after_restart, 60, interval=0.5, what="b after a run of a since")
+        for p in procs:
+            assert "optional start time is also set" not in p.log(), p.log()
+    b = followers(http_app, "b")
+    assert all(n == 1 for n in b.values()), b

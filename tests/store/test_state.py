@@ -256,7 +256,7 @@ def test_a_renewed_presence_is_not_decoded_or_counted_again() -> None:
 
 
 def test_every_delivered_entry_is_told_even_one_that_changes_no_key() -> None:
-    """The fate probe waits for the watch to reach a revision (sidecar/fleet/member.py):
+    """The fate probe waits for the watch to reach a revision (sidecar/fleet/freshness.py):
     a delete of a key the view never held moves the revision and tells nobody else."""
     told: list[int] = []
     changed: list[str] = []
