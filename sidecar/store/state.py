@@ -219,6 +219,10 @@ class View:
     timelines: dict[str, list[tuple[float, dict[str, Any] | None]]] = field(default_factory=dict)
     keep_seconds: float = 120.0
     synced: bool = False
+    # Whether a watch is following the bucket now: False from the moment one stops
+    # (a re-read after a reconnect or a stall) until the next full read is in. The
+    # view is then whole only up to ``last_time`` (sidecar/fleet/member.py blocked).
+    following: bool = False
     # Called with the key after every change the watch delivers.
     on_change: Callable[[str], None] | None = None
     # Called with every key that left the view, with its last value.

@@ -180,7 +180,7 @@ class Watch:
         self.view.presence_generation += 1
         self.view.lock_markers = fresh.lock_markers
         self.view.last_revision = fresh.last_revision
-        self.view.synced = True
+        self.view.synced = self.view.following = True
         if self.view.on_delivered is not None:  # the revision moved without an entry
             self.view.on_delivered()
         if self.view.on_removed is not None:
@@ -199,6 +199,7 @@ class Watch:
             self.view.apply_entry(entry)
 
     async def _stop(self) -> None:
+        self.view.following = False
         await self._tasks.cancel()
         self._pump = None
         if self._watcher is not None:

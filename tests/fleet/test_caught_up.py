@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import nats
 import pytest
@@ -22,9 +23,10 @@ from prometheus_client import CollectorRegistry
 from sidecar.config.jobset import JobSet
 from sidecar.config.load import parse_config
 from sidecar.core.clock import Clock
-from sidecar.fleet import freshness
+from sidecar.fleet import freshness, member
 from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
+from sidecar.store import watch
 from tests.support import NatsServer, until
 
 
@@ -107,6 +109,57 @@ async def test_a_host_whose_clock_runs_ahead_waits_for_the_servers_instant(
             entry = fleet.view.keys.get("paused.j")
             assert entry is not None and entry.value.get("round") == round, (round, entry)
     finally:
+        await fleet.stop()
+        await other.close()
+        await nc.close()
+
+
+async def test_a_slot_due_while_the_bucket_is_read_again_is_not_judged_by_the_old_view(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-read after a reconnect stops the watch first; while it reads, a pause is
+    stored and a slot comes. The probe cannot finish before its deadline, and the
+    view from before is no view of the slot's instant: not claimed here (a slot
+    never runs paused), and once the read is in, the pause is."""
+    cfg = parse_config(
+        {
+            "instance_id": "me",
+            "nats": {"servers": nats_server.url},
+            "jobs": [{"name": "j", "schedule": "* * * * * *"}],
+        },
+        {},
+    )
+    clock = Clock()
+    fleet = Fleet(cfg, Metrics(CollectorRegistry()), clock, jobs=JobSet(cfg.jobs))
+    nc = await nats.connect(nats_server.url)
+    other = await nats.connect(nats_server.url)
+    reading = asyncio.Event()
+    go_on = asyncio.Event()
+    read_initial = watch.read_initial
+
+    async def slow_read(*args: Any) -> None:
+        reading.set()
+        await go_on.wait()
+        await read_initial(*args)
+
+    try:
+        fleet.start(nc.jetstream())
+        await until(lambda: fleet.view.synced and fleet.bucket is not None, 20, "the bucket read")
+        assert fleet.bucket is not None and fleet.watch is not None
+        kv = await other.jetstream().key_value(fleet.bucket.spec.bucket)
+        monkeypatch.setattr(watch, "read_initial", slow_read)
+        fleet.reconnected()  # as after a reconnect: the watch is read again
+        await asyncio.wait_for(reading.wait(), 10)
+        await kv.put("paused.j", json.dumps({"by": "op"}).encode())
+        slot = clock.wall_ms() + 1
+        assert not await fleet.caught_up(slot / 1000, clock.monotonic() + 0.3)
+        assert fleet.blocked("j", slot) == ("stream", member.REREADING)
+        go_on.set()
+        await until(lambda: fleet.view.following, 10, "the read in")
+        assert fleet.blocked("j", slot + 1000) is not None
+        assert fleet.blocked("j", slot + 1000)[0] == "paused"  # type: ignore[index]
+    finally:
+        go_on.set()
         await fleet.stop()
         await other.close()
         await nc.close()
