@@ -30,12 +30,8 @@ from sidecar.store import watch
 from tests.support import NatsServer, until
 
 
-async def test_the_view_holds_a_pause_stored_just_before_the_instant(
-    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Were the probe to look only on its timer, it would not see its own write
-    # come back before the caught_up deadline below.
-    monkeypatch.setattr(freshness, "PROBE_LOOK", 30.0)
+def fleet_of(nats_server: NatsServer, clock: Clock) -> Fleet:
+    """The Fleet of instance "me" with one job, j, every second."""
     cfg = parse_config(
         {
             "instance_id": "me",
@@ -44,8 +40,17 @@ async def test_the_view_holds_a_pause_stored_just_before_the_instant(
         },
         {},
     )
+    return Fleet(cfg, Metrics(CollectorRegistry()), clock, jobs=JobSet(cfg.jobs))
+
+
+async def test_the_view_holds_a_pause_stored_just_before_the_instant(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Were the probe to look only on its timer, it would not see its own write
+    # come back before the caught_up deadline below.
+    monkeypatch.setattr(freshness, "PROBE_LOOK", 30.0)
     clock = Clock()
-    fleet = Fleet(cfg, Metrics(CollectorRegistry()), clock, jobs=JobSet(cfg.jobs))
+    fleet = fleet_of(nats_server, clock)
     nc = await nats.connect(nats_server.url)
     other = await nats.connect(nats_server.url)
     try:
@@ -83,16 +88,8 @@ async def test_a_host_whose_clock_runs_ahead_waits_for_the_servers_instant(
         await other.jetstream().create_key_value(
             KeyValueConfig(bucket="CRON_STATE", history=1, storage=StorageType.FILE)
         )
-    cfg = parse_config(
-        {
-            "instance_id": "me",
-            "nats": {"servers": nats_server.url},
-            "jobs": [{"name": "j", "schedule": "* * * * * *"}],
-        },
-        {},
-    )
     clock = Clock(offset=0.8)
-    fleet = Fleet(cfg, Metrics(CollectorRegistry()), clock, jobs=JobSet(cfg.jobs))
+    fleet = fleet_of(nats_server, clock)
     nc = await nats.connect(nats_server.url)
     try:
         fleet.start(nc.jetstream())
@@ -121,16 +118,8 @@ async def test_a_slot_due_while_the_bucket_is_read_again_is_not_judged_by_the_ol
     stored and a slot comes. The probe cannot finish before its deadline, and the
     view from before is no view of the slot's instant: not claimed here (a slot
     never runs paused), and once the read is in, the pause is."""
-    cfg = parse_config(
-        {
-            "instance_id": "me",
-            "nats": {"servers": nats_server.url},
-            "jobs": [{"name": "j", "schedule": "* * * * * *"}],
-        },
-        {},
-    )
     clock = Clock()
-    fleet = Fleet(cfg, Metrics(CollectorRegistry()), clock, jobs=JobSet(cfg.jobs))
+    fleet = fleet_of(nats_server, clock)
     nc = await nats.connect(nats_server.url)
     other = await nats.connect(nats_server.url)
     reading = asyncio.Event()
