@@ -67,6 +67,27 @@ class Freshness:
         if self._probe is not None:
             self._probe.cancel()
 
+    @property
+    def rereading(self) -> bool:
+        """Whether the bucket is being read again (after a reconnect or a stall): read
+        once, and no watch follows it until the new read is in."""
+        return self.view.synced and not self.view.following
+
+    async def reread(self, until: float, stopping: asyncio.Event) -> bool:
+        """Wait until the bucket's new read is in, at most until wall time `until` or
+        until `stopping` is set; whether it is. A slot due meanwhile is judged by
+        that read, not by the view from before (which heard nothing since the watch
+        stopped): its claim needs NATS as much as the read does, so waiting costs
+        it nothing it could have had."""
+        while not self.view.following:
+            left = until - self.clock.wall()
+            if left <= 0 or stopping.is_set():
+                return False
+            self._delivered.clear()  # set by the new read's swap (on_delivered)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._delivered.wait(), min(left, PROBE_LOOK))
+        return True
+
     async def caught_up(self, instant: float, deadline: float) -> bool:
         """Whether the view holds every change the bucket stored before `instant`
         (server time, epoch s), waiting for it until `deadline` (monotonic).

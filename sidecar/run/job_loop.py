@@ -249,8 +249,16 @@ class Jobs:
             return
         if number == 1:
             # Judged against the slot's instant (docs/GUARANTEES.md): first make sure
-            # the view holds every pause/skip change stored before it.
-            # At most half of what is left of the claim's window.
+            # the view holds every pause/skip change stored before it. A read of the
+            # bucket under way (a reconnect, a stall) is waited for, up to the end of
+            # the claim's window (Fleet.blocked refuses the view from before); then
+            # at most half of what is left of the window.
+            if self.fleet.freshness.rereading:
+                await self.fleet.freshness.reread(slot / 1000 + job.max_late, self.stopping)
+                if self.stopping.is_set():
+                    m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
+                    return
+                now = self.clock.wall()
             wait = min(CAUGHT_UP_WAIT, max(0.0, (slot / 1000 + job.max_late - now) / 2))
             if not await self.fleet.caught_up(slot / 1000, self.clock.monotonic() + wait):
                 log.debug("job %s slot %s judged with the view as it is", name, slot)

@@ -1,0 +1,44 @@
+"""Slots due while NATS is away run late, once, when it is back within max_late.
+
+A sidecar that loses NATS keeps its view of the state bucket and reads the
+bucket again once it reconnects (sidecar/store/watch.py); a slot is not judged
+by a view that no watch follows (docs/GUARANTEES.md, "One fate per slot", rule
+3: it waits for the new read, sidecar/fleet/freshness.py ``reread``). Neither
+may cost a slot whose claim can still be made: here the slots of the outage's
+later seconds, after the watch stopped, run late once NATS is back, none twice,
+none skipped as "being read again".
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+from tests.support import NatsServer, RecordingApp, base, job, sidecars, wait_for
+
+OUTAGE = 16.0  # longer than the watch's look and its request's timeout: it stops
+
+
+def test_slots_due_while_nats_is_away_run_late_once_when_it_is_back(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    config = base(nats_server, http_app, [job("tick", max_late="30s")])
+    with sidecars(tmp_path, [(f"s{i}", config, {}) for i in range(2)]) as procs:
+        wait_for(lambda: len(http_app.requests_for("/jobs/tick")) >= 2, 20, what="ticks")
+        nats_server.kill()
+        down = time.time()
+        time.sleep(OUTAGE)
+        nats_server.start()
+        up = time.time()
+        # The slots due while NATS was away, after the first seconds (the watch stopped).
+        away = {s for s in range(int(down + 10) * 1000, int(up - 1) * 1000, 1000)}
+
+        def ran() -> set[int]:
+            return {int(r.headers["X-Anarchon-Slot"]) for r in http_app.requests_for("/jobs/tick")}
+
+        wait_for(lambda: away <= ran(), 30, interval=0.5, what=f"the slots {sorted(away)} run")
+        logs = [p.log() for p in procs]
+    slots = Counter(int(r.headers["X-Anarchon-Slot"]) for r in http_app.requests_for("/jobs/tick"))
+    assert not {s: n for s, n in slots.items() if n > 1}, slots
+    assert not any("being read again" in log for log in logs), logs
