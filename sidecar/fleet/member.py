@@ -61,8 +61,6 @@ BUCKET_REFRESH = 30.0
 # A slot judged at its instant (``blocked``/``skipped`` with a slot) by a view that
 # cannot say what the bucket held then (re-read since, changed after): not claimed here.
 UNKNOWN_PAST = "the state bucket's state at the slot's time is not known here"
-# Such a slot judged while no watch follows the bucket, past what the view last heard.
-REREADING = "the state bucket is being read again: its state at the slot's time is not known here"
 # The view keeps pause/skip changes this much longer than a job's jitter + max_late.
 TIMELINE_MARGIN = 30.0
 
@@ -315,11 +313,6 @@ class Fleet:
             value = entry.value if entry is not None else None
             instant_ms = self.clock.wall_ms()
         else:
-            if not self.view.following and slot / 1000 >= self.view.last_time:
-                # No watch follows the bucket (a re-read is under way): what it held at
-                # the instant is not known here, and "the view as it is" (caught_up
-                # gave up) would be the view from before NATS was lost.
-                return "stream", REREADING
             known, value = self.view.at_instant(paused_key(job), slot / 1000)
             if not known:
                 return "stream", UNKNOWN_PAST

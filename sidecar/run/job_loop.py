@@ -248,20 +248,9 @@ class Jobs:
             self.unclaimed.kept(job, slot, EXCLUDED, f"excluded: {excluded.text}")
             return
         if number == 1:
-            # Judged against the slot's instant (docs/GUARANTEES.md): first make sure
-            # the view holds every pause/skip change stored before it. A read of the
-            # bucket under way (a reconnect, a stall) is waited for, up to the end of
-            # the claim's window (Fleet.blocked refuses the view from before); then
-            # at most half of what is left of the window.
-            if self.fleet.freshness.rereading:
-                await self.fleet.freshness.reread(slot / 1000 + job.max_late, self.stopping)
-                if self.stopping.is_set():
-                    m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
-                    return
-                now = self.clock.wall()
-            wait = min(CAUGHT_UP_WAIT, max(0.0, (slot / 1000 + job.max_late - now) / 2))
-            if not await self.fleet.caught_up(slot / 1000, self.clock.monotonic() + wait):
-                log.debug("job %s slot %s judged with the view as it is", name, slot)
+            if not await self._view_at(job, slot):
+                m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
+                return
             now = self.clock.wall()
             if self.fleet.left_bucket(name):  # removed before its walk was ended
                 log.info("job %s slot %s not claimed: the job left the state bucket", name, slot)
@@ -326,6 +315,26 @@ class Jobs:
                 # Let the trigger reach the app before this loop computes the
                 # next slot and sets its timer: about 0.2 ms of its start delay.
                 await asyncio.sleep(0)
+
+    async def _view_at(self, job: JobConfig, slot: int) -> bool:
+        """Wait until the view holds every pause/skip change stored before the slot's
+        instant (docs/GUARANTEES.md, "One fate per slot", rule 3); False when the
+        sidecar stops first. A read of the bucket under way (a reconnect, a stall:
+        no watch follows the bucket, and the view is the one from before) is waited
+        for, at most half of what is left of the claim's window; then the fate
+        probe, at most half of what is left again. Else judged with the view as it is.
+        """
+        fresh = self.fleet.freshness
+        end = slot / 1000 + job.max_late
+        if fresh.rereading:
+            now = self.clock.wall()
+            await fresh.reread(now + (end - now) / 2, self.stopping)
+            if self.stopping.is_set():
+                return False
+        wait = min(CAUGHT_UP_WAIT, max(0.0, (end - self.clock.wall()) / 2))
+        if not await self.fleet.caught_up(slot / 1000, self.clock.monotonic() + wait):
+            log.debug("job %s slot %s judged with the view as it is", job.name, slot)
+        return True
 
     def _started(self) -> bool:
         """Whether the stream was looked at and the state bucket read once since start."""

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.config.jobset import JobSet
 from sidecar.config.load import parse_config
 from sidecar.core.clock import Clock
-from sidecar.fleet import freshness, member
+from sidecar.fleet import freshness
 from sidecar.fleet.member import Fleet
 from sidecar.obs.metrics import Metrics
 from sidecar.store import watch
@@ -111,13 +111,13 @@ async def test_a_host_whose_clock_runs_ahead_waits_for_the_servers_instant(
         await nc.close()
 
 
-async def test_a_slot_due_while_the_bucket_is_read_again_is_not_judged_by_the_old_view(
+async def test_a_slot_due_while_the_bucket_is_read_again_waits_for_the_read(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A re-read after a reconnect stops the watch first; while it reads, a pause is
-    stored and a slot comes. The probe cannot finish before its deadline, and the
-    view from before is no view of the slot's instant: not claimed here (a slot
-    never runs paused), and once the read is in, the pause is."""
+    stored and a slot comes. The probe cannot finish (no watch follows the bucket),
+    and the view from before does not hold the pause: the slot waits for the read
+    (the job loop's ``Freshness.reread``), and then the pause is in the view."""
     clock = Clock()
     fleet = fleet_of(nats_server, clock)
     nc = await nats.connect(nats_server.url)
@@ -134,19 +134,24 @@ async def test_a_slot_due_while_the_bucket_is_read_again_is_not_judged_by_the_ol
     try:
         fleet.start(nc.jetstream())
         await until(lambda: fleet.view.synced and fleet.bucket is not None, 20, "the bucket read")
-        assert fleet.bucket is not None and fleet.watch is not None
+        assert fleet.bucket is not None and not fleet.freshness.rereading
         kv = await other.jetstream().key_value(fleet.bucket.spec.bucket)
         monkeypatch.setattr(watch, "read_initial", slow_read)
         fleet.reconnected()  # as after a reconnect: the watch is read again
         await asyncio.wait_for(reading.wait(), 10)
         await kv.put("paused.j", json.dumps({"by": "op"}).encode())
         slot = clock.wall_ms() + 1
+        assert fleet.freshness.rereading
         assert not await fleet.caught_up(slot / 1000, clock.monotonic() + 0.3)
-        assert fleet.blocked("j", slot) == ("stream", member.REREADING)
+        assert fleet.blocked("j", slot) is None  # the view from before: no pause in it
+        waited = asyncio.create_task(fleet.freshness.reread(clock.wall() + 10, asyncio.Event()))
+        await asyncio.sleep(0.3)
+        assert not waited.done()  # the read is not in yet
         go_on.set()
-        await until(lambda: fleet.view.following, 10, "the read in")
-        assert fleet.blocked("j", slot + 1000) is not None
-        assert fleet.blocked("j", slot + 1000)[0] == "paused"  # type: ignore[index]
+        assert await asyncio.wait_for(waited, 10)
+        assert not fleet.freshness.rereading
+        blocked = fleet.blocked("j", slot)
+        assert blocked is not None and blocked[0] == "paused", blocked
     finally:
         go_on.set()
         await fleet.stop()

@@ -15,7 +15,16 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.support import NatsServer, RecordingApp, base, job, sidecars, wait_for
+from tests.support import (
+    NatsServer,
+    RecordingApp,
+    base,
+    cli_config,
+    job,
+    run_cli,
+    sidecars,
+    wait_for,
+)
 
 OUTAGE = 16.0  # longer than the watch's look and its request's timeout: it stops
 
@@ -42,3 +51,36 @@ def test_slots_due_while_nats_is_away_run_late_once_when_it_is_back(
     slots = Counter(int(r.headers["X-Anarchon-Slot"]) for r in http_app.requests_for("/jobs/tick"))
     assert not {s: n for s, n in slots.items() if n > 1}, slots
     assert not any("being read again" in log for log in logs), logs
+
+
+def test_a_pause_stored_while_the_bucket_is_read_again_keeps_the_slots_after_it(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """After a reconnect the sidecar reads the bucket again, slowly here (the
+    ``watch.read`` failpoint: 5 s, at start and after the reconnect); an operator
+    pauses the job meanwhile. The view from before has no pause, and the probe
+    cannot finish while no watch follows the bucket (it gives up after 2 s): a
+    slot after the pause waits for the read instead of being judged by that view,
+    and none runs."""
+    config = base(nats_server, http_app, [job("tick", max_late="20s")])
+    env = {"ANARCHON_FAILPOINTS": "watch.read=2*sleep(5)"}
+    with sidecars(tmp_path, [("s0", config, env)]) as (proc,):
+        wait_for(lambda: len(http_app.requests_for("/jobs/tick")) >= 2, 30, what="ticks")
+        nats_server.stop()
+        nats_server.start()
+        wait_for(lambda: "reconnected to NATS" in proc.log(), 20, what="the reconnect")
+        res = run_cli("pause", "tick", "-c", cli_config(tmp_path, config))
+        assert res.returncode == 0, res.stderr
+        paused_at = time.time()
+        wait_for(
+            lambda: proc.metric("anarchon_job_paused", {"job": "tick"}) == 1,
+            20,
+            what="the pause in the view",
+        )
+        time.sleep(2.0)  # every slot judged before the read came in is decided by now
+        after = [
+            int(r.headers["X-Anarchon-Slot"])
+            for r in http_app.requests_for("/jobs/tick")
+            if int(r.headers["X-Anarchon-Slot"]) / 1000 > paused_at
+        ]
+    assert not after, f"slots after the pause ran: {after}"
