@@ -33,6 +33,9 @@ PROBE_PAUSE = 0.05
 # The probe wakes on each delivery of the watch; it looks again after this long
 # without one too (a delete of a key the view did not hold tells nobody).
 PROBE_LOOK = 0.05
+# A slot due while the bucket is read again waits for that read at most this long
+# (and at most half of what is left of its claim's window): sidecar/run/job_loop.py.
+REREAD_WAIT = 10.0
 # caught_up waits for a server clock behind this host's by at most this much.
 MAX_SERVER_BEHIND = 1.0
 
@@ -59,13 +62,15 @@ class Freshness:
         self._tasks = tasks
         self.denied = denied
         self._probe: asyncio.Future[float] | None = None
+        self._reread: asyncio.Task[None] | None = None
         # Set by each entry the watch delivers and by each re-sync: the probe's wake-up.
         self._delivered = asyncio.Event()
         view.on_delivered = self._delivered.set
 
     def stop(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
+        for task in (self._probe, self._reread):
+            if task is not None:
+                task.cancel()
 
     @property
     def rereading(self) -> bool:
@@ -73,20 +78,26 @@ class Freshness:
         once, and no watch follows it until the new read is in."""
         return self.view.synced and not self.view.following
 
-    async def reread(self, until: float, stopping: asyncio.Event) -> bool:
-        """Wait until the bucket's new read is in, at most until wall time `until` or
-        until `stopping` is set; whether it is. A slot due meanwhile is judged by
-        that read, not by the view from before (which heard nothing since the watch
-        stopped): its claim needs NATS as much as the read does, so waiting costs
-        it nothing it could have had."""
-        while not self.view.following:
-            left = until - self.clock.wall()
-            if left <= 0 or stopping.is_set():
-                return False
+    async def reread(self, deadline: float, stopping: asyncio.Event) -> bool:
+        """Wait until the bucket's new read is in, at most until `deadline`
+        (monotonic) or until `stopping` is set; whether it is. One task waits for
+        every slot waiting meanwhile (the thousands of a burst cost one each, not a
+        timer each); it wakes on the read's swap (``on_delivered``)."""
+        if self.view.following:
+            return True
+        task = self._reread
+        if task is None or task.done():
+            task = self._reread = self._tasks.spawn(self._until_following(stopping))
+        left = deadline - self.clock.monotonic()
+        if left > 0:
+            await asyncio.wait((task,), timeout=left)
+        return self.view.following
+
+    async def _until_following(self, stopping: asyncio.Event) -> None:
+        while not self.view.following and not stopping.is_set():
             self._delivered.clear()  # set by the new read's swap (on_delivered)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._delivered.wait(), min(left, PROBE_LOOK))
-        return True
+                await asyncio.wait_for(self._delivered.wait(), PROBE_LOOK)
 
     async def caught_up(self, instant: float, deadline: float) -> bool:
         """Whether the view holds every change the bucket stored before `instant`

@@ -220,8 +220,9 @@ class View:
     keep_seconds: float = 120.0
     synced: bool = False
     # Whether a watch is following the bucket now: False from the moment one stops
-    # (a re-read after a reconnect or a stall) until the next full read is in. The
-    # view is then whole only up to ``last_time`` (sidecar/fleet/member.py blocked).
+    # or fails (a re-read after a reconnect or a stall) until the next full read is
+    # in. The view is then whole only up to ``last_time``; a slot after it waits for
+    # the read (sidecar/fleet/freshness.py ``reread``, sidecar/run/job_loop.py).
     following: bool = False
     # Called with the key after every change the watch delivers.
     on_change: Callable[[str], None] | None = None

@@ -106,6 +106,7 @@ class Watch:
                 raise
             except Exception as exc:  # NATS away or slow: try again shortly
                 log.debug("state bucket watch: %r", exc)
+                self.view.following = False  # read again once it answers (_stop, _start)
                 await backoff.sleep()
             await self._stop()
 

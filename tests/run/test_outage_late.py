@@ -1,9 +1,9 @@
 """Slots due while NATS is away run late, once, when it is back within max_late.
 
 A sidecar that loses NATS keeps its view of the state bucket and reads the
-bucket again once it reconnects (sidecar/store/watch.py); a slot is not judged
-by a view that no watch follows (docs/GUARANTEES.md, "One fate per slot", rule
-3: it waits for the new read, sidecar/fleet/freshness.py ``reread``). Neither
+bucket again once it reconnects (sidecar/store/watch.py); a slot after what that
+view last heard waits for the new read before it is judged (docs/GUARANTEES.md,
+"One fate per slot", rule 3; sidecar/fleet/freshness.py ``reread``). Neither
 may cost a slot whose claim can still be made: the slots of the outage's later
 seconds, after the watch stopped, run late once NATS is back, none twice; and a
 pause stored while the bucket is read again keeps the slots after it.
