@@ -15,17 +15,23 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sidecar.core.clock import Clock
+from sidecar.core.clock import Clock, rfc3339
 from sidecar.core.errors import PermissionDenied
 from sidecar.core.natspy import jetstream_of
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import instance_key
+from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.store.kv import Keys, stream_now
 from sidecar.store.state import PRESENCE_TTL, Bucket, View
 
+if TYPE_CHECKING:
+    from sidecar.config.model import JobConfig
+
 log = logging.getLogger(__name__)
+# Said once a minute a job at most: a re-read not in when a slot is judged.
+_said = RateLimitedLog(log)
 
 # caught_up: one probe's bound, and the pause between two probes.
 PROBE_TIMEOUT = 2.0
@@ -33,8 +39,10 @@ PROBE_PAUSE = 0.05
 # The probe wakes on each delivery of the watch; it looks again after this long
 # without one too (a delete of a key the view did not hold tells nobody).
 PROBE_LOOK = 0.05
+# A slot is judged at most this long after its decider first looks (caught_up).
+CAUGHT_UP_WAIT = 2.0
 # A slot due while the bucket is read again waits for that read at most this long
-# (and at most half of what is left of its claim's window): sidecar/run/job_loop.py.
+# (and at most half of what is left of its claim's window): view_at.
 REREAD_WAIT = 10.0
 # caught_up waits for a server clock behind this host's by at most this much.
 MAX_SERVER_BEHIND = 1.0
@@ -77,6 +85,35 @@ class Freshness:
         """Whether the bucket is being read again (after a reconnect or a stall): read
         once, and no watch follows it until the new read is in."""
         return self.view.synced and not self.view.following
+
+    async def view_at(self, job: JobConfig, slot: int, stopping: asyncio.Event) -> bool:
+        """Wait until the view holds every pause/skip change stored before the slot's
+        instant (docs/GUARANTEES.md, "One fate per slot", rule 3), before the job loop
+        judges the slot's first attempt; False when `stopping` is set first. While
+        the bucket is read again (a reconnect, a stall: no watch follows it), a view
+        that heard nothing after the instant is the one from before: the read is
+        waited for, at most ``REREAD_WAIT`` and half of what is left of the claim's
+        window. Then the probe (``caught_up``), at most half of what is left again;
+        else judged with the view as it is (said, for a read not in).
+        """
+        end = slot / 1000 + job.max_late
+        if self.rereading and slot / 1000 >= self.view.last_time:
+            left = min(REREAD_WAIT, (end - self.clock.wall()) / 2)
+            if not await self.reread(self.clock.monotonic() + left, stopping):
+                if stopping.is_set():
+                    return False
+                _said.warning(
+                    f"reread:{job.name}",
+                    "job %s slot %s: the state bucket's new read is not in after %.1fs; "
+                    "judged with the view from before it",
+                    job.name,
+                    rfc3339(slot / 1000),
+                    max(0.0, left),
+                )
+        wait = min(CAUGHT_UP_WAIT, max(0.0, (end - self.clock.wall()) / 2))
+        if not await self.caught_up(slot / 1000, self.clock.monotonic() + wait):
+            log.debug("job %s slot %s judged with the view as it is", job.name, slot)
+        return True
 
     async def reread(self, deadline: float, stopping: asyncio.Event) -> bool:
         """Wait until the bucket's new read is in, at most until `deadline`

@@ -35,8 +35,6 @@ from sidecar.core.clock import rfc3339
 from sidecar.core.errors import ClaimDisconnected, ClaimForeign, CountUnavailable, KeyHeld
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import CATCHUP, EVERY, FAILED, RUN_ON_FIELD, SCHEDULED, SKIPPED, every_msg_id
-from sidecar.fleet.freshness import REREAD_WAIT
-from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.run.lease import (
     KEPT,
     REPLACED,
@@ -73,11 +71,6 @@ if TYPE_CHECKING:
     from sidecar.run.trigger import Trigger
 
 log = logging.getLogger(__name__)
-# Said once a minute a job at most: a re-read not in when a slot is judged.
-_said = RateLimitedLog(log)
-
-# A slot is judged at most this long after its decider first looks (Fleet.caught_up).
-CAUGHT_UP_WAIT = 2.0
 
 
 def counts(job: JobConfig, claim: Claim) -> bool:
@@ -252,7 +245,7 @@ class Jobs:
             self.unclaimed.kept(job, slot, EXCLUDED, f"excluded: {excluded.text}")
             return
         if number == 1:
-            if not await self._view_at(job, slot):
+            if not await self.fleet.freshness.view_at(job, slot, self.stopping):
                 m.claims_skipped_total.labels(job=name, reason="shutdown").inc()
                 return
             now = self.clock.wall()
@@ -319,35 +312,6 @@ class Jobs:
                 # Let the trigger reach the app before this loop computes the
                 # next slot and sets its timer: about 0.2 ms of its start delay.
                 await asyncio.sleep(0)
-
-    async def _view_at(self, job: JobConfig, slot: int) -> bool:
-        """Wait until the view holds every pause/skip change stored before the slot's
-        instant (docs/GUARANTEES.md, "One fate per slot", rule 3); False when the
-        sidecar stops first. While the bucket is read again (a reconnect, a stall:
-        no watch follows it) a view that heard nothing after the instant is the one
-        from before: the read is waited for, at most ``REREAD_WAIT`` and half of what
-        is left of the claim's window. Then the fate probe, at most half of what is
-        left again; else judged with the view as it is (said, for a read not in).
-        """
-        fresh = self.fleet.freshness
-        end = slot / 1000 + job.max_late
-        if fresh.rereading and slot / 1000 >= self.fleet.view.last_time:
-            left = min(REREAD_WAIT, (end - self.clock.wall()) / 2)
-            if not await fresh.reread(self.clock.monotonic() + left, self.stopping):
-                if self.stopping.is_set():
-                    return False
-                _said.warning(
-                    f"reread:{job.name}",
-                    "job %s slot %s: the state bucket's new read is not in after %.1fs; "
-                    "judged with the view from before it",
-                    job.name,
-                    rfc3339(slot / 1000),
-                    max(0.0, left),
-                )
-        wait = min(CAUGHT_UP_WAIT, max(0.0, (end - self.clock.wall()) / 2))
-        if not await self.fleet.caught_up(slot / 1000, self.clock.monotonic() + wait):
-            log.debug("job %s slot %s judged with the view as it is", job.name, slot)
-        return True
 
     def _started(self) -> bool:
         """Whether the stream was looked at and the state bucket read once since start."""
