@@ -222,7 +222,7 @@ class View:
     # Whether a watch is following the bucket now: False from the moment one stops
     # or fails (a re-read after a reconnect or a stall) until the next full read is
     # in. The view is then whole only up to ``last_time``; a slot after it waits for
-    # the read (sidecar/fleet/freshness.py ``reread``, sidecar/run/job_loop.py).
+    # the read (sidecar/fleet/freshness.py ``view_at``).
     following: bool = False
     # Called with the key after every change the watch delivers.
     on_change: Callable[[str], None] | None = None
