@@ -132,9 +132,15 @@ class Freshness:
 
     async def _until_following(self, stopping: asyncio.Event) -> None:
         while not self.view.following and not stopping.is_set():
-            self._delivered.clear()  # set by the new read's swap (on_delivered)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._delivered.wait(), PROBE_LOOK)
+            await self._next_delivery(PROBE_LOOK)  # the new read's swap tells it
+
+    async def _next_delivery(self, left: float) -> None:
+        """Until the watch delivers something (an entry, or a full read's swap:
+        ``on_delivered``), or at most `left` and ``PROBE_LOOK`` seconds (a delete of a
+        key the view did not hold tells nobody)."""
+        self._delivered.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._delivered.wait(), min(left, PROBE_LOOK))
 
     async def caught_up(self, instant: float, deadline: float) -> bool:
         """Whether the view holds every change the bucket stored before `instant`
@@ -212,9 +218,7 @@ class Freshness:
             left = end - self.clock.monotonic()
             if left <= 0:
                 raise TimeoutError(f"the watch did not deliver revision {target}")
-            self._delivered.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._delivered.wait(), min(left, PROBE_LOOK))
+            await self._next_delivery(left)
         # After the presence write: its entry (or a later one) set last_time.
         return self.view.last_time if whole_at is None else whole_at
 
