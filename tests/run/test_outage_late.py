@@ -23,6 +23,7 @@ from tests.support import (
     job,
     run_cli,
     sidecars,
+    slots,
     wait_for,
 )
 
@@ -43,12 +44,14 @@ def test_slots_due_while_nats_is_away_run_late_once_when_it_is_back(
         # The slots due while NATS was away, after the first seconds (the watch stopped).
         away = {s for s in range(int(down + 10) * 1000, int(up - 1) * 1000, 1000)}
 
-        def ran() -> set[int]:
-            return {int(r.headers["X-Anarchon-Slot"]) for r in http_app.requests_for("/jobs/tick")}
-
-        wait_for(lambda: away <= ran(), 30, interval=0.5, what=f"the slots {sorted(away)} run")
-    slots = Counter(int(r.headers["X-Anarchon-Slot"]) for r in http_app.requests_for("/jobs/tick"))
-    assert not {s: n for s, n in slots.items() if n > 1}, slots
+        wait_for(
+            lambda: away <= set(slots(http_app, "/jobs/tick")),
+            30,
+            interval=0.5,
+            what=f"the slots {sorted(away)} run",
+        )
+    ran = Counter(slots(http_app, "/jobs/tick"))
+    assert not {s: n for s, n in ran.items() if n > 1}, ran
 
 
 def test_a_pause_stored_while_the_bucket_is_read_again_keeps_the_slots_after_it(
@@ -76,9 +79,5 @@ def test_a_pause_stored_while_the_bucket_is_read_again_keeps_the_slots_after_it(
             what="the pause in the view",
         )
         time.sleep(2.0)  # every slot judged before the read came in is decided by now
-        after = [
-            int(r.headers["X-Anarchon-Slot"])
-            for r in http_app.requests_for("/jobs/tick")
-            if int(r.headers["X-Anarchon-Slot"]) / 1000 > paused_at
-        ]
+        after = [s for s in slots(http_app, "/jobs/tick") if s / 1000 > paused_at]
     assert not after, f"slots after the pause ran: {after}"
