@@ -38,8 +38,9 @@ typecheck: $(STAMP)
 # margins are about timing. The second pass runs even when the first failed:
 # one run shows every failure. Skips say why at the end of each pass.
 # Tracebacks are short (the failing line and its message, not the whole test),
-# and the first pass's failures are told again at the very end: a log that is
-# shown cut in the middle (CI's excerpt) still names what failed and why.
+# and the first pass's failures are told again at the very end, after the ends
+# of their sidecars' logs (tests/conftest.py): a log that is shown cut in the
+# middle (CI's excerpt) still names what failed, why, and what the sidecars said.
 FIRST_PASS := $(VENV)/first-pass.log
 unit: $(STAMP) prometheus verifiers git-tool netns-tools chromium helm oldest-python
 	status=0; rm -f $(FIRST_PASS).failed; \
@@ -50,7 +51,9 @@ unit: $(STAMP) prometheus verifiers git-tool netns-tools chromium helm oldest-py
 	$(BIN)/pytest -m "serial and not slow" -p no:cacheprovider --durations=12 --tb=short \
 	  tests tests/reliability tests/nemesis || status=$$?; \
 	if [ -e $(FIRST_PASS).failed ]; then \
-	  echo "== the first pass failed; what it said of each failure:"; \
+	  echo "== the first pass failed; the ends of its failed tests' sidecar logs:"; \
+	  grep -E '^log [^ |]+\| ' $(FIRST_PASS) | tail -n 150; \
+	  echo "== what it said of each failure:"; \
 	  grep -E '^(_{3,} .* _{3,}|tests/[^ ]+:[0-9]+: |E  |(FAILED|ERROR) )' $(FIRST_PASS) | tail -n 80; \
 	fi; \
 	exit $$status

@@ -7,6 +7,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -26,7 +27,7 @@ from sidecar.run.job_loop import Jobs
 from sidecar.run.trigger import Trigger
 from sidecar.run.wiring import wire
 from sidecar.store.guard import StreamGuard
-from tests.support import MakeJobs, NatsServer, RecordingApp
+from tests.support import STARTED, MakeJobs, NatsServer, RecordingApp, log_excerpt
 
 # Property tests: each asks for its examples with tests.support.examples(N), which
 # the profile in use caps. "ci" (the default, what make test runs) caps them at
@@ -47,6 +48,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         parts = item.path.relative_to(root).parts if item.path.is_relative_to(root) else ()
         if parts[:1] and parts[0] in SERIAL_DIRS:
             item.add_marker(pytest.mark.serial)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    STARTED.clear()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test that started sidecars shows the end of their logs: a failure in
+    CI, where nothing is left to look at, tells what each sidecar said."""
+    report = yield
+    if report.failed and STARTED:
+        report.sections.append(("sidecar logs", log_excerpt(STARTED)))
+    return report
 
 
 @pytest.fixture

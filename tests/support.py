@@ -420,6 +420,25 @@ def slots(app: RecordingApp, path: str) -> list[int]:
     return [int(r.headers["X-Anarchon-Slot"]) for r in app.requests_for(path)]
 
 
+# The sidecars started by the test running now, whose logs a failure shows
+# (tests/conftest.py ``pytest_runtest_makereport``); emptied before each test.
+STARTED: list[Sidecar] = []
+
+
+def log_excerpt(sidecars: list[Sidecar], lines: int = 25) -> str:
+    """The last `lines` lines of each sidecar's log that are not a routine success,
+    each prefixed ``log <name>| `` (make unit repeats those lines at the end)."""
+    out = []
+    for proc in dict.fromkeys(sidecars):
+        kept = [
+            line
+            for line in proc.log().splitlines()
+            if "status=succeeded" not in line and line.strip()
+        ]
+        out += [f"log {proc.name}| {line[:400]}" for line in kept[-lines:]]
+    return "\n".join(out)
+
+
 class Sidecar:
     """A real `python -m sidecar run` process with its own config file."""
 
@@ -448,6 +467,7 @@ class Sidecar:
         return [sys.executable, "-m", "sidecar"]
 
     def start(self, *extra_args: str) -> Sidecar:
+        STARTED.append(self)
         self._args = extra_args
         self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = self.log_path.open("ab")

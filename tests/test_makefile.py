@@ -263,6 +263,7 @@ def test_make_unit_runs_the_second_pass_after_a_failed_first(
         f'echo "$@" >> {log}\n'
         'case "$*" in *"reliability tests/nemesis") echo "second pass: all passed"; exit 0;; esac\n'
         'echo "____ test_y ____"; echo "tests/test_x.py:12: in test_y"; echo "filler"\n'
+        'echo "log new-1| 12:00:01 WARNING lease lock.a expired"\n'
         'echo "E   assert 1 == 2"; echo "FAILED tests/test_x.py::test_y - assert 1 == 2"\n'
         "exit 1\n",
     )
@@ -291,8 +292,9 @@ def test_make_unit_runs_the_second_pass_after_a_failed_first(
     assert len(calls) == 2, calls
     assert calls[1].endswith("tests/reliability tests/nemesis"), calls
     after = res.stdout.split("second pass: all passed", 1)[1].splitlines()
-    told = [line for line in after if "test_y" in line or line.startswith("E ")]
+    told = [line for line in after if "test_y" in line or line.startswith(("E ", "log "))]
     assert told == [
+        "log new-1| 12:00:01 WARNING lease lock.a expired",
         "____ test_y ____",
         "tests/test_x.py:12: in test_y",
         "E   assert 1 == 2",

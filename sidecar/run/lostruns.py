@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import attempt_no, epoch_s, seq_no, slot_ms
 from sidecar.core.clock import parse_rfc3339
 from sidecar.core.tasks import TaskSet
-from sidecar.core.wire import LOST, results_subject
+from sidecar.core.wire import LOST, TRANSIENT, results_subject
 from sidecar.run.claim import token_of
 from sidecar.run.lease import COVERED_BY
 from sidecar.run.record import Outcome, Recorder
@@ -44,6 +45,8 @@ RECHECKS = 5
 # A lease that vanished with its bucket is judged this long after lease_ttl and
 # a renewal have passed (a renewal's round trip and the watch's delivery).
 REPLACED_GRACE = 2.0
+# A judge whose reads and publish NATS does not answer asks again this long.
+JUDGE_GIVE_UP = 60.0
 # At most this many results of a job stored since a run's claim are read.
 MAX_RESULTS_READ = 10_000
 
@@ -191,30 +194,66 @@ class LostRuns:
             return
         at = epoch_s(removal.at) or self.clock.wall()
         after = seq_no(value.get("fence"))
-        try:
-            for _ in range(RECHECKS):
-                recorded, last = await self.recorded(name, token, after)
-                if recorded:
-                    log.info("lease %s expired after its run was recorded", removal.key)
-                    return
-                stored = await self._publish(
-                    name, removal.key, value, slot, attempt, token, at, last, why
+        # NATS busy or away: asked again, with backoff, for JUDGE_GIVE_UP. Every
+        # other sidecar judges it too, but they share the server that did not answer.
+        deadline = self.clock.monotonic() + JUDGE_GIVE_UP
+        backoff = Backoff(start=0.2, cap=5.0, jitter=0.2)
+        while True:
+            try:
+                stored = await self._judge(
+                    name, removal.key, value, slot, attempt, token, at, after, why
                 )
-                if stored is not None:
-                    break
-                # A result came in between the check and the lost record: look again.
-            else:
-                log.warning("lease %s expired; results kept coming in, not recorded", removal.key)
+                break
+            except TRANSIENT as exc:
+                if self.stopping.is_set() or self.clock.monotonic() + backoff.current > deadline:
+                    log.error(
+                        "lease %s expired; its run is not recorded lost here, NATS gave no "
+                        "answer for %gs: %r",
+                        removal.key,
+                        JUDGE_GIVE_UP,
+                        exc,
+                    )
+                    return
+                log.info(
+                    "lease %s expired; NATS gave no answer (%r), asking again", removal.key, exc
+                )
+                await backoff.sleep(at_most=deadline - self.clock.monotonic())
+            except Exception as exc:  # another sidecar records it; say so here
+                log.warning("lease %s expired; recording the run lost failed: %r", removal.key, exc)
                 return
-        except Exception as exc:  # another sidecar records it; say so here
-            log.warning("lease %s expired; recording the run lost failed: %r", removal.key, exc)
-            return
         if not stored:
             return
         if isinstance(job, str):
             return  # a job this config does not have: nothing to rerun it with
         if job.on_lost == "rerun" and self.rerun is not None:
             await self.rerun(job, slot, attempt, at, stored)
+
+    async def _judge(
+        self,
+        name: str,
+        key: str,
+        value: dict[str, Any],
+        slot: int,
+        attempt: int,
+        token: str,
+        at: float,
+        after: int | None,
+        why: str | None,
+    ) -> int | None:
+        """Look for the run's result, and record it lost when there is none: the lost
+        record's sequence when this copy was stored, 0 when another was or the run
+        has its result, None when results kept coming in (said here)."""
+        for _ in range(RECHECKS):
+            recorded, last = await self.recorded(name, token, after)
+            if recorded:
+                log.info("lease %s expired after its run was recorded", key)
+                return 0
+            stored = await self._publish(name, key, value, slot, attempt, token, at, last, why)
+            if stored is not None:
+                return stored
+            # A result came in between the check and the lost record: look again.
+        log.warning("lease %s expired; results kept coming in, not recorded", key)
+        return None
 
     async def recorded(self, job: str, token: str, after: int | None) -> tuple[bool, int]:
         """Whether this run has a result (its own, or a lost record), and the sequence

@@ -7,12 +7,15 @@ reported as an empty put still reads as one; a real result wins over lost.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from nats.aio.client import Client as NATS
 
 from sidecar.config.load import Config, parse_config
@@ -24,7 +27,7 @@ from sidecar.store import state
 from sidecar.store.runs import join_runs
 from sidecar.store.state import EXPIRED, Removal, View
 from sidecar.store.stream import StreamSpec, ensure_stream, stream_spec
-from tests.support import MakeJobs
+from tests.support import MakeJobs, NatsServer
 
 
 def lease_value(token: str = "t1", instance: str = "me") -> dict[str, object]:
@@ -173,3 +176,27 @@ async def test_a_result_stored_between_the_check_and_the_lost_record_wins(
         assert stored is None  # refused: a result came in
         await runs.record_lost(runs.jobs["j"], removal)
         assert await lost_records(nc, spec) == []
+
+
+async def test_a_lost_run_is_recorded_once_nats_answers_again(
+    nats_server: NatsServer, nc: NATS, make_jobs: MakeJobs, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lease expired, then NATS stopped answering before the judge could read the
+    results: the judge asks again and records the run lost once NATS is back
+    (it gave up at the first error, leaving the run ``running`` in history)."""
+    caplog.set_level(logging.INFO, logger="sidecar.run.lostruns")
+    async with lost_runs(nc, make_jobs) as (runs, spec, metrics):
+        claim = await nc.jetstream().publish("cron.j.claims", b'{"token":"t3"}', stream=spec.name)
+        nats_server.stop()
+        judging = asyncio.create_task(
+            runs.record_lost(runs.jobs["j"], expired(3000, "t3", claim.seq))
+        )
+        deadline = time.monotonic() + 30
+        while "asking again" not in caplog.text:
+            assert not judging.done() and time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(nats_server.start)
+        await asyncio.wait_for(judging, 60)
+        lost = await lost_records(nc, spec)
+        assert [(r["slot"], r["token"]) for r in lost] == [(3000, "t3")]
+        assert metrics.registry.get_sample_value("anarchon_runs_lost_total", {"job": "j"}) == 1
