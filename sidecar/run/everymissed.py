@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -170,8 +171,13 @@ class EveryMissed:
         if not removal.key.startswith(PRESENCE) or removal.how != DELETED:
             return
         instance = removal.key[len(PRESENCE) :]
+        # When the delete was stored (its marker's time), not when it was seen here: a
+        # full re-read tells of it late. Never later than now (a server's clock ahead).
+        now_ms = self.ctx.clock.wall_ms()
+        at = removal.at
+        at_ms = now_ms if at is None or not math.isfinite(at) else min(now_ms, int(at * 1000))
         exits = self.stopped.pop(instance, [])  # put back as the newest instance
-        self.stopped[instance] = [*exits[1 - EXITS_KEPT :], Exit(self.ctx.clock.wall_ms())]
+        self.stopped[instance] = [*exits[1 - EXITS_KEPT :], Exit(at_ms)]
         if len(self.stopped) > STOPPED_KEEP:
             del self.stopped[next(iter(self.stopped))]
 

@@ -157,6 +157,16 @@ def test_an_instance_seen_leaving_cleanly_is_stopped_for_the_slots_it_was_out_fo
     for i in range(STOPPED_KEEP + 3):  # bounded: each rollout adds its old ids
         judge.removed(Removal(f"instance.p{i}", Entry({}, 50 + i), DELETED, None))
     assert len(judge.stopped) == STOPPED_KEEP and "p0" not in judge.stopped
+    # An exit told late (a full re-read after a reconnect) counts from when it was
+    # stored, its marker's time; a marker stamped ahead of this clock, from now.
+    clock.now = 400_000
+    judge.removed(Removal("instance.late", Entry({}, 90), DELETED, 380.0))
+    assert judge.exited("late", 378_000, 3_000)  # out from 380 s: in the window
+    assert not judge.exited("late", 376_000, 3_000)  # the window closed before it left
+    judge.removed(Removal("instance.ahead", Entry({}, 91), DELETED, 500.0))
+    assert judge.stopped["ahead"][-1].at_ms == 400_000
+    judge.removed(Removal("instance.odd", Entry({}, 92), DELETED, float("nan")))
+    assert judge.stopped["odd"][-1].at_ms == 400_000
 
 
 def test_a_claim_of_a_slot_far_ahead_is_not_taken() -> None:
