@@ -281,25 +281,31 @@ def test_rolling_update_from_the_previous_release_runs_no_slot_twice(
     assert n1.metric("anarchon_fleet_config_mismatch") == 0
 
     def running_long(instance: str) -> Any:
+        # A run that began moments ago: one near its end (2.5 s) could be answered
+        # and recorded before the kill lands, and would never be lost.
         return next(
             (
                 r
                 for r in http_app.requests_for("/jobs/long")
-                if r.headers.get("X-Anarchon-Instance") == instance and not r.finished
+                if r.headers.get("X-Anarchon-Instance") == instance
+                and not r.finished
+                and time.time() - r.at < 0.5
             ),
             None,
         )
 
     def kill_while_running_long(proc: Sidecar) -> tuple[Any, float]:
-        """Kill `proc` while it runs `long` (holding its overlap lock)."""
+        """Kill `proc` while it runs `long` (holding its overlap lock, taken before the
+        request is sent)."""
         run = wait_for(
             lambda: running_long(proc.name), 60, interval=0.02, what=f"{proc.name} running long"
         )
-        time.sleep(0.3)  # its lock is created
         assert proc.proc is not None
-        proc.proc.send_signal(signal.SIGKILL)
         at = time.time()
+        proc.proc.send_signal(signal.SIGKILL)
         proc.proc.wait(10)
+        # Not answered before the kill: its runner never had a result to record.
+        assert not run.finished or run.finished > at, (run.at, run.finished, at)
         return run, at
 
     def lost() -> list[dict[str, Any]]:

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A lost record is checked against the results this often at most when results
-# keep coming in between the check and the record.
+# A lost record is checked against the results again at once this many times when
+# results keep coming in between the check and the record, then after a backoff.
 RECHECKS = 5
 # A lease that vanished with its bucket is judged this long after lease_ttl and
 # a renewal have passed (a renewal's round trip and the watch's delivery).
@@ -194,16 +194,18 @@ class LostRuns:
             return
         at = epoch_s(removal.at) or self.clock.wall()
         after = seq_no(value.get("fence"))
-        # NATS busy or away: asked again, with backoff, for JUDGE_GIVE_UP. Every
-        # other sidecar judges it too, but they share the server that did not answer.
+        # NATS busy or away, or results of the job coming in between the look and
+        # the lost record (a skip each slot while the dead run's lock is held): asked
+        # again for JUDGE_GIVE_UP. Every other sidecar judges it too, but they share the
+        # server, and the same results race them all.
         deadline = self.clock.monotonic() + JUDGE_GIVE_UP
         backoff = Backoff(start=0.2, cap=5.0, jitter=0.2)
+        conflicts = 0
         while True:
             try:
                 stored = await self._judge(
                     name, removal.key, value, slot, attempt, token, at, after, why
                 )
-                break
             except TRANSIENT as exc:
                 if self.stopping.is_set() or self.clock.monotonic() + backoff.current > deadline:
                     log.error(
@@ -218,9 +220,26 @@ class LostRuns:
                     "lease %s expired; NATS gave no answer (%r), asking again", removal.key, exc
                 )
                 await backoff.sleep(at_most=deadline - self.clock.monotonic())
+                continue
             except Exception as exc:  # another sidecar records it; say so here
                 log.warning("lease %s expired; recording the run lost failed: %r", removal.key, exc)
                 return
+            if stored is not None:
+                break
+            # A result came in between the look and the lost record: look again (at
+            # once the first RECHECKS times, then after a backoff's wait).
+            conflicts += 1
+            if self.stopping.is_set() or self.clock.monotonic() + backoff.current > deadline:
+                log.error(
+                    "lease %s expired; results kept coming in for %gs (%d tries), its run "
+                    "is not recorded lost here",
+                    removal.key,
+                    JUDGE_GIVE_UP,
+                    conflicts,
+                )
+                return
+            if conflicts >= RECHECKS:
+                await backoff.sleep(at_most=deadline - self.clock.monotonic())
         if not stored:
             return
         if isinstance(job, str):
@@ -242,18 +261,12 @@ class LostRuns:
     ) -> int | None:
         """Look for the run's result, and record it lost when there is none: the lost
         record's sequence when this copy was stored, 0 when another was or the run
-        has its result, None when results kept coming in (said here)."""
-        for _ in range(RECHECKS):
-            recorded, last = await self.recorded(name, token, after)
-            if recorded:
-                log.info("lease %s expired after its run was recorded", key)
-                return 0
-            stored = await self._publish(name, key, value, slot, attempt, token, at, last, why)
-            if stored is not None:
-                return stored
-            # A result came in between the check and the lost record: look again.
-        log.warning("lease %s expired; results kept coming in, not recorded", key)
-        return None
+        has its result, None when a result came in between the look and the record."""
+        recorded, last = await self.recorded(name, token, after)
+        if recorded:
+            log.info("lease %s expired after its run was recorded", key)
+            return 0
+        return await self._publish(name, key, value, slot, attempt, token, at, last, why)
 
     async def recorded(self, job: str, token: str, after: int | None) -> tuple[bool, int]:
         """Whether this run has a result (its own, or a lost record), and the sequence

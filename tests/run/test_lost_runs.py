@@ -200,3 +200,36 @@ async def test_a_lost_run_is_recorded_once_nats_answers_again(
         lost = await lost_records(nc, spec)
         assert [(r["slot"], r["token"]) for r in lost] == [(3000, "t3")]
         assert metrics.registry.get_sample_value("anarchon_runs_lost_total", {"job": "j"}) == 1
+
+
+async def test_a_judge_racing_a_stream_of_results_records_the_run_lost_once_they_stop(
+    nc: NATS, make_jobs: MakeJobs, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every look is beaten by a result of the job stored before the lost record (the
+    skips of a job whose dead run holds its lock, many judges at once): the judge
+    keeps looking while that lasts, within JUDGE_GIVE_UP, and records the run lost
+    once (it gave up after five looks)."""
+    caplog.set_level(logging.INFO, logger="sidecar.run.lostruns")
+    async with lost_runs(nc, make_jobs) as (runs, spec, metrics):
+        body = result(1000, "other").to_json()
+        writing = True
+
+        async def writer() -> int:
+            n = 0
+            while writing:
+                for _ in range(50):  # not awaited one by one: faster than a judge's look
+                    await nc.publish("cron.j.results", body)
+                    n += 1
+                await nc.flush()
+            return n
+
+        writes = asyncio.create_task(writer())
+        await asyncio.sleep(0.2)  # the results are coming in
+        judging = asyncio.create_task(runs.record_lost(runs.jobs["j"], expired(3000, "t3", None)))
+        await asyncio.sleep(1.5)
+        writing = False
+        assert await writes > 1000
+        await asyncio.wait_for(judging, 60)
+        lost = await lost_records(nc, spec)
+        assert [(r["slot"], r["token"]) for r in lost] == [(3000, "t3")], caplog.text
+        assert metrics.registry.get_sample_value("anarchon_runs_lost_total", {"job": "j"}) == 1
