@@ -30,7 +30,7 @@ from sidecar.run.claim import token_of
 from sidecar.run.lease import COVERED_BY
 from sidecar.run.record import Outcome, Recorder
 from sidecar.store.kv import last_msg
-from sidecar.store.state import BUCKET_REPLACED, EXPIRED, Removal, View
+from sidecar.store.state import BUCKET_REPLACED, EXPIRED, UNSEEN, Removal, View
 from sidecar.when.attempts import is_lease_key, lease_job, renew_every
 
 if TYPE_CHECKING:
@@ -139,17 +139,16 @@ class LostRuns:
             return  # a lock job's marker (claimwindow.py): its lock is judged instead
         name = lease_job(removal.key) or ""
         job = self.jobs.get(name)
+        ended = removal.how in (EXPIRED, UNSEEN)  # UNSEEN: its run's result is looked for
         if job is None:
             # A job not in this config: only its expiry is judged, and only when
             # no other live instance runs it (sidecar/fleet/orphans.py).
-            if removal.how != EXPIRED or not self.judges_foreign(removal):
+            if not ended or not self.judges_foreign(removal):
                 return
             coro = self.record_lost(name, removal)
         elif removal.how == BUCKET_REPLACED:
             coro = self.replaced(job, removal)
-        elif removal.how != EXPIRED:
-            if removal.how is None:
-                log.debug("lease %s vanished between two reads; not judged", removal.key)
+        elif not ended:
             return
         else:
             coro = self.record_lost(job, removal)
@@ -264,7 +263,7 @@ class LostRuns:
         has its result, None when a result came in between the look and the record."""
         recorded, last = await self.recorded(name, token, after)
         if recorded:
-            log.info("lease %s expired after its run was recorded", key)
+            log.info("lease %s ended after its run was recorded", key)
             return 0
         return await self._publish(name, key, value, slot, attempt, token, at, last, why)
 

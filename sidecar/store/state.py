@@ -186,6 +186,10 @@ EXPIRED = "PURGE"
 # The bucket was deleted (and made again) under the watch: its keys vanished
 # without a marker. A lease gone so is judged after lease_ttl (LostRuns).
 BUCKET_REPLACED = "REPLACED"
+# A lease whose end a full re-read did not see (sidecar/store/watch.py): taken
+# again by another run meanwhile, or gone with its marker overwritten or aged
+# out. Whether its run ended with a result or not, the lost-run judges look.
+UNSEEN = "UNSEEN"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,15 @@ from sidecar.core.natspy import jetstream_of, read_initial
 from sidecar.core.tasks import TaskSet
 from sidecar.store.bucketcheck import BucketFacts, facts_of
 from sidecar.store.digests import BUCKET_PREFIX
-from sidecar.store.state import BUCKET_REPLACED, Bucket, Removal, View
+from sidecar.store.state import (
+    BUCKET_REPLACED,
+    DELETED,
+    EXPIRED,
+    UNSEEN,
+    Bucket,
+    Removal,
+    View,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,28 @@ class Stall:
         self.behind = self.behind + 1 if delivered < self.target else 0
         self.target = last_seq
         return self.behind >= 2
+
+
+# The keys of leases (sidecar/run/lease.py): a run's end that a re-read did not see
+# is told to the lost-run judges (``unseen_end``).
+LEASE_PREFIXES = ("run.", "lock.")
+
+
+def unseen_end(removal: Removal, fresh: View) -> Removal:
+    """A lease gone between two full reads, as the lost-run judges should hear of it.
+
+    Its marker says how it went, except that a ``lock.<job>`` deleted may have
+    expired first and been taken and released by another run meanwhile, and a
+    lease without a marker (its marker aged out, or overwritten) may have
+    expired: those are ``UNSEEN`` (the judges look for the run's result). A run
+    lease deleted is its runner's clean release (its result stored first).
+    """
+    how = removal.how
+    if not removal.key.startswith(LEASE_PREFIXES) or how == EXPIRED:
+        return removal
+    if how == DELETED and removal.key.startswith("run."):
+        return removal
+    return Removal(removal.key, removal.entry, UNSEEN, removal.at)
 
 
 class Watch:
@@ -162,6 +192,14 @@ class Watch:
             Removal(key, entry, *fresh.markers.get(key, (None, None)))
             for key, entry in self.view.keys.items()
             if key not in fresh.keys
+        ]
+        gone = [unseen_end(removal, fresh) for removal in gone]
+        gone += [
+            Removal(key, entry, UNSEEN, None)
+            for key, entry in self.view.keys.items()
+            if key.startswith(LEASE_PREFIXES)
+            and key in fresh.keys
+            and fresh.keys[key].value.get("token") != entry.value.get("token")
         ]
         if replaced:
             # Every key of the old bucket vanished without a marker; a key of the

@@ -25,7 +25,7 @@ from sidecar.run.lostruns import LostRuns
 from sidecar.run.record import publish_result
 from sidecar.store import state
 from sidecar.store.runs import join_runs
-from sidecar.store.state import EXPIRED, Removal, View
+from sidecar.store.state import EXPIRED, UNSEEN, Removal, View
 from sidecar.store.stream import StreamSpec, ensure_stream, stream_spec
 from tests.support import MakeJobs, NatsServer
 
@@ -233,3 +233,24 @@ async def test_a_judge_racing_a_stream_of_results_records_the_run_lost_once_they
         lost = await lost_records(nc, spec)
         assert [(r["slot"], r["token"]) for r in lost] == [(3000, "t3")], caplog.text
         assert metrics.registry.get_sample_value("anarchon_runs_lost_total", {"job": "j"}) == 1
+
+
+async def test_a_lease_whose_end_a_re_read_did_not_see_is_judged_by_its_results(
+    nc: NATS, make_jobs: MakeJobs
+) -> None:
+    """``UNSEEN`` (sidecar/store/watch.py ``unseen_end``): a lock taken again by another
+    run while this sidecar read the bucket again. A run without a result is recorded
+    lost; one whose result is stored (a clean release, then the new run) is not."""
+    async with lost_runs(nc, make_jobs) as (runs, spec, _):
+        js = nc.jetstream()
+        claim = await js.publish("cron.j.claims", b'{"token":"t1"}', stream=spec.name)
+        await publish_result(js, spec.name, spec.prefix, result(1000, "t1"))
+        for slot, token in ((1000, "t1"), (2000, "t2")):
+            value = {**lease_value(token, "runner"), "slot": slot, "fence": claim.seq}
+            runs.removed(Removal("lock.j", state.Entry(value, 7), UNSEEN, None))
+        await asyncio.wait_for(asyncio.gather(*runs.tasks), 30)
+        lost = await lost_records(nc, spec)
+        assert [(r["slot"], r["token"]) for r in lost] == [(2000, "t2")]
+        # A deleted lock, told as deleted (a live view saw its delete), is not judged.
+        runs.removed(Removal("lock.j", state.Entry(lease_value("t3"), 8), state.DELETED, None))
+        assert not runs.tasks
