@@ -202,8 +202,12 @@ class LostRuns:
         conflicts = 0
         while True:
             try:
-                stored = await self._judge(
-                    name, removal.key, value, slot, attempt, token, at, after, why
+                recorded, last = await self.recorded(name, token, after)
+                if recorded:
+                    log.info("lease %s ended after its run was recorded", removal.key)
+                    return
+                stored = await self._publish(
+                    name, removal.key, value, slot, attempt, token, at, last, why
                 )
             except TRANSIENT as exc:
                 if self.stopping.is_set() or self.clock.monotonic() + backoff.current > deadline:
@@ -245,27 +249,6 @@ class LostRuns:
             return  # a job this config does not have: nothing to rerun it with
         if job.on_lost == "rerun" and self.rerun is not None:
             await self.rerun(job, slot, attempt, at, stored)
-
-    async def _judge(
-        self,
-        name: str,
-        key: str,
-        value: dict[str, Any],
-        slot: int,
-        attempt: int,
-        token: str,
-        at: float,
-        after: int | None,
-        why: str | None,
-    ) -> int | None:
-        """Look for the run's result, and record it lost when there is none: the lost
-        record's sequence when this copy was stored, 0 when another was or the run
-        has its result, None when a result came in between the look and the record."""
-        recorded, last = await self.recorded(name, token, after)
-        if recorded:
-            log.info("lease %s ended after its run was recorded", key)
-            return 0
-        return await self._publish(name, key, value, slot, attempt, token, at, last, why)
 
     async def recorded(self, job: str, token: str, after: int | None) -> tuple[bool, int]:
         """Whether this run has a result (its own, or a lost record), and the sequence
