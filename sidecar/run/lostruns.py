@@ -26,6 +26,7 @@ from sidecar.core.bounds import attempt_no, epoch_s, seq_no, slot_ms
 from sidecar.core.clock import parse_rfc3339
 from sidecar.core.tasks import TaskSet
 from sidecar.core.wire import LOST, TRANSIENT, results_subject
+from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.run.claim import token_of
 from sidecar.run.lease import COVERED_BY
 from sidecar.run.record import Outcome, Recorder
@@ -130,6 +131,8 @@ class LostRuns:
         self.rerun = rerun
         # Set: the sidecar drains, no new judging starts (the drain awaits ``tasks``).
         self.stopping = ctx.stopping
+        # A judge asking NATS again says so once a minute for all of them.
+        self._said = RateLimitedLog(log)
 
     def removed(self, removal: Removal) -> None:
         """The view lost `removal.key`; an expired lease of one of our jobs was lost."""
@@ -146,7 +149,9 @@ class LostRuns:
             if not ended or not self.judges_foreign(removal):
                 return
             coro = self.record_lost(name, removal)
-        elif removal.how == BUCKET_REPLACED:
+        elif removal.how in (BUCKET_REPLACED, None):
+            # Gone without a marker (the bucket replaced or purged, or its marker aged
+            # out while this sidecar was away): a live runner takes it again.
             coro = self.replaced(job, removal)
         elif not ended:
             return
@@ -155,10 +160,11 @@ class LostRuns:
         self.tasks.spawn(coro)
 
     async def replaced(self, job: JobConfig, removal: Removal) -> None:
-        """A lease that vanished with its bucket (deleted, made again): a live runner
-        takes it again at its next renewal (Lease), a dead one cannot. Judged once
-        lease_ttl and a renewal have passed: still gone, it is recorded lost, like an
-        expired one (the result is looked for first), never left ``running``."""
+        """A lease that vanished without a marker (with its bucket, deleted and made
+        again, or purged; or seen gone by a re-read after its marker aged out): a live
+        runner takes it again at its next renewal (Lease), a dead one cannot. Judged
+        once lease_ttl and a renewal have passed: still gone, it is recorded lost, like
+        an expired one (the result is looked for first), never left ``running``."""
         ttl = self.config.nats.lease_ttl
         await asyncio.sleep(ttl + renew_every(ttl) + REPLACED_GRACE)
         view = self.view
@@ -167,9 +173,10 @@ class LostRuns:
             if back is not None and back.value.get("token") == removal.entry.value.get("token"):
                 return  # its runner took it again: alive
         log.warning(
-            "lease %s vanished with the state bucket and was not taken again within "
+            "lease %s vanished without a marker (%s) and was not taken again within "
             "lease_ttl: its runner is gone",
             removal.key[:200],
+            "with the state bucket" if removal.how == BUCKET_REPLACED else "seen by a re-read",
         )
         await self.record_lost(job, Removal(removal.key, removal.entry, EXPIRED, self.clock.wall()))
 
@@ -201,6 +208,9 @@ class LostRuns:
         backoff = Backoff(start=0.2, cap=5.0, jitter=0.2)
         conflicts = 0
         while True:
+            if self.stopping.is_set():
+                log.info("lease %s expired; not judged here, the sidecar is stopping", removal.key)
+                return
             try:
                 recorded, last = await self.recorded(name, token, after)
                 if recorded:
@@ -210,7 +220,7 @@ class LostRuns:
                     name, removal.key, value, slot, attempt, token, at, last, why
                 )
             except TRANSIENT as exc:
-                if self.stopping.is_set() or self.clock.monotonic() + backoff.current > deadline:
+                if self.clock.monotonic() + backoff.current > deadline:
                     log.error(
                         "lease %s expired; its run is not recorded lost here, NATS gave no "
                         "answer for %gs: %r",
@@ -219,8 +229,12 @@ class LostRuns:
                         exc,
                     )
                     return
-                log.info(
-                    "lease %s expired; NATS gave no answer (%r), asking again", removal.key, exc
+                self._said.log(
+                    logging.INFO,
+                    "no answer",
+                    "lease %s expired; NATS gave no answer (%r), asking again",
+                    removal.key,
+                    exc,
                 )
                 await backoff.sleep(at_most=deadline - self.clock.monotonic())
                 continue
@@ -232,7 +246,10 @@ class LostRuns:
             # A result came in between the look and the lost record: look again (at
             # once the first RECHECKS times, then after a backoff's wait).
             conflicts += 1
-            if self.stopping.is_set() or self.clock.monotonic() + backoff.current > deadline:
+            log.debug(
+                "lease %s: a result came in first (%d); looking again", removal.key, conflicts
+            )
+            if self.clock.monotonic() + backoff.current > deadline:
                 log.error(
                     "lease %s expired; results kept coming in for %gs (%d tries), its run "
                     "is not recorded lost here",

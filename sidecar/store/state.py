@@ -187,8 +187,8 @@ EXPIRED = "PURGE"
 # without a marker. A lease gone so is judged after lease_ttl (LostRuns).
 BUCKET_REPLACED = "REPLACED"
 # A lease whose end a full re-read did not see (sidecar/store/watch.py): taken
-# again by another run meanwhile, or gone with its marker overwritten or aged
-# out. Whether its run ended with a result or not, the lost-run judges look.
+# again by another run meanwhile. Whether its run ended with a result or not
+# (an expiry, or a release), the lost-run judges look.
 UNSEEN = "UNSEEN"
 
 

@@ -26,8 +26,6 @@ from sidecar.store.bucketcheck import BucketFacts, facts_of
 from sidecar.store.digests import BUCKET_PREFIX
 from sidecar.store.state import (
     BUCKET_REPLACED,
-    DELETED,
-    EXPIRED,
     UNSEEN,
     Bucket,
     Removal,
@@ -67,26 +65,9 @@ class Stall:
         return self.behind >= 2
 
 
-# The keys of leases (sidecar/run/lease.py): a run's end that a re-read did not see
-# is told to the lost-run judges (``unseen_end``).
+# The keys of leases (sidecar/run/lease.py): one taken again by another run while
+# this sidecar was not following is told to the lost-run judges (``UNSEEN``).
 LEASE_PREFIXES = ("run.", "lock.")
-
-
-def unseen_end(removal: Removal, fresh: View) -> Removal:
-    """A lease gone between two full reads, as the lost-run judges should hear of it.
-
-    Its marker says how it went, except that a ``lock.<job>`` deleted may have
-    expired first and been taken and released by another run meanwhile, and a
-    lease without a marker (its marker aged out, or overwritten) may have
-    expired: those are ``UNSEEN`` (the judges look for the run's result). A run
-    lease deleted is its runner's clean release (its result stored first).
-    """
-    how = removal.how
-    if not removal.key.startswith(LEASE_PREFIXES) or how == EXPIRED:
-        return removal
-    if how == DELETED and removal.key.startswith("run."):
-        return removal
-    return Removal(removal.key, removal.entry, UNSEEN, removal.at)
 
 
 class Watch:
@@ -193,7 +174,8 @@ class Watch:
             for key, entry in self.view.keys.items()
             if key not in fresh.keys
         ]
-        gone = [unseen_end(removal, fresh) for removal in gone]
+        # A lease taken again meanwhile (another token): its end was not seen, an
+        # expiry or a release; the judges look for its run's result (UNSEEN).
         gone += [
             Removal(key, entry, UNSEEN, None)
             for key, entry in self.view.keys.items()

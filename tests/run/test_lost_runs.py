@@ -21,7 +21,7 @@ from nats.aio.client import Client as NATS
 from sidecar.config.load import Config, parse_config
 from sidecar.core.wire import LOST, SKIPPED, SUCCEEDED, ResultRecord
 from sidecar.obs.metrics import Metrics
-from sidecar.run.lostruns import LostRuns
+from sidecar.run.lostruns import RECHECKS, LostRuns
 from sidecar.run.record import publish_result
 from sidecar.store import state
 from sidecar.store.runs import join_runs
@@ -86,10 +86,11 @@ def test_an_expiry_reported_as_an_empty_put_still_reads_as_an_expiry() -> None:
 # ---------------------------------------------------------------- lost records
 
 
-def lost_config() -> Config:
+def lost_config(lease_ttl: str = "30s") -> Config:
     return parse_config(
         {
             "instance_id": "judge",
+            "nats": {"lease_ttl": lease_ttl},
             "jobs": [{"name": "j", "schedule": "* * * * * *", "max_late": "5s"}],
         },
         {},
@@ -113,15 +114,15 @@ def result(slot: int, token: str) -> ResultRecord:
 
 @contextlib.asynccontextmanager
 async def lost_runs(
-    nc: NATS, make_jobs: MakeJobs
+    nc: NATS, make_jobs: MakeJobs, lease_ttl: str = "30s", view: View | None = None
 ) -> AsyncIterator[tuple[LostRuns, StreamSpec, Metrics]]:
-    """Lost-run judging of one sidecar (the state bucket not read: no keys), with a
-    recorder of its own (no aftermath)."""
-    config = lost_config()
+    """Lost-run judging of one sidecar (the state bucket not read: no keys, or
+    `view`'s), with a recorder of its own (no aftermath)."""
+    config = lost_config(lease_ttl)
     spec = stream_spec(config)
     await ensure_stream(nc.jetstream(), spec)
     async with make_jobs(config) as jobs:
-        yield LostRuns(jobs.ctx), spec, jobs.metrics
+        yield LostRuns(jobs.ctx, view=view), spec, jobs.metrics
 
 
 def expired(slot: int, token: str, fence: int | None) -> Removal:
@@ -209,7 +210,7 @@ async def test_a_judge_racing_a_stream_of_results_records_the_run_lost_once_they
     skips of a job whose dead run holds its lock, many judges at once): the judge
     keeps looking while that lasts, within JUDGE_GIVE_UP, and records the run lost
     once (it gave up after five looks)."""
-    caplog.set_level(logging.INFO, logger="sidecar.run.lostruns")
+    caplog.set_level(logging.DEBUG, logger="sidecar.run.lostruns")
     async with lost_runs(nc, make_jobs) as (runs, spec, metrics):
         body = result(1000, "other").to_json()
         writing = True
@@ -233,6 +234,8 @@ async def test_a_judge_racing_a_stream_of_results_records_the_run_lost_once_they
         lost = await lost_records(nc, spec)
         assert [(r["slot"], r["token"]) for r in lost] == [(3000, "t3")], caplog.text
         assert metrics.registry.get_sample_value("anarchon_runs_lost_total", {"job": "j"}) == 1
+        # Beaten more often than the five looks the judge used to give up after.
+        assert caplog.text.count("a result came in first") > RECHECKS, caplog.text[-2000:]
 
 
 async def test_a_lease_whose_end_a_re_read_did_not_see_is_judged_by_its_results(
@@ -254,3 +257,27 @@ async def test_a_lease_whose_end_a_re_read_did_not_see_is_judged_by_its_results(
         # A deleted lock, told as deleted (a live view saw its delete), is not judged.
         runs.removed(Removal("lock.j", state.Entry(lease_value("t3"), 8), state.DELETED, None))
         assert not runs.tasks
+
+
+async def test_a_lease_a_re_read_found_gone_without_a_marker_is_judged_after_lease_ttl(
+    nc: NATS, make_jobs: MakeJobs
+) -> None:
+    """Its marker aged out while this sidecar was away (or the bucket was purged): a
+    live runner takes its lease again at its next renewal, so the judge waits
+    lease_ttl and a renewal first (it was never judged, and the run read
+    ``running`` for ever). Taken again: not lost; still gone: lost."""
+    view = View()
+    async with lost_runs(nc, make_jobs, "1s", view) as (runs, spec, _):
+        claim = await nc.jetstream().publish("cron.j.claims", b"{}", stream=spec.name)
+        leases = {
+            token: {**lease_value(token, "runner"), "slot": slot, "fence": claim.seq}
+            for slot, token in ((1000, "alive"), (2000, "dead"))
+        }
+        for value in leases.values():
+            key = f"run.j.{value['slot']}"
+            runs.removed(Removal(key, state.Entry(value, 7), None, None))
+        assert len(runs.tasks) == 2
+        view.keys["run.j.1000"] = state.Entry(leases["alive"], 9)  # its renewal
+        await asyncio.wait_for(asyncio.gather(*runs.tasks), 30)
+        lost = await lost_records(nc, spec)
+        assert [(r["slot"], r["token"]) for r in lost] == [(2000, "dead")]

@@ -1,13 +1,13 @@
-"""A lease whose end a full re-read did not see (sidecar/store/watch.py ``unseen_end``).
+"""A lease whose end a full re-read did not see (sidecar/store/watch.py, ``UNSEEN``).
 
 A re-read after a reconnect or a stall compares the view before with what it
 read. A lock that expired meanwhile and was taken again by another run is still
 there, with another run's token: without a word of it to the lost-run judges,
-the dead run was never recorded lost (the upgrade test's failure, where both
-judges could re-read at once on a loaded machine). A lock released and taken
-and released again shows only its last delete. Those are told as ``UNSEEN``; a
-run lease deleted (its runner's clean release) and one that expired (its
-marker read) are told as they were.
+the dead run was never recorded lost (one way the upgrade test's kill could go
+unjudged when both judges re-read at once on a loaded machine). It is told as
+``UNSEEN``, and the judges look for its run's result. A lease deleted (its
+runner's clean release) and one that expired (its marker read) are told as
+their markers say.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ async def test_a_re_read_tells_the_judges_of_every_lease_end_it_did_not_see(
             await asyncio.sleep(0.05)
 
     try:
-        await keys.create("lock.retaken", lease("dead"), 1.0)  # expires, then taken again
+        await keys.create("lock.retaken", lease("dead"), 3.0)  # expires, then taken again
         released = await keys.create("lock.released", lease("r1"), 30.0)
-        await keys.create("run.j.1000", lease("gone"), 1.0)  # expires, nothing after
+        await keys.create("run.j.1000", lease("gone"), 3.0)  # expires, nothing after
         done = await keys.create("run.j.2000", lease("done"), 30.0)  # released cleanly
         await keys.create("lock.alive", lease("alive"), 30.0)  # held all along
         await watch._start()
@@ -67,7 +67,7 @@ async def test_a_re_read_tells_the_judges_of_every_lease_end_it_did_not_see(
         told = {r.key: (r.how, r.entry.value["token"]) for r in removed}
         assert told == {
             "lock.retaken": (UNSEEN, "dead"),
-            "lock.released": (UNSEEN, "r1"),
+            "lock.released": (DELETED, "r1"),
             "run.j.1000": (EXPIRED, "gone"),
             "run.j.2000": (DELETED, "done"),
         }, removed
