@@ -46,6 +46,8 @@ RECHECKS = 5
 # A lease that vanished with its bucket is judged this long after lease_ttl and
 # a renewal have passed (a renewal's round trip and the watch's delivery).
 REPLACED_GRACE = 2.0
+# At most this many judges read the results and publish at once (the others wait).
+LOOKS_AT_ONCE = 64
 # A judge whose reads and publish NATS does not answer asks again this long.
 JUDGE_GIVE_UP = 60.0
 # At most this many results of a job stored since a run's claim are read.
@@ -133,6 +135,9 @@ class LostRuns:
         self.stopping = ctx.stopping
         # A judge asking NATS again says so once a minute for all of them.
         self._said = RateLimitedLog(log)
+        # The judges asking NATS at once: a sidecar killed in a burst leaves
+        # thousands of leases that expire together, on every other sidecar.
+        self._looking = asyncio.Semaphore(LOOKS_AT_ONCE)
 
     def removed(self, removal: Removal) -> None:
         """The view lost `removal.key`; an expired lease of one of our jobs was lost."""
@@ -212,13 +217,14 @@ class LostRuns:
                 log.info("lease %s expired; not judged here, the sidecar is stopping", removal.key)
                 return
             try:
-                recorded, last = await self.recorded(name, token, after)
-                if recorded:
-                    log.info("lease %s ended after its run was recorded", removal.key)
-                    return
-                stored = await self._publish(
-                    name, removal.key, value, slot, attempt, token, at, last, why
-                )
+                async with self._looking:
+                    recorded, last = await self.recorded(name, token, after)
+                    if recorded:
+                        log.info("lease %s ended after its run was recorded", removal.key)
+                        return
+                    stored = await self._publish(
+                        name, removal.key, value, slot, attempt, token, at, last, why
+                    )
             except TRANSIENT as exc:
                 if self.clock.monotonic() + backoff.current > deadline:
                     log.error(

@@ -21,7 +21,7 @@ from nats.aio.client import Client as NATS
 from sidecar.config.load import Config, parse_config
 from sidecar.core.wire import LOST, SKIPPED, SUCCEEDED, ResultRecord
 from sidecar.obs.metrics import Metrics
-from sidecar.run.lostruns import RECHECKS, LostRuns
+from sidecar.run.lostruns import LOOKS_AT_ONCE, RECHECKS, LostRuns
 from sidecar.run.record import publish_result
 from sidecar.store import state
 from sidecar.store.runs import join_runs
@@ -281,3 +281,33 @@ async def test_a_lease_a_re_read_found_gone_without_a_marker_is_judged_after_lea
         await asyncio.wait_for(asyncio.gather(*runs.tasks), 30)
         lost = await lost_records(nc, spec)
         assert [(r["slot"], r["token"]) for r in lost] == [(2000, "dead")]
+
+
+async def test_many_leases_expiring_together_are_each_recorded_lost_once(
+    nc: NATS, make_jobs: MakeJobs
+) -> None:
+    """A runner killed in a burst: its leases (of many jobs) expire together on every
+    sidecar. The judges ask NATS LOOKS_AT_ONCE at a time (the others wait their
+    turn), and each run is recorded lost once."""
+    many = LOOKS_AT_ONCE * 2 + 7
+    names = [f"k{i}" for i in range(many)]
+    config = parse_config(
+        {"instance_id": "judge", "jobs": [{"name": n, "schedule": "0 0 * * *"} for n in names]},
+        {},
+    )
+    spec = stream_spec(config)
+    await ensure_stream(nc.jetstream(), spec)
+    async with make_jobs(config) as jobs:
+        runs = LostRuns(jobs.ctx)
+        for name in names:
+            value = {**lease_value(f"t-{name}", "runner"), "job": name}
+            runs.removed(Removal(f"run.{name}.1000", state.Entry(value, 7), EXPIRED, time.time()))
+        busiest = 0
+        while runs.tasks:
+            busiest = max(busiest, LOOKS_AT_ONCE - runs._looking._value)
+            await asyncio.sleep(0.001)
+        lost = await lost_records(nc, spec)
+        assert sorted(r["token"] for r in lost) == sorted(f"t-{n}" for n in names)
+        counted = jobs.metrics.registry.get_sample_value
+        assert all(counted("anarchon_runs_lost_total", {"job": n}) == 1 for n in names)
+        assert busiest == LOOKS_AT_ONCE  # the bound was reached, never passed
