@@ -14,6 +14,7 @@ bounded, then cancels what is left.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,8 @@ RECHECKS = 5
 REPLACED_GRACE = 2.0
 # At most this many judges read the results and publish at once (the others wait).
 LOOKS_AT_ONCE = 64
+# A lost record's publish is asked again this long within one turn of a judge.
+PUBLISH_GIVE_UP = 2.0
 # A judge whose reads and publish NATS does not answer asks again this long.
 JUDGE_GIVE_UP = 60.0
 # At most this many results of a job stored since a run's claim are read.
@@ -171,12 +174,11 @@ class LostRuns:
         once lease_ttl and a renewal have passed: still gone, it is recorded lost, like
         an expired one (the result is looked for first), never left ``running``."""
         ttl = self.config.nats.lease_ttl
-        await asyncio.sleep(ttl + renew_every(ttl) + REPLACED_GRACE)
-        view = self.view
-        if view is not None:
-            back = view.keys.get(removal.key)
-            if back is not None and back.value.get("token") == removal.entry.value.get("token"):
-                return  # its runner took it again: alive
+        with contextlib.suppress(TimeoutError):  # the drain: not judged here
+            await asyncio.wait_for(self.stopping.wait(), ttl + renew_every(ttl) + REPLACED_GRACE)
+            return
+        if await self._taken_again(removal):
+            return  # its runner took it again: alive
         log.warning(
             "lease %s vanished without a marker (%s) and was not taken again within "
             "lease_ttl: its runner is gone",
@@ -184,6 +186,27 @@ class LostRuns:
             "with the state bucket" if removal.how == BUCKET_REPLACED else "seen by a re-read",
         )
         await self.record_lost(job, Removal(removal.key, removal.entry, EXPIRED, self.clock.wall()))
+
+    async def _taken_again(self, removal: Removal) -> bool:
+        """Whether the lease `removal` lost is held again by its run: in the view, or,
+        the view not following (it may lack a renewal), as NATS has it."""
+        token = removal.entry.value.get("token")
+        view = self.view
+        if view is not None:
+            back = view.keys.get(removal.key)
+            if back is not None and back.value.get("token") == token:
+                return True
+            if view.following:
+                return False
+        keys = self.keys()
+        if keys is None:
+            return False
+        try:
+            last = await keys.last(removal.key)
+        except Exception as exc:  # unknown: judged (the run's result is looked for)
+            log.debug("lease %s not read: %r", removal.key, exc)
+            return False
+        return last is not None and last[1] is not None and last[1].get("token") == token
 
     async def record_lost(
         self, job: JobConfig | str, removal: Removal, why: str | None = None
@@ -209,15 +232,16 @@ class LostRuns:
         # the lost record (a skip each slot while the dead run's lock is held): asked
         # again for JUDGE_GIVE_UP. Every other sidecar judges it too, but they share the
         # server, and the same results race them all.
-        deadline = self.clock.monotonic() + JUDGE_GIVE_UP
+        deadline = 0.0  # set at the judge's first turn (it may wait for one)
         backoff = Backoff(start=0.2, cap=5.0, jitter=0.2)
         conflicts = 0
         while True:
-            if self.stopping.is_set():
-                log.info("lease %s expired; not judged here, the sidecar is stopping", removal.key)
-                return
             try:
                 async with self._looking:
+                    if self.stopping.is_set():
+                        log.info("lease %s expired; not judged here, stopping", removal.key)
+                        return
+                    deadline = deadline or self.clock.monotonic() + JUDGE_GIVE_UP
                     recorded, last = await self.recorded(name, token, after)
                     if recorded:
                         log.info("lease %s ended after its run was recorded", removal.key)
@@ -323,4 +347,5 @@ class LostRuns:
         )
         # A job of this config (record passes its name): its pings, notifications.
         ours = self.jobs.get(name) if isinstance(job, str) else job
-        return await self.recorder.record_lost(ours, outcome, last)
+        # Asked again briefly here: a longer wait is record_lost's, out of its turn.
+        return await self.recorder.record_lost(ours, outcome, last, PUBLISH_GIVE_UP)

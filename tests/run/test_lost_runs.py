@@ -24,8 +24,10 @@ from sidecar.obs.metrics import Metrics
 from sidecar.run.lostruns import LOOKS_AT_ONCE, RECHECKS, LostRuns
 from sidecar.run.record import publish_result
 from sidecar.store import state
+from sidecar.store.bucketcheck import StateSpec
+from sidecar.store.kv import Keys
 from sidecar.store.runs import join_runs
-from sidecar.store.state import EXPIRED, UNSEEN, Removal, View
+from sidecar.store.state import EXPIRED, UNSEEN, Removal, View, ensure_bucket
 from sidecar.store.stream import StreamSpec, ensure_stream, stream_spec
 from tests.support import MakeJobs, NatsServer
 
@@ -241,7 +243,7 @@ async def test_a_judge_racing_a_stream_of_results_records_the_run_lost_once_they
 async def test_a_lease_whose_end_a_re_read_did_not_see_is_judged_by_its_results(
     nc: NATS, make_jobs: MakeJobs
 ) -> None:
-    """``UNSEEN`` (sidecar/store/watch.py ``unseen_end``): a lock taken again by another
+    """``UNSEEN`` (sidecar/store/watch.py ``Watch._start``): a lock taken again by another
     run while this sidecar read the bucket again. A run without a result is recorded
     lost; one whose result is stored (a clean release, then the new run) is not."""
     async with lost_runs(nc, make_jobs) as (runs, spec, _):
@@ -265,19 +267,25 @@ async def test_a_lease_a_re_read_found_gone_without_a_marker_is_judged_after_lea
     """Its marker aged out while this sidecar was away (or the bucket was purged): a
     live runner takes its lease again at its next renewal, so the judge waits
     lease_ttl and a renewal first (it was never judged, and the run read
-    ``running`` for ever). Taken again: not lost; still gone: lost."""
+    ``running`` for ever). Taken again (in the view, or, the view not following,
+    in NATS): not lost; still gone: lost."""
     view = View()
+    bucket = await ensure_bucket(nc.jetstream(), StateSpec("CRON_STATE", 1, 60.0))
     async with lost_runs(nc, make_jobs, "1s", view) as (runs, spec, _):
+        runs.keys = lambda: Keys(bucket)
         claim = await nc.jetstream().publish("cron.j.claims", b"{}", stream=spec.name)
         leases = {
             token: {**lease_value(token, "runner"), "slot": slot, "fence": claim.seq}
-            for slot, token in ((1000, "alive"), (2000, "dead"))
+            for slot, token in ((1000, "alive"), (2000, "dead"), (3000, "renewed"))
         }
         for value in leases.values():
             key = f"run.j.{value['slot']}"
             runs.removed(Removal(key, state.Entry(value, 7), None, None))
-        assert len(runs.tasks) == 2
-        view.keys["run.j.1000"] = state.Entry(leases["alive"], 9)  # its renewal
+        assert len(runs.tasks) == 3
+        view.keys["run.j.1000"] = state.Entry(leases["alive"], 9)  # its renewal, seen
+        # A renewal the view did not see (it is not following): NATS has it.
+        await Keys(bucket).create("run.j.3000", leases["renewed"], 30.0)
+        assert not view.following
         await asyncio.wait_for(asyncio.gather(*runs.tasks), 30)
         lost = await lost_records(nc, spec)
         assert [(r["slot"], r["token"]) for r in lost] == [(2000, "dead")]
@@ -299,13 +307,25 @@ async def test_many_leases_expiring_together_are_each_recorded_lost_once(
     await ensure_stream(nc.jetstream(), spec)
     async with make_jobs(config) as jobs:
         runs = LostRuns(jobs.ctx)
+        inside, busiest = 0, 0
+        recorded = runs.recorded
+
+        async def counted_look(*args: Any) -> tuple[bool, int]:  # the judge's first call
+            nonlocal inside, busiest
+            inside += 1
+            busiest = max(busiest, inside)
+            try:
+                result = await recorded(*args)
+                await asyncio.sleep(0.01)  # a slower server: the judges pile up
+                return result
+            finally:
+                inside -= 1
+
+        runs.recorded = counted_look  # type: ignore[method-assign,assignment]
         for name in names:
             value = {**lease_value(f"t-{name}", "runner"), "job": name}
             runs.removed(Removal(f"run.{name}.1000", state.Entry(value, 7), EXPIRED, time.time()))
-        busiest = 0
-        while runs.tasks:
-            busiest = max(busiest, LOOKS_AT_ONCE - runs._looking._value)
-            await asyncio.sleep(0.001)
+        await asyncio.wait_for(asyncio.gather(*runs.tasks), 60)
         lost = await lost_records(nc, spec)
         assert sorted(r["token"] for r in lost) == sorted(f"t-{n}" for n in names)
         counted = jobs.metrics.registry.get_sample_value
