@@ -281,8 +281,8 @@ class LostRuns:
             )
             if self.clock.monotonic() + backoff.current > deadline:
                 log.error(
-                    "lease %s expired; results kept coming in for %gs (%d tries), its run "
-                    "is not recorded lost here",
+                    "lease %s expired; its run is not recorded lost here, results of the "
+                    "job kept coming in first for %gs (%d tries)",
                     removal.key,
                     JUDGE_GIVE_UP,
                     conflicts,
