@@ -27,6 +27,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -62,10 +63,26 @@ def nats_server_path() -> str | None:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(taken: set[int] | None = None) -> int:
+    """A loopback port free now, and not one of `taken` (added to it): the demo picks
+    all its ports before its processes bind them, and the system may hand the same
+    free port out twice."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if taken is None:
+            return port
+        if port not in taken:
+            taken.add(port)
+            return port
+
+
+# A sidecar exits with this when its metrics.listen is in use (sidecar/cli/shared.py):
+# another program took the port between the pick and the bind. It is started
+# again on another port, this many times at most.
+LISTEN_IN_USE = 4
+PORT_TRIES = 3
 
 
 @dataclass
@@ -146,21 +163,48 @@ async def _status_of(port: int, path: str) -> int:
         writer.close()
 
 
+@dataclass
+class DemoSidecar:
+    """One of the demo's sidecars: started on `port`, again on another when it was taken."""
+
+    name: str
+    port: int
+    start: Callable[[DemoSidecar], Awaitable[asyncio.subprocess.Process]]
+    proc: asyncio.subprocess.Process | None = None
+    tries: int = 0
+
+    async def run(self) -> None:
+        self.tries += 1
+        self.proc = await self.start(self)
+
+
 async def _wait_ready(
-    ports: list[int], procs: list[asyncio.subprocess.Process], timeout: float, stop: asyncio.Event
+    sidecars: list[DemoSidecar],
+    procs: list[asyncio.subprocess.Process],
+    timeout: float,
+    stop: asyncio.Event,
+    taken: set[int],
 ) -> None:
     deadline = time.monotonic() + timeout
-    for port in ports:
+    for sidecar in sidecars:
         while True:
             if stop.is_set():
                 raise Stopped
+            proc = sidecar.proc
+            if proc is not None and proc.returncode == LISTEN_IN_USE and sidecar.tries < PORT_TRIES:
+                old, sidecar.port = sidecar.port, free_port(taken)
+                say(f"sidecar      {sidecar.name}  port {old} was taken: metrics on {sidecar.port}")
+                procs.remove(proc)
+                await sidecar.run()
+                assert sidecar.proc is not None
+                procs.append(sidecar.proc)
             if any(p.returncode is not None for p in procs):
                 raise RuntimeError("a demo process exited early")
             with contextlib.suppress(OSError, ValueError, IndexError):
-                if await _status_of(port, "/readyz") == 200:
+                if await _status_of(sidecar.port, "/readyz") == 200:
                     break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"not ready in {timeout:g}s: 127.0.0.1:{port}/readyz")
+                raise RuntimeError(f"not ready in {timeout:g}s: 127.0.0.1:{sidecar.port}/readyz")
             await asyncio.sleep(0.1)
 
 
@@ -185,8 +229,9 @@ async def _demo(
     procs: list[asyncio.subprocess.Process] = []
     app_server: asyncio.Server | None = None
     nc = None
+    taken: set[int] = set()  # every port the demo picked: none twice
     try:
-        port = free_port()
+        port = free_port(taken)
         nats_log = (workdir / "nats-server.log").open("wb")
         server = await asyncio.create_subprocess_exec(
             binary,
@@ -205,18 +250,18 @@ async def _demo(
         await _wait_port(port, server, 15, stop)
 
         app = ToyApp()
-        app_port = free_port()
+        app_port = free_port(taken)
         app_server = await asyncio.start_server(app.handle, "127.0.0.1", app_port)
 
         say(f"nats-server  nats://127.0.0.1:{port}  (JetStream store in {workdir})")
         say(f"toy app      http://127.0.0.1:{app_port}")
-        ready_ports: list[int] = []
-        for name in INSTANCES:
-            metrics_port = free_port()
+
+        async def start(sidecar: DemoSidecar) -> asyncio.subprocess.Process:
+            name = sidecar.name
             config = {
                 "instance_id": name,
                 "nats": {"servers": [f"nats://127.0.0.1:{port}"]},
-                "metrics": {"listen": f"127.0.0.1:{metrics_port}"},
+                "metrics": {"listen": f"127.0.0.1:{sidecar.port}"},
                 "target": {"url": f"http://127.0.0.1:{app_port}"},
                 "shutdown_grace": f"{GRACE:g}s",
                 "jobs": [
@@ -230,9 +275,8 @@ async def _demo(
             }
             path = workdir / f"{name}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=False))
-            log = (workdir / f"{name}.log").open("wb")
-            procs.append(
-                await asyncio.create_subprocess_exec(
+            with (workdir / f"{name}.log").open("ab") as log:  # the child keeps its own
+                return await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
                     "sidecar",
@@ -243,10 +287,14 @@ async def _demo(
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,
                 )
-            )
-            say(f"sidecar      {name}  metrics http://127.0.0.1:{metrics_port}/metrics")
-            ready_ports.append(metrics_port)
-        await _wait_ready(ready_ports, procs, 30, stop)
+
+        sidecars = [DemoSidecar(name, free_port(taken), start) for name in INSTANCES]
+        for sidecar in sidecars:
+            await sidecar.run()
+            assert sidecar.proc is not None
+            procs.append(sidecar.proc)
+            say(f"sidecar      {sidecar.name}  metrics http://127.0.0.1:{sidecar.port}/metrics")
+        await _wait_ready(sidecars, procs, 30, stop, taken)
         # Only slots after all three are ready: each is claimed by all of them.
         first_slot_ms = (int(time.time()) + 1) * 1000
         say(f"job {JOB!r} runs every {period} s; each line is one slot. Ctrl-C stops.\n")

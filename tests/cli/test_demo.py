@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +21,15 @@ from pathlib import Path
 import pytest
 
 import sidecar.cli.demo
-from tests.support import ROOT, port_open, run_cli, sidecar_env, wait_for
+from tests.support import (
+    ROOT,
+    NatsServer,
+    port_open,
+    run_cli,
+    sidecar_env,
+    wait_for,
+    write_config,
+)
 
 
 def test_demo_without_nats_server_says_what_installs_it(
@@ -226,3 +236,78 @@ def test_ctrl_c_on_make_demo(tmp_path: Path) -> None:
     code, _ = stop_and_check(demo, "under make")
     assert code == -signal.SIGINT, demo.output()
     assert re.search(r"sidecars exited with \[0, 0, 0\]$", demo.output(), re.M), demo.output()
+
+
+def test_the_demo_never_picks_one_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its ports are picked before its processes bind them, so the system may hand out
+    the same free port twice (two sidecars on one metrics port: CI saw it)."""
+    handed = iter([5001, 5001, 5002, 5001, 5003])
+
+    class Socket:
+        def __enter__(self) -> Socket:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def bind(self, address: tuple[str, int]) -> None:
+            self.port = next(handed)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(sidecar.cli.demo.socket, "socket", Socket)
+    taken: set[int] = set()
+    assert [sidecar.cli.demo.free_port(taken) for _ in range(3)] == [5001, 5002, 5003]
+
+
+async def test_a_demo_sidecar_whose_port_was_taken_starts_again_on_another(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    """Another program took a sidecar's metrics port between the pick and the bind:
+    it exits 4, and the demo starts it again on a port of its own."""
+    from sidecar.cli.demo import DemoSidecar, _status_of, _wait_ready
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = {held.getsockname()[1]}
+
+    async def start(proc: DemoSidecar) -> asyncio.subprocess.Process:
+        path = write_config(
+            tmp_path / f"{proc.name}.yaml",
+            {
+                "instance_id": proc.name,
+                "nats": {"servers": [nats_server.url]},
+                "metrics": {"listen": f"127.0.0.1:{proc.port}"},
+                "jobs": [{"name": "tick", "schedule": "0 0 1 1 *"}],
+            },
+        )
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "sidecar",
+            "run",
+            "-c",
+            str(path),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=sidecar_env(),
+            cwd=ROOT,
+        )
+
+    moved = DemoSidecar("moved-1", held.getsockname()[1], start)
+    await moved.run()
+    assert moved.proc is not None
+    procs = [moved.proc]
+    try:
+        await _wait_ready([moved], procs, 60, asyncio.Event(), taken)
+        assert moved.tries == 2 and moved.port != held.getsockname()[1]
+        assert moved.port in taken and procs == [moved.proc]
+        assert await _status_of(moved.port, "/readyz") == 200
+    finally:
+        held.close()
+        for proc in procs:
+            if proc.returncode is None:
+                proc.terminate()
+                await proc.wait()
