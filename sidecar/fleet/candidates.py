@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from sidecar.config.fields import format_duration
 from sidecar.obs.ratelog import RateLimitedLog
 from sidecar.store.digests import BUCKET_PREFIX, runs_job
+from sidecar.when.attempts import is_lease_key
 
 if TYPE_CHECKING:
     from sidecar.config.load import JobConfig
@@ -225,7 +226,7 @@ class Candidates:
         Only for a job with candidates: no other job's slot is asked about
         (``was_run``), and a burst of 10,000 jobs' leases would otherwise keep
         a set of slots for each of them (docs/PERFORMANCE.md "The burst")."""
-        if not key.startswith(("run.", "lock.")):
+        if not is_lease_key(key):
             return
         entry = self.fleet.view.keys.get(key)
         if entry is None:

@@ -38,6 +38,7 @@ from sidecar.core.wire import paused_key
 from sidecar.store.bucketcheck import StateSpec, facts_of
 from sidecar.store.digests import BUCKET_PREFIX
 from sidecar.store.keyfamilies import family_of
+from sidecar.when.attempts import is_lease_key
 
 if TYPE_CHECKING:
     from sidecar.config.load import Config
@@ -333,7 +334,7 @@ class View:
 
     def leases(self) -> dict[str, Entry]:
         """The live ``run.*`` and ``lock.*`` keys: runs holding a lease now."""
-        return {k: e for k, e in self.keys.items() if k.startswith(("run.", "lock."))}
+        return {k: e for k, e in self.keys.items() if is_lease_key(k)}
 
     def apply(
         self,
@@ -419,7 +420,7 @@ class View:
         created = getattr(entry, "created", None)
         at = created.timestamp() if isinstance(created, datetime) else None
         how = entry.operation
-        if how is None and not entry.value and str(entry.key).startswith(("run.", "lock.")):
+        if how is None and not entry.value and is_lease_key(str(entry.key)):
             # A lease is never written empty: a client that reports the
             # server's MaxAge marker as a put (nats-io/nats.py#966) gives this.
             how = EXPIRED

@@ -24,13 +24,8 @@ from sidecar.core.natspy import jetstream_of, read_initial
 from sidecar.core.tasks import TaskSet
 from sidecar.store.bucketcheck import BucketFacts, facts_of
 from sidecar.store.digests import BUCKET_PREFIX
-from sidecar.store.state import (
-    BUCKET_REPLACED,
-    UNSEEN,
-    Bucket,
-    Removal,
-    View,
-)
+from sidecar.store.state import BUCKET_REPLACED, UNSEEN, Bucket, Removal, View
+from sidecar.when.attempts import is_lease_key
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +58,6 @@ class Stall:
         self.behind = self.behind + 1 if delivered < self.target else 0
         self.target = last_seq
         return self.behind >= 2
-
-
-# The keys of leases (sidecar/run/lease.py): one taken again by another run while
-# this sidecar was not following is told to the lost-run judges (``UNSEEN``).
-LEASE_PREFIXES = ("run.", "lock.")
 
 
 class Watch:
@@ -179,7 +169,7 @@ class Watch:
         gone += [
             Removal(key, entry, UNSEEN, None)
             for key, entry in self.view.keys.items()
-            if key.startswith(LEASE_PREFIXES)
+            if is_lease_key(key)
             and key in fresh.keys
             and fresh.keys[key].value.get("token") != entry.value.get("token")
         ]
