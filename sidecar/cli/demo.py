@@ -163,6 +163,23 @@ async def _status_of(port: int, path: str) -> int:
         writer.close()
 
 
+async def spawn_sidecar(config: Path, log_path: Path) -> asyncio.subprocess.Process:
+    """``python -m sidecar run -c CONFIG`` in a session of its own (a terminal's Ctrl-C
+    is the demo's), its output appended to `log_path`."""
+    with log_path.open("ab") as log:  # the child keeps its own
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "sidecar",
+            "run",
+            "-c",
+            str(config),
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 @dataclass
 class DemoSidecar:
     """One of the demo's sidecars: started on `port`, again on another when it was taken."""
@@ -275,18 +292,7 @@ async def _demo(
             }
             path = workdir / f"{name}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=False))
-            with (workdir / f"{name}.log").open("ab") as log:  # the child keeps its own
-                return await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "sidecar",
-                    "run",
-                    "-c",
-                    str(path),
-                    stdout=log,
-                    stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,
-                )
+            return await spawn_sidecar(path, workdir / f"{name}.log")
 
         sidecars = [DemoSidecar(name, free_port(taken), start) for name in INSTANCES]
         for sidecar in sidecars:

@@ -266,7 +266,7 @@ async def test_a_demo_sidecar_whose_port_was_taken_starts_again_on_another(
 ) -> None:
     """Another program took a sidecar's metrics port between the pick and the bind:
     it exits 4, and the demo starts it again on a port of its own."""
-    from sidecar.cli.demo import DemoSidecar, _status_of, _wait_ready
+    from sidecar.cli.demo import DemoSidecar, _status_of, _wait_ready, spawn_sidecar
 
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
@@ -283,18 +283,7 @@ async def test_a_demo_sidecar_whose_port_was_taken_starts_again_on_another(
                 "jobs": [{"name": "tick", "schedule": "0 0 1 1 *"}],
             },
         )
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "sidecar",
-            "run",
-            "-c",
-            str(path),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            env=sidecar_env(),
-            cwd=ROOT,
-        )
+        return await spawn_sidecar(path, tmp_path / f"{proc.name}.log")
 
     moved = DemoSidecar("moved-1", held.getsockname()[1], start)
     await moved.run()
