@@ -7,9 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import Sidecar, log_excerpt
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT, Sidecar, log_excerpt
 
 FAILING = """
 from pathlib import Path
