@@ -256,6 +256,34 @@ async def test_candidates_read_the_fleet_view_and_the_run_leases(nats_server: Na
             await put_with_ttl(fleet.bucket, f"instance.{other}", {"jobs": jobs}, PRESENCE_TTL)
         await until(lambda: len(fleet.view.instances()) == 4, 10, "the other instances")
         assert sorted(candidates.live("j") or []) == ["me", "o1", "o2"]  # x9 runs no j
+        # The presences are read from the view once per change of them, not once per
+        # job: a burst of 10,000 jobs due at once read the whole view 10,000 times.
+        instances = fleet.view.instances
+        reads = 0
+
+        def counted() -> dict[str, dict[str, Any]]:
+            nonlocal reads
+            reads += 1
+            return instances()
+
+        def live(*names: str) -> list[list[str] | None]:
+            """`live` of each name, counting the view's reads (nothing else runs meanwhile)."""
+            fleet.view.instances = counted  # type: ignore[method-assign]
+            try:
+                return [candidates.live(name) for name in names]
+            finally:
+                fleet.view.instances = instances  # type: ignore[method-assign]
+
+        assert live(*(f"t{i}" for i in range(200))) == [[]] * 200
+        assert reads == 0
+        await put_with_ttl(fleet.bucket, "instance.o3", {"jobs": {"t7": "x"}}, PRESENCE_TTL)
+        await until(lambda: "o3" in instances(), 10, "a new instance")
+        t7, t8, t9, j = live("t7", "t8", "t9", "j")
+        assert (t7, t8, sorted(j or [])) == (["o3"], [], ["me", "o1", "o2"])
+        assert t9 is t8  # jobs run by the same instances share one list
+        assert reads == 1  # read again for the new presence, once
+        await fleet.bucket.kv.delete("instance.o3")
+        await until(lambda: "o3" not in instances(), 10, "the new instance gone")
         now_ms = Clock().wall_ms()
         slots = [now_ms - now_ms % 1000 + 1000 * i for i in range(40)]
         mine = [s for s in slots if rank("j", s, ["me", "o1", "o2"], 1) == ["me"]]
