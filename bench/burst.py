@@ -1,7 +1,8 @@
 """A burst at one instant (issue 49): 10,000 jobs due at the same second on three
 sidecars.
 
-``python -m bench.burst [JOBS]`` (``make bench.jobs``). Real processes: a
+``python -m bench.burst [JOBS] [--candidates K [--fallback D]]`` (``make
+bench.jobs``). Real processes: a
 nats-server, three sidecars of the runtime-only venv, the bench app
 (``bench.app``) noting when each trigger arrives. JOBS jobs of the state bucket
 (default 10,000), every one due once at the same instant T (``S M H * * *``,
@@ -18,22 +19,32 @@ runs' time as well as the claims'. Every slot the app never saw must have a
 fate record in the stream (``bench.fates``): ``missed_fates`` counts them by
 kind, ``missed_without_record`` those with none.
 
-Writes ``bench/results/burst.json``. With ``BURST_PROFILE=FILE`` the first sidecar
+With ``--candidates K`` every job has ``claim: {candidates: K, fallback: D}``
+(docs/CONFIG.md, "Claim candidates"; D 1s unless given): K sidecars claim each
+slot at its time, the others only if they have not seen its run by D; a slot
+left so is settled for the claim phase, not decided (``deferred_seen``).
+
+Writes ``bench/results/burst.json`` (``burst-candidates-K.json`` with
+candidates). With ``BURST_PROFILE=FILE`` the first sidecar
 runs under cProfile over the window whose CPU is measured (from just before the
 instant to the last trigger, not its start) and writes its profile to FILE
-when it stops; with
-``BURST_LOGS=DIR`` the sidecars' logs are copied to DIR.
+when it stops (cProfile counts every call of a small function, a generator's
+steps among them, at several times its cost: it says what is called, not what
+it costs); with ``BURST_SPY=FILE`` ``py-spy`` (found on PATH, not a dependency
+of this project) samples the first sidecar from half a second before the
+instant for ``BURST_SPY_S`` seconds (15) and writes its stacks, collapsed, to
+FILE; with ``BURST_LOGS=DIR`` the sidecars' logs are copied to DIR.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -60,6 +71,8 @@ FATES_WAIT = 60.0
 # The claim phase is scraped from this long before T until this long after.
 SCRAPE_FROM = 1.0
 SCRAPE_UNTIL = 120.0
+# py-spy's collapsed stacks (BURST_SPY).
+RAW = ("--format", "raw", "-o")
 
 
 def pid_of(proc: runtime.RuntimeSidecar) -> int:
@@ -67,10 +80,27 @@ def pid_of(proc: runtime.RuntimeSidecar) -> int:
     return proc.proc.pid
 
 
+def spy_on(pid: int, out: str) -> subprocess.Popen[bytes]:
+    """py-spy sampling `pid` into `out` (``BURST_SPY``, the module's doc)."""
+    spy = shutil.which("py-spy")
+    assert spy is not None, "BURST_SPY needs py-spy on PATH (pip install py-spy, anywhere)"
+    seconds = os.environ.get("BURST_SPY_S", "15")
+    return subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--duration", seconds, "--rate", "250", *RAW, out],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def main() -> None:
-    jobs = int(sys.argv[1]) if len(sys.argv) > 1 else JOBS
+    parser = argparse.ArgumentParser(prog="python -m bench.burst")
+    parser.add_argument("jobs", type=int, nargs="?", default=JOBS)
+    parser.add_argument("--candidates", type=int, default=0)
+    parser.add_argument("--fallback", default="1s")
+    args = parser.parse_args()
+    jobs = args.jobs
     runtime.ensure()
-    result: dict[str, Any] = {"jobs": jobs, "sidecars": SIDECARS}
+    result: dict[str, Any] = {"jobs": jobs, "sidecars": SIDECARS, "candidates": args.candidates}
     load_before = os.getloadavg()
     with workdir("burst") as work, nats_server(work) as server:
         app = App()
@@ -82,6 +112,10 @@ def main() -> None:
                 "bucket_jobs": {"max_jobs": jobs},
                 "jobs": [{"name": "keep", "schedule": "0 0 1 1 *"}],
             }
+            if args.candidates:
+                claim = {"candidates": args.candidates, "fallback": args.fallback}
+                config["defaults"] = {"claim": claim}
+                result["fallback"] = args.fallback
             # T: far enough ahead for the take-up (about 3 s a sidecar for 10,000).
             t = int(time.time()) + 60 + jobs // 1000
             at = datetime.fromtimestamp(t, UTC)
@@ -116,6 +150,11 @@ def main() -> None:
             # burst's own cost, whatever the machine's load did to its time.
             if procs[0].profile is not None:
                 procs[0].profile_on()
+            spy = None
+            if out := os.environ.get("BURST_SPY"):
+                while time.time() < t - 0.5:
+                    time.sleep(0.01)
+                spy = spy_on(pid_of(procs[0]), str(Path(out).resolve()))
             cpu0 = [cpu_seconds(pid_of(p)) for p in procs]
             while time.time() < t + 5:
                 time.sleep(0.5)
@@ -130,6 +169,8 @@ def main() -> None:
             cpu = [cpu_seconds(pid_of(p)) - c for p, c in zip(procs, cpu0, strict=True)]
             if procs[0].profile is not None:
                 procs[0].profile_off()
+            if spy is not None:
+                spy.wait(60)
             # A loser's claim may be decided after the winner's trigger: the scrapes
             # go on until every slot is settled (or SCRAPE_UNTIL).
             for phase in phases:
@@ -211,7 +252,8 @@ def main() -> None:
             f"claim phase {slowest:.2f} s (each sidecar's last claim decided at "
             f"{', '.join(f'{x:.2f}' for x in took if x is not None)} s; claims decided "
             f"{[s['decided'] for s in sidecars]}, skipped {[s['skipped'] for s in sidecars]}, "
-            f"in error {[s['claim_errors'] for s in sidecars]}): "
+            f"in error {[s['claim_errors'] for s in sidecars]}, left to candidates and seen "
+            f"{[s.get('deferred_seen', 0) for s in sidecars]}): "
             f"claims/s per sidecar {rate:.0f} = {result['claim_rate_ratio_vs_raw']:.2f}x "
             f"the raw publisher's {raw_rate:.0f}",
             flush=True,
@@ -225,7 +267,7 @@ def main() -> None:
         f"{load_before[0]:.1f} before, {result['load_after'][0]:.1f} after",
         flush=True,
     )
-    write_result("burst", result)
+    write_result(f"burst-candidates-{args.candidates}" if args.candidates else "burst", result)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ before the instant and sums its ``anarchon_claims_won_total`` and
 is won or lost. A slot it did not claim (``anarchon_claims_skipped_total``:
 ``late`` on a machine too busy) or whose claim got no definite answer
 (``anarchon_claim_errors_total``: its ack timed out, asked again and still
-none) is settled without a decision. The scrapes stop once every slot is
-settled, or when told (``stop``). The claim
+none) is settled without a decision, and so is a slot left to its claim candidates
+whose run was seen (``anarchon_claims_deferred_total{outcome="seen"}``, with
+``claim.candidates``). The scrapes stop once every slot is settled, or when
+told (``stop``). The claim
 phase of a sidecar ends at the first scrape that shows as many claims decided
 as the last one; the claim rate is those claims over the time from the
 instant to then, apart from the runs that follow (the time to the last
@@ -32,14 +34,17 @@ EVERY = 0.1
 DECIDED = re.compile(rb"^anarchon_claims_(?:won|lost)_total\{[^\n]*\} (\S+)$", re.M)
 SKIPPED = re.compile(rb"^anarchon_claims_skipped_total\{[^\n]*\} (\S+)$", re.M)
 ERRORS = re.compile(rb"^anarchon_claim_errors_total\{[^\n]*\} (\S+)$", re.M)
+SEEN = re.compile(rb'^anarchon_claims_deferred_total\{[^\n]*outcome="seen"[^\n]*\} (\S+)$', re.M)
 
 
-def counted(body: bytes) -> tuple[int, int, int]:
-    """(claims decided, slots skipped, claims in error) in one ``/metrics`` body."""
-    decided, skipped, errors = (
-        int(sum(float(v) for v in pattern.findall(body))) for pattern in (DECIDED, SKIPPED, ERRORS)
+def counted(body: bytes) -> tuple[int, int, int, int]:
+    """(claims decided, slots skipped, claims in error, slots left to their candidates
+    and seen run) in one ``/metrics`` body."""
+    decided, skipped, errors, seen = (
+        int(sum(float(v) for v in pattern.findall(body)))
+        for pattern in (DECIDED, SKIPPED, ERRORS, SEEN)
     )
-    return decided, skipped, errors
+    return decided, skipped, errors, seen
 
 
 class ClaimPhase(threading.Thread):
@@ -52,8 +57,9 @@ class ClaimPhase(threading.Thread):
         self.start_at = start
         self.until = until
         self.stop = threading.Event()
-        # (epoch s when read, claims decided, slots skipped, claims in error) per scrape.
-        self.history: list[tuple[float, int, int, int]] = []
+        # (epoch s when read, claims decided, slots skipped, claims in error, slots
+        # left to their candidates) per scrape.
+        self.history: list[tuple[float, int, int, int, int]] = []
         self.failed = 0
 
     def run(self) -> None:
@@ -67,9 +73,9 @@ class ClaimPhase(threading.Thread):
             except OSError:
                 self.failed += 1
             else:
-                decided, skipped, errors = counted(body)
-                self.history.append((time.time(), decided, skipped, errors))
-                if decided + skipped + errors >= self.claims:
+                decided, skipped, errors, seen = counted(body)
+                self.history.append((time.time(), decided, skipped, errors, seen))
+                if decided + skipped + errors + seen >= self.claims:
                     return
             time.sleep(max(0.0, EVERY - (time.monotonic() - started)))
 
@@ -78,8 +84,8 @@ class ClaimPhase(threading.Thread):
         claims per second over it, and what the last scrape showed."""
         if not self.history:
             return {"claim_phase_s": None, "claims_per_s": None, "failed_scrapes": self.failed}
-        _, decided, skipped, errors = self.history[-1]
-        done_at = next(at for at, d, _, _ in self.history if d == decided)
+        _, decided, skipped, errors, seen = self.history[-1]
+        done_at = next(at for at, d, *_ in self.history if d == decided)
         took = done_at - instant if decided else None
         return {
             "claim_phase_s": took,
@@ -87,7 +93,8 @@ class ClaimPhase(threading.Thread):
             "decided": decided,
             "skipped": skipped,
             "claim_errors": errors,
-            "all_settled": decided + skipped + errors >= self.claims,
+            "deferred_seen": seen,
+            "all_settled": decided + skipped + errors + seen >= self.claims,
             "scrapes": len(self.history),
             "failed_scrapes": self.failed,
         }
