@@ -23,7 +23,8 @@ from typing import Any
 import nats
 from nats.js.errors import KeyNotFoundError
 
-from sidecar.fleet.orphans import Orphans, job_of, jobs_run, run_by
+from sidecar.fleet.orphans import Orphans, job_of, run_by
+from sidecar.store.digests import runs_job
 from sidecar.store.state import Entry, Removal, View
 from tests.support import (
     NatsServer,
@@ -57,8 +58,6 @@ def test_key_kinds_and_who_runs_what() -> None:
         None,
     ]
     instances = {"x": {"jobs": {"a": "h", "b": "h"}}, "y": {"jobs": {"b": "h"}}, "z": {}}
-    assert jobs_run(instances) == {"a", "b"}
-    assert jobs_run(instances, but="x") == {"b"}
     assert run_by(instances) == {"a": ["x"], "b": ["x", "y"]}
 
 
@@ -72,8 +71,38 @@ def test_an_expired_lease_of_a_foreign_job_is_judged_only_when_nobody_else_runs_
     o = Orphans(view)
     lease = Removal("run.gone.1000", Entry({"instance": "holder"}, 7), "PURGE", 1.0)
     assert o.judges(lease)  # only its holder, which stopped renewing, runs it
-    view.keys["instance.other"] = Entry({"jobs": {"gone": "h"}}, 8)
+    view.apply("instance.other", b'{"jobs": {"gone": "h"}}', 8, False)
     assert not o.judges(lease)  # "other" runs it and judges it
+    # The presences are read from the view once per change of them, not once per
+    # lease: a sidecar restarted mid-burst judges thousands of them.
+    instances, reads = view.instances, 0
+
+    def counted() -> dict[str, dict[str, Any]]:
+        nonlocal reads
+        reads += 1
+        return instances()
+
+    view.instances = counted  # type: ignore[method-assign]
+    leases = [
+        Removal(f"run.t{i}.1000", Entry({"instance": "holder"}, 7), "PURGE", 1.0)
+        for i in range(100)
+    ]
+    assert [o.judges(r) for r in leases] == [True] * 100
+    assert reads == 0
+    view.apply("instance.other", b'{"jobs": {"gone": "h", "t5": "h"}}', 9, False)
+    assert [o.judges(r) for r in leases[4:7]] == [True, False, True]
+    assert reads == 1
+    view.instances = instances  # type: ignore[method-assign]
+    # A job of the state bucket is run by every instance that runs a set of them.
+    view.apply("job.t6", b'{"schedule": "* * * * *"}', 10, False)
+    assert o.judges(leases[6])
+    view.apply(
+        "instance.other",
+        b'{"jobs": {"gone": "h"}, "bucket_jobs": {"count": 1, "set_hash": "s"}}',
+        11,
+        False,
+    )
+    assert not o.judges(leases[6]) and o.judges(leases[7])
     view.synced = False
     assert not o.judges(Removal("lock.x", Entry({}, 9), "PURGE", 1.0))
 
@@ -292,7 +321,7 @@ def test_the_jobs_of_the_state_bucket_are_run_by_instances_with_a_set_of_them() 
     with_set = {"jobs": {"a": "h"}, "bucket_jobs": {"count": 1, "hash": "x"}}
     without = {"jobs": {"a": "h"}}
     instances = {"i1": with_set, "i2": without}
-    assert jobs_run(instances, bucket={"dyn"}) == {"a", "dyn"}
-    assert jobs_run(instances, but="i1", bucket={"dyn"}) == {"a"}
+    assert [runs_job(with_set, "dyn", True), runs_job(without, "dyn", True)] == [True, False]
+    assert not runs_job(with_set, "dyn", False)  # no job.dyn key: not a bucket job
     assert run_by(instances, {"dyn"}) == {"a": ["i1", "i2"], "dyn": ["i1"]}
     assert run_by(instances) == {"a": ["i1", "i2"]}
