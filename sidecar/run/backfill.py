@@ -44,6 +44,7 @@ from sidecar.core.backoff import Backoff
 from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import parse_rfc3339, rfc3339
 from sidecar.core.errors import CasConflict
+from sidecar.core.wire import instance_key
 from sidecar.run.backfillcheck import MAX_SLOTS, HostileBackfill, check_backfill, decode_backfill
 from sidecar.run.catchupfate import CatchUpFate, claims_of, fate_verdict
 from sidecar.store.kv import create_or_update, delete_at
@@ -272,7 +273,9 @@ class Backfills:
         holder = running.get("instance")
         if holder == me:
             return True  # ours from before a restart: this step is the only one here
-        if holder in self.fleet.view.instances():
+        # Alive: its presence key is in the view (a look-up, not a walk of every key:
+        # this runs on every other sidecar at each step of a backfill).
+        if isinstance(holder, str) and instance_key(holder) in self.fleet.view.keys:
             return False
         at = running.get("at")
         try:
