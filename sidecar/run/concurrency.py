@@ -71,14 +71,24 @@ class Limits:
         self.metrics = ctx.metrics
         self.clock = ctx.clock
         self.fleet = ctx.fleet
-        # One per waiting run, set on every change of a slot key (it looks again).
-        self._waiting: set[asyncio.Event] = set()
+        # By concurrency key: one event per run waiting here for one of its slots, set
+        # on a change of a slot key of that key (it looks again), not of any other.
+        self._waiting: dict[str, set[asyncio.Event]] = {}
+        # By concurrency key: when a run of this sidecar last tried every slot, held
+        # ones too (a forged slot is seen only by trying it). Once per POLL for all
+        # the runs waiting here, not once per run: a burst of thousands of waiting
+        # runs each trying every slot each second was a storm of creates.
+        self._tried_all: dict[str, float] = {}
         ctx.fleet.key_listeners.append(self.changed, PREFIX)
 
     def changed(self, key: str) -> None:
         """A key of the state bucket changed ("" after a re-sync)."""
-        if key == "" or key.startswith(PREFIX):
-            for event in self._waiting:
+        if key == "":
+            for waiting in self._waiting.values():
+                for event in waiting:
+                    event.set()
+        elif key.startswith(PREFIX):  # conc.<key>.<n>: <key> has no dot (docs/CONFIG.md)
+            for event in self._waiting.get(key[len(PREFIX) :].rpartition(".")[0], ()):
                 event.set()
 
     async def take(self, keys: Keys, job: JobConfig, claim: Claim, deadline: float) -> Lease | str:
@@ -100,11 +110,14 @@ class Limits:
             "concurrency": conc.key,
         }
         changed = asyncio.Event()
-        self._waiting.add(changed)
+        waiting = self._waiting.setdefault(conc.key, set())
+        waiting.add(changed)
         try:
             return await self._take(keys, job, claim, deadline, value, changed)
         finally:
-            self._waiting.discard(changed)
+            waiting.discard(changed)
+            if not waiting and self._waiting.get(conc.key) is waiting:
+                del self._waiting[conc.key]
 
     async def _take(
         self,
@@ -119,17 +132,19 @@ class Limits:
         assert conc is not None
         ttl = self.config.nats.lease_ttl
         waited = False
-        tried_all = -math.inf  # when every slot was last tried (not only those seen free)
         while True:
             changed.clear()
-            every = self.clock.monotonic() - tried_all >= POLL
+            # Every slot: a run that will not wait, or the first run here to look after
+            # POLL; the others only the slots the view shows free (``_tried_all``).
+            now = self.clock.monotonic()
+            every = job.overlap == "skip" or now - self._tried_all.get(conc.key, -math.inf) >= POLL
             if every:
-                tried_all = self.clock.monotonic()
+                self._tried_all[conc.key] = now
             view = self.fleet.view.keys
             # Free in the view first; then the held ones (a forged one is refused only
             # when tried, and the view may lag a release). Woken by the watch, only the
-            # slots it shows free (every slot once per POLL): many waiters do not each
-            # try every held slot at each renewal of one.
+            # slots it shows free: many waiters do not each try every held slot at each
+            # renewal of one.
             order = sorted(range(conc.limit), key=lambda n: conc_key(conc.key, n) in view)
             if not every:
                 order = [n for n in order if conc_key(conc.key, n) not in view]

@@ -4,6 +4,7 @@ request a while; the limit is measured at the app, across the jobs' paths."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import Counter
@@ -225,3 +226,44 @@ def test_a_forged_slot_key_without_a_ttl_is_counted_deleted_and_the_slot_taken(
         )
         logs = [p.log() for p in procs]
     assert any("conc.db-heavy.0 refused" in log for log in logs)
+
+
+def test_many_runs_waiting_for_one_slot_do_not_each_try_it_every_second(
+    tmp_path: Path, nats_server: NatsServer, http_app: RecordingApp
+) -> None:
+    """Limit 1, twenty jobs due at once on one sidecar: one runs, nineteen wait. The
+    waiting runs of a sidecar try every slot (held ones too) once per POLL between
+    them, not each once per POLL: counted on the server, the slot key's creates over
+    three seconds of waiting."""
+    one = {"key": "one", "limit": 1}
+    names = [f"w{i}" for i in range(20)]
+    for n in names:
+        http_app.delay[f"/jobs/{n}"] = 8.0
+    jobs = [
+        job(n, schedule="*/20 * * * * *", max_late="15s", jitter="0s", concurrency=one)
+        for n in names
+    ]
+    cfg = config(nats_server.url, http_app, jobs)
+    with sidecars(tmp_path, [("s0", cfg, {})]):
+        first = wait_for(lambda: requests(http_app, tuple(names)), 40, what="a run")[0]
+        time.sleep(max(0.0, first.at + 1.0 - time.time()))  # the others are waiting
+
+        async def creates(nc: Any) -> int:
+            seen = 0
+
+            async def note(msg: Any) -> None:
+                nonlocal seen
+                if (msg.headers or {}).get("Nats-Expected-Last-Subject-Sequence") == "0":
+                    seen += 1
+
+            sub = await nc.subscribe("$KV.CRON_STATE.conc.one.>", cb=note)
+            await asyncio.sleep(3.0)
+            await sub.unsubscribe()
+            return seen
+
+        tried = with_nats(nats_server.url, creates)
+        running = [r for r in requests(http_app, tuple(names)) if r.at <= time.time()]
+    assert len(running) == 1, running  # the limit held meanwhile
+    # About one a second (POLL) for the sidecar; each of 19 waiting runs trying the
+    # slot once a second was about 57.
+    assert tried <= 8, tried
