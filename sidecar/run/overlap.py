@@ -81,8 +81,8 @@ class Overlap:
         kind, _, name = key.partition(".")
         if key == "":
             for each in self.jobs.values():
-                self.kept.saw_lock(each.name)
                 if each.overlap == "buffer_one":
+                    self.kept.saw_lock(each.name)
                     self.kept.maybe_take(each.name)
             self.stops.resynced()
             return
@@ -90,9 +90,9 @@ class Overlap:
         if job is None:
             return
         if kind == "lock":
-            self.kept.saw_lock(name)
-            self.stops.lock_changed()
-            if job.overlap == "buffer_one":
+            self.stops.lock_changed(name)
+            if job.overlap == "buffer_one":  # its lock's holders: never a kept slot's run
+                self.kept.saw_lock(name)
                 self.kept.maybe_take(name)
         elif kind == "buffer" and job.overlap == "buffer_one":
             self.kept.maybe_take(name)

@@ -71,8 +71,10 @@ class StopRequests:
         self._running: dict[str, tuple[asyncio.Event, dict[str, Any], int]] = {}
         # Stop keys being checked now (key, revision); every check against the stream.
         self._checking: set[tuple[str, int]] = set()
-        # Woken on every change of a lock (a replacer waits for one to go).
-        self._lock_changed = asyncio.Event()
+        # By job: the replacers waiting here for its lock to go, each woken by a change
+        # of that lock only (one event for all of them woke every replacer of every
+        # job at each lock change: a burst of replace jobs is thousands of both).
+        self._lock_waiters: dict[str, set[asyncio.Event]] = {}
 
     # ------------------------------------------------------------- the watch
 
@@ -88,11 +90,27 @@ class StopRequests:
         a replacer waiting for a lock looks at it again."""
         for token in list(self._running):
             self._look_for_stop(token)
-        self._lock_changed.set()
+        for waiters in self._lock_waiters.values():
+            for wake in waiters:
+                wake.set()
 
-    def lock_changed(self) -> None:
-        """A lock changed: a replacer waiting for it to go looks again."""
-        self._lock_changed.set()
+    def lock_changed(self, job: str) -> None:
+        """``lock.<job>`` changed: the replacers waiting for it to go look again."""
+        for wake in self._lock_waiters.get(job, ()):
+            wake.set()
+
+    async def _lock_may_have_gone(self, job: str, timeout: float) -> None:
+        """Until ``lock.<job>`` changes (``lock_changed``), a re-read, or `timeout`."""
+        wake = asyncio.Event()
+        waiters = self._lock_waiters.setdefault(job, set())
+        waiters.add(wake)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout)
+        finally:
+            waiters.discard(wake)
+            if not waiters and self._lock_waiters.get(job) is waiters:
+                del self._lock_waiters[job]
 
     def _look_for_stop(self, token: str) -> None:
         """The stop request for the run `token` in the view, if any: checked against the
@@ -186,9 +204,7 @@ class StopRequests:
                         f"overlap: the run of slot {holder.get('slot')} was asked to stop "
                         "and did not end within max_late"
                     )
-                self._lock_changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._lock_changed.wait(), min(LOCK_POLL, left))
+                await self._lock_may_have_gone(name, min(LOCK_POLL, left))
                 if asked is None:
                     break  # the stop key was not written: try again
             if self.clock.monotonic() >= deadline:
