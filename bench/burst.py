@@ -1,8 +1,8 @@
 """A burst at one instant (issue 49): 10,000 jobs due at the same second on three
 sidecars.
 
-``python -m bench.burst [JOBS] [--candidates K [--fallback D]]`` (``make
-bench.jobs``). Real processes: a
+``python -m bench.burst [JOBS] [--candidates K [--fallback D]] [--no-scrapes]``
+(``make bench.jobs``). Real processes: a
 nats-server, three sidecars of the runtime-only venv, the bench app
 (``bench.app``) noting when each trigger arrives. JOBS jobs of the state bucket
 (default 10,000), every one due once at the same instant T (``S M H * * *``,
@@ -18,6 +18,13 @@ to the last trigger, is kept as ``jobs_per_s_to_last_trigger``: it counts the
 runs' time as well as the claims'. Every slot the app never saw must have a
 fate record in the stream (``bench.fates``): ``missed_fates`` counts them by
 kind, ``missed_without_record`` those with none.
+
+The claim phase's scrapes cost what they measure: each scrape of a sidecar
+with 10,000 jobs that ran renders them all (at most once a second, reused
+meanwhile: sidecar/obs/exposition.py), about a fifth of its CPU in the burst
+and nearly two seconds of its last trigger here. ``--no-scrapes`` measures no
+claim phase and leaves the sidecars alone: the time to the last trigger
+without the bench's own load (``burst-unscraped.json``).
 
 With ``--candidates K`` every job has ``claim: {candidates: K, fallback: D}``
 (docs/CONFIG.md, "Claim candidates"; D 1s unless given): K sidecars claim each
@@ -97,10 +104,20 @@ def main() -> None:
     parser.add_argument("jobs", type=int, nargs="?", default=JOBS)
     parser.add_argument("--candidates", type=int, default=0)
     parser.add_argument("--fallback", default="1s")
+    parser.add_argument(
+        "--no-scrapes",
+        action="store_true",
+        help="measure no claim phase: the sidecars' /metrics is not scraped in the burst",
+    )
     args = parser.parse_args()
     jobs = args.jobs
     runtime.ensure()
-    result: dict[str, Any] = {"jobs": jobs, "sidecars": SIDECARS, "candidates": args.candidates}
+    result: dict[str, Any] = {
+        "jobs": jobs,
+        "sidecars": SIDECARS,
+        "candidates": args.candidates,
+        "scraped": not args.no_scrapes,
+    }
     load_before = os.getloadavg()
     with workdir("burst") as work, nats_server(work) as server:
         app = App()
@@ -143,6 +160,7 @@ def main() -> None:
             phases = [
                 ClaimPhase(p.base_url + "/metrics", jobs, t - SCRAPE_FROM, t + SCRAPE_UNTIL)
                 for p in procs
+                if not args.no_scrapes
             ]
             for phase in phases:
                 phase.start()
@@ -212,8 +230,8 @@ def main() -> None:
     took = [s["claim_phase_s"] for s in sidecars]
     # The fleet's claim phase ends with its slowest sidecar's; the rate per sidecar
     # is the claims each decided (JOBS when none was skipped) over that.
-    slowest = None if None in took else max(took)
-    claims = statistics.mean(s.get("decided", 0) for s in sidecars)
+    slowest = None if None in took or not took else max(took)
+    claims = statistics.mean(s.get("decided", 0) for s in sidecars) if sidecars else 0
     rate = claims / slowest if slowest else None
     result.update(
         {
@@ -267,7 +285,8 @@ def main() -> None:
         f"{load_before[0]:.1f} before, {result['load_after'][0]:.1f} after",
         flush=True,
     )
-    write_result(f"burst-candidates-{args.candidates}" if args.candidates else "burst", result)
+    name = f"burst-candidates-{args.candidates}" if args.candidates else "burst"
+    write_result(name + ("-unscraped" if args.no_scrapes else ""), result)
 
 
 if __name__ == "__main__":
