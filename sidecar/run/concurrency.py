@@ -118,6 +118,7 @@ class Limits:
             waiting.discard(changed)
             if not waiting and self._waiting.get(conc.key) is waiting:
                 del self._waiting[conc.key]
+                self._tried_all.pop(conc.key, None)  # nothing to pace with nobody waiting
 
     async def _take(
         self,
@@ -143,11 +144,18 @@ class Limits:
             view = self.fleet.view.keys
             # Free in the view first; then the held ones (a forged one is refused only
             # when tried, and the view may lag a release). Woken by the watch, only the
-            # slots it shows free: many waiters do not each try every held slot at each
-            # renewal of one.
+            # slots it shows free, and one held by this run's own token (its create got
+            # through, its answer did not: taking it again keeps it): many waiters do
+            # not each try every held slot at each renewal of one.
             order = sorted(range(conc.limit), key=lambda n: conc_key(conc.key, n) in view)
             if not every:
-                order = [n for n in order if conc_key(conc.key, n) not in view]
+                token = value["token"]
+                order = [
+                    n
+                    for n in order
+                    if (entry := view.get(conc_key(conc.key, n))) is None
+                    or entry.value.get("token") == token
+                ]
             for n in order:
                 key = conc_key(conc.key, n)
                 until = min(deadline, self.clock.monotonic() + CREATE_WAIT)

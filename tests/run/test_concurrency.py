@@ -264,6 +264,8 @@ def test_many_runs_waiting_for_one_slot_do_not_each_try_it_every_second(
         tried = with_nats(nats_server.url, creates)
         running = [r for r in requests(http_app, tuple(names)) if r.at <= time.time()]
     assert len(running) == 1, running  # the limit held meanwhile
-    # About one a second (POLL) for the sidecar; each of 19 waiting runs trying the
-    # slot once a second was about 57.
-    assert tried <= 8, tried
+    # About one a second (POLL) for the sidecar: 3 or 4. Each of the 19 waiting runs
+    # trying every slot once a second (its timer restarted by each renewal of the
+    # slot, every lease_ttl/3) made 38 in the code before.
+    print(f"concurrency: 19 runs waiting for one slot tried it {tried} times in 3 s")
+    assert 1 <= tried <= 8, tried
