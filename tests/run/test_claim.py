@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -336,7 +337,24 @@ async def test_jetstream_requests_per_slot(nats_server: NatsServer) -> None:
         await ensure_stream(watcher.jetstream(), SPEC)
         for subject in ("cron.*.claims", "$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>"):
             await watcher.subscribe(subject, cb=count)
+        # Under load the first publishes of a connection could reach the server before
+        # the watcher's interest did (28 of 30 claims seen, 1 run in 15 beside three
+        # CPU burners): each claimer's publishes are seen by the watcher before counting.
+        probed: set[str] = set()
+
+        async def probe(msg: Msg) -> None:
+            probed.add(msg.subject)
+
+        await watcher.subscribe("probe.*", cb=probe)
         await watcher.flush()
+        for _ in range(50):
+            for i, c in enumerate(conns):
+                await c.publish(f"probe.{i}", b"")
+                await c.flush()
+            with contextlib.suppress(AssertionError):
+                await until(lambda: len(probed) == instances, 0.2, "each claimer's probe seen")
+                break
+        assert len(probed) == instances, probed
         claimers = [claimer_for(c, f"web-{i}") for i, c in enumerate(conns)]
         claims = []
         for s in range(slots):
