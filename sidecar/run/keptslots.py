@@ -80,6 +80,11 @@ class KeptSlots:
             if token not in seen:
                 seen.append(token)
 
+    def forget(self, name: str) -> None:
+        """`name` is no ``buffer_one`` job now (removed, or another policy): its lock's
+        holders are not kept."""
+        self._holders.pop(name, None)
+
     def holds(self, name: str, token: str) -> None:
         """The run `token` of `name` holds its lock now: never a kept slot's claim."""
         self._holders.setdefault(name, collections.deque(maxlen=HOLDERS_KEPT))

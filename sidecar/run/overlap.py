@@ -51,6 +51,7 @@ from sidecar.run.stoprequests import StopRequests
 from sidecar.run.trigger import Trigger, TriggerResult
 
 if TYPE_CHECKING:
+    from sidecar.config.jobset import Change
     from sidecar.config.load import JobConfig
     from sidecar.run.context import Context
 
@@ -75,6 +76,21 @@ class Overlap:
         self.stops = StopRequests(ctx, checks, trigger)
         # Only the keys `changed` acts on (sidecar/fleet/listeners.py).
         fleet.key_listeners.append(self.changed, "lock.", "buffer.", "stop.")
+        # A job that is (or becomes) buffer_one: the run holding its lock now is never
+        # a kept slot's, whatever policy it was claimed under.
+        self.jobs.subscribe(self._jobs_changed)
+        for job in self.jobs.values():
+            if job.overlap == "buffer_one":
+                self.kept.saw_lock(job.name)
+
+    def _jobs_changed(self, change: Change) -> None:
+        for job in change.put:
+            if job.overlap == "buffer_one":
+                self.kept.saw_lock(job.name)
+            else:
+                self.kept.forget(job.name)
+        for name in change.removed:
+            self.kept.forget(name)
 
     def changed(self, key: str) -> None:
         """A key of the state bucket changed ("" after a re-sync)."""

@@ -76,3 +76,24 @@ async def test_only_the_lock_holders_of_buffer_one_jobs_are_remembered(
         await until(lambda: "t-b" in overlap.kept._holders.get("b", ()), 10, "b's holder")
         # A skip job's lock holders would be up to 16 tokens kept for every such job.
         assert set(overlap.kept._holders) == {"b"}
+        # A job of the state bucket that becomes buffer_one while a run of it holds its
+        # lock: that run is never a kept slot's, though claimed under another policy.
+        value = json.dumps({"token": "t-n", "slot": 1}).encode()
+        await bucket.kv.put("lock.n", value)
+        await until(lambda: "lock.n" in jobs.fleet.view.keys, 10, "n's lock in the view")
+        as_skip, as_buffer = (
+            parse_config(
+                {"target": {"url": "http://127.0.0.1:9"}, "jobs": [job("n", overlap=overlap)]},
+                {},
+            ).jobs[0]
+            for overlap in ("skip", "buffer_one")
+        )
+        jobs.ctx.jobs.put([as_skip])
+        assert "n" not in overlap.kept._holders
+        jobs.ctx.jobs.put([as_buffer])
+        assert list(overlap.kept._holders["n"]) == ["t-n"]
+        jobs.ctx.jobs.put([as_skip])  # another policy again: not kept
+        assert "n" not in overlap.kept._holders
+        jobs.ctx.jobs.put([as_buffer])
+        jobs.ctx.jobs.remove(["n"])  # removed: not kept
+        assert set(overlap.kept._holders) == {"b"}
