@@ -64,6 +64,7 @@ from sidecar.core.bounds import attempt_no, seq_no, slot_ms
 from sidecar.core.clock import parse_rfc3339
 from sidecar.core.errors import KeyHeld
 from sidecar.core.tasks import TaskSet
+from sidecar.core.wakers import Wakers
 from sidecar.core.wire import instance_key, run_key
 from sidecar.run.claimwinner import COPY_EXTRA, WinnerSide
 from sidecar.run.lease import JUDGED_BY, uses_lock
@@ -111,8 +112,8 @@ class ClaimWindow(WinnerSide):
         # Run keys the watch delivered (put or removed), oldest first: monotonic time.
         self._seen: dict[str, float] = {}
         self.jobs = ctx.jobs
-        # Judges waiting for a key to change: set when the watch delivers it.
-        self._waiting: dict[str, set[asyncio.Event]] = {}
+        # Judges waiting for a key to change: woken when the watch delivers it.
+        self._waiting = Wakers()
         # Claims lost here whose run lease was not seen yet, by that key, oldest
         # first: (job, claim, monotonic time lost). A dict entry, not a task: the
         # lease of nearly every one is delivered within milliseconds.
@@ -140,8 +141,10 @@ class ClaimWindow(WinnerSide):
                         break
                     del self._seen[first]
                 self._pending.pop(seen, None)
-        for event in self._waiting.get(key, ()) if key else _every(self._waiting):
-            event.set()
+        if key:
+            self._waiting.wake(key)
+        else:
+            self._waiting.wake_all()
 
     def lost_claim(self, job: JobConfig, claim: Claim) -> None:
         """This sidecar lost `claim`: judge its winner unless its lease is known."""
@@ -261,7 +264,7 @@ class ClaimWindow(WinnerSide):
             while key in self.view.keys:
                 if self.stopping.is_set() or self.clock.monotonic() >= lost_at + JUDGE_MAX:
                     return
-                await self._wait((key,), POLL)
+                await self._waiting.wait((key,), POLL)
         log.warning(
             "lease %s: instance %s %s before it took it; recording its run lost",
             key,
@@ -312,34 +315,13 @@ class ClaimWindow(WinnerSide):
                 absent_since, own_then = now, own.revision if own is not None else 0
             elif now - absent_since >= ABSENT_GRACE and own is not None and own.revision > own_then:
                 return "left the fleet"
-            await self._wait((key, presence, mine), POLL)
+            await self._waiting.wait((key, presence, mine), POLL)
         return None
-
-    async def _wait(self, keys: tuple[str, ...], timeout: float) -> None:
-        """Until the watch delivers one of `keys`, or `timeout` seconds."""
-        event = asyncio.Event()
-        for key in keys:
-            self._waiting.setdefault(key, set()).add(event)
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
-        finally:
-            for key in keys:
-                waiting = self._waiting.get(key)
-                if waiting is not None:
-                    waiting.discard(event)
-                    if not waiting:
-                        del self._waiting[key]
 
 
 def _mark(key: str, fence: int) -> str:
     """A held key as seen for one claim's run: ``<key>#<its claim's sequence>``."""
     return f"{key}#{fence}"
-
-
-def _every(waiting: dict[str, set[asyncio.Event]]) -> list[asyncio.Event]:
-    return [event for events in waiting.values() for event in events]
 
 
 def _epoch(text: object) -> float | None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import KeyHeld
+from sidecar.core.wakers import Wakers
 from sidecar.run.lease import Lease
 
 if TYPE_CHECKING:
@@ -71,9 +72,9 @@ class Limits:
         self.metrics = ctx.metrics
         self.clock = ctx.clock
         self.fleet = ctx.fleet
-        # By concurrency key: one event per run waiting here for one of its slots, set
-        # on a change of a slot key of that key (it looks again), not of any other.
-        self._waiting: dict[str, set[asyncio.Event]] = {}
+        # By concurrency key: the runs waiting here for one of its slots, woken by a
+        # change of a slot key of that key (they look again), not of any other.
+        self._waiting = Wakers()
         # By concurrency key: when a run of this sidecar last tried every slot, held
         # ones too (a forged slot is seen only by trying it). Once per POLL for all
         # the runs waiting here, not once per run: a burst of thousands of waiting
@@ -84,12 +85,9 @@ class Limits:
     def changed(self, key: str) -> None:
         """A key of the state bucket changed ("" after a re-sync)."""
         if key == "":
-            for waiting in self._waiting.values():
-                for event in waiting:
-                    event.set()
+            self._waiting.wake_all()
         elif key.startswith(PREFIX):  # conc.<key>.<n>: <key> has no dot (docs/CONFIG.md)
-            for event in self._waiting.get(key[len(PREFIX) :].rpartition(".")[0], ()):
-                event.set()
+            self._waiting.wake(key[len(PREFIX) :].rpartition(".")[0])
 
     async def take(self, keys: Keys, job: JobConfig, claim: Claim, deadline: float) -> Lease | str:
         """A slot of `job`'s limit, created (the caller releases it: ``__aexit__``), or
@@ -109,16 +107,12 @@ class Limits:
             "fence": claim.seq,
             "concurrency": conc.key,
         }
-        changed = asyncio.Event()
-        waiting = self._waiting.setdefault(conc.key, set())
-        waiting.add(changed)
         try:
-            return await self._take(keys, job, claim, deadline, value, changed)
+            with self._waiting.watching(conc.key) as changed:
+                return await self._take(keys, job, claim, deadline, value, changed)
         finally:
-            waiting.discard(changed)
-            if not waiting and self._waiting.get(conc.key) is waiting:
-                del self._waiting[conc.key]
-                self._tried_all.pop(conc.key, None)  # nothing to pace with nobody waiting
+            if not self._waiting.waits(conc.key):  # nothing to pace with nobody waiting
+                self._tried_all.pop(conc.key, None)
 
     async def _take(
         self,

@@ -11,7 +11,6 @@ of a ``replace`` job. A stop request is honoured only once the stream backs it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -21,6 +20,7 @@ from sidecar.core.bounds import slot_ms
 from sidecar.core.clock import rfc3339
 from sidecar.core.errors import KeyHeld, TriggerError
 from sidecar.core.tasks import TaskSet, cancel_all
+from sidecar.core.wakers import Wakers
 from sidecar.run.claim import Claim
 from sidecar.run.lease import REPLACED, SKIPPED, TAKEN
 from sidecar.run.overlapcheck import KeyChecks, StoredClaim
@@ -72,9 +72,8 @@ class StopRequests:
         # Stop keys being checked now (key, revision); every check against the stream.
         self._checking: set[tuple[str, int]] = set()
         # By job: the replacers waiting here for its lock to go, each woken by a change
-        # of that lock only (one event for all of them woke every replacer of every
-        # job at each lock change: a burst of replace jobs is thousands of both).
-        self._lock_waiters: dict[str, set[asyncio.Event]] = {}
+        # of that lock only (a burst of replace jobs is thousands of both).
+        self._lock_waiters = Wakers()
 
     # ------------------------------------------------------------- the watch
 
@@ -90,27 +89,15 @@ class StopRequests:
         a replacer waiting for a lock looks at it again."""
         for token in list(self._running):
             self._look_for_stop(token)
-        for waiters in self._lock_waiters.values():
-            for wake in waiters:
-                wake.set()
+        self._lock_waiters.wake_all()
 
     def lock_changed(self, job: str) -> None:
         """``lock.<job>`` changed: the replacers waiting for it to go look again."""
-        for wake in self._lock_waiters.get(job, ()):
-            wake.set()
+        self._lock_waiters.wake(job)
 
     async def _lock_may_have_gone(self, job: str, timeout: float) -> None:
         """Until ``lock.<job>`` changes (``lock_changed``), a re-read, or `timeout`."""
-        wake = asyncio.Event()
-        waiters = self._lock_waiters.setdefault(job, set())
-        waiters.add(wake)
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout)
-        finally:
-            waiters.discard(wake)
-            if not waiters and self._lock_waiters.get(job) is waiters:
-                del self._lock_waiters[job]
+        await self._lock_waiters.wait((job,), timeout)
 
     def _look_for_stop(self, token: str) -> None:
         """The stop request for the run `token` in the view, if any: checked against the

@@ -48,7 +48,7 @@ async def test_a_lock_change_wakes_the_replacers_of_its_own_job_only(
         assert not any(task.done() for task in waiting.values())
         stops.resynced()  # a re-read of the bucket: every replacer looks again
         await asyncio.wait_for(asyncio.gather(*waiting.values()), 10)
-        assert stops._lock_waiters == {}  # nothing kept for jobs nobody waits on
+        assert not stops._lock_waiters  # nothing kept for jobs nobody waits on
 
 
 async def test_only_the_lock_holders_of_buffer_one_jobs_are_remembered(
