@@ -146,13 +146,10 @@ class Candidates:
         self._claim_later = claim_later
         self._seen: dict[str, tuple[set[int], deque[int]]] = {}
         # Per job: its live instances, until an instance comes, goes or changes
-        # (the view's presence_generation): many jobs due at once. The presences
-        # are read from the view once per generation, not once per job (a burst of
-        # 10,000 jobs read the whole view 10,000 times), and jobs run by the same
-        # instances share one list.
+        # (the view's presence_generation): many jobs due at once. Jobs run by the
+        # same instances share one list.
         self._live: dict[str, list[str]] = {}
         self._live_generation = -1
-        self._instances: dict[str, dict[str, Any]] = {}
         self._lists: dict[tuple[str, ...], list[str]] = {}
         self.warnings = RateLimitedLog(log)
         fleet.key_listeners.append(self.key_seen, "run.", "lock.")
@@ -165,14 +162,14 @@ class Candidates:
         if self._live_generation != fleet.view.presence_generation:
             self._live.clear()
             self._lists.clear()
-            self._instances = fleet.view.instances()
             self._live_generation = fleet.view.presence_generation
         live = self._live.get(job)
         if live is None:
             # A job of the state bucket: run by every instance that runs a set of them
             # (its presence has one entry for the set, sidecar/store/state.py).
             bucket = f"{BUCKET_PREFIX}{job}" in fleet.view.keys
-            found = [i for i, value in self._instances.items() if runs_job(value, job, bucket)]
+            presences = fleet.view.presences()
+            found = [i for i, value in presences.items() if runs_job(value, job, bucket)]
             live = self._live[job] = self._lists.setdefault(tuple(found), found)
         return live
 

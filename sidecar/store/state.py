@@ -254,6 +254,10 @@ class View:
     # full re-read (watch.py); not when it renews the same presence (every 5 s
     # each): what is counted from the instances is counted again only then.
     presence_generation: int = 0
+    # ``instances()`` as of a presence_generation (``presences``).
+    _presences: tuple[int, dict[str, dict[str, Any]]] = field(
+        default_factory=lambda: (-1, {}), repr=False
+    )
     # hash() of each instance key's last value: a renewal is not decoded again.
     # (64 bits: a change colliding with the old bytes is not a practical risk,
     # and whoever can write the bucket can write any presence anyway.)
@@ -331,6 +335,16 @@ class View:
             for key, entry in self.keys.items()
             if key.startswith("instance.")
         }
+
+    def presences(self) -> dict[str, dict[str, Any]]:
+        """``instances()`` read again only when they changed (``presence_generation``):
+        for what asks per slot or per lease (each read walks every key; a burst of
+        10,000 jobs with claim candidates read it 10,000 times). Not to be changed."""
+        generation, instances = self._presences
+        if generation != self.presence_generation:
+            instances = self.instances()
+            self._presences = (self.presence_generation, instances)
+        return instances
 
     def leases(self) -> dict[str, Entry]:
         """The live ``run.*`` and ``lock.*`` keys: runs holding a lease now."""
