@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,9 @@ from sidecar.core.sleeper import PRECISE_WAKE
 
 # The longest one sleep lasts before the wall clock is read again.
 HOP = 30.0
+# The 64-bit ints: the order of the entries of one instant is their insertion
+# number mixed with the timer's salt (``_order``).
+_M64 = (1 << 64) - 1
 # Items fired in one pass of the event loop. A burst (thousands of jobs due at
 # one instant) is started a chunk at a time, the loop reading the sockets in
 # between: the acks of the first claims are read, and their runs started,
@@ -49,6 +53,15 @@ class Entry:
         return self.item is not None
 
 
+def _order(number: int) -> int:
+    """A 64-bit number's place among an instant's entries: splitmix64's finalizer, a
+    bijection of the 64-bit numbers (distinct numbers, distinct places: the heap
+    never compares two entries)."""
+    number = ((number ^ (number >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    number = ((number ^ (number >> 27)) * 0x94D049BB133111EB) & _M64
+    return number ^ (number >> 31)
+
+
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -56,14 +69,29 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 class Timer:
     """``timer.at(wall, item)``: ``fire(item)`` then; ``run()`` is the one task;
-    ``wake()`` on stop."""
+    ``wake()`` on stop.
 
-    def __init__(self, clock: Clock, stopping: asyncio.Event, fire: Callable[[Any], None]) -> None:
+    The items of one instant fire in an order of this timer's own (its random
+    ``salt``), not the order they were put in: the sidecars of a fleet arm
+    their jobs in the same order, and a burst claimed in that order everywhere
+    was won mostly by whichever sidecar claimed fastest, which then had most of
+    the runs to make (docs/PERFORMANCE.md, "The burst"). In orders of their own,
+    each sidecar's first claims are for other jobs than the others' first.
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        stopping: asyncio.Event,
+        fire: Callable[[Any], None],
+        salt: int | None = None,
+    ) -> None:
         self.clock = clock
         self.stopping = stopping
         self.fire = fire
         self._heap: list[tuple[float, int, Entry]] = []
         self._seq = itertools.count()
+        self.salt = random.getrandbits(64) if salt is None else salt
         self._waiter: asyncio.Future[None] | None = None
 
     def __len__(self) -> int:
@@ -81,7 +109,8 @@ class Timer:
         sidecar/run/timetable.py's walks, one object a job instead of two). An entry
         is in the heap once at most while active."""
         head = self._heap[0][0] if self._heap else None
-        heapq.heappush(self._heap, (wall, next(self._seq), entry))
+        order = _order((next(self._seq) ^ self.salt) & _M64)
+        heapq.heappush(self._heap, (wall, order, entry))
         if head is None or wall < head:
             self.wake()
 
