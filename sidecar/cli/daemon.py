@@ -26,6 +26,7 @@ from sidecar import __version__
 from sidecar.admin.jobkeys import JobKeys
 from sidecar.admin.lazy_page import LazyPage
 from sidecar.admin.server import AdminServer
+from sidecar.cli.settle import Settler, collector_on
 from sidecar.config.addresses import is_remote
 from sidecar.config.jobset import JobSet
 from sidecar.config.load import Config, Secrets
@@ -116,6 +117,8 @@ class Daemon:
         self.jobs: Jobs | None = None
         # The stream guard's loop and the settling of memory, ended last.
         self.tasks = TaskSet("a daemon task", say=False)
+        # The heap frozen again once the state bucket's jobs have grown the set.
+        self.settler = Settler(self.job_set, self.tasks)
         self.stop_asked = 0.0  # clock.monotonic() of the first stop
         self.admin = AdminServer(
             self.registry, self.config.metrics.host, self.config.metrics.port, self.not_ready
@@ -259,7 +262,9 @@ class Daemon:
         (about 8 ms) and now and then land on a slot's start. `run` turned the
         collector off (collector_off) while it loaded the config and made the jobs (its passes
         over the growing heap took about 20 ms of the time to ready with 1,000
-        jobs), and this pass (20-30 ms) comes after ready, not before.
+        jobs), and this pass (20-30 ms) comes after ready, not before. The jobs the
+        state bucket brings later are frozen in turn (sidecar/cli/settle.py), and
+        the collector is turned on with a young generation of ``YOUNG``.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SETTLE_AFTER
@@ -269,7 +274,7 @@ class Daemon:
         finally:  # cancelled by an early stop, too: the collector is never left off
             gc.collect()
             gc.freeze()
-            gc.enable()
+            collector_on()
 
     async def drain(self) -> None:
         """Wait for running triggers up to the grace period; cancel the rest."""

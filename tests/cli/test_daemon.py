@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from sidecar.cli.daemon import STOP_SIGNALS, Daemon, collector_off
+from sidecar.cli.settle import YOUNG
 from sidecar.config.load import Secrets, parse_config
 from tests.support import (
     NatsServer,
@@ -240,6 +241,7 @@ async def test_the_collector_is_off_until_ready_then_on_with_the_start_frozen(
     raw["metrics"] = {"listen": f"127.0.0.1:{free_port()}"}
     daemon = Daemon(parse_config(raw, {}), Secrets())
     frozen = gc.get_freeze_count()
+    threshold = gc.get_threshold()
     with collector_off():  # as `run` does
         task = asyncio.create_task(daemon.run())
         await asyncio.sleep(0)
@@ -247,6 +249,9 @@ async def test_the_collector_is_off_until_ready_then_on_with_the_start_frozen(
         await until(lambda: daemon.not_ready() is None, 20)
         await until(gc.isenabled, 5)
         assert gc.get_freeze_count() > frozen
+        # On with a young generation of YOUNG (sidecar/cli/settle.py).
+        assert gc.get_threshold() == (YOUNG, *threshold[1:])
+        gc.set_threshold(*threshold)
         daemon.stopping.set()
         assert await asyncio.wait_for(task, 30) == 0
     # Not its process: no stop signal left ignored (every process a later test
