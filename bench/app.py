@@ -5,7 +5,8 @@ connection closed; the arrival time is taken when the request's first bytes
 are read from the socket, before any parsing, so the start delay measured
 with it is the sidecar's and the network's, not the app framework's.
 ``GET /__records`` returns (and forgets) ``[path, slot, arrival]`` for every
-trigger so far. Loopback only.
+trigger so far; ``GET /__instances`` the triggers counted by the sidecar that
+sent them (``X-Anarchon-Instance``), since the start. Loopback only.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import json
 import sys
 import time
 import urllib.request
+from collections import Counter
 from typing import Any
 
 Record = tuple[str, int, float]
 
 
 class AppProtocol(asyncio.Protocol):
-    def __init__(self, records: list[Record]) -> None:
+    def __init__(self, records: list[Record], instances: Counter[str]) -> None:
         self.records = records
+        self.instances = instances
         self.buf = b""
         self.at = 0.0
         self.transport: asyncio.Transport | None = None
@@ -49,8 +52,11 @@ class AppProtocol(asyncio.Protocol):
         if path == "/__records":
             payload = json.dumps(self.records).encode()
             self.records.clear()
+        elif path == "/__instances":
+            payload = json.dumps(self.instances).encode()
         else:
             self.records.append((path, int(headers.get("x-anarchon-slot", "0")), self.at))
+            self.instances[headers.get("x-anarchon-instance", "")] += 1
             payload = b"ok"
         assert self.transport is not None
         self.transport.write(
@@ -62,8 +68,11 @@ class AppProtocol(asyncio.Protocol):
 
 async def serve(port: int) -> None:
     records: list[Record] = []
+    instances: Counter[str] = Counter()
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: AppProtocol(records), "127.0.0.1", port, backlog=1024)
+    server = await loop.create_server(
+        lambda: AppProtocol(records, instances), "127.0.0.1", port, backlog=1024
+    )
     async with server:
         await server.serve_forever()
 
@@ -72,6 +81,13 @@ def fetch_records(port: int) -> list[Record]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/__records", timeout=10) as resp:
         data: list[Any] = json.loads(resp.read())
     return [(str(p), int(s), float(a)) for p, s, a in data]
+
+
+def fetch_instances(port: int) -> dict[str, int]:
+    """The triggers so far, counted by the sidecar that sent them."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/__instances", timeout=10) as resp:
+        data: dict[str, int] = json.loads(resp.read())
+    return data
 
 
 def main() -> None:

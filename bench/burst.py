@@ -15,7 +15,8 @@ claims) and the claims per second per sidecar over it, against the raw nats-py
 publisher (``bench.raw_publish``: claims with message ids, 100 at a time,
 flat out) on the same server in the same run. The older figure, JOBS over T
 to the last trigger, is kept as ``jobs_per_s_to_last_trigger``: it counts the
-runs' time as well as the claims'. Every slot the app never saw must have a
+runs' time as well as the claims'; ``runs_per_sidecar`` counts the triggers
+each sidecar sent (the app counts ``X-Anarchon-Instance``). Every slot the app never saw must have a
 fate record in the stream (``bench.fates``): ``missed_fates`` counts them by
 kind, ``missed_without_record`` those with none.
 
@@ -80,6 +81,21 @@ SCRAPE_FROM = 1.0
 SCRAPE_UNTIL = 120.0
 # py-spy's collapsed stacks (BURST_SPY).
 RAW = ("--format", "raw", "-o")
+
+
+def rank_correlation(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation of two equally long lists (no ties expected)."""
+    if len(xs) < 2:
+        return float("nan")
+
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        for rank, i in enumerate(order):
+            out[i] = float(rank)
+        return out
+
+    return statistics.correlation(ranks(xs), ranks(ys))
 
 
 def pid_of(proc: runtime.RuntimeSidecar) -> int:
@@ -185,6 +201,7 @@ def main() -> None:
                 time.sleep(1)
             records += app.records()
             cpu = [cpu_seconds(pid_of(p)) - c for p, c in zip(procs, cpu0, strict=True)]
+            by_instance = app.instances()
             if procs[0].profile is not None:
                 procs[0].profile_off()
             if spy is not None:
@@ -224,6 +241,13 @@ def main() -> None:
         raw_rate = json.loads(raw.stdout)["publishes"] / json.loads(raw.stdout)["seconds"]
     per_path = Counter(p for p, _, _ in records)
     arrivals = sorted(a - t for _, _, a in records)
+    # Whether the same tenants come last at every burst: the rank correlation of a
+    # job's number (the order every sidecar armed the jobs in) and its trigger's time.
+    first_at: dict[int, float] = {}
+    for path, _, a in records:
+        number = int(path.split("/")[2])
+        first_at[number] = min(a, first_at.get(number, a))
+    order_correlation = rank_correlation(sorted(first_at), [first_at[n] for n in sorted(first_at)])
     last = arrivals[-1] if arrivals else float("nan")
     to_last = jobs / last if arrivals else 0.0
     sidecars = [phase.result(t) for phase in phases]
@@ -251,6 +275,9 @@ def main() -> None:
             "jobs_per_s_to_last_trigger": to_last,
             "to_last_trigger_ratio_vs_raw": to_last / raw_rate if raw_rate else None,
             "sidecar_cpu_s": cpu,
+            "job_number_vs_trigger_time_spearman": order_correlation,
+            # Triggers sent by each sidecar: how evenly the burst's runs spread.
+            "runs_per_sidecar": [by_instance.get(f"b{i}", 0) for i in range(SIDECARS)],
             "load_before": load_before,
             "load_after": os.getloadavg(),
             "machine": machine(),
@@ -281,7 +308,9 @@ def main() -> None:
     print(
         f"jobs/s to the last trigger (claims and runs) {to_last:.0f} = "
         f"{result['to_last_trigger_ratio_vs_raw']:.3f}x the raw publisher's; sidecars' CPU "
-        f"in the burst {', '.join(f'{c:.1f}' for c in cpu)} s; load "
+        f"in the burst {', '.join(f'{c:.1f}' for c in cpu)} s, runs "
+        f"{', '.join(str(n) for n in result['runs_per_sidecar'])}; a job's number against its "
+        f"trigger's time: rank correlation {order_correlation:.2f}; load "
         f"{load_before[0]:.1f} before, {result['load_after'][0]:.1f} after",
         flush=True,
     )

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import runtime
-from bench.app import fetch_records
+from bench.app import fetch_instances, fetch_records
 from bench.common import (
     SubjectCounter,
     cpu_seconds,
@@ -67,6 +67,10 @@ class App:
 
     def records(self) -> list[tuple[str, int, float]]:
         return fetch_records(self.port)
+
+    def instances(self) -> dict[str, int]:
+        """The triggers so far by the sidecar that sent them."""
+        return fetch_instances(self.port)
 
     def stop(self) -> None:
         self.proc.terminate()
