@@ -72,11 +72,11 @@ class Timer:
     ``wake()`` on stop.
 
     The items of one instant fire in an order of this timer's own (its random
-    ``salt``), not the order they were put in: the sidecars of a fleet arm
-    their jobs in the same order, and a burst claimed in that order everywhere
-    was won mostly by whichever sidecar claimed fastest, which then had most of
-    the runs to make (docs/PERFORMANCE.md, "The burst"). In orders of their own,
-    each sidecar's first claims are for other jobs than the others' first.
+    ``salt``), not the order they were put in. The sidecars of a fleet arm the
+    state bucket's jobs in the same order (by name), and in that order the
+    same tenants' runs came last at every burst: in a burst of 10,000 jobs the
+    rank correlation of a job's number and its trigger's time was 0.91, and
+    is 0.00 in orders of each sidecar's own (docs/PERFORMANCE.md, "The burst").
     """
 
     def __init__(

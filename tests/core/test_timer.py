@@ -170,8 +170,8 @@ def test_the_entries_due_by_an_instant_are_found_without_the_rest_of_the_heap() 
 async def test_the_items_of_one_instant_fire_in_an_order_of_each_timers_own() -> None:
     """Items put in the same order at one instant fire in the order of the timer's salt:
     two timers (two sidecars) with salts of their own, in two orders, neither the
-    order put in; a timer with the same salt, in the same order (a burst's claims
-    spread over the fleet: docs/PERFORMANCE.md)."""
+    order put in; a timer with the same salt, in the same order (the same jobs'
+    runs no longer come last at every burst: docs/PERFORMANCE.md)."""
 
     async def order(salt: int) -> list[int]:
         stopping = asyncio.Event()
