@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -62,6 +63,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.failed and STARTED:
         report.sections.append(("sidecar logs", log_excerpt(STARTED)))
     return report
+
+
+@pytest.fixture(autouse=True)
+def collector_as_it_was() -> Iterator[None]:
+    """A daemon run in-process turns the collector on with its own young generation
+    (sidecar/cli/settle.py): each test gives the next one the thresholds and the
+    on/off it found."""
+    thresholds, enabled = gc.get_threshold(), gc.isenabled()
+    yield
+    gc.set_threshold(*thresholds)
+    (gc.enable if enabled else gc.disable)()
 
 
 @pytest.fixture

@@ -60,6 +60,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # seconds when NATS keeps the sidecar from being ready; looked at this often.
 SETTLE_AFTER = 10.0
 SETTLE_POLL = 0.01
+# The heap is settled again (sidecar/cli/settle.py) only with no slot due this soon.
+SETTLE_IDLE = 1.0
 
 
 @dataclass
@@ -118,7 +120,7 @@ class Daemon:
         # The stream guard's loop and the settling of memory, ended last.
         self.tasks = TaskSet("a daemon task", say=False)
         # The heap frozen again once the state bucket's jobs have grown the set.
-        self.settler = Settler(self.job_set, self.tasks)
+        self.settler = Settler(self.job_set, self.tasks, idle=self._idle)
         self.stop_asked = 0.0  # clock.monotonic() of the first stop
         self.admin = AdminServer(
             self.registry, self.config.metrics.host, self.config.metrics.port, self.not_ready
@@ -229,6 +231,7 @@ class Daemon:
                 if self.stopping.is_set():  # a signal during start-up
                     jobs.wake()
                 await self.stopping.wait()
+                self.settler.disarm()
                 # A claim still waiting for an answer (NATS down, say) gets a
                 # moment, then is abandoned: the slot is skipped, never run.
                 await self.bucket_jobs.stop()
@@ -275,6 +278,11 @@ class Daemon:
             gc.collect()
             gc.freeze()
             collector_on()
+            self.settler.arm()
+
+    def _idle(self) -> bool:
+        """No slot handled or run now, none due within a second (sidecar/cli/settle.py)."""
+        return self.jobs is None or not self.jobs.busy_within(SETTLE_IDLE)
 
     async def drain(self) -> None:
         """Wait for running triggers up to the grace period; cancel the rest."""
@@ -294,11 +302,13 @@ def collector_off() -> Iterator[None]:
     """The collector off while `run` loads the config and makes the jobs: its passes
     over the growing heap only slow the start. The daemon collects, freezes and
     turns it on again once ready (Daemon._settle_memory); on again here whatever
-    happens, for whoever calls `run` in-process."""
+    happens, with the thresholds it had, for whoever calls `run` in-process."""
+    thresholds = gc.get_threshold()
     gc.disable()
     try:
         yield
     finally:
+        gc.set_threshold(*thresholds)
         gc.enable()
 
 

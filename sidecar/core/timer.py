@@ -76,7 +76,8 @@ class Timer:
     state bucket's jobs in the same order (by name), and in that order the
     same tenants' runs came last at every burst: in a burst of 10,000 jobs the
     rank correlation of a job's number and its trigger's time was 0.91, and
-    is 0.00 in orders of each sidecar's own (docs/PERFORMANCE.md, "The burst").
+    0.00 in orders of each sidecar's own (one run each: docs/PERFORMANCE.md,
+    "The burst").
     """
 
     def __init__(
@@ -134,6 +135,13 @@ class Timer:
                 if child < size and heap[child][0] <= wall:
                     below.append(child)
         return found
+
+    def next_instant(self) -> float | None:
+        """The earliest active instant (wall-clock seconds), None when there is none."""
+        heap = self._heap
+        while heap and not heap[0][2].active:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def wake(self) -> None:
         """End the current sleep: the heap is read again (a new earliest, or stop)."""

@@ -202,6 +202,14 @@ class Jobs:
         """The tasks handling a slot now (checked, claimed, run started)."""
         return self.timetable.tasks
 
+    def busy_within(self, seconds: float) -> bool:
+        """Whether a slot is being handled or run now, or one is due within `seconds`
+        (the heap is settled only when not: sidecar/cli/settle.py)."""
+        if self.runs or self.timetable.tasks:
+            return True
+        due = self.timetable.timer.next_instant()
+        return due is not None and due - self.clock.wall() < seconds
+
     def wake(self) -> None:
         """Wake every sleep and end every walk (on stop)."""
         self.sleeper.wake()

@@ -249,11 +249,14 @@ async def test_the_collector_is_off_until_ready_then_on_with_the_start_frozen(
         await until(lambda: daemon.not_ready() is None, 20)
         await until(gc.isenabled, 5)
         assert gc.get_freeze_count() > frozen
-        # On with a young generation of YOUNG (sidecar/cli/settle.py).
+        # On with a young generation of YOUNG, the later jobs' settling armed, the
+        # sidecar idle (a yearly job: no slot due, handled or run) (cli/settle.py).
         assert gc.get_threshold() == (YOUNG, *threshold[1:])
-        gc.set_threshold(*threshold)
+        assert daemon.settler.armed and daemon._idle()
         daemon.stopping.set()
         assert await asyncio.wait_for(task, 30) == 0
+    # collector_off gives the thresholds back: no later test of this worker inherits them.
+    assert gc.get_threshold() == threshold and gc.isenabled()
     # Not its process: no stop signal left ignored (every process a later test
     # started in this worker inherited the ignoring, and make then shrugged off Ctrl-C).
     assert [signal.getsignal(sig) for sig in STOP_SIGNALS].count(signal.SIG_IGN) == 0

@@ -19,7 +19,8 @@ async def test_the_heap_is_frozen_again_once_the_set_grew_and_went_quiet() -> No
     base = parse_config({"jobs": [job("base")]}, {}).jobs[0]
     jobs = JobSet(())
     tasks = TaskSet("a test task", say=False)
-    settler = Settler(jobs, tasks, quiet=1.0)
+    idle = [False]
+    settler = Settler(jobs, tasks, idle=lambda: idle[0], quiet=1.0)
     frozen = gc.get_freeze_count()
     made = iter(range(10**6))
 
@@ -27,6 +28,9 @@ async def test_the_heap_is_frozen_again_once_the_set_grew_and_went_quiet() -> No
         jobs.put([dataclasses.replace(base, name=f"t-{next(made)}") for _ in range(count)])
 
     try:
+        put(GROWTH)  # before the daemon is ready (it freezes then): not counted
+        assert settler.grown == 0 and not tasks
+        settler.arm()
         put(GROWTH - 1)
         assert settler.grown == GROWTH - 1 and not tasks  # below GROWTH: nothing to do
         put(1)
@@ -36,6 +40,10 @@ async def test_the_heap_is_frozen_again_once_the_set_grew_and_went_quiet() -> No
             await asyncio.sleep(0.05)
             put(10)
             assert settler.settled == 0
+        # ... and until the sidecar is idle (no slot handled, run or due soon).
+        await asyncio.sleep(2.5)
+        assert settler.settled == 0 and len(tasks) == 1
+        idle[0] = True
         await until(lambda: settler.settled == 1 and not tasks, 10, "the heap settled")
         assert settler.grown == 0
         # Every job put, the last rounds' too, is out of the collector's passes.
@@ -44,7 +52,10 @@ async def test_the_heap_is_frozen_again_once_the_set_grew_and_went_quiet() -> No
         assert not tasks and settler.settled == 1
         # A job changed counts as grown (its new settings are new objects).
         jobs.put([dataclasses.replace(jobs["t-0"], schedule=base.schedule)])
-        await until(lambda: settler.settled == 2, 10, "settled again")
+        await until(lambda: settler.settled == 2 and not tasks, 10, "settled again")
+        settler.disarm()  # stopping
+        put(GROWTH)
+        assert not tasks and settler.settled == 2
     finally:
         await tasks.cancel()
         gc.unfreeze()

@@ -197,3 +197,13 @@ async def test_the_items_of_one_instant_fire_in_an_order_of_each_timers_own() ->
         Timer(Clock(), asyncio.Event(), fire=print).salt
         != Timer(Clock(), asyncio.Event(), fire=print).salt
     )
+
+
+def test_the_next_instant_is_the_earliest_active_one() -> None:
+    t = Timer(Clock(), asyncio.Event(), fire=lambda _: None)
+    assert t.next_instant() is None
+    first = t.at(1000.0, "a")
+    t.at(2000.0, "b")
+    assert t.next_instant() == 1000.0
+    first.cancel()
+    assert t.next_instant() == 2000.0 and len(t) == 1  # the cancelled one dropped
