@@ -77,16 +77,19 @@ async def serve(port: int) -> None:
         await server.serve_forever()
 
 
+def _get_json(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
 def fetch_records(port: int) -> list[Record]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/__records", timeout=10) as resp:
-        data: list[Any] = json.loads(resp.read())
+    data: list[Any] = _get_json(port, "/__records")
     return [(str(p), int(s), float(a)) for p, s, a in data]
 
 
 def fetch_instances(port: int) -> dict[str, int]:
     """The triggers so far, counted by the sidecar that sent them."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/__instances", timeout=10) as resp:
-        data: dict[str, int] = json.loads(resp.read())
+    data: dict[str, int] = _get_json(port, "/__instances")
     return data
 
 

@@ -60,8 +60,6 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # seconds when NATS keeps the sidecar from being ready; looked at this often.
 SETTLE_AFTER = 10.0
 SETTLE_POLL = 0.01
-# The heap is settled again (sidecar/cli/settle.py) only with no slot due this soon.
-SETTLE_IDLE = 1.0
 
 
 @dataclass
@@ -120,7 +118,7 @@ class Daemon:
         # The stream guard's loop and the settling of memory, ended last.
         self.tasks = TaskSet("a daemon task", say=False)
         # The heap frozen again once the state bucket's jobs have grown the set.
-        self.settler = Settler(self.job_set, self.tasks, idle=self._idle)
+        self.settler = Settler(self.job_set, self.tasks, busy=self._busy_within)
         self.stop_asked = 0.0  # clock.monotonic() of the first stop
         self.admin = AdminServer(
             self.registry, self.config.metrics.host, self.config.metrics.port, self.not_ready
@@ -280,9 +278,9 @@ class Daemon:
             collector_on()
             self.settler.arm()
 
-    def _idle(self) -> bool:
-        """No slot handled or run now, none due within a second (sidecar/cli/settle.py)."""
-        return self.jobs is None or not self.jobs.busy_within(SETTLE_IDLE)
+    def _busy_within(self, seconds: float) -> bool:
+        """A slot handled or run now, or one due within `seconds` (sidecar/cli/settle.py)."""
+        return self.jobs is not None and self.jobs.busy_within(seconds)
 
     async def drain(self) -> None:
         """Wait for running triggers up to the grace period; cancel the rest."""

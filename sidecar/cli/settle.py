@@ -10,7 +10,7 @@ to walk (at 100,000 jobs about a second of the loop each).
 ``Settler``, armed by the daemon once ready, counts the jobs put into the set
 since. When ``GROWTH`` or more came, the set has been quiet for ``QUIET``
 seconds (a take-up comes in rounds) and the sidecar is idle (no slot handled
-or run, none due within ``QUIET``: ``idle``), it collects once (one full
+or run, none due within ``QUIET``: ``busy``), it collects once (one full
 pass, which the collector would have made anyway as the heap grew) and
 freezes the heap again. Not idle, it looks again every ``QUIET`` seconds.
 Freezing keeps objects from the collector's passes, not from their
@@ -61,18 +61,19 @@ def collector_on() -> None:
 
 class Settler:
     """Collects and freezes the heap after the job set grew by ``GROWTH`` jobs, once
-    armed (``arm``), when the job set is quiet and the sidecar ``idle``."""
+    armed (``arm``), when the job set is quiet and the sidecar not ``busy``."""
 
     def __init__(
         self,
         jobs: JobSet,
         tasks: TaskSet,
-        idle: Callable[[], bool] = lambda: True,
+        busy: Callable[[float], bool] = lambda _: False,
         quiet: float = QUIET,
     ) -> None:
         self.jobs = jobs
         self.tasks = tasks
-        self.idle = idle
+        # Whether a slot is handled or run now, or one is due within the seconds given.
+        self.busy = busy
         self.quiet = quiet
         self.armed = False
         self.grown = 0
@@ -99,7 +100,7 @@ class Settler:
     async def _settle(self) -> None:
         try:
             version = -1
-            while version != self.jobs.version or not self.idle():
+            while version != self.jobs.version or self.busy(self.quiet):
                 version = self.jobs.version
                 await asyncio.sleep(self.quiet)
             if not self.armed:

@@ -138,10 +138,16 @@ class Timer:
 
     def next_instant(self) -> float | None:
         """The earliest active instant (wall-clock seconds), None when there is none."""
-        heap = self._heap
-        while heap and not heap[0][2].active:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        self._drop_cancelled_head()
+        return self._heap[0][0] if self._heap else None
+
+    def _drop_cancelled_head(self) -> int:
+        """Pop the cancelled entries at the top of the heap; how many were popped."""
+        dropped = 0
+        while self._heap and not self._heap[0][2].active:
+            heapq.heappop(self._heap)
+            dropped += 1
+        return dropped
 
     def wake(self) -> None:
         """End the current sleep: the heap is read again (a new earliest, or stop)."""
@@ -160,9 +166,7 @@ class Timer:
         loop = asyncio.get_running_loop()
         cancelled = 0
         while not self.stopping.is_set():
-            while self._heap and not self._heap[0][2].active:
-                heapq.heappop(self._heap)
-                cancelled += 1
+            cancelled += self._drop_cancelled_head()
             if cancelled > 1024:
                 self.compact()
                 cancelled = 0

@@ -20,7 +20,7 @@ async def test_the_heap_is_frozen_again_once_the_set_grew_and_went_quiet() -> No
     jobs = JobSet(())
     tasks = TaskSet("a test task", say=False)
     idle = [False]
-    settler = Settler(jobs, tasks, idle=lambda: idle[0], quiet=1.0)
+    settler = Settler(jobs, tasks, busy=lambda _: not idle[0], quiet=1.0)
     frozen = gc.get_freeze_count()
     made = iter(range(10**6))
 
